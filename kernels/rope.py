@@ -1,0 +1,38 @@
+"""Rotary position embedding in the Hugging Face ("rotate half") layout used by Llama checkpoints."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin tables; :meth:`apply` rotates q and k for a batch of absolute positions.
+
+    Angles are computed in float32 exactly as ``transformers`` does (``inv_freq`` from ``theta``, outer
+    product with positions), so float32 runs match the reference bit for bit where possible.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, theta: float, device: torch.device | str = "cpu"):
+        assert head_dim % 2 == 0, f"head_dim must be even, got {head_dim}"
+        self.head_dim = head_dim
+        self.max_position = max_position
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        positions = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        self.cos = freqs.cos().to(device)
+        self.sin = freqs.sin().to(device)
+        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for ``positions`` as ``[T, 1, head_dim // 2]`` in ``dtype`` (gather once per step)."""
+        if dtype not in self._cast:
+            self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+        cos, sin = self._cast[dtype]
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables`."""
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,160 @@
+"""``make bench``: decode and prefill speed of the engine on the bundled model, beside transformers.
+
+Each system runs in its own subprocess (so peak resident memory is its own), with the same thread
+count. Reported figures are medians over ``--repeats`` runs:
+
+- decode ms/token at batch 1 (a 32-token prompt, 128 new tokens, prefill excluded);
+- aggregate decode tokens/s at batch 32 with ~512 tokens of context per sequence (pdserve only);
+- prefill time (time to first token) for a 512-token prompt;
+- peak resident memory of the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+PROMPT_TOKENS = 512
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 49000, (length,), generator=generator).tolist()
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
+    from services.engine.config import EngineConfig
+    from services.engine.engine import LLMEngine
+    from services.engine.model_files import bundled_model_path
+    from services.engine.sampling_params import SamplingParams
+
+    config = EngineConfig(model_path=str(bundled_model_path()), dtype=args.dtype, max_num_batched_tokens=1024,
+                          enable_prefix_caching=False, kv_cache_gib=1.0)
+    engine = LLMEngine.from_config(config)
+
+    def decode_ms(batch: int, context: int, steps: int, seed: int) -> float:
+        sampling = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+        for i in range(batch):
+            engine.add_request(sampling=sampling, token_ids=_prompt(seed * 1000 + i, context))
+        while any(r.status.value != "running_decode" for r in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()
+        started = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        elapsed = time.perf_counter() - started
+        while engine.has_unfinished():
+            engine.step()
+        return elapsed / steps * 1000
+
+    def prefill_s(seed: int) -> float:
+        engine.add_request(sampling=SamplingParams(max_tokens=1, temperature=0.0), token_ids=_prompt(seed, PROMPT_TOKENS))
+        started = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - started
+
+    decode_ms(1, 32, 8, seed=99)  # warm-up
+    prefill_s(98)
+    b1 = [decode_ms(1, 32, 128, seed=r) for r in range(args.repeats)]
+    b32 = [decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r) for r in range(args.repeats)]
+    prefill = [prefill_s(200 + r) for r in range(args.repeats)]
+    engine.check_integrity()
+    return {
+        "system": f"pdserve ({args.dtype})",
+        "decode_ms_per_token_b1": statistics.median(b1),
+        "decode_tokens_per_s_b32_ctx512": 32 / (statistics.median(b32) / 1000),
+        "prefill_s_512": statistics.median(prefill),
+        "peak_rss_mib": _peak_rss_mib(),
+        "runs": {"b1_ms": b1, "b32_step_ms": b32, "prefill_s": prefill},
+    }
+
+
+@torch.inference_mode()
+def bench_transformers(args: argparse.Namespace) -> dict[str, object]:
+    from transformers import AutoModelForCausalLM
+
+    from services.engine.model_files import bundled_model_path
+
+    path = bundled_model_path()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.hf_dtype]
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+
+    def run(prompt: list[int], new_tokens: int) -> float:
+        ids = torch.tensor([prompt])
+        started = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - started
+
+    run(_prompt(99, 32), 8)
+    prefill = [run(_prompt(200 + r, PROMPT_TOKENS), 1) for r in range(args.repeats)]
+    b1 = []
+    for r in range(args.repeats):
+        prompt = _prompt(r, 32)
+        b1.append((run(prompt, 129) - run(prompt, 1)) / 128 * 1000)
+    return {
+        "system": f"transformers ({args.hf_dtype})",
+        "decode_ms_per_token_b1": statistics.median(b1),
+        "decode_tokens_per_s_b32_ctx512": None,
+        "prefill_s_512": statistics.median(prefill),
+        "peak_rss_mib": _peak_rss_mib(),
+        "runs": {"b1_ms": b1, "prefill_s": prefill},
+    }
+
+
+def _row(result: dict[str, object]) -> str:
+    b32 = result["decode_tokens_per_s_b32_ctx512"]
+    return (f"| {result['system']} | {result['decode_ms_per_token_b1']:.1f} | "
+            f"{'—' if b32 is None else f'{b32:.0f}'} | {result['prefill_s_512']:.3f} | "
+            f"{result['peak_rss_mib']:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["pdserve", "transformers"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--hf-dtype", default="float32", choices=["bfloat16", "float32"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--json", default="out/bench-engine.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.only:
+        result = bench_pdserve(args) if args.only == "pdserve" else bench_transformers(args)
+        print(json.dumps(result))
+        return 0
+    results = []
+    systems = ["pdserve"] + ([] if args.skip_transformers else ["transformers"])
+    for system in systems:
+        cmd = [sys.executable, "-m", "services.engine.bench", "--only", system, "--dtype", args.dtype,
+               "--hf-dtype", args.hf_dtype, "--repeats", str(args.repeats), "--threads", str(args.threads)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"threads={args.threads}, medians of {args.repeats} runs\n")
+    print("| system | decode ms/token, batch 1 | decode tokens/s, batch 32 × 512 ctx | prefill 512 tokens (s) "
+          "| peak RSS (MiB) |")
+    print("| --- | --- | --- | --- | --- |")
+    for result in results:
+        print(_row(result))
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as fh:
+        json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

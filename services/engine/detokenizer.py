@@ -1,0 +1,60 @@
+"""Incremental detokenisation with stop strings, for streaming text as tokens arrive.
+
+Text is emitted only once it is stable (no trailing replacement character from a split UTF-8 sequence),
+and the last ``len(longest stop) - 1`` characters are held back so a stop string is never half-streamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.engine.tokenizer import Tokenizer
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self._holdback = max((len(s) for s in self.stop), default=1) - 1
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
+        self._emitted = 0
+        self.matched_stop: str | None = None
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add new tokens; return newly stable text. After a stop string matched, ``matched_stop`` is set
+        and the text ends just before it."""
+        if self.matched_stop is not None:
+            return ""
+        self._ids.extend(token_ids)
+        prefix = self.tokenizer.decode(self._ids[self._prefix_offset:self._read_offset])
+        full = self.tokenizer.decode(self._ids[self._prefix_offset:])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        delta = full[len(prefix):]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        search_from = max(0, len(self.text) - self._holdback)
+        self.text += delta
+        if self.stop:
+            self._check_stop(search_from)
+        return self._release(final=self.matched_stop is not None)
+
+    def flush(self) -> str:
+        """All text not yet returned (call when the request finished)."""
+        return self._release(final=True)
+
+    def _check_stop(self, search_from: int) -> None:
+        hits = [(self.text.find(s, search_from), s) for s in self.stop]
+        hits = [(pos, s) for pos, s in hits if pos >= 0]
+        if hits:
+            pos, stop = min(hits)
+            self.text = self.text[:pos]
+            self.matched_stop = stop
+
+    def _release(self, final: bool) -> str:
+        end = len(self.text) if final or not self.stop else max(self._emitted, len(self.text) - self._holdback)
+        out = self.text[self._emitted:end]
+        self._emitted = end
+        return out

@@ -1,0 +1,193 @@
+"""The mixed-mode engine: one process that prefills and decodes many requests together.
+
+``step()`` is schedule → run → postprocess. Requests enter through :meth:`LLMEngine.add_request`, which
+validates everything before any state changes; bad input raises :class:`InvalidRequestError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+
+from kvcache.hashing import model_fingerprint
+from kvcache.manager import KVCacheManager
+from services.engine.config import EngineConfig
+from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.errors import DuplicateRequestError, InvalidRequestError, UnknownRequestError
+from services.engine.model.llama import LlamaModel
+from services.engine.model_runner import ModelRunner
+from services.engine.outputs import CompletedRequest, RequestOutput
+from services.engine.request import Request, RequestStatus
+from services.engine.sampling_params import SamplingParams
+from services.engine.scheduler import Scheduler, SchedulerConfig
+from services.engine.tokenizer import ChatMessage, Tokenizer
+from services.engine.weights import load_weights
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer | None,
+                 fingerprint_identity: dict[str, object] | None = None):
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        cfg = model.config
+        self.max_model_len = min(config.max_model_len or cfg.max_position, cfg.max_position)
+        dtype_bytes = torch.finfo(model.dtype).bits // 8
+        num_blocks = config.num_kv_blocks or max(
+            1, int(config.kv_cache_gib * 2**30) // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size)
+        )
+        self.fingerprint = model_fingerprint(
+            **(fingerprint_identity or {"model": cfg.name}), dtype=config.dtype, block_size=config.block_size,
+            num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        )
+        self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv
+        )
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
+        self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids
+        self._requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        weights = load_weights(config.model_path)
+        model = LlamaModel(weights.config, weights.tensors, config.torch_dtype, config.device)
+        tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
+        stat = weights.source.stat()
+        identity = {"model": weights.config.name, "source": weights.source.name, "size": stat.st_size}
+        return cls(config, model, tokenizer, identity)
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
+                      messages: Sequence[ChatMessage] | None = None) -> list[int]:
+        """Token ids of exactly one of a text prompt, token ids, or chat messages (templated)."""
+        given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
+                 if value is not None and (len(value) > 0 or name != "messages")]
+        if len(given) != 1:
+            raise InvalidRequestError("prompt", f"exactly one of prompt, token_ids, messages must be given (got "
+                                                f"{', '.join(given) or 'none'})")
+        if token_ids is not None:
+            ids = [int(t) for t in token_ids]
+            field = "token_ids"
+        elif self.tokenizer is None:
+            raise InvalidRequestError(given[0], "this engine has no tokenizer; send token_ids")
+        elif prompt is not None:
+            ids, field = self.tokenizer.encode(prompt), "prompt"
+        else:
+            ids, field = self.tokenizer.apply_chat_template(messages), "messages"
+        if not ids:
+            raise InvalidRequestError(field, "is empty")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return ids
+
+    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        sampling.validate(self.model.config.vocab_size)
+        if sampling.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        n = len(prompt_ids)
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt", f"{n} tokens do not fit the context of {self.max_model_len} tokens with room to generate"
+            )
+        if n + sampling.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the context of "
+                              f"{self.max_model_len} tokens"
+            )
+        capacity = self.kv.num_blocks * self.kv.block_size
+        if n + sampling.max_tokens > capacity:
+            raise InvalidRequestError(
+                "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the KV pool of {capacity} tokens"
+            )
+
+    def add_request(self, prompt: str | None = None, sampling: SamplingParams | None = None, *,
+                    token_ids: Sequence[int] | None = None, messages: Sequence[ChatMessage] | None = None,
+                    request_id: str | None = None) -> Request:
+        sampling = sampling or SamplingParams()
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise DuplicateRequestError(request_id)
+        ids = self.encode_prompt(prompt, token_ids, messages)
+        self.validate(ids, sampling)
+        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids)
+        self._requests[request_id] = request
+        if self.tokenizer is not None:
+            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, sampling.stop)
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> RequestOutput:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"no request {request_id!r}")
+        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+        return self._finish_output(request, RequestOutput(request_id))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        tables = {s.request.request_id: self.kv.block_ids(s.request.request_id) for s in batch.scheduled}
+        sampled = self.runner.execute(batch, tables)
+        advanced = self.scheduler.update(batch, sampled)
+        return [self._output(request) for request in advanced]
+
+    def _output(self, request: Request) -> RequestOutput:
+        token = request.output_token_ids[-1]
+        out = RequestOutput(request.request_id, new_token_ids=[token])
+        detok = self._detokenizers.get(request.request_id)
+        if detok is not None:
+            out.new_text = detok.push([token])
+            if detok.matched_stop is not None and not request.status.finished:
+                request.stop_reason = detok.matched_stop
+                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        if request.status.finished:
+            self._finish_output(request, out)
+        return out
+
+    def _finish_output(self, request: Request, out: RequestOutput) -> RequestOutput:
+        detok = self._detokenizers.pop(request.request_id, None)
+        if detok is not None:
+            out.new_text += detok.flush()
+        out.finished = True
+        out.finish_reason = request.finish_reason
+        out.stop_reason = request.stop_reason
+        out.prompt_tokens = request.num_prompt_tokens
+        out.completion_tokens = request.num_output_tokens
+        out.cached_tokens = request.num_cached_tokens
+        self._requests.pop(request.request_id, None)
+        self.runner.forget(request.request_id)
+        return out
+
+    def generate(self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+                 | None = None) -> list[CompletedRequest]:
+        """Run prompts (text or token ids) together to completion; results in input order."""
+        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
+        order = []
+        for prompt, sp in zip(prompts, params, strict=True):
+            if isinstance(prompt, str):
+                order.append(self.add_request(prompt, sp))
+            else:
+                order.append(self.add_request(sampling=sp, token_ids=prompt))
+        texts = {r.request_id: "" for r in order}
+        while self.has_unfinished():
+            for out in self.step():
+                texts[out.request_id] += out.new_text
+        return [CompletedRequest(r.request_id, r.prompt_token_ids, list(r.output_token_ids), texts[r.request_id],
+                                 r.finish_reason, r.num_cached_tokens) for r in order]
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()

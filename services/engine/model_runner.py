@@ -1,0 +1,78 @@
+"""Turns a scheduled step into tensors, runs the model over the paged KV cache, and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.metadata import AttentionMetadata
+from kernels.attention.registry import create_backend
+from services.engine.model.llama import LlamaModel
+from services.engine.sampler import make_generator, sample
+from services.engine.scheduler import StepBatch
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensor ``[layers, blocks, 2, block_size, kv_heads, head_dim]`` and
+    the attention backend; :meth:`execute` runs one step and returns the sampled token per request."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, attention_backend: str | None = None):
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.kv_cache = torch.zeros(cfg.num_layers, num_blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                    dtype=model.dtype, device=model.device)
+        self.kv_layers = list(self.kv_cache.unbind(0))
+        self.attention = create_backend(attention_backend, model.device)
+        self._generators: dict[str, torch.Generator | None] = {}
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch, block_tables: dict[str, list[int]]) -> dict[str, int]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, tables, logits_indices, samplers = [], [], [], [], []
+        for item in batch.scheduled:
+            request = item.request
+            end = item.start + item.num_new_tokens
+            input_ids.extend(request.token_ids[item.start:end])
+            positions.extend(range(item.start, end))
+            query_lens.append(item.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(block_tables[request.request_id])
+            if item.samples:
+                logits_indices.append(len(input_ids) - 1)
+                samplers.append(request)
+        device = self.model.device
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device)
+        self.attention.plan(meta)
+        logits = self.model.forward(
+            torch.tensor(input_ids, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            self.kv_layers,
+            self.attention,
+            torch.tensor(logits_indices, dtype=torch.long, device=device),
+        )
+        if not samplers:
+            return {}
+        generators = []
+        for request in samplers:
+            if request.request_id not in self._generators:
+                self._generators[request.request_id] = make_generator(request.sampling)
+            generators.append(self._generators[request.request_id])
+        banned = [self._banned(r) for r in samplers]
+        tokens = sample(logits.cpu(), [r.sampling for r in samplers], generators, banned)
+        return {r.request_id: t for r, t in zip(samplers, tokens, strict=True)}
+
+    @staticmethod
+    def _banned(request) -> tuple[int, ...]:
+        params = request.sampling
+        if request.num_output_tokens >= params.min_tokens:
+            return ()
+        return (*params.stop_token_ids, *(() if params.ignore_eos else request.eos_token_ids))

@@ -1,0 +1,104 @@
+"""A request's state machine and the bookkeeping the scheduler keeps on it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from services.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING_PREFILL = "running_prefill"
+    RUNNING_DECODE = "running_decode"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def running(self) -> bool:
+        return self in (RequestStatus.RUNNING_PREFILL, RequestStatus.RUNNING_DECODE)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISHED = frozenset(
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+)
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+_ALLOWED = {
+    RequestStatus.WAITING: {RequestStatus.RUNNING_PREFILL, RequestStatus.FINISHED_ABORTED},
+    RequestStatus.RUNNING_PREFILL: {RequestStatus.RUNNING_DECODE, RequestStatus.PREEMPTED, *_FINISHED},
+    RequestStatus.RUNNING_DECODE: {RequestStatus.PREEMPTED, *_FINISHED},
+    RequestStatus.PREEMPTED: {RequestStatus.RUNNING_PREFILL, RequestStatus.RUNNING_DECODE,
+                              RequestStatus.FINISHED_ABORTED},
+}
+
+
+class IllegalTransitionError(AssertionError):
+    """A state change the state machine does not allow: a bug in the caller."""
+
+
+@dataclass
+class Request:
+    """Everything the engine tracks for one generation.
+
+    ``token_ids`` is the prompt followed by the output so far. ``num_computed_tokens`` counts the leading
+    tokens whose KV is in the cache; the scheduler computes ``token_ids[num_computed_tokens:]`` next.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(init=False)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit on first admission, counted once
+    num_preemptions: int = 0
+    admitted_seq: int = -1  # order of the latest admission; the newest decoding request is the victim
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    def transition(self, new: RequestStatus) -> None:
+        if new not in _ALLOWED.get(self.status, ()):
+            raise IllegalTransitionError(f"request {self.request_id}: {self.status.name} -> {new.name}")
+        self.status = new
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)

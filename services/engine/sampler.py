@@ -1,0 +1,75 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeded generators.
+
+Random rows use the exponential-race form of categorical sampling (``argmax(p / E)`` with ``E ~ Exp(1)``),
+which needs no sort and draws its noise from the request's own generator, so a seeded request samples
+the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.engine.sampling_params import SamplingParams
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    if params.greedy or params.seed is None:
+        return None
+    generator = torch.Generator()
+    generator.manual_seed(params.seed)
+    return generator
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
+           generators: Sequence[torch.Generator | None],
+           banned: Sequence[Sequence[int]] | None = None) -> list[int]:
+    """Pick one token per row of float32 ``logits [B, V]``; ``banned[i]`` lists ids row i may not take."""
+    assert logits.shape[0] == len(params) == len(generators), "one params/generator per logits row"
+    logits = logits.float()
+    if banned is not None:
+        for row, ids in enumerate(banned):
+            if ids:
+                logits[row, list(ids)] = float("-inf")
+    chosen = logits.argmax(dim=-1)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if random_rows:
+        picked = _sample_random(logits[random_rows], [params[i] for i in random_rows],
+                                [generators[i] for i in random_rows])
+        chosen[random_rows] = picked
+    return chosen.tolist()
+
+
+def _sample_random(logits: torch.Tensor, params: Sequence[SamplingParams],
+                   generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
+    logits = logits / temperature
+    top_k = [p.top_k for p in params]
+    if any(k > 0 for k in top_k):
+        logits = _apply_top_k(logits, top_k)
+    if any(p.top_p < 1.0 for p in params):
+        logits = _apply_top_p(logits, [p.top_p for p in params])
+    probs = logits.softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    for row, generator in enumerate(generators):
+        noise[row].exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _apply_top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k])
+    top_values = logits.topk(int(ks.max()), dim=-1).values
+    threshold = top_values.gather(1, (ks - 1).unsqueeze(1))
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _apply_top_p(logits: torch.Tensor, top_p: list[float]) -> torch.Tensor:
+    """Keep the smallest set of highest-probability tokens whose mass reaches ``top_p`` (at least one)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    p = torch.tensor(top_p, dtype=cumulative.dtype).unsqueeze(1)
+    remove_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= p  # mass before this token already >= p
+    remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))

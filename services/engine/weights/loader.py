@@ -1,0 +1,33 @@
+"""Dispatch on the model path: a ``.gguf`` file or a directory with ``config.json`` and safetensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class LoadedWeights:
+    """A model's configuration and its float32 tensors under Hugging Face Llama names."""
+
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]
+    source: Path
+
+
+def load_weights(path: str | Path) -> LoadedWeights:
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from services.engine.weights.gguf_loader import load_gguf
+
+        return load_gguf(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        from services.engine.weights.safetensors_loader import load_safetensors_dir
+
+        return load_safetensors_dir(path)
+    raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")

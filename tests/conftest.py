@@ -1,0 +1,49 @@
+"""Shared fixtures: the real bundled model, loaded once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+
+@pytest.fixture(scope="session")
+def bundled_model_path():
+    from services.engine.model_files import bundled_model_path
+
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def bundled_weights(bundled_model_path):
+    from services.engine.weights import load_weights
+
+    return load_weights(bundled_model_path)
+
+
+@pytest.fixture(scope="session")
+def bundled_tokenizer(bundled_model_path, bundled_weights):
+    from services.engine.tokenizer import Tokenizer
+
+    return Tokenizer.load(bundled_model_path, bundled_weights.config.eos_token_ids)
+
+
+@pytest.fixture(scope="session")
+def fp32_model(bundled_weights):
+    from services.engine.model.llama import LlamaModel
+
+    return LlamaModel(bundled_weights.config, bundled_weights.tensors, torch.float32)
+
+
+def make_engine(model, tokenizer, **overrides):
+    """An engine over an already-loaded model (fresh KV pool and scheduler each time)."""
+    from services.engine.config import EngineConfig
+    from services.engine.engine import LLMEngine
+
+    settings = {"model_path": "<preloaded>", "dtype": "float32" if model.dtype == torch.float32 else "bfloat16",
+                "num_kv_blocks": 512, "max_num_batched_tokens": 256}
+    settings.update(overrides)
+    return LLMEngine(EngineConfig(**settings), model, tokenizer)
