@@ -1,0 +1,67 @@
+"""Bad input raises InvalidRequestError naming the field, and leaves the engine untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.errors import InvalidRequestError
+from services.engine.sampling_params import SamplingParams
+from services.engine.tokenizer import ChatMessage
+from tests.conftest import make_engine
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(fp32_model, bundled_tokenizer):
+    return make_engine(fp32_model, bundled_tokenizer, max_model_len=1024)
+
+
+CASES = [
+    ("empty prompt", dict(prompt=""), "prompt"),
+    ("no input", dict(), "prompt"),
+    ("prompt and token ids", dict(prompt="hi", token_ids=[1, 2]), "prompt"),
+    ("empty token ids", dict(token_ids=[]), "token_ids"),
+    ("prompt over the context", dict(prompt="word " * 1100), "prompt"),
+    ("prompt plus max_tokens over the context", dict(prompt="hello", sampling=SamplingParams(max_tokens=1024)),
+     "max_tokens"),
+    ("max_tokens 0", dict(prompt="hi", sampling=SamplingParams(max_tokens=0)), "max_tokens"),
+    ("negative temperature", dict(prompt="hi", sampling=SamplingParams(temperature=-0.5)), "temperature"),
+    ("top_p 0", dict(prompt="hi", sampling=SamplingParams(top_p=0.0)), "top_p"),
+    ("top_p above 1", dict(prompt="hi", sampling=SamplingParams(top_p=1.5)), "top_p"),
+    ("nan temperature", dict(prompt="hi", sampling=SamplingParams(temperature=float("nan"))), "temperature"),
+    ("negative top_k", dict(prompt="hi", sampling=SamplingParams(top_k=-3)), "top_k"),
+    ("token id past the vocabulary", dict(token_ids=[5, 49152]), "token_ids"),
+    ("negative token id", dict(token_ids=[-1]), "token_ids"),
+    ("stop token outside the vocabulary", dict(prompt="hi", sampling=SamplingParams(stop_token_ids=(10**6,))),
+     "stop_token_ids"),
+    ("empty stop string", dict(prompt="hi", sampling=SamplingParams(stop=("",))), "stop"),
+    ("unknown chat role", dict(messages=[ChatMessage("wizard", "hi")]), "messages[0].role"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_rejected_with_the_field_named(engine, kwargs, field):
+    free_before = engine.kv.num_free_blocks
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request(**kwargs)
+    assert info.value.field == field, str(info.value)
+    assert not engine.has_unfinished()
+    assert engine.kv.num_free_blocks == free_before
+    engine.check_integrity()
+
+
+def test_duplicate_request_id_is_rejected(engine):
+    engine.add_request("hi", SamplingParams(max_tokens=2), request_id="dup")
+    with pytest.raises(InvalidRequestError, match="already running"):
+        engine.add_request("hello", SamplingParams(max_tokens=2), request_id="dup")
+    while engine.has_unfinished():
+        engine.step()
+    engine.check_integrity()
+
+
+def test_engine_still_serves_after_bad_input(engine):
+    with pytest.raises(InvalidRequestError):
+        engine.add_request(token_ids=[49152])
+    result = engine.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))[0]
+    assert result.text.strip().startswith("Paris"), result.text
