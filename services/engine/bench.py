@@ -59,7 +59,8 @@ def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
         return elapsed / steps * 1000
 
     def prefill_s(seed: int) -> float:
-        engine.add_request(sampling=SamplingParams(max_tokens=1, temperature=0.0), token_ids=_prompt(seed, PROMPT_TOKENS))
+        sampling = SamplingParams(max_tokens=1, temperature=0.0)
+        engine.add_request(sampling=sampling, token_ids=_prompt(seed, PROMPT_TOKENS))
         started = time.perf_counter()
         while engine.has_unfinished():
             engine.step()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+
 from services.engine.model.llama import LlamaModel
 from services.engine.sampler import make_generator, sample
 from services.engine.scheduler import StepBatch

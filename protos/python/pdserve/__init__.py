@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the pdserve API (package ``pdserve-client``)."""

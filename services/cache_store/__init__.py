@@ -1,0 +1,1 @@
+"""The cache-store service: a content-addressed KV block pool shared by the cluster."""

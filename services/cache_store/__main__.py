@@ -1,0 +1,5 @@
+import sys
+
+from services.cache_store.main import main
+
+sys.exit(main())

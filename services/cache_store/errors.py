@@ -1,0 +1,29 @@
+"""Named errors of the cache-store core; the servicer maps them to gRPC status codes."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error the store raises on purpose."""
+
+
+class MalformedPutError(StoreError):
+    """The put stream breaks the protocol (data before a header, bad header, excess bytes).
+
+    ``field`` names the offending field (maps to ``INVALID_ARGUMENT``)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class CorruptBlockError(StoreError):
+    """A block arrived truncated or does not match its checksum (maps to ``DATA_LOSS``)."""
+
+
+class StoreFullError(StoreError):
+    """The blocks do not fit even after evicting everything else (maps to ``RESOURCE_EXHAUSTED``)."""
+
+
+class MissingBlockError(StoreError):
+    """A requested key is not stored (maps to ``NOT_FOUND``)."""

@@ -1,0 +1,1 @@
+"""What every pdserve service shares: server bootstrap, config, logging, errors → status codes."""

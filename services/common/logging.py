@@ -1,0 +1,46 @@
+"""structlog setup shared by the services: JSON lines by default, human-readable on a terminal.
+
+Call ``setup_logging`` once in ``main.py``; elsewhere ``structlog.get_logger(__name__)``. The
+standard library's loggers (grpc, asyncio) go to the same stream at the same level.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+FORMATS = ("auto", "json", "console")
+
+
+def setup_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
+    """Configure structlog and stdlib logging. ``fmt="auto"``: console if ``stream`` is a TTY, else JSON."""
+    stream = stream or sys.stderr
+    if level.lower() not in LEVELS:
+        raise ValueError(f"log level must be one of {LEVELS}, got {level!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {FORMATS}, got {fmt!r}")
+    numeric = logging.getLevelName(level.upper())
+    console = fmt == "console" or (fmt == "auto" and stream.isatty())
+    # The console renderer formats exceptions itself; JSON gets them as structured tracebacks.
+    tail: list[structlog.typing.Processor] = (
+        [structlog.dev.ConsoleRenderer()] if console
+        else [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            *tail,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=numeric, stream=stream, format="%(asctime)s %(levelname)s %(name)s %(message)s",
+                        force=True)

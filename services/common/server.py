@@ -1,0 +1,226 @@
+"""gRPC server bootstrap shared by every service: health, reflection, binding, signals, graceful drain.
+
+A service's ``main.py`` builds its servicers, wraps them in ``ServiceBinding``s and runs::
+
+    server = NodeServer(bindings, listen=config.listen, drain=servicer.drain, grace_s=config.grace_s)
+    await server.start()                # binds (port 0 → ephemeral), marks SERVING, writes the port file
+    await server.serve_until_signalled()  # SIGTERM/SIGINT → graceful drain → return
+
+from inside ``run(...)`` (uvloop). Shutdown order: health turns NOT_SERVING (load balancers and the
+gateway stop routing here), the service's ``drain()`` hook runs (stop taking work, finish or abort
+in-flight requests, release their blocks), then ``server.stop(grace_s)`` ends what is left. A second
+signal cuts the drain short and stops without grace. Construct ``NodeServer`` inside the running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import structlog
+import uvloop
+from google.protobuf.descriptor import ServiceDescriptor
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.config import setting
+from services.common.logging import FORMATS, LEVELS
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+"""KV messages are 1–4 MiB of payload plus framing; a block of a large model may exceed 4 MiB alone."""
+
+DrainHook = Callable[[], Awaitable[None]]
+T = TypeVar("T")
+
+
+def grpc_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Channel/server options every pdserve endpoint uses (clients pass them to their channels too)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings every service has; a service's config dataclass extends this one."""
+
+    listen: str = setting("127.0.0.1:0", "host:port to serve on; port 0 = ephemeral")
+    port_file: Path | None = setting(None, "write the bound port here once serving")  # noqa: RUF009 (a field())
+    grace_s: float = setting(5.0, "seconds in-flight calls get after the drain")
+    drain_timeout_s: float = setting(30.0, "longest the drain hook may run")
+    max_message_mib: int = setting(DEFAULT_MAX_MESSAGE_BYTES >> 20, "gRPC message size limit")
+    log_level: str = setting("info", "debug, info, warning, error")
+    log_format: str = setting("auto", "auto (console on a TTY, else json), json, console")
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"listen: expected host:port, got {self.listen!r}")
+        if self.grace_s < 0 or self.drain_timeout_s < 0:
+            raise ValueError("grace_s and drain_timeout_s must be >= 0")
+        if self.log_level.lower() not in LEVELS:
+            raise ValueError(f"log_level must be one of {LEVELS}, got {self.log_level!r}")
+        if self.log_format not in FORMATS:
+            raise ValueError(f"log_format must be one of {FORMATS}, got {self.log_format!r}")
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One servicer to register: its proto service descriptor, the servicer and the generated adder."""
+
+    descriptor: ServiceDescriptor
+    servicer: object
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+
+    @property
+    def name(self) -> str:
+        return self.descriptor.full_name
+
+
+class NodeServer:
+    """A ``grpc.aio`` server with health, reflection and a signal-driven graceful shutdown."""
+
+    def __init__(
+        self,
+        bindings: Sequence[ServiceBinding],
+        *,
+        listen: str,
+        drain: DrainHook | None = None,
+        grace_s: float = 5.0,
+        drain_timeout_s: float = 30.0,
+        port_file: Path | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.bindings = list(bindings)
+        self.listen = listen
+        self.grace_s = grace_s
+        self.drain_timeout_s = drain_timeout_s
+        self.port_file = port_file
+        self.port: int | None = None
+        self.health = health.aio.HealthServicer()
+        self._drain = drain
+        # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
+        self._server = grpc.aio.server(options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)])
+        self._stop_requested = asyncio.Event()
+        self._force = asyncio.Event()
+        self._shutdown_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_config(
+        cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None
+    ) -> NodeServer:
+        return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
+                   drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
+                   max_message_bytes=config.max_message_mib << 20)
+
+    @property
+    def service_names(self) -> list[str]:
+        """Every registered service, health and reflection included (what reflection lists)."""
+        return [*(b.name for b in self.bindings), health.SERVICE_NAME, reflection.SERVICE_NAME]
+
+    @property
+    def address(self) -> str:
+        assert self.port is not None, "server not started"
+        return f"{self.listen.rpartition(':')[0]}:{self.port}"
+
+    async def start(self, serving: bool = True) -> int:
+        """Register everything, bind, start; returns the bound port. ``serving=False`` starts NOT_SERVING
+        (a node still loading its model); call ``set_serving(True)`` when ready."""
+        for binding in self.bindings:
+            binding.add_to_server(binding.servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(self.service_names, self._server)
+        try:
+            port = self._server.add_insecure_port(self.listen)
+        except RuntimeError as error:  # grpc raises on a failed bind (older versions returned 0)
+            await self._server.stop(None)
+            raise OSError(f"cannot bind {self.listen}: {error}") from error
+        if port == 0:
+            await self._server.stop(None)
+            raise OSError(f"cannot bind {self.listen}")
+        self.port = port
+        await self._server.start()
+        await self.set_serving(serving)
+        if self.port_file is not None:
+            write_port_file(self.port_file, port)
+        log.info("serving", address=self.address, services=[b.name for b in self.bindings])
+        return port
+
+    async def set_serving(self, serving: bool) -> None:
+        """Overall ("") and per-service health; ignored once shutdown began."""
+        statuses = health_pb2.HealthCheckResponse
+        status = statuses.SERVING if serving else statuses.NOT_SERVING
+        for name in ("", *(b.name for b in self.bindings)):
+            await self.health.set(name, status)
+
+    def request_stop(self) -> None:
+        """What a signal does: the first asks for a graceful shutdown, the next one forces it."""
+        if self._stop_requested.is_set():
+            log.warning("second stop request: skipping the rest of the drain")
+            self._force.set()
+        self._stop_requested.set()
+
+    async def serve_until_signalled(self) -> None:
+        """Serve until SIGTERM/SIGINT (or ``request_stop``), then shut down gracefully."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self._stop_requested.wait()
+            await self.shutdown()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    async def shutdown(self) -> None:
+        """NOT_SERVING → drain hook (bounded by ``drain_timeout_s``) → ``stop(grace_s)``. Idempotent."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.ensure_future(self._shutdown())
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self) -> None:
+        log.info("draining", address=self.address if self.port else self.listen)
+        await self.health.enter_graceful_shutdown()
+        try:
+            if self._drain is not None:
+                await self._run_drain(self._drain)
+        finally:
+            await self._server.stop(0 if self._force.is_set() else self.grace_s)
+            log.info("stopped", forced=self._force.is_set())
+
+    async def _run_drain(self, drain: DrainHook) -> None:
+        task = asyncio.ensure_future(drain())
+        forced = asyncio.ensure_future(self._force.wait())
+        done, _ = await asyncio.wait({task, forced}, timeout=self.drain_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if task not in done:
+            log.warning("drain cut short", reason="forced" if self._force.is_set() else "timeout")
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return
+        task.result()  # a drain hook that failed is a bug: let it surface
+
+
+def write_port_file(path: Path, port: int) -> None:
+    """Atomically write ``port`` so a reader never sees a partial file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n")
+    tmp.replace(path)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run a service's async main on uvloop."""
+    return uvloop.run(main)

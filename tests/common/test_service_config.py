@@ -1,0 +1,65 @@
+"""build_config: flags override PDSERVE_* variables, which override defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.common.config import build_config, setting
+from services.common.server import ServerConfig
+
+
+@dataclass(frozen=True)
+class Example:
+    model_path: str
+    num_blocks: int = setting(16, "blocks")
+    ratio: float = 0.7
+    enable_cache: bool = True
+    port_file: Path | None = None
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+
+def test_defaults_env_and_flags_in_that_order():
+    env = {"PDSERVE_MODEL_PATH": "/env/model", "PDSERVE_NUM_BLOCKS": "32", "PDSERVE_RATIO": "0.5"}
+    config = build_config(Example, ["--num-blocks", "64"], env=env)
+    assert config == Example(model_path="/env/model", num_blocks=64, ratio=0.5)
+
+
+def test_types_bools_paths_and_none():
+    env = {"PDSERVE_ENABLE_CACHE": "off", "PDSERVE_MAX_LEN": "2048"}
+    config = build_config(Example, ["--model-path", "m", "--port-file", "/tmp/p", "--max-len", ""], env=env)
+    assert config.enable_cache is False
+    assert config.port_file == Path("/tmp/p")
+    assert config.max_len is None  # the flag's empty string beats the variable
+    assert build_config(Example, ["--model-path", "m", "--no-enable-cache"], env={}).enable_cache is False
+    assert build_config(Example, ["--model-path", "m", "--enable-cache"], env=env).enable_cache is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "--model-path (or PDSERVE_MODEL_PATH)"),
+        (["--model-path", "m", "--num-blocks", "many"], {}, "--num-blocks: invalid literal"),
+        (["--model-path", "m"], {"PDSERVE_ENABLE_CACHE": "maybe"}, "PDSERVE_ENABLE_CACHE: expected one of"),
+        (["--model-path", "m", "--num-blocks", "0"], {}, "num_blocks must be >= 1"),
+    ],
+)
+def test_bad_settings_are_usage_errors_naming_the_setting(argv, env, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_config(Example, argv, env=env)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_server_config_validates_listen_and_logging(capsys):
+    assert build_config(ServerConfig, [], env={"PDSERVE_LISTEN": "127.0.0.1:0"}).listen == "127.0.0.1:0"
+    for argv in (["--listen", "nohost"], ["--log-level", "loud"], ["--log-format", "xml"]):
+        with pytest.raises(SystemExit):
+            build_config(ServerConfig, argv, env={})
+    assert "listen: expected host:port" in capsys.readouterr().err
