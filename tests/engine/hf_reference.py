@@ -26,16 +26,18 @@ def load_hf_model(gguf_path: Path):
 
 @torch.inference_mode()
 def greedy_reference(model, prompt_ids: list[int], max_new_tokens: int) -> Reference:
-    out = model.generate(
-        torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-        max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-        output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-    )
-    tokens = out.sequences[0, len(prompt_ids):].tolist()
-    margins = []
-    for logits in out.logits:
-        top2 = logits[0].float().topk(2).values
-        margins.append(float(top2[0] - top2[1]))
+    """Plain greedy decoding with the model's own KV cache; EOS is an ordinary token (like ignore_eos)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    inputs = torch.tensor([prompt_ids])
+    tokens, margins = [], []
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=inputs, past_key_values=cache, use_cache=True).logits[0, -1].float()
+        top2 = logits.topk(2)
+        tokens.append(int(top2.indices[0]))
+        margins.append(float(top2.values[0] - top2.values[1]))
+        inputs = torch.tensor([[tokens[-1]]])
     return Reference(tokens, margins)
 
 

@@ -19,7 +19,7 @@ NEW_TOKENS = 32
 @pytest.fixture(scope="module")
 def prompts(bundled_tokenizer):
     tok = bundled_tokenizer
-    book = long_text(9)
+    book = long_text(13)
     chat = [ChatMessage("system", SYSTEM * 4)]
     ids = {
         "one-token": tok.encode("Hello")[:1],
