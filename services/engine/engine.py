@@ -15,7 +15,7 @@ from kvcache.hashing import model_fingerprint
 from kvcache.manager import KVCacheManager
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
-from services.engine.errors import DuplicateRequestError, InvalidRequestError, UnknownRequestError
+from services.engine.errors import DuplicateRequestError, UnknownRequestError
 from services.engine.model.llama import LlamaModel
 from services.engine.model_runner import ModelRunner
 from services.engine.outputs import CompletedRequest, RequestOutput
@@ -23,6 +23,7 @@ from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler, SchedulerConfig
 from services.engine.tokenizer import ChatMessage, Tokenizer
+from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 
 
@@ -48,6 +49,8 @@ class LLMEngine:
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids
+        self.validator = RequestValidator(cfg.vocab_size, self.max_model_len, tokenizer,
+                                          kv_capacity_tokens=num_blocks * config.block_size)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
@@ -66,48 +69,7 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                       messages: Sequence[ChatMessage] | None = None) -> list[int]:
-        """Token ids of exactly one of a text prompt, token ids, or chat messages (templated)."""
-        given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
-                 if value is not None and (len(value) > 0 or name != "messages")]
-        if len(given) != 1:
-            raise InvalidRequestError("prompt", f"exactly one of prompt, token_ids, messages must be given (got "
-                                                f"{', '.join(given) or 'none'})")
-        if token_ids is not None:
-            ids = [int(t) for t in token_ids]
-            field = "token_ids"
-        elif self.tokenizer is None:
-            raise InvalidRequestError(given[0], "this engine has no tokenizer; send token_ids")
-        elif prompt is not None:
-            ids, field = self.tokenizer.encode(prompt), "prompt"
-        else:
-            ids, field = self.tokenizer.apply_chat_template(messages), "messages"
-        if not ids:
-            raise InvalidRequestError(field, "is empty")
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        return ids
-
-    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        sampling.validate(self.model.config.vocab_size)
-        if sampling.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop", "stop strings need a tokenizer")
-        n = len(prompt_ids)
-        if n >= self.max_model_len:
-            raise InvalidRequestError(
-                "prompt", f"{n} tokens do not fit the context of {self.max_model_len} tokens with room to generate"
-            )
-        if n + sampling.max_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the context of "
-                              f"{self.max_model_len} tokens"
-            )
-        capacity = self.kv.num_blocks * self.kv.block_size
-        if n + sampling.max_tokens > capacity:
-            raise InvalidRequestError(
-                "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the KV pool of {capacity} tokens"
-            )
+        return self.validator.encode_prompt(prompt, token_ids, messages)
 
     def add_request(self, prompt: str | None = None, sampling: SamplingParams | None = None, *,
                     token_ids: Sequence[int] | None = None, messages: Sequence[ChatMessage] | None = None,
@@ -117,7 +79,7 @@ class LLMEngine:
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
         ids = self.encode_prompt(prompt, token_ids, messages)
-        self.validate(ids, sampling)
+        self.validator.validate(ids, sampling)
         request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids)
         self._requests[request_id] = request
         if self.tokenizer is not None:

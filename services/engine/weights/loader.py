@@ -31,3 +31,19 @@ def load_weights(path: str | Path) -> LoadedWeights:
 
         return load_safetensors_dir(path)
     raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    """The model's configuration without its tensors (for processes that only tokenize and route)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from gguf import GGUFReader
+
+        from services.engine.weights.gguf_loader import read_fields
+
+        return ModelConfig.from_gguf_fields(read_fields(GGUFReader(str(path))))
+    if path.is_dir() and (path / "config.json").is_file():
+        import json
+
+        return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")

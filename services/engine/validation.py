@@ -1,0 +1,65 @@
+"""Turning a client's request into prompt token ids, and checking it before any state changes.
+
+Shared by the mixed engine and the gateway, so a bad request gets the same ``InvalidRequestError``
+(naming the field) wherever it enters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.engine.errors import InvalidRequestError
+from services.engine.sampling_params import SamplingParams
+from services.engine.tokenizer import ChatMessage, Tokenizer
+
+
+@dataclass(frozen=True)
+class RequestValidator:
+    vocab_size: int
+    max_model_len: int
+    tokenizer: Tokenizer | None = None
+    kv_capacity_tokens: int | None = None  # a request must fit the KV pool on its own
+
+    def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
+                      messages: Sequence[ChatMessage] | None = None) -> list[int]:
+        """Token ids of exactly one of a text prompt, token ids, or chat messages (templated)."""
+        given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
+                 if value is not None and (len(value) > 0 or name != "messages")]
+        if len(given) != 1:
+            raise InvalidRequestError(
+                "prompt", f"exactly one of prompt, token_ids, messages must be given (got {', '.join(given) or 'none'})"
+            )
+        if token_ids is not None:
+            ids, field = [int(t) for t in token_ids], "token_ids"
+        elif self.tokenizer is None:
+            raise InvalidRequestError(given[0], "this node has no tokenizer; send token_ids")
+        elif prompt is not None:
+            ids, field = self.tokenizer.encode(prompt), "prompt"
+        else:
+            ids, field = self.tokenizer.apply_chat_template(messages), "messages"
+        if not ids:
+            raise InvalidRequestError(field, "is empty")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(field, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        sampling.validate(self.vocab_size)
+        if sampling.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        n, limit = len(prompt_ids), self.max_model_len
+        if n >= limit:
+            raise InvalidRequestError(
+                "prompt", f"{n} tokens do not fit the context of {limit} tokens with room to generate"
+            )
+        if n + sampling.max_tokens > limit:
+            raise InvalidRequestError(
+                "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the context of {limit} tokens"
+            )
+        capacity = self.kv_capacity_tokens
+        if capacity is not None and n + sampling.max_tokens > capacity:
+            raise InvalidRequestError(
+                "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the KV pool of {capacity} tokens"
+            )
