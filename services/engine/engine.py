@@ -20,6 +20,7 @@ from services.engine.model.llama import LlamaModel
 from services.engine.model_runner import ModelRunner
 from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.request import Request, RequestStatus
+from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler, SchedulerConfig
 from services.engine.tokenizer import ChatMessage, Tokenizer
@@ -52,6 +53,8 @@ class LLMEngine:
         self.validator = RequestValidator(cfg.vocab_size, self.max_model_len, tokenizer,
                                           kv_capacity_tokens=num_blocks * config.block_size)
         self._requests: dict[str, Request] = {}
+        self.held: dict[str, Request] = {}  # prefill role: handed off, KV blocks kept until released
+        self.reservations = ReservationBook(self.kv, self.scheduler)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
 
@@ -73,26 +76,68 @@ class LLMEngine:
 
     def add_request(self, prompt: str | None = None, sampling: SamplingParams | None = None, *,
                     token_ids: Sequence[int] | None = None, messages: Sequence[ChatMessage] | None = None,
-                    request_id: str | None = None) -> Request:
+                    request_id: str | None = None, prefill_only: bool = False) -> Request:
+        """Queue a request. With ``prefill_only`` (prefill role) it finishes as ``FINISHED_HANDED_OFF``
+        after its first token, its KV blocks kept until :meth:`release`."""
         sampling = sampling or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self._requests:
-            raise DuplicateRequestError(request_id)
+        self._check_new_id(request_id)
         ids = self.encode_prompt(prompt, token_ids, messages)
         self.validator.validate(ids, sampling)
-        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids)
+        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids, prefill_only=prefill_only)
         self._requests[request_id] = request
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, sampling.stop)
         self.scheduler.add(request)
         return request
 
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id in self._requests or request_id in self.held or request_id in self.reservations.reservations:
+            raise DuplicateRequestError(request_id)
+
     def abort(self, request_id: str) -> RequestOutput:
+        """Finish a request wherever it is (queued, running, reserved, or held for transfer) and free
+        everything it holds. Raises :class:`UnknownRequestError` if the engine does not hold it."""
+        if self.reservations.cancel(request_id):
+            return RequestOutput(request_id, finished=True, finish_reason="abort")
+        if self.release(request_id):
+            return RequestOutput(request_id, finished=True, finish_reason="abort")
         request = self._requests.get(request_id)
         if request is None:
             raise UnknownRequestError(f"no request {request_id!r}")
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
         return self._finish_output(request, RequestOutput(request_id))
+
+    # ---- prefill role: KV held for transfer ---------------------------------------------------------
+    def release(self, request_id: str) -> bool:
+        """Free the blocks of a handed-off request (its KV reached the decode node, or never will)."""
+        if self.held.pop(request_id, None) is None:
+            return False
+        self.kv.free(request_id)
+        return True
+
+    def transferable_block_ids(self, request: Request) -> list[int]:
+        """Blocks whose KV is complete: full computed blocks, or every prompt block once handed off."""
+        block_size, blocks = self.kv.block_size, self.kv.block_ids(request.request_id)
+        if request.status is RequestStatus.FINISHED_HANDED_OFF:
+            return blocks[: -(-request.num_prompt_tokens // block_size)]
+        return blocks[: min(request.num_computed_tokens, request.num_prompt_tokens) // block_size]
+
+    # ---- decode role: reservations for a prefill node ---------------------------------------------
+    def reserve(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams,
+                lease_s: float) -> Reservation | Refusal:
+        """Grant KV blocks for a prompt that a prefill node will compute (see ``reservations.py``)."""
+        self._check_new_id(request_id)
+        ids = self.encode_prompt(token_ids=prompt_ids)
+        self.validator.validate(ids, sampling)
+        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids)
+        return self.reservations.reserve(request, lease_s)
+
+    def commit(self, request_id: str, first_token_id: int) -> Request:
+        """All of the prompt's blocks arrived: the request joins the decode batch after its first token."""
+        request = self.reservations.commit(request_id, first_token_id)
+        self._requests[request_id] = request
+        return request
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -121,6 +166,8 @@ class LLMEngine:
         return out
 
     def _finish_output(self, request: Request, out: RequestOutput) -> RequestOutput:
+        if request.status is RequestStatus.FINISHED_HANDED_OFF:
+            self.held[request.request_id] = request
         detok = self._detokenizers.pop(request.request_id, None)
         if detok is not None:
             out.new_text += detok.flush()
@@ -131,7 +178,6 @@ class LLMEngine:
         out.completion_tokens = request.num_output_tokens
         out.cached_tokens = request.num_cached_tokens
         self._requests.pop(request.request_id, None)
-        self.runner.forget(request.request_id)
         return out
 
     def generate(self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]

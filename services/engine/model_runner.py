@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
-
 from services.engine.model.llama import LlamaModel
 from services.engine.sampler import make_generator, sample
 from services.engine.scheduler import StepBatch
@@ -24,14 +24,10 @@ class ModelRunner:
                                     dtype=model.dtype, device=model.device)
         self.kv_layers = list(self.kv_cache.unbind(0))
         self.attention = create_backend(attention_backend, model.device)
-        self._generators: dict[str, torch.Generator | None] = {}
 
     @property
     def kv_cache_bytes(self) -> int:
         return self.kv_cache.numel() * self.kv_cache.element_size()
-
-    def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, block_tables: dict[str, list[int]]) -> dict[str, int]:
@@ -61,11 +57,7 @@ class ModelRunner:
         )
         if not samplers:
             return {}
-        generators = []
-        for request in samplers:
-            if request.request_id not in self._generators:
-                self._generators[request.request_id] = make_generator(request.sampling)
-            generators.append(self._generators[request.request_id])
+        generators = [make_generator(r.sampling, r.num_output_tokens) for r in samplers]
         banned = [self._banned(r) for r in samplers]
         tokens = sample(logits.cpu(), [r.sampling for r in samplers], generators, banned)
         return {r.request_id: t for r, t in zip(samplers, tokens, strict=True)}

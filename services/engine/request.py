@@ -17,6 +17,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_HANDED_OFF = "finished_handed_off"  # prefill role: first token sampled, KV goes to a decode node
 
     @property
     def finished(self) -> bool:
@@ -32,7 +33,8 @@ class RequestStatus(enum.Enum):
 
 
 _FINISHED = frozenset(
-    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+     RequestStatus.FINISHED_HANDED_OFF}
 )
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -40,9 +42,12 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_ABORTED: "abort",
 }
 _ALLOWED = {
-    RequestStatus.WAITING: {RequestStatus.RUNNING_PREFILL, RequestStatus.FINISHED_ABORTED},
+    # WAITING -> RUNNING_DECODE: a decode node admits a request whose prompt KV a prefill node computed
+    RequestStatus.WAITING: {RequestStatus.RUNNING_PREFILL, RequestStatus.RUNNING_DECODE,
+                            RequestStatus.FINISHED_ABORTED},
     RequestStatus.RUNNING_PREFILL: {RequestStatus.RUNNING_DECODE, RequestStatus.PREEMPTED, *_FINISHED},
     RequestStatus.RUNNING_DECODE: {RequestStatus.PREEMPTED, *_FINISHED},
+    RequestStatus.FINISHED_HANDED_OFF: {RequestStatus.FINISHED_ABORTED},
     RequestStatus.PREEMPTED: {RequestStatus.RUNNING_PREFILL, RequestStatus.RUNNING_DECODE,
                               RequestStatus.FINISHED_ABORTED},
 }
@@ -74,6 +79,7 @@ class Request:
     admitted_seq: int = -1  # order of the latest admission; the newest decoding request is the victim
     stop_reason: int | str | None = None
     first_token_time: float | None = None
+    prefill_only: bool = False  # prefill role: stop after the first token and keep the KV for transfer
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

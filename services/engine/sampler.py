@@ -1,8 +1,9 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, per-request seeded generators.
 
 Random rows use the exponential-race form of categorical sampling (``argmax(p / E)`` with ``E ~ Exp(1)``),
-which needs no sort and draws its noise from the request's own generator, so a seeded request samples
-the same tokens whatever else shares its batch.
+which needs no sort. A seeded request draws the noise of its i-th output token from a generator seeded
+with ``(seed, i)``, so it samples the same tokens whatever else shares its batch, whether or not it was
+preempted and recomputed, and whichever node (prefill or decode) samples that position.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import torch
 from services.engine.sampling_params import SamplingParams
 
 
-def make_generator(params: SamplingParams) -> torch.Generator | None:
+def make_generator(params: SamplingParams, position: int = 0) -> torch.Generator | None:
+    """The generator for output token ``position`` of a seeded request; None (global RNG) otherwise."""
     if params.greedy or params.seed is None:
         return None
     generator = torch.Generator()
-    generator.manual_seed(params.seed)
+    generator.manual_seed((params.seed * 1_000_003 + position) % 2**63)
     return generator
 
 

@@ -77,16 +77,30 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Move a request to a finished state and release everything it holds."""
+    def finish(self, request: Request, status: RequestStatus, keep_blocks: bool = False) -> None:
+        """Move a request to a finished state and release everything it holds (its KV blocks stay
+        allocated under its id when ``keep_blocks``: the caller frees them later)."""
         assert status.finished, f"{status} is not a finished state"
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        if self.kv.has_request(request.request_id):
+        if not keep_blocks and self.kv.has_request(request.request_id):
             self.kv.free(request.request_id)
         request.transition(status)
+
+    def add_prefilled(self, request: Request) -> None:
+        """Admit straight into decoding a request whose prompt KV already fills its blocks (received from a
+        prefill node) and whose first token is appended."""
+        assert self.kv.has_request(request.request_id), f"{request.request_id} holds no blocks"
+        assert request.num_output_tokens == 1 and request.num_computed_tokens == request.num_prompt_tokens
+        request.admitted_seq = next(self._admissions)
+        request.transition(RequestStatus.RUNNING_DECODE)
+        self.running.append(request)
+        self.stats.requests_admitted_total += 1
+        self.stats.prompt_tokens_total += request.num_prompt_tokens
+        self.stats.prefix_hit_tokens_total += request.num_cached_tokens
+        self.stats.prefix_hit_requests_total += request.num_cached_tokens > 0
 
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> StepBatch:
@@ -187,6 +201,8 @@ class Scheduler:
             status = self.stop_status(request)
             if status is not None:
                 self.finish(request, status)
+            elif request.prefill_only:
+                self.finish(request, RequestStatus.FINISHED_HANDED_OFF, keep_blocks=True)
         return advanced
 
     def stop_status(self, request: Request) -> RequestStatus | None:

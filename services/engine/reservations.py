@@ -1,0 +1,135 @@
+"""Decode-side reservations: KV blocks granted to a prefill node, as a lease, for one request's prompt.
+
+Life of a reservation: :meth:`ReservationBook.reserve` (granted or refused, nothing allocated when
+refused) → :meth:`receive` for each block batch the prefill node sends (renews the lease) →
+:meth:`commit` once every block arrived: the request's prompt blocks enter the prefix index and it joins
+the decode batch. A lease that passes without traffic, or :meth:`cancel`, frees everything.
+All methods run on the engine thread (they touch the block pool and the scheduler).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from kvcache.manager import KVCacheManager
+from services.engine.errors import EngineError, InvalidRequestError, UnknownRequestError
+from services.engine.headroom import RatioHeadroom
+from services.engine.request import Request
+from services.engine.scheduler import Scheduler
+
+
+class LeaseExpiredError(UnknownRequestError):
+    """The reservation's lease ran out (or it never existed): its blocks went back to the pool."""
+
+
+class IncompleteTransferError(EngineError):
+    """A commit arrived before every granted block was received."""
+
+
+@dataclass
+class Reservation:
+    request: Request
+    block_ids: list[int]
+    num_cached_blocks: int
+    lease_s: float
+    lease_deadline: float
+    received: set[int] = field(default_factory=set)
+
+    @property
+    def pending_block_ids(self) -> list[int]:
+        return [b for b in self.block_ids[self.num_cached_blocks:] if b not in self.received]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+
+
+class ReservationBook:
+    def __init__(self, kv: KVCacheManager, scheduler: Scheduler, headroom: RatioHeadroom | None = None,
+                 clock=time.monotonic):
+        self.kv = kv
+        self.scheduler = scheduler
+        self.headroom = headroom or RatioHeadroom()
+        self.clock = clock
+        self.reservations: dict[str, Reservation] = {}
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        return sum(len(r.block_ids) for r in self.reservations.values())
+
+    def reserve(self, request: Request, lease_s: float) -> Reservation | Refusal:
+        """Grant blocks for ``request``'s prompt if the running requests keep their headroom."""
+        rid = request.request_id
+        if rid in self.reservations or self.kv.has_request(rid):
+            raise InvalidRequestError("request_id", f"request {rid!r} already holds blocks here")
+        prompt = request.prompt_token_ids
+        prefix = self.kv.match_prefix(prompt)
+        needed = self.kv.blocks_needed(rid, len(prompt), prefix)
+        allocated = {r.request_id: len(self.kv.block_ids(r.request_id)) for r in self.scheduler.running}
+        keep = self.headroom.blocks(self.scheduler.running, self.kv.block_size, allocated)
+        keep += self._owed_to_waiting()
+        if self.kv.num_free_blocks - keep < needed:
+            return Refusal(f"no room: {self.kv.num_free_blocks} free blocks, {keep} kept for running requests, "
+                           f"{needed} needed")
+        block_ids = self.kv.allocate(rid, len(prompt), prefix)
+        if block_ids is None:  # cannot happen after the check above, but never hand out what we lack
+            return Refusal(f"no room: {needed} blocks needed")
+        request.num_cached_tokens = prefix.num_tokens
+        reservation = Reservation(request, self.kv.block_ids(rid), prefix.num_blocks, lease_s,
+                                  self.clock() + lease_s)
+        self.reservations[rid] = reservation
+        return reservation
+
+    def _owed_to_waiting(self) -> int:
+        return sum(math.ceil((r.num_tokens + 1) / self.kv.block_size) for r in self.scheduler.waiting)
+
+    def get(self, request_id: str) -> Reservation:
+        reservation = self.reservations.get(request_id)
+        if reservation is None:
+            raise LeaseExpiredError(f"no reservation for {request_id!r} (expired, aborted or never granted)")
+        return reservation
+
+    def receive(self, request_id: str, block_ids: list[int]) -> Reservation:
+        """Check that ``block_ids`` are granted, uncached and new; mark them received; renew the lease.
+        The caller writes the bytes (outside the engine thread is fine: nothing else touches them)."""
+        reservation = self.get(request_id)
+        allowed = set(reservation.block_ids[reservation.num_cached_blocks:])
+        for block_id in block_ids:
+            if block_id not in allowed:
+                raise InvalidRequestError("block_ids", f"block {block_id} is not one of {request_id!r}'s granted "
+                                                       f"uncached blocks")
+            if block_id in reservation.received:
+                raise InvalidRequestError("block_ids", f"block {block_id} of {request_id!r} was already sent")
+        reservation.received.update(block_ids)
+        reservation.lease_deadline = self.clock() + reservation.lease_s
+        return reservation
+
+    def commit(self, request_id: str, first_token_id: int) -> Request:
+        reservation = self.get(request_id)
+        if reservation.pending_block_ids:
+            raise IncompleteTransferError(
+                f"{request_id!r}: commit before blocks {reservation.pending_block_ids[:8]} arrived")
+        del self.reservations[request_id]
+        request = reservation.request
+        request.num_computed_tokens = request.num_prompt_tokens
+        request.append_output(first_token_id)
+        self.kv.cache_computed(request_id, request.token_ids, request.num_computed_tokens)
+        self.scheduler.add_prefilled(request)
+        return request
+
+    def cancel(self, request_id: str) -> bool:
+        reservation = self.reservations.pop(request_id, None)
+        if reservation is None:
+            return False
+        self.kv.free(request_id)
+        return True
+
+    def expire(self) -> list[str]:
+        now = self.clock()
+        expired = [rid for rid, r in self.reservations.items() if r.lease_deadline < now]
+        for rid in expired:
+            self.cancel(rid)
+        return expired
