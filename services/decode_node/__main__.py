@@ -1,0 +1,3 @@
+from services.decode_node.main import main
+
+raise SystemExit(main())

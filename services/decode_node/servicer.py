@@ -1,0 +1,105 @@
+"""``pdserve.v1.DecodeNode``: decodes protos, calls :class:`DecodeNode`, encodes the answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc.aio
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
+
+from services.common.engine_node import kv_layout, node_status
+from services.common.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    grpc_errors,
+    mapped_errors,
+    status_of,
+)
+from services.common.sampling_convert import sampling_from_proto
+from services.decode_node.node import DecodeNode
+from services.engine.reservations import Refusal
+
+
+class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
+    def __init__(self, node: DecodeNode):
+        self.node = node
+        self.address = ""
+        self.layout = kv_layout(node.engine)
+
+    @grpc_errors
+    async def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.aio.ServicerContext
+                      ) -> decode_pb2.ReserveResponse:
+        if not request.request_id:
+            raise InvalidArgumentError("request_id", "is required")
+        if request.model_fingerprint and request.model_fingerprint != self.layout.model_fingerprint:
+            raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
+        sampling = sampling_from_proto(request.sampling, default_max_tokens=request.max_tokens or 16)
+        sampling = type(sampling)(**{**sampling.__dict__, "stop": ()})  # stop strings are the gateway's
+        result = await self.node.reserve(request.request_id, list(request.prompt_token_ids), sampling,
+                                         request.lease_ms / 1000 if request.lease_ms else None)
+        if isinstance(result, Refusal):
+            return decode_pb2.ReserveResponse(granted=False, reason=result.reason, block_size=self.layout.block_size,
+                                              retry_after_ms=50)
+        return decode_pb2.ReserveResponse(
+            granted=True, block_ids=result.block_ids, num_cached_blocks=result.num_cached_blocks,
+            lease_deadline_unix_ms=result.lease_deadline_unix_ms, block_size=self.layout.block_size,
+        )
+
+    async def TransferKV(self, request_iterator: AsyncIterator[decode_pb2.KVTransferMessage],
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[decode_pb2.KVAck]:
+        failed: dict[str, decode_pb2.KVAck] = {}
+        async for message in request_iterator:
+            kind = message.WhichOneof("kind")
+            request_id = getattr(message, kind).request_id
+            if request_id in failed:
+                yield decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=failed[request_id].error,
+                                       code=failed[request_id].code)
+                continue
+            try:
+                yield await self._handle(message, kind, request_id)
+            except mapped_errors() as error:
+                ack = decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=str(error),
+                                       code=status_of(error).value[0])
+                failed[request_id] = ack
+                await self.node.abort(request_id)
+                yield ack
+
+    async def _handle(self, message: decode_pb2.KVTransferMessage, kind: str, request_id: str) -> decode_pb2.KVAck:
+        if kind == "header":
+            self._check_layout(message.header.layout)
+            return decode_pb2.KVAck(seq=message.seq, request_id=request_id)
+        if kind == "blocks":
+            lease = await self.node.receive(request_id, list(message.blocks.block_ids), message.blocks.payload)
+            return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
+        await self.node.commit(request_id, message.commit.first_token_id)
+        return decode_pb2.KVAck(seq=message.seq, request_id=request_id, committed=True)
+
+    def _check_layout(self, layout: node_pb2.KVLayout) -> None:
+        mine = self.layout
+        for name in ("dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "model_fingerprint",
+                     "bytes_per_block"):
+            if getattr(layout, name) != getattr(mine, name):
+                raise FailedPreconditionError(f"layout.{name}: sender has {getattr(layout, name)!r}, this node "
+                                              f"{getattr(mine, name)!r}")
+
+    @grpc_errors
+    async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
+                     ) -> AsyncIterator[decode_pb2.TokenEvent]:
+        async for event in self.node.attach(request.request_id):
+            message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "")
+            if event.finish_reason is not None:
+                message.usage.CopyFrom(gateway_pb2.Usage(
+                    prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
+                    cached_tokens=event.cached_tokens))
+            yield message
+
+    @grpc_errors
+    async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
+        return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
+
+    @grpc_errors
+    async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
+                         ) -> gateway_pb2.NodeStatus:
+        return await self.node.worker.call(lambda e: node_status(e, "decode", self.address))
+
+

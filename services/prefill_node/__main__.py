@@ -1,0 +1,3 @@
+from services.prefill_node.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""What the prefill node's engine thread hands to the event loop after each step, per request."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from kvcache.kv_bytes import read_blocks
+from services.engine.engine import LLMEngine
+from services.engine.outputs import RequestOutput
+from services.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ReadyBlocks:
+    """KV of blocks ``first_index ..`` of the request's table (prompt order), ``count`` blocks."""
+
+    first_index: int
+    count: int
+    payload: bytes
+
+
+@dataclass
+class FirstToken:
+    token_id: int
+    finish_reason: str | None  # set when the first token already ends the request
+    cached_tokens: int
+
+
+@dataclass
+class Tracked:
+    """A request being prefilled here: its engine request and what was already read out."""
+
+    request: Request
+    queue: asyncio.Queue[ReadyBlocks | FirstToken] = field(default_factory=asyncio.Queue)
+    blocks_read: int = 0
+    skip_blocks: int = 0  # leading blocks the decode node already holds
+
+
+def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[RequestOutput]
+            ) -> list[tuple[Tracked, ReadyBlocks | FirstToken]]:
+    """On the engine thread: read the KV of blocks that became complete, and note first tokens."""
+    items: list[tuple[Tracked, ReadyBlocks | FirstToken]] = []
+    for state in list(tracked.values()):
+        request = state.request
+        if request.status is RequestStatus.FINISHED_ABORTED:
+            continue
+        if request.status.finished and request.status is not RequestStatus.FINISHED_HANDED_OFF:
+            continue  # ended at its first token: its blocks are already freed, nothing to send
+        ready = engine.transferable_block_ids(request)
+        start = max(state.blocks_read, state.skip_blocks)
+        if len(ready) > start:
+            payload = read_blocks(engine.runner.kv_cache, ready[start:])
+            items.append((state, ReadyBlocks(start, len(ready) - start, payload)))
+            state.blocks_read = len(ready)
+    for out in outputs:
+        state = tracked.get(out.request_id)
+        if state is not None and out.new_token_ids:
+            reason = None if state.request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
+            items.append((state, FirstToken(out.new_token_ids[0], reason, state.request.num_cached_tokens)))
+    return items

@@ -1,0 +1,188 @@
+"""The prefill node's logic: reserve on a decode node, prefill in chunks, stream the KV, commit.
+
+Per request (``prefill``): validate → ask the decode candidates in order for a reservation (a refusal
+moves on to the next; none → ``RESOURCE_EXHAUSTED``) → open a ``TransferKV`` stream to the granted node →
+queue the prompt in the engine as prefill-only → after every engine step the blocks that became complete
+are read out on the engine thread and sent (1–4 MiB messages; acknowledgements are read concurrently) →
+when the first token is sampled, the last blocks go out and ``KVCommit`` follows → once the commit is
+acknowledged the blocks are released here (they stay in this node's prefix cache). Cancellation or any
+failure aborts the request here and on the decode node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+import structlog
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
+
+from services.common.engine_node import kv_layout
+from services.common.errors import ResourceExhaustedError, UnavailableError
+from services.common.sampling_convert import sampling_to_proto
+from services.common.server import grpc_options
+from services.engine.engine import LLMEngine
+from services.engine.errors import UnknownRequestError
+from services.engine.sampling_params import SamplingParams
+from services.engine.worker import EngineWorker
+from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
+from services.prefill_node.kv_sender import KVSender
+
+log = structlog.get_logger(__name__)
+MAX_MESSAGE_PAYLOAD = 4 << 20
+
+
+@dataclass(frozen=True)
+class Refused:
+    decode_address: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reserved:
+    decode_address: str
+    num_cached_blocks: int
+    lease_deadline_unix_ms: int
+
+
+@dataclass(frozen=True)
+class Done:
+    num_computed_tokens: int
+    kv_bytes_sent: int
+    kv_blocks_sent: int
+
+
+PrefillEvent = Refused | Reserved | FirstToken | Done
+
+
+class PrefillNode:
+    def __init__(self, engine: LLMEngine, lease_ms: int = 10_000):
+        self.engine = engine
+        self.lease_ms = lease_ms
+        self.layout = kv_layout(engine)
+        self.tracked: dict[str, Tracked] = {}  # touched on the engine thread only
+        self.worker = EngineWorker(engine, self._deliver, on_step=lambda e, outs: collect(e, self.tracked, outs))
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.preparing = 0
+        self.draining = False
+
+    def start(self) -> None:
+        self.worker.start()
+
+    async def stop(self) -> None:
+        await self.worker.stop()
+        for channel in self._channels.values():
+            await channel.close()
+
+    def decode_stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address, options=grpc_options())
+        return decode_pb2_grpc.DecodeNodeStub(self._channels[address])
+
+    def _deliver(self, items: list[tuple[Tracked, ReadyBlocks | FirstToken]]) -> None:
+        for state, item in items:
+            state.queue.put_nowait(item)
+
+    # ---- one request ----------------------------------------------------------------------------
+    async def prefill(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                      candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
+        if self.draining:
+            raise UnavailableError("prefill node is draining")
+        validator = self.engine.validator
+        validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
+        self.preparing += 1
+        try:
+            address, grant, refusals = await self._reserve(request_id, prompt_ids, sampling, candidates, timeout_s)
+        finally:
+            self.preparing -= 1
+        for refusal in refusals:
+            yield refusal
+        yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
+        sender = KVSender(self.decode_stub(address), request_id, self.layout, grant.block_ids, address)
+        finished = False
+        try:
+            await sender.open()
+            state = await self.worker.call(lambda e: self._admit(e, request_id, prompt_ids, sampling,
+                                                                 grant.num_cached_blocks))
+            while True:
+                item = await state.queue.get()
+                if isinstance(item, ReadyBlocks):
+                    await sender.send_blocks(item.first_index, item.count, item.payload, MAX_MESSAGE_PAYLOAD)
+                    continue
+                if item.finish_reason is not None:  # the first token ended the request: D needs nothing
+                    await self._abort_on_decode(address, request_id)
+                    finished = True
+                    yield item
+                    return
+                yield item
+                await sender.commit(item.token_id, len(prompt_ids))
+                finished = True
+                yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)
+                return
+        finally:
+            await sender.close()
+            await self.worker.call(lambda e: self._forget(e, request_id))
+            if not finished:
+                await self._abort_on_decode(address, request_id)
+
+    async def _reserve(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                       candidates: list[str], timeout_s: float | None):
+        refusals: list[Refused] = []
+        hashes = self.engine.kv.hash_blocks(prompt_ids)
+        message = decode_pb2.ReserveRequest(
+            request_id=request_id, prompt_token_ids=prompt_ids, max_tokens=sampling.max_tokens,
+            block_hashes=hashes, lease_ms=self.lease_ms, sampling=sampling_to_proto(sampling),
+            model_fingerprint=self.layout.model_fingerprint,
+        )
+        for address in candidates:
+            try:
+                grant = await self.decode_stub(address).Reserve(message, timeout=min(timeout_s or 10.0, 10.0))
+            except grpc.aio.AioRpcError as exc:
+                refusals.append(Refused(address, f"{exc.code().name}: {exc.details()}"))
+                continue
+            if grant.granted:
+                return address, grant, refusals
+            refusals.append(Refused(address, grant.reason))
+        reasons = "; ".join(f"{r.decode_address}: {r.reason}" for r in refusals) or "no decode candidates"
+        raise ResourceExhaustedError(f"no decode node could take request {request_id!r} ({reasons})")
+
+    def _admit(self, engine: LLMEngine, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+               skip_blocks: int) -> Tracked:
+        request = engine.add_request(sampling=sampling, token_ids=prompt_ids, request_id=request_id,
+                                     prefill_only=True)
+        state = Tracked(request, skip_blocks=skip_blocks)
+        self.tracked[request_id] = state
+        return state
+
+    def _forget(self, engine: LLMEngine, request_id: str) -> None:
+        """Release whatever the request still holds here (blocks stay in the prefix cache)."""
+        self.tracked.pop(request_id, None)
+        with contextlib.suppress(UnknownRequestError):
+            engine.abort(request_id)
+
+    async def _abort_on_decode(self, address: str, request_id: str) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+            await self.decode_stub(address).Abort(node_pb2.AbortRequest(request_id=request_id, reason="prefill"),
+                                                  timeout=2.0)
+
+    async def abort(self, request_id: str) -> bool:
+        def abort(engine: LLMEngine) -> bool:
+            self.tracked.pop(request_id, None)
+            try:
+                engine.abort(request_id)
+            except UnknownRequestError:
+                return False
+            return True
+
+        return await self.worker.call(abort)
+
+    async def drain(self, timeout_s: float) -> None:
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (self.tracked or self.preparing) and loop.time() < deadline:
+            await asyncio.sleep(0.05)

@@ -1,0 +1,61 @@
+"""``pdserve.v1.PrefillNode``: decodes protos, calls :class:`PrefillNode`, encodes the events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc.aio
+from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
+
+from services.common.engine_node import node_status
+from services.common.errors import InvalidArgumentError, grpc_errors
+from services.common.sampling_convert import sampling_from_proto
+from services.prefill_node.handoff import FirstToken
+from services.prefill_node.node import Done, PrefillNode, Refused, Reserved
+
+
+class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
+    def __init__(self, node: PrefillNode):
+        self.node = node
+        self.address = ""
+
+    @grpc_errors
+    async def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[prefill_pb2.PrefillEvent]:
+        if not request.request_id:
+            raise InvalidArgumentError("request_id", "is required")
+        if not request.decode_candidates:
+            raise InvalidArgumentError("decode_candidates", "at least one decode node is required")
+        sampling = sampling_from_proto(request.sampling)
+        sampling = type(sampling)(**{**sampling.__dict__, "stop": ()})  # stop strings are the gateway's
+        events = self.node.prefill(request.request_id, list(request.prompt_token_ids), sampling,
+                                   list(request.decode_candidates), context.time_remaining())
+        async for event in events:
+            yield _encode(event)
+
+    @grpc_errors
+    async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
+        return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
+
+    @grpc_errors
+    async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
+                         ) -> gateway_pb2.NodeStatus:
+        status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address))
+        status.requests_waiting += self.node.preparing
+        return status
+
+
+def _encode(event: Refused | Reserved | FirstToken | Done) -> prefill_pb2.PrefillEvent:
+    if isinstance(event, Refused):
+        return prefill_pb2.PrefillEvent(refused=prefill_pb2.Refused(decode_address=event.decode_address,
+                                                                    reason=event.reason))
+    if isinstance(event, Reserved):
+        return prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(
+            decode_address=event.decode_address, num_cached_blocks=event.num_cached_blocks,
+            lease_deadline_unix_ms=event.lease_deadline_unix_ms))
+    if isinstance(event, FirstToken):
+        return prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(
+            token_id=event.token_id, finish_reason=event.finish_reason or "", cached_tokens=event.cached_tokens))
+    return prefill_pb2.PrefillEvent(done=prefill_pb2.Done(
+        num_computed_tokens=event.num_computed_tokens, kv_bytes_sent=event.kv_bytes_sent,
+        kv_blocks_sent=event.kv_blocks_sent))
