@@ -31,6 +31,17 @@ class ServiceProcess:
     module: str
     process: subprocess.Popen[bytes]
     address: str
+    port_file: Path | None = None
+    host: str = "127.0.0.1"
+
+    def wait_serving(self, timeout_s: float) -> str:
+        """Wait for the port file and a SERVING health check; returns (and sets) the address."""
+        if not self.address:
+            assert self.port_file is not None, "no port file to read"
+            port = wait_for_port_file(self.port_file, timeout_s, self.process)
+            self.address = f"{self.host}:{port}"
+        wait_until_serving(self.address, timeout_s=timeout_s)
+        return self.address
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait up to ``timeout_s``, then SIGKILL. Returns the exit code."""
@@ -53,19 +64,20 @@ def launch(
     stop_timeout_s: float = 10.0,
     stdout: int | None = None,
     stderr: int | None = None,
+    wait: bool = True,
 ) -> Iterator[ServiceProcess]:
-    """Run ``python -m module --listen host:0 --port-file … *args``; yields once it is SERVING."""
+    """Run ``python -m module --listen host:0 --port-file … *args``; yields once it is SERVING (at once
+    with ``wait=False``: call ``node.wait_serving()`` later, so several processes can start together)."""
     with tempfile.TemporaryDirectory(prefix="pdserve-launch-") as tmp:
         port_file = Path(tmp) / "port"
         command = [sys.executable, "-m", module, "--listen", f"{host}:0", "--port-file", str(port_file),
                    *args]
         process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
                                    stdout=stdout, stderr=stderr)
-        node = ServiceProcess(module, process, address="")
+        node = ServiceProcess(module, process, address="", port_file=port_file, host=host)
         try:
-            port = wait_for_port_file(port_file, startup_timeout_s, process)
-            node.address = f"{host}:{port}"
-            wait_until_serving(node.address, timeout_s=startup_timeout_s)
+            if wait:
+                node.wait_serving(startup_timeout_s)
             yield node
         finally:
             node.stop(stop_timeout_s)

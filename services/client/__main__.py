@@ -1,0 +1,56 @@
+"""``python -m services.client "prompt"``: stream a generation from a pdserve gateway to the terminal.
+
+Uses only the generated client package (``pdserve.v1``, installable with ``pip install protos/python``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("prompt", help="the prompt (a user message with --chat)")
+    parser.add_argument("--address", default="127.0.0.1:50051", help="gateway host:port")
+    parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--timeout", type=float, default=120.0, help="deadline of the call in seconds")
+    return parser.parse_args(argv)
+
+
+def build_request(args: argparse.Namespace) -> gateway_pb2.GenerateRequest:
+    sampling = gateway_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    if args.seed is not None:
+        sampling.seed = args.seed
+    if args.chat:
+        return gateway_pb2.GenerateRequest(messages=[gateway_pb2.ChatMessage(role="user", content=args.prompt)],
+                                           sampling=sampling)
+    return gateway_pb2.GenerateRequest(prompt=args.prompt, sampling=sampling)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with grpc.insecure_channel(args.address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        try:
+            for response in stub.Generate(build_request(args), timeout=args.timeout):
+                sys.stdout.write(response.text)
+                sys.stdout.flush()
+                if response.finish_reason:
+                    usage = response.usage
+                    sys.stderr.write(f"\n[{response.finish_reason}: {usage.prompt_tokens} prompt, "
+                                     f"{usage.completion_tokens} completion, {usage.cached_tokens} cached tokens]\n")
+        except grpc.RpcError as exc:
+            sys.stderr.write(f"\nerror: {exc.code().name}: {exc.details()}\n")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
