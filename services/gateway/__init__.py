@@ -1,0 +1,1 @@
+"""The gateway service: the cluster's public API (``pdserve.v1.Gateway``)."""

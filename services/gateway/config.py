@@ -1,0 +1,74 @@
+"""Gateway settings: ``--flag`` or ``PDSERVE_*`` variable per field (see services.common.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.config import setting
+from services.common.ports import split_address
+from services.common.server import ServerConfig
+from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
+
+
+def split_addresses(text: str) -> tuple[str, ...]:
+    """``"a:1, b:2"`` → ``("a:1", "b:2")``; empty → ``()``."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class GatewayConfig(ServerConfig):
+    """pdserve gateway: validates, tokenizes, routes each request to a prefill and a decode node, streams
+    the tokens back."""
+
+    listen: str = setting("127.0.0.1:50051", "host:port to serve on; port 0 = ephemeral")
+    prefill: str = setting("", "prefill node addresses, comma-separated (required)")
+    decode: str = setting("", "decode node addresses, comma-separated (required)")
+    cache_store: str = setting("", "cache-store addresses, comma-separated (listed in ClusterStatus)")
+    model: Path | None = setting(None, "GGUF file or HF directory (tokenizer and config only); "  # noqa: RUF009
+                                       "default: the bundled SmolLM2-135M")
+    max_model_len: int = setting(0, "context length; 0 = the model's")
+    default_max_tokens: int = setting(256, "max_tokens when a request sets none (capped by the context)")
+    request_timeout_s: float = setting(0.0, "deadline for calls that carry none; 0 = none")
+    poll_interval_s: float = setting(0.5, "seconds between NodeStatus polls of every node")
+    status_timeout_s: float = setting(1.0, "NodeStatus call timeout; no answer = unhealthy")
+    status_max_age_s: float = setting(1.0, "ClusterStatus polls again when the last poll is older")
+    abort_timeout_s: float = setting(2.0, "timeout of the best-effort Abort calls")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.prefill_addresses:
+            raise ValueError("prefill: at least one prefill node address is required")
+        if not self.decode_addresses:
+            raise ValueError("decode: at least one decode node address is required")
+        every = [*self.prefill_addresses, *self.decode_addresses, *self.cache_store_addresses]
+        for address in every:
+            try:
+                split_address(address)
+            except ValueError as error:
+                raise ValueError(f"node address: {error}") from None
+        if len(set(every)) != len(every):
+            raise ValueError(f"a node address is listed twice: {every}")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if min(self.poll_interval_s, self.status_timeout_s, self.abort_timeout_s) <= 0:
+            raise ValueError("poll_interval_s, status_timeout_s and abort_timeout_s must be > 0")
+        if self.max_model_len < 0 or self.request_timeout_s < 0 or self.status_max_age_s < 0:
+            raise ValueError("max_model_len, request_timeout_s and status_max_age_s must be >= 0")
+
+    @property
+    def prefill_addresses(self) -> tuple[str, ...]:
+        return split_addresses(self.prefill)
+
+    @property
+    def decode_addresses(self) -> tuple[str, ...]:
+        return split_addresses(self.decode)
+
+    @property
+    def cache_store_addresses(self) -> tuple[str, ...]:
+        return split_addresses(self.cache_store)
+
+    def nodes(self) -> list[tuple[str, str]]:
+        """(address, role) of every configured node."""
+        return [*((a, PREFILL) for a in self.prefill_addresses), *((a, DECODE) for a in self.decode_addresses),
+                *((a, CACHE_STORE) for a in self.cache_store_addresses)]

@@ -1,0 +1,151 @@
+"""The gateway's state across requests: validation, the in-flight registry, aborts, drain, cluster view.
+
+``open()`` validates and tokenizes a request (``InvalidRequestError`` naming the field, before any node
+is called), resolves its sampling (default ``max_tokens``, a random seed when none is given) and returns
+the ``RequestFlow`` that runs it. A request id stays taken until every ``Abort`` its flow left behind has
+been answered, so a client reusing the id never has its new request aborted by the old one's cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+from pdserve.v1 import node_pb2
+
+from services.common.errors import UnavailableError
+from services.common.sampling_convert import default_max_tokens, random_seed
+from services.engine.errors import DuplicateRequestError
+from services.engine.tokenizer import Tokenizer
+from services.engine.validation import RequestValidator
+from services.gateway.directory import NodeDirectory
+from services.gateway.nodes import NodeInfo
+from services.gateway.request_flow import GenerateInput, PreparedRequest, RequestFlow
+from services.gateway.router import Router
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    max_model_len: int
+    vocab_size: int
+    max_tokens_cap: int = 256  # default max_tokens = min(cap, room left in the context)
+    request_timeout_s: float = 0.0  # deadline of a call that has none; 0 = none
+    abort_timeout_s: float = 2.0
+    status_max_age_s: float = 1.0  # ClusterStatus polls again when the last poll is older
+
+
+class GatewayCore:
+    def __init__(self, tokenizer: Tokenizer, directory: NodeDirectory, settings: CoreSettings,
+                 router: Router | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.directory = directory
+        self.router = router or Router()
+        self.settings = settings
+        self.validator = RequestValidator(settings.vocab_size, settings.max_model_len, tokenizer)
+        self.draining = False
+        self._taken: set[str] = set()  # request ids in flight or still being aborted
+        self._flows: dict[str, RequestFlow] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flows)
+
+    # --- requests ---
+
+    def prepare(self, request: GenerateInput) -> PreparedRequest:
+        """Tokenize and validate; raises ``InvalidRequestError`` naming the field. Changes nothing."""
+        ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages)
+        cap = default_max_tokens(len(ids), self.settings.max_model_len, self.settings.max_tokens_cap)
+        sampling = request.sampling.resolve(default_max_tokens=cap, default_seed=random_seed())
+        self.validator.validate(ids, sampling)
+        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling)
+
+    def open(self, request: GenerateInput, time_remaining: float | None) -> RequestFlow:
+        """A flow for a valid request (``time_remaining``: the client's deadline, None = none)."""
+        if self.draining:
+            raise UnavailableError("gateway is draining: not taking new requests")
+        prepared = self.prepare(request)
+        if prepared.request_id in self._taken:
+            raise DuplicateRequestError(prepared.request_id)
+        flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
+                           deadline=self._deadline(time_remaining), abort=self.abort, on_close=self._closed)
+        self._taken.add(prepared.request_id)
+        self._flows[prepared.request_id] = flow
+        self._idle.clear()
+        return flow
+
+    def _deadline(self, time_remaining: float | None) -> float | None:
+        if time_remaining is None or time_remaining > 1e9:  # no client deadline
+            if not self.settings.request_timeout_s:
+                return None
+            time_remaining = self.settings.request_timeout_s
+        return time.monotonic() + time_remaining
+
+    def _closed(self, flow: RequestFlow, aborts: Awaitable[None] | None) -> None:
+        self._flows.pop(flow.request_id, None)
+        if not self._flows:
+            self._idle.set()
+        if aborts is None:
+            self._taken.discard(flow.request_id)
+            return
+
+        async def abort_then_forget() -> None:
+            try:
+                await aborts
+            finally:
+                self._taken.discard(flow.request_id)
+
+        self._spawn(abort_then_forget())
+
+    async def abort(self, role: str, address: str, request_id: str, reason: str) -> None:
+        """Best-effort ``Abort`` on one node, bounded by ``abort_timeout_s``; failures are logged."""
+        try:
+            reply = await self.directory.stub(address).Abort(
+                node_pb2.AbortRequest(request_id=request_id, reason=reason), timeout=self.settings.abort_timeout_s)
+        except grpc.aio.AioRpcError as error:
+            log.warning("abort failed", node=address, role=role, request_id=request_id,
+                        code=error.code().name, details=error.details())
+            return
+        log.debug("aborted", node=address, role=role, request_id=request_id, found=reply.found)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- cluster view ---
+
+    async def cluster_status(self) -> list[NodeInfo]:
+        await self.directory.refresh_if_older(self.settings.status_max_age_s)
+        return self.directory.nodes()
+
+    # --- shutdown ---
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new requests, give those in flight ``grace_s`` to finish, cancel the rest (their nodes get
+        ``Abort``), and wait for the outstanding aborts."""
+        self.draining = True
+        log.info("gateway draining", in_flight=self.in_flight, grace_s=grace_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        for flow in list(self._flows.values()):
+            flow.cancel("gateway shutting down")
+        await self.wait_background()
+
+    async def wait_background(self) -> None:
+        """Wait for the aborts sent so far (each is bounded by ``abort_timeout_s``)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,89 @@
+"""``python -m services.gateway``: config → tokenizer and model config → core → server, until SIGTERM."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+
+from services.common.config import build_config
+from services.common.logging import setup_logging
+from services.common.server import NodeServer, ServiceBinding, run
+from services.engine.model_files import bundled_model_path
+from services.engine.tokenizer import Tokenizer
+from services.engine.weights import load_model_config
+from services.gateway.config import GatewayConfig
+from services.gateway.core import CoreSettings, GatewayCore
+from services.gateway.directory import NodeDirectory
+from services.gateway.servicer import GatewayServicer
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Gateway:
+    """The assembled service (also what tests run in-process)."""
+
+    config: GatewayConfig
+    core: GatewayCore
+    directory: NodeDirectory
+    server: NodeServer
+
+    async def start(self) -> None:
+        """First poll of every node, then serve (nodes that are not up yet join on a later poll)."""
+        await self.directory.start()
+        await self.server.start()
+
+    async def stop(self) -> None:
+        """Drain (in-flight requests get ``grace_s``), stop the server, stop polling."""
+        try:
+            await self.server.shutdown()
+        finally:
+            await self.directory.close()
+
+
+def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, max_position: int) -> Gateway:
+    """Build the gateway inside the running event loop; nothing is started."""
+    directory = NodeDirectory(config.nodes(), poll_interval_s=config.poll_interval_s,
+                              status_timeout_s=config.status_timeout_s,
+                              max_message_bytes=config.max_message_mib << 20)
+    settings = CoreSettings(
+        max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
+        max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
+        abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s)
+    core = GatewayCore(tokenizer, directory, settings)
+    binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], GatewayServicer(core),
+                             gateway_pb2_grpc.add_GatewayServicer_to_server)
+
+    async def drain() -> None:
+        await core.drain(config.grace_s)
+
+    server = NodeServer.from_config(config, [binding], drain=drain)
+    return Gateway(config, core, directory, server)
+
+
+async def serve(config: GatewayConfig) -> None:
+    started = time.perf_counter()
+    path = config.model or bundled_model_path()
+    model = load_model_config(path)
+    tokenizer = Tokenizer.load(path, model.eos_token_ids)
+    gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position)
+    await gateway.start()
+    log.info("gateway ready", address=gateway.server.address, model=str(path),
+             max_model_len=gateway.core.settings.max_model_len, prefill=config.prefill_addresses,
+             decode=config.decode_addresses, cache_store=config.cache_store_addresses,
+             startup_s=round(time.perf_counter() - started, 2))
+    try:
+        await gateway.server.serve_until_signalled()
+    finally:
+        await gateway.directory.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = build_config(GatewayConfig, argv, prog="python -m services.gateway")
+    setup_logging(config.log_level, config.log_format)
+    run(serve(config))
+    return 0

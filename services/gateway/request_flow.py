@@ -1,0 +1,383 @@
+"""One Generate call at the gateway: route it, run the prefill leg and the decode leg, relay the tokens.
+
+``RequestFlow.run()`` yields ``GenerateChunk``s: the first token (from the prefill node's ``first_token``
+event), then the decode node's tokens with their incremental text, the last chunk carrying
+``finish_reason`` and ``usage``. The two legs are server streams read concurrently into one queue:
+
+- prefill leg: ``PrefillNode.Prefill`` → ``refused``* ``reserved`` ``first_token`` ``done``. On
+  ``reserved`` the decode leg starts at once; decode events that arrive before ``first_token`` wait.
+- decode leg: ``DecodeNode.Attach`` → ``TokenEvent``s, the last with ``finish_reason``. A stream that
+  ends without one, or fails, is the decode node failing (``UNAVAILABLE``), never a hang.
+
+A prefill error keeps its status code (the message names the node). Stop strings are matched here and
+not sent to the nodes: a match ends the request with ``finish_reason = "stop"`` and an ``Abort`` to the
+decode node. ``cancel()`` (client gone, deadline,
+drain) and any failure cancel both calls and send ``Abort`` to every node whose leg had not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+from pdserve.v1 import decode_pb2, prefill_pb2
+
+from services.common.errors import ServiceError, UnavailableError
+from services.common.sampling_convert import SamplingFields, sampling_to_proto
+from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.sampling_params import SamplingParams
+from services.engine.tokenizer import ChatMessage, Tokenizer
+from services.gateway.directory import NodeDirectory
+from services.gateway.nodes import DECODE, PREFILL
+from services.gateway.router import NoHealthyNodeError, Router
+
+log = structlog.get_logger(__name__)
+
+_END = object()  # a leg's stream ended normally
+_CANCELLED = "cancelled"  # queue role of a cancel() wake-up
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    """A client's request, decoded from the proto. Exactly one of prompt / token_ids / messages is set."""
+
+    request_id: str = ""
+    prompt: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    sampling: SamplingFields = field(default_factory=SamplingFields)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Validated and tokenized; sampling resolved (max_tokens and seed set)."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """One ``GenerateResponse``."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str = ""
+    usage: Usage | None = None
+    prefill_node: str = ""
+    decode_node: str = ""
+
+
+class NodeCallError(ServiceError):
+    """A node's call failed; carries the status code the client gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Leg:
+    role: str
+    address: str
+    call: Any  # grpc.aio.UnaryStreamCall
+    pump: asyncio.Task[None]
+    finished: bool = False  # the node is done with the request: nothing to abort there
+    ended: bool = False  # no more reading: the stream ended or was cancelled, the claim released
+
+
+Aborter = Callable[[str, str, str, str], Awaitable[None]]
+"""``(role, address, request_id, reason)``: best-effort ``Abort`` of the request on that node."""
+CloseHook = Callable[["RequestFlow", "Awaitable[None] | None"], None]
+"""Called once when the flow ends, with the aborts still to send (or None): the owner runs them in the
+background and forgets the request id only after they are done."""
+
+
+class RequestFlow:
+    def __init__(self, request: PreparedRequest, *, directory: NodeDirectory, router: Router,
+                 tokenizer: Tokenizer, deadline: float | None, abort: Aborter, on_close: CloseHook) -> None:
+        """``deadline``: the ``time.monotonic()`` by which the request must end (None = none)."""
+        self.request = request
+        self.directory = directory
+        self.router = router
+        self.deadline = deadline
+        self._abort = abort
+        self._on_close = on_close
+        self._detokenizer = IncrementalDetokenizer(tokenizer, stop=request.sampling.stop)
+        self._queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
+        self._prefill: _Leg | None = None
+        self._decode: _Leg | None = None
+        self._first_sent = False
+        self._completion_tokens = 0
+        self._cached_tokens = 0
+        self._closed = False
+        self._cancel_reason = "request closed"
+        self.log = log.bind(request_id=request.request_id)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    # --- lifecycle ---
+
+    async def run(self) -> AsyncIterator[GenerateChunk]:
+        try:
+            route = await self._route()
+            self._check_open()
+            self._start_prefill(*route)
+            async for chunk in self._relay():
+                yield chunk
+        finally:
+            self.close()
+
+    def cancel(self, reason: str) -> None:
+        """Stop now (client gone, deadline passed, gateway draining). Safe at any time, repeatedly."""
+        if not self._closed:
+            self.log.info("request cancelled", reason=reason)
+            self._cancel_reason = reason
+            self._queue.put_nowait((_CANCELLED, "", reason))
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading both legs; every node whose leg had not finished gets an ``Abort``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        unfinished = [leg for leg in (self._prefill, self._decode) if leg is not None and not leg.finished]
+        for leg in (self._prefill, self._decode):
+            if leg is not None:
+                self._end(leg, cancel=not leg.finished)
+        aborts = None
+        if unfinished:
+            aborts = self._abort_legs(unfinished, "request ended early at the gateway")
+        self._on_close(self, aborts)
+
+    def _end(self, leg: _Leg, cancel: bool) -> None:
+        """No more reading from ``leg``: release its claim; ``cancel`` its call too."""
+        if leg.ended:
+            return
+        leg.ended = True
+        if cancel:
+            leg.pump.cancel()
+            leg.call.cancel()
+        self.directory.release(leg.address)
+
+    async def _abort_legs(self, legs: Sequence[_Leg], reason: str) -> None:
+        await asyncio.gather(*(self._abort(leg.role, leg.address, self.request_id, reason) for leg in legs))
+
+    # --- starting the legs ---
+
+    async def _route(self) -> tuple[str, tuple[str, ...]]:
+        try:
+            return self._pick()
+        except NoHealthyNodeError:
+            await self.directory.refresh()  # a node may have come back since the last poll
+            return self._pick()
+
+    def _pick(self) -> tuple[str, tuple[str, ...]]:
+        route = self.router.route(self.directory.nodes(PREFILL), self.directory.nodes(DECODE))
+        return route.prefill, route.decode_candidates
+
+    def _start_prefill(self, address: str, candidates: tuple[str, ...]) -> None:
+        # Stop strings are the gateway's (it detokenizes); the nodes get the token-level settings only.
+        sampling = dataclasses.replace(self.request.sampling, stop=())
+        request = prefill_pb2.PrefillRequest(
+            request_id=self.request_id, prompt_token_ids=self.request.prompt_ids,
+            sampling=sampling_to_proto(sampling), decode_candidates=candidates,
+            deadline_unix_ms=self._deadline_unix_ms())
+        self.log.debug("prefill", node=address, candidates=candidates)
+        call = self.directory.stub(address).Prefill(request, timeout=self._timeout())
+        self._prefill = self._start_leg(PREFILL, address, call)
+
+    def _attach(self, address: str) -> None:
+        old = self._decode
+        if old is not None:
+            if old.address == address:
+                return
+            self.log.warning("prefill node moved the request", from_node=old.address, to_node=address)
+            self._end(old, cancel=True)
+        if address not in {n.address for n in self.directory.nodes(DECODE)}:
+            raise UnavailableError(f"prefill node {self._prefill_address}: reserved on {address}, which is "
+                                   "not a decode node of this gateway")
+        call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self.request_id),
+                                                   timeout=self._timeout())
+        self._decode = self._start_leg(DECODE, address, call)
+
+    def _start_leg(self, role: str, address: str, call: Any) -> _Leg:
+        self.directory.claim(address)
+        pump = asyncio.create_task(self._pump(role, address, call), name=f"{role}:{self.request_id}")
+        return _Leg(role, address, call, pump)
+
+    async def _pump(self, role: str, address: str, call: Any) -> None:
+        try:
+            async for message in call:
+                self._queue.put_nowait((role, address, message))
+        except Exception as error:  # not swallowed: the relay raises it in the request's handler
+            self._queue.put_nowait((role, address, error))
+            return
+        self._queue.put_nowait((role, address, _END))
+
+    # --- relaying ---
+
+    async def _relay(self) -> AsyncIterator[GenerateChunk]:
+        early: list[tuple[_Leg, Any]] = []  # decode events that came before the first token
+        while True:
+            role, address, item = await self._queue.get()
+            self._check_open()
+            leg = self._prefill if role == PREFILL else self._decode
+            if leg is None or leg.address != address or leg.ended:
+                continue  # a decode node the request moved away from
+            if isinstance(item, Exception):
+                self._end(leg, cancel=False)
+                if not isinstance(item, grpc.aio.AioRpcError):
+                    raise item
+                if leg.finished:
+                    continue  # the node had done its part; its stream's end does not matter
+                raise self._failure(leg, item)
+            if role == DECODE and not self._first_sent:
+                early.append((leg, item))
+                continue
+            chunk = await (self._on_prefill(leg, item) if role == PREFILL else self._on_decode(leg, item))
+            if chunk is not None:
+                yield chunk
+                if chunk.finish_reason:
+                    self._log_finish(chunk)
+                    return
+            if self._first_sent and early:
+                for decode_leg, event in early:
+                    if decode_leg is not self._decode:
+                        continue
+                    chunk = await self._on_decode(decode_leg, event)
+                    if chunk is not None:
+                        yield chunk
+                        if chunk.finish_reason:
+                            self._log_finish(chunk)
+                            return
+                early.clear()
+
+    async def _on_prefill(self, leg: _Leg, item: Any) -> GenerateChunk | None:
+        if item is _END:
+            self._end(leg, cancel=False)
+            if not self._first_sent:
+                raise UnavailableError(f"prefill node {leg.address}: stream ended before the first token")
+            leg.finished = True
+            return None
+        kind = item.WhichOneof("event")
+        if kind == "refused":
+            self.log.info("decode node refused", node=item.refused.decode_address, reason=item.refused.reason)
+        elif kind == "reserved":
+            self._attach(item.reserved.decode_address)
+        elif kind == "done":
+            leg.finished = True
+        elif kind == "first_token" and not self._first_sent:
+            first = item.first_token
+            self._cached_tokens = first.cached_tokens
+            if first.finish_reason:
+                # The prefill node ends the request itself, its reservation on the decode node included.
+                leg.finished = True
+                if self._decode is not None:
+                    self._decode.finished = True
+                    self._end(self._decode, cancel=True)
+            elif self._decode is None:
+                raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
+            self._first_sent = True
+            return await self._chunk([first.token_id], first.finish_reason, first=True)
+        return None
+
+    async def _on_decode(self, leg: _Leg, item: Any) -> GenerateChunk | None:
+        if item is _END:
+            self._end(leg, cancel=False)
+            raise UnavailableError(f"decode node {leg.address} failed: its stream ended without a finish reason")
+        if item.finish_reason:
+            leg.finished = True
+            if self._prefill is not None:
+                self._prefill.finished = True  # the decode node had the KV committed: prefill's part is over
+        return await self._chunk(list(item.token_ids), item.finish_reason)
+
+    async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False
+                     ) -> GenerateChunk | None:
+        detokenizer = self._detokenizer
+        kept: list[int] = []
+        text: list[str] = []
+        for token_id in token_ids:
+            kept.append(token_id)
+            text.append(detokenizer.push([token_id]))
+            if detokenizer.matched_stop is not None:
+                finish_reason = "stop"
+                await self._stop_unfinished_legs(f"stop string {detokenizer.matched_stop!r}")
+                break
+        self._completion_tokens += len(kept)
+        if finish_reason:
+            text.append(detokenizer.flush())
+        if not kept and not finish_reason and not any(text):
+            return None
+        usage = None
+        if finish_reason:
+            usage = Usage(len(self.request.prompt_ids), self._completion_tokens, self._cached_tokens)
+        return GenerateChunk(
+            self.request_id, tuple(kept), "".join(text), finish_reason, usage,
+            prefill_node=self._prefill_address if first else "",
+            decode_node=self._decode.address if first and self._decode is not None else "")
+
+    async def _stop_unfinished_legs(self, reason: str) -> None:
+        """The gateway ended the request (stop string): cancel the legs still running and wait for their
+        nodes to confirm the abort, so the request id is free everywhere before the client hears."""
+        legs = [leg for leg in (self._prefill, self._decode) if leg is not None and not leg.finished]
+        for leg in legs:
+            leg.finished = True
+            self._end(leg, cancel=True)
+        await self._abort_legs(legs, reason)
+
+    # --- helpers ---
+
+    def _log_finish(self, chunk: GenerateChunk) -> None:
+        usage = chunk.usage
+        assert usage is not None, "a final chunk carries usage"
+        self.log.info("request finished", finish_reason=chunk.finish_reason, prompt_tokens=usage.prompt_tokens,
+                      completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                      prefill_node=self._prefill_address,
+                      decode_node=self._decode.address if self._decode is not None else "")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UnavailableError(f"request {self.request_id!r} cancelled: {self._cancel_reason}")
+
+    @property
+    def _prefill_address(self) -> str:
+        return self._prefill.address if self._prefill is not None else ""
+
+    def _failure(self, leg: _Leg, error: grpc.aio.AioRpcError) -> NodeCallError:
+        code, details = error.code(), error.details()
+        if leg.role == PREFILL:
+            if code == grpc.StatusCode.CANCELLED:  # not by us: the node went away
+                code = grpc.StatusCode.UNAVAILABLE
+            return NodeCallError(code, f"prefill node {leg.address}: {details}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return NodeCallError(code, f"decode node {leg.address}: {details}")
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            self.directory.mark_failed(leg.address, f"Attach failed: {code.name}: {details}")
+        return NodeCallError(grpc.StatusCode.UNAVAILABLE,
+                             f"decode node {leg.address} failed: {code.name}: {details}")
+
+    def _timeout(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def _deadline_unix_ms(self) -> int:
+        remaining = self._timeout()
+        return 0 if remaining is None else int((time.time() + remaining) * 1000)

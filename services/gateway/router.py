@@ -1,0 +1,61 @@
+"""Choosing the nodes of a request: a prefill node by load, decode candidates by free blocks then load.
+
+Pure logic over ``NodeInfo`` snapshots (no I/O): unhealthy nodes are never chosen, and ties rotate
+round robin so equally loaded nodes share a burst of requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.errors import UnavailableError
+from services.gateway.nodes import DECODE, PREFILL, NodeInfo
+
+
+class NoHealthyNodeError(UnavailableError):
+    """No node of a role is healthy (maps to ``UNAVAILABLE``)."""
+
+    def __init__(self, role: str, known: int):
+        super().__init__(f"no healthy {role} node ({known} known)")
+        self.role = role
+
+
+@dataclass(frozen=True)
+class Route:
+    prefill: str
+    decode_candidates: tuple[str, ...]  # best first; the prefill node tries them in order
+
+
+class Router:
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def route(self, prefill_nodes: Sequence[NodeInfo], decode_nodes: Sequence[NodeInfo]) -> Route:
+        """A prefill node and the ordered decode candidates; ``NoHealthyNodeError`` if either is empty."""
+        prefill = self.pick_prefill(prefill_nodes)
+        decode = self.order_decode(decode_nodes)
+        self._turn += 1
+        return Route(prefill, decode)
+
+    def pick_prefill(self, nodes: Sequence[NodeInfo]) -> str:
+        """The least loaded healthy prefill node (running + waiting); ties rotate."""
+        healthy = _healthy(nodes, PREFILL)
+        least = min(n.load for n in healthy)
+        tied = [n for n in healthy if n.load == least]
+        return tied[self._turn % len(tied)].address
+
+    def order_decode(self, nodes: Sequence[NodeInfo]) -> tuple[str, ...]:
+        """Healthy decode nodes, most available blocks first, then least loaded; ties rotate."""
+        healthy = _healthy(nodes, DECODE)
+        shift = self._turn % len(healthy)
+        rotated = healthy[shift:] + healthy[:shift]  # sorted() is stable: equal keys keep this order
+        ranked = sorted(rotated, key=lambda n: (-n.available_blocks, n.load))
+        return tuple(n.address for n in ranked)
+
+
+def _healthy(nodes: Sequence[NodeInfo], role: str) -> list[NodeInfo]:
+    healthy = sorted((n for n in nodes if n.healthy and n.role == role), key=lambda n: n.address)
+    if not healthy:
+        raise NoHealthyNodeError(role, known=sum(n.role == role for n in nodes))
+    return healthy

@@ -1,0 +1,69 @@
+"""``pdserve.v1.Gateway`` over a ``GatewayCore``: decode the proto, call the core, encode."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+
+from services.common.errors import grpc_errors, map_error
+from services.common.sampling_convert import fields_from_proto
+from services.engine.errors import InvalidRequestError
+from services.engine.tokenizer import ChatMessage
+from services.gateway.core import GatewayCore
+from services.gateway.nodes import STATUS_FIELDS, NodeInfo
+from services.gateway.request_flow import GenerateChunk, GenerateInput
+
+map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def input_from_proto(request: gateway_pb2.GenerateRequest) -> GenerateInput:
+    """Empty ``prompt`` / ``token_ids`` / ``messages`` count as not given (proto3 has no presence)."""
+    return GenerateInput(
+        request_id=request.request_id,
+        prompt=request.prompt or None,
+        token_ids=tuple(request.token_ids) or None,
+        messages=tuple(ChatMessage(m.role, m.content) for m in request.messages) or None,
+        sampling=fields_from_proto(request.sampling),
+    )
+
+
+def chunk_to_proto(chunk: GenerateChunk) -> gateway_pb2.GenerateResponse:
+    response = gateway_pb2.GenerateResponse(
+        request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
+        finish_reason=chunk.finish_reason, prefill_node=chunk.prefill_node, decode_node=chunk.decode_node)
+    if chunk.usage is not None:
+        usage = chunk.usage
+        response.usage.CopyFrom(gateway_pb2.Usage(prompt_tokens=usage.prompt_tokens,
+                                                  completion_tokens=usage.completion_tokens,
+                                                  cached_tokens=usage.cached_tokens))
+    return response
+
+
+def node_status_to_proto(node: NodeInfo) -> gateway_pb2.NodeStatus:
+    return gateway_pb2.NodeStatus(address=node.address, role=node.role,
+                                  **{name: getattr(node, name) for name in STATUS_FIELDS})
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, core: GatewayCore) -> None:
+        self.core = core
+
+    @grpc_errors
+    async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+        """Stream a completion (see gateway.proto). Bad input fails before any node is called; cancelling
+        the call, or its deadline passing, aborts the request on its prefill and decode nodes."""
+        flow = self.core.open(input_from_proto(request), context.time_remaining())
+        context.add_done_callback(lambda _: flow.cancel("client cancelled or deadline passed"))
+        async for chunk in flow.run():
+            yield chunk_to_proto(chunk)
+
+    @grpc_errors
+    async def ClusterStatus(self, request: gateway_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
+                            ) -> gateway_pb2.ClusterStatusResponse:
+        """Every configured node as of a poll at most ``status_max_age_s`` old."""
+        nodes = await self.core.cluster_status()
+        return gateway_pb2.ClusterStatusResponse(nodes=[node_status_to_proto(n) for n in nodes])

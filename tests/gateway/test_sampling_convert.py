@@ -1,0 +1,75 @@
+"""Proto SamplingParams ↔ engine SamplingParams: unset takes the default, an explicit 0 stays 0."""
+
+from __future__ import annotations
+
+import pytest
+from pdserve.v1 import gateway_pb2
+
+from services.common.sampling_convert import (
+    SamplingFields,
+    default_max_tokens,
+    fields_from_proto,
+    random_seed,
+    sampling_from_proto,
+    sampling_to_proto,
+)
+from services.engine.errors import InvalidRequestError
+from services.engine.sampling_params import SamplingParams
+
+
+def test_unset_fields_take_the_defaults():
+    params = sampling_from_proto(gateway_pb2.SamplingParams(), default_max_tokens=77, default_seed=5)
+    assert params == SamplingParams(max_tokens=77, temperature=1.0, top_p=1.0, top_k=0, seed=5)
+
+
+def test_explicit_zeros_are_kept_apart_from_unset():
+    message = gateway_pb2.SamplingParams(max_tokens=0, temperature=0.0, top_k=0, seed=0)
+    fields = fields_from_proto(message)
+    assert (fields.max_tokens, fields.temperature, fields.top_k, fields.seed, fields.top_p) == (0, 0.0, 0, 0, None)
+    params = fields.resolve(default_max_tokens=77, default_seed=5)
+    assert (params.max_tokens, params.temperature, params.seed, params.greedy) == (0, 0.0, 0, True)
+    with pytest.raises(InvalidRequestError) as error:
+        params.validate(vocab_size=100)
+    assert error.value.field == "max_tokens"
+
+
+def test_top_k_minus_one_means_no_limit():
+    assert sampling_from_proto(gateway_pb2.SamplingParams(top_k=-1)).top_k == 0
+    assert sampling_from_proto(gateway_pb2.SamplingParams(top_k=-2)).top_k == -2  # validation names it
+
+
+def test_round_trip_keeps_every_field():
+    params = SamplingParams(max_tokens=12, temperature=0.5, top_p=0.25, top_k=40, seed=(1 << 63) - 1,
+                            stop=("\n\n", "END"), stop_token_ids=(2, 7), ignore_eos=True)
+    message = sampling_to_proto(params)
+    assert all(message.HasField(f) for f in ("max_tokens", "temperature", "top_p", "top_k", "seed"))
+    assert sampling_from_proto(gateway_pb2.SamplingParams.FromString(message.SerializeToString())) == params
+
+
+def test_round_trip_without_a_seed_leaves_it_unset():
+    message = sampling_to_proto(SamplingParams(max_tokens=3))
+    assert not message.HasField("seed")
+    assert sampling_from_proto(message, default_seed=None).seed is None
+
+
+def test_resolved_params_need_no_defaults_on_the_receiving_node():
+    client = gateway_pb2.SamplingParams(temperature=0.7, top_p=0.9)  # float32 on the wire
+    resolved = fields_from_proto(client).resolve(default_max_tokens=256, default_seed=99)
+    again = sampling_from_proto(sampling_to_proto(resolved), default_max_tokens=1, default_seed=1)
+    assert again == resolved  # the gateway and the nodes sample with the very same values
+    assert (again.max_tokens, again.seed) == (256, 99)
+
+
+def test_fields_default_to_unset():
+    assert SamplingFields().resolve(default_max_tokens=3) == SamplingParams(max_tokens=3)
+
+
+def test_default_max_tokens_is_capped_by_the_context():
+    assert default_max_tokens(10, 8192) == 256
+    assert default_max_tokens(8000, 8192) == 192
+    assert default_max_tokens(8192, 8192) == 1  # the prompt check refuses it, naming "prompt"
+
+
+def test_random_seeds_are_63_bit_and_differ():
+    seeds = {random_seed() for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= s < 1 << 63 for s in seeds)
