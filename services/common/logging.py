@@ -28,7 +28,8 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None 
     # The console renderer formats exceptions itself; JSON gets them as structured tracebacks.
     tail: list[structlog.typing.Processor] = (
         [structlog.dev.ConsoleRenderer()] if console
-        else [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        else [structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+           structlog.processors.JSONRenderer()]
     )
     structlog.configure(
         processors=[

@@ -47,6 +47,8 @@ def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[Reques
             continue
         if request.status.finished and request.status is not RequestStatus.FINISHED_HANDED_OFF:
             continue  # ended at its first token: its blocks are already freed, nothing to send
+        if not engine.kv.has_request(request.request_id):
+            continue  # still queued: no blocks yet
         ready = engine.transferable_block_ids(request)
         start = max(state.blocks_read, state.skip_blocks)
         if len(ready) > start:
