@@ -1,0 +1,60 @@
+"""Greedy outputs through gateway → prefill node → decode node equal the mixed engine's, token for token,
+for prompts from 1 to 800+ tokens, 16 at once; cached_tokens counts a repeated prefix; nothing leaks."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from services.engine.sampling_params import SamplingParams
+from tests.conftest import make_engine
+from tests.e2e.conftest import generate, greedy, wait_idle
+from tests.engine.prompts import SYSTEM, long_text
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def prompts(bundled_tokenizer):
+    tok = bundled_tokenizer
+    book = tok.encode(long_text(13))
+    assert len(book) > 800
+    ids = [tok.encode("Hello")[:1], tok.encode("The capital of France is"), book,
+           tok.encode(long_text(13) + " Who made the clocks?"), tok.encode(long_text(2)),
+           tok.encode(SYSTEM * 3 + " When does the first train leave?")]
+    ids += [tok.encode(f"Question {i}: what is {i} plus {i * 3}? Answer:") for i in range(6)]
+    ids += [tok.encode(long_text(1 + i % 4) + f" Part {i}.") for i in range(4)]
+    assert len(ids) == 16
+    return ids
+
+
+@pytest.fixture(scope="module")
+def expected(fp32_model, bundled_tokenizer, prompts):
+    engine = make_engine(fp32_model, bundled_tokenizer)
+    results = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+    return [r.token_ids for r in results]
+
+
+def test_sixteen_concurrent_requests_match_the_mixed_engine(stub, prompts, expected):
+    def run(ids):
+        return generate(stub, token_ids=ids, sampling=greedy(NEW_TOKENS))
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(run, prompts))
+    for ids, want, (tokens, _text, last) in zip(prompts, expected, results, strict=True):
+        assert tokens == want, f"prompt of {len(ids)} tokens"
+        assert last.finish_reason == "length"
+        assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (len(ids), NEW_TOKENS)
+    wait_idle(stub)
+
+
+def test_repeated_prefix_is_counted_in_cached_tokens(stub, bundled_tokenizer):
+    prompt = long_text(5) + " The end."
+    first_tokens, first_text, _ = generate(stub, prompt=prompt, sampling=greedy(8))
+    tokens, text, last = generate(stub, prompt=prompt, sampling=greedy(8))
+    n = len(bundled_tokenizer.encode(prompt))
+    assert last.usage.cached_tokens == (n - 1) // 16 * 16 > 0
+    assert (tokens, text) == (first_tokens, first_text)
+    wait_idle(stub)
