@@ -68,7 +68,7 @@ class DecodeNode:
                       lease_s: float | None) -> Grant | Refusal:
         if self.draining:
             raise UnavailableError("decode node is draining")
-        lease_s = lease_s or self.default_lease_s
+        lease_s = min(lease_s or self.default_lease_s, self.default_lease_s)  # this node's setting caps it
         result = await self.worker.call(lambda e: e.reserve(request_id, prompt_ids, sampling, lease_s))
         if isinstance(result, Refusal):
             return result

@@ -1,0 +1,100 @@
+"""Peers dying: the client gets UNAVAILABLE, never a hang; a dead prefill node's reservation expires on
+the decode node; a restarted node rejoins without restarting the gateway."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+
+import grpc
+import pytest
+from pdserve.v1 import decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc, node_pb2, prefill_pb2, prefill_pb2_grpc
+
+from services.common.launch import launch
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy
+
+pytestmark = pytest.mark.slow
+LEASE_MS = 1500
+DECODE_ARGS = (*ENGINE_ARGS, "--lease-ms", str(LEASE_MS))
+PREFILL_ARGS = (*ENGINE_ARGS, "--max-num-batched-tokens", "32")  # a long prompt takes many steps
+
+
+class Nodes:
+    def __init__(self, stack: contextlib.ExitStack):
+        self.stack = stack
+        self.decode = self.start("services.decode_node", *DECODE_ARGS)
+        self.prefill = self.start("services.prefill_node", *PREFILL_ARGS)
+        self.gateway = self.start("services.gateway", "--prefill", self.prefill.address, "--decode",
+                                  self.decode.address, *GATEWAY_ARGS)
+        self.stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(self.gateway.address)))
+
+    def start(self, module: str, *args: str):
+        return self.stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL))
+
+    def decode_status(self) -> gateway_pb2.NodeStatus:
+        with grpc.insecure_channel(self.decode.address) as channel:
+            return decode_pb2_grpc.DecodeNodeStub(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
+
+    def healthy(self, role: str) -> bool:
+        nodes = self.stub.ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10).nodes
+        return all(n.healthy for n in nodes if n.role == role)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    with contextlib.ExitStack() as stack:
+        yield Nodes(stack)
+
+
+def _wait(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_decode_node_killed_mid_generation_gives_unavailable_and_it_rejoins_after_restart(nodes):
+    call = nodes.stub.Generate(gateway_pb2.GenerateRequest(prompt="Tell me a long story.", sampling=greedy(2000)),
+                               timeout=60)
+    next(call), next(call)
+    address = nodes.decode.address
+    nodes.decode.process.kill()
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+    assert time.monotonic() - started < 15
+    _wait(lambda: not nodes.healthy("decode"), 10, "the gateway to mark the dead decode node unhealthy")
+
+    nodes.decode = nodes.start("services.decode_node", *DECODE_ARGS, "--listen", address)
+    _wait(lambda: nodes.healthy("decode"), 20, "the restarted decode node to rejoin")
+    _, text, last = generate(nodes.stub, prompt="The capital of France is", sampling=greedy(5))
+    assert text.startswith(" Paris") and last.finish_reason == "length"
+
+
+def test_prefill_node_killed_after_reserving_lets_the_lease_expire(nodes, bundled_tokenizer):
+    """Prefill is called directly (no gateway), so nothing but the lease can free the reservation."""
+    idle = nodes.decode_status()
+    assert idle.blocks_reserved == 0
+    prompt_ids = bundled_tokenizer.encode(" ".join(f"word{i}" for i in range(1500)))
+    request = prefill_pb2.PrefillRequest(request_id="doomed", prompt_token_ids=prompt_ids,
+                                         sampling=gateway_pb2.SamplingParams(max_tokens=4, temperature=0, seed=1),
+                                         decode_candidates=[nodes.decode.address])
+    with grpc.insecure_channel(nodes.prefill.address) as channel:
+        events = prefill_pb2_grpc.PrefillNodeStub(channel).Prefill(request, timeout=60)
+        assert next(events).HasField("reserved")
+        assert nodes.decode_status().blocks_reserved > 0
+        nodes.prefill.process.kill()
+        killed = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in events:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+    _wait(lambda: nodes.decode_status().blocks_reserved == 0, LEASE_MS / 1000 + 5, "the lease to expire")
+    assert time.monotonic() - killed >= LEASE_MS / 1000 * 0.5  # freed by the lease, not at once
+    after = nodes.decode_status()
+    assert after.blocks_free + after.blocks_cached == after.blocks_total
+    assert after.requests_running == after.requests_waiting == 0
