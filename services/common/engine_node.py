@@ -47,7 +47,7 @@ class EngineNodeConfig(ServerConfig):
             model_path=self.model or str(bundled_model_path()), dtype=self.dtype, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len or None, num_threads=self.threads or None,
+            max_model_len=self.max_model_len or None,  # threads: the EngineWorker sets them on its thread
         )
 
 

@@ -14,13 +14,15 @@ from services.decode_node.config import DecodeNodeConfig
 from services.decode_node.node import DecodeNode
 from services.decode_node.servicer import DecodeNodeServicer
 from services.engine.engine import LLMEngine
+from services.engine.worker import single_threaded_main
 
 log = structlog.get_logger(__name__)
 
 
 async def serve(config: DecodeNodeConfig) -> None:
+    single_threaded_main()
     engine = LLMEngine.from_config(config.engine_config())
-    node = DecodeNode(engine, default_lease_s=config.lease_ms / 1000)
+    node = DecodeNode(engine, default_lease_s=config.lease_ms / 1000, num_threads=config.threads or None)
     node.start()
     servicer = DecodeNodeServicer(node)
     binding = ServiceBinding(decode_pb2.DESCRIPTOR.services_by_name["DecodeNode"], servicer,

@@ -50,10 +50,10 @@ class Grant:
 
 
 class DecodeNode:
-    def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0):
+    def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0, num_threads: int | None = None):
         self.engine = engine
         self.default_lease_s = default_lease_s
-        self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire)
+        self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads)
         self.streams: dict[str, TokenStream] = {}
         self.draining = False
 

@@ -6,8 +6,10 @@ validates everything before any state changes; bad input raises :class:`InvalidR
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -22,10 +24,16 @@ from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.request import Request, RequestStatus
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import Scheduler, SchedulerConfig
+from services.engine.scheduler import Scheduler, SchedulerConfig, StepBatch
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    batch: StepBatch
+    tables: dict[str, list[int]]
 
 
 class LLMEngine:
@@ -54,6 +62,8 @@ class LLMEngine:
                                           kv_capacity_tokens=num_blocks * config.block_size)
         self._requests: dict[str, Request] = {}
         self.held: dict[str, Request] = {}  # prefill role: handed off, KV blocks kept until released
+        self._in_flight: set[str] = set()
+        self._deferred_aborts: set[str] = set()
         self.reservations = ReservationBook(self.kv, self.scheduler)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
@@ -98,6 +108,9 @@ class LLMEngine:
     def abort(self, request_id: str) -> RequestOutput:
         """Finish a request wherever it is (queued, running, reserved, or held for transfer) and free
         everything it holds. Raises :class:`UnknownRequestError` if the engine does not hold it."""
+        if request_id in self._in_flight:  # the running step writes its blocks: abort once it ended
+            self._deferred_aborts.add(request_id)
+            return RequestOutput(request_id, finished=True, finish_reason="abort")
         if self.reservations.cancel(request_id):
             return RequestOutput(request_id, finished=True, finish_reason="abort")
         if self.release(request_id):
@@ -144,13 +157,36 @@ class LLMEngine:
 
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step: schedule → run the model → record the results."""
+        planned = self.begin_step()
+        if planned is None:
+            return []
+        return self.end_step(planned, self.execute_step(planned))
+
+    def begin_step(self) -> PlannedStep | None:
+        """Schedule the next batch (touches control state). Until :meth:`end_step`, aborts of requests in
+        the batch are deferred, so no block the model is writing is freed under it."""
         batch = self.scheduler.schedule()
         if not batch:
-            return []
+            return None
         tables = {s.request.request_id: self.kv.block_ids(s.request.request_id) for s in batch.scheduled}
-        sampled = self.runner.execute(batch, tables)
-        advanced = self.scheduler.update(batch, sampled)
-        return [self._output(request) for request in advanced]
+        self._in_flight = set(tables)
+        return PlannedStep(batch, tables)
+
+    def execute_step(self, planned: PlannedStep) -> dict[str, int]:
+        """Run the model for a planned batch. Reads no control state: reservations, commits and aborts may
+        happen meanwhile (from another thread, under the caller's lock)."""
+        return self.runner.execute(planned.batch, planned.tables)
+
+    def end_step(self, planned: PlannedStep, sampled: dict[str, int]) -> list[RequestOutput]:
+        advanced = self.scheduler.update(planned.batch, sampled)
+        self._in_flight = set()
+        outputs = [self._output(request) for request in advanced]
+        deferred, self._deferred_aborts = self._deferred_aborts, set()
+        for request_id in deferred:
+            with contextlib.suppress(UnknownRequestError):
+                outputs.append(self.abort(request_id))
+        return outputs
 
     def _output(self, request: Request) -> RequestOutput:
         token = request.output_token_ids[-1]

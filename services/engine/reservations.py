@@ -61,15 +61,18 @@ class ReservationBook:
         return sum(len(r.block_ids) for r in self.reservations.values())
 
     def reserve(self, request: Request, lease_s: float) -> Reservation | Refusal:
-        """Grant blocks for ``request``'s prompt if the running requests keep their headroom."""
+        """Grant blocks for ``request``'s prompt if the running requests, and those already granted that
+        will run here, keep their headroom."""
         rid = request.request_id
         if rid in self.reservations or self.kv.has_request(rid):
             raise InvalidRequestError("request_id", f"request {rid!r} already holds blocks here")
         prompt = request.prompt_token_ids
         prefix = self.kv.match_prefix(prompt)
         needed = self.kv.blocks_needed(rid, len(prompt), prefix)
-        allocated = {r.request_id: len(self.kv.block_ids(r.request_id)) for r in self.scheduler.running}
-        keep = self.headroom.blocks(self.scheduler.running, self.kv.block_size, allocated)
+        promised = [r.request for r in self.reservations.values()]  # they decode here soon
+        holders = [*self.scheduler.running, *promised]
+        allocated = {r.request_id: len(self.kv.block_ids(r.request_id)) for r in holders}
+        keep = self.headroom.blocks(holders, self.kv.block_size, allocated)
         keep += self._owed_to_waiting()
         if self.kv.num_free_blocks - keep < needed:
             return Refusal(f"no room: {self.kv.num_free_blocks} free blocks, {keep} kept for running requests, "

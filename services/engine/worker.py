@@ -1,22 +1,33 @@
 """Runs an :class:`LLMEngine` on its own thread and bridges it to asyncio.
 
-The engine's model steps block for tens of milliseconds, so they run on one dedicated thread; every call
-that touches the engine's control state (adding, aborting, reserving, committing, releasing) is queued
-to that thread and runs *between* steps, so the scheduler and block pool are only ever touched by it.
-After each step the worker calls ``on_step(engine, outputs)`` on the engine thread (to read KV that just
+The model part of a step blocks for tens of milliseconds, so the loop runs on a dedicated thread. The
+engine's control state (scheduler, block pool, reservations) is guarded by one lock, which the engine
+thread holds only while it schedules a step and while it records its results — not while the model
+runs. Control calls from the event loop (:meth:`EngineWorker.call`: add, abort, reserve, commit, release,
+status) take the same lock, so they wait at most for that bookkeeping, never for a model step. Aborts of
+requests inside the running step are deferred by the engine until the step ends.
+
+After each step the worker calls ``on_step(engine, outputs)`` under the lock (to read KV that just
 became complete, for instance) and hands its result to ``deliver`` on the event loop; ``on_tick(engine)``
 runs on every turn of the loop (lease expiry, say) and a truthy result is delivered the same way.
+
+Threads: the model's torch ops run on the engine thread with ``num_threads`` OpenMP threads. The process's
+main thread should keep torch at one thread (:func:`single_threaded_main`): once two OpenMP thread pools
+exist on a machine with as many cores as one pool's threads, libgomp stops spinning between parallel
+regions, and every small op of a step pays a wake-up (measured here: prefill 45% slower, element-wise ops
+2× slower).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
+import torch
 
 from services.engine.engine import LLMEngine
 from services.engine.outputs import RequestOutput
@@ -28,13 +39,15 @@ StepHook = Callable[[LLMEngine, list[RequestOutput]], Any]
 
 class EngineWorker:
     def __init__(self, engine: LLMEngine, deliver: Callable[[Any], None], on_step: StepHook | None = None,
-                 tick_s: float = 0.05, on_tick: Callable[[LLMEngine], Any] | None = None):
+                 tick_s: float = 0.05, on_tick: Callable[[LLMEngine], Any] | None = None,
+                 num_threads: int | None = None):
         self.engine = engine
+        self.num_threads = num_threads or os.cpu_count() or 1
+        self.lock = threading.Lock()
         self._deliver = deliver
         self._on_step = on_step or (lambda _engine, outputs: outputs)
         self._on_tick = on_tick
         self._tick_s = tick_s
-        self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], asyncio.Future]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -53,65 +66,43 @@ class EngineWorker:
             await asyncio.to_thread(self._thread.join)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run ``fn(engine)`` on the engine thread between steps; its result or exception comes back here."""
+        """Run ``fn(engine)`` under the engine lock (waiting at most for a step's bookkeeping, not for the
+        model); its result or exception comes back here. Wakes an idle engine thread."""
         if self._stopping or self.failure is not None:
-            raise RuntimeError("engine worker is stopped")
-        future = self._loop.create_future()
-        self._calls.put((fn, future))
+            raise RuntimeError(f"engine worker is stopped{f' (failed: {self.failure!r})' if self.failure else ''}")
+        with self.lock:
+            result = fn(self.engine)
         self._wake.set()
-        return await future
+        return result
 
     def _run(self) -> None:
         engine = self.engine
+        torch.set_num_threads(self.num_threads)  # OpenMP thread count is per calling thread
         try:
             while not self._stopping:
-                self._run_calls()
-                if self._on_tick is not None and (ticked := self._on_tick(engine)):
+                self._wake.clear()
+                with self.lock:
+                    ticked = self._on_tick(engine) if self._on_tick is not None else None
+                    planned = engine.begin_step() if engine.has_unfinished() else None
+                if ticked:
                     self._post(self._deliver, ticked)
-                if engine.has_unfinished():
-                    outputs = engine.step()
-                    self._post(self._deliver, self._on_step(engine, outputs))
-                else:
+                if planned is None:
                     self._wake.wait(self._tick_s)
-                    self._wake.clear()
-            self._run_calls()
-        except BaseException as exc:  # the engine is broken: fail every pending call, then report
+                    continue
+                sampled = engine.execute_step(planned)
+                with self.lock:
+                    payload = self._on_step(engine, engine.end_step(planned, sampled))
+                self._post(self._deliver, payload)
+        except BaseException as exc:  # the engine is broken: later calls fail with it, and it is logged
             self.failure = exc
             log.exception("engine thread failed")
-            self._fail_calls(exc)
             raise
-
-    def _run_calls(self) -> None:
-        while True:
-            try:
-                fn, future = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                result = fn(self.engine)
-            except Exception as exc:  # delivered to the awaiting caller, which decides what it means
-                self._post(_set_exception, future, exc)
-            else:
-                self._post(_set_result, future, result)
-
-    def _fail_calls(self, exc: BaseException) -> None:
-        while True:
-            try:
-                _, future = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            self._post(_set_exception, future, RuntimeError(f"engine thread failed: {exc!r}"))
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn, *args)
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def single_threaded_main() -> None:
+    """Call first on the main thread of a process whose model runs on an :class:`EngineWorker`."""
+    torch.set_num_threads(1)

@@ -39,8 +39,14 @@ class Tracked:
 
 def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[RequestOutput]
             ) -> list[tuple[Tracked, ReadyBlocks | FirstToken]]:
-    """On the engine thread: read the KV of blocks that became complete, and note first tokens."""
+    """On the engine thread: note first tokens and read the KV of blocks that became complete. Everything
+    one step produced is delivered together, first tokens ahead of that step's blocks."""
     items: list[tuple[Tracked, ReadyBlocks | FirstToken]] = []
+    for out in outputs:  # first tokens go first: the client sees them before the last blocks are sent
+        state = tracked.get(out.request_id)
+        if state is not None and out.new_token_ids:
+            reason = None if state.request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
+            items.append((state, FirstToken(out.new_token_ids[0], reason, state.request.num_cached_tokens)))
     for state in list(tracked.values()):
         request = state.request
         if request.status is RequestStatus.FINISHED_ABORTED:
@@ -55,9 +61,4 @@ def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[Reques
             payload = read_blocks(engine.runner.kv_cache, ready[start:])
             items.append((state, ReadyBlocks(start, len(ready) - start, payload)))
             state.blocks_read = len(ready)
-    for out in outputs:
-        state = tracked.get(out.request_id)
-        if state is not None and out.new_token_ids:
-            reason = None if state.request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
-            items.append((state, FirstToken(out.new_token_ids[0], reason, state.request.num_cached_tokens)))
     return items

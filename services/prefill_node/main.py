@@ -11,6 +11,7 @@ from services.common.config import build_config
 from services.common.logging import setup_logging
 from services.common.server import NodeServer, ServiceBinding, run
 from services.engine.engine import LLMEngine
+from services.engine.worker import single_threaded_main
 from services.prefill_node.config import PrefillNodeConfig
 from services.prefill_node.node import PrefillNode
 from services.prefill_node.servicer import PrefillNodeServicer
@@ -19,8 +20,9 @@ log = structlog.get_logger(__name__)
 
 
 async def serve(config: PrefillNodeConfig) -> None:
+    single_threaded_main()
     engine = LLMEngine.from_config(config.engine_config())
-    node = PrefillNode(engine, lease_ms=config.lease_ms)
+    node = PrefillNode(engine, lease_ms=config.lease_ms, num_threads=config.threads or None)
     node.start()
     servicer = PrefillNodeServicer(node)
     binding = ServiceBinding(prefill_pb2.DESCRIPTOR.services_by_name["PrefillNode"], servicer,

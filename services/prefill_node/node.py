@@ -60,12 +60,13 @@ PrefillEvent = Refused | Reserved | FirstToken | Done
 
 
 class PrefillNode:
-    def __init__(self, engine: LLMEngine, lease_ms: int = 10_000):
+    def __init__(self, engine: LLMEngine, lease_ms: int = 10_000, num_threads: int | None = None):
         self.engine = engine
         self.lease_ms = lease_ms
         self.layout = kv_layout(engine)
         self.tracked: dict[str, Tracked] = {}  # touched on the engine thread only
-        self.worker = EngineWorker(engine, self._deliver, on_step=lambda e, outs: collect(e, self.tracked, outs))
+        self.worker = EngineWorker(engine, self._deliver, on_step=lambda e, outs: collect(e, self.tracked, outs),
+                                   num_threads=num_threads)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.preparing = 0
         self.draining = False
@@ -119,6 +120,10 @@ class PrefillNode:
                     yield item
                     return
                 yield item
+                while not state.queue.empty():  # the last step's blocks were delivered with the token
+                    rest = state.queue.get_nowait()
+                    assert isinstance(rest, ReadyBlocks), f"unexpected {rest!r} after the first token"
+                    await sender.send_blocks(rest.first_index, rest.count, rest.payload, MAX_MESSAGE_PAYLOAD)
                 await sender.commit(item.token_id, len(prompt_ids))
                 finished = True
                 yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)

@@ -100,3 +100,15 @@ def test_lease_expiry_and_bad_block_ids_free_the_grant(fp32_model, bundled_token
         decode.commit("r", 5)
     assert decode.kv.num_free_blocks == decode.kv.num_blocks
     decode.check_integrity()
+
+
+def test_granted_but_uncommitted_requests_keep_their_headroom(fp32_model, bundled_tokenizer):
+    """A reservation will decode here soon: the next grant must leave room for its output too."""
+    decode = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=16)
+    first = decode.reserve("first", list(range(100, 200)), SamplingParams(max_tokens=150), 10.0)
+    assert not isinstance(first, Refusal)  # 7 blocks now, ~6 more expected for its output
+    second = decode.reserve("second", list(range(300, 350)), SamplingParams(max_tokens=4), 10.0)
+    assert isinstance(second, Refusal), second
+    decode.abort("first")
+    assert decode.kv.num_free_blocks == 16
+    decode.check_integrity()

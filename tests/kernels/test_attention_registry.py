@@ -29,11 +29,21 @@ def restore_registry() -> Iterator[None]:
     registry_module._registry.update(saved)
 
 
-@pytest.mark.parametrize("name", [None, "auto", "torch"])
-def test_cpu_gets_torch(name: str | None) -> None:
-    backend = create_backend(name, torch.device("cpu"))
+def test_cpu_gets_torch_by_name() -> None:
+    backend = create_backend("torch", torch.device("cpu"))
     assert isinstance(backend, TorchPagedAttention)
     assert backend.name == "torch"
+
+
+@pytest.mark.parametrize("name", [None, "auto"])
+def test_auto_on_cpu_prefers_native_else_torch(name: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    expected = "cpu_native" if "cpu_native" in available_backends() else "torch"
+    assert create_backend(name, torch.device("cpu")).name == expected
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "missing-cc"))
+    assert "cpu_native" not in available_backends()
+    backend = create_backend(name, "cpu")
+    assert isinstance(backend, TorchPagedAttention) and backend.name == "torch"
 
 
 def test_auto_on_cpu_never_imports_flashinfer() -> None:
