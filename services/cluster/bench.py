@@ -109,9 +109,12 @@ def bench_ttft(args: argparse.Namespace) -> dict[str, float]:
                 pass
             return first
 
-        pd_ttft(10_000), mixed_ttft(10_001)  # warm-up
+        for r in range(3):  # warm-up (oneDNN builds its kernels for each new shape)
+            pd_ttft(10_000 + r), mixed_ttft(11_000 + r)
         for r in range(args.repeats):
+            time.sleep(0.3)  # let the decode node finish the previous request: it shares the cores
             pd.append(pd_ttft(20_000 + r))
+            time.sleep(0.3)
             mx.append(mixed_ttft(30_000 + r))
     return {"ttft_pd_s": statistics.median(pd), "ttft_mixed_s": statistics.median(mx), "runs_pd": pd, "runs_mixed": mx}
 
