@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run test test-fast lint format bench clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd clean
 
 all: venv
 
@@ -26,7 +26,12 @@ $(STAMP): pyproject.toml protos/python/pyproject.toml
 protos: $(STAMP)
 	$(PYTHON) protos/generate.py
 
+# gateway (127.0.0.1:50051), prefill node, decode node, cache-store on loopback; Ctrl-C stops them all
 run: venv
+	$(PYTHON) -m services.cluster
+
+# the mixed-mode engine alone (one process prefills and decodes), streaming a few generations
+run-mixed: venv
 	$(PYTHON) -m services.engine
 
 test: venv lint
@@ -43,6 +48,9 @@ format: venv
 
 bench: venv
 	$(PYTHON) -m services.engine.bench
+
+bench-pd: venv
+	$(PYTHON) -m services.cluster.bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache protos/python/requirements.txt protos/python/.stamp
