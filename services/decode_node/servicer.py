@@ -100,6 +100,8 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
-        return await self.node.worker.call(lambda e: node_status(e, "decode", self.address))
+        status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address))
+        status.healthy = not self.node.draining
+        return status
 
 

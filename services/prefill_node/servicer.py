@@ -42,6 +42,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
                          ) -> gateway_pb2.NodeStatus:
         status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address))
         status.requests_waiting += self.node.preparing
+        status.healthy = not self.node.draining
         return status
 
 
