@@ -1,0 +1,46 @@
+"""The serve loop shared by the nodes that run the model (prefill and decode)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from services.common.engine_node import EngineNodeConfig
+from services.common.server import NodeServer, ServiceBinding
+from services.engine.engine import LLMEngine
+from services.engine.worker import single_threaded_main
+
+log = structlog.get_logger(__name__)
+
+
+class EngineNode(Protocol):
+    def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def drain(self, timeout_s: float) -> None: ...
+
+
+async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Callable[[LLMEngine], EngineNode],
+                            make_binding: Callable[[EngineNode], tuple[ServiceBinding, Any]]) -> None:
+    """Load the model, start the node's engine thread, serve until SIGTERM/SIGINT (drain), stop.
+
+    ``make_binding(node)`` returns the service binding and its servicer (whose ``address`` is set once
+    the server is bound)."""
+    single_threaded_main()
+    engine = LLMEngine.from_config(config.engine_config())
+    node = make_node(engine)
+    node.start()
+    binding, servicer = make_binding(node)
+
+    async def drain() -> None:
+        await node.drain(config.drain_timeout_s)
+
+    server = NodeServer.from_config(config, [binding], drain=drain)
+    await server.start()
+    servicer.address = config.advertise or server.address
+    log.info(f"{role} node ready", address=servicer.address, blocks=engine.kv.num_blocks, dtype=config.dtype)
+    try:
+        await server.serve_until_signalled()
+    finally:
+        await node.stop()
