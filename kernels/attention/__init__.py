@@ -2,7 +2,8 @@
 
 ``create_backend(name, device)`` gives an ``AttentionBackend``; per step call ``plan(meta)`` once with
 an ``AttentionMetadata``, then ``forward(q, k, v, kv_cache, scale)`` per layer. ``"torch"`` works on
-CPU and CUDA; ``"flashinfer"`` (CUDA) is imported only when asked for.
+CPU and CUDA; ``"cpu_native"`` (CPU decode in C, compiled on first use, torch for the rest) and
+``"flashinfer"`` (CUDA) are imported only when asked for, or picked by ``"auto"`` on their device.
 """
 
 from kernels.attention.base import AttentionBackend, kv_cache_shape, write_kv

@@ -1,22 +1,28 @@
-"""Milliseconds per layer call of the torch paged backend (write + attend), on the shapes of SmolLM2-135M.
+"""Milliseconds per layer call of the paged attention backends (write + attend), on the shapes of SmolLM2-135M.
 
-    python -m kernels.attention.bench_attention [--layers 30] [--dtype bf16 fp32] [--impl auto sdpa bag]
+    python -m kernels.attention.bench_attention [--layers 30] [--dtype bf16 fp32] [--backend torch cpu_native]
+        [--impl auto sdpa bag] [--settle]
 
 Each case plans one step, then times ``forward`` over ``--layers`` distinct layer caches (views into one
 ``[layers, num_blocks, 2, block_size, Hkv, D]`` tensor, like the model's), so that KV is read cold as in
-a real step; the figure is the best mean over the repeats.
+a real step; the figures are the median and the best of the per-layer means over the repeats. ``--impl``
+picks the torch backend's decode implementation. On a shared machine, ``--settle`` waits (up to a minute)
+for the CPUs to go idle before each case.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from kernels.attention.base import AttentionBackend
 from kernels.attention.metadata import AttentionMetadata
+from kernels.attention.registry import create_backend
 from kernels.attention.torch_paged import TorchPagedAttention
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -40,18 +46,49 @@ CASES = [
 ]
 
 
-def _best_ms(fn: Callable[[], object], calls: int, repeats: int) -> float:
+def _times_ms(fn: Callable[[], object], calls: int, repeats: int) -> tuple[float, float]:
+    """(median, best) milliseconds per call over ``repeats`` timed runs of ``fn`` (``calls`` calls each)."""
     fn()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - start)
-    return best / calls * 1e3
+        times.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times), min(times)
 
 
-def bench_case(case: Case, dtype: torch.dtype, impl: str, layers: int, repeats: int) -> tuple[float, float]:
-    """(ms per layer forward, ms per plan) for one step shape."""
+def _cpu_idle_fraction(seconds: float) -> float:
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            ticks = [int(n) for n in stat.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)
+
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def settle(threshold: float = 0.9, timeout_s: float = 60.0) -> None:
+    """Wait until the machine's CPUs are mostly idle (Linux only; returns at once elsewhere)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while _cpu_idle_fraction(0.5) < threshold and time.monotonic() < deadline:
+            pass
+    except OSError:
+        return
+
+
+def make_backend(name: str, impl: str) -> AttentionBackend:
+    if name == TorchPagedAttention.name:
+        return TorchPagedAttention("cpu", decode_impl=impl)  # type: ignore[arg-type]
+    return create_backend(name, "cpu")
+
+
+def bench_case(
+    case: Case, dtype: torch.dtype, backend_name: str, impl: str, layers: int, repeats: int
+) -> tuple[float, float, float]:
+    """(median and best ms per layer forward, best ms per plan) for one step shape."""
     blocks_per_seq = [-(-s // BLOCK_SIZE) for s in case.seq_lens]
     num_blocks = sum(blocks_per_seq) + 8
     gen = torch.Generator().manual_seed(0)
@@ -66,14 +103,14 @@ def bench_case(case: Case, dtype: torch.dtype, impl: str, layers: int, repeats: 
     q = torch.randn(tokens, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
     k = torch.randn(tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
     v = torch.randn(tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    backend = TorchPagedAttention("cpu", decode_impl=impl)  # type: ignore[arg-type]
-    plan_ms = _best_ms(lambda: backend.plan(meta), 1, repeats)
+    backend = make_backend(backend_name, impl)
+    _, plan_ms = _times_ms(lambda: backend.plan(meta), 1, repeats)
 
     def step() -> None:
         for layer in range(layers):
             backend.forward(q, k, v, caches[layer], HEAD_DIM**-0.5)
 
-    return _best_ms(step, layers, repeats), plan_ms
+    return (*_times_ms(step, layers, repeats), plan_ms)
 
 
 def main() -> None:
@@ -82,18 +119,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--backend", nargs="+", default=["torch", "cpu_native"])
     parser.add_argument("--impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "bag"])
+    parser.add_argument("--settle", action="store_true", help="wait for idle CPUs before each case")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, {args.threads} threads, {args.layers} layers, Hq={NUM_HEADS} "
         f"Hkv={NUM_KV_HEADS} D={HEAD_DIM} block={BLOCK_SIZE}; ms per layer call (write + attend)"
     )
+    variants = [(b, i) for b in args.backend for i in (args.impl if b == TorchPagedAttention.name else ["-"])]
+    print(f"{'dtype':5s} {'backend':10s} {'impl':5s} {'case':36s} {'median':>8s} {'best':>8s} ms/layer   plan")
     for dtype_name in args.dtype:
-        for impl in args.impl:
-            for case in CASES:
-                forward_ms, plan_ms = bench_case(case, DTYPES[dtype_name], impl, args.layers, args.repeats)
-                print(f"{dtype_name:5s} {impl:5s} {case.name:36s} {forward_ms:8.3f} ms/layer   plan {plan_ms:6.3f} ms")
+        for case in CASES:
+            for backend_name, impl in variants:
+                if args.settle:
+                    settle()
+                median, best, plan_ms = bench_case(
+                    case, DTYPES[dtype_name], backend_name, impl, args.layers, args.repeats
+                )
+                print(
+                    f"{dtype_name:5s} {backend_name:10s} {impl:5s} {case.name:36s} {median:8.3f} {best:8.3f}"
+                    f"            {plan_ms:6.3f} ms"
+                )
 
 
 if __name__ == "__main__":

@@ -62,9 +62,10 @@ def available_backends() -> list[str]:
 def create_backend(name: str | None, device: torch.device | str) -> AttentionBackend:
     """Instantiate a backend for ``device``.
 
-    ``None`` or ``"auto"`` picks ``"flashinfer"`` on a CUDA device when it imports, else ``"torch"``;
-    on a CPU device flashinfer is never imported. Raises ``UnknownBackendError`` for an unregistered
-    name and ``BackendUnavailableError`` when the named backend cannot be imported.
+    ``None`` or ``"auto"`` picks ``"flashinfer"`` on a CUDA device when it imports, and
+    ``"cpu_native"`` on a CPU device when its kernel builds here (flashinfer is then never imported);
+    otherwise ``"torch"``. Raises ``UnknownBackendError`` for an unregistered name and
+    ``BackendUnavailableError`` when the named backend cannot be imported or built.
     """
     device = torch.device(device)
     if name is None or name == AUTO:
@@ -72,14 +73,19 @@ def create_backend(name: str | None, device: torch.device | str) -> AttentionBac
     return _resolve(name)(device)
 
 
+AUTO_PREFERENCE = {"cuda": "flashinfer", "cpu": "cpu_native"}
+"""The backend ``"auto"`` tries first on each device type, falling back to ``"torch"``."""
+
+
 def _pick_auto(device: torch.device) -> str:
-    if device.type == "cuda" and "flashinfer" in _registry:
+    preferred = AUTO_PREFERENCE.get(device.type)
+    if preferred is not None and preferred in _registry:
         try:
-            _resolve("flashinfer")
+            _resolve(preferred)
         except BackendUnavailableError as exc:
-            log.info("attention backend auto: flashinfer unavailable (%s), using torch", exc)
+            log.info("attention backend auto: %s unavailable (%s), using torch", preferred, exc)
         else:
-            return "flashinfer"
+            return preferred
     return TorchPagedAttention.name
 
 
@@ -91,6 +97,7 @@ def _resolve(name: str) -> BackendFactory:
             f"unknown attention backend {name!r}; registered: {', '.join(registered_backends())}"
         ) from None
     if not isinstance(factory, str):
+        _check_available(factory)
         return factory
     module_name, _, attribute = factory.partition(":")
     try:
@@ -103,8 +110,18 @@ def _resolve(name: str) -> BackendFactory:
         ) from exc
     resolved: BackendFactory = getattr(module, attribute)
     _registry[name] = resolved
+    _check_available(resolved)
     return resolved
+
+
+def _check_available(factory: BackendFactory) -> None:
+    """A factory may define ``check_available()``, raising ``BackendUnavailableError`` when it cannot
+    run here although it imports (a native kernel that does not build, say)."""
+    check = getattr(factory, "check_available", None)
+    if check is not None:
+        check()
 
 
 register_backend(TorchPagedAttention.name, TorchPagedAttention)
 register_backend("flashinfer", "kernels.attention.flashinfer:FlashInferBackend")
+register_backend("cpu_native", "kernels.attention.native_cpu:NativeCpuAttention")

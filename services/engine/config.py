@@ -21,7 +21,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
-    attention_backend: str | None = None  # None/"auto": flashinfer on CUDA when installed, else torch
+    attention_backend: str | None = None  # None/"auto": flashinfer on CUDA, cpu_native on CPU, else torch
     num_threads: int | None = None
 
     def __post_init__(self) -> None:

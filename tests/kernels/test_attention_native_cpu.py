@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,6 +224,39 @@ def test_forward_checks() -> None:
     backend.plan(meta)
     with pytest.raises(ValueError, match="planned 1 tokens"):
         backend.forward(torch.cat([q, q]), k, v, seqs.cache, 1.0)
+
+
+def test_blocks_outside_the_cache_are_refused() -> None:
+    seqs = make_sequences([20, 9], [19, 8], 3, 64, 16, torch.float32, seed=1)
+    meta, q, k, v = seqs.step([1, 1], [20, 9], 9, seed=2)
+    backend = NativeCpuAttention("cpu")
+    backend.plan(meta)
+    with pytest.raises(ValueError, match="uses block"):
+        backend.forward(q, k, v, seqs.cache[: max(seqs.tables[0])], 0.25)
+
+
+@pytest.mark.parametrize("extra_flags", [("-mno-avx512f",), ("-mno-avx512bf16",)], ids=["portable", "no-bf16-dot"])
+def test_other_builds_of_the_kernel(
+    extra_flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loops a CPU without AVX-512 (or without AVX512-BF16) compiles, checked on this one."""
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "FLAGS", build.FLAGS + extra_flags)
+    for dtype in DTYPES:
+        for head_dim in (64, 96, 16):
+            run_step([1] * 5, [1, 16, 40, 77, 300], (9, 3), dtype, head_dim)
+        run_step([1, 12, 1], [9, 12, 700], (8, 2), dtype)
+    assert len(list((tmp_path / "native").glob("*.so"))) == 1
+
+
+def test_concurrent_first_builds(tmp_path: Path) -> None:
+    """Processes building at once each compile into a temporary file and rename it into place."""
+    code = "from kernels.attention.native.build import load_library; load_library()"
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    processes = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=root) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in processes] == [0, 0, 0]
+    assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
 
 
 def test_auto_picks_native_on_cpu() -> None:

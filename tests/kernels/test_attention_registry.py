@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,7 +37,9 @@ def test_cpu_gets_torch_by_name() -> None:
 
 
 @pytest.mark.parametrize("name", [None, "auto"])
-def test_auto_on_cpu_prefers_native_else_torch(name: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_auto_on_cpu_prefers_native_else_torch(
+    name: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     expected = "cpu_native" if "cpu_native" in available_backends() else "torch"
     assert create_backend(name, torch.device("cpu")).name == expected
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))

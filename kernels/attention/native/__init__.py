@@ -1,0 +1,1 @@
+"""Native (C) CPU kernels for attention, compiled on first use by ``build.load_library``."""
