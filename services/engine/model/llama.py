@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kernels.linear import LinearWeight, linear, prepare_linear
 from kernels.norm import rms_norm
 from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
@@ -24,11 +25,11 @@ if TYPE_CHECKING:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
-    o: torch.Tensor
+    qkv: LinearWeight  # [q_size + 2 * kv_size, hidden]
+    o: LinearWeight
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
+    gate_up: LinearWeight  # [2 * intermediate, hidden]
+    down: LinearWeight
 
 
 class LlamaModel:
@@ -47,7 +48,7 @@ class LlamaModel:
         if self.embed.shape != (config.vocab_size, config.hidden_size):
             raise ModelLoadError(f"embedding shape {tuple(self.embed.shape)} does not match the config")
         self.final_norm = take("model.norm.weight")
-        self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        self.lm_head = prepare_linear(self.embed if config.tie_word_embeddings else take("lm_head.weight"))
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta, self.device)
         self.scale = config.head_dim**-0.5
@@ -57,11 +58,11 @@ class LlamaModel:
         p = f"model.layers.{i}."
         return LayerWeights(
             input_norm=take(p + "input_layernorm.weight"),
-            qkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
-            o=take(p + "self_attn.o_proj.weight"),
+            qkv=prepare_linear(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
+            o=prepare_linear(take(p + "self_attn.o_proj.weight")),
             post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
-            down=take(p + "mlp.down_proj.weight"),
+            gate_up=prepare_linear(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
+            down=prepare_linear(take(p + "mlp.down_proj.weight")),
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -76,14 +77,14 @@ class LlamaModel:
         num_tokens = input_ids.shape[0]
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = F.linear(x, layer.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q, k, v = linear(x, layer.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = RotaryEmbedding.apply(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
             k = RotaryEmbedding.apply(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale)
-            hidden = hidden + F.linear(attn.reshape(num_tokens, cfg.q_size), layer.o)
+            hidden = hidden + linear(attn.reshape(num_tokens, cfg.q_size), layer.o)
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + linear(F.silu(gate) * up, layer.down)
         last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps)
-        return F.linear(last, self.lm_head).float()
+        return linear(last, self.lm_head).float()
