@@ -51,12 +51,12 @@ class EngineNodeConfig(ServerConfig):
         )
 
 
-def node_status(engine: LLMEngine, role: str, address: str) -> gateway_pb2.NodeStatus:
+def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True) -> gateway_pb2.NodeStatus:
     """The engine's counters as a ``NodeStatus`` (call on the engine thread)."""
     pool, stats = engine.kv.pool, engine.scheduler.stats
     reserved = engine.reservations.num_reserved_blocks
     return gateway_pb2.NodeStatus(
-        address=address, role=role, healthy=True, block_size=engine.kv.block_size,
+        address=address, role=role, healthy=healthy, block_size=engine.kv.block_size,
         blocks_total=engine.kv.num_blocks,
         blocks_free=pool.num_free_blocks - pool.num_cached_blocks,
         blocks_reserved=reserved, blocks_cached=pool.num_cached_blocks,

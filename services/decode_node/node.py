@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import structlog
@@ -18,7 +18,6 @@ import structlog
 from kvcache.kv_bytes import write_blocks
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from services.engine.engine import LLMEngine
-from services.engine.errors import UnknownRequestError
 from services.engine.outputs import RequestOutput
 from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
@@ -89,7 +88,7 @@ class DecodeNode:
         await self.worker.call(lambda e: e.commit(request_id, first_token_id))
 
     async def abort(self, request_id: str) -> bool:
-        found = await self.worker.call(_abort_quietly(request_id))
+        found = await self.worker.call(lambda e: e.discard(request_id))
         stream = self.streams.pop(request_id, None)
         if stream is not None:
             stream.queue.put_nowait(TokenEvent([], finish_reason="abort"))
@@ -146,19 +145,6 @@ class DecodeNode:
             await asyncio.sleep(0.05)
         for request_id in list(self.streams):
             await self.abort(request_id)
-
-
-def _abort_quietly(request_id: str) -> Callable[[LLMEngine], bool]:
-    """An engine call that aborts ``request_id`` wherever it is; False if the engine does not hold it."""
-
-    def abort(engine: LLMEngine) -> bool:
-        try:
-            engine.abort(request_id)
-        except UnknownRequestError:
-            return False
-        return True
-
-    return abort
 
 
 def _unix_ms(after_s: float) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -34,7 +35,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         if request.model_fingerprint and request.model_fingerprint != self.layout.model_fingerprint:
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
         sampling = sampling_from_proto(request.sampling, default_max_tokens=request.max_tokens or 16)
-        sampling = type(sampling)(**{**sampling.__dict__, "stop": ()})  # stop strings are the gateway's
+        sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         result = await self.node.reserve(request.request_id, list(request.prompt_token_ids), sampling,
                                          request.lease_ms / 1000 if request.lease_ms else None)
         if isinstance(result, Refusal):
@@ -100,8 +101,6 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
-        status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address))
-        status.healthy = not self.node.draining
-        return status
+        return await self.node.worker.call(lambda e: node_status(e, "decode", self.address, not self.node.draining))
 
 

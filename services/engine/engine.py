@@ -121,6 +121,14 @@ class LLMEngine:
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
         return self._finish_output(request, RequestOutput(request_id))
 
+    def discard(self, request_id: str) -> bool:
+        """:meth:`abort` for callers that do not mind whether the request is still here (idempotent)."""
+        try:
+            self.abort(request_id)
+        except UnknownRequestError:
+            return False
+        return True
+
     # ---- prefill role: KV held for transfer ---------------------------------------------------------
     def release(self, request_id: str) -> bool:
         """Free the blocks of a handed-off request (its KV reached the decode node, or never will)."""

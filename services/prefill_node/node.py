@@ -26,7 +26,6 @@ from services.common.errors import ResourceExhaustedError, UnavailableError
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
-from services.engine.errors import UnknownRequestError
 from services.engine.sampling_params import SamplingParams
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
@@ -163,11 +162,10 @@ class PrefillNode:
         self.tracked[request_id] = state
         return state
 
-    def _forget(self, engine: LLMEngine, request_id: str) -> None:
+    def _forget(self, engine: LLMEngine, request_id: str) -> bool:
         """Release whatever the request still holds here (blocks stay in the prefix cache)."""
         self.tracked.pop(request_id, None)
-        with contextlib.suppress(UnknownRequestError):
-            engine.abort(request_id)
+        return engine.discard(request_id)
 
     async def _abort_on_decode(self, address: str, request_id: str) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
@@ -175,15 +173,7 @@ class PrefillNode:
                                                   timeout=2.0)
 
     async def abort(self, request_id: str) -> bool:
-        def abort(engine: LLMEngine) -> bool:
-            self.tracked.pop(request_id, None)
-            try:
-                engine.abort(request_id)
-            except UnknownRequestError:
-                return False
-            return True
-
-        return await self.worker.call(abort)
+        return await self.worker.call(lambda e: self._forget(e, request_id))
 
     async def drain(self, timeout_s: float) -> None:
         self.draining = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -27,7 +28,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
         if not request.decode_candidates:
             raise InvalidArgumentError("decode_candidates", "at least one decode node is required")
         sampling = sampling_from_proto(request.sampling)
-        sampling = type(sampling)(**{**sampling.__dict__, "stop": ()})  # stop strings are the gateway's
+        sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         events = self.node.prefill(request.request_id, list(request.prompt_token_ids), sampling,
                                    list(request.decode_candidates), context.time_remaining())
         async for event in events:
@@ -40,9 +41,8 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
-        status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address))
+        status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address, not self.node.draining))
         status.requests_waiting += self.node.preparing
-        status.healthy = not self.node.draining
         return status
 
 

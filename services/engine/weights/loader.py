@@ -20,30 +20,34 @@ class LoadedWeights:
     source: Path
 
 
+def _model_kind(path: Path) -> str:
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf"
+    raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")
+
+
 def load_weights(path: str | Path) -> LoadedWeights:
     path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
+    if _model_kind(path) == "gguf":
         from services.engine.weights.gguf_loader import load_gguf
 
         return load_gguf(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        from services.engine.weights.safetensors_loader import load_safetensors_dir
+    from services.engine.weights.safetensors_loader import load_safetensors_dir
 
-        return load_safetensors_dir(path)
-    raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")
+    return load_safetensors_dir(path)
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
     """The model's configuration without its tensors (for processes that only tokenize and route)."""
     path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
+    if _model_kind(path) == "gguf":
         from gguf import GGUFReader
 
         from services.engine.weights.gguf_loader import read_fields
 
         return ModelConfig.from_gguf_fields(read_fields(GGUFReader(str(path))))
-    if path.is_dir() and (path / "config.json").is_file():
-        import json
+    import json
 
-        return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
-    raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")
+    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
