@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from services.engine.admission import AdmissionConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,6 +25,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str | None = None  # None/"auto": flashinfer on CUDA, cpu_native on CPU, else torch
     num_threads: int | None = None
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # blocks kept for running requests
+    offload_host_gib: float = 1.0  # host memory for preempted requests' KV (0: recompute them instead)
+    offload_cache_store: str = ""  # cache-store address for preempted KV once the host budget is full
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -14,10 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.hashing import model_fingerprint
+from kvcache.kv_bytes import bytes_per_block
 from kvcache.manager import KVCacheManager
+from services.cache_store.client import CacheStoreClient
+from services.engine.admission import make_policy
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, UnknownRequestError
+from services.engine.kv_offload import KVOffload
 from services.engine.model.llama import LlamaModel
 from services.engine.model_runner import ModelRunner
 from services.engine.outputs import CompletedRequest, RequestOutput
@@ -53,10 +57,14 @@ class LLMEngine:
             num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv
-        )
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
+        self.offload = KVOffload(bytes_per_block(self.runner.kv_cache), int(config.offload_host_gib * 2**30),
+                                 CacheStoreClient(config.offload_cache_store) if config.offload_cache_store else None,
+                                 key_prefix=self.fingerprint)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
+            admission=make_policy(config.admission), offloader=self.offload,
+        )
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids
         self.validator = RequestValidator(cfg.vocab_size, self.max_model_len, tokenizer,
                                           kv_capacity_tokens=num_blocks * config.block_size)
@@ -178,15 +186,23 @@ class LLMEngine:
         if not batch:
             return None
         tables = {s.request.request_id: self.kv.block_ids(s.request.request_id) for s in batch.scheduled}
-        self._in_flight = set(tables)
+        self._in_flight = batch.request_ids
         return PlannedStep(batch, tables)
 
     def execute_step(self, planned: PlannedStep) -> dict[str, int]:
-        """Run the model for a planned batch. Reads no control state: reservations, commits and aborts may
-        happen meanwhile (from another thread, under the caller's lock)."""
-        return self.runner.execute(planned.batch, planned.tables)
+        """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no
+        control state: reservations, commits and aborts may happen meanwhile (from another thread, under
+        the caller's lock)."""
+        batch = planned.batch
+        self.offload.copy_out(self.runner.kv_cache, batch.swap_out)  # before anything writes those blocks
+        self.offload.copy_in(self.runner.kv_cache, batch.swap_in)
+        if not batch.scheduled:
+            return {}
+        return self.runner.execute(batch, planned.tables)
 
     def end_step(self, planned: PlannedStep, sampled: dict[str, int]) -> list[RequestOutput]:
+        self.scheduler.release_swapped(planned.batch)
+        self.offload.reclaim()
         advanced = self.scheduler.update(planned.batch, sampled)
         self._in_flight = set()
         outputs = [self._output(request) for request in advanced]

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from kvcache.manager import KVCacheManager
 from services.engine.errors import EngineError, InvalidRequestError, UnknownRequestError
-from services.engine.headroom import RatioHeadroom
 from services.engine.request import Request
 from services.engine.scheduler import Scheduler
 
@@ -48,11 +47,9 @@ class Refusal:
 
 
 class ReservationBook:
-    def __init__(self, kv: KVCacheManager, scheduler: Scheduler, headroom: RatioHeadroom | None = None,
-                 clock=time.monotonic):
+    def __init__(self, kv: KVCacheManager, scheduler: Scheduler, clock=time.monotonic):
         self.kv = kv
         self.scheduler = scheduler
-        self.headroom = headroom or RatioHeadroom()
         self.clock = clock
         self.reservations: dict[str, Reservation] = {}
 
@@ -62,7 +59,7 @@ class ReservationBook:
 
     def reserve(self, request: Request, lease_s: float) -> Reservation | Refusal:
         """Grant blocks for ``request``'s prompt if the running requests, and those already granted that
-        will run here, keep their headroom."""
+        will run here, keep the headroom the scheduler's admission policy asks for."""
         rid = request.request_id
         if rid in self.reservations or self.kv.has_request(rid):
             raise InvalidRequestError("request_id", f"request {rid!r} already holds blocks here")
@@ -70,10 +67,7 @@ class ReservationBook:
         prefix = self.kv.match_prefix(prompt)
         needed = self.kv.blocks_needed(rid, len(prompt), prefix)
         promised = [r.request for r in self.reservations.values()]  # they decode here soon
-        holders = [*self.scheduler.running, *promised]
-        allocated = {r.request_id: len(self.kv.block_ids(r.request_id)) for r in holders}
-        keep = self.headroom.blocks(holders, self.kv.block_size, allocated)
-        keep += self._owed_to_waiting()
+        keep = self.scheduler.headroom_blocks(extra=promised) + self._owed_to_waiting()
         if self.kv.num_free_blocks - keep < needed:
             return Refusal(f"no room: {self.kv.num_free_blocks} free blocks, {keep} kept for running requests, "
                            f"{needed} needed")

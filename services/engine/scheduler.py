@@ -4,19 +4,29 @@ Each step: running requests first (in admission order; a decode needs one token,
 gets the next chunk), then waiting requests in arrival order while budget, batch slots and KV blocks allow.
 A waiting request is admitted only if the free pool, after what running prefills are still owed, covers
 its whole remaining prompt plus its first decode token, so admitted prefills can always finish. When a
-running request cannot get a block, the most recently admitted *decoding* request is preempted (KV
-freed; it resumes by recompute, helped by whatever of its blocks the prefix cache still holds). Prefill
-requests are never victims.
+running request cannot get a block, the most recently admitted *decoding* request is preempted; prefill
+requests are never victims. An :class:`AdmissionPolicy` (``admission.py``) keeps blocks back for the
+decoding requests when new ones are admitted.
+
+Preempted KV is kept when a :class:`KVOffloader` takes it: the victim's blocks stay allocated for one more
+step, the engine copies them out while the step runs (``StepBatch.swap_out``) and frees them when it ends
+(:meth:`Scheduler.release_swapped`); the request then waits at the head of the queue and resumes by
+copying its KV back into fresh blocks (``StepBatch.swap_in``) — no recompute. Without a copy (no
+offloader, or no room in it) the blocks are freed at once and the request is recomputed on resume, helped
+by whatever of its blocks the prefix cache still holds.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvcache.manager import KVCacheManager, PrefixMatch
+from services.engine.admission import AdmissionPolicy, NoReservation, StepSignal
 from services.engine.request import Request, RequestStatus
 
 
@@ -39,6 +49,41 @@ class ScheduledRequest:
         return self.start + self.num_new_tokens == self.request.num_tokens
 
 
+@dataclass(frozen=True)
+class SwapOut:
+    """Copy the KV of ``block_ids`` (the victim's table, in order) out before its blocks are freed."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SwapIn:
+    """Copy the request's kept KV, from table index ``first_index`` on, into ``block_ids``."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    first_index: int
+
+
+class KVOffloader(Protocol):
+    """Where preempted KV is kept (host memory, then the cache-store). Torch-free view for the scheduler."""
+
+    def claim(self, request_id: str, num_blocks: int) -> bool:
+        """Take room for ``num_blocks`` blocks of ``request_id``; False (nothing taken) if none."""
+        ...
+
+    def ready(self, request_id: str) -> bool | None:
+        """None: no copy (recompute). False: a copy exists but cannot be loaded this step. True: load it."""
+        ...
+
+    def prefetch(self, request_id: str) -> None:
+        """Start bringing a remote copy close, so that :meth:`ready` turns True."""
+        ...
+
+    def discard(self, request_id: str) -> None: ...
+
+
 @dataclass
 class SchedulerStats:
     prompt_tokens_total: int = 0
@@ -46,29 +91,45 @@ class SchedulerStats:
     prefix_hit_requests_total: int = 0
     requests_admitted_total: int = 0
     preemptions_total: int = 0
+    offloads_total: int = 0  # preemptions whose KV was kept
+    resumes_total: int = 0  # preempted requests resumed from their kept KV
+    recomputes_total: int = 0  # preempted requests readmitted by recomputing their KV
 
 
 @dataclass
 class StepBatch:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    swap_out: list[SwapOut] = field(default_factory=list)
+    swap_in: list[SwapIn] = field(default_factory=list)
+
+    @property
+    def request_ids(self) -> set[str]:
+        """Every request whose blocks or kept KV this step touches."""
+        return ({s.request.request_id for s in self.scheduled} | {s.request_id for s in self.swap_out}
+                | {s.request_id for s in self.swap_in})
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
     def __bool__(self) -> bool:
-        return bool(self.scheduled)
+        return bool(self.scheduled or self.swap_out)
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, admission: AdmissionPolicy | None = None,
+                 offloader: KVOffloader | None = None):
         self.config = config
         self.kv = kv
+        self.admission = admission or NoReservation()
+        self.offloader = offloader
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
         self.stats = SchedulerStats()
         self._admissions = itertools.count()
+        self._admitted_since_step = False  # add_prefilled between steps counts as an admission
+        self._releasing_blocks = 0  # blocks of this step's swap-outs, free once the step ended
 
     # ---- queue management -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -87,6 +148,8 @@ class Scheduler:
             self.waiting.remove(request)
         if not keep_blocks and self.kv.has_request(request.request_id):
             self.kv.free(request.request_id)
+        if self.offloader is not None and request.status is RequestStatus.PREEMPTED:
+            self.offloader.discard(request.request_id)
         request.transition(status)
 
     def add_prefilled(self, request: Request) -> None:
@@ -97,14 +160,21 @@ class Scheduler:
         request.admitted_seq = next(self._admissions)
         request.transition(RequestStatus.RUNNING_DECODE)
         self.running.append(request)
+        self._admitted_since_step = True
+        self._count_admission(request, request.num_cached_tokens)
+
+    def _count_admission(self, request: Request, cached_tokens: int) -> None:
+        """Prompt and prefix-hit counters: once per request, at its first admission."""
         self.stats.requests_admitted_total += 1
         self.stats.prompt_tokens_total += request.num_prompt_tokens
-        self.stats.prefix_hit_tokens_total += request.num_cached_tokens
-        self.stats.prefix_hit_requests_total += request.num_cached_tokens > 0
+        self.stats.prefix_hit_tokens_total += cached_tokens
+        self.stats.prefix_hit_requests_total += cached_tokens > 0
 
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> StepBatch:
         batch = StepBatch()
+        self._releasing_blocks = 0
+        admitted, self._admitted_since_step = self._admitted_since_step, False
         budget = self.config.max_num_batched_tokens
         for request in list(self.running):
             if budget == 0:
@@ -116,11 +186,29 @@ class Scheduler:
                 batch.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
                 budget -= num_new
         if not batch.preempted:
-            budget = self._admit_waiting(batch, budget)
+            admitted |= self._admit_waiting(batch, budget)
+        decoded = any(s.request.status is RequestStatus.RUNNING_DECODE for s in batch.scheduled)
+        signal = StepSignal(decoded=decoded, preempted=bool(batch.preempted), admitted=admitted,
+                            idle=not self.has_unfinished())
+        self.admission.on_step(signal, self.running, self.kv.block_size)
         return batch
+
+    def headroom_blocks(self, extra: Iterable[Request] = ()) -> int:
+        """Blocks the admission policy keeps free for the running requests (and ``extra`` ones) beyond what
+        they hold — a prefilling request counts as holding its whole prompt, which ``_owed_to_prefills``
+        already keeps free."""
+        requests = [*self.running, *extra]
+        held = {}
+        for r in requests:
+            held[r.request_id] = len(self.kv.block_ids(r.request_id)) if self.kv.has_request(r.request_id) else 0
+            if r.status is RequestStatus.RUNNING_PREFILL:
+                held[r.request_id] = max(held[r.request_id], math.ceil((r.num_tokens + 1) / self.kv.block_size))
+        return self.admission.headroom_blocks(requests, self.kv.block_size, held.__getitem__)
 
     def _grow(self, request: Request, num_tokens: int, batch: StepBatch) -> bool:
         while self.kv.allocate(request.request_id, num_tokens) is None:
+            if self._releasing_blocks >= self.kv.blocks_needed(request.request_id, num_tokens):
+                return False  # a swap-out frees enough once this step ended: wait one step
             victim = self._pick_victim(exclude=batch.scheduled)
             if victim is None:
                 return False
@@ -138,8 +226,15 @@ class Scheduler:
 
     def _preempt(self, request: Request, batch: StepBatch) -> None:
         self.running.remove(request)
-        self.kv.free(request.request_id)
-        request.num_computed_tokens = 0
+        rid, blocks = request.request_id, self.kv.block_ids(request.request_id)
+        kv_blocks = blocks[: math.ceil(request.num_computed_tokens / self.kv.block_size)]
+        if self.offloader is not None and self.offloader.claim(rid, len(kv_blocks)):
+            batch.swap_out.append(SwapOut(rid, tuple(kv_blocks)))  # freed by release_swapped()
+            self._releasing_blocks += len(blocks)
+            self.stats.offloads_total += 1
+        else:
+            self.kv.free(rid)
+            request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.transition(RequestStatus.PREEMPTED)
         self.waiting.appendleft(request)
@@ -153,25 +248,65 @@ class Scheduler:
                 owed += self.kv.blocks_needed(r.request_id, r.num_tokens + 1)
         return owed
 
-    def _admit_waiting(self, batch: StepBatch, budget: int) -> int:
+    def _admit_waiting(self, batch: StepBatch, budget: int) -> bool:
+        """Admit from the head of the queue while budget, slots and blocks allow; True if any was."""
         owed = self._owed_to_prefills()
+        headroom = self.headroom_blocks()
+        admitted = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            prefix = self.kv.match_prefix(request.token_ids)
-            needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
-            if self.kv.num_free_blocks - owed < needed:
+            kept = self.offloader.ready(request.request_id) if self.offloader is not None else None
+            if kept is False:  # its copy is on the way: resume it first, next step
+                self.offloader.prefetch(request.request_id)
                 break
-            num_new = min(request.num_tokens - prefix.num_tokens, budget)
-            if self.kv.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
-                break
-            self.waiting.popleft()
-            self._admit(request, prefix)
+            if kept:
+                if not self._resume(request, batch, owed):
+                    break
+            else:
+                prefix = self.kv.match_prefix(request.token_ids)
+                needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
+                keep = owed if request.status is RequestStatus.PREEMPTED else owed + headroom
+                if self.kv.num_free_blocks - keep < needed:
+                    break
+                num_new = min(request.num_tokens - prefix.num_tokens, budget)
+                if self.kv.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
+                    break
+                self.waiting.popleft()
+                self._admit(request, prefix)
+                batch.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+                headroom = self.headroom_blocks()
+            admitted = True
             owed += self.kv.blocks_needed(request.request_id, request.num_tokens + 1)
-            batch.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
-            budget -= num_new
-        return budget
+            budget -= batch.scheduled[-1].num_new_tokens
+        return admitted
+
+    def _resume(self, request: Request, batch: StepBatch, owed: int) -> bool:
+        """Readmit a preempted request whose KV was kept: blocks the prefix cache still holds are shared,
+        the rest are copied back (``swap_in``); it goes on decoding where it stopped."""
+        rid, computed = request.request_id, request.num_computed_tokens
+        prefix = self.kv.match_prefix(request.token_ids[: computed + 1])  # full blocks within the kept KV
+        if self.kv.num_free_blocks - owed < self.kv.blocks_needed(rid, request.num_tokens + 1, prefix):
+            return False
+        if self.kv.allocate(rid, request.num_tokens, prefix) is None:
+            return False
+        self.waiting.popleft()
+        kv_blocks = self.kv.block_ids(rid)[: math.ceil(computed / self.kv.block_size)]
+        batch.swap_in.append(SwapIn(rid, tuple(kv_blocks[prefix.num_blocks:]), prefix.num_blocks))
+        request.admitted_seq = next(self._admissions)
+        request.transition(RequestStatus.RUNNING_DECODE)
+        self.running.append(request)
+        self.stats.resumes_total += 1
+        batch.scheduled.append(ScheduledRequest(request, request.num_tokens - computed, computed))
+        return True
+
+    def release_swapped(self, batch: StepBatch) -> None:
+        """After the step ran: free the blocks whose KV the step copied out."""
+        for swap in batch.swap_out:
+            self.kv.free(swap.request_id)
 
     def _admit(self, request: Request, prefix: PrefixMatch) -> None:
+        if request.status is RequestStatus.PREEMPTED:
+            self.stats.recomputes_total += 1
         first_admission = request.status is RequestStatus.WAITING
         request.num_computed_tokens = prefix.num_tokens
         request.admitted_seq = next(self._admissions)
@@ -179,10 +314,7 @@ class Scheduler:
         self.running.append(request)
         if first_admission:
             request.num_cached_tokens = prefix.num_tokens
-            self.stats.requests_admitted_total += 1
-            self.stats.prompt_tokens_total += request.num_prompt_tokens
-            self.stats.prefix_hit_tokens_total += prefix.num_tokens
-            self.stats.prefix_hit_requests_total += prefix.num_tokens > 0
+            self._count_admission(request, prefix.num_tokens)
 
     # ---- after the model ran ----------------------------------------------------------------------
     def update(self, batch: StepBatch, sampled: dict[str, int]) -> list[Request]:

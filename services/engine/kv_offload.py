@@ -1,0 +1,154 @@
+"""Where a preempted request's KV waits: host memory up to a byte budget, then the cache-store.
+
+The scheduler decides (through the torch-free :class:`~services.engine.scheduler.KVOffloader` methods
+``claim`` / ``ready`` / ``prefetch`` / ``discard``); the engine moves the bytes while a step runs
+(:meth:`copy_out` before the victim's blocks are freed, :meth:`copy_in` into the resumed request's new
+blocks). A copy bound for the cache-store is staged in host memory and put there by a background thread;
+once stored, the host bytes are dropped after the step (:meth:`reclaim`), and a resume first fetches them
+back in the background (:meth:`prefetch`) — the scheduler resumes the request when :meth:`ready` says so.
+A copy that cannot be stored or fetched is forgotten: the request is then recomputed (counted).
+
+Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
+run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+import torch
+
+from kvcache.kv_bytes import read_blocks, write_blocks
+from services.engine.scheduler import SwapIn, SwapOut
+
+log = structlog.get_logger(__name__)
+
+
+class RemoteBlockStore(Protocol):
+    """The cache-store as the offload sees it (:class:`services.cache_store.client.CacheStoreClient`)."""
+
+    def put(self, blocks: Sequence[tuple[bytes, bytes | memoryview]]) -> object: ...
+    def get(self, keys: Sequence[bytes]) -> list[bytes]: ...
+
+
+@dataclass
+class _Copy:
+    num_blocks: int
+    remote: bool
+    keys: list[bytes] = field(default_factory=list)
+    data: bytes | None = None  # the bytes, while in host memory
+    stored: Future | None = None  # remote: the put
+    fetched: Future | None = None  # remote: the get that brings it back
+
+
+@dataclass
+class OffloadStats:
+    offloaded_bytes_total: int = 0
+    offloaded_remote_bytes_total: int = 0
+    restored_bytes_total: int = 0
+    lost_total: int = 0  # copies that could not be stored or fetched (their requests recompute)
+
+
+class KVOffload:
+    def __init__(self, bytes_per_block: int, host_budget_bytes: int, remote: RemoteBlockStore | None = None,
+                 key_prefix: bytes = b""):
+        self.bytes_per_block = bytes_per_block
+        self.host_budget_bytes = host_budget_bytes
+        self.remote = remote
+        self.key_prefix = key_prefix
+        self.host_bytes_used = 0  # claimed by host copies
+        self.stats = OffloadStats()
+        self._copies: dict[str, _Copy] = {}
+        self._nonce = itertools.count()
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="kv-offload") if remote is not None else None
+
+    # ---- the scheduler's side (torch-free) ----------------------------------------------------------
+    def claim(self, request_id: str, num_blocks: int) -> bool:
+        size = num_blocks * self.bytes_per_block
+        if self.host_bytes_used + size <= self.host_budget_bytes:
+            self.host_bytes_used += size
+            self._copies[request_id] = _Copy(num_blocks, remote=False)
+            return True
+        if self.remote is not None:
+            nonce = next(self._nonce)
+            keys = [hashlib.blake2b(b"%s|%s|%d|%d" % (self.key_prefix, request_id.encode(), nonce, i),
+                                    digest_size=16).digest() for i in range(num_blocks)]
+            self._copies[request_id] = _Copy(num_blocks, remote=True, keys=keys)
+            return True
+        return False
+
+    def ready(self, request_id: str) -> bool | None:
+        copy = self._copies.get(request_id)
+        if copy is None:
+            return None
+        if copy.data is not None:
+            return True
+        failed = next((f for f in (copy.stored, copy.fetched) if f is not None and f.done() and f.exception()), None)
+        if failed is not None:
+            log.warning("offloaded KV lost; the request will be recomputed", request_id=request_id,
+                        error=repr(failed.exception()))
+            self.stats.lost_total += 1
+            self.discard(request_id)
+            return None
+        if copy.fetched is not None and copy.fetched.done():
+            copy.data = b"".join(copy.fetched.result())
+            return True
+        return False
+
+    def prefetch(self, request_id: str) -> None:
+        copy = self._copies.get(request_id)
+        if copy is None or not copy.remote or copy.fetched is not None or copy.data is not None:
+            return
+        if copy.stored is not None and copy.stored.done():
+            copy.fetched = self._io.submit(self.remote.get, copy.keys)
+
+    def discard(self, request_id: str) -> None:
+        copy = self._copies.pop(request_id, None)
+        if copy is not None and not copy.remote:
+            self.host_bytes_used -= copy.num_blocks * self.bytes_per_block
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._copies
+
+    # ---- the engine's side: moving bytes during a step ----------------------------------------------
+    def copy_out(self, kv_cache: torch.Tensor, swaps: Sequence[SwapOut]) -> None:
+        for swap in swaps:
+            copy = self._copies[swap.request_id]
+            data = read_blocks(kv_cache, swap.block_ids)
+            copy.data = data
+            self.stats.offloaded_bytes_total += len(data)
+            if copy.remote:
+                self.stats.offloaded_remote_bytes_total += len(data)
+                copy.stored = self._io.submit(self._put_remote, copy, data)
+
+    def _put_remote(self, copy: _Copy, data: bytes) -> None:
+        view, size = memoryview(data), self.bytes_per_block
+        self.remote.put([(key, view[i * size:(i + 1) * size]) for i, key in enumerate(copy.keys)])
+
+    def reclaim(self) -> None:
+        """After a step (engine lock held): drop the host bytes of copies the cache-store now holds."""
+        for copy in self._copies.values():
+            if copy.remote and copy.fetched is None and copy.stored is not None and copy.stored.done() \
+                    and copy.stored.exception() is None:
+                copy.data = None
+
+    def copy_in(self, kv_cache: torch.Tensor, swaps: Sequence[SwapIn]) -> None:
+        for swap in swaps:
+            copy = self._copies[swap.request_id]
+            data = copy.data
+            assert data is not None, f"{swap.request_id}: resumed before its KV was ready"
+            size = self.bytes_per_block
+            write_blocks(kv_cache, swap.block_ids,
+                         memoryview(data)[swap.first_index * size:(swap.first_index + len(swap.block_ids)) * size])
+            self.stats.restored_bytes_total += len(swap.block_ids) * size
+            self.discard(swap.request_id)
+
+    def close(self) -> None:
+        if self._io is not None:
+            self._io.shutdown(wait=False, cancel_futures=True)
