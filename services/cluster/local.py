@@ -24,6 +24,7 @@ class ClusterSpec:
     prefill_args: tuple[str, ...] = ()
     decode_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
+    offload_to_cache_store: bool = False  # decode nodes keep preempted KV in the cache-store past their host budget
     startup_timeout_s: float = 120.0
 
 
@@ -48,8 +49,10 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                                               stdout=stdout, stderr=stderr))
 
         store = start("services.cache_store") if spec.cache_store else None
-        decode = _start_many(stack, "services.decode_node", spec.num_decode, (*spec.engine_args, *spec.decode_args),
-                             spec, stdout, stderr)
+        decode_args = (*spec.engine_args, *spec.decode_args)
+        if store is not None and spec.offload_to_cache_store:
+            decode_args += ("--offload-cache-store", store.address)
+        decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr)
         prefill = _start_many(stack, "services.prefill_node", spec.num_prefill,
                               (*spec.engine_args, *spec.prefill_args), spec, stdout, stderr)
         gateway_args = ["--prefill", ",".join(p.address for p in prefill),

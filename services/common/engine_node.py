@@ -15,6 +15,7 @@ from kvcache.kv_bytes import bytes_per_block
 from services.common.config import setting
 from services.common.errors import map_error
 from services.common.server import ServerConfig
+from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.errors import InvalidRequestError, ModelLoadError, UnknownRequestError
@@ -41,9 +42,30 @@ class EngineNodeConfig(ServerConfig):
     max_model_len: int = setting(0, "context length (0: the model's)")
     threads: int = setting(0, "torch threads (0: torch's default)")
     advertise: str = setting("", "address other nodes reach this one at (default: the bound address)")
+    admission_policy: str = setting("new_token_ratio", "blocks kept for running requests: new_token_ratio, "
+                                                       "fixed or none")
+    init_new_token_ratio: float = setting(0.7, "new_token_ratio: starting ratio of remaining tokens expected")
+    min_new_token_ratio_factor: float = setting(0.14, "new_token_ratio: floor as a fraction of the initial ratio")
+    new_token_ratio_decay_steps: int = setting(600, "new_token_ratio: quiet decode steps from initial to floor")
+    clip_max_new_tokens: int = setting(4096, "new_token_ratio: cap on a request's remaining tokens")
+    fixed_reserve_blocks: int = setting(8, "fixed: blocks kept per running request")
+    fixed_min_reserve_blocks: int = setting(1, "fixed: floor the per-request blocks decay to")
+    fixed_decay_steps: int = setting(600, "fixed: quiet decode steps from initial to floor")
+    offload_host_gib: float = setting(1.0, "host memory for preempted requests' KV (0: recompute them)")
+    offload_cache_store: str = setting("", "cache-store host:port for preempted KV once the host budget is full")
+
+    def admission_config(self) -> AdmissionConfig:
+        return AdmissionConfig(
+            policy=self.admission_policy, init_ratio=self.init_new_token_ratio,
+            min_ratio_factor=self.min_new_token_ratio_factor, ratio_decay_steps=self.new_token_ratio_decay_steps,
+            clip_tokens=self.clip_max_new_tokens, fixed_blocks=self.fixed_reserve_blocks,
+            fixed_min_blocks=self.fixed_min_reserve_blocks, fixed_decay_steps=self.fixed_decay_steps,
+        )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
+            admission=self.admission_config(), offload_host_gib=self.offload_host_gib,
+            offload_cache_store=self.offload_cache_store,
             model_path=self.model or str(bundled_model_path()), dtype=self.dtype, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
@@ -55,7 +77,16 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
     """The engine's counters as a ``NodeStatus`` (call on the engine thread)."""
     pool, stats = engine.kv.pool, engine.scheduler.stats
     reserved = engine.reservations.num_reserved_blocks
+    offload, policy = engine.offload, engine.scheduler.admission
     return gateway_pb2.NodeStatus(
+        requests_total=stats.requests_admitted_total, prefix_hit_requests_total=stats.prefix_hit_requests_total,
+        prefix_hit_rate_tokens=_rate(stats.prefix_hit_tokens_total, stats.prompt_tokens_total),
+        prefix_hit_rate_requests=_rate(stats.prefix_hit_requests_total, stats.requests_admitted_total),
+        offloads_total=stats.offloads_total, offloaded_bytes_total=offload.stats.offloaded_bytes_total,
+        offloaded_remote_bytes_total=offload.stats.offloaded_remote_bytes_total, resumes_total=stats.resumes_total,
+        recomputes_total=stats.recomputes_total, offload_host_bytes_used=offload.host_bytes_used,
+        admission_policy=policy.name, admission_headroom_blocks=engine.scheduler.headroom_blocks(),
+        new_token_ratio=getattr(policy, "ratio", 0.0),
         address=address, role=role, healthy=healthy, block_size=engine.kv.block_size,
         blocks_total=engine.kv.num_blocks,
         blocks_free=pool.num_free_blocks - pool.num_cached_blocks,
@@ -65,6 +96,10 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
         prompt_tokens_total=stats.prompt_tokens_total, evictions_total=pool.num_evictions,
         bytes_total=engine.runner.kv_cache_bytes,
     )
+
+
+def _rate(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
 
 
 def kv_layout(engine: LLMEngine) -> node_pb2.KVLayout:

@@ -130,6 +130,7 @@ class Scheduler:
         self._admissions = itertools.count()
         self._admitted_since_step = False  # add_prefilled between steps counts as an admission
         self._releasing_blocks = 0  # blocks of this step's swap-outs, free once the step ended
+        self._owed = 0  # blocks running prefills still need for their prompt and first decode token
 
     # ---- queue management -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -174,6 +175,7 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         batch = StepBatch()
         self._releasing_blocks = 0
+        self._owed = self._owed_to_prefills()
         admitted, self._admitted_since_step = self._admitted_since_step, False
         budget = self.config.max_num_batched_tokens
         for request in list(self.running):
@@ -206,8 +208,16 @@ class Scheduler:
         return self.admission.headroom_blocks(requests, self.kv.block_size, held.__getitem__)
 
     def _grow(self, request: Request, num_tokens: int, batch: StepBatch) -> bool:
-        while self.kv.allocate(request.request_id, num_tokens) is None:
-            if self._releasing_blocks >= self.kv.blocks_needed(request.request_id, num_tokens):
+        """Blocks for ``request`` to hold ``num_tokens``, preempting decoding requests (newest first) when
+        short. A decode may not take the blocks still owed to running prefills, so an admitted prefill
+        always finishes and gets its first decode token."""
+        rid, prefilling = request.request_id, request.status is RequestStatus.RUNNING_PREFILL
+        while True:
+            needed = self.kv.blocks_needed(rid, num_tokens)
+            kept = 0 if prefilling else self._owed
+            if self.kv.num_free_blocks - kept >= needed and self.kv.allocate(rid, num_tokens) is not None:
+                break
+            if self._releasing_blocks >= needed:
                 return False  # a swap-out frees enough once this step ended: wait one step
             victim = self._pick_victim(exclude=batch.scheduled)
             if victim is None:
@@ -215,6 +225,8 @@ class Scheduler:
             self._preempt(victim, batch)
             if victim is request:
                 return False
+        if prefilling:
+            self._owed = self._owed_to_prefills()
         return True
 
     def _pick_victim(self, exclude: Iterable[ScheduledRequest]) -> Request | None:
@@ -250,7 +262,7 @@ class Scheduler:
 
     def _admit_waiting(self, batch: StepBatch, budget: int) -> bool:
         """Admit from the head of the queue while budget, slots and blocks allow; True if any was."""
-        owed = self._owed_to_prefills()
+        owed = self._owed
         headroom = self.headroom_blocks()
         admitted = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

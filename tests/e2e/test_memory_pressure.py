@@ -1,0 +1,70 @@
+"""A decode node with a 64-block pool under 32 concurrent requests: preemptions happen, the victims' KV
+goes to host memory and (past a tiny host budget) to the cache-store and comes back, and every request's
+tokens equal those of the unconstrained session cluster. Nothing is recomputed; nothing leaks."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from pdserve.v1 import gateway_pb2_grpc
+
+from services.cluster.local import ClusterSpec, start_cluster
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, model_nodes, wait_idle
+from tests.engine.prompts import STORY
+
+pytestmark = pytest.mark.slow
+
+# 64 blocks of 16 tokens; "none" grants whenever a prompt fits, so decoding outgrows the pool. A host
+# budget of ~7 fp32 blocks (0.75 MB each) sends most victims on to the cache-store.
+DECODE_ARGS = ("--num-kv-blocks", "64", "--admission-policy", "none", "--offload-host-gib", "0.005")
+
+
+def _workload(n: int = 32) -> list[tuple[str, int]]:
+    rng = random.Random(7)
+    words = STORY.split()
+    out = []
+    for i in range(n):
+        start = rng.randrange(len(words) - 40)
+        out.append((f"Note {i}: " + " ".join(words[start:start + rng.randrange(3, 40)]), rng.randrange(8, 41)))
+    return out
+
+
+def _run_all(stub, workload) -> list[list[int]]:
+    def one(item):
+        prompt, max_tokens = item
+        tokens, _, last = generate(stub, timeout=300, prompt=prompt, sampling=greedy(max_tokens))
+        assert last.finish_reason == "length" and len(tokens) == max_tokens
+        return tokens
+
+    with ThreadPoolExecutor(len(workload)) as pool:
+        return list(pool.map(one, workload))
+
+
+@pytest.fixture(scope="module")
+def pressured():
+    spec = ClusterSpec(engine_args=ENGINE_ARGS, decode_args=DECODE_ARGS, gateway_args=GATEWAY_ARGS,
+                       offload_to_cache_store=True)
+    with start_cluster(spec, stderr=subprocess.DEVNULL) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+def test_32_requests_on_64_blocks_match_an_unconstrained_pool_with_kv_kept_across_preemptions(stub, pressured):
+    workload = _workload()
+    expected = _run_all(stub, workload)
+    assert _run_all(pressured, workload) == expected
+    nodes = wait_idle(pressured, timeout_s=30)
+    decode = next(n for n in nodes if n.role == "decode")
+    assert decode.blocks_total == 64 and decode.admission_policy == "none"
+    assert decode.preemptions_total > 0, "the pool was meant to be too small"
+    assert decode.offloads_total == decode.preemptions_total == decode.resumes_total
+    assert decode.recomputes_total == 0
+    assert decode.offloaded_remote_bytes_total > 0, "past the host budget the KV goes to the cache-store"
+    assert decode.offload_host_bytes_used == 0
+    assert decode.requests_total == len(workload), "a preempted request is counted once"
+    unconstrained = next(n for n in model_nodes(stub) if n.role == "decode")
+    assert unconstrained.preemptions_total == 0
