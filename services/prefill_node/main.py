@@ -12,6 +12,7 @@ from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
 from services.prefill_node.config import PrefillNodeConfig
 from services.prefill_node.node import PrefillNode
+from services.prefill_node.prepare import PrepareQueues
 from services.prefill_node.servicer import PrefillNodeServicer
 
 
@@ -23,7 +24,8 @@ async def serve(config: PrefillNodeConfig) -> None:
 
     await serve_engine_node(
         config, "prefill",
-        lambda engine: PrefillNode(engine, lease_ms=config.lease_ms, num_threads=config.threads or None),
+        lambda engine: PrefillNode(engine, lease_ms=config.lease_ms, num_threads=config.threads or None,
+                                   prepare=PrepareQueues(config.prepare_settings())),
         make_binding)
 
 

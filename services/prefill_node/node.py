@@ -1,19 +1,19 @@
 """The prefill node's logic: reserve on a decode node, prefill in chunks, stream the KV, commit.
 
-Per request (``prefill``): validate → ask the decode candidates in order for a reservation (a refusal
-moves on to the next; none → ``RESOURCE_EXHAUSTED``) → open a ``TransferKV`` stream to the granted node →
-queue the prompt in the engine as prefill-only → after every engine step the blocks that became complete
-are read out on the engine thread and sent (1–4 MiB messages; acknowledgements are read concurrently) →
-when the first token is sampled, the last blocks go out and ``KVCommit`` follows → once the commit is
-acknowledged the blocks are released here (they stay in this node's prefix cache). Cancellation or any
-failure aborts the request here and on the decode node.
+Per request (``prefill``): validate → reserve on one of the decode candidates, waiting in that node's
+queue while it refuses (``prepare.py``; none by the deadline → ``RESOURCE_EXHAUSTED``) → open a
+``TransferKV`` stream to the granted node → queue the prompt in the engine as prefill-only → after every
+engine step the blocks that became complete are read out on the engine thread and sent (1–4 MiB messages;
+acknowledgements are read concurrently) → when the first token is sampled, the last blocks go out and
+``KVCommit`` follows → once the commit is acknowledged the blocks are released here (they stay in this
+node's prefix cache). Cancellation or any failure aborts the request here and on the decode node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import grpc
@@ -22,7 +22,7 @@ import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from services.common.engine_node import kv_layout
-from services.common.errors import ResourceExhaustedError, UnavailableError
+from services.common.errors import UnavailableError
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
@@ -30,15 +30,10 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
 from services.prefill_node.kv_sender import KVSender
+from services.prefill_node.prepare import PrepareQueues, Refused, Reservation
 
 log = structlog.get_logger(__name__)
 MAX_MESSAGE_PAYLOAD = 4 << 20
-
-
-@dataclass(frozen=True)
-class Refused:
-    decode_address: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -59,22 +54,34 @@ PrefillEvent = Refused | Reserved | FirstToken | Done
 
 
 class PrefillNode:
-    def __init__(self, engine: LLMEngine, lease_ms: int = 10_000, num_threads: int | None = None):
+    def __init__(self, engine: LLMEngine, lease_ms: int = 10_000, num_threads: int | None = None,
+                 prepare: PrepareQueues | None = None):
         self.engine = engine
+        self.prepare = prepare or PrepareQueues()
         self.lease_ms = lease_ms
         self.layout = kv_layout(engine)
         self.tracked: dict[str, Tracked] = {}  # touched on the engine thread only
         self.worker = EngineWorker(engine, self._deliver, on_step=lambda e, outs: collect(e, self.tracked, outs),
                                    num_threads=num_threads)
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.preparing = 0
+        self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
         self.draining = False
+
+    @property
+    def prepare_waiting(self) -> dict[str, int]:
+        """Per decode address: requests queued for it or backing off (not in a Reserve call)."""
+        return self.prepare.waiting_by_node()
+
+    @property
+    def reserve_refusals_total(self) -> int:
+        return self.prepare.reserve_refusals_total
 
     def start(self) -> None:
         self.worker.start()
 
     async def stop(self) -> None:
         await self.worker.stop()
+        await self.prepare.close()
         for channel in self._channels.values():
             await channel.close()
 
@@ -96,15 +103,16 @@ class PrefillNode:
         validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
         self.preparing += 1
         try:
-            address, grant, refusals = await self._reserve(request_id, prompt_ids, sampling, candidates, timeout_s)
+            reservation = await self._reserve(request_id, prompt_ids, sampling, candidates, timeout_s)
         finally:
             self.preparing -= 1
-        for refusal in refusals:
-            yield refusal
-        yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
+        address, grant = reservation.address, reservation.answer
         sender = KVSender(self.decode_stub(address), request_id, self.layout, grant.block_ids, address)
         finished = False
-        try:
+        try:  # from here on, however the request ends, the reservation is undone unless it was used
+            for refusal in reservation.refusals:
+                yield refusal
+            yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
             await sender.open()
             state = await self.worker.call(lambda e: self._admit(e, request_id, prompt_ids, sampling,
                                                                  grant.num_cached_blocks))
@@ -134,25 +142,18 @@ class PrefillNode:
                 await self._abort_on_decode(address, request_id)
 
     async def _reserve(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                       candidates: list[str], timeout_s: float | None):
-        refusals: list[Refused] = []
-        hashes = self.engine.kv.hash_blocks(prompt_ids)
+                       candidates: list[str], timeout_s: float | None) -> Reservation[decode_pb2.ReserveResponse]:
         message = decode_pb2.ReserveRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, max_tokens=sampling.max_tokens,
-            block_hashes=hashes, lease_ms=self.lease_ms, sampling=sampling_to_proto(sampling),
-            model_fingerprint=self.layout.model_fingerprint,
+            block_hashes=self.engine.kv.hash_blocks(prompt_ids), lease_ms=self.lease_ms,
+            sampling=sampling_to_proto(sampling), model_fingerprint=self.layout.model_fingerprint,
         )
-        for address in candidates:
-            try:
-                grant = await self.decode_stub(address).Reserve(message, timeout=min(timeout_s or 10.0, 10.0))
-            except grpc.aio.AioRpcError as exc:
-                refusals.append(Refused(address, f"{exc.code().name}: {exc.details()}"))
-                continue
-            if grant.granted:
-                return address, grant, refusals
-            refusals.append(Refused(address, grant.reason))
-        reasons = "; ".join(f"{r.decode_address}: {r.reason}" for r in refusals) or "no decode candidates"
-        raise ResourceExhaustedError(f"no decode node could take request {request_id!r} ({reasons})")
+
+        def call(address: str, rpc_timeout_s: float) -> Awaitable[decode_pb2.ReserveResponse]:
+            return self.decode_stub(address).Reserve(message, timeout=rpc_timeout_s)
+
+        return await self.prepare.reserve(request_id, candidates, call,
+                                          lambda address: self._abort_on_decode(address, request_id), timeout_s)
 
     def _admit(self, engine: LLMEngine, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                skip_blocks: int) -> Tracked:

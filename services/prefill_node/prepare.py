@@ -1,0 +1,253 @@
+"""Reserving a decode node for a request: one queue per decode node (DESIGN.md section 3, concurrent prepare).
+
+Every decode node has its own queue with at most ``concurrency`` ``Reserve`` calls in flight. A request
+waits in the queue of the node it is trying, so a full or slow decode node holds only the requests that
+are trying it, never those bound for another node. Per request (:meth:`PrepareQueues.reserve`):
+
+1. one quick pass: each candidate, in order, is asked once where it has a free slot (a refusal moves on
+   to the next at once, as ``decode.proto`` promises the gateway);
+2. then the candidates are visited in turn: a visit retries its node after each refusal with exponential
+   backoff (``backoff_s`` doubling up to ``backoff_max_s``, or the node's ``retry_after_ms`` if longer) for
+   at most ``wait_s`` (the whole remaining time when only one candidate is left), then the next one;
+3. until the deadline (the caller's, less a margin so the error reaches the caller before its own
+   deadline does; ``timeout_s`` when the caller has none): then :class:`ResourceExhaustedError` with the
+   last reason of each node.
+
+A node whose ``Reserve`` fails with an RPC error is dropped for this request (the error is its reason).
+Backoff sleeps hold no slot. Cancelling the caller leaves nothing behind: its slot is released, and if a
+``Reserve`` was in flight (it may have been granted, unseen) the reservation is aborted on that node in
+the background; :meth:`PrepareQueues.close` waits for those aborts. An abort that overtakes its
+``Reserve`` on the wire finds nothing; that grant is then freed by its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+import grpc
+import grpc.aio
+
+from services.common.errors import ResourceExhaustedError
+
+# Outcomes of a Reserve call whose grant may exist on the decode node although the caller never saw it.
+_AMBIGUOUS = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+class Answer(Protocol):
+    """What a decode node answers to ``Reserve`` (``decode_pb2.ReserveResponse`` is one)."""
+
+    granted: bool
+    reason: str
+    retry_after_ms: int
+
+
+A = TypeVar("A", bound=Answer)
+ReserveCall = Callable[[str, float], Awaitable[A]]  # (decode address, RPC timeout in s) → answer
+AbortCall = Callable[[str], Awaitable[object]]  # (decode address) → frees the request's reservation there
+
+
+@dataclass(frozen=True)
+class Refused:
+    decode_address: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reservation(Generic[A]):
+    address: str
+    answer: A
+    refusals: list[Refused]  # at most one per node per pass, in the order they happened
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    concurrency: int = 8  # Reserve calls in flight per decode node
+    wait_s: float = 2.0  # longest visit of one node before trying the next
+    backoff_s: float = 0.02  # first retry delay after a refusal; doubles
+    backoff_max_s: float = 0.5
+    timeout_s: float = 30.0  # deadline when the caller gives none
+    rpc_timeout_s: float = 10.0  # longest one Reserve call may take
+    deadline_margin_s: float = 0.2  # give up this much (at most a tenth of the time) before the caller
+
+
+@dataclass
+class _Queue:
+    slots: asyncio.Semaphore
+    waiting: int = 0  # requests trying this node, not in a Reserve call (queued for a slot, backing off)
+    in_flight: int = 0
+
+
+@dataclass
+class _Try:
+    """One request's state on one candidate."""
+
+    delay: float
+    not_before: float = 0.0  # no attempt before this (loop time)
+    reason: str = "not tried: no free slot before the deadline"
+    reported: bool = False  # a Refused was recorded in this pass
+    dropped: bool = False  # an RPC error: not tried again
+
+
+@dataclass
+class _Request(Generic[A]):
+    request_id: str
+    call: ReserveCall[A]
+    abort: AbortCall
+    deadline: float
+    tries: dict[str, _Try]
+    refusals: list[Refused] = field(default_factory=list)
+
+    def live(self) -> list[str]:
+        return [address for address, state in self.tries.items() if not state.dropped]
+
+
+class PrepareQueues:
+    """The per-decode-node queues of one prefill node. Counters: :meth:`waiting`, :meth:`in_flight`,
+    ``reserve_refusals_total`` (every refusal answer), ``reserve_errors_total`` (every RPC error)."""
+
+    def __init__(self, settings: PrepareSettings = PrepareSettings()):
+        assert settings.concurrency >= 1 and settings.wait_s > 0, f"bad prepare settings {settings}"
+        self.settings = settings
+        self.reserve_refusals_total = 0
+        self.reserve_errors_total = 0
+        self._queues: dict[str, _Queue] = {}
+        self._aborts: set[asyncio.Task[object]] = set()
+
+    def waiting(self, address: str) -> int:
+        return self._queues[address].waiting if address in self._queues else 0
+
+    def in_flight(self, address: str) -> int:
+        return self._queues[address].in_flight if address in self._queues else 0
+
+    def waiting_by_node(self) -> dict[str, int]:
+        return {address: queue.waiting for address, queue in self._queues.items()}
+
+    async def close(self) -> None:
+        """Wait for the background aborts of cancelled reservations."""
+        while self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+
+    async def reserve(self, request_id: str, candidates: list[str], call: ReserveCall[A], abort: AbortCall,
+                      timeout_s: float | None = None) -> Reservation[A]:
+        """Reserve on one of ``candidates`` (see the module docstring). ``call(address, rpc_timeout_s)``
+        sends the ``Reserve``; ``abort(address)`` undoes a grant the caller may not have seen. Raises
+        :class:`ResourceExhaustedError` at the deadline, or at once when every candidate failed."""
+        loop = asyncio.get_running_loop()
+        request = _Request(request_id, call, abort, loop.time() + self._budget(timeout_s),
+                           {address: _Try(self.settings.backoff_s) for address in dict.fromkeys(candidates)})
+        for address in request.live():  # the quick pass
+            if not self._queue(address).slots.locked():
+                answer = await self._visit(request, address, end=loop.time(), quick=True)
+                if answer is not None:
+                    return Reservation(address, answer, request.refusals)
+        while request.live() and loop.time() < request.deadline:
+            for address in request.live():
+                now = loop.time()
+                if now >= request.deadline:
+                    break
+                alone = len(request.live()) == 1
+                end = request.deadline if alone else min(request.deadline, now + self.settings.wait_s)
+                request.tries[address].reported = False
+                answer = await self._visit(request, address, end)
+                if answer is not None:
+                    return Reservation(address, answer, request.refusals)
+        reasons = "; ".join(f"{address}: {state.reason}" for address, state in request.tries.items())
+        raise ResourceExhaustedError(f"no decode node could take request {request_id!r} "
+                                     f"({reasons or 'no decode candidates'})")
+
+    def _budget(self, timeout_s: float | None) -> float:
+        if timeout_s is None:
+            return self.settings.timeout_s
+        return max(0.0, timeout_s - min(self.settings.deadline_margin_s, timeout_s / 10))
+
+    def _queue(self, address: str) -> _Queue:
+        if address not in self._queues:
+            self._queues[address] = _Queue(asyncio.Semaphore(self.settings.concurrency))
+        return self._queues[address]
+
+    async def _visit(self, request: _Request[A], address: str, end: float, quick: bool = False) -> A | None:
+        """Try ``address`` until granted (the answer), or until ``end``, a drop or the deadline (None).
+        ``quick``: one attempt, now (the caller checked that a slot is free)."""
+        loop = asyncio.get_running_loop()
+        state, queue = request.tries[address], self._queue(address)
+        queue.waiting += 1
+        try:
+            while not state.dropped:
+                now = loop.time()
+                if not quick:
+                    if state.not_before > now:  # a retry due after ``end`` waits for the next visit
+                        await asyncio.sleep(min(state.not_before, end) - now)
+                    if loop.time() >= end:
+                        return None
+                if not await _take_slot(queue.slots, None if quick else end - loop.time()):
+                    return None
+                try:
+                    queue.waiting -= 1
+                    queue.in_flight += 1
+                    answer = await self._attempt(request, address, state)
+                finally:
+                    queue.in_flight -= 1
+                    queue.waiting += 1
+                    queue.slots.release()
+                if answer is not None or quick:
+                    return answer
+            return None
+        finally:
+            queue.waiting -= 1
+
+    async def _attempt(self, request: _Request[A], address: str, state: _Try) -> A | None:
+        """One ``Reserve`` call (the caller holds a slot); records a refusal or an error in ``state``."""
+        loop = asyncio.get_running_loop()
+        left = request.deadline - loop.time()
+        if left <= 0:
+            return None
+        try:
+            answer = await request.call(address, min(self.settings.rpc_timeout_s, left))
+        except asyncio.CancelledError:
+            self._abort_later(request, address)  # granted on the node, perhaps, and nobody would know
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _AMBIGUOUS:
+                self._abort_later(request, address)
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and loop.time() >= request.deadline - 0.01:
+                return None  # cut short by the request's own deadline: not the node's failure
+            self.reserve_errors_total += 1
+            state.dropped = True
+            self._refuse(request, address, state, f"{exc.code().name}: {exc.details()}")
+            return None
+        if answer.granted:
+            return answer
+        self.reserve_refusals_total += 1
+        hint = min(answer.retry_after_ms / 1000, self.settings.backoff_max_s)
+        state.not_before = loop.time() + max(state.delay, hint)
+        state.delay = min(state.delay * 2, self.settings.backoff_max_s)
+        self._refuse(request, address, state, answer.reason or "refused")
+        return None
+
+    def _refuse(self, request: _Request[A], address: str, state: _Try, reason: str) -> None:
+        state.reason = reason
+        if not state.reported:
+            state.reported = True
+            request.refusals.append(Refused(address, reason))
+
+    def _abort_later(self, request: _Request[A], address: str) -> None:
+        task = asyncio.ensure_future(request.abort(address))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+
+async def _take_slot(slots: asyncio.Semaphore, timeout_s: float | None) -> bool:
+    """Take a slot within ``timeout_s`` (None: however long it takes). False: timed out, holding nothing."""
+    if timeout_s is None or not slots.locked():
+        return await slots.acquire()
+    waiter = asyncio.ensure_future(slots.acquire())
+    try:
+        await asyncio.wait({waiter}, timeout=max(0.0, timeout_s))
+    finally:
+        if not waiter.done():  # timed out, or the caller was cancelled
+            waiter.cancel()
+            waiter.add_done_callback(lambda w: w.cancelled() or slots.release())
+    return waiter.done() and not waiter.cancelled()
