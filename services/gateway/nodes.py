@@ -35,6 +35,19 @@ class NodeInfo:
     bytes_used: int = 0
     evictions_total: int = 0
     prefix_hit_blocks_total: int = 0
+    requests_total: int = 0
+    prefix_hit_requests_total: int = 0
+    prefix_hit_rate_tokens: float = 0.0
+    prefix_hit_rate_requests: float = 0.0
+    offloads_total: int = 0
+    offloaded_bytes_total: int = 0
+    offloaded_remote_bytes_total: int = 0
+    resumes_total: int = 0
+    recomputes_total: int = 0
+    offload_host_bytes_used: int = 0
+    admission_policy: str = ""
+    admission_headroom_blocks: int = 0
+    new_token_ratio: float = 0.0
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

@@ -68,3 +68,25 @@ def test_32_requests_on_64_blocks_match_an_unconstrained_pool_with_kv_kept_acros
     assert decode.requests_total == len(workload), "a preempted request is counted once"
     unconstrained = next(n for n in model_nodes(stub) if n.role == "decode")
     assert unconstrained.preemptions_total == 0
+
+
+def _counters(stub) -> dict[str, tuple[int, int, int, int]]:
+    return {n.role: (n.requests_total, n.prompt_tokens_total, n.prefix_hit_tokens_total, n.prefix_hit_requests_total)
+            for n in model_nodes(stub)}
+
+
+def test_prefix_hits_are_counted_exactly_on_both_nodes(pressured):
+    """A block is a hit on P once computed there, on D once received and committed: the repeat of a
+    40-token prompt hits its 2 full blocks on both; a new prompt hits nothing."""
+    wait_idle(pressured, timeout_s=30)
+    prompt = [1000 + i for i in range(40)]
+    before = _counters(pressured)
+    generate(pressured, token_ids=prompt, sampling=greedy(4))
+    wait_idle(pressured, timeout_s=30)
+    generate(pressured, token_ids=prompt, sampling=greedy(4))
+    generate(pressured, token_ids=[3000 + i for i in range(20)], sampling=greedy(4))
+    wait_idle(pressured, timeout_s=30)
+    after = _counters(pressured)
+    for role in ("prefill", "decode"):
+        delta = tuple(a - b for a, b in zip(after[role], before[role], strict=True))
+        assert delta == (3, 40 + 40 + 20, 32, 1), role
