@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission clean
 
 all: venv
 
@@ -51,6 +51,12 @@ bench: venv
 
 bench-pd: venv
 	$(PYTHON) -m services.cluster.bench
+
+bench-sim: venv
+	$(PYTHON) -m services.engine.sim
+
+bench-admission: venv
+	$(PYTHON) -m services.cluster.bench_admission
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache protos/python/requirements.txt protos/python/.stamp
