@@ -112,16 +112,17 @@ class KVCacheManager:
         return self.blocks_needed(request_id, num_tokens, prefix) <= self.pool.num_free_blocks
 
     def allocate(
-        self, request_id: str, num_tokens: int, prefix: PrefixMatch | None = None
+        self, request_id: str, num_tokens: int, prefix: PrefixMatch | None = None, keep_free: int = 0
     ) -> list[int] | None:
         """Make the request's table cover ``num_tokens`` tokens in total; returns the new block ids.
 
         First call of a request: ``prefix`` hits are referenced and become its leading blocks. Later calls
         (``prefix`` None) grow the table for the next prefill chunk or decode token; asking for no more
-        than the current capacity returns ``[]``. Returns None, changing nothing, if short of free blocks.
+        than the current capacity returns ``[]``. Returns None, changing nothing, if that would leave fewer
+        than ``keep_free`` free blocks.
         """
         hits, num_new = self._plan(request_id, num_tokens, prefix)
-        if num_new + sum(1 for block in hits if block.ref_count == 0) > self.pool.num_free_blocks:
+        if num_new + sum(1 for block in hits if block.ref_count == 0) > self.pool.num_free_blocks - keep_free:
             return None
         self.pool.touch(hits)  # before allocating, so popping the free-queue head cannot evict a hit
         new_blocks = self.pool.allocate(num_new)

@@ -67,7 +67,8 @@ class AdmissionPolicy(Protocol):
 
     def headroom_blocks(self, running: Iterable[Request], block_size: int,
                         allocated: Callable[[str], int]) -> int:
-        """Blocks to keep free for ``running`` beyond what they hold (``allocated(request_id)``)."""
+        """Blocks to keep free for ``running`` beyond what they hold (``allocated(request_id)``): a sum of
+        one term per request."""
         ...
 
     def on_step(self, signal: StepSignal, running: Iterable[Request], block_size: int) -> None: ...

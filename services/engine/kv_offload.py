@@ -113,9 +113,6 @@ class KVOffload:
         if copy is not None and not copy.remote:
             self.host_bytes_used -= copy.num_blocks * self.bytes_per_block
 
-    def holds(self, request_id: str) -> bool:
-        return request_id in self._copies
-
     # ---- the engine's side: moving bytes during a step ----------------------------------------------
     def copy_out(self, kv_cache: torch.Tensor, swaps: Sequence[SwapOut]) -> None:
         for swap in swaps:
@@ -148,7 +145,3 @@ class KVOffload:
                          memoryview(data)[swap.first_index * size:(swap.first_index + len(swap.block_ids)) * size])
             self.stats.restored_bytes_total += len(swap.block_ids) * size
             self.discard(swap.request_id)
-
-    def close(self) -> None:
-        if self._io is not None:
-            self._io.shutdown(wait=False, cancel_futures=True)

@@ -198,26 +198,28 @@ class Scheduler:
     def headroom_blocks(self, extra: Iterable[Request] = ()) -> int:
         """Blocks the admission policy keeps free for the running requests (and ``extra`` ones) beyond what
         they hold — a prefilling request counts as holding its whole prompt, which ``_owed_to_prefills``
-        already keeps free."""
-        requests = [*self.running, *extra]
-        held = {}
-        for r in requests:
-            held[r.request_id] = len(self.kv.block_ids(r.request_id)) if self.kv.has_request(r.request_id) else 0
-            if r.status is RequestStatus.RUNNING_PREFILL:
-                held[r.request_id] = max(held[r.request_id], math.ceil((r.num_tokens + 1) / self.kv.block_size))
-        return self.admission.headroom_blocks(requests, self.kv.block_size, held.__getitem__)
+        already keeps free. A sum over the requests, so it can be grown one request at a time."""
+        return self._headroom_of([*self.running, *extra])
+
+    def _headroom_of(self, requests: list[Request]) -> int:
+        def held(request: Request) -> int:
+            rid = request.request_id
+            blocks = len(self.kv.block_ids(rid)) if self.kv.has_request(rid) else 0
+            if request.status is RequestStatus.RUNNING_PREFILL:
+                blocks = max(blocks, math.ceil((request.num_tokens + 1) / self.kv.block_size))
+            return blocks
+
+        by_id = {r.request_id: r for r in requests}
+        return self.admission.headroom_blocks(requests, self.kv.block_size, lambda rid: held(by_id[rid]))
 
     def _grow(self, request: Request, num_tokens: int, batch: StepBatch) -> bool:
         """Blocks for ``request`` to hold ``num_tokens``, preempting decoding requests (newest first) when
         short. A decode may not take the blocks still owed to running prefills, so an admitted prefill
         always finishes and gets its first decode token."""
         rid, prefilling = request.request_id, request.status is RequestStatus.RUNNING_PREFILL
-        while True:
-            needed = self.kv.blocks_needed(rid, num_tokens)
-            kept = 0 if prefilling else self._owed
-            if self.kv.num_free_blocks - kept >= needed and self.kv.allocate(rid, num_tokens) is not None:
-                break
-            if self._releasing_blocks >= needed:
+        kept = 0 if prefilling else self._owed
+        while self.kv.allocate(rid, num_tokens, keep_free=kept) is None:
+            if self._releasing_blocks >= self.kv.blocks_needed(rid, num_tokens):
                 return False  # a swap-out frees enough once this step ended: wait one step
             victim = self._pick_victim(exclude=batch.scheduled)
             if victim is None:
@@ -286,7 +288,7 @@ class Scheduler:
                 self.waiting.popleft()
                 self._admit(request, prefix)
                 batch.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
-                headroom = self.headroom_blocks()
+                headroom += self._headroom_of([request])
             admitted = True
             owed += self.kv.blocks_needed(request.request_id, request.num_tokens + 1)
             budget -= batch.scheduled[-1].num_new_tokens

@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from kvcache.hashing import model_fingerprint
 from kvcache.manager import KVCacheManager
@@ -164,8 +164,7 @@ def main(argv: list[str] | None = None) -> None:
           "| mean TPOT (ms) | mean TTFT (s) | wall (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        row = asdict(r)
-        print(f"| {row['policy']} | {r.preemptions} | {r.recomputed_tokens} | {r.makespan_steps} | "
+        print(f"| {r.policy} | {r.preemptions} | {r.recomputed_tokens} | {r.makespan_steps} | "
               f"{r.makespan_steps / best - 1:+.1%} | {r.makespan_s:.1f} | {r.mean_tpot_ms:.1f} | "
               f"{r.mean_ttft_ms / 1000:.1f} | {r.wall_s:.1f} |")
 

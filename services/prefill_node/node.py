@@ -67,15 +67,6 @@ class PrefillNode:
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
         self.draining = False
 
-    @property
-    def prepare_waiting(self) -> dict[str, int]:
-        """Per decode address: requests queued for it or backing off (not in a Reserve call)."""
-        return self.prepare.waiting_by_node()
-
-    @property
-    def reserve_refusals_total(self) -> int:
-        return self.prepare.reserve_refusals_total
-
     def start(self) -> None:
         self.worker.start()
 
