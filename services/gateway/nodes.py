@@ -48,6 +48,20 @@ class NodeInfo:
     admission_policy: str = ""
     admission_headroom_blocks: int = 0
     new_token_ratio: float = 0.0
+    memory_blocks: int = 0
+    disk_bytes_total: int = 0
+    disk_bytes_used: int = 0
+    disk_blocks: int = 0
+    hits_total: int = 0
+    disk_hits_total: int = 0
+    misses_total: int = 0
+    memory_evictions_total: int = 0
+    disk_evictions_total: int = 0
+    store_hit_tokens_total: int = 0
+    store_fetched_bytes_total: int = 0
+    store_written_blocks_total: int = 0
+    handovers_out_total: int = 0
+    handovers_in_total: int = 0
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0
