@@ -1,69 +1,86 @@
-"""A blocking client of the cache-store for callers on a worker thread (the engine's KV offload).
+"""Clients of the cache-store: blocking (:class:`CacheStoreClient`, for worker threads such as the
+engine's KV offload) and asyncio (:class:`AsyncCacheStoreClient`, for the nodes' event loops).
 
-``put`` streams blocks as ``PutChunk``s (1 MiB of data per chunk, crc32 checksums); ``get`` reassembles
-the ``GetChunk`` stream and verifies every checksum. gRPC errors propagate as ``grpc.RpcError``.
+Both put ``(key, data)`` blocks atomically with the node's ``KVLayout`` in every header, get blocks back
+verified, and look up the longest stored prefix of a key list. gRPC errors propagate as
+``grpc.RpcError`` / ``grpc.aio.AioRpcError``.
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import grpc
-from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc
+import grpc.aio
+from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
-from services.cache_store.errors import CorruptBlockError
+from services.cache_store.wire import Block, BlockAssembler, put_chunks
 
-CHUNK_BYTES = 1 << 20
-_CRC32 = cache_store_pb2.CHECKSUM_ALGORITHM_CRC32
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-def _crc(data: bytes | memoryview) -> bytes:
-    return zlib.crc32(data).to_bytes(4, "big")
+def _get_request(keys: Sequence[bytes], allow_partial: bool, layout: node_pb2.KVLayout | None
+                 ) -> cache_store_pb2.GetRequest:
+    fingerprint = layout.model_fingerprint if layout is not None else b""
+    return cache_store_pb2.GetRequest(keys=list(keys), allow_partial=allow_partial, model_fingerprint=fingerprint)
 
 
 class CacheStoreClient:
-    def __init__(self, address: str, timeout_s: float = 30.0):
+    def __init__(self, address: str, layout: node_pb2.KVLayout | None = None, timeout_s: float = 30.0):
         self.address = address
+        self.layout = layout
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
 
-    def put(self, blocks: Sequence[tuple[bytes, bytes | memoryview]]) -> cache_store_pb2.PutResponse:
+    def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
         """Store ``(key, data)`` pairs atomically."""
-        return self._stub.Put(self._chunks(blocks), timeout=self.timeout_s)
+        return self._stub.Put(put_chunks(blocks, self.layout), timeout=self.timeout_s)
 
-    @staticmethod
-    def _chunks(blocks: Sequence[tuple[bytes, bytes | memoryview]]) -> Iterator[cache_store_pb2.PutChunk]:
-        for key, data in blocks:
-            view = memoryview(data)
-            first = bytes(view[:CHUNK_BYTES])
-            yield cache_store_pb2.PutChunk(key=key, total_length=len(view), checksum_algorithm=_CRC32,
-                                           checksum=_crc(view), data=first)
-            for start in range(CHUNK_BYTES, len(view), CHUNK_BYTES):
-                yield cache_store_pb2.PutChunk(data=bytes(view[start:start + CHUNK_BYTES]))
-
-    def get(self, keys: Sequence[bytes]) -> list[bytes]:
-        """The data of ``keys`` in order (``NOT_FOUND`` if any is missing)."""
-        blocks: list[bytes] = []
-        parts: list[bytes] = []
-        header: cache_store_pb2.GetChunk | None = None
-        for chunk in self._stub.Get(cache_store_pb2.GetRequest(keys=list(keys)), timeout=self.timeout_s):
-            if chunk.key:
-                if header is not None:
-                    blocks.append(self._finish(header, parts))
-                header, parts = chunk, []
-            parts.append(chunk.data)
-        if header is not None:
-            blocks.append(self._finish(header, parts))
+    def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
+        """The data of ``keys`` in order (``NOT_FOUND`` if any is missing, unless ``allow_partial``:
+        then the longest stored prefix)."""
+        assembler, blocks = BlockAssembler(), []
+        for chunk in self._stub.Get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
+            if (block := assembler.add(chunk)) is not None:
+                blocks.append(block[1])
+        if (block := assembler.finish()) is not None:
+            blocks.append(block[1])
         return blocks
 
-    @staticmethod
-    def _finish(header: cache_store_pb2.GetChunk, parts: list[bytes]) -> bytes:
-        data = b"".join(parts)
-        if len(data) != header.total_length or (header.checksum_algorithm == _CRC32 and _crc(data) != header.checksum):
-            raise CorruptBlockError(f"block {header.key.hex()} arrived damaged from the cache-store")
-        return data
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        fingerprint = self.layout.model_fingerprint if self.layout is not None else b""
+        request = cache_store_pb2.LookupRequest(keys=list(keys), model_fingerprint=fingerprint)
+        return self._stub.Lookup(request, timeout=self.timeout_s).num_prefix_hits
 
     def close(self) -> None:
         self._channel.close()
+
+
+class AsyncCacheStoreClient:
+    def __init__(self, address: str, layout: node_pb2.KVLayout | None = None, timeout_s: float = 30.0):
+        self.address = address
+        self.layout = layout
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
+
+    async def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
+        return await self._stub.Put(put_chunks(blocks, self.layout), timeout=self.timeout_s)
+
+    async def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
+        assembler, blocks = BlockAssembler(), []
+        async for chunk in self._stub.Get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
+            if (block := assembler.add(chunk)) is not None:
+                blocks.append(block[1])
+        if (block := assembler.finish()) is not None:
+            blocks.append(block[1])
+        return blocks
+
+    async def lookup(self, keys: Sequence[bytes]) -> int:
+        fingerprint = self.layout.model_fingerprint if self.layout is not None else b""
+        request = cache_store_pb2.LookupRequest(keys=list(keys), model_fingerprint=fingerprint)
+        return (await self._stub.Lookup(request, timeout=self.timeout_s)).num_prefix_hits
+
+    async def close(self) -> None:
+        await self._channel.close()

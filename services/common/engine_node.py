@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from pdserve.v1 import gateway_pb2, node_pb2
+from pdserve.v1 import gateway_pb2
 
-from kvcache.kv_bytes import bytes_per_block
 from services.common.config import setting
 from services.common.errors import map_error
 from services.common.server import ServerConfig
@@ -100,12 +99,3 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
 
 def _rate(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
-
-
-def kv_layout(engine: LLMEngine) -> node_pb2.KVLayout:
-    cfg = engine.model.config
-    return node_pb2.KVLayout(
-        dtype=engine.config.dtype, block_size=engine.kv.block_size, num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, model_fingerprint=engine.fingerprint,
-        bytes_per_block=bytes_per_block(engine.runner.kv_cache),
-    )

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
-from services.common.engine_node import kv_layout, node_status
+from services.common.engine_node import node_status
 from services.common.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -18,6 +18,7 @@ from services.common.errors import (
 )
 from services.common.sampling_convert import sampling_from_proto
 from services.decode_node.node import DecodeNode
+from services.engine.kv_layout import kv_layout
 from services.engine.reservations import Refusal
 
 

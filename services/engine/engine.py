@@ -21,6 +21,7 @@ from services.engine.admission import make_policy
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, UnknownRequestError
+from services.engine.kv_layout import kv_layout
 from services.engine.kv_offload import KVOffload
 from services.engine.model.llama import LlamaModel
 from services.engine.model_runner import ModelRunner
@@ -58,9 +59,9 @@ class LLMEngine:
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
+        remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
         self.offload = KVOffload(bytes_per_block(self.runner.kv_cache), int(config.offload_host_gib * 2**30),
-                                 CacheStoreClient(config.offload_cache_store) if config.offload_cache_store else None,
-                                 key_prefix=self.fingerprint)
+                                 remote, fingerprint=self.fingerprint)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,

@@ -25,6 +25,7 @@ import structlog
 import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
+from services.cache_store.keys import FINGERPRINT_BYTES, store_key
 from services.engine.scheduler import SwapIn, SwapOut
 
 log = structlog.get_logger(__name__)
@@ -57,11 +58,11 @@ class OffloadStats:
 
 class KVOffload:
     def __init__(self, bytes_per_block: int, host_budget_bytes: int, remote: RemoteBlockStore | None = None,
-                 key_prefix: bytes = b""):
+                 fingerprint: bytes = bytes(FINGERPRINT_BYTES)):
         self.bytes_per_block = bytes_per_block
         self.host_budget_bytes = host_budget_bytes
         self.remote = remote
-        self.key_prefix = key_prefix
+        self.fingerprint = fingerprint  # the prefix of every cache-store key
         self.host_bytes_used = 0  # claimed by host copies
         self.stats = OffloadStats()
         self._copies: dict[str, _Copy] = {}
@@ -77,8 +78,8 @@ class KVOffload:
             return True
         if self.remote is not None:
             nonce = next(self._nonce)
-            keys = [hashlib.blake2b(b"%s|%s|%d|%d" % (self.key_prefix, request_id.encode(), nonce, i),
-                                    digest_size=16).digest() for i in range(num_blocks)]
+            keys = [store_key(self.fingerprint, hashlib.blake2b(b"%s|%d|%d" % (request_id.encode(), nonce, i),
+                                                                digest_size=16).digest()) for i in range(num_blocks)]
             self._copies[request_id] = _Copy(num_blocks, remote=True, keys=keys)
             return True
         return False

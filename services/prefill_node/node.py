@@ -21,11 +21,11 @@ import grpc.aio
 import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
-from services.common.engine_node import kv_layout
 from services.common.errors import UnavailableError
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
+from services.engine.kv_layout import kv_layout
 from services.engine.sampling_params import SamplingParams
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
