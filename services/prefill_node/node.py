@@ -138,6 +138,7 @@ class PrefillNode:
             request_id=request_id, prompt_token_ids=prompt_ids, max_tokens=sampling.max_tokens,
             block_hashes=self.engine.kv.hash_blocks(prompt_ids), lease_ms=self.lease_ms,
             sampling=sampling_to_proto(sampling), model_fingerprint=self.layout.model_fingerprint,
+            decode_peers=candidates,  # the granting node ignores itself; the others may adopt it later
         )
 
         def call(address: str, rpc_timeout_s: float) -> Awaitable[decode_pb2.ReserveResponse]:
