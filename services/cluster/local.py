@@ -25,6 +25,7 @@ class ClusterSpec:
     decode_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     offload_to_cache_store: bool = False  # decode nodes keep preempted KV in the cache-store past their host budget
+    prefill_cache_store: bool = False  # prefill nodes fetch prompt blocks from the cache-store and write theirs back
     startup_timeout_s: float = 120.0
 
 
@@ -53,8 +54,10 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
         if store is not None and spec.offload_to_cache_store:
             decode_args += ("--offload-cache-store", store.address)
         decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr)
-        prefill = _start_many(stack, "services.prefill_node", spec.num_prefill,
-                              (*spec.engine_args, *spec.prefill_args), spec, stdout, stderr)
+        prefill_args = (*spec.engine_args, *spec.prefill_args)
+        if store is not None and spec.prefill_cache_store:
+            prefill_args += ("--cache-store", store.address)
+        prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr)
         gateway_args = ["--prefill", ",".join(p.address for p in prefill),
                         "--decode", ",".join(d.address for d in decode), *spec.gateway_args]
         if store is not None:

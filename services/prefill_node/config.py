@@ -22,6 +22,11 @@ class PrefillNodeConfig(EngineNodeConfig):
     prepare_wait_ms: int = setting(2000, "longest a request keeps retrying one decode node before the next")
     prepare_timeout_ms: int = setting(30_000, "how long a request may wait for a decode node when its call "
                                               "has no deadline")
+    cache_store: str = setting("", "cache-store host:port: prompt blocks missing here are fetched from it, computed "
+                                   "ones written back (empty: off)")
+    cache_store_write_through: bool = setting(True, "write the prompt blocks computed here to the cache-store")
+    cache_store_writeback_mib: int = setting(256, "cap on write-back bytes in flight (past it a write-back is "
+                                                  "dropped)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

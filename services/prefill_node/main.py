@@ -6,12 +6,16 @@ from collections.abc import Sequence
 
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 
+from services.cache_store.client import AsyncCacheStoreClient
 from services.common.config import build_config
 from services.common.engine_serve import serve_engine_node
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
+from services.engine.engine import LLMEngine
+from services.engine.kv_layout import kv_layout
 from services.prefill_node.config import PrefillNodeConfig
 from services.prefill_node.node import PrefillNode
+from services.prefill_node.prefix_store import PrefixStore
 from services.prefill_node.prepare import PrepareQueues
 from services.prefill_node.servicer import PrefillNodeServicer
 
@@ -25,8 +29,17 @@ async def serve(config: PrefillNodeConfig) -> None:
     await serve_engine_node(
         config, "prefill",
         lambda engine: PrefillNode(engine, lease_ms=config.lease_ms, num_threads=config.threads or None,
-                                   prepare=PrepareQueues(config.prepare_settings())),
+                                   prepare=PrepareQueues(config.prepare_settings()),
+                                   prefix_store=_prefix_store(config, engine)),
         make_binding)
+
+
+def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore | None:
+    if not config.cache_store:
+        return None
+    return PrefixStore(AsyncCacheStoreClient(config.cache_store, kv_layout(engine)),
+                       write_through=config.cache_store_write_through,
+                       writeback_max_bytes=config.cache_store_writeback_mib << 20)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import grpc.aio
 import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
+from kvcache.kv_bytes import write_blocks
 from services.common.errors import UnavailableError
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
@@ -30,6 +31,15 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
 from services.prefill_node.kv_sender import KVSender
+from services.prefill_node.prefix_store import (
+    FetchedBlocks,
+    PrefixStore,
+    claim_blocks,
+    computed_prompt_blocks,
+    local_prefix_blocks,
+    publish_blocks,
+    release_hold,
+)
 from services.prefill_node.prepare import PrepareQueues, Refused, Reservation
 
 log = structlog.get_logger(__name__)
@@ -55,9 +65,10 @@ PrefillEvent = Refused | Reserved | FirstToken | Done
 
 class PrefillNode:
     def __init__(self, engine: LLMEngine, lease_ms: int = 10_000, num_threads: int | None = None,
-                 prepare: PrepareQueues | None = None):
+                 prepare: PrepareQueues | None = None, prefix_store: PrefixStore | None = None):
         self.engine = engine
         self.prepare = prepare or PrepareQueues()
+        self.prefix_store = prefix_store
         self.lease_ms = lease_ms
         self.layout = kv_layout(engine)
         self.tracked: dict[str, Tracked] = {}  # touched on the engine thread only
@@ -73,6 +84,8 @@ class PrefillNode:
     async def stop(self) -> None:
         await self.worker.stop()
         await self.prepare.close()
+        if self.prefix_store is not None:
+            await self.prefix_store.close()
         for channel in self._channels.values():
             await channel.close()
 
@@ -92,9 +105,14 @@ class PrefillNode:
             raise UnavailableError("prefill node is draining")
         validator = self.engine.validator
         validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
+        fetch = await self._start_fetch(request_id, prompt_ids)  # runs while a decode node is found
         self.preparing += 1
         try:
             reservation = await self._reserve(request_id, prompt_ids, sampling, candidates, timeout_s)
+        except BaseException:
+            if fetch is not None:
+                fetch.cancel()
+            raise
         finally:
             self.preparing -= 1
         address, grant = reservation.address, reservation.answer
@@ -105,6 +123,8 @@ class PrefillNode:
                 yield refusal
             yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
             await sender.open()
+            if fetch is not None:
+                await self._import(request_id, prompt_ids, await fetch)
             state = await self.worker.call(lambda e: self._admit(e, request_id, prompt_ids, sampling,
                                                                  grant.num_cached_blocks))
             while True:
@@ -127,8 +147,12 @@ class PrefillNode:
                 yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)
                 return
         finally:
+            if fetch is not None:
+                fetch.cancel()
             await sender.close()
-            await self.worker.call(lambda e: self._forget(e, request_id))
+            computed = await self.worker.call(lambda e: self._forget(e, request_id, write_back=finished))
+            if computed is not None and self.prefix_store is not None:
+                self.prefix_store.write_back(request_id, prompt_ids, *computed)
             if not finished:
                 await self._abort_on_decode(address, request_id)
 
@@ -155,10 +179,46 @@ class PrefillNode:
         self.tracked[request_id] = state
         return state
 
-    def _forget(self, engine: LLMEngine, request_id: str) -> bool:
-        """Release whatever the request still holds here (blocks stay in the prefix cache)."""
+    def _forget(self, engine: LLMEngine, request_id: str, write_back: bool = False) -> tuple[int, bytes] | None:
+        """Release whatever the request still holds here (blocks stay in the prefix cache). With
+        ``write_back`` (and a cache-store), first read out the prompt blocks it computed, to be stored."""
+        computed = None
+        if write_back and self.prefix_store is not None and self.prefix_store.write_through:
+            computed = computed_prompt_blocks(engine, request_id)
         self.tracked.pop(request_id, None)
-        return engine.discard(request_id)
+        release_hold(engine, request_id)
+        engine.discard(request_id)
+        return computed
+
+    # ---- the cache-store (prefix_store.py) ------------------------------------------------------
+    async def _start_fetch(self, request_id: str, prompt_ids: list[int]) -> asyncio.Task[FetchedBlocks | None] | None:
+        store = self.prefix_store
+        if store is None:
+            return None
+        local = await self.worker.call(lambda e: local_prefix_blocks(e, prompt_ids))
+        return asyncio.create_task(store.fetch(request_id, prompt_ids, local), name=f"prefix-fetch:{request_id}")
+
+    async def _import(self, request_id: str, prompt_ids: list[int], fetched: FetchedBlocks | None) -> None:
+        """Put fetched prefix blocks into this node's cache (held for the request) before it is queued."""
+        if fetched is None:
+            return
+        claim = await self.worker.call(lambda e: claim_blocks(e, request_id, prompt_ids, fetched))
+        if claim is None:
+            return
+        payload = b"".join(fetched.payloads[claim.first_block - fetched.first_block:])
+        write = asyncio.get_running_loop().run_in_executor(None, write_blocks, self.engine.runner.kv_cache,
+                                                           claim.block_ids, payload)
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            await asyncio.wait([write])  # the hold is freed only once no thread writes its blocks
+            raise
+        except ValueError as error:  # the store's blocks do not fit this layout: compute instead
+            log.warning("cache-store blocks rejected", request_id=request_id, error=str(error))
+            await self.worker.call(lambda e: release_hold(e, request_id))
+            return
+        await self.worker.call(lambda e: publish_blocks(e, claim, prompt_ids))
+        self.prefix_store.count_import(claim.end_block - claim.first_block)
 
     async def _abort_on_decode(self, address: str, request_id: str) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
@@ -166,7 +226,12 @@ class PrefillNode:
                                                   timeout=2.0)
 
     async def abort(self, request_id: str) -> bool:
-        return await self.worker.call(lambda e: self._forget(e, request_id))
+        return await self.worker.call(lambda e: self._abort(e, request_id))
+
+    def _abort(self, engine: LLMEngine, request_id: str) -> bool:
+        self.tracked.pop(request_id, None)
+        release_hold(engine, request_id)
+        return engine.discard(request_id)
 
     async def drain(self, timeout_s: float) -> None:
         self.draining = True

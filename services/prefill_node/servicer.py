@@ -43,6 +43,11 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
                          ) -> gateway_pb2.NodeStatus:
         status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address, not self.node.draining))
         status.requests_waiting += self.node.preparing
+        if self.node.prefix_store is not None:
+            stats = self.node.prefix_store.stats
+            status.store_hit_tokens_total = stats.hit_tokens_total
+            status.store_fetched_bytes_total = stats.fetched_bytes_total
+            status.store_written_blocks_total = stats.written_blocks_total
         return status
 
 

@@ -1,0 +1,203 @@
+"""The prefill node's use of the cache-store: prompt blocks fetched instead of recomputed, and computed
+blocks written back for the other prefill nodes.
+
+Per request, before it is queued in the engine (``PrefillNode.prefill``):
+
+1. :meth:`PrefixStore.fetch` — after the local prefix match, look the prompt's remaining full blocks up
+   in the cache-store (keys: model fingerprint ‖ chained block hash, ``services.cache_store.keys``) and
+   get the longest stored run. Runs concurrently with the reservation on a decode node. Any store
+   failure is logged and counted, never the request's failure: the blocks are then computed.
+2. :func:`claim_blocks` / write / :func:`publish_blocks` — the fetched KV goes into blocks owned by a
+   hold of the request (``<request id>#store``), allocated under the engine lock, written outside it,
+   then published in the prefix index, so the request's own admission finds them as prefix hits (its
+   ``cached_tokens`` counts them) and nothing can evict them before it runs. :func:`release_hold` frees
+   the hold when the request ends here (the blocks stay cached).
+3. :meth:`PrefixStore.write_back` — when the request ends here, the full prompt blocks it computed are
+   read out (engine lock held, before they can be reused) and put in the background, with a cap on the
+   bytes in flight (past it a write-back is dropped and counted). Off with ``--no-cache-store-write-through``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc.aio
+import structlog
+
+from kvcache.hashing import hash_token_blocks
+from kvcache.kv_bytes import read_blocks
+from services.cache_store.client import AsyncCacheStoreClient
+from services.cache_store.errors import CorruptBlockError
+from services.cache_store.keys import store_keys
+from services.engine.engine import LLMEngine
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class PrefixStoreStats:
+    hit_tokens_total: int = 0  # prompt tokens whose KV came from the store (imported into the local cache)
+    fetched_bytes_total: int = 0
+    written_blocks_total: int = 0
+    written_bytes_total: int = 0
+    writebacks_dropped_total: int = 0  # over the in-flight cap
+    errors_total: int = 0  # lookups, gets or puts that failed (the request went on without them)
+
+
+@dataclass(frozen=True)
+class FetchedBlocks:
+    """KV of prompt blocks ``first_block ..`` (prompt order) as the store returned it, one payload each."""
+
+    first_block: int
+    payloads: list[bytes]
+
+    @property
+    def end_block(self) -> int:
+        return self.first_block + len(self.payloads)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Blocks ``first_block .. end_block`` of the prompt, allocated under the hold ``owner``, to be written."""
+
+    owner: str
+    first_block: int
+    end_block: int
+    block_ids: list[int]
+
+
+def hold_id(request_id: str) -> str:
+    return f"{request_id}#store"
+
+
+def fetchable_blocks(num_prompt_tokens: int, block_size: int) -> int:
+    """Full prompt blocks that may come from a cache: at least one prompt token is always computed."""
+    return max(0, (num_prompt_tokens - 1) // block_size)
+
+
+class PrefixStore:
+    def __init__(self, client: AsyncCacheStoreClient, write_through: bool = True,
+                 writeback_max_bytes: int = 256 << 20):
+        layout = client.layout
+        assert layout is not None, "the prefix store needs the node's KV layout"
+        self.client = client
+        self.fingerprint = layout.model_fingerprint
+        self.block_size = layout.block_size
+        self.bytes_per_block = layout.bytes_per_block
+        self.write_through = write_through
+        self.writeback_max_bytes = writeback_max_bytes
+        self.writeback_bytes_in_flight = 0
+        self.stats = PrefixStoreStats()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def keys(self, prompt_ids: list[int], num_blocks: int) -> list[bytes]:
+        tokens = prompt_ids[: num_blocks * self.block_size]
+        return store_keys(self.fingerprint, hash_token_blocks(tokens, self.block_size, self.fingerprint))
+
+    async def fetch(self, request_id: str, prompt_ids: list[int], local_blocks: int) -> FetchedBlocks | None:
+        """The stored run of the prompt's blocks right after the ``local_blocks`` cached here, or None."""
+        wanted = fetchable_blocks(len(prompt_ids), self.block_size)
+        if local_blocks >= wanted:
+            return None
+        keys = self.keys(prompt_ids, wanted)[local_blocks:]
+        try:
+            hits = await self.client.lookup(keys)
+            if hits == 0:
+                return None
+            payloads = await self.client.get(keys[:hits], allow_partial=True)
+        except (grpc.aio.AioRpcError, CorruptBlockError) as error:
+            self.stats.errors_total += 1
+            log.warning("cache-store fetch failed; computing the prompt", request_id=request_id, error=_describe(error))
+            return None
+        if not payloads:
+            return None
+        self.stats.fetched_bytes_total += sum(len(p) for p in payloads)
+        return FetchedBlocks(local_blocks, payloads)
+
+    def count_import(self, num_blocks: int) -> None:
+        self.stats.hit_tokens_total += num_blocks * self.block_size
+
+    def write_back(self, request_id: str, prompt_ids: list[int], first_block: int, payload: bytes) -> None:
+        """Put prompt blocks ``first_block ..`` (``payload``: their KV, concatenated) in the background."""
+        if not payload or not self.write_through:
+            return
+        if self.writeback_bytes_in_flight + len(payload) > self.writeback_max_bytes:
+            self.stats.writebacks_dropped_total += 1
+            return
+        size = self.bytes_per_block
+        keys = self.keys(prompt_ids, first_block + len(payload) // size)[first_block:]
+        view = memoryview(payload)
+        blocks = [(key, view[i * size:(i + 1) * size]) for i, key in enumerate(keys)]
+        self.writeback_bytes_in_flight += len(payload)
+        task = asyncio.create_task(self._put(request_id, blocks, len(payload)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _put(self, request_id: str, blocks: list[tuple[bytes, memoryview]], size: int) -> None:
+        try:
+            await self.client.put(blocks)
+            self.stats.written_blocks_total += len(blocks)
+            self.stats.written_bytes_total += size
+        except grpc.aio.AioRpcError as error:
+            self.stats.errors_total += 1
+            log.warning("cache-store write-back failed", request_id=request_id, error=_describe(error))
+        finally:
+            self.writeback_bytes_in_flight -= size
+
+    async def close(self) -> None:
+        """Let pending write-backs finish (they are short), then close the channel."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10.0)
+        await self.client.close()
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)
+
+
+# ---- engine side (call under the engine lock, i.e. through EngineWorker.call) --------------------------
+
+def local_prefix_blocks(engine: LLMEngine, prompt_ids: list[int]) -> int:
+    return engine.kv.match_prefix(prompt_ids).num_blocks
+
+
+def claim_blocks(engine: LLMEngine, request_id: str, prompt_ids: list[int], fetched: FetchedBlocks) -> Claim | None:
+    """Allocate blocks for the fetched ones that are still needed, held by the request's store hold.
+    None when they no longer chain onto the local prefix (it shrank since the lookup), when the local
+    cache now has them all, or when the pool has no room (the prompt is then computed)."""
+    kv = engine.kv
+    match = kv.match_prefix(prompt_ids)
+    start = match.num_blocks
+    if start >= fetched.end_block or start < fetched.first_block:
+        return None
+    owner = hold_id(request_id)
+    if kv.has_request(owner) or kv.allocate(owner, fetched.end_block * kv.block_size, match) is None:
+        return None
+    return Claim(owner, start, fetched.end_block, kv.block_ids(owner)[start:])
+
+
+def publish_blocks(engine: LLMEngine, claim: Claim, prompt_ids: list[int]) -> None:
+    """The claimed blocks hold their KV now: index them (they stay held until :func:`release_hold`)."""
+    engine.kv.cache_computed(claim.owner, prompt_ids, claim.end_block * engine.kv.block_size)
+
+
+def release_hold(engine: LLMEngine, request_id: str) -> None:
+    owner = hold_id(request_id)
+    if engine.kv.has_request(owner):
+        engine.kv.free(owner)
+
+
+def computed_prompt_blocks(engine: LLMEngine, request_id: str) -> tuple[int, bytes] | None:
+    """``(first block, KV bytes)`` of the full prompt blocks this request computed here (not those it
+    found cached), or None. Call before its blocks are released."""
+    request = engine.held.get(request_id)
+    if request is None or not engine.kv.has_request(request_id):
+        return None
+    first = request.num_cached_tokens // engine.kv.block_size
+    end = request.num_prompt_tokens // engine.kv.block_size
+    if end <= first:
+        return None
+    return first, read_blocks(engine.runner.kv_cache, engine.kv.block_ids(request_id)[first:end])

@@ -1,0 +1,85 @@
+"""Two prefill nodes sharing a cache-store: an 800+-token prefix computed by one is fetched, not
+recomputed, by the other; outputs equal the mixed engine's cold run; the store's counters move."""
+
+from __future__ import annotations
+
+import subprocess
+
+import grpc
+import pytest
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+
+from services.cluster.local import ClusterSpec, start_cluster
+from services.engine.sampling_params import SamplingParams
+from tests.conftest import make_engine
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, greedy, wait_idle
+from tests.engine.prompts import long_text
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 8
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, prefill_cache_store=True)
+    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(cluster):
+    with grpc.insecure_channel(cluster.address) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+@pytest.fixture(scope="module")
+def prompts(bundled_tokenizer):
+    prefix = bundled_tokenizer.encode(long_text(13))
+    assert len(prefix) > 800
+    return [prefix + bundled_tokenizer.encode(f" Question {i}: who kept the clocks?") for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def expected(fp32_model, bundled_tokenizer, prompts):
+    results = make_engine(fp32_model, bundled_tokenizer).generate(
+        prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+    return [r.token_ids for r in results]
+
+
+def _run(stub, token_ids: list[int]) -> list[gateway_pb2.GenerateResponse]:
+    request = gateway_pb2.GenerateRequest(token_ids=token_ids, sampling=greedy(NEW_TOKENS))
+    return list(stub.Generate(request, timeout=120))
+
+
+def _tokens(responses: list[gateway_pb2.GenerateResponse]) -> list[int]:
+    return [t for r in responses for t in r.token_ids]
+
+
+def _status(stub) -> dict[str, gateway_pb2.NodeStatus]:
+    return {n.address: n for n in stub.ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10).nodes}
+
+
+def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, stub, prompts, expected):
+    shared_blocks = (len(prompts[0]) - 1) // BLOCK  # at most this many leading blocks can be served by a cache
+    responses = _run(stub, prompts[0])
+    first_node = responses[0].prefill_node
+    assert _tokens(responses) == expected[0]
+    assert responses[-1].usage.cached_tokens == 0
+    wait_idle(stub)
+
+    # The router rotates equally loaded prefill nodes: the next request lands on the other one.
+    responses = _run(stub, prompts[1])
+    second_node = responses[0].prefill_node
+    assert second_node != first_node, "the gateway routed both requests to the same prefill node"
+    assert _tokens(responses) == expected[1], "output with the prefix fetched from the cache-store differs"
+    assert responses[-1].usage.cached_tokens >= 800
+    wait_idle(stub)
+
+    status = _status(stub)
+    second = status[second_node]
+    assert second.store_hit_tokens_total >= 800, second
+    assert second.store_fetched_bytes_total > 0
+    assert status[first_node].store_written_blocks_total >= shared_blocks  # the first node wrote its blocks back
+    store = next(n for n in status.values() if n.role == "cache_store")
+    assert store.hits_total >= 800 // BLOCK
