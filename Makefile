@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix clean
 
 all: venv
 
@@ -57,6 +57,9 @@ bench-sim: venv
 
 bench-admission: venv
 	$(PYTHON) -m services.cluster.bench_admission
+
+bench-prefix: venv
+	$(PYTHON) -m services.cluster.bench_prefix_reuse
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache protos/python/requirements.txt protos/python/.stamp

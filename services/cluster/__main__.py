@@ -42,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-nodes", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads per model node")
+    parser.add_argument("--no-store-prefixes", dest="store_prefixes", action="store_false",
+                        help="prefill nodes do not share prompt blocks through the cache-store")
     args = parser.parse_args(argv)
     spec = ClusterSpec(num_prefill=args.prefill_nodes, num_decode=args.decode_nodes, gateway_listen=args.gateway,
-                       engine_args=("--dtype", args.dtype, "--threads", str(args.threads)))
+                       engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
+                       prefill_cache_store=args.store_prefixes)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
