@@ -37,7 +37,8 @@ def stub(cluster):
 def prompts(bundled_tokenizer):
     prefix = bundled_tokenizer.encode(long_text(13))
     assert len(prefix) > 800
-    return [prefix + bundled_tokenizer.encode(f" Question {i}: who kept the clocks?") for i in range(3)]
+    shared = [prefix + bundled_tokenizer.encode(f" Question {i}: who kept the clocks?") for i in range(2)]
+    return [*shared, bundled_tokenizer.encode("Another story. " + long_text(3))]
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +84,17 @@ def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, st
     assert status[first_node].store_written_blocks_total >= shared_blocks  # the first node wrote its blocks back
     store = next(n for n in status.values() if n.role == "cache_store")
     assert store.hits_total >= 800 // BLOCK
+
+
+def test_a_dead_cache_store_costs_only_the_computation(cluster, stub, prompts, expected):
+    """kill -9 of the store: prefill nodes fall back to computing (and writing back nothing), outputs stay
+    right, nothing leaks. Runs last in this module: the store stays dead."""
+    cluster.cache_store.process.kill()
+    cluster.cache_store.process.wait()
+    nodes = set()
+    for _ in range(2):  # a prompt neither node holds: each asks the dead store, then computes
+        responses = _run(stub, prompts[2])
+        assert _tokens(responses) == expected[2]
+        nodes.add(responses[0].prefill_node)
+    assert len(nodes) == 2
+    wait_idle(stub)
