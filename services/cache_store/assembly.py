@@ -2,8 +2,9 @@
 
 A put stream is a sequence of (header | None, data) chunks: a header starts a block, data extends the
 current one. ``PutAssembler`` enforces the framing (no data before a header, no more bytes than
-announced, every block complete when the next starts or the stream ends) and the staging budget; the
-checksums are verified by ``BlockStore.put``, which stores all blocks or none.
+announced, every block complete when the next starts or the stream ends), the header contract of
+``cache_store.proto`` (32-byte keys, a layout of the key's model) and the staging budget; the checksums
+are verified by ``BlockStore.put``, which stores all blocks or none.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from services.cache_store.block import CHECKSUMS, Layout, StoredBlock
 from services.cache_store.errors import CorruptBlockError, MalformedPutError, StoreFullError
-from services.cache_store.store import CHECKSUMS, StoredBlock
+from services.cache_store.keys import FINGERPRINT_BYTES, KEY_BYTES, fingerprint_of
 
 
 @dataclass(frozen=True)
@@ -21,11 +23,12 @@ class BlockHeader:
     total_length: int
     checksum_algorithm: str
     checksum: bytes
-    layout: bytes = b""
+    layout: Layout | None = None
 
     def validate(self) -> None:
-        if not self.key:
-            raise MalformedPutError("key", "a block header needs a non-empty key")
+        if len(self.key) != KEY_BYTES:
+            raise MalformedPutError("key", f"must be {KEY_BYTES} bytes (model fingerprint ‖ block id), got "
+                                           f"{len(self.key)}")
         if self.total_length <= 0:
             raise MalformedPutError("total_length", f"block {self.key.hex()}: must be > 0")
         if self.checksum_algorithm not in CHECKSUMS:
@@ -34,12 +37,24 @@ class BlockHeader:
                                     f"{sorted(CHECKSUMS)}")
         if not self.checksum:
             raise MalformedPutError("checksum", f"block {self.key.hex()}: missing")
+        layout = self.layout
+        if layout is None:
+            raise MalformedPutError("layout", f"block {self.key.hex()}: a block header needs its KVLayout")
+        if layout.model_fingerprint != fingerprint_of(self.key):
+            raise MalformedPutError(
+                "layout.model_fingerprint",
+                f"block {self.key.hex()}: key for another model (the key's first {FINGERPRINT_BYTES} bytes "
+                f"are {fingerprint_of(self.key).hex()}, layout.model_fingerprint is "
+                f"{layout.model_fingerprint.hex()})")
+        if layout.bytes_per_block and self.total_length != layout.bytes_per_block:
+            raise MalformedPutError("total_length", f"block {self.key.hex()}: {self.total_length} bytes, its "
+                                                    f"layout says bytes_per_block = {layout.bytes_per_block}")
 
 
 @dataclass
 class _Pending:
     header: BlockHeader
-    parts: list[bytes] = field(default_factory=list)
+    parts: list[bytes | memoryview] = field(default_factory=list)
     received: int = 0
 
 
@@ -50,7 +65,7 @@ class PutAssembler:
         self._done: list[StoredBlock] = []
         self._current: _Pending | None = None
 
-    def add(self, header: BlockHeader | None, data: bytes) -> None:
+    def add(self, header: BlockHeader | None, data: bytes | memoryview) -> None:
         if header is not None:
             header.validate()
             self._close_current()
@@ -84,15 +99,16 @@ class PutAssembler:
                                     f"{header.total_length} bytes")
         data = current.parts[0] if len(current.parts) == 1 else b"".join(current.parts)
         self._done.append(
-            StoredBlock(header.key, data, header.checksum_algorithm, header.checksum, header.layout)
+            StoredBlock(header.key, data, header.checksum_algorithm, header.checksum,
+                        header.layout.encoded if header.layout else b"")
         )
 
 
-def split(data: bytes, chunk_bytes: int) -> Iterator[bytes]:
-    """``data`` in pieces of at most ``chunk_bytes`` (one piece for a small block)."""
+def split(data: bytes | memoryview, chunk_bytes: int) -> Iterator[bytes | memoryview]:
+    """``data`` in pieces of at most ``chunk_bytes``, uncopied (one piece for a small block)."""
     if len(data) <= chunk_bytes:
         yield data
         return
     view = memoryview(data)
     for start in range(0, len(data), chunk_bytes):
-        yield bytes(view[start : start + chunk_bytes])
+        yield view[start : start + chunk_bytes]

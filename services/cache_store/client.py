@@ -3,7 +3,8 @@ engine's KV offload) and asyncio (:class:`AsyncCacheStoreClient`, for the nodes'
 
 Both put ``(key, data)`` blocks atomically with the node's ``KVLayout`` in every header, get blocks back
 verified, and look up the longest stored prefix of a key list. gRPC errors propagate as
-``grpc.RpcError`` / ``grpc.aio.AioRpcError``.
+``grpc.RpcError`` / ``grpc.aio.AioRpcError``. Put and Get move their chunks pre-serialized
+(:mod:`services.cache_store.wire`), saving protobuf's copies of the data.
 """
 
 from __future__ import annotations
@@ -14,15 +15,22 @@ import grpc
 import grpc.aio
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
-from services.cache_store.wire import Block, BlockAssembler, put_chunks
+from services.cache_store.wire import Block, BlockAssembler, parse_get_frame, put_frames
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+_PUT = "/pdserve.v1.CacheStore/Put"
+_GET = "/pdserve.v1.CacheStore/Get"
 
 
 def _get_request(keys: Sequence[bytes], allow_partial: bool, layout: node_pb2.KVLayout | None
                  ) -> cache_store_pb2.GetRequest:
     fingerprint = layout.model_fingerprint if layout is not None else b""
     return cache_store_pb2.GetRequest(keys=list(keys), allow_partial=allow_partial, model_fingerprint=fingerprint)
+
+
+def _lookup_request(keys: Sequence[bytes], layout: node_pb2.KVLayout | None) -> cache_store_pb2.LookupRequest:
+    fingerprint = layout.model_fingerprint if layout is not None else b""
+    return cache_store_pb2.LookupRequest(keys=list(keys), model_fingerprint=fingerprint)
 
 
 class CacheStoreClient:
@@ -32,26 +40,28 @@ class CacheStoreClient:
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
+        self._put = self._channel.stream_unary(_PUT, request_serializer=None,
+                                               response_deserializer=cache_store_pb2.PutResponse.FromString)
+        self._get = self._channel.unary_stream(_GET, request_serializer=cache_store_pb2.GetRequest.SerializeToString,
+                                               response_deserializer=parse_get_frame)
 
     def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
         """Store ``(key, data)`` pairs atomically."""
-        return self._stub.Put(put_chunks(blocks, self.layout), timeout=self.timeout_s)
+        return self._put(put_frames(blocks, self.layout), timeout=self.timeout_s)
 
     def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
         """The data of ``keys`` in order (``NOT_FOUND`` if any is missing, unless ``allow_partial``:
         then the longest stored prefix)."""
         assembler, blocks = BlockAssembler(), []
-        for chunk in self._stub.Get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
-            if (block := assembler.add(chunk)) is not None:
+        for frame in self._get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
+            if (block := assembler.add(frame)) is not None:
                 blocks.append(block[1])
         if (block := assembler.finish()) is not None:
             blocks.append(block[1])
         return blocks
 
     def lookup(self, keys: Sequence[bytes]) -> int:
-        fingerprint = self.layout.model_fingerprint if self.layout is not None else b""
-        request = cache_store_pb2.LookupRequest(keys=list(keys), model_fingerprint=fingerprint)
-        return self._stub.Lookup(request, timeout=self.timeout_s).num_prefix_hits
+        return self._stub.Lookup(_lookup_request(keys, self.layout), timeout=self.timeout_s).num_prefix_hits
 
     def close(self) -> None:
         self._channel.close()
@@ -64,23 +74,25 @@ class AsyncCacheStoreClient:
         self.timeout_s = timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
+        self._put = self._channel.stream_unary(_PUT, request_serializer=None,
+                                               response_deserializer=cache_store_pb2.PutResponse.FromString)
+        self._get = self._channel.unary_stream(_GET, request_serializer=cache_store_pb2.GetRequest.SerializeToString,
+                                               response_deserializer=parse_get_frame)
 
     async def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
-        return await self._stub.Put(put_chunks(blocks, self.layout), timeout=self.timeout_s)
+        return await self._put(put_frames(blocks, self.layout), timeout=self.timeout_s)
 
     async def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
         assembler, blocks = BlockAssembler(), []
-        async for chunk in self._stub.Get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
-            if (block := assembler.add(chunk)) is not None:
+        async for frame in self._get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
+            if (block := assembler.add(frame)) is not None:
                 blocks.append(block[1])
         if (block := assembler.finish()) is not None:
             blocks.append(block[1])
         return blocks
 
     async def lookup(self, keys: Sequence[bytes]) -> int:
-        fingerprint = self.layout.model_fingerprint if self.layout is not None else b""
-        request = cache_store_pb2.LookupRequest(keys=list(keys), model_fingerprint=fingerprint)
-        return (await self._stub.Lookup(request, timeout=self.timeout_s)).num_prefix_hits
+        return (await self._stub.Lookup(_lookup_request(keys, self.layout), timeout=self.timeout_s)).num_prefix_hits
 
     async def close(self) -> None:
         await self._channel.close()

@@ -17,12 +17,26 @@ class MalformedPutError(StoreError):
         self.field = field
 
 
+class InvalidKeyError(StoreError):
+    """A Get or Lookup names a key that is not 32 bytes, or one of another model (``INVALID_ARGUMENT``)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class CorruptBlockError(StoreError):
     """A block arrived truncated or does not match its checksum (maps to ``DATA_LOSS``)."""
 
 
 class StoreFullError(StoreError):
-    """The blocks do not fit even after evicting everything else (maps to ``RESOURCE_EXHAUSTED``)."""
+    """The blocks do not fit even after evicting everything evictable: blocks being read are not
+    (maps to ``RESOURCE_EXHAUSTED``)."""
+
+
+class DiskWriteError(StoreError):
+    """A write-through put could not write its blocks to disk; nothing of it is stored
+    (maps to ``UNAVAILABLE``)."""
 
 
 class MissingBlockError(StoreError):

@@ -1,9 +1,14 @@
-"""``pdserve.v1.CacheStore`` over a ``BlockStore``: decode the proto, call the store, encode."""
+"""``pdserve.v1.CacheStore`` over a ``BlockStore``: decode the proto, call the store, encode.
+
+:func:`add_to_server` registers it with Put and Get moving pre-serialized chunks
+(:mod:`services.cache_store.wire`: no protobuf copies of block data); the generated
+``add_CacheStoreServicer_to_server`` works too, with protobuf messages throughout.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
@@ -11,20 +16,27 @@ import grpc.aio
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, gateway_pb2, node_pb2
 
 from services.cache_store.assembly import BlockHeader, PutAssembler, split
+from services.cache_store.block import Layout, StoredBlock
 from services.cache_store.errors import (
     CorruptBlockError,
+    DiskWriteError,
+    InvalidKeyError,
     MalformedPutError,
     MissingBlockError,
     StoreFullError,
 )
-from services.cache_store.store import BlockStore, StoredBlock
+from services.cache_store.store import BlockStore
+from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
 from services.common.errors import UnavailableError, grpc_errors, map_error
 
 map_error(MalformedPutError, grpc.StatusCode.INVALID_ARGUMENT)
+map_error(InvalidKeyError, grpc.StatusCode.INVALID_ARGUMENT)
+map_error(DiskWriteError, grpc.StatusCode.UNAVAILABLE)
 map_error(CorruptBlockError, grpc.StatusCode.DATA_LOSS)
 map_error(StoreFullError, grpc.StatusCode.RESOURCE_EXHAUSTED)
 map_error(MissingBlockError, grpc.StatusCode.NOT_FOUND)
 
+SERVICE = "pdserve.v1.CacheStore"
 Algorithm = cache_store_pb2.ChecksumAlgorithm
 _ALGORITHMS = {
     Algorithm.CHECKSUM_ALGORITHM_CRC32: "crc32",
@@ -43,23 +55,36 @@ def _header_of(chunk: cache_store_pb2.PutChunk) -> BlockHeader | None:
         total_length=chunk.total_length,
         checksum_algorithm=_ALGORITHMS.get(chunk.checksum_algorithm, "unspecified"),
         checksum=chunk.checksum,
-        layout=chunk.layout.SerializeToString() if chunk.HasField("layout") else b"",
+        layout=_layout_of(chunk.layout) if chunk.HasField("layout") else None,
+    )
+
+
+def _layout_of(layout: node_pb2.KVLayout) -> Layout:
+    return Layout(layout.SerializeToString(), layout.model_fingerprint, layout.bytes_per_block)
+
+
+def _header_message(block: StoredBlock) -> cache_store_pb2.GetChunk:
+    return cache_store_pb2.GetChunk(
+        key=block.key,
+        total_length=len(block.data),
+        checksum_algorithm=_ALGORITHM_IDS[block.checksum_algorithm],
+        checksum=block.checksum,
+        layout=node_pb2.KVLayout.FromString(block.layout) if block.layout else None,
     )
 
 
 def _chunks_of(block: StoredBlock, chunk_bytes: int) -> Iterator[cache_store_pb2.GetChunk]:
     for i, piece in enumerate(split(block.data, chunk_bytes)):
-        if i:
-            yield cache_store_pb2.GetChunk(data=piece)
-            continue
-        yield cache_store_pb2.GetChunk(
-            key=block.key,
-            total_length=len(block.data),
-            checksum_algorithm=_ALGORITHM_IDS[block.checksum_algorithm],
-            checksum=block.checksum,
-            layout=node_pb2.KVLayout.FromString(block.layout) if block.layout else None,
-            data=piece,
-        )
+        chunk = cache_store_pb2.GetChunk() if i else _header_message(block)
+        chunk.data = bytes(piece)
+        yield chunk
+
+
+def _frames_of(block: StoredBlock, chunk_bytes: int) -> Iterator[bytes]:
+    """Serialized ``GetChunk``s of ``block``: one copy of its data."""
+    header = _header_message(block).SerializeToString()
+    for i, piece in enumerate(split(block.data, chunk_bytes)):
+        yield encode_chunk(b"" if i else header, piece)
 
 
 class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
@@ -104,7 +129,8 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         with self._work():
             assembler = PutAssembler(max_bytes=self.store.capacity_bytes)
             async for chunk in request_iterator:
-                assembler.add(_header_of(chunk), chunk.data)
+                message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
+                assembler.add(_header_of(message), data)
             result = self.store.put(assembler.finish())
         return cache_store_pb2.PutResponse(num_stored=result.stored, num_existing=result.existing,
                                            num_evicted=result.evicted)
@@ -114,32 +140,74 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cache_store_pb2.GetChunk]:
         """Stream the blocks of ``keys`` (or their longest stored prefix with ``allow_partial``)."""
-        with self._work():
-            for block in self.store.get_prefix(list(request.keys), request.allow_partial):
-                for chunk in _chunks_of(block, self.chunk_bytes):
+        async for chunk in self._stream(request, _chunks_of):
+            yield chunk
+
+    @grpc_errors
+    async def get_frames(self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[bytes]:
+        """:meth:`Get`, its chunks serialized here (:func:`add_to_server`)."""
+        async for frame in self._stream(request, _frames_of):
+            yield frame
+
+    async def _stream(self, request: cache_store_pb2.GetRequest,
+                      encode: Callable[[StoredBlock, int], Iterator[object]]) -> AsyncIterator[object]:
+        keys = list(request.keys)
+        with self._work(), self.store.open_get(keys, request.allow_partial, request.model_fingerprint) as reader:
+            for block in reader:
+                for chunk in encode(block, self.chunk_bytes):
                     yield chunk
 
     @grpc_errors
     async def Lookup(
         self, request: cache_store_pb2.LookupRequest, context: grpc.aio.ServicerContext
     ) -> cache_store_pb2.LookupResponse:
-        return cache_store_pb2.LookupResponse(num_prefix_hits=self.store.lookup(list(request.keys)))
+        hits = self.store.lookup(list(request.keys), request.model_fingerprint)
+        return cache_store_pb2.LookupResponse(num_prefix_hits=hits)
 
     @grpc_errors
     async def NodeStatus(
         self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.NodeStatus:
-        """Capacity is in bytes; every stored block counts as cached (evictable)."""
-        store = self.store
+        """Capacity is in bytes (``bytes_*`` = the memory tier); every stored block counts as cached."""
+        stats = self.store.stats()
         return gateway_pb2.NodeStatus(
             address=self.address,
             role="cache_store",
             healthy=not self.draining,
-            blocks_total=len(store),
-            blocks_cached=len(store),
-            bytes_total=store.capacity_bytes,
-            bytes_used=store.used_bytes,
-            evictions_total=store.evictions_total,
-            prefix_hit_blocks_total=store.hit_blocks_total,
+            blocks_total=stats.blocks,
+            blocks_cached=stats.blocks,
+            bytes_total=stats.memory_bytes_total,
+            bytes_used=stats.memory_bytes_used,
+            evictions_total=stats.memory_evictions_total + stats.disk_evictions_total,
+            prefix_hit_blocks_total=stats.hits_total,
             requests_running=self.in_flight,
+            memory_blocks=stats.memory_blocks,
+            disk_bytes_total=stats.disk_bytes_total,
+            disk_bytes_used=stats.disk_bytes_used,
+            disk_blocks=stats.disk_blocks,
+            hits_total=stats.hits_total,
+            disk_hits_total=stats.disk_hits_total,
+            misses_total=stats.misses_total,
+            memory_evictions_total=stats.memory_evictions_total,
+            disk_evictions_total=stats.disk_evictions_total,
         )
+
+
+def add_to_server(servicer: CacheStoreServicer, server: grpc.aio.Server) -> None:
+    """The generated ``add_CacheStoreServicer_to_server``, except that Put and Get move serialized chunks
+    (:mod:`services.cache_store.wire`)."""
+    pb = cache_store_pb2
+    handlers = {
+        "Put": grpc.stream_unary_rpc_method_handler(servicer.Put, request_deserializer=parse_put_frame,
+                                                    response_serializer=pb.PutResponse.SerializeToString),
+        "Get": grpc.unary_stream_rpc_method_handler(servicer.get_frames, request_deserializer=pb.GetRequest.FromString,
+                                                    response_serializer=None),
+        "Lookup": grpc.unary_unary_rpc_method_handler(servicer.Lookup, request_deserializer=pb.LookupRequest.FromString,
+                                                      response_serializer=pb.LookupResponse.SerializeToString),
+        "NodeStatus": grpc.unary_unary_rpc_method_handler(
+            servicer.NodeStatus, request_deserializer=node_pb2.NodeStatusRequest.FromString,
+            response_serializer=gateway_pb2.NodeStatus.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

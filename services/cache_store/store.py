@@ -1,146 +1,302 @@
-"""In-memory content-addressed block store with a byte capacity and LRU eviction (no gRPC here).
+"""Content-addressed block store: a memory tier, an optional disk tier beneath it, and leases (no gRPC).
 
-A key is a block's chained hash; the value is its bytes plus the checksum they were verified against
-and an opaque layout description. Blocks enter only verified and whole (``put`` checks every checksum
-before changing anything), so a reader never sees a partial or corrupt block.
+Keys are 32 bytes, model fingerprint ‖ block id (:mod:`services.cache_store.keys`). Blocks enter only
+verified and whole: ``put`` checks every checksum and makes its room before changing anything, so a
+rejected put leaves the store as it was and a reader never sees a partial or corrupt block.
 
-Recency: ``put`` and ``get_prefix`` refresh the blocks they touch; within one call a later key counts
-as less recent than an earlier one, so the tail of a prefix chain is evicted before its head (the
-leading blocks are the most shared). ``lookup`` does not refresh.
+Tiers: new blocks go to memory. A block evicted from memory is written to disk (if the store has a disk
+tier and the block is not there yet); the disk tier evicts its own least recent files past its capacity.
+With ``write_through`` every put also writes its blocks to disk before it returns. A Get of a block found
+only on disk reads and verifies its file as it streams and promotes it to memory; a damaged or missing
+file makes that block missing. A block may be in both tiers.
+
+Recency: ``put`` and a Get refresh the blocks they touch; within one call the first key is the most
+recent, so the tail of a prefix chain is evicted before its head. ``lookup`` does not refresh. Disk
+recency moves on disk writes and disk hits only.
+
+Leases: a Get pins the blocks it streams (:mod:`services.cache_store.leases`); eviction in either tier
+skips pinned blocks, and a put that cannot make room because of them is refused.
+
+Counters: ``hits_total`` blocks served by Get, ``disk_hits_total`` of those read from disk,
+``misses_total`` keys not served: for a Get every requested key past the blocks it served, for a Lookup
+at most one per call (its first key not stored; a prefill node looks a whole prompt up before it gets
+the hits, and those keys would otherwise count twice).
 """
 
 from __future__ import annotations
 
-import hashlib
-import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
+import structlog
+
+from services.cache_store.block import CHECKSUMS, StoredBlock, checksum
+from services.cache_store.disk_tier import DiskTier
 from services.cache_store.errors import (
-    CorruptBlockError,
-    MalformedPutError,
+    DiskWriteError,
+    InvalidKeyError,
     MissingBlockError,
     StoreFullError,
 )
+from services.cache_store.keys import FINGERPRINT_BYTES, KEY_BYTES, fingerprint_of
+from services.cache_store.leases import Lease, Leases
+from services.cache_store.memory_tier import MemoryTier
 
-CHECKSUMS: dict[str, Callable[[bytes], bytes]] = {
-    "crc32": lambda data: zlib.crc32(data).to_bytes(4, "big"),
-    "blake2b-128": lambda data: hashlib.blake2b(data, digest_size=16).digest(),
-}
+__all__ = ["CHECKSUMS", "BlockReader", "BlockStore", "PutResult", "StoreStats", "StoredBlock", "checksum"]
 
-
-def checksum(algorithm: str, data: bytes) -> bytes:
-    if algorithm not in CHECKSUMS:
-        raise MalformedPutError("checksum_algorithm", f"{algorithm!r} is not one of {sorted(CHECKSUMS)}")
-    return CHECKSUMS[algorithm](data)
-
-
-@dataclass(frozen=True)
-class StoredBlock:
-    key: bytes
-    data: bytes
-    checksum_algorithm: str
-    checksum: bytes
-    layout: bytes = b""  # opaque (a serialized KVLayout); returned as given
-
-    def verify(self) -> None:
-        """Raise ``CorruptBlockError`` unless ``data`` matches ``checksum``."""
-        actual = checksum(self.checksum_algorithm, self.data)
-        if actual != self.checksum:
-            raise CorruptBlockError(
-                f"block {self.key.hex()}: {self.checksum_algorithm} checksum mismatch "
-                f"(expected {self.checksum.hex()}, got {actual.hex()})"
-            )
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class PutResult:
     stored: int
     existing: int
-    evicted: int
+    evicted: int  # blocks dropped from memory to make room (written to disk first when there is one)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    blocks: int  # distinct blocks in either tier
+    memory_blocks: int
+    memory_bytes_total: int
+    memory_bytes_used: int
+    disk_blocks: int
+    disk_bytes_total: int  # 0 = no disk tier
+    disk_bytes_used: int
+    hits_total: int
+    disk_hits_total: int
+    misses_total: int
+    memory_evictions_total: int
+    disk_evictions_total: int  # files deleted: evicted past capacity, or found damaged when read
+    disk_corrupt_total: int  # of those, damaged or missing files
+    leases: int
+
+
+def check_keys(keys: Sequence[bytes], fingerprint: bytes = b"") -> None:
+    """``InvalidKeyError`` for a key that is not 32 bytes or, when ``fingerprint`` is given, does not
+    start with it."""
+    if fingerprint and len(fingerprint) != FINGERPRINT_BYTES:
+        raise InvalidKeyError("model_fingerprint", f"must be {FINGERPRINT_BYTES} bytes, got {len(fingerprint)}")
+    for i, key in enumerate(keys):
+        if len(key) != KEY_BYTES:
+            raise InvalidKeyError(f"keys[{i}]", f"must be {KEY_BYTES} bytes (model fingerprint ‖ block id), "
+                                                f"got {len(key)}")
+        if fingerprint and fingerprint_of(key) != fingerprint:
+            raise InvalidKeyError(f"keys[{i}]", f"key for another model: it starts with {fingerprint_of(key).hex()}, "
+                                                f"model_fingerprint is {fingerprint.hex()}")
 
 
 class BlockStore:
-    def __init__(self, capacity_bytes: int) -> None:
-        assert capacity_bytes > 0, f"capacity_bytes must be positive, got {capacity_bytes}"
-        self.capacity_bytes = capacity_bytes
-        self.used_bytes = 0
-        self.evictions_total = 0
-        self.hit_blocks_total = 0
-        self._blocks: OrderedDict[bytes, StoredBlock] = OrderedDict()  # least recently used first
+    def __init__(self, capacity_bytes: int, disk: DiskTier | None = None, *, write_through: bool = False,
+                 lease_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        assert disk is not None or not write_through, "write_through needs a disk tier"
+        self.memory = MemoryTier(capacity_bytes)
+        self.disk = disk
+        self.write_through = write_through
+        self.leases = Leases(lease_s, clock)
+        self.hits_total = 0
+        self.disk_hits_total = 0
+        self.misses_total = 0
 
-    def __len__(self) -> int:
-        return len(self._blocks)
+    @property
+    def capacity_bytes(self) -> int:
+        """The memory tier's capacity: the most one put may bring."""
+        return self.memory.capacity_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.memory.used_bytes
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self._blocks
+        return key in self.memory or (self.disk is not None and key in self.disk)
 
-    def keys_lru_first(self) -> list[bytes]:
-        """Every key, in eviction order."""
-        return list(self._blocks)
+    def __len__(self) -> int:
+        """Distinct blocks stored, in either tier."""
+        if self.disk is None:
+            return len(self.memory)
+        both = sum(1 for key in self.memory.index if key in self.disk)
+        return len(self.memory) + len(self.disk) - both
 
-    def lookup(self, keys: Sequence[bytes]) -> int:
-        """Length of the longest stored prefix of ``keys``. Does not refresh recency."""
+    def lookup(self, keys: Sequence[bytes], fingerprint: bytes = b"") -> int:
+        """Length of the longest prefix of ``keys`` stored in either tier. Does not refresh recency."""
+        check_keys(keys, fingerprint)
+        hits = self._stored_prefix(keys)
+        if hits < len(keys):
+            self.misses_total += 1
+        return hits
+
+    def open_get(self, keys: Sequence[bytes], allow_partial: bool = False, fingerprint: bytes = b"") -> BlockReader:
+        """A reader of the blocks of ``keys`` in order, holding a lease on them until closed. A key not
+        stored raises ``MissingBlockError`` now, unless ``allow_partial``: the reader then serves the
+        longest stored prefix."""
+        check_keys(keys, fingerprint)
+        hits = self._stored_prefix(keys)
+        if hits < len(keys):
+            self.misses_total += len(keys) - hits
+            if not allow_partial:
+                raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
+        prefix = list(keys[:hits])
+        self.memory.touch(prefix)
+        return BlockReader(self, prefix, len(keys), allow_partial, self.leases.acquire(prefix))
+
+    def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[StoredBlock]:
+        """Every block :meth:`open_get` would stream, read at once."""
+        with self.open_get(keys, allow_partial) as reader:
+            return list(reader)
+
+    def put(self, blocks: Sequence[StoredBlock]) -> PutResult:
+        """Store verified ``blocks`` atomically: checksums and room in every tier are checked first, and
+        on any error nothing changes. Keys already stored are refreshed, not replaced."""
+        unique: dict[bytes, StoredBlock] = {}
+        for block in blocks:
+            block.verify()
+            unique.setdefault(block.key, block)
+        new = [block for key, block in unique.items() if key not in self]
+        pinned = self.leases.pinned()
+        keep = pinned | unique.keys()
+        victims = self._plan(self.memory, sum(len(b.data) for b in new), unique.keys(), pinned)
+        if self.write_through:
+            assert self.disk is not None
+            to_disk = [block for key, block in unique.items() if key not in self.disk]
+            disk_victims = self._plan(self.disk, sum(len(b.data) for b in to_disk), unique.keys(), pinned)
+            try:
+                self.disk.write_all(to_disk, disk_victims)
+            except OSError as error:
+                raise DiskWriteError(f"write-through to {self.disk.directory} failed: {error}") from error
+        for key in victims:
+            self._spill(self.memory.evict(key), keep)
+        for block in new:
+            self.memory.add(block)
+        keys = list(unique)
+        self.memory.touch(keys)
+        if self.disk is not None:
+            self.disk.touch([key for key in keys if key not in self.memory])
+        return PutResult(stored=len(new), existing=len(unique) - len(new), evicted=len(victims))
+
+    def stats(self) -> StoreStats:
+        disk = self.disk
+        corrupt = disk.corrupt_total if disk else 0
+        return StoreStats(
+            blocks=len(self),
+            memory_blocks=len(self.memory),
+            memory_bytes_total=self.memory.capacity_bytes,
+            memory_bytes_used=self.memory.used_bytes,
+            disk_blocks=len(disk) if disk else 0,
+            disk_bytes_total=disk.capacity_bytes if disk else 0,
+            disk_bytes_used=disk.used_bytes if disk else 0,
+            hits_total=self.hits_total,
+            disk_hits_total=self.disk_hits_total,
+            misses_total=self.misses_total,
+            memory_evictions_total=self.memory.evictions_total,
+            disk_evictions_total=(disk.evictions_total if disk else 0) + corrupt,
+            disk_corrupt_total=corrupt,
+            leases=len(self.leases),
+        )
+
+    def check_integrity(self) -> None:
+        self.memory.check_integrity()
+        if self.disk is not None:
+            self.disk.check_integrity()
+
+    def _stored_prefix(self, keys: Sequence[bytes]) -> int:
         for i, key in enumerate(keys):
-            if key not in self._blocks:
+            if key not in self:
                 return i
         return len(keys)
 
-    def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[StoredBlock]:
-        """The blocks of ``keys`` in order, refreshed. A missing key raises ``MissingBlockError`` unless
-        ``allow_partial``, which returns the longest stored prefix instead."""
-        hits = self.lookup(keys)
-        if hits < len(keys) and not allow_partial:
-            raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
-        blocks = [self._blocks[key] for key in keys[:hits]]
-        self._refresh(keys[:hits])
-        self.hit_blocks_total += hits
-        return blocks
+    def _plan(self, tier: MemoryTier | DiskTier, nbytes: int, own: Collection[bytes], pinned: set[bytes]
+              ) -> list[bytes]:
+        """Victims that make room for ``nbytes`` in ``tier``, sparing this put's keys and leased blocks;
+        ``StoreFullError`` naming what holds the room when there are none."""
+        victims = tier.victims(nbytes, pinned | set(own))
+        if victims is not None:
+            return victims
+        name = "memory" if tier is self.memory else "disk"
+        held_by_put = tier.capacity_bytes - tier.index.evictable_bytes(own)
+        held_by_leases = tier.capacity_bytes - tier.index.evictable_bytes(pinned - set(own))
+        reason = f"; {held_by_leases} bytes are held by blocks being read (leased)" if held_by_leases else ""
+        raise StoreFullError(
+            f"{nbytes} bytes of new blocks do not fit in the {name} tier: capacity {tier.capacity_bytes} "
+            f"bytes, {held_by_put} of them held by blocks this put refreshes{reason}"
+        )
 
-    def put(self, blocks: Sequence[StoredBlock]) -> PutResult:
-        """Store verified ``blocks`` atomically: every checksum and the capacity are checked first, and
-        on any error nothing changes. Keys already stored are refreshed, not replaced."""
-        new: dict[bytes, StoredBlock] = {}
-        for block in blocks:
-            block.verify()
-            if block.key not in self._blocks:
-                new.setdefault(block.key, block)
-        needed = sum(len(b.data) for b in new.values())
-        keep = {b.key for b in blocks}
-        pinned = sum(len(self._blocks[key].data) for key in keep if key in self._blocks)
-        if needed > self.capacity_bytes - pinned:
-            raise StoreFullError(
-                f"{needed} bytes of new blocks do not fit: capacity {self.capacity_bytes} bytes, "
-                f"{pinned} of them held by blocks this put refreshes"
-            )
-        evicted = self._evict(needed - (self.capacity_bytes - self.used_bytes), keep)
-        for block in new.values():
-            self._blocks[block.key] = block
-            self.used_bytes += len(block.data)
-        self._refresh([b.key for b in blocks])
-        return PutResult(stored=len(new), existing=len({b.key for b in blocks}) - len(new), evicted=evicted)
+    def _spill(self, block: StoredBlock, keep: Collection[bytes]) -> None:
+        """A block evicted from memory goes to disk, unless it is there already or finds no room."""
+        disk = self.disk
+        if disk is None or block.key in disk:
+            return
+        victims = disk.victims(len(block.data), keep)
+        if victims is None:
+            log.debug("evicted block finds no room on disk, dropped", key=block.key.hex())
+            return
+        try:
+            disk.write_all([block], victims)
+        except OSError as error:
+            log.warning("evicted block could not be written to disk, dropped", key=block.key.hex(),
+                        error=str(error))
 
-    def _refresh(self, keys: Sequence[bytes]) -> None:
-        for key in reversed(keys):  # the first key ends up most recent
-            self._blocks.move_to_end(key)
+    def _fetch(self, key: bytes) -> StoredBlock | None:
+        """The block of ``key`` for a reader: from memory, else read from disk (verified) and promoted."""
+        block = self.memory.get(key)
+        if block is not None:
+            self.hits_total += 1
+            return block
+        if self.disk is None or key not in self.disk:
+            return None  # gone since the Get began (its lease expired)
+        block = self.disk.read(key)
+        if block is None:
+            return None
+        self.hits_total += 1
+        self.disk_hits_total += 1
+        self._promote(block)
+        return block
 
-    def _evict(self, nbytes: int, keep: set[bytes]) -> int:
-        """Drop least recently used blocks outside ``keep`` until ``nbytes`` are freed."""
-        victims: list[bytes] = []
-        freed = 0
-        for key, block in self._blocks.items():
-            if freed >= nbytes:
-                break
-            if key not in keep:
-                victims.append(key)
-                freed += len(block.data)
+    def _promote(self, block: StoredBlock) -> None:
+        pinned = self.leases.pinned()
+        victims = self.memory.victims(len(block.data), pinned | {block.key})
+        if victims is None:
+            return  # memory is held by leases: served from disk only
         for key in victims:
-            self.used_bytes -= len(self._blocks.pop(key).data)
-        self.evictions_total += len(victims)
-        return len(victims)
+            self._spill(self.memory.evict(key), pinned | {block.key})
+        self.memory.add(block)
 
-    def check_integrity(self) -> None:
-        actual = sum(len(b.data) for b in self._blocks.values())
-        assert actual == self.used_bytes, f"used_bytes {self.used_bytes} != sum of blocks {actual}"
-        assert self.used_bytes <= self.capacity_bytes, f"used {self.used_bytes} > {self.capacity_bytes}"
+
+class BlockReader:
+    """A Get in progress: iterate for its blocks, in order; ``close`` (or ``with``) ends its lease.
+
+    A block whose disk file turns out damaged or missing ends the iteration with ``allow_partial`` (the
+    blocks before it are the stored prefix) and raises ``MissingBlockError`` without."""
+
+    def __init__(self, store: BlockStore, keys: list[bytes], requested: int, allow_partial: bool,
+                 lease: Lease) -> None:
+        self.store = store
+        self.keys = keys
+        self.requested = requested
+        self.allow_partial = allow_partial
+        self.lease = lease
+        self.served: list[bytes] = []
+
+    def __iter__(self) -> Iterator[StoredBlock]:
+        store = self.store
+        for i, key in enumerate(self.keys):
+            block = store._fetch(key)
+            if block is None:
+                store.misses_total += len(self.keys) - i
+                if self.allow_partial:
+                    return
+                raise MissingBlockError(f"keys[{i}] = {key.hex()} is no longer readable (its disk copy was "
+                                        f"damaged or evicted)")
+            self.served.append(key)
+            store.leases.renew(self.lease)
+            yield block
+
+    def close(self) -> None:
+        self.store.leases.release(self.lease)
+        self.store.memory.touch(self.served)
+
+    def __enter__(self) -> BlockReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

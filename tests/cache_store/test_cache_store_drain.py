@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import zlib
 
 import grpc
 import grpc.aio
@@ -13,12 +12,12 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 from services.cache_store.servicer import CacheStoreServicer
 from services.cache_store.store import BlockStore
 from services.common.server import NodeServer, ServiceBinding
+from tests.cache_store.helpers import CRC32, crc, key, layout
 
 
 def header(key: bytes, data: bytes) -> cache_store_pb2.PutChunk:
-    crc = zlib.crc32(data).to_bytes(4, "big")
-    return cache_store_pb2.PutChunk(key=key, total_length=len(data), checksum=crc,
-                                    checksum_algorithm=cache_store_pb2.CHECKSUM_ALGORITHM_CRC32)
+    return cache_store_pb2.PutChunk(key=key, total_length=len(data), checksum=crc(data), checksum_algorithm=CRC32,
+                                    layout=layout())
 
 
 async def test_drain_refuses_new_work_and_finishes_in_flight():
@@ -32,7 +31,7 @@ async def test_drain_refuses_new_work_and_finishes_in_flight():
     data = b"kv" * 1000
 
     async def slow_put():
-        yield header(b"slow", data)
+        yield header(key("slow"), data)
         await release.wait()
         yield cache_store_pb2.PutChunk(data=data)
 
@@ -46,7 +45,7 @@ async def test_drain_refuses_new_work_and_finishes_in_flight():
             await asyncio.sleep(0.01)
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.Put(iter([header(b"new", b"x"), cache_store_pb2.PutChunk(data=b"x")]))
+            await stub.Put(iter([header(key("new"), b"x"), cache_store_pb2.PutChunk(data=b"x")]))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         status = await stub.NodeStatus(node_pb2.NodeStatusRequest())
         assert not status.healthy and status.requests_running == 1
@@ -55,4 +54,4 @@ async def test_drain_refuses_new_work_and_finishes_in_flight():
         release.set()
         assert (await in_flight).num_stored == 1
         await asyncio.wait_for(shutdown, 5)
-    assert b"slow" in servicer.store and b"new" not in servicer.store
+    assert key("slow") in servicer.store and key("new") not in servicer.store

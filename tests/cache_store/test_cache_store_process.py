@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import time
-import zlib
 from collections.abc import Iterator
 
 import grpc
@@ -17,29 +16,10 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.common.launch import ServiceProcess, launch
 from services.common.server import grpc_options
+from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
 
 MIB = 1 << 20
-CRC32 = cache_store_pb2.CHECKSUM_ALGORITHM_CRC32
-LAYOUT = node_pb2.KVLayout(dtype="float32", block_size=16, num_layers=30, num_kv_heads=3, head_dim=64,
-                           model_fingerprint=b"f" * 16, bytes_per_block=737280)
 SERVICES = {"pdserve.v1.CacheStore", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
-
-
-def crc(data: bytes) -> bytes:
-    return zlib.crc32(data).to_bytes(4, "big")
-
-
-def chunks(blocks: list[tuple[bytes, bytes]], chunk_bytes: int = MIB, corrupt: bytes = b"",
-           truncate: bytes = b"") -> Iterator[cache_store_pb2.PutChunk]:
-    """A put stream; the block keyed ``corrupt`` gets a wrong checksum, ``truncate`` loses its last byte."""
-    for key, data in blocks:
-        checksum = crc(data + b"!") if key == corrupt else crc(data)
-        sent = data[:-1] if key == truncate else data
-        pieces = [sent[i : i + chunk_bytes] for i in range(0, len(sent), chunk_bytes)]
-        yield cache_store_pb2.PutChunk(key=key, total_length=len(data), checksum_algorithm=CRC32,
-                                       checksum=checksum, layout=LAYOUT, data=pieces[0])
-        for piece in pieces[1:]:
-            yield cache_store_pb2.PutChunk(data=piece)
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +39,24 @@ def status(stub: cache_store_pb2_grpc.CacheStoreStub):
     return stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
 
 
+def lookup(stub, *keys: bytes, fingerprint: bytes = b"") -> int:
+    request = cache_store_pb2.LookupRequest(keys=list(keys), model_fingerprint=fingerprint)
+    return stub.Lookup(request, timeout=5).num_prefix_hits
+
+
 def test_put_get_lookup_of_a_multi_chunk_block(stub):
-    big, small = (b"big", os.urandom(5 * MIB + 123)), (b"small", os.urandom(100_000))
-    reply = stub.Put(chunks([big, small]), timeout=10)
+    big, small = (key("big"), os.urandom(5 * MIB + 123)), (key("small"), os.urandom(100_000))
+    reply = stub.Put(put_stream([big, small]), timeout=10)
     assert (reply.num_stored, reply.num_existing, reply.num_evicted) == (2, 0, 0)
 
-    assert stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"big", b"small", b"nope"])).num_prefix_hits == 2
-    assert stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"small", b"nope", b"big"])).num_prefix_hits == 1
+    assert lookup(stub, key("big"), key("small"), key("nope")) == 2
+    assert lookup(stub, key("small"), key("nope"), key("big"), fingerprint=FP) == 1
 
-    received = list(stub.Get(cache_store_pb2.GetRequest(keys=[b"big", b"small"])))
-    assert [c.key for c in received if c.key] == [b"big", b"small"]
+    received = list(stub.Get(cache_store_pb2.GetRequest(keys=[key("big"), key("small")], model_fingerprint=FP)))
+    assert [c.key for c in received if c.key] == [key("big"), key("small")]
     assert len(received) == 6 + 1  # 5 MiB + 123 bytes in 1 MiB messages, then the small block
     first = received[0]
-    assert (first.total_length, first.checksum, first.layout) == (len(big[1]), crc(big[1]), LAYOUT)
+    assert (first.total_length, first.checksum, first.layout) == (len(big[1]), crc(big[1]), layout())
     assert b"".join(c.data for c in received[:6]) == big[1]
     assert received[6].data == small[1]
 
@@ -80,21 +65,29 @@ def test_put_get_lookup_of_a_multi_chunk_block(stub):
     assert node_status.bytes_used >= len(big[1]) + len(small[1])
     assert node_status.bytes_total == 64 * MIB
 
-    again = stub.Put(chunks([small]), timeout=10)
+    again = stub.Put(put_stream([small]), timeout=10)
     assert (again.num_stored, again.num_existing) == (0, 1)
 
 
 def test_bad_puts_are_rejected_and_change_nothing(stub):
     before = status(stub)
-    good, other = (b"good", os.urandom(3 * MIB)), (b"other", os.urandom(1000))
+    good, other = (key("good"), os.urandom(3 * MIB)), (key("other"), os.urandom(1000))
+    foreign = (key("foreign", OTHER_FP), b"kv of another model")
     code = grpc.StatusCode
-    no_algorithm = cache_store_pb2.PutChunk(key=b"k", total_length=4, checksum=b"1234", data=b"abcd")
+    no_algorithm = cache_store_pb2.PutChunk(key=key("k"), total_length=4, checksum=b"1234", data=b"abcd",
+                                            layout=layout())
+    no_layout = cache_store_pb2.PutChunk(key=key("k"), total_length=4, checksum=crc(b"abcd"), data=b"abcd",
+                                         checksum_algorithm=CRC32)
     cases = [
-        (chunks([good, other], corrupt=b"other"), code.DATA_LOSS, "checksum mismatch"),
-        (chunks([good, other], truncate=b"good"), code.DATA_LOSS, "truncated"),
+        (put_stream([good, other], corrupt=key("other")), code.DATA_LOSS, "checksum mismatch"),
+        (put_stream([good, other], truncate=key("good")), code.DATA_LOSS, "truncated"),
+        (put_stream([good, foreign]), code.INVALID_ARGUMENT, "key for another model"),
+        (put_stream([(b"k" * 16, b"data")]), code.INVALID_ARGUMENT, "key: must be 32 bytes"),
+        (put_stream([good], kv_layout=layout(bytes_per_block=1000)), code.INVALID_ARGUMENT, "total_length: "),
+        (iter([no_layout]), code.INVALID_ARGUMENT, "layout: "),
         (iter([cache_store_pb2.PutChunk(data=b"orphan")]), code.INVALID_ARGUMENT, "key: data before"),
         (iter([no_algorithm]), code.INVALID_ARGUMENT, "checksum_algorithm"),
-        (chunks([(b"huge", bytes(65 * MIB))], chunk_bytes=8 * MIB), code.RESOURCE_EXHAUSTED, "capacity"),
+        (put_stream([(key("huge"), bytes(65 * MIB))], chunk_bytes=8 * MIB), code.RESOURCE_EXHAUSTED, "capacity"),
     ]
     for stream, expected, message in cases:
         with pytest.raises(grpc.RpcError) as rejected:
@@ -103,19 +96,39 @@ def test_bad_puts_are_rejected_and_change_nothing(stub):
         assert message in rejected.value.details()
 
     after = status(stub)
-    assert (after.bytes_used, after.blocks_cached) == (before.bytes_used, before.blocks_cached)
-    assert stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"good"])).num_prefix_hits == 0
-    assert stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"other"])).num_prefix_hits == 0
+    assert (after.bytes_used, after.blocks_total, after.memory_blocks) == (
+        before.bytes_used, before.blocks_total, before.memory_blocks)
+    for k in (key("good"), key("other"), key("foreign", OTHER_FP), key("k"), key("huge")):
+        assert lookup(stub, k) == 0
+
+
+@pytest.mark.parametrize(("rpc", "keys", "fingerprint", "message"), [
+    (rpc, keys, fingerprint, message) for rpc in ("Get", "Lookup") for keys, fingerprint, message in [
+        ([key("mine"), key("mine", OTHER_FP)], FP, "keys[1]: key for another model"),
+        ([b"mine"], b"", "keys[0]: must be 32 bytes"),
+    ]])
+def test_get_and_lookup_refuse_keys_of_another_model(stub, rpc, keys, fingerprint, message):
+    stub.Put(put_stream([(key("mine"), b"x" * 10)]), timeout=5)
+    with pytest.raises(grpc.RpcError) as refused:
+        if rpc == "Get":
+            list(stub.Get(cache_store_pb2.GetRequest(keys=keys, model_fingerprint=fingerprint), timeout=5))
+        else:
+            lookup(stub, *keys, fingerprint=fingerprint)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in refused.value.details()
+    assert lookup(stub, key("mine"), fingerprint=FP) == 1
 
 
 def test_get_of_a_missing_key(stub):
-    stub.Put(chunks([(b"present", b"x" * 10)]), timeout=5)
+    stub.Put(put_stream([(key("present"), b"x" * 10)]), timeout=5)
+    misses = status(stub).misses_total
     with pytest.raises(grpc.RpcError) as missing:
-        list(stub.Get(cache_store_pb2.GetRequest(keys=[b"present", b"absent"])))
+        list(stub.Get(cache_store_pb2.GetRequest(keys=[key("present"), key("absent")])))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     assert "keys[1]" in missing.value.details()
-    partial = list(stub.Get(cache_store_pb2.GetRequest(keys=[b"present", b"absent"], allow_partial=True)))
-    assert [(c.key, c.data) for c in partial] == [(b"present", b"x" * 10)]
+    partial = list(stub.Get(cache_store_pb2.GetRequest(keys=[key("present"), key("absent")], allow_partial=True)))
+    assert [(c.key, c.data) for c in partial] == [(key("present"), b"x" * 10)]
+    assert status(stub).misses_total == misses + 2
 
 
 def test_reflection_lists_every_service(node):
@@ -148,7 +161,7 @@ def test_sigterm_drains_and_exits_cleanly():
     with launch("services.cache_store", "--log-level", "warning") as process:
         with grpc.insecure_channel(process.address) as channel:
             stub = cache_store_pb2_grpc.CacheStoreStub(channel)
-            stub.Put(chunks([(b"k", b"v" * 100)]), timeout=5)
+            stub.Put(put_stream([(key("k"), b"v" * 100)]), timeout=5)
         started = time.monotonic()
         process.process.send_signal(signal.SIGTERM)
         assert process.process.wait(timeout=5) == 0
