@@ -52,6 +52,8 @@ class EngineNodeConfig(ServerConfig):
     fixed_decay_steps: int = setting(600, "fixed: quiet decode steps from initial to floor")
     offload_host_gib: float = setting(1.0, "host memory for preempted requests' KV (0: recompute them)")
     offload_cache_store: str = setting("", "cache-store host:port for preempted KV once the host budget is full")
+    offload_remote: str = setting("overflow", "when preempted KV goes to the offload cache-store: overflow (past the "
+                                              "host budget) or always")
 
     def admission_config(self) -> AdmissionConfig:
         return AdmissionConfig(
@@ -64,7 +66,7 @@ class EngineNodeConfig(ServerConfig):
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             admission=self.admission_config(), offload_host_gib=self.offload_host_gib,
-            offload_cache_store=self.offload_cache_store,
+            offload_cache_store=self.offload_cache_store, offload_remote=self.offload_remote,
             model_path=self.model or str(bundled_model_path()), dtype=self.dtype, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
@@ -77,6 +79,7 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
     pool, stats = engine.kv.pool, engine.scheduler.stats
     reserved = engine.reservations.num_reserved_blocks
     offload, policy = engine.offload, engine.scheduler.admission
+    written = engine.output_cache.stats.written_blocks_total if engine.output_cache is not None else 0
     return gateway_pb2.NodeStatus(
         requests_total=stats.requests_admitted_total, prefix_hit_requests_total=stats.prefix_hit_requests_total,
         prefix_hit_rate_tokens=_rate(stats.prefix_hit_tokens_total, stats.prompt_tokens_total),
@@ -94,6 +97,9 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
         preemptions_total=stats.preemptions_total, prefix_hit_tokens_total=stats.prefix_hit_tokens_total,
         prompt_tokens_total=stats.prompt_tokens_total, evictions_total=pool.num_evictions,
         bytes_total=engine.runner.kv_cache_bytes,
+        store_fetched_bytes_total=offload.stats.fetched_remote_bytes_total + engine.adoptions.stats.fetched_bytes_total,
+        store_written_blocks_total=written, handovers_out_total=engine.handovers.stats.handovers_out_total,
+        handovers_in_total=engine.adoptions.stats.handovers_in_total,
     )
 
 

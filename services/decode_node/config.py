@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from services.common.config import setting
 from services.common.engine_node import EngineNodeConfig
+from services.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -14,3 +16,17 @@ class DecodeNodeConfig(EngineNodeConfig):
 
     listen: str = setting("127.0.0.1:50053", "host:port to serve on; port 0 = ephemeral")
     lease_ms: int = setting(10_000, "how long a reservation holds without KV traffic (caps what prefill asks)")
+    handover_after_ms: int = setting(300, "hand a preempted request whose KV is in the cache-store to another decode "
+                                          "node once it waited this long here (0: never)")
+    cache_outputs: bool = setting(False, "write finished requests' full KV blocks (prompt and output) to the "
+                                         "offload cache-store under their content keys")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.handover_after_ms < 0:
+            raise ValueError(f"handover_after_ms must be >= 0, got {self.handover_after_ms}")
+        if self.cache_outputs and not self.offload_cache_store:
+            raise ValueError("cache_outputs needs --offload-cache-store")
+
+    def engine_config(self) -> EngineConfig:
+        return dataclasses.replace(super().engine_config(), cache_outputs=self.cache_outputs)

@@ -23,7 +23,8 @@ async def serve(config: DecodeNodeConfig) -> None:
 
     await serve_engine_node(
         config, "decode",
-        lambda engine: DecodeNode(engine, default_lease_s=config.lease_ms / 1000, num_threads=config.threads or None),
+        lambda engine: DecodeNode(engine, default_lease_s=config.lease_ms / 1000, num_threads=config.threads or None,
+                                  handover_after_s=config.handover_after_ms / 1000),
         make_binding)
 
 

@@ -2,8 +2,14 @@
 
 Control calls run on the engine thread through :class:`EngineWorker`; KV bytes are written into granted
 blocks from the event loop (no step touches a block before its request is committed). Each request has
-a :class:`TokenStream` from its reservation on: decoded tokens are buffered there until the gateway
-attaches, and the stream ends with the finish reason and usage.
+a :class:`TokenStream` from its reservation (or adoption) on: decoded tokens are buffered there until the
+gateway attaches, and the stream ends with the finish reason and usage — or with ``moved_to`` once the
+request was handed to another decode node (``handover.py``).
+
+Adoption (``Adopt``, the receiving side of a handover): blocks granted as for a reservation, the KV
+fetched from the cache-store the sender names and written under the engine lock, the request added to
+the decode batch and its stream created — all before the grant is answered. Any failure on the way
+frees what was taken.
 """
 
 from __future__ import annotations
@@ -13,11 +19,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import grpc
+import grpc.aio
 import structlog
 
 from kvcache.kv_bytes import write_blocks
+from services.cache_store.client import AsyncCacheStoreClient
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
+from services.decode_node.handover import HandoverAgent, Route
+from services.engine.adoption import AdoptionGrant
 from services.engine.engine import LLMEngine
+from services.engine.handover import HandedRequest
+from services.engine.kv_layout import kv_layout
 from services.engine.outputs import RequestOutput
 from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
@@ -33,6 +46,7 @@ class TokenEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    moved_to: str = ""  # the request went on to this decode node: the stream's last event
 
 
 @dataclass
@@ -49,22 +63,35 @@ class Grant:
 
 
 class DecodeNode:
-    def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0, num_threads: int | None = None):
+    def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0, num_threads: int | None = None,
+                 handover_after_s: float = 0.0):
+        """``handover_after_s``: hand preempted requests whose KV is in the cache-store (the engine's
+        ``offload_cache_store``) to a peer after waiting that long; 0 = never."""
         self.engine = engine
         self.default_lease_s = default_lease_s
         self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads)
         self.streams: dict[str, TokenStream] = {}
         self.draining = False
+        self.address = ""  # as peers know this node; set once the server is bound
+        self.routes: dict[str, Route] = {}  # where each request may be handed over to
+        self.moved: dict[str, str] = {}  # handed over, moved_to not yet delivered: request id → adopter
+        self.handover = HandoverAgent(self, handover_after_s, engine.config.offload_cache_store,
+                                      address=lambda: self.address)
+        self._stores: dict[str, AsyncCacheStoreClient] = {}
 
     def start(self) -> None:
         self.worker.start()
+        self.handover.start()
 
     async def stop(self) -> None:
+        await self.handover.stop()
         await self.worker.stop()
+        for store in self._stores.values():
+            await store.close()
 
     # ---- reservations and KV --------------------------------------------------------------------
     async def reserve(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                      lease_s: float | None) -> Grant | Refusal:
+                      lease_s: float | None, route: Route | None = None) -> Grant | Refusal:
         if self.draining:
             raise UnavailableError("decode node is draining")
         lease_s = min(lease_s or self.default_lease_s, self.default_lease_s)  # this node's setting caps it
@@ -72,6 +99,7 @@ class DecodeNode:
         if isinstance(result, Refusal):
             return result
         self.streams[request_id] = TokenStream()
+        self._set_route(request_id, route)
         return Grant(list(result.block_ids), result.num_cached_blocks, _unix_ms(lease_s))
 
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
@@ -89,10 +117,66 @@ class DecodeNode:
 
     async def abort(self, request_id: str) -> bool:
         found = await self.worker.call(lambda e: e.discard(request_id))
+        self.routes.pop(request_id, None)
         stream = self.streams.pop(request_id, None)
         if stream is not None:
             stream.queue.put_nowait(TokenEvent([], finish_reason="abort"))
-        return found or stream is not None
+        adopter = self.moved.pop(request_id, None)
+        if adopter is not None:  # handed over before the gateway heard: it runs there now
+            await self.handover.abort_on(adopter, request_id)
+        return found or stream is not None or adopter is not None
+
+    # ---- handover: adopting a request another decode node preempted ------------------------------
+    async def adopt(self, handed: HandedRequest, cache_store: str, route: Route | None = None) -> Refusal | None:
+        """Take over ``handed``: None when it runs here (its stream exists), else the refusal. Raises
+        ``UnavailableError`` when draining or the cache-store cannot serve its KV (nothing is kept)."""
+        if self.draining:
+            raise UnavailableError("decode node is draining")
+        rid = handed.request_id
+        grant: AdoptionGrant | Refusal = await self.worker.call(lambda e: e.adopt(handed, self.default_lease_s))
+        if isinstance(grant, Refusal):
+            return grant
+        adopted = False
+        try:
+            try:
+                blocks = await self._store(cache_store).get(grant.keys) if grant.keys else []
+            except grpc.aio.AioRpcError as error:
+                raise UnavailableError(f"cache-store {cache_store}: {error.code().name}: {error.details()}") from error
+            payload = b"".join(blocks)
+            try:
+                await self.worker.call(lambda e: e.complete_adoption(rid, payload))
+            except ValueError as error:  # the blocks the store returned do not fill the grant
+                raise UnavailableError(f"cache-store {cache_store}: {error}") from error
+            self.streams[rid] = TokenStream()  # before any step of it can deliver (no await since)
+            self._set_route(rid, route)
+            adopted = True
+        finally:
+            if not adopted:  # refused midway, failed or cancelled: give back what was granted
+                await self.worker.call(lambda e: e.discard(rid))
+        return None
+
+    def moved_to(self, request_id: str, adopter: str) -> bool:
+        """The request was handed over: its stream here ends by naming the adopter. False if nobody can
+        hear it (the stream is gone): the adopter should drop the request then."""
+        self.routes.pop(request_id, None)
+        stream = self.streams.get(request_id)
+        if stream is None:
+            return False
+        self.moved[request_id] = adopter
+        stream.queue.put_nowait(TokenEvent([], moved_to=adopter))
+        return True
+
+    def _set_route(self, request_id: str, route: Route | None) -> None:
+        if route is None:
+            return
+        peers = [p for p in dict.fromkeys(route.peers) if p and p != self.address]
+        self.routes[request_id] = Route(peers, route.deadline_unix_ms)
+
+    def _store(self, address: str) -> AsyncCacheStoreClient:
+        store = self._stores.get(address)
+        if store is None:
+            store = self._stores[address] = AsyncCacheStoreClient(address, kv_layout(self.engine))
+        return store
 
     # ---- tokens to the gateway ------------------------------------------------------------------
     async def attach(self, request_id: str) -> AsyncIterator[TokenEvent]:
@@ -104,9 +188,11 @@ class DecodeNode:
         try:
             while True:
                 event = await stream.queue.get()
+                finished = event.finish_reason is not None or bool(event.moved_to)
                 yield event
-                if event.finish_reason is not None:
-                    finished = True
+                if event.moved_to:  # delivered: the gateway follows the request there
+                    self.moved.pop(request_id, None)
+                if finished:
                     return
         finally:
             self.streams.pop(request_id, None)
@@ -117,6 +203,7 @@ class DecodeNode:
         if isinstance(payload, tuple):  # leases that expired
             for request_id in payload[1]:
                 log.warning("reservation lease expired", request_id=request_id)
+                self.routes.pop(request_id, None)
                 stream = self.streams.pop(request_id, None)
                 if stream is not None:
                     stream.queue.put_nowait(TokenEvent([], finish_reason="abort"))
@@ -127,6 +214,7 @@ class DecodeNode:
                 continue
             event = TokenEvent(list(out.new_token_ids))
             if out.finished:
+                self.routes.pop(out.request_id, None)
                 event.finish_reason = out.finish_reason
                 event.prompt_tokens, event.completion_tokens = out.prompt_tokens, out.completion_tokens
                 event.cached_tokens = out.cached_tokens

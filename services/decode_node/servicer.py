@@ -17,7 +17,9 @@ from services.common.errors import (
     status_of,
 )
 from services.common.sampling_convert import sampling_from_proto
+from services.decode_node.handover import Route
 from services.decode_node.node import DecodeNode
+from services.engine.handover import HandedRequest
 from services.engine.kv_layout import kv_layout
 from services.engine.reservations import Refusal
 
@@ -25,8 +27,15 @@ from services.engine.reservations import Refusal
 class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     def __init__(self, node: DecodeNode):
         self.node = node
-        self.address = ""
         self.layout = kv_layout(node.engine)
+
+    @property
+    def address(self) -> str:
+        return self.node.address
+
+    @address.setter
+    def address(self, value: str) -> None:  # set once the server is bound; the node leaves itself out of peers
+        self.node.address = value
 
     @grpc_errors
     async def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.aio.ServicerContext
@@ -37,8 +46,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
         sampling = sampling_from_proto(request.sampling, default_max_tokens=request.max_tokens or 16)
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
+        route = Route(list(request.decode_peers), request.deadline_unix_ms)
         result = await self.node.reserve(request.request_id, list(request.prompt_token_ids), sampling,
-                                         request.lease_ms / 1000 if request.lease_ms else None)
+                                         request.lease_ms / 1000 if request.lease_ms else None, route)
         if isinstance(result, Refusal):
             return decode_pb2.ReserveResponse(granted=False, reason=result.reason, block_size=self.layout.block_size,
                                               retry_after_ms=50)
@@ -85,10 +95,33 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                                               f"{getattr(mine, name)!r}")
 
     @grpc_errors
+    async def Adopt(self, request: decode_pb2.AdoptRequest, context: grpc.aio.ServicerContext
+                    ) -> decode_pb2.AdoptResponse:
+        """Take over a request another decode node preempted (its KV in ``request.cache_store``): granted
+        means it runs here and its tokens wait for an ``Attach``; a refusal leaves nothing behind."""
+        if not request.request_id:
+            raise InvalidArgumentError("request_id", "is required")
+        if request.model_fingerprint != self.layout.model_fingerprint:
+            raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
+        if not request.cache_store and request.kv_keys:
+            raise InvalidArgumentError("cache_store", "is required to fetch kv_keys")
+        sampling = sampling_from_proto(request.sampling)
+        sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
+        handed = HandedRequest(
+            request.request_id, tuple(request.prompt_token_ids), tuple(request.output_token_ids), sampling,
+            request.num_computed_tokens, tuple(request.kv_keys), request.num_preemptions, request.cached_tokens)
+        route = Route(list(request.decode_peers), request.deadline_unix_ms)
+        refusal = await self.node.adopt(handed, request.cache_store, route)
+        if refusal is not None:
+            return decode_pb2.AdoptResponse(granted=False, reason=refusal.reason, retry_after_ms=50)
+        return decode_pb2.AdoptResponse(granted=True)
+
+    @grpc_errors
     async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
         async for event in self.node.attach(request.request_id):
-            message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "")
+            message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
+                                            moved_to=event.moved_to)
             if event.finish_reason is not None:
                 message.usage.CopyFrom(gateway_pb2.Usage(
                     prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,

@@ -8,6 +8,7 @@ import torch
 
 from services.engine.admission import AdmissionConfig
 
+OFFLOAD_REMOTE = ("overflow", "always")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -28,12 +29,18 @@ class EngineConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # blocks kept for running requests
     offload_host_gib: float = 1.0  # host memory for preempted requests' KV (0: recompute them instead)
     offload_cache_store: str = ""  # cache-store address for preempted KV once the host budget is full
+    offload_remote: str = "overflow"  # "always": preempted KV goes to the cache-store even with host room
+    cache_outputs: bool = False  # finished requests' full blocks go to the cache-store (content keys)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.offload_remote not in OFFLOAD_REMOTE:
+            raise ValueError(f"offload_remote must be one of {OFFLOAD_REMOTE}, got {self.offload_remote!r}")
+        if self.cache_outputs and not self.offload_cache_store:
+            raise ValueError("cache_outputs needs a cache-store (offload_cache_store)")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -18,13 +18,16 @@ from kvcache.kv_bytes import bytes_per_block
 from kvcache.manager import KVCacheManager
 from services.cache_store.client import CacheStoreClient
 from services.engine.admission import make_policy
+from services.engine.adoption import AdoptionGrant, Adoptions
 from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, UnknownRequestError
+from services.engine.handover import HandedRequest, Handovers
 from services.engine.kv_layout import kv_layout
 from services.engine.kv_offload import KVOffload
 from services.engine.model.llama import LlamaModel
 from services.engine.model_runner import ModelRunner
+from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.request import Request, RequestStatus
 from services.engine.reservations import Refusal, Reservation, ReservationBook
@@ -61,7 +64,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
         self.offload = KVOffload(bytes_per_block(self.runner.kv_cache), int(config.offload_host_gib * 2**30),
-                                 remote, fingerprint=self.fingerprint)
+                                 remote, fingerprint=self.fingerprint, remote_first=config.offload_remote == "always")
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,
@@ -74,6 +77,10 @@ class LLMEngine:
         self._in_flight: set[str] = set()
         self._deferred_aborts: set[str] = set()
         self.reservations = ReservationBook(self.kv, self.scheduler)
+        self.handovers = Handovers(self.scheduler, self.offload)
+        self.adoptions = Adoptions(self.kv, self.scheduler, self.reservations)
+        self.output_cache = OutputCache(remote, self.fingerprint, self.offload.bytes_per_block) \
+            if config.cache_outputs and remote is not None else None
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
 
@@ -172,6 +179,39 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    # ---- decode role: preempted requests handed to another decode node, or adopted from one -------
+    def handovers_due(self, after_s: float) -> list[str]:
+        """Preempted requests whose KV has waited in the cache-store ``after_s`` or longer (handover.py)."""
+        return self.handovers.due(after_s)
+
+    def lend(self, request_id: str) -> HandedRequest | None:
+        """Take a due request out of the queue while it is offered to another node; None if not due."""
+        return self.handovers.lend(request_id)
+
+    def settle_handover(self, request_id: str, granted: bool) -> bool:
+        """End an offer: granted → the request leaves this node; refused → it waits here as before. False
+        if it was aborted meanwhile (then nothing is left of it here)."""
+        request = self.handovers.settle(request_id, granted)
+        if request is None:
+            return False
+        if granted:
+            self._requests.pop(request_id, None)
+            self._detokenizers.pop(request_id, None)
+        return True
+
+    def adopt(self, handed: HandedRequest, lease_s: float) -> AdoptionGrant | Refusal:
+        """Blocks for a request another decode node hands over, if the admission policy leaves room; its
+        KV is then fetched into ``AdoptionGrant.block_ids`` and :meth:`complete_adoption` starts it."""
+        self._check_new_id(handed.request_id)
+        self.encode_prompt(token_ids=[*handed.prompt_token_ids, *handed.output_token_ids])  # vocabulary
+        self.validator.validate(handed.prompt_token_ids, handed.sampling)
+        return self.adoptions.adopt(handed, self.eos_token_ids, lease_s)
+
+    def complete_adoption(self, request_id: str, payload: bytes | memoryview) -> Request:
+        request = self.adoptions.complete(request_id, payload, self.runner.kv_cache)
+        self._requests[request_id] = request
+        return request
+
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One step: schedule → run the model → record the results."""
@@ -229,6 +269,8 @@ class LLMEngine:
     def _finish_output(self, request: Request, out: RequestOutput) -> RequestOutput:
         if request.status is RequestStatus.FINISHED_HANDED_OFF:
             self.held[request.request_id] = request
+        if self.output_cache is not None:  # its blocks were just freed into the prefix index
+            self.output_cache.capture(request, self.kv, self.runner.kv_cache)
         detok = self._detokenizers.pop(request.request_id, None)
         if detok is not None:
             out.new_text += detok.flush()

@@ -1,4 +1,5 @@
-"""Where a preempted request's KV waits: host memory up to a byte budget, then the cache-store.
+"""Where a preempted request's KV waits: host memory up to a byte budget, then the cache-store (or the
+cache-store first, with ``remote_first``: the ``--offload-remote always`` setting).
 
 The scheduler decides (through the torch-free :class:`~services.engine.scheduler.KVOffloader` methods
 ``claim`` / ``ready`` / ``prefetch`` / ``discard``); the engine moves the bytes while a step runs
@@ -6,7 +7,9 @@ The scheduler decides (through the torch-free :class:`~services.engine.scheduler
 blocks). A copy bound for the cache-store is staged in host memory and put there by a background thread;
 once stored, the host bytes are dropped after the step (:meth:`reclaim`), and a resume first fetches them
 back in the background (:meth:`prefetch`) — the scheduler resumes the request when :meth:`ready` says so.
-A copy that cannot be stored or fetched is forgotten: the request is then recomputed (counted).
+A copy that cannot be stored or fetched is forgotten: the request is then recomputed (counted). A copy
+the cache-store holds (:meth:`remote_keys`) is what lets another decode node adopt the request
+(``handover.py``); its keys are request-scoped (a random block id under the model fingerprint).
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -53,15 +56,17 @@ class OffloadStats:
     offloaded_bytes_total: int = 0
     offloaded_remote_bytes_total: int = 0
     restored_bytes_total: int = 0
+    fetched_remote_bytes_total: int = 0  # brought back from the cache-store for a resume
     lost_total: int = 0  # copies that could not be stored or fetched (their requests recompute)
 
 
 class KVOffload:
     def __init__(self, bytes_per_block: int, host_budget_bytes: int, remote: RemoteBlockStore | None = None,
-                 fingerprint: bytes = bytes(FINGERPRINT_BYTES)):
+                 fingerprint: bytes = bytes(FINGERPRINT_BYTES), remote_first: bool = False):
         self.bytes_per_block = bytes_per_block
         self.host_budget_bytes = host_budget_bytes
         self.remote = remote
+        self.remote_first = remote_first and remote is not None  # every copy goes to the cache-store
         self.fingerprint = fingerprint  # the prefix of every cache-store key
         self.host_bytes_used = 0  # claimed by host copies
         self.stats = OffloadStats()
@@ -72,7 +77,7 @@ class KVOffload:
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
         size = num_blocks * self.bytes_per_block
-        if self.host_bytes_used + size <= self.host_budget_bytes:
+        if not self.remote_first and self.host_bytes_used + size <= self.host_budget_bytes:
             self.host_bytes_used += size
             self._copies[request_id] = _Copy(num_blocks, remote=False)
             return True
@@ -99,6 +104,7 @@ class KVOffload:
             return None
         if copy.fetched is not None and copy.fetched.done():
             copy.data = b"".join(copy.fetched.result())
+            self.stats.fetched_remote_bytes_total += len(copy.data)
             return True
         return False
 
@@ -108,6 +114,14 @@ class KVOffload:
             return
         if copy.stored is not None and copy.stored.done():
             copy.fetched = self._io.submit(self.remote.get, copy.keys)
+
+    def remote_keys(self, request_id: str) -> list[bytes] | None:
+        """The cache-store keys of the request's copy once stored there (None: no such copy, or not yet)."""
+        copy = self._copies.get(request_id)
+        if copy is None or not copy.remote or copy.stored is None or not copy.stored.done() \
+                or copy.stored.exception() is not None:
+            return None
+        return list(copy.keys)
 
     def discard(self, request_id: str) -> None:
         copy = self._copies.pop(request_id, None)

@@ -66,8 +66,7 @@ class ReservationBook:
         prompt = request.prompt_token_ids
         prefix = self.kv.match_prefix(prompt)
         needed = self.kv.blocks_needed(rid, len(prompt), prefix)
-        promised = [r.request for r in self.reservations.values()]  # they decode here soon
-        keep = self.scheduler.headroom_blocks(extra=promised) + self._owed_to_waiting()
+        keep = self.kept_blocks()
         if self.kv.num_free_blocks - keep < needed:
             return Refusal(f"no room: {self.kv.num_free_blocks} free blocks, {keep} kept for running requests, "
                            f"{needed} needed")
@@ -79,6 +78,12 @@ class ReservationBook:
                                   self.clock() + lease_s)
         self.reservations[rid] = reservation
         return reservation
+
+    def kept_blocks(self) -> int:
+        """Free blocks a new grant may not take: the admission policy's headroom for the running requests
+        and those already granted (they decode here soon), plus what the waiting ones need to resume."""
+        promised = [r.request for r in self.reservations.values()]
+        return self.scheduler.headroom_blocks(extra=promised) + self._owed_to_waiting()
 
     def _owed_to_waiting(self) -> int:
         return sum(math.ceil((r.num_tokens + 1) / self.kv.block_size) for r in self.scheduler.waiting)

@@ -164,6 +164,16 @@ class Scheduler:
         self._admitted_since_step = True
         self._count_admission(request, request.num_cached_tokens)
 
+    def add_adopted(self, request: Request) -> None:
+        """Admit straight into decoding a request another decode node preempted and handed over: its blocks
+        hold the KV of all its tokens but the last. Not counted as an admission (its first node did)."""
+        assert self.kv.has_request(request.request_id), f"{request.request_id} holds no blocks"
+        assert request.num_output_tokens >= 1 and request.num_computed_tokens == request.num_tokens - 1
+        request.admitted_seq = next(self._admissions)
+        request.transition(RequestStatus.RUNNING_DECODE)
+        self.running.append(request)
+        self._admitted_since_step = True
+
     def _count_admission(self, request: Request, cached_tokens: int) -> None:
         """Prompt and prefix-hit counters: once per request, at its first admission."""
         self.stats.requests_admitted_total += 1

@@ -7,7 +7,10 @@ event), then the decode node's tokens with their incremental text, the last chun
 - prefill leg: ``PrefillNode.Prefill`` → ``refused``* ``reserved`` ``first_token`` ``done``. On
   ``reserved`` the decode leg starts at once; decode events that arrive before ``first_token`` wait.
 - decode leg: ``DecodeNode.Attach`` → ``TokenEvent``s, the last with ``finish_reason``. A stream that
-  ends without one, or fails, is the decode node failing (``UNAVAILABLE``), never a hang.
+  ends without one, or fails, is the decode node failing (``UNAVAILABLE``), never a hang. A last event
+  with ``moved_to`` (the request was preempted there and handed to another decode node) ends that leg
+  as finished and opens the decode leg anew with ``Attach`` on the node named: the client sees one
+  stream of tokens.
 
 A prefill error keeps its status code (the message names the node). Stop strings are matched here and
 not sent to the nodes: a match ends the request with ``finish_reason = "stop"`` and an ``Abort`` to the
@@ -212,9 +215,19 @@ class RequestFlow:
                 return
             self.log.warning("prefill node moved the request", from_node=old.address, to_node=address)
             self._end(old, cancel=True)
+        self._open_decode(address, f"prefill node {self._prefill_address}: reserved on {address}")
+
+    def _move(self, leg: _Leg, address: str) -> None:
+        """The decode node handed the request to another one (``moved_to``): relay from there on. The old
+        stream ends by itself and nothing is left to abort on its node."""
+        self.log.info("decode node handed the request over", from_node=leg.address, to_node=address)
+        leg.finished = True
+        self._end(leg, cancel=False)
+        self._open_decode(address, f"decode node {leg.address}: moved the request to {address}")
+
+    def _open_decode(self, address: str, why: str) -> None:
         if address not in {n.address for n in self.directory.nodes(DECODE)}:
-            raise UnavailableError(f"prefill node {self._prefill_address}: reserved on {address}, which is "
-                                   "not a decode node of this gateway")
+            raise UnavailableError(f"{why}, which is not a decode node of this gateway")
         call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self.request_id),
                                                    timeout=self._timeout())
         self._decode = self._start_leg(DECODE, address, call)
@@ -304,6 +317,9 @@ class RequestFlow:
         if item is _END:
             self._end(leg, cancel=False)
             raise UnavailableError(f"decode node {leg.address} failed: its stream ended without a finish reason")
+        if item.moved_to:
+            self._move(leg, item.moved_to)
+            return await self._chunk(list(item.token_ids), "") if item.token_ids else None
         if item.finish_reason:
             leg.finished = True
             if self._prefill is not None:

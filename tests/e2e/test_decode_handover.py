@@ -1,0 +1,196 @@
+"""Preempted requests resume on another decode node, and finished requests' blocks are cached in the
+cache-store — with real processes: a cache-store, one prefill node, decode nodes A and B, a gateway.
+
+How the requests land on A first, deterministically: the gateway orders decode candidates by available
+blocks (free + cached), then load. A has 40 blocks, B 16, so A leads every candidate list while it has
+more than 16 available; the six requests are sent together when both are idle and their prompts take 18
+of A's blocks, so A (22+ available) is first for every one of them, with B second — the prefill node
+reserves on A and passes B to it as a decode peer.
+
+How A comes under pressure: admission policy ``none`` grants every prompt that fits, and six requests of
+~45 prompt + 100 new tokens need ~60 blocks. The newest decoding request is preempted; with
+``--offload-remote always`` its KV goes to the cache-store, and after ``--handover-after-ms`` A offers it
+to B (``Adopt``), which has room: B fetches the KV, decodes the rest, and the gateway follows the
+``moved_to`` at the end of A's stream. Equal max_tokens keep A full until the end, so A cannot resume
+the victim itself first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from pdserve.v1 import (
+    cache_store_pb2,
+    cache_store_pb2_grpc,
+    decode_pb2,
+    decode_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    prefill_pb2,
+    prefill_pb2_grpc,
+)
+
+from services.cache_store.keys import store_key
+from services.common.launch import launch
+from services.engine.config import EngineConfig
+from services.engine.engine import LLMEngine
+from services.engine.model_files import bundled_model_path
+from services.engine.sampling_params import SamplingParams
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, model_nodes, wait_idle
+from tests.engine.prompts import STORY
+
+pytestmark = pytest.mark.slow
+
+NEW_TOKENS = 100
+BLOCK = 16
+A_ARGS = ("--num-kv-blocks", "40", "--admission-policy", "none", "--offload-remote", "always",
+          "--handover-after-ms", "200", "--cache-outputs")
+B_ARGS = ("--num-kv-blocks", "16")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """An in-process engine built as the nodes build theirs (same model fingerprint, so the same keys)."""
+    return LLMEngine.from_config(EngineConfig(model_path=str(bundled_model_path()), dtype="float32",
+                                              num_kv_blocks=256, max_num_batched_tokens=256))
+
+
+@pytest.fixture(scope="module")
+def prompts(reference):
+    words = STORY.split()
+    out = [reference.tokenizer.encode(f"Note {i}: " + " ".join(words[i * 5:i * 5 + 32])) for i in range(6)]
+    assert all(33 <= len(p) <= 48 for p in out), [len(p) for p in out]  # 3 blocks each on A
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(reference, prompts):
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    return [r.token_ids for r in reference.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with contextlib.ExitStack() as stack:
+        def start(module: str, *args: str, wait: bool = False):
+            return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
+                                              wait=wait))
+
+        store = start("services.cache_store", wait=True)
+        offload = ("--offload-cache-store", store.address)
+        a = start("services.decode_node", *ENGINE_ARGS, *A_ARGS, *offload)
+        b = start("services.decode_node", *ENGINE_ARGS, *B_ARGS, *offload)
+        p = start("services.prefill_node", *ENGINE_ARGS)
+        for node in (a, b, p):
+            node.wait_serving(120)
+        gateway = start("services.gateway", "--prefill", p.address, "--decode", f"{a.address},{b.address}",
+                        "--cache-store", store.address, *GATEWAY_ARGS, wait=True)
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            _wait_healthy(stub)
+            yield {"gateway": stub, "a": a.address, "b": b.address, "p": p.address, "store": store.address}
+
+
+def _wait_healthy(stub, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len([n for n in model_nodes(stub) if n.healthy]) < 3:
+        assert time.monotonic() < deadline, "the gateway never saw all three model nodes healthy"
+        time.sleep(0.1)
+
+
+def _by_address(stub) -> dict[str, gateway_pb2.NodeStatus]:
+    return {n.address: n for n in model_nodes(stub)}
+
+
+def _content_keys(reference, token_ids: list[int]) -> list[bytes]:
+    """Keys of the blocks whose KV a finished request computed (all its tokens but the last)."""
+    return [store_key(reference.fingerprint, h) for h in reference.kv.hash_blocks(token_ids[:-1])]
+
+
+def _lookup(store: str, keys: list[bytes], fingerprint: bytes) -> int:
+    with grpc.insecure_channel(store) as channel:
+        request = cache_store_pb2.LookupRequest(keys=keys, model_fingerprint=fingerprint)
+        return cache_store_pb2_grpc.CacheStoreStub(channel).Lookup(request, timeout=10).num_prefix_hits
+
+
+def test_a_request_preempted_on_one_decode_node_resumes_on_another_with_the_same_output(cluster, prompts,
+                                                                                        expected):
+    stub = cluster["gateway"]
+
+    def one(ids):
+        tokens, first = [], None
+        for response in stub.Generate(gateway_pb2.GenerateRequest(token_ids=ids, sampling=greedy(NEW_TOKENS)),
+                                      timeout=240):
+            first = first or response
+            tokens += response.token_ids
+            last = response
+        return first.decode_node, tokens, last
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    assert [node for node, _, _ in results] == [cluster["a"]] * len(prompts), "every request starts on A"
+    for (_, tokens, last), want in zip(results, expected, strict=True):
+        assert tokens == want
+        assert last.finish_reason == "length" and last.usage.completion_tokens == NEW_TOKENS
+
+    nodes = wait_idle(stub, timeout_s=30)  # nothing running, reserved or leaked: free + cached == total
+    status = _by_address(stub)
+    a, b = status[cluster["a"]], status[cluster["b"]]
+    assert {n.address for n in nodes} >= {a.address, b.address}
+    assert a.preemptions_total >= 1 and a.handovers_out_total >= 1, a
+    assert b.handovers_in_total >= 1 and b.store_fetched_bytes_total > 0, b
+    assert a.recomputes_total == b.recomputes_total == 0
+    assert b.requests_total == 0, "an adopted request counts where it was admitted"
+    for node in (a, b):
+        assert node.blocks_free + node.blocks_cached == node.blocks_total
+
+
+def test_finished_requests_blocks_are_in_the_cache_store_only_where_output_caching_is_on(cluster, reference):
+    """A has ``--cache-outputs``, B does not. A request through the gateway finishes on A (it has more
+    room); one prefilled for B alone (``PrefillNode.Prefill`` with B as the only candidate, then
+    ``Attach`` on B) finishes on B. Only the first one's content keys are in the store."""
+    stub = cluster["gateway"]
+    wait_idle(stub, timeout_s=30)
+    on_a = reference.tokenizer.encode("Output caching on: " + STORY[:200])
+    tokens, _, last = generate(stub, token_ids=on_a, sampling=greedy(24))
+    assert last.finish_reason == "length"
+    keys = _content_keys(reference, on_a + tokens)
+    assert len(keys) > len(on_a) // BLOCK, "output blocks are among them"
+    deadline = time.monotonic() + 10
+    while _lookup(cluster["store"], keys, reference.fingerprint) < len(keys):
+        assert time.monotonic() < deadline, "the finished request's blocks never reached the cache-store"
+        time.sleep(0.05)
+    assert _by_address(stub)[cluster["a"]].store_written_blocks_total >= len(keys)
+
+    on_b = reference.tokenizer.encode("Output caching off: " + STORY[:200])
+    tokens = _run_on(cluster["p"], cluster["b"], "only-b", on_b, 24)
+    keys = _content_keys(reference, on_b + tokens)
+    time.sleep(0.5)  # what a background write would need
+    assert _lookup(cluster["store"], keys, reference.fingerprint) == 0
+    status = _by_address(stub)[cluster["b"]]
+    assert status.store_written_blocks_total == 0
+    wait_idle(stub, timeout_s=30)
+
+
+def _run_on(prefill: str, decode: str, request_id: str, prompt: list[int], max_tokens: int) -> list[int]:
+    """Prefill for one decode node and read its tokens there (the gateway's two legs, by hand)."""
+    request = prefill_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=prompt, decode_candidates=[decode],
+                                         sampling=greedy(max_tokens))
+    with grpc.insecure_channel(prefill) as p_channel, grpc.insecure_channel(decode) as d_channel:
+        attach = None
+        first = []
+        for event in prefill_pb2_grpc.PrefillNodeStub(p_channel).Prefill(request, timeout=60):
+            if event.HasField("reserved"):
+                assert event.reserved.decode_address == decode
+                attach = decode_pb2_grpc.DecodeNodeStub(d_channel).Attach(
+                    decode_pb2.AttachRequest(request_id=request_id), timeout=60)
+            elif event.HasField("first_token"):
+                first = [event.first_token.token_id]
+        assert attach is not None and first
+        rest = [t for event in attach for t in event.token_ids]
+    return first + rest

@@ -1,0 +1,79 @@
+"""A decode node that hands the request to another (``TokenEvent.moved_to``): the gateway attaches there and
+the client sees one uninterrupted stream with the right usage; a cancel after the move aborts only there."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pdserve.v1 import decode_pb2, gateway_pb2, prefill_pb2
+
+from tests.gateway.conftest import start_cluster, stop_cluster
+from tests.gateway.fakes import eventually
+from tests.gateway.test_generate import TEXT, collect, request
+
+
+@pytest.fixture
+async def two_decodes(tokenizer, model_config):
+    cluster = await start_cluster(tokenizer, model_config, num_decode=2)
+    try:
+        yield cluster
+    finally:
+        await stop_cluster(cluster)
+
+
+def _script_move(cluster, ids, *, stall_after_move: bool = False):
+    """The first decode candidate sends ``ids[1:4]`` then hands over; the other sends the rest."""
+    first, second = cluster.decode
+    cluster.p.first_token = ids[0]
+
+    async def before(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:4])
+        yield decode_pb2.TokenEvent(moved_to=second.address)
+
+    async def after(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[4:6])
+        if stall_after_move:
+            await asyncio.Event().wait()
+        yield decode_pb2.TokenEvent(token_ids=ids[6:], finish_reason="length",
+                                    usage=gateway_pb2.Usage(completion_tokens=len(ids)))
+
+    async def prefill(request, context):  # reserved on the first node, whatever the router's order
+        yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=first.address))
+        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=ids[0]))
+        yield prefill_pb2.PrefillEvent(done=prefill_pb2.Done(num_computed_tokens=len(request.prompt_token_ids)))
+
+    first.script, second.script, cluster.p.script = before, after, prefill
+    return first, second
+
+
+async def test_the_gateway_follows_moved_to_and_the_client_sees_one_stream(two_decodes, tokenizer):
+    ids = tokenizer.encode(TEXT)
+    first, second = _script_move(two_decodes, ids)
+    responses = await collect(two_decodes, request(temperature=0.0, max_tokens=len(ids)))
+
+    assert [t for r in responses for t in r.token_ids] == ids
+    assert "".join(r.text for r in responses) == tokenizer.decode(ids)
+    assert responses[0].decode_node == first.address
+    assert [r.finish_reason for r in responses][-1] == "length" and responses[-1].usage.completion_tokens == len(ids)
+    assert sum(bool(r.finish_reason) for r in responses) == 1
+    request_id = responses[0].request_id
+    assert first.attaches == [request_id] and second.attaches == [request_id]
+    await two_decodes.gateway.core.wait_background()
+    assert first.aborts == [] and second.aborts == [] and first.cancelled == []
+    assert all(n.inflight == 0 for n in two_decodes.gateway.directory.nodes())
+
+
+async def test_a_cancel_after_the_move_aborts_on_the_adopting_node_only(two_decodes, tokenizer):
+    ids = tokenizer.encode(TEXT)
+    first, second = _script_move(two_decodes, ids, stall_after_move=True)
+    call = two_decodes.stub.Generate(request(temperature=0.0, max_tokens=len(ids)), timeout=10)
+    received = []
+    while sum(len(r.token_ids) for r in received) < 6:
+        received.append(await call.read())
+    request_id = received[0].request_id
+    call.cancel()
+    await eventually(lambda: second.aborts == [request_id], what="Abort on the adopting node")
+    await two_decodes.gateway.core.wait_background()
+    assert first.aborts == [] and second.cancelled == [request_id]
+    assert two_decodes.gateway.core.in_flight == 0
