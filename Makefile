@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store clean
 
 all: venv
 
@@ -57,6 +57,9 @@ bench-sim: venv
 
 bench-admission: venv
 	$(PYTHON) -m services.cluster.bench_admission
+
+bench-cache-store: venv
+	$(PYTHON) -m services.cache_store.bench
 
 bench-prefix: venv
 	$(PYTHON) -m services.cluster.bench_prefix_reuse

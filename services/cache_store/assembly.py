@@ -3,13 +3,13 @@
 A put stream is a sequence of (header | None, data) chunks: a header starts a block, data extends the
 current one. ``PutAssembler`` enforces the framing (no data before a header, no more bytes than
 announced, every block complete when the next starts or the stream ends), the header contract of
-``cache_store.proto`` (32-byte keys, a layout of the key's model) and the staging budget; the checksums
-are verified by ``BlockStore.put``, which stores all blocks or none.
+``cache_store.proto`` (32-byte keys, a layout of the key's model) and the staging budget, and verifies
+each block's checksum as it completes; ``BlockStore.put`` then stores all blocks or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from services.cache_store.block import CHECKSUMS, Layout, StoredBlock
@@ -56,11 +56,17 @@ class _Pending:
     header: BlockHeader
     parts: list[bytes | memoryview] = field(default_factory=list)
     received: int = 0
+    closed: bool = False
 
 
 class PutAssembler:
-    def __init__(self, max_bytes: int) -> None:
+    """Feed a put stream's chunks in order; each block is verified as soon as its last byte arrives and
+    handed to ``on_block`` (the store stages it on disk under write-through), so the work of a large put
+    is spread over its stream instead of stalling the event loop at its end."""
+
+    def __init__(self, max_bytes: int, on_block: Callable[[StoredBlock], None] | None = None) -> None:
         self.max_bytes = max_bytes
+        self.on_block = on_block
         self.staged_bytes = 0
         self._done: list[StoredBlock] = []
         self._current: _Pending | None = None
@@ -83,25 +89,32 @@ class PutAssembler:
                                             f"{current.header.total_length} bytes")
         current.parts.append(data)
         current.received += len(data)
+        if current.received == current.header.total_length:
+            self._close_current(keep=True)
 
     def finish(self) -> list[StoredBlock]:
-        """The stream ended: every block it announced, complete (checksums not yet verified)."""
+        """The stream ended: every block it announced, complete and verified."""
         self._close_current()
         return self._done
 
-    def _close_current(self) -> None:
-        current, self._current = self._current, None
-        if current is None:
+    def _close_current(self, keep: bool = False) -> None:
+        current = self._current
+        self._current = current if keep else None
+        if current is None or current.closed:
             return
         header = current.header
         if current.received != header.total_length:
             raise CorruptBlockError(f"block {header.key.hex()} truncated: {current.received} of "
                                     f"{header.total_length} bytes")
+        current.closed = True
         data = current.parts[0] if len(current.parts) == 1 else b"".join(current.parts)
-        self._done.append(
-            StoredBlock(header.key, data, header.checksum_algorithm, header.checksum,
-                        header.layout.encoded if header.layout else b"")
-        )
+        current.parts = []
+        block = StoredBlock(header.key, data, header.checksum_algorithm, header.checksum,
+                            header.layout.encoded if header.layout else b"")
+        block.verify()
+        self._done.append(block)
+        if self.on_block is not None:
+            self.on_block(block)
 
 
 def split(data: bytes | memoryview, chunk_bytes: int) -> Iterator[bytes | memoryview]:

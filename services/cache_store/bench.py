@@ -164,19 +164,24 @@ def bench_disk(args: argparse.Namespace, payload: bytes) -> dict[str, object]:
     return {"put_write_through": put.medians(), "get_from_disk": get.medians()}
 
 
-def _table(results: dict[str, dict]) -> str:
-    memory, disk, overhead = results["memory"], results["disk"], results["overhead"]
-    rows = [("put, memory tier", memory["put"]), ("get, memory tier", memory["get"]),
-            ("put, disk write-through", disk["put_write_through"]), ("get, from disk", disk["get_from_disk"])]
+def _table(results: dict) -> str:
+    memory, disk, overhead = results.get("memory"), results.get("disk"), results.get("overhead")
+    rows = []
+    if memory:
+        rows += [("put, memory tier", memory["put"]), ("get, memory tier", memory["get"])]
+    if disk:
+        rows += [("put, disk write-through", disk["put_write_through"]), ("get, from disk", disk["get_from_disk"])]
     lines = ["| measure | GB/s | client CPU s/GB | server CPU s/GB |", "| --- | --- | --- | --- |"]
     lines += [f"| {name} | {r['gb_per_s']:.2f} | {r['client_cpu_s_per_gb']:.2f} | {r['server_cpu_s_per_gb']:.2f} |"
               for name, r in rows]
-    lines += ["", "| measure | value |", "| --- | --- |",
-              f"| lookup of {memory['lookup_keys']} stored keys, median | {memory['lookup_ms_median']:.2f} ms |",
-              f"| lookup of {memory['lookup_keys']} stored keys, p99 | {memory['lookup_ms_p99']:.2f} ms |",
-              f"| memory overhead per stored block (marginal, {overhead['blocks']} blocks stored) | "
-              f"{overhead['overhead_bytes_per_block']:.0f} bytes |",
-              f"| memory overhead, fixed (buffers of a put in flight) | {overhead['fixed_bytes'] / 2**20:.1f} MiB |"]
+    lines += ["", "| measure | value |", "| --- | --- |"]
+    if memory:
+        lines += [f"| lookup of {memory['lookup_keys']} stored keys, median | {memory['lookup_ms_median']:.2f} ms |",
+                  f"| lookup of {memory['lookup_keys']} stored keys, p99 | {memory['lookup_ms_p99']:.2f} ms |"]
+    if overhead:
+        lines += [f"| memory overhead per stored block (marginal, {overhead['blocks']} blocks stored) | "
+                  f"{overhead['overhead_bytes_per_block']:.0f} bytes |",
+                  f"| memory overhead, fixed (buffers of puts in flight) | {overhead['fixed_bytes'] / 2**20:.1f} MiB |"]
     return "\n".join(lines)
 
 
@@ -188,11 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup-keys", type=int, default=1000)
     parser.add_argument("--overhead-blocks", type=int, default=2048)
     parser.add_argument("--disk-dir", default=None, help="parent of the disk tier's temporary directory")
+    parser.add_argument("--only", default="memory,overhead,disk", help="comma-separated parts to run")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     payload = os.urandom(args.block_bytes * args.blocks)
-    results = {"args": vars(args), "memory": bench_memory(args, payload), "overhead": bench_overhead(args, payload),
-               "disk": bench_disk(args, payload)}
+    parts = {"memory": bench_memory, "overhead": bench_overhead, "disk": bench_disk}
+    results: dict[str, object] = {"args": vars(args)}
+    for name in args.only.split(","):
+        results[name] = parts[name](args, payload)
     print(_table(results))
     if args.json:
         with open(args.json, "w") as out:

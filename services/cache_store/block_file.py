@@ -73,11 +73,10 @@ def decode_header(raw: bytes) -> FileHeader:
     return FileHeader(key, _ALGORITHMS[algorithm], checksum[:checksum_length], layout_length, data_length)
 
 
-def write_block(directory: Path, block: StoredBlock) -> int:
-    """Write ``block`` to its file atomically; returns the file's size. On an ``OSError`` no file of this
-    call is left behind."""
-    final = directory / file_name(block.key)
-    tmp = directory / f"{final.name}.{os.getpid()}.{next(_tmp_ids)}{TMP_SUFFIX}"
+def write_temp(directory: Path, block: StoredBlock) -> Path:
+    """Write ``block``'s file under a temporary name (the caller renames it with :func:`commit`); on an
+    ``OSError`` nothing is left behind."""
+    tmp = directory / f"{file_name(block.key)}.{os.getpid()}.{next(_tmp_ids)}{TMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
@@ -85,11 +84,25 @@ def write_block(directory: Path, block: StoredBlock) -> int:
             _write_all(fd, block.data)
         finally:
             os.close(fd)
-        os.replace(tmp, final)
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-    return HEADER.size + len(block.layout) + len(block.data)
+    return tmp
+
+
+def commit(tmp: Path, key: bytes) -> None:
+    """Give a file written by :func:`write_temp` its block's name, atomically."""
+    os.replace(tmp, tmp.parent / file_name(key))
+
+
+def write_block(directory: Path, block: StoredBlock) -> None:
+    """Write ``block``'s file atomically; on an ``OSError`` no file of this call is left behind."""
+    tmp = write_temp(directory, block)
+    try:
+        commit(tmp, block.key)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:

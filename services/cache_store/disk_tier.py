@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import structlog
 
 from services.cache_store import block_file
 from services.cache_store.block import StoredBlock
-from services.cache_store.errors import CorruptBlockError
+from services.cache_store.errors import CorruptBlockError, DiskWriteError
 from services.cache_store.lru import LruIndex
 
 log = structlog.get_logger(__name__)
@@ -55,15 +55,20 @@ class DiskTier:
     def victims(self, nbytes: int, keep: Collection[bytes]) -> list[bytes] | None:
         return self.index.victims(nbytes, keep)
 
-    def write_all(self, blocks: Sequence[StoredBlock], victims: Sequence[bytes]) -> None:
-        """Write the files of ``blocks``, then evict ``victims`` (the room the caller planned) and index the
-        blocks as the most recent, the first most of all. On an ``OSError`` nothing changes: the files
-        this call wrote are deleted."""
+    def write_all(self, blocks: Sequence[StoredBlock], victims: Sequence[bytes],
+                  staged: Mapping[bytes, Path] | None = None) -> None:
+        """Write the files of ``blocks`` (renaming those ``staged`` by :meth:`stage`), then evict
+        ``victims`` (the room the caller planned) and index the blocks as the most recent, the first most
+        of all. On an ``OSError`` nothing changes: the files this call named are deleted."""
+        staged = staged or {}
         written: list[bytes] = []
         try:
             for block in blocks:
                 assert block.key not in self.index, f"{block.key.hex()} is already on disk"
-                block_file.write_block(self.directory, block)
+                if block.key in staged:
+                    block_file.commit(staged[block.key], block.key)
+                else:
+                    block_file.write_block(self.directory, block)
                 written.append(block.key)
         except OSError:
             for key in written:
@@ -75,6 +80,11 @@ class DiskTier:
             self.index.add(block.key, len(block.data))
             self._stamp(block.key)
         assert self.used_bytes <= self.capacity_bytes, "disk tier over capacity"
+
+    def stage(self, block: StoredBlock) -> Path:
+        """Write ``block``'s file under a temporary name, for :meth:`write_all` to commit; a restart
+        deletes what was never committed."""
+        return block_file.write_temp(self.directory, block)
 
     def evict(self, key: bytes) -> None:
         self.index.remove(key)
@@ -160,3 +170,26 @@ class DiskTier:
             self.evict(key)
         log.info("disk tier indexed", directory=str(self.directory), blocks=len(self.index),
                  used_bytes=self.used_bytes, evicted=len(over or []), removed=removed)
+
+
+class PutStaging:
+    """The files of a write-through put, written under temporary names as its blocks arrive, so that
+    ``put`` only renames them; a put that fails or is cut leaves none (a restart deletes any a kill left)."""
+
+    def __init__(self, disk: DiskTier | None) -> None:  # None: no write-through, nothing to stage
+        self.disk = disk
+        self.files: dict[bytes, Path] = {}
+
+    def add(self, block: StoredBlock) -> None:
+        if self.disk is None or block.key in self.files or block.key in self.disk:
+            return
+        try:
+            self.files[block.key] = self.disk.stage(block)
+        except OSError as error:
+            raise DiskWriteError(f"write-through to {self.disk.directory} failed: {error}") from error
+
+    def discard(self) -> None:
+        """Delete the files :meth:`BlockStore.put` did not commit (those it did were renamed away)."""
+        for path in self.files.values():
+            path.unlink(missing_ok=True)
+        self.files.clear()

@@ -127,11 +127,15 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     ) -> cache_store_pb2.PutResponse:
         """Store the stream's blocks, all or none (see cache_store.proto)."""
         with self._work():
-            assembler = PutAssembler(max_bytes=self.store.capacity_bytes)
-            async for chunk in request_iterator:
-                message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
-                assembler.add(_header_of(message), data)
-            result = self.store.put(assembler.finish())
+            staging = self.store.staging()
+            try:
+                assembler = PutAssembler(max_bytes=self.store.capacity_bytes, on_block=staging.add)
+                async for chunk in request_iterator:
+                    message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
+                    assembler.add(_header_of(message), data)
+                result = self.store.put(assembler.finish(), verified=True, staging=staging)
+            finally:
+                staging.discard()
         return cache_store_pb2.PutResponse(num_stored=result.stored, num_existing=result.existing,
                                            num_evicted=result.evicted)
 

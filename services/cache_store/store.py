@@ -26,13 +26,13 @@ the hits, and those keys would otherwise count twice).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import structlog
 
 from services.cache_store.block import CHECKSUMS, StoredBlock, checksum
-from services.cache_store.disk_tier import DiskTier
+from services.cache_store.disk_tier import DiskTier, PutStaging
 from services.cache_store.errors import (
     DiskWriteError,
     InvalidKeyError,
@@ -40,10 +40,12 @@ from services.cache_store.errors import (
     StoreFullError,
 )
 from services.cache_store.keys import FINGERPRINT_BYTES, KEY_BYTES, fingerprint_of
-from services.cache_store.leases import Lease, Leases
+from services.cache_store.leases import Leases
 from services.cache_store.memory_tier import MemoryTier
+from services.cache_store.reader import BlockReader
 
-__all__ = ["CHECKSUMS", "BlockReader", "BlockStore", "PutResult", "StoreStats", "StoredBlock", "checksum"]
+__all__ = ["CHECKSUMS", "BlockReader", "BlockStore", "PutResult", "PutStaging", "StoreStats", "StoredBlock",
+           "checksum"]
 
 log = structlog.get_logger(__name__)
 
@@ -138,19 +140,26 @@ class BlockStore:
                 raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
         prefix = list(keys[:hits])
         self.memory.touch(prefix)
-        return BlockReader(self, prefix, len(keys), allow_partial, self.leases.acquire(prefix))
+        return BlockReader(self, prefix, allow_partial, self.leases.acquire(prefix))
 
     def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[StoredBlock]:
         """Every block :meth:`open_get` would stream, read at once."""
         with self.open_get(keys, allow_partial) as reader:
             return list(reader)
 
-    def put(self, blocks: Sequence[StoredBlock]) -> PutResult:
-        """Store verified ``blocks`` atomically: checksums and room in every tier are checked first, and
-        on any error nothing changes. Keys already stored are refreshed, not replaced."""
+    def staging(self) -> PutStaging:
+        """Where a put's stream leaves its blocks' files as they arrive (write-through only); pass it to
+        :meth:`put`, and :meth:`PutStaging.discard` it when the put ends either way."""
+        return PutStaging(self.disk if self.write_through else None)
+
+    def put(self, blocks: Sequence[StoredBlock], *, verified: bool = False, staging: PutStaging | None = None
+            ) -> PutResult:
+        """Store ``blocks`` atomically: checksums (unless ``verified``) and room in every tier are checked
+        first, and on any error nothing changes. Keys already stored are refreshed, not replaced."""
         unique: dict[bytes, StoredBlock] = {}
         for block in blocks:
-            block.verify()
+            if not verified:
+                block.verify()
             unique.setdefault(block.key, block)
         new = [block for key, block in unique.items() if key not in self]
         pinned = self.leases.pinned()
@@ -161,7 +170,7 @@ class BlockStore:
             to_disk = [block for key, block in unique.items() if key not in self.disk]
             disk_victims = self._plan(self.disk, sum(len(b.data) for b in to_disk), unique.keys(), pinned)
             try:
-                self.disk.write_all(to_disk, disk_victims)
+                self.disk.write_all(to_disk, disk_victims, staging.files if staging else None)
             except OSError as error:
                 raise DiskWriteError(f"write-through to {self.disk.directory} failed: {error}") from error
         for key in victims:
@@ -236,7 +245,7 @@ class BlockStore:
             log.warning("evicted block could not be written to disk, dropped", key=block.key.hex(),
                         error=str(error))
 
-    def _fetch(self, key: bytes) -> StoredBlock | None:
+    def fetch(self, key: bytes) -> StoredBlock | None:
         """The block of ``key`` for a reader: from memory, else read from disk (verified) and promoted."""
         block = self.memory.get(key)
         if block is not None:
@@ -260,43 +269,3 @@ class BlockStore:
         for key in victims:
             self._spill(self.memory.evict(key), pinned | {block.key})
         self.memory.add(block)
-
-
-class BlockReader:
-    """A Get in progress: iterate for its blocks, in order; ``close`` (or ``with``) ends its lease.
-
-    A block whose disk file turns out damaged or missing ends the iteration with ``allow_partial`` (the
-    blocks before it are the stored prefix) and raises ``MissingBlockError`` without."""
-
-    def __init__(self, store: BlockStore, keys: list[bytes], requested: int, allow_partial: bool,
-                 lease: Lease) -> None:
-        self.store = store
-        self.keys = keys
-        self.requested = requested
-        self.allow_partial = allow_partial
-        self.lease = lease
-        self.served: list[bytes] = []
-
-    def __iter__(self) -> Iterator[StoredBlock]:
-        store = self.store
-        for i, key in enumerate(self.keys):
-            block = store._fetch(key)
-            if block is None:
-                store.misses_total += len(self.keys) - i
-                if self.allow_partial:
-                    return
-                raise MissingBlockError(f"keys[{i}] = {key.hex()} is no longer readable (its disk copy was "
-                                        f"damaged or evicted)")
-            self.served.append(key)
-            store.leases.renew(self.lease)
-            yield block
-
-    def close(self) -> None:
-        self.store.leases.release(self.lease)
-        self.store.memory.touch(self.served)
-
-    def __enter__(self) -> BlockReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -95,3 +95,18 @@ def test_staging_is_bounded_by_capacity():
 
 def test_empty_stream_is_an_empty_put():
     assert PutAssembler(max_bytes=10).finish() == []
+
+
+def test_each_block_is_verified_and_handed_on_as_its_last_byte_arrives():
+    seen: list[bytes] = []
+    assembler = PutAssembler(max_bytes=100, on_block=lambda block: seen.append(block.key))
+    assembler.add(header("a", b"0123456789"), b"01234")
+    assert seen == []
+    assembler.add(None, b"56789")
+    assert seen == [key("a")]  # before the next header or the end of the stream
+    with pytest.raises(MalformedPutError, match=r"^data: "):
+        assembler.add(None, b"!")
+    bad = BlockHeader(key("b"), 3, "crc32", checksum("crc32", b"xyz"), LAYOUT)
+    with pytest.raises(CorruptBlockError, match="checksum mismatch"):
+        assembler.add(bad, b"xyZ")
+    assert seen == [key("a")]

@@ -196,3 +196,23 @@ def test_disk_only_block_is_served_unpromoted_when_memory_is_held_by_leases(tmp_
         assert names(store.memory.keys_lru_first()) == ["c", "b"]
         list(holding)
     store.check_integrity()
+
+
+def test_write_through_stages_files_as_blocks_arrive_and_a_failed_put_leaves_none(tmp_path):
+    store = open_store(tmp_path, memory=100, disk=100, write_through=True)
+    staging = store.staging()
+    for stored in blocks("a", "b"):
+        staging.add(stored)
+    assert len(list(tmp_path.glob("*.tmp"))) == 2 and key("a") not in store
+    store.put(blocks("a", "b"), verified=True, staging=staging)
+    staging.discard()
+    assert files(tmp_path) == {k.hex() for k in keys("a", "b")}
+    assert tiers(store) == (["b", "a"], ["b", "a"])
+
+    failed = store.staging()
+    for stored in blocks("a", "c"):  # a is on disk already: not staged again
+        failed.add(stored)
+    assert list(failed.files) == [key("c")]
+    failed.discard()  # the stream broke before the put
+    assert files(tmp_path) == {k.hex() for k in keys("a", "b")}
+    store.check_integrity()
