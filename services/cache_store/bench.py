@@ -15,6 +15,8 @@
 
 Medians of ``--repeats`` runs are printed as a Markdown table and written to ``--json``. CPU seconds of
 both processes per GB moved are reported alongside (on this 2-core machine the two share the cores).
+The server tunes its malloc (``main.tune_malloc``); ``--tune-client-malloc`` does the same here, to show
+what a node process would gain from it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pdserve.v1 import node_pb2
 
 from services.cache_store.client import CacheStoreClient
+from services.cache_store.main import tune_malloc
 from services.common.launch import ServiceProcess, launch
 
 FINGERPRINT = b"bench-model\0\0\0\0\0"
@@ -194,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-blocks", type=int, default=2048)
     parser.add_argument("--disk-dir", default=None, help="parent of the disk tier's temporary directory")
     parser.add_argument("--only", default="memory,overhead,disk", help="comma-separated parts to run")
+    parser.add_argument("--tune-client-malloc", action="store_true",
+                        help="tune this (the client's) process's malloc as the server tunes its own")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
+    if args.tune_client_malloc:
+        tune_malloc()
     payload = os.urandom(args.block_bytes * args.blocks)
     parts = {"memory": bench_memory, "overhead": bench_overhead, "disk": bench_disk}
     results: dict[str, object] = {"args": vars(args)}
