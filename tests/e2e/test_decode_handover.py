@@ -85,7 +85,7 @@ def cluster():
         offload = ("--offload-cache-store", store.address)
         a = start("services.decode_node", *ENGINE_ARGS, *A_ARGS, *offload)
         b = start("services.decode_node", *ENGINE_ARGS, *B_ARGS, *offload)
-        p = start("services.prefill_node", *ENGINE_ARGS)
+        p = start("services.prefill_node", *ENGINE_ARGS, "--cache-store", store.address)
         for node in (a, b, p):
             node.wait_serving(120)
         gateway = start("services.gateway", "--prefill", p.address, "--decode", f"{a.address},{b.address}",
@@ -153,27 +153,38 @@ def test_a_request_preempted_on_one_decode_node_resumes_on_another_with_the_same
 def test_finished_requests_blocks_are_in_the_cache_store_only_where_output_caching_is_on(cluster, reference):
     """A has ``--cache-outputs``, B does not. A request through the gateway finishes on A (it has more
     room); one prefilled for B alone (``PrefillNode.Prefill`` with B as the only candidate, then
-    ``Attach`` on B) finishes on B. Only the first one's content keys are in the store."""
+    ``Attach`` on B) finishes on B. The blocks holding output tokens are in the store for the first one
+    only (the prefill node writes prompt blocks back itself, so those are looked up apart). The next turn
+    of the first conversation gets them from the store on the prefill node, with the same output."""
     stub = cluster["gateway"]
     wait_idle(stub, timeout_s=30)
     on_a = reference.tokenizer.encode("Output caching on: " + STORY[:200])
     tokens, _, last = generate(stub, token_ids=on_a, sampling=greedy(24))
     assert last.finish_reason == "length"
     keys = _content_keys(reference, on_a + tokens)
-    assert len(keys) > len(on_a) // BLOCK, "output blocks are among them"
+    output_keys = keys[len(on_a) // BLOCK:]  # from the block where the output starts
+    assert output_keys, "the output fills blocks of its own"
     deadline = time.monotonic() + 10
     while _lookup(cluster["store"], keys, reference.fingerprint) < len(keys):
         assert time.monotonic() < deadline, "the finished request's blocks never reached the cache-store"
         time.sleep(0.05)
     assert _by_address(stub)[cluster["a"]].store_written_blocks_total >= len(keys)
 
+    follow_up = on_a + tokens + reference.tokenizer.encode(" What happened next?")
+    before = _by_address(stub)[cluster["p"]].store_hit_tokens_total
+    want = reference.generate([follow_up], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+    tokens2, _, last = generate(stub, token_ids=follow_up, sampling=greedy(8))
+    assert tokens2 == want.token_ids
+    assert last.usage.cached_tokens >= len(keys) * BLOCK
+    assert _by_address(stub)[cluster["p"]].store_hit_tokens_total - before >= len(output_keys) * BLOCK
+
     on_b = reference.tokenizer.encode("Output caching off: " + STORY[:200])
     tokens = _run_on(cluster["p"], cluster["b"], "only-b", on_b, 24)
-    keys = _content_keys(reference, on_b + tokens)
+    output_keys = _content_keys(reference, on_b + tokens)[len(on_b) // BLOCK:]
+    assert output_keys
     time.sleep(0.5)  # what a background write would need
-    assert _lookup(cluster["store"], keys, reference.fingerprint) == 0
-    status = _by_address(stub)[cluster["b"]]
-    assert status.store_written_blocks_total == 0
+    assert _lookup(cluster["store"], output_keys, reference.fingerprint) == 0
+    assert _by_address(stub)[cluster["b"]].store_written_blocks_total == 0
     wait_idle(stub, timeout_s=30)
 
 
