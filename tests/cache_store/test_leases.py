@@ -1,13 +1,20 @@
 """Leases: eviction never removes a block being read, in either tier; a put that cannot make room
-because of them is refused; a lease expires ``lease_s`` after its last block."""
+because of them is refused; a lease expires ``lease_s`` after its last block, and a cancelled Get
+releases its lease at once."""
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc.aio
 import pytest
+from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc
 
 from services.cache_store import errors
 from services.cache_store.disk_tier import DiskTier
+from services.cache_store.servicer import CacheStoreServicer, add_to_server
 from services.cache_store.store import BlockStore
+from services.common.server import NodeServer, ServiceBinding
 from tests.cache_store.helpers import block, blocks, key, keys, names
 
 
@@ -78,3 +85,26 @@ def test_a_lease_expires_lease_s_after_its_last_block():
     assert (len(store.leases), store.leases.expired_total) == (0, 1)
     reader.close()  # late close of an expired lease is harmless
     assert names(store.memory.keys_lru_first()) == ["x"]
+
+
+async def test_a_cancelled_get_stream_releases_its_lease():
+    store = BlockStore(1 << 20)
+    store.put([block(f"b{i}", size=40_000) for i in range(8)])
+    servicer = CacheStoreServicer(store, chunk_bytes=1000)
+    server = NodeServer([ServiceBinding(cache_store_pb2.DESCRIPTOR.services_by_name["CacheStore"], servicer,
+                                        add_to_server)], listen="127.0.0.1:0", grace_s=0)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            call = cache_store_pb2_grpc.CacheStoreStub(channel).Get(
+                cache_store_pb2.GetRequest(keys=[key(f"b{i}") for i in range(8)]))
+            first = await call.read()
+            assert first.key == key("b0") and len(store.leases) == 1
+            call.cancel()
+            for _ in range(100):
+                if not store.leases.pinned():
+                    break
+                await asyncio.sleep(0.01)
+            assert not store.leases.pinned() and servicer.in_flight == 0
+    finally:
+        await server.shutdown()
