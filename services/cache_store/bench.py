@@ -1,7 +1,7 @@
 """``make bench-cache-store``: a real cache-store process on loopback, driven by this one.
 
-1. Memory tier: put and get throughput of ``--blocks`` blocks of ``--block-bytes`` (737,280 = one bf16
-   block of the bundled model) in one call each, fresh keys every run (:class:`CacheStoreClient`); the
+1. Memory tier: put and get throughput of ``--blocks`` blocks of ``--block-bytes`` (368,640 = one bf16
+   block of the bundled model: 30 layers × K,V × 16 tokens × 3 heads × 64 × 2 bytes) in one call each, fresh keys every run (:class:`CacheStoreClient`); the
    memory tier holds two runs' blocks (or ``--lookup-keys`` blocks), so later puts evict as a full store
    does.
 2. Lookup latency of one call naming ``--lookup-keys`` stored keys (median and p99 of 200 calls; the
@@ -191,7 +191,7 @@ def _table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.cache_store.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=256, help="blocks per put / get")
-    parser.add_argument("--block-bytes", type=int, default=737_280, help="bytes per block (bundled model, bf16)")
+    parser.add_argument("--block-bytes", type=int, default=368_640, help="bytes per block (bundled model, bf16)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lookup-keys", type=int, default=1000)
     parser.add_argument("--overhead-blocks", type=int, default=2048)
