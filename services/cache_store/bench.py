@@ -1,9 +1,9 @@
 """``make bench-cache-store``: a real cache-store process on loopback, driven by this one.
 
 1. Memory tier: put and get throughput of ``--blocks`` blocks of ``--block-bytes`` (368,640 = one bf16
-   block of the bundled model: 30 layers × K,V × 16 tokens × 3 heads × 64 × 2 bytes) in one call each, fresh keys every run (:class:`CacheStoreClient`); the
-   memory tier holds two runs' blocks (or ``--lookup-keys`` blocks), so later puts evict as a full store
-   does.
+   block of the bundled model: 30 layers × K,V × 16 tokens × 3 heads × 64 × 2 bytes) in one call each,
+   fresh keys every run (:class:`CacheStoreClient`); the memory tier holds two runs' blocks (or
+   ``--lookup-keys`` blocks), so later puts evict as a full store does.
 2. Lookup latency of one call naming ``--lookup-keys`` stored keys (median and p99 of 200 calls; the
    keys are of 4 KiB blocks, as lookup cost does not depend on block size).
 3. Memory overhead per stored block: the server's RSS growth per put past its first three, minus the
@@ -15,8 +15,8 @@
 
 Medians of ``--repeats`` runs are printed as a Markdown table and written to ``--json``. CPU seconds of
 both processes per GB moved are reported alongside (on this 2-core machine the two share the cores).
-The server tunes its malloc (``main.tune_malloc``); ``--tune-client-malloc`` does the same here, to show
-what a node process would gain from it.
+The server tunes its malloc (``services.common.malloc.tune_malloc``, as the prefill and decode nodes do);
+``--tune-client-malloc`` does the same in this process, to show what a client gains from it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pdserve.v1 import node_pb2
 
 from services.cache_store.client import CacheStoreClient
-from services.cache_store.main import tune_malloc
 from services.common.launch import ServiceProcess, launch
+from services.common.malloc import tune_malloc
 
 FINGERPRINT = b"bench-model\0\0\0\0\0"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Sequence
 
 import structlog
@@ -15,25 +13,10 @@ from services.cache_store.servicer import CacheStoreServicer, add_to_server
 from services.cache_store.store import BlockStore
 from services.common.config import build_config
 from services.common.logging import setup_logging
+from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding, run
 
 log = structlog.get_logger(__name__)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def tune_malloc() -> bool:
-    """glibc only: serve block-sized buffers (each received message, each stored block) from the heap and
-    keep freed ones for reuse, instead of an ``mmap`` (and a page fault per 4 KiB) for every message.
-    Blocks are of one size per model, so the heap does not fragment. Returns whether it applied."""
-    name = ctypes.util.find_library("c")
-    if name is None or "libc.so" not in name:
-        return False
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "mallopt"):
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20))
 
 
 def build_store(config: CacheStoreConfig) -> BlockStore:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.common.engine_node import EngineNodeConfig
+from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding
 from services.engine.engine import LLMEngine
 from services.engine.worker import single_threaded_main
@@ -28,6 +29,7 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
     ``make_binding(node)`` returns the service binding and its servicer (whose ``address`` is set once
     the server is bound)."""
     single_threaded_main()
+    tune_malloc()  # KV blocks move through this process (prefill → decode, cache-store fetches)
     engine = LLMEngine.from_config(config.engine_config())
     node = make_node(engine)
     node.start()
