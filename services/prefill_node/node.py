@@ -105,10 +105,12 @@ class PrefillNode:
             raise UnavailableError("prefill node is draining")
         validator = self.engine.validator
         validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
-        fetch = await self._start_fetch(request_id, prompt_ids)  # runs while a decode node is found
+        block_hashes = self.engine.kv.hash_blocks(prompt_ids)
+        fetch = await self._start_fetch(request_id, prompt_ids, block_hashes)  # runs while a decode node is found
         self.preparing += 1
         try:
-            reservation = await self._reserve(request_id, prompt_ids, sampling, candidates, timeout_s)
+            reservation = await self._reserve(request_id, prompt_ids, block_hashes, sampling, candidates,
+                                              timeout_s)
         except BaseException:
             if fetch is not None:
                 fetch.cancel()
@@ -152,15 +154,16 @@ class PrefillNode:
             await sender.close()
             computed = await self.worker.call(lambda e: self._forget(e, request_id, write_back=finished))
             if computed is not None and self.prefix_store is not None:
-                self.prefix_store.write_back(request_id, prompt_ids, *computed)
+                self.prefix_store.write_back(request_id, block_hashes, *computed)
             if not finished:
                 await self._abort_on_decode(address, request_id)
 
-    async def _reserve(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+    async def _reserve(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes],
+                       sampling: SamplingParams,
                        candidates: list[str], timeout_s: float | None) -> Reservation[decode_pb2.ReserveResponse]:
         message = decode_pb2.ReserveRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, max_tokens=sampling.max_tokens,
-            block_hashes=self.engine.kv.hash_blocks(prompt_ids), lease_ms=self.lease_ms,
+            block_hashes=block_hashes, lease_ms=self.lease_ms,
             sampling=sampling_to_proto(sampling), model_fingerprint=self.layout.model_fingerprint,
             decode_peers=candidates,  # the granting node ignores itself; the others may adopt it later
         )
@@ -185,18 +188,18 @@ class PrefillNode:
         computed = None
         if write_back and self.prefix_store is not None and self.prefix_store.write_through:
             computed = computed_prompt_blocks(engine, request_id)
-        self.tracked.pop(request_id, None)
-        release_hold(engine, request_id)
-        engine.discard(request_id)
+        self._abort(engine, request_id)
         return computed
 
     # ---- the cache-store (prefix_store.py) ------------------------------------------------------
-    async def _start_fetch(self, request_id: str, prompt_ids: list[int]) -> asyncio.Task[FetchedBlocks | None] | None:
+    async def _start_fetch(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes]
+                           ) -> asyncio.Task[FetchedBlocks | None] | None:
         store = self.prefix_store
         if store is None:
             return None
         local = await self.worker.call(lambda e: local_prefix_blocks(e, prompt_ids))
-        return asyncio.create_task(store.fetch(request_id, prompt_ids, local), name=f"prefix-fetch:{request_id}")
+        return asyncio.create_task(store.fetch(request_id, len(prompt_ids), block_hashes, local),
+                                   name=f"prefix-fetch:{request_id}")
 
     async def _import(self, request_id: str, prompt_ids: list[int], fetched: FetchedBlocks | None) -> None:
         """Put fetched prefix blocks into this node's cache (held for the request) before it is queued."""

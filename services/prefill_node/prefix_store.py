@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import grpc.aio
 import structlog
 
-from kvcache.hashing import hash_token_blocks
 from kvcache.kv_bytes import read_blocks
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
@@ -91,16 +90,14 @@ class PrefixStore:
         self.stats = PrefixStoreStats()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def keys(self, prompt_ids: list[int], num_blocks: int) -> list[bytes]:
-        tokens = prompt_ids[: num_blocks * self.block_size]
-        return store_keys(self.fingerprint, hash_token_blocks(tokens, self.block_size, self.fingerprint))
-
-    async def fetch(self, request_id: str, prompt_ids: list[int], local_blocks: int) -> FetchedBlocks | None:
-        """The stored run of the prompt's blocks right after the ``local_blocks`` cached here, or None."""
-        wanted = fetchable_blocks(len(prompt_ids), self.block_size)
+    async def fetch(self, request_id: str, num_prompt_tokens: int, block_hashes: list[bytes],
+                    local_blocks: int) -> FetchedBlocks | None:
+        """The stored run of the prompt's blocks right after the ``local_blocks`` cached here, or None.
+        ``block_hashes``: the chained hashes of the prompt's full blocks (``KVCacheManager.hash_blocks``)."""
+        wanted = fetchable_blocks(num_prompt_tokens, self.block_size)
         if local_blocks >= wanted:
             return None
-        keys = self.keys(prompt_ids, wanted)[local_blocks:]
+        keys = store_keys(self.fingerprint, block_hashes[local_blocks:wanted])
         try:
             hits = await self.client.lookup(keys)
             if hits == 0:
@@ -118,7 +115,7 @@ class PrefixStore:
     def count_import(self, num_blocks: int) -> None:
         self.stats.hit_tokens_total += num_blocks * self.block_size
 
-    def write_back(self, request_id: str, prompt_ids: list[int], first_block: int, payload: bytes) -> None:
+    def write_back(self, request_id: str, block_hashes: list[bytes], first_block: int, payload: bytes) -> None:
         """Put prompt blocks ``first_block ..`` (``payload``: their KV, concatenated) in the background."""
         if not payload or not self.write_through:
             return
@@ -126,7 +123,7 @@ class PrefixStore:
             self.stats.writebacks_dropped_total += 1
             return
         size = self.bytes_per_block
-        keys = self.keys(prompt_ids, first_block + len(payload) // size)[first_block:]
+        keys = store_keys(self.fingerprint, block_hashes[first_block:first_block + len(payload) // size])
         view = memoryview(payload)
         blocks = [(key, view[i * size:(i + 1) * size]) for i, key in enumerate(keys)]
         self.writeback_bytes_in_flight += len(payload)

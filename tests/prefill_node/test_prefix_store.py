@@ -10,6 +10,7 @@ import grpc
 import pytest
 from pdserve.v1 import node_pb2
 
+from kvcache.hashing import hash_token_blocks
 from kvcache.kv_bytes import bytes_per_block, read_blocks, write_blocks
 from services.engine.sampling_params import SamplingParams
 from services.prefill_node.prefix_store import (
@@ -135,11 +136,12 @@ def test_fetch_asks_for_the_blocks_after_the_local_prefix_and_survives_a_failing
     prompt = list(range(100, 100 + 16 * 5 + 3))  # 5 full blocks and 3 tokens
     client = _Client(stored=3)
     store = PrefixStore(client)
-    fetched = asyncio.run(store.fetch("r", prompt, local_blocks=1))
+    hashes = hash_token_blocks(prompt, 16, bytes(16))
+    fetched = asyncio.run(store.fetch("r", len(prompt), hashes, local_blocks=1))
     assert client.asked == [4] and (fetched.first_block, len(fetched.payloads)) == (1, 3)
     assert store.stats.fetched_bytes_total == 12
-    assert asyncio.run(store.fetch("r", prompt, local_blocks=5)) is None  # everything fetchable is local
+    assert asyncio.run(store.fetch("r", len(prompt), hashes, local_blocks=5)) is None  # everything fetchable is local
 
     failing = PrefixStore(_Client(stored=5, fail=True))
-    assert asyncio.run(failing.fetch("r", prompt, local_blocks=0)) is None
+    assert asyncio.run(failing.fetch("r", len(prompt), hashes, local_blocks=0)) is None
     assert failing.stats.errors_total == 1
