@@ -30,7 +30,9 @@ import uvloop
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from pdserve.v1 import admin_pb2, admin_pb2_grpc
 
+from services.common.admin import AdminServicer
 from services.common.config import setting
 from services.common.logging import FORMATS, LEVELS
 
@@ -38,6 +40,8 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """KV messages are 1–4 MiB of payload plus framing; a block of a large model may exceed 4 MiB alone."""
+
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 
 DrainHook = Callable[[], Awaitable[None]]
 T = TypeVar("T")
@@ -62,6 +66,8 @@ class ServerConfig:
     max_message_mib: int = setting(DEFAULT_MAX_MESSAGE_BYTES >> 20, "gRPC message size limit")
     log_level: str = setting("info", "debug, info, warning, error")
     log_format: str = setting("auto", "auto (console on a TTY, else json), json, console")
+    metrics_listen: str = setting("127.0.0.1:0", "host:port of the Prometheus /metrics HTTP endpoint; "
+                                                 "port 0 = ephemeral, empty = none")
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -73,6 +79,10 @@ class ServerConfig:
             raise ValueError(f"log_level must be one of {LEVELS}, got {self.log_level!r}")
         if self.log_format not in FORMATS:
             raise ValueError(f"log_format must be one of {FORMATS}, got {self.log_format!r}")
+        if self.metrics_listen:
+            host, sep, port = self.metrics_listen.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"metrics_listen: expected host:port or empty, got {self.metrics_listen!r}")
 
 
 @dataclass(frozen=True)
@@ -126,8 +136,13 @@ class NodeServer:
 
     @property
     def service_names(self) -> list[str]:
-        """Every registered service, health and reflection included (what reflection lists)."""
-        return [*(b.name for b in self.bindings), health.SERVICE_NAME, reflection.SERVICE_NAME]
+        """Every registered service, admin, health and reflection included (what reflection lists)."""
+        return [*(b.name for b in self.bindings), ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]
+
+    @property
+    def stopping(self) -> bool:
+        """A drain (signal or ``Admin/Drain``) has been asked for."""
+        return self._stop_requested.is_set()
 
     @property
     def address(self) -> str:
@@ -139,6 +154,8 @@ class NodeServer:
         (a node still loading its model); call ``set_serving(True)`` when ready."""
         for binding in self.bindings:
             binding.add_to_server(binding.servicer, self._server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.request_stop, lambda: self.stopping),
+                                                   self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(self.service_names, self._server)
         try:

@@ -9,7 +9,7 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc
+from pdserve.v1 import admin_pb2, admin_pb2_grpc, cache_store_pb2, cache_store_pb2_grpc
 
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.server import NodeServer, ServiceBinding
@@ -61,7 +61,7 @@ async def test_serves_health_reflection_and_mapped_errors(tmp_path):
                 iter([reflection_pb2.ServerReflectionRequest(list_services="")])
             )
             names = {s.name async for r in stream for s in r.list_services_response.service}
-            assert names == {"pdserve.v1.CacheStore", "grpc.health.v1.Health",
+            assert names == {"pdserve.v1.CacheStore", "pdserve.v1.Admin", "grpc.health.v1.Health",
                              "grpc.reflection.v1alpha.ServerReflection"}
 
             stub = cache_store_pb2_grpc.CacheStoreStub(channel)
@@ -98,6 +98,37 @@ async def test_shutdown_marks_not_serving_then_drains_then_stops():
         with pytest.raises(grpc.aio.AioRpcError) as after:
             await stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"a"]), timeout=2)
         assert after.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_admin_drain_rpc_drains_like_sigterm():
+    """Admin/Drain answers at once, then the server goes NOT_SERVING, runs the drain hook and stops; an
+    in-flight call finishes. A second Drain during the drain says it is already draining."""
+    store = Store()
+    drained = asyncio.Event()
+    server: NodeServer
+    seen: list[int] = []
+
+    async def drain() -> None:
+        async with grpc.aio.insecure_channel(server.address) as probe:
+            seen.append(await health_of(probe))
+            again = await admin_pb2_grpc.AdminStub(probe).Drain(admin_pb2.DrainRequest())
+            assert again.already_draining
+        store.release.set()
+        drained.set()
+
+    server = NodeServer([binding(store)], listen="127.0.0.1:0", drain=drain, grace_s=2.0)
+    await server.start()
+    serving = asyncio.ensure_future(server.serve_until_signalled())
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = cache_store_pb2_grpc.CacheStoreStub(channel)
+        in_flight = asyncio.ensure_future(stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"slow"])))
+        while store.calls == 0:
+            await asyncio.sleep(0.01)
+        reply = await admin_pb2_grpc.AdminStub(channel).Drain(admin_pb2.DrainRequest(reason="test"))
+        assert not reply.already_draining
+        await asyncio.wait_for(serving, 10)
+        assert drained.is_set() and seen == [NOT_SERVING]
+        assert (await in_flight).num_prefix_hits == 1
 
 
 async def test_stuck_drain_is_cut_short_by_timeout_and_by_a_second_stop():
