@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import setting
-from services.common.ports import split_address
 from services.common.server import ServerConfig
+from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 
 
@@ -22,9 +22,11 @@ class GatewayConfig(ServerConfig):
     the tokens back."""
 
     listen: str = setting("127.0.0.1:50051", "host:port to serve on; port 0 = ephemeral")
-    prefill: str = setting("", "prefill node addresses, comma-separated (required)")
-    decode: str = setting("", "decode node addresses, comma-separated (required)")
-    cache_store: str = setting("", "cache-store addresses, comma-separated (listed in ClusterStatus)")
+    prefill: str = setting("", "prefill nodes, comma-separated host:port or dns:///NAME:PORT entries (required)")
+    decode: str = setting("", "decode nodes, comma-separated host:port or dns:///NAME:PORT entries (required)")
+    cache_store: str = setting("", "cache-stores, comma-separated host:port or dns:///NAME:PORT entries "
+                                   "(listed in ClusterStatus)")
+    resolve_interval_s: float = setting(5.0, "seconds between lookups of the dns:/// entries")
     model: Path | None = setting(None, "GGUF file or HF directory (tokenizer and config only); "  # noqa: RUF009
                                        "default: the bundled SmolLM2-135M")
     max_model_len: int = setting(0, "context length; 0 = the model's")
@@ -41,14 +43,16 @@ class GatewayConfig(ServerConfig):
             raise ValueError("prefill: at least one prefill node address is required")
         if not self.decode_addresses:
             raise ValueError("decode: at least one decode node address is required")
-        every = [*self.prefill_addresses, *self.decode_addresses, *self.cache_store_addresses]
-        for address in every:
+        for entry, role in self.nodes():
             try:
-                split_address(address)
+                parse_entry(entry, role)
             except ValueError as error:
-                raise ValueError(f"node address: {error}") from None
+                raise ValueError(f"{role}: {error}") from None
+        every = [entry for entry, _ in self.nodes()]
         if len(set(every)) != len(every):
-            raise ValueError(f"a node address is listed twice: {every}")
+            raise ValueError(f"a node entry is listed twice: {every}")
+        if self.resolve_interval_s <= 0:
+            raise ValueError(f"resolve_interval_s must be > 0, got {self.resolve_interval_s}")
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if min(self.poll_interval_s, self.status_timeout_s, self.abort_timeout_s) <= 0:
@@ -69,6 +73,6 @@ class GatewayConfig(ServerConfig):
         return split_addresses(self.cache_store)
 
     def nodes(self) -> list[tuple[str, str]]:
-        """(address, role) of every configured node."""
+        """(entry, role) of every configured entry: ``host:port`` or ``dns:///NAME:PORT``."""
         return [*((a, PREFILL) for a in self.prefill_addresses), *((a, DECODE) for a in self.decode_addresses),
                 *((a, CACHE_STORE) for a in self.cache_store_addresses)]

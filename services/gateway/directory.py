@@ -1,10 +1,20 @@
-"""The gateway's view of the cluster: one channel per node, its ``NodeStatus`` polled in the background.
+"""The gateway's view of the cluster: the current nodes, one channel each, their ``NodeStatus`` polled.
 
-Every ``poll_interval_s`` (and on demand) each node's ``NodeStatus`` rpc is called. An answer marks the
-node healthy (unless it says it is draining, or reports another role than configured); a failed call
-marks it unhealthy with zero counters, and the next poll tries again, so a restarted node rejoins by
-itself. A request that sees a node fail can ``mark_failed`` it at once so that new requests avoid it
-until a poll says otherwise.
+Membership. Each configured entry is a source of nodes: ``host:port`` is one fixed node; a
+``dns:///NAME:PORT`` entry (see ``discovery.py``) is every address NAME resolves to, re-resolved every
+``resolve_interval_s``. A node is *current* while some source lists it: only current nodes are polled,
+routed to and listed by ``nodes()`` (hence ``ClusterStatus``). A node that appears is polled at once, so it
+can take work before the next poll round. A node that vanishes leaves ``nodes()`` at once, but its
+channel stays usable for the requests already on it (``claim``/``release`` stay consistent); once none
+is in flight and it has been unused for ``linger_s``, its channel is closed and its state dropped.
+The role of every address seen is remembered, so a late ``stub()`` for a dropped node (an ``Attach`` to
+a decode node the prefill node reserved on just before it vanished) opens a fresh channel.
+
+Health. Every ``poll_interval_s`` (and on demand) each current node's ``NodeStatus`` rpc is called. An
+answer marks the node healthy (unless it says it is draining, or reports another role than configured);
+a failed call marks it unhealthy with zero counters, and the next poll tries again, so a restarted node
+rejoins by itself. A request that sees a node fail can ``mark_failed`` it at once so that new requests
+avoid it until a poll says otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -22,6 +32,7 @@ import structlog
 from pdserve.v1 import cache_store_pb2_grpc, decode_pb2_grpc, gateway_pb2, node_pb2, prefill_pb2_grpc
 
 from services.common.server import grpc_options
+from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL, STATUS_FIELDS, NodeInfo
 
 log = structlog.get_logger(__name__)
@@ -31,6 +42,7 @@ _STUBS: dict[str, Any] = {
     DECODE: decode_pb2_grpc.DecodeNodeStub,
     CACHE_STORE: cache_store_pb2_grpc.CacheStoreStub,
 }
+_STATIC = "static"  # the source of the host:port entries
 
 # Reconnect quickly to a node that went away, so a restarted one is seen on the next polls.
 _RECONNECT_OPTIONS = [
@@ -52,51 +64,153 @@ def node_info_from_status(address: str, role: str, status: gateway_pb2.NodeStatu
 
 class NodeDirectory:
     def __init__(self, nodes: Sequence[tuple[str, str]], *, poll_interval_s: float = 0.5,
-                 status_timeout_s: float = 1.0, max_message_bytes: int | None = None) -> None:
-        """``nodes``: (address, role) pairs; an address may appear under one role only."""
-        self._roles: dict[str, str] = {}
-        for address, role in nodes:
-            assert role in _STUBS, f"unknown role {role!r}"
-            assert self._roles.get(address, role) == role, f"{address} configured as two roles"
-            self._roles[address] = role
+                 status_timeout_s: float = 1.0, max_message_bytes: int | None = None,
+                 resolve_interval_s: float = 5.0, resolver: Resolver | None = None, linger_s: float = 10.0
+                 ) -> None:
+        """``nodes``: (entry, role) pairs, an entry being ``host:port`` or ``dns:///NAME:PORT``; an address
+        may be current under one role only. ``resolver``: see ``discovery.Resolver`` (default: the
+        system's)."""
         self.poll_interval_s = poll_interval_s
         self.status_timeout_s = status_timeout_s
+        self.resolve_interval_s = resolve_interval_s
+        self.linger_s = linger_s
         options = grpc_options() if max_message_bytes is None else grpc_options(max_message_bytes)
         self._options = [*options, *_RECONNECT_OPTIONS]
+        self._roles: dict[str, str] = {}  # every address ever current → its role
+        self._sources: dict[str, set[str]] = {}  # current address → the entries that list it
+        self._info: dict[str, NodeInfo] = {}  # current and lingering nodes
+        self._inflight: dict[str, int] = {}
+        self._used: dict[str, float] = {}  # time.monotonic() a non-current node was last used
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
-        self._info = {a: NodeInfo(address=a, role=r, error="not polled yet") for a, r in self._roles.items()}
-        self._inflight = dict.fromkeys(self._roles, 0)
+        dns: list[DnsEntry] = []
+        for entry, role in nodes:
+            assert role in _STUBS, f"unknown role {role!r}"
+            parsed = parse_entry(entry, role)
+            if isinstance(parsed, DnsEntry):
+                dns.append(parsed)
+            else:
+                assert self._roles.get(parsed, role) == role, f"{parsed} configured as two roles"
+                self._add(_STATIC, parsed, role)
+        self._dns = DnsWatcher(dns, resolver, timeout_s=max(resolve_interval_s, 1.0)) if dns else None
+        self._loops: set[asyncio.Task[None]] = set()  # polling and resolving
+        self._closing: set[asyncio.Task[None]] = set()  # channels of dropped nodes being closed
         self._refreshing: asyncio.Future[None] | None = None
-        self._poller: asyncio.Task[None] | None = None
         self.last_refresh = 0.0  # time.monotonic() of the last completed refresh
 
     # --- lifecycle ---
 
     async def start(self) -> None:
-        """Poll every node once, then keep polling in the background."""
+        """Resolve the DNS entries and poll every node once, then keep doing both in the background."""
+        if self._dns is not None:
+            await self.resolve(poll=False)
+            self._spawn(self._loops, self._every(self.resolve_interval_s, self.resolve), "node-directory-resolve")
         await self.refresh()
-        self._poller = asyncio.create_task(self._poll_forever(), name="node-directory-poll")
+        self._spawn(self._loops, self._every(self.poll_interval_s, self.refresh), "node-directory-poll")
 
     async def close(self) -> None:
-        for task in (self._poller, self._refreshing):
+        loops, self._loops = [*self._loops, self._refreshing], set()
+        for task in loops:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._poller = self._refreshing = None
+        self._refreshing = None
         channels, self._channels, self._stubs = self._channels, {}, {}
-        await asyncio.gather(*(c.close() for c in channels.values()))
+        await asyncio.gather(*self._closing, *(c.close() for c in channels.values()))
 
-    async def _poll_forever(self) -> None:
+    @staticmethod
+    def _spawn(tasks: set[asyncio.Task[None]], coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    @staticmethod
+    async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
         while True:
-            await asyncio.sleep(self.poll_interval_s)
-            await self.refresh()
+            await asyncio.sleep(interval_s)
+            try:
+                await step()
+            except Exception:  # logged, and the loop goes on: one bad round must not stop polling
+                log.exception("node directory background step failed", step=getattr(step, "__name__", ""))
+
+    # --- membership ---
+
+    async def resolve(self, poll: bool = True) -> None:
+        """Look the DNS entries up now: add the nodes that appeared (polled at once when ``poll``),
+        retire those that vanished, drop retired ones that are idle."""
+        assert self._dns is not None, "no dns:/// entry to resolve"
+        added: list[str] = []
+        for entry, addresses in await self._dns.resolve():
+            added += self._set_members(entry.text, entry.role, addresses)
+        self._sweep()
+        if added and poll:
+            await asyncio.gather(*(self._poll(address) for address in added))
+
+    def _set_members(self, source: str, role: str, addresses: Sequence[str]) -> list[str]:
+        """Make ``source`` list exactly ``addresses``; returns the nodes that became current."""
+        added = [a for a in addresses if self._add(source, a, role)]
+        removed = [a for a, sources in self._sources.items() if source in sources and a not in addresses]
+        for address in removed:
+            self._remove(source, address)
+        if added or removed:
+            log.info("cluster membership changed", source=source, role=role, added=added, removed=removed,
+                     current=sorted(a for a in self._sources if self._roles[a] == role))
+        return added
+
+    def _add(self, source: str, address: str, role: str) -> bool:
+        if address in self._sources:
+            if self._roles[address] != role:
+                log.error("address already current under another role; ignored", address=address,
+                          role=role, current_role=self._roles[address], source=source)
+                return False
+            self._sources[address].add(source)
+            return False
+        if self._roles.get(address, role) != role:  # a lingering node of another role: its address moved on
+            self._drop(address)
+        self._roles[address] = role
+        self._sources[address] = {source}
+        self._used.pop(address, None)
+        if address not in self._info:
+            self._info[address] = NodeInfo(address=address, role=role, error="not polled yet")
+        return True
+
+    def _remove(self, source: str, address: str) -> None:
+        sources = self._sources[address]
+        sources.discard(source)
+        if not sources:
+            del self._sources[address]
+            self._used[address] = time.monotonic()
+
+    def _sweep(self) -> None:
+        """Drop the non-current nodes with nothing in flight, unused for ``linger_s``."""
+        now = time.monotonic()
+        for address in [a for a in self._used if now - self._used[a] >= self.linger_s]:
+            if not self._inflight.get(address):
+                self._drop(address)
+
+    def _drop(self, address: str) -> None:
+        assert address not in self._sources, f"{address} is current"
+        self._info.pop(address, None)
+        if not self._inflight.get(address):  # kept when a re-roled address still has requests on it
+            self._inflight.pop(address, None)
+        self._used.pop(address, None)
+        self._stubs.pop(address, None)
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            log.info("node dropped", address=address, role=self._roles[address])
+            self._spawn(self._closing, channel.close(), f"close:{address}")
+
+    def knows(self, address: str, role: str) -> bool:
+        """Whether ``address`` is, or was, a node of ``role`` here (current or not)."""
+        return self._roles.get(address) == role
 
     # --- channels ---
 
     def stub(self, address: str) -> Any:
         """The stub of the node's own service (PrefillNode, DecodeNode or CacheStore) on its one channel."""
+        if address not in self._sources:  # a retired node still in use: keep its channel a while
+            self._used[address] = time.monotonic()
         stub = self._stubs.get(address)
         if stub is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address, options=self._options)
@@ -106,12 +220,12 @@ class NodeDirectory:
     # --- status ---
 
     def nodes(self, role: str | None = None) -> list[NodeInfo]:
-        """Every known node (of ``role``) as last polled, with this gateway's in-flight counts."""
-        return [info if not self._inflight[a] else _with_inflight(info, self._inflight[a])
-                for a, info in self._info.items() if role is None or info.role == role]
+        """Every current node (of ``role``) as last polled, with this gateway's in-flight counts."""
+        return [_with_inflight(self._info[a], self._inflight.get(a, 0)) for a in self._sources
+                if role is None or self._roles[a] == role]
 
     async def refresh(self) -> None:
-        """Poll every node now; concurrent callers share one round of calls."""
+        """Poll every current node now; concurrent callers share one round of calls."""
         if self._refreshing is None:
             self._refreshing = asyncio.ensure_future(self._poll_all())
             self._refreshing.add_done_callback(self._refreshed)
@@ -126,7 +240,7 @@ class NodeDirectory:
             await self.refresh()
 
     async def _poll_all(self) -> None:
-        await asyncio.gather(*(self._poll(address) for address in self._roles))
+        await asyncio.gather(*(self._poll(address) for address in list(self._sources)))
         self.last_refresh = time.monotonic()
 
     async def _poll(self, address: str) -> None:
@@ -141,7 +255,9 @@ class NodeDirectory:
         self._set(node_info_from_status(address, role, status, time.monotonic()))
 
     def _set(self, info: NodeInfo) -> None:
-        was = self._info[info.address]
+        was = self._info.get(info.address)
+        if was is None or self._roles[info.address] != info.role:
+            return  # dropped (or re-roled) while the call was out
         if was.healthy != info.healthy:
             log.info("node " + ("healthy" if info.healthy else "unhealthy"), address=info.address,
                      role=info.role, **({"error": info.error} if info.error else {}))
@@ -155,12 +271,14 @@ class NodeDirectory:
 
     def claim(self, address: str) -> None:
         """Count a request routed to ``address`` as in flight there (the router reads it as load)."""
-        self._inflight[address] += 1
+        self._inflight[address] = self._inflight.get(address, 0) + 1
 
     def release(self, address: str) -> None:
-        assert self._inflight[address] > 0, f"release of {address} without a claim"
+        assert self._inflight.get(address, 0) > 0, f"release of {address} without a claim"
         self._inflight[address] -= 1
+        if address in self._used:
+            self._used[address] = time.monotonic()
 
 
 def _with_inflight(info: NodeInfo, inflight: int) -> NodeInfo:
-    return dataclasses.replace(info, inflight=inflight)
+    return dataclasses.replace(info, inflight=inflight) if inflight else info

@@ -18,6 +18,7 @@ from services.engine.weights import load_model_config
 from services.gateway.config import GatewayConfig
 from services.gateway.core import CoreSettings, GatewayCore
 from services.gateway.directory import NodeDirectory
+from services.gateway.discovery import Resolver
 from services.gateway.servicer import GatewayServicer
 
 log = structlog.get_logger(__name__)
@@ -45,11 +46,14 @@ class Gateway:
             await self.directory.close()
 
 
-def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, max_position: int) -> Gateway:
-    """Build the gateway inside the running event loop; nothing is started."""
+def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, max_position: int,
+             resolver: Resolver | None = None) -> Gateway:
+    """Build the gateway inside the running event loop; nothing is started. ``resolver`` answers the
+    ``dns:///`` entries (default: the system's)."""
     directory = NodeDirectory(config.nodes(), poll_interval_s=config.poll_interval_s,
                               status_timeout_s=config.status_timeout_s,
-                              max_message_bytes=config.max_message_mib << 20)
+                              max_message_bytes=config.max_message_mib << 20,
+                              resolve_interval_s=config.resolve_interval_s, resolver=resolver)
     settings = CoreSettings(
         max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,

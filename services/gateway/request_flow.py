@@ -226,7 +226,7 @@ class RequestFlow:
         self._open_decode(address, f"decode node {leg.address}: moved the request to {address}")
 
     def _open_decode(self, address: str, why: str) -> None:
-        if address not in {n.address for n in self.directory.nodes(DECODE)}:
+        if not self.directory.knows(address, DECODE):
             raise UnavailableError(f"{why}, which is not a decode node of this gateway")
         call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self.request_id),
                                                    timeout=self._timeout())
