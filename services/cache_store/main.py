@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import structlog
@@ -9,6 +10,7 @@ from pdserve.v1 import cache_store_pb2
 
 from services.cache_store.config import CacheStoreConfig
 from services.cache_store.disk_tier import DiskTier
+from services.cache_store.metrics import cache_store_registry
 from services.cache_store.servicer import CacheStoreServicer, add_to_server
 from services.cache_store.store import BlockStore
 from services.common.config import build_config
@@ -28,13 +30,15 @@ async def serve(config: CacheStoreConfig) -> None:
     servicer = CacheStoreServicer(build_store(config), chunk_bytes=config.chunk_bytes)
     binding = ServiceBinding(cache_store_pb2.DESCRIPTOR.services_by_name["CacheStore"], servicer,
                              add_to_server)
-    server = NodeServer.from_config(config, [binding], drain=servicer.drain)
+    registry = cache_store_registry(servicer, asyncio.get_running_loop())
+    server = NodeServer.from_config(config, [binding], drain=servicer.drain, registry=registry)
     await server.start()
     servicer.address = server.address
+    servicer.metrics_url = server.metrics_url()
     disk = servicer.store.disk
     log.info("cache-store ready", address=server.address, capacity_bytes=config.capacity_bytes,
              disk_dir=str(disk.directory) if disk else None, disk_blocks=len(disk) if disk else 0,
-             write_through=config.disk_write_through)
+             write_through=config.disk_write_through, metrics=servicer.metrics_url)
     await server.serve_until_signalled()
 
 

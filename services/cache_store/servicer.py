@@ -92,6 +92,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.address = ""  # set once the server is bound
+        self.metrics_url = ""  # likewise
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -174,9 +175,14 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.NodeStatus:
         """Capacity is in bytes (``bytes_*`` = the memory tier); every stored block counts as cached."""
+        return self.status()
+
+    def status(self) -> gateway_pb2.NodeStatus:
+        """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
         stats = self.store.stats()
         return gateway_pb2.NodeStatus(
             address=self.address,
+            metrics_url=self.metrics_url,
             role="cache_store",
             healthy=not self.draining,
             blocks_total=stats.blocks,

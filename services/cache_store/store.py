@@ -184,21 +184,21 @@ class BlockStore:
         return PutResult(stored=len(new), existing=len(unique) - len(new), evicted=len(victims))
 
     def stats(self) -> StoreStats:
-        disk = self.disk
-        corrupt = disk.corrupt_total if disk else 0
+        disk = self.disk  # an empty DiskTier is falsy (len 0): test against None
+        corrupt = disk.corrupt_total if disk is not None else 0
         return StoreStats(
             blocks=len(self),
             memory_blocks=len(self.memory),
             memory_bytes_total=self.memory.capacity_bytes,
             memory_bytes_used=self.memory.used_bytes,
-            disk_blocks=len(disk) if disk else 0,
-            disk_bytes_total=disk.capacity_bytes if disk else 0,
-            disk_bytes_used=disk.used_bytes if disk else 0,
+            disk_blocks=len(disk) if disk is not None else 0,
+            disk_bytes_total=disk.capacity_bytes if disk is not None else 0,
+            disk_bytes_used=disk.used_bytes if disk is not None else 0,
             hits_total=self.hits_total,
             disk_hits_total=self.disk_hits_total,
             misses_total=self.misses_total,
             memory_evictions_total=self.memory.evictions_total,
-            disk_evictions_total=(disk.evictions_total if disk else 0) + corrupt,
+            disk_evictions_total=(disk.evictions_total if disk is not None else 0) + corrupt,
             disk_corrupt_total=corrupt,
             leases=len(self.leases),
         )

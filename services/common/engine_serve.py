@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from services.common.engine_node import EngineNodeConfig
 from services.common.malloc import tune_malloc
@@ -23,11 +25,14 @@ class EngineNode(Protocol):
 
 
 async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Callable[[LLMEngine], EngineNode],
-                            make_binding: Callable[[EngineNode], tuple[ServiceBinding, Any]]) -> None:
+                            make_binding: Callable[[EngineNode], tuple[ServiceBinding, Any]],
+                            make_registry: Callable[[Any, asyncio.AbstractEventLoop], CollectorRegistry] | None = None,
+                            ) -> None:
     """Load the model, start the node's engine thread, serve until SIGTERM/SIGINT (drain), stop.
 
-    ``make_binding(node)`` returns the service binding and its servicer (whose ``address`` is set once
-    the server is bound)."""
+    ``make_binding(node)`` returns the service binding and its servicer (whose ``address`` and
+    ``metrics_url`` are set once the server is bound); ``make_registry(servicer, loop)`` the metrics
+    served at ``config.metrics_listen``."""
     single_threaded_main()
     tune_malloc()  # KV blocks move through this process (prefill → decode, cache-store fetches)
     engine = LLMEngine.from_config(config.engine_config())
@@ -38,10 +43,13 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
     async def drain() -> None:
         await node.drain(config.drain_timeout_s)
 
-    server = NodeServer.from_config(config, [binding], drain=drain)
+    registry = make_registry(servicer, asyncio.get_running_loop()) if make_registry is not None else None
+    server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
     await server.start()
     servicer.address = config.advertise or server.address
-    log.info(f"{role} node ready", address=servicer.address, blocks=engine.kv.num_blocks, dtype=config.dtype)
+    servicer.metrics_url = server.metrics_url(servicer.address)
+    log.info(f"{role} node ready", address=servicer.address, blocks=engine.kv.num_blocks, dtype=config.dtype,
+             metrics=servicer.metrics_url)
     try:
         await server.serve_until_signalled()
     finally:

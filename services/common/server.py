@@ -31,10 +31,12 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pdserve.v1 import admin_pb2, admin_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from services.common.admin import AdminServicer
 from services.common.config import setting
 from services.common.logging import FORMATS, LEVELS
+from services.common.metrics import MetricsEndpoint
 
 log = structlog.get_logger(__name__)
 
@@ -111,8 +113,11 @@ class NodeServer:
         drain_timeout_s: float = 30.0,
         port_file: Path | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        metrics: MetricsEndpoint | None = None,
     ) -> None:
+        """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends."""
         self.bindings = list(bindings)
+        self.metrics = metrics
         self.listen = listen
         self.grace_s = grace_s
         self.drain_timeout_s = drain_timeout_s
@@ -128,11 +133,16 @@ class NodeServer:
 
     @classmethod
     def from_config(
-        cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None
+        cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> NodeServer:
+        """``registry``: served at ``config.metrics_listen`` (none when that is empty)."""
+        metrics = None
+        if registry is not None and config.metrics_listen:
+            metrics = MetricsEndpoint(registry, config.metrics_listen)
         return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
                    drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
-                   max_message_bytes=config.max_message_mib << 20)
+                   max_message_bytes=config.max_message_mib << 20, metrics=metrics)
 
     @property
     def service_names(self) -> list[str]:
@@ -148,6 +158,11 @@ class NodeServer:
     def address(self) -> str:
         assert self.port is not None, "server not started"
         return f"{self.listen.rpartition(':')[0]}:{self.port}"
+
+    def metrics_url(self, advertise: str = "") -> str:
+        """The Prometheus endpoint's URL (``advertise``: the address peers reach this node at, whose host
+        replaces a wildcard bind host); empty when there is none."""
+        return self.metrics.url(advertise or self.address) if self.metrics is not None and self.metrics.port else ""
 
     async def start(self, serving: bool = True) -> int:
         """Register everything, bind, start; returns the bound port. ``serving=False`` starts NOT_SERVING
@@ -167,11 +182,19 @@ class NodeServer:
             await self._server.stop(None)
             raise OSError(f"cannot bind {self.listen}")
         self.port = port
+        if self.metrics is not None:
+            try:
+                self.metrics.start()
+            except OSError as error:
+                await self._server.stop(None)
+                raise OSError(f"cannot bind the metrics endpoint {self.metrics.host}:{self.metrics.requested_port}: "
+                              f"{error}") from error
         await self._server.start()
         await self.set_serving(serving)
         if self.port_file is not None:
             write_port_file(self.port_file, port)
-        log.info("serving", address=self.address, services=[b.name for b in self.bindings])
+        log.info("serving", address=self.address, services=[b.name for b in self.bindings],
+                 metrics=self.metrics_url())
         return port
 
     async def set_serving(self, serving: bool) -> None:
@@ -214,6 +237,8 @@ class NodeServer:
                 await self._run_drain(self._drain)
         finally:
             await self._server.stop(0 if self._force.is_set() else self.grace_s)
+            if self.metrics is not None:
+                await asyncio.to_thread(self.metrics.stop)
             log.info("stopped", forced=self._force.is_set())
 
     async def _run_drain(self, drain: DrainHook) -> None:

@@ -11,6 +11,7 @@ from services.common.engine_serve import serve_engine_node
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
 from services.decode_node.config import DecodeNodeConfig
+from services.decode_node.metrics import decode_registry
 from services.decode_node.node import DecodeNode
 from services.decode_node.servicer import DecodeNodeServicer
 
@@ -25,7 +26,7 @@ async def serve(config: DecodeNodeConfig) -> None:
         config, "decode",
         lambda engine: DecodeNode(engine, default_lease_s=config.lease_ms / 1000, num_threads=config.threads or None,
                                   handover_after_s=config.handover_after_ms / 1000),
-        make_binding)
+        make_binding, decode_registry)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,7 @@ import structlog
 from kvcache.kv_bytes import write_blocks
 from services.cache_store.client import AsyncCacheStoreClient
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
+from services.common.kv_transfer_stats import KVTransferStats
 from services.decode_node.handover import HandoverAgent, Route
 from services.engine.adoption import AdoptionGrant
 from services.engine.engine import LLMEngine
@@ -78,6 +79,7 @@ class DecodeNode:
         self.handover = HandoverAgent(self, handover_after_s, engine.config.offload_cache_store,
                                       address=lambda: self.address)
         self._stores: dict[str, AsyncCacheStoreClient] = {}
+        self.kv_received = KVTransferStats()
 
     def start(self) -> None:
         self.worker.start()
@@ -104,12 +106,14 @@ class DecodeNode:
 
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
         """Check and mark ``block_ids`` on the engine thread, then write their bytes. Returns the lease."""
+        started = time.perf_counter()
         reservation: Reservation = await self.worker.call(lambda e: e.reservations.receive(request_id, block_ids))
         try:
             write_blocks(self.engine.runner.kv_cache, block_ids, payload)
         except ValueError as exc:
             await self.abort(request_id)
             raise FailedPreconditionError(f"{request_id}: {exc}") from exc
+        self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
         return _unix_ms(reservation.lease_s)
 
     async def commit(self, request_id: str, first_token_id: int) -> None:

@@ -28,6 +28,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     def __init__(self, node: DecodeNode):
         self.node = node
         self.layout = kv_layout(node.engine)
+        self.metrics_url = ""  # set once the server is bound
 
     @property
     def address(self) -> str:
@@ -135,6 +136,12 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
-        return await self.node.worker.call(lambda e: node_status(e, "decode", self.address, not self.node.draining))
+        return await self.status()
+
+    async def status(self) -> gateway_pb2.NodeStatus:
+        """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
+        status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address, not self.node.draining))
+        status.metrics_url = self.metrics_url
+        return status
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.core import CoreSettings, GatewayCore
 from services.gateway.directory import NodeDirectory
 from services.gateway.discovery import Resolver
+from services.gateway.metrics import gateway_registry
 from services.gateway.servicer import GatewayServicer
 
 log = structlog.get_logger(__name__)
@@ -32,11 +34,14 @@ class Gateway:
     core: GatewayCore
     directory: NodeDirectory
     server: NodeServer
+    servicer: GatewayServicer | None = None
 
     async def start(self) -> None:
         """First poll of every node, then serve (nodes that are not up yet join on a later poll)."""
         await self.directory.start()
         await self.server.start()
+        if self.servicer is not None:
+            self.servicer.metrics_url = self.server.metrics_url()
 
     async def stop(self) -> None:
         """Drain (in-flight requests get ``grace_s``), stop the server, stop polling."""
@@ -59,14 +64,16 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s)
     core = GatewayCore(tokenizer, directory, settings)
-    binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], GatewayServicer(core),
+    registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop())
+    servicer = GatewayServicer(core, metrics)
+    binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)
 
     async def drain() -> None:
         await core.drain(config.grace_s)
 
-    server = NodeServer.from_config(config, [binding], drain=drain)
-    return Gateway(config, core, directory, server)
+    server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
+    return Gateway(config, core, directory, server, servicer)
 
 
 async def serve(config: GatewayConfig) -> None:

@@ -13,6 +13,7 @@ from services.common.sampling_convert import fields_from_proto
 from services.engine.errors import InvalidRequestError
 from services.engine.tokenizer import ChatMessage
 from services.gateway.core import GatewayCore
+from services.gateway.metrics import GatewayMetrics, tracked
 from services.gateway.nodes import STATUS_FIELDS, NodeInfo
 from services.gateway.request_flow import GenerateChunk, GenerateInput
 
@@ -48,10 +49,13 @@ def node_status_to_proto(node: NodeInfo) -> gateway_pb2.NodeStatus:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, core: GatewayCore) -> None:
+    def __init__(self, core: GatewayCore, metrics: GatewayMetrics | None = None) -> None:
         self.core = core
+        self.metrics = metrics
+        self.metrics_url = ""  # the gateway's own /metrics, set once the server is bound
 
     @grpc_errors
+    @tracked
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         """Stream a completion (see gateway.proto). Bad input fails before any node is called; cancelling
@@ -66,4 +70,5 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                             ) -> gateway_pb2.ClusterStatusResponse:
         """Every configured node as of a poll at most ``status_max_age_s`` old."""
         nodes = await self.core.cluster_status()
-        return gateway_pb2.ClusterStatusResponse(nodes=[node_status_to_proto(n) for n in nodes])
+        return gateway_pb2.ClusterStatusResponse(nodes=[node_status_to_proto(n) for n in nodes],
+                                                 gateway_metrics_url=self.metrics_url)

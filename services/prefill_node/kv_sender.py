@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import grpc
 import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from services.common.errors import UnavailableError
+from services.common.kv_transfer_stats import KVTransferStats
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
@@ -19,7 +21,8 @@ class KVSender:
     raises :class:`UnavailableError` (naming the decode node) from the next call."""
 
     def __init__(self, stub: decode_pb2_grpc.DecodeNodeStub, request_id: str, layout: node_pb2.KVLayout,
-                 destination_ids: list[int], address: str):
+                 destination_ids: list[int], address: str, stats: KVTransferStats | None = None):
+        """``stats``: the node's counters, advanced as each batch goes out."""
         self.stub = stub
         self.request_id = request_id
         self.layout = layout
@@ -27,6 +30,7 @@ class KVSender:
         self.address = address
         self.bytes_sent = 0
         self.blocks_sent = 0
+        self.stats = stats if stats is not None else KVTransferStats()
         self._seq = 0
         self._call: grpc.aio.StreamStreamCall | None = None
         self._pending: dict[int, asyncio.Future[decode_pb2.KVAck]] = {}
@@ -48,16 +52,20 @@ class KVSender:
             n = min(per_message, count - start)
             ids = self.destination_ids[first_index + start: first_index + start + n]
             chunk = view[start * per_block:(start + n) * per_block]
+            started = time.perf_counter()
             await self._send(decode_pb2.KVTransferMessage(blocks=decode_pb2.KVBlockBatch(
                 request_id=self.request_id, block_ids=ids, payload=bytes(chunk))))
             self.bytes_sent += len(chunk)
             self.blocks_sent += n
+            self.stats.add(len(chunk), n, time.perf_counter() - started)
 
     async def commit(self, first_token_id: int, num_computed_tokens: int) -> None:
         """Send the commit and wait until every message, the commit last, is acknowledged."""
+        started = time.perf_counter()
         future = await self._send(decode_pb2.KVTransferMessage(commit=decode_pb2.KVCommit(
             request_id=self.request_id, first_token_id=first_token_id, num_computed_tokens=num_computed_tokens)))
         await asyncio.gather(*self._pending.values(), future)
+        self.stats.add(0, 0, time.perf_counter() - started)
         self._raise_if_failed()
 
     async def close(self) -> None:

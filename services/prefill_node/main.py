@@ -14,6 +14,7 @@ from services.common.server import ServiceBinding, run
 from services.engine.engine import LLMEngine
 from services.engine.kv_layout import kv_layout
 from services.prefill_node.config import PrefillNodeConfig
+from services.prefill_node.metrics import prefill_registry
 from services.prefill_node.node import PrefillNode
 from services.prefill_node.prefix_store import PrefixStore
 from services.prefill_node.prepare import PrepareQueues
@@ -31,7 +32,7 @@ async def serve(config: PrefillNodeConfig) -> None:
         lambda engine: PrefillNode(engine, lease_ms=config.lease_ms, num_threads=config.threads or None,
                                    prepare=PrepareQueues(config.prepare_settings()),
                                    prefix_store=_prefix_store(config, engine)),
-        make_binding)
+        make_binding, prefill_registry)
 
 
 def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore | None:

@@ -23,6 +23,7 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from kvcache.kv_bytes import write_blocks
 from services.common.errors import UnavailableError
+from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
@@ -76,6 +77,7 @@ class PrefillNode:
                                    num_threads=num_threads)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
+        self.kv_sent = KVTransferStats()
         self.draining = False
 
     def start(self) -> None:
@@ -118,7 +120,8 @@ class PrefillNode:
         finally:
             self.preparing -= 1
         address, grant = reservation.address, reservation.answer
-        sender = KVSender(self.decode_stub(address), request_id, self.layout, grant.block_ids, address)
+        sender = KVSender(self.decode_stub(address), request_id, self.layout, grant.block_ids, address,
+                          self.kv_sent)
         finished = False
         try:  # from here on, however the request ends, the reservation is undone unless it was used
             for refusal in reservation.refusals:

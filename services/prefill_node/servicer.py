@@ -19,6 +19,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
     def __init__(self, node: PrefillNode):
         self.node = node
         self.address = ""
+        self.metrics_url = ""  # both set once the server is bound
 
     @grpc_errors
     async def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.aio.ServicerContext
@@ -41,7 +42,12 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
+        return await self.status()
+
+    async def status(self) -> gateway_pb2.NodeStatus:
+        """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
         status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address, not self.node.draining))
+        status.metrics_url = self.metrics_url
         status.requests_waiting += self.node.preparing
         if self.node.prefix_store is not None:
             stats = self.node.prefix_store.stats
