@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store chart chart-schema clean
 
 all: venv
 
@@ -63,6 +63,16 @@ bench-cache-store: venv
 
 bench-prefix: venv
 	$(PYTHON) -m services.cluster.bench_prefix_reuse
+
+# lint charts/pdserve and render it (default values; CHART_VALUES=file for others), no helm binary needed;
+# its full checks (schema validation of every manifest, behaviour) run in `make test` (tests/charts)
+chart: venv
+	$(PYTHON) charts/generate_schema.py --check
+	$(PYTHON) charts/render.py $(if $(CHART_VALUES),-f $(CHART_VALUES)) > /dev/null && echo "chart: lint and render ok"
+
+# charts/pdserve/values.schema.json from the services' config dataclasses (after adding a setting)
+chart-schema: venv
+	$(PYTHON) charts/generate_schema.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache protos/python/requirements.txt protos/python/.stamp

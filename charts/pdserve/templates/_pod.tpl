@@ -1,0 +1,165 @@
+{{/*
+The pod template every role uses; ctx: (list $ $role). The image's entrypoint is `python -m` and the
+container's only argument is the role's module; every setting arrives as PDSERVE_* env (ConfigMap via
+envFrom, plus the pod-specific ones below, which win over the ConfigMap).
+*/}}
+{{- define "pdserve.podTemplate" -}}
+{{- $root := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- $values := index $root.Values $role.key -}}
+{{- $settings := include "pdserve.settings" . | fromYaml -}}
+{{- $ports := $root.Values.ports -}}
+metadata:
+  labels:
+    {{- include "pdserve.labels" . | nindent 4 }}
+    {{- with merge (deepCopy (default (dict) $values.podLabels)) (default (dict) $root.Values.podLabels) }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/config: {{ toJson $settings | sha256sum }}
+    {{- if $root.Values.metricsAnnotations }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ $ports.metrics | int | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
+    {{- with merge (deepCopy (default (dict) $values.podAnnotations)) (default (dict) $root.Values.podAnnotations) }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "pdserve.serviceAccountName" $root }}
+  automountServiceAccountToken: false
+  enableServiceLinks: false  # Service env vars would be named PDSERVE_*_PORT and the like
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
+  terminationGracePeriodSeconds: {{ include "pdserve.terminationSeconds" . }}
+  containers:
+    - name: {{ $role.component }}
+      image: {{ include "pdserve.image" $root | quote }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      args: [{{ $role.module | quote }}]
+      envFrom:
+        - configMapRef:
+            name: {{ include "pdserve.componentName" . }}
+      env:
+        {{- include "pdserve.env" . | nindent 8 }}
+      ports:
+        - {name: grpc, containerPort: {{ $ports.grpc | int }}, protocol: TCP}
+        - {name: metrics, containerPort: {{ $ports.metrics | int }}, protocol: TCP}
+        {{- if and (eq $role.key "gateway") $values.service.http.enabled }}
+        - {name: http, containerPort: {{ $values.service.http.port | int }}, protocol: TCP}
+        {{- end }}
+      # grpc.health.v1.Health: NOT_SERVING while draining (and engine nodes bind only once the model
+      # is loaded, hence the startup probe). Liveness tolerates a whole drain.
+      startupProbe:
+        grpc: {port: {{ $ports.grpc | int }}}
+        periodSeconds: {{ $values.startupProbe.periodSeconds | int }}
+        failureThreshold: {{ $values.startupProbe.failureThreshold | int }}
+        timeoutSeconds: 3
+      readinessProbe:
+        grpc: {port: {{ $ports.grpc | int }}}
+        periodSeconds: 5
+        timeoutSeconds: 3
+        failureThreshold: 2
+      livenessProbe:
+        grpc: {port: {{ $ports.grpc | int }}}
+        periodSeconds: 10
+        timeoutSeconds: 5
+        failureThreshold: {{ include "pdserve.livenessFailures" . }}
+      lifecycle:
+        preStop:  # endpoints and the gateway's DNS drop the pod before SIGTERM starts the drain
+          exec:
+            command: ["sleep", {{ $values.preStopSleepSeconds | int | quote }}]
+      resources:
+        {{- include "pdserve.resources" (list $values $role) | nindent 8 }}
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
+      volumeMounts:
+        - {name: tmp, mountPath: /tmp}
+        {{- if and $role.model (eq $root.Values.model.source "path") $root.Values.model.volume }}
+        - {name: model, mountPath: {{ $root.Values.model.mountPath | quote }}, readOnly: true}
+        {{- end }}
+        {{- if and (eq $role.key "cacheStore") $values.disk.enabled }}
+        - {name: kv-disk, mountPath: {{ $values.disk.mountPath | quote }}}
+        {{- end }}
+  volumes:
+    - name: tmp
+      emptyDir: {sizeLimit: {{ $root.Values.tmpSizeLimit }}}
+    {{- if and $role.model (eq $root.Values.model.source "path") $root.Values.model.volume }}
+    - name: model
+      {{- toYaml $root.Values.model.volume | nindent 6 }}
+    {{- end }}
+    {{- if and (eq $role.key "cacheStore") $values.disk.enabled (not $values.disk.persistence.enabled) }}
+    - name: kv-disk
+      emptyDir: {sizeLimit: {{ $values.disk.sizeLimit }}}
+    {{- end }}
+  {{- with $values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* Container env: the pod's identity, its listen addresses, tracing. ctx: (list $ $role) */}}
+{{- define "pdserve.env" -}}
+{{- $root := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- $ports := $root.Values.ports -}}
+{{- $tracing := $root.Values.tracing -}}
+- {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+- {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+- {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+- {name: PDSERVE_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.grpc | int) | quote }}}
+- {name: PDSERVE_METRICS_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.metrics | int) | quote }}}
+{{- if $role.engine }}
+- {name: PDSERVE_ADVERTISE, value: {{ printf "$(POD_IP):%d" ($ports.grpc | int) | quote }}}
+{{- end }}
+- {name: OTEL_TRACES_EXPORTER, value: {{ $tracing.exporter | quote }}}
+{{- if ne $tracing.exporter "none" }}
+- {name: OTEL_SERVICE_NAME, value: {{ printf "pdserve-%s" $role.component | quote }}}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "service.namespace=$(POD_NAMESPACE),service.instance.id=$(POD_NAME),k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
+- {name: OTEL_METRICS_EXPORTER, value: none}
+- {name: OTEL_LOGS_EXPORTER, value: none}
+- {name: OTEL_TRACES_SAMPLER, value: {{ $tracing.sampler | quote }}}
+{{- with $tracing.samplerArg }}
+- {name: OTEL_TRACES_SAMPLER_ARG, value: {{ . | toString | quote }}}
+{{- end }}
+{{- if $tracing.endpoint }}
+- {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ $tracing.endpoint | quote }}}
+- {name: OTEL_EXPORTER_OTLP_PROTOCOL, value: {{ $tracing.protocol | quote }}}
+{{- end }}
+{{- range $name, $value := $tracing.env }}
+- {name: {{ $name }}, value: {{ include "pdserve.settingText" $value | quote }}}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The role's resources, with its GPUs (requests = limits, as extended resources need). ctx: (list $values $role) */}}
+{{- define "pdserve.resources" -}}
+{{- $values := index . 0 -}}
+{{- $resources := deepCopy (default (dict) $values.resources) -}}
+{{- if and (index . 1).engine (gt (int $values.gpu) 0) -}}
+{{- $limits := default (dict) $resources.limits -}}
+{{- $requests := default (dict) $resources.requests -}}
+{{- $_ := set $limits $values.gpuResource (int $values.gpu) -}}
+{{- $_ := set $requests $values.gpuResource (int $values.gpu) -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- $_ := set $resources "requests" $requests -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end -}}
