@@ -30,6 +30,7 @@ from services.common.errors import mapped_errors, status_of
 from services.common.metrics import LoopCollector, new_registry
 from services.gateway.nodes import ROLES, NodeInfo
 
+FINISH_REASONS = ("stop", "length", "abort")
 # Buckets for a CPU model: milliseconds (a cached prompt, one decode step) to tens of seconds.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5,
                 10.0, 20.0, 30.0, 60.0)
@@ -50,6 +51,8 @@ class GatewayMetrics:
                              "finished requests", buckets=E2E_BUCKETS, registry=registry)
         self.requests = Counter("pdserve_requests", "Generate calls ended, by finish reason or status code",
                                 ["outcome"], registry=registry)
+        for reason in FINISH_REASONS:  # present (at 0) from the start, so rates over them work at once
+            self.requests.labels(reason)
         self.prompt_tokens = Counter("pdserve_request_prompt_tokens", "Prompt tokens of finished requests",
                                      registry=registry)
         self.cached_tokens = Counter("pdserve_request_cached_tokens", "Prompt tokens of finished requests served "
