@@ -4,7 +4,8 @@ engine's KV offload) and asyncio (:class:`AsyncCacheStoreClient`, for the nodes'
 Both put ``(key, data)`` blocks atomically with the node's ``KVLayout`` in every header, get blocks back
 verified, and look up the longest stored prefix of a key list. gRPC errors propagate as
 ``grpc.RpcError`` / ``grpc.aio.AioRpcError``. Put and Get move their chunks pre-serialized
-(:mod:`services.cache_store.wire`), saving protobuf's copies of the data.
+(:mod:`services.cache_store.wire`), saving protobuf's copies of the data. Every call carries the
+current trace context (``tracing.outgoing``), so the store's spans join the caller's trace.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import grpc.aio
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.cache_store.wire import Block, BlockAssembler, parse_get_frame, put_frames
+from services.common import tracing
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 _PUT = "/pdserve.v1.CacheStore/Put"
@@ -47,13 +49,14 @@ class CacheStoreClient:
 
     def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
         """Store ``(key, data)`` pairs atomically."""
-        return self._put(put_frames(blocks, self.layout), timeout=self.timeout_s)
+        return self._put(put_frames(blocks, self.layout), timeout=self.timeout_s, metadata=tracing.outgoing())
 
     def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
         """The data of ``keys`` in order (``NOT_FOUND`` if any is missing, unless ``allow_partial``:
         then the longest stored prefix)."""
         assembler, blocks = BlockAssembler(), []
-        for frame in self._get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
+        request = _get_request(keys, allow_partial, self.layout)
+        for frame in self._get(request, timeout=self.timeout_s, metadata=tracing.outgoing()):
             if (block := assembler.add(frame)) is not None:
                 blocks.append(block[1])
         if (block := assembler.finish()) is not None:
@@ -61,7 +64,8 @@ class CacheStoreClient:
         return blocks
 
     def lookup(self, keys: Sequence[bytes]) -> int:
-        return self._stub.Lookup(_lookup_request(keys, self.layout), timeout=self.timeout_s).num_prefix_hits
+        request = _lookup_request(keys, self.layout)
+        return self._stub.Lookup(request, timeout=self.timeout_s, metadata=tracing.outgoing()).num_prefix_hits
 
     def close(self) -> None:
         self._channel.close()
@@ -80,11 +84,12 @@ class AsyncCacheStoreClient:
                                                response_deserializer=parse_get_frame)
 
     async def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
-        return await self._put(put_frames(blocks, self.layout), timeout=self.timeout_s)
+        return await self._put(put_frames(blocks, self.layout), timeout=self.timeout_s, metadata=tracing.outgoing())
 
     async def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
         assembler, blocks = BlockAssembler(), []
-        async for frame in self._get(_get_request(keys, allow_partial, self.layout), timeout=self.timeout_s):
+        request = _get_request(keys, allow_partial, self.layout)
+        async for frame in self._get(request, timeout=self.timeout_s, metadata=tracing.outgoing()):
             if (block := assembler.add(frame)) is not None:
                 blocks.append(block[1])
         if (block := assembler.finish()) is not None:
@@ -92,7 +97,8 @@ class AsyncCacheStoreClient:
         return blocks
 
     async def lookup(self, keys: Sequence[bytes]) -> int:
-        return (await self._stub.Lookup(_lookup_request(keys, self.layout), timeout=self.timeout_s)).num_prefix_hits
+        request = _lookup_request(keys, self.layout)
+        return (await self._stub.Lookup(request, timeout=self.timeout_s, metadata=tracing.outgoing())).num_prefix_hits
 
     async def close(self) -> None:
         await self._channel.close()

@@ -17,6 +17,7 @@ from services.common.config import build_config
 from services.common.logging import setup_logging
 from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding, run
+from services.common.tracing import setup_tracing, shutdown_tracing
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +46,11 @@ async def serve(config: CacheStoreConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(CacheStoreConfig, argv, prog="python -m services.cache_store")
     setup_logging(config.log_level, config.log_format)
+    setup_tracing("pdserve-cache-store")  # OTEL_TRACES_EXPORTER unset: off
     if not tune_malloc():
         log.info("malloc not tuned (not glibc)")
-    run(serve(config))
+    try:
+        run(serve(config))
+    finally:
+        shutdown_tracing()  # after the drain: the last requests' spans are exported
     return 0

@@ -28,6 +28,7 @@ from services.cache_store.errors import (
 from services.cache_store.store import BlockStore
 from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
 from services.common.errors import UnavailableError, grpc_errors, map_error
+from services.common.tracing import traced_rpc
 
 map_error(MalformedPutError, grpc.StatusCode.INVALID_ARGUMENT)
 map_error(InvalidKeyError, grpc.StatusCode.INVALID_ARGUMENT)
@@ -123,6 +124,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         await self._idle.wait()
 
     @grpc_errors
+    @traced_rpc("Put")
     async def Put(
         self, request_iterator: AsyncIterator[cache_store_pb2.PutChunk], context: grpc.aio.ServicerContext
     ) -> cache_store_pb2.PutResponse:
@@ -141,6 +143,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
                                            num_evicted=result.evicted)
 
     @grpc_errors
+    @traced_rpc("Get")
     async def Get(
         self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cache_store_pb2.GetChunk]:
@@ -149,6 +152,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
             yield chunk
 
     @grpc_errors
+    @traced_rpc("Get")
     async def get_frames(self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[bytes]:
         """:meth:`Get`, its chunks serialized here (:func:`add_to_server`)."""
@@ -164,6 +168,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
                     yield chunk
 
     @grpc_errors
+    @traced_rpc("Lookup")
     async def Lookup(
         self, request: cache_store_pb2.LookupRequest, context: grpc.aio.ServicerContext
     ) -> cache_store_pb2.LookupResponse:

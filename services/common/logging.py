@@ -2,6 +2,11 @@
 
 Call ``setup_logging`` once in ``main.py``; elsewhere ``structlog.get_logger(__name__)``. The
 standard library's loggers (grpc, asyncio) go to the same stream at the same level.
+
+Every line of a request's life carries ``request_id``: servicers bind it to their task's context
+(``tracing.server_span`` / ``tracing.bind_request``, merged here by ``merge_contextvars``), and code on
+the engine thread passes ``request_id=`` explicitly. When tracing is on, ``trace_id`` and ``span_id`` of
+the current span are added too (``tracing.add_trace_ids``). Services never ``print()``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import sys
 from typing import TextIO
 
 import structlog
+
+from services.common.tracing import add_trace_ids
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 FORMATS = ("auto", "json", "console")
@@ -34,6 +41,7 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None 
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),

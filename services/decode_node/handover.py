@@ -16,13 +16,14 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
+from services.common import tracing
 from services.common.sampling_convert import sampling_to_proto
 from services.engine.handover import HandedRequest
 
@@ -130,7 +131,8 @@ class HandoverAgent:
             cached_tokens=handed.cached_tokens, from_node=me,
             decode_peers=[p for p in (me, *route.peers) if p and p != peer])
         try:
-            answer = await self.peers.stub(peer).Adopt(request, timeout=self.rpc_timeout_s)
+            answer = await self.peers.stub(peer).Adopt(request, timeout=self.rpc_timeout_s,
+                                                       metadata=tracing.outgoing(self._trace(handed.request_id)))
         except grpc.aio.AioRpcError as error:
             log.warning("handover failed", request_id=handed.request_id, peer=peer, code=error.code().name,
                         details=error.details())
@@ -141,6 +143,11 @@ class HandoverAgent:
         log.info("handed over", request_id=handed.request_id, peer=peer,
                  output_tokens=len(handed.output_token_ids), blocks=len(handed.kv_keys))
         return True
+
+    def _trace(self, request_id: str) -> Any:
+        """The request's trace context here (its Attach span), so the adopter's spans join its trace."""
+        stream = self.node.streams.get(request_id)
+        return stream.trace if stream is not None else None
 
     async def abort_on(self, peer: str, request_id: str) -> None:
         """Best-effort ``Abort`` of a request this node handed to ``peer``."""

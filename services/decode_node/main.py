@@ -10,6 +10,7 @@ from services.common.config import build_config
 from services.common.engine_serve import serve_engine_node
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.decode_node.config import DecodeNodeConfig
 from services.decode_node.metrics import decode_registry
 from services.decode_node.node import DecodeNode
@@ -32,5 +33,9 @@ async def serve(config: DecodeNodeConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(DecodeNodeConfig, argv, prog="python -m services.decode_node")
     setup_logging(config.log_level, config.log_format)
-    run(serve(config))
+    setup_tracing("pdserve-decode")  # OTEL_TRACES_EXPORTER unset: off
+    try:
+        run(serve(config))
+    finally:
+        shutdown_tracing()  # after the drain: the last requests' spans are exported
     return 0

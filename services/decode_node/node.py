@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -25,6 +26,7 @@ import structlog
 
 from kvcache.kv_bytes import write_blocks
 from services.cache_store.client import AsyncCacheStoreClient
+from services.common import tracing
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.decode_node.handover import HandoverAgent, Route
@@ -35,6 +37,7 @@ from services.engine.kv_layout import kv_layout
 from services.engine.outputs import RequestOutput
 from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
+from services.engine.step_spans import trace_request
 from services.engine.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
@@ -54,6 +57,7 @@ class TokenEvent:
 class TokenStream:
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     attached: bool = False
+    trace: Any = None  # the Attach span's trace context (tracing on): parent of the ``decode`` span
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,11 @@ class DecodeNode:
         return _unix_ms(reservation.lease_s)
 
     async def commit(self, request_id: str, first_token_id: int) -> None:
-        await self.worker.call(lambda e: e.commit(request_id, first_token_id))
+        """The request joins the decode batch; its ``decode`` span (tracing on) goes under the gateway's
+        Attach when that came first (the usual order), else under the commit."""
+        stream = self.streams.get(request_id)
+        parent = stream.trace if stream is not None and stream.trace is not None else tracing.current_context()
+        await self.worker.call(lambda e: trace_request(e.commit(request_id, first_token_id), parent))
 
     async def abort(self, request_id: str) -> bool:
         found = await self.worker.call(lambda e: e.discard(request_id))
@@ -148,7 +156,8 @@ class DecodeNode:
                 raise UnavailableError(f"cache-store {cache_store}: {error.code().name}: {error.details()}") from error
             payload = b"".join(blocks)
             try:
-                await self.worker.call(lambda e: e.complete_adoption(rid, payload))
+                parent = tracing.current_context()  # the Adopt span
+                await self.worker.call(lambda e: trace_request(e.complete_adoption(rid, payload), parent))
             except ValueError as error:  # the blocks the store returned do not fill the grant
                 raise UnavailableError(f"cache-store {cache_store}: {error}") from error
             self.streams[rid] = TokenStream()  # before any step of it can deliver (no await since)
@@ -188,6 +197,7 @@ class DecodeNode:
         if stream is None or stream.attached:
             raise NotFoundError(f"decode node holds no request {request_id!r} to attach to")
         stream.attached = True
+        stream.trace = tracing.current_context()
         finished = False
         try:
             while True:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
+from services.common import tracing
 from services.common.engine_node import node_status
 from services.common.errors import (
     FailedPreconditionError,
@@ -17,6 +18,7 @@ from services.common.errors import (
     status_of,
 )
 from services.common.sampling_convert import sampling_from_proto
+from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
 from services.decode_node.node import DecodeNode
 from services.engine.handover import HandedRequest
@@ -39,6 +41,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         self.node.address = value
 
     @grpc_errors
+    @traced_rpc("Reserve")
     async def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.aio.ServicerContext
                       ) -> decode_pb2.ReserveResponse:
         if not request.request_id:
@@ -58,6 +61,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             lease_deadline_unix_ms=result.lease_deadline_unix_ms, block_size=self.layout.block_size,
         )
 
+    @traced_rpc("TransferKV")
     async def TransferKV(self, request_iterator: AsyncIterator[decode_pb2.KVTransferMessage],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[decode_pb2.KVAck]:
         failed: dict[str, decode_pb2.KVAck] = {}
@@ -79,12 +83,14 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
 
     async def _handle(self, message: decode_pb2.KVTransferMessage, kind: str, request_id: str) -> decode_pb2.KVAck:
         if kind == "header":
+            tracing.bind_request(request_id)
             self._check_layout(message.header.layout)
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id)
         if kind == "blocks":
             lease = await self.node.receive(request_id, list(message.blocks.block_ids), message.blocks.payload)
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
-        await self.node.commit(request_id, message.commit.first_token_id)
+        with tracing.span("commit", request_id=request_id):
+            await self.node.commit(request_id, message.commit.first_token_id)
         return decode_pb2.KVAck(seq=message.seq, request_id=request_id, committed=True)
 
     def _check_layout(self, layout: node_pb2.KVLayout) -> None:
@@ -96,6 +102,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                                               f"{getattr(mine, name)!r}")
 
     @grpc_errors
+    @traced_rpc("Adopt")
     async def Adopt(self, request: decode_pb2.AdoptRequest, context: grpc.aio.ServicerContext
                     ) -> decode_pb2.AdoptResponse:
         """Take over a request another decode node preempted (its KV in ``request.cache_store``): granted
@@ -118,6 +125,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         return decode_pb2.AdoptResponse(granted=True)
 
     @grpc_errors
+    @traced_rpc("Attach")
     async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
         async for event in self.node.attach(request.request_id):
@@ -130,6 +138,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             yield message
 
     @grpc_errors
+    @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
         return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
 

@@ -33,6 +33,7 @@ from services.engine.request import Request, RequestStatus
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler, SchedulerConfig, StepBatch
+from services.engine.step_spans import end_request
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
@@ -195,6 +196,7 @@ class LLMEngine:
         if request is None:
             return False
         if granted:
+            end_request(request)
             self._requests.pop(request_id, None)
             self._detokenizers.pop(request_id, None)
         return True
@@ -267,6 +269,7 @@ class LLMEngine:
         return out
 
     def _finish_output(self, request: Request, out: RequestOutput) -> RequestOutput:
+        end_request(request)
         if request.status is RequestStatus.FINISHED_HANDED_OFF:
             self.held[request.request_id] = request
         if self.output_cache is not None:  # its blocks were just freed into the prefix index

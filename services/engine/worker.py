@@ -10,6 +10,7 @@ requests inside the running step are deferred by the engine until the step ends.
 After each step the worker calls ``on_step(engine, outputs)`` under the lock (to read KV that just
 became complete, for instance) and hands its result to ``deliver`` on the event loop; ``on_tick(engine)``
 runs on every turn of the loop (lease expiry, say) and a truthy result is delivered the same way.
+With tracing on, each step's spans of traced requests are recorded (``step_spans.py``).
 
 Threads: the model's torch ops run on the engine thread with ``num_threads`` OpenMP threads. The process's
 main thread should keep torch at one thread (:func:`single_threaded_main`): once two OpenMP thread pools
@@ -23,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
 import torch
 
+from services.common import tracing
 from services.engine.engine import LLMEngine
 from services.engine.outputs import RequestOutput
+from services.engine.step_spans import record_step
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -89,8 +93,11 @@ class EngineWorker:
                 if planned is None:
                     self._wake.wait(self._tick_s)
                     continue
+                started_ns = time.time_ns() if tracing.enabled() else 0
                 sampled = engine.execute_step(planned)
                 with self.lock:
+                    if started_ns:  # before end_step, which ends the spans of requests that finish
+                        record_step(planned.batch.scheduled, started_ns, time.time_ns())
                     payload = self._on_step(engine, engine.end_step(planned, sampled))
                 self._post(self._deliver, payload)
         except BaseException as exc:  # the engine is broken: later calls fail with it, and it is logged

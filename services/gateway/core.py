@@ -21,6 +21,7 @@ import grpc.aio
 import structlog
 from pdserve.v1 import node_pb2
 
+from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.sampling_convert import default_max_tokens, random_seed
 from services.engine.errors import DuplicateRequestError
@@ -77,7 +78,8 @@ class GatewayCore:
         """A flow for a valid request (``time_remaining``: the client's deadline, None = none)."""
         if self.draining:
             raise UnavailableError("gateway is draining: not taking new requests")
-        prepared = self.prepare(request)
+        with tracing.span("tokenize"):
+            prepared = self.prepare(request)
         if prepared.request_id in self._taken:
             raise DuplicateRequestError(prepared.request_id)
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
@@ -114,7 +116,8 @@ class GatewayCore:
         """Best-effort ``Abort`` on one node, bounded by ``abort_timeout_s``; failures are logged."""
         try:
             reply = await self.directory.stub(address).Abort(
-                node_pb2.AbortRequest(request_id=request_id, reason=reason), timeout=self.settings.abort_timeout_s)
+                node_pb2.AbortRequest(request_id=request_id, reason=reason), timeout=self.settings.abort_timeout_s,
+                metadata=tracing.outgoing())
         except grpc.aio.AioRpcError as error:
             log.warning("abort failed", node=address, role=role, request_id=request_id,
                         code=error.code().name, details=error.details())

@@ -13,6 +13,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.config import build_config
 from services.common.logging import setup_logging
 from services.common.server import NodeServer, ServiceBinding, run
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
 from services.engine.weights import load_model_config
@@ -96,5 +97,9 @@ async def serve(config: GatewayConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(GatewayConfig, argv, prog="python -m services.gateway")
     setup_logging(config.log_level, config.log_format)
-    run(serve(config))
+    setup_tracing("pdserve-gateway")  # OTEL_TRACES_EXPORTER unset: off
+    try:
+        run(serve(config))
+    finally:
+        shutdown_tracing()  # after the drain: the last requests' spans are exported
     return 0

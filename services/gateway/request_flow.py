@@ -30,8 +30,10 @@ from typing import Any
 import grpc
 import grpc.aio
 import structlog
+from opentelemetry.trace import Span
 from pdserve.v1 import decode_pb2, prefill_pb2
 
+from services.common import tracing
 from services.common.errors import ServiceError, UnavailableError
 from services.common.sampling_convert import SamplingFields, sampling_to_proto
 from services.engine.detokenizer import IncrementalDetokenizer
@@ -132,6 +134,8 @@ class RequestFlow:
         self._closed = False
         self._cancel_reason = "request closed"
         self.log = log.bind(request_id=request.request_id)
+        self._trace = tracing.current_context()  # the Generate span: parent of this flow's spans and calls
+        self._detokenize: Span | None = None  # from the first token to the end (not a span per token)
 
     @property
     def request_id(self) -> str:
@@ -141,7 +145,8 @@ class RequestFlow:
 
     async def run(self) -> AsyncIterator[GenerateChunk]:
         try:
-            route = await self._route()
+            with tracing.span("route", self._trace):
+                route = await self._route()
             self._check_open()
             self._start_prefill(*route)
             async for chunk in self._relay():
@@ -162,6 +167,7 @@ class RequestFlow:
         if self._closed:
             return
         self._closed = True
+        self._end_detokenize()
         unfinished = [leg for leg in (self._prefill, self._decode) if leg is not None and not leg.finished]
         for leg in (self._prefill, self._decode):
             if leg is not None:
@@ -182,7 +188,8 @@ class RequestFlow:
         self.directory.release(leg.address)
 
     async def _abort_legs(self, legs: Sequence[_Leg], reason: str) -> None:
-        await asyncio.gather(*(self._abort(leg.role, leg.address, self.request_id, reason) for leg in legs))
+        with tracing.span("abort", self._trace, nodes=len(legs), reason=reason):  # the Aborts carry its context
+            await asyncio.gather(*(self._abort(leg.role, leg.address, self.request_id, reason) for leg in legs))
 
     # --- starting the legs ---
 
@@ -205,7 +212,8 @@ class RequestFlow:
             sampling=sampling_to_proto(sampling), decode_candidates=candidates,
             deadline_unix_ms=self._deadline_unix_ms())
         self.log.debug("prefill", node=address, candidates=candidates)
-        call = self.directory.stub(address).Prefill(request, timeout=self._timeout())
+        call = self.directory.stub(address).Prefill(request, timeout=self._timeout(),
+                                                    metadata=tracing.outgoing(self._trace))
         self._prefill = self._start_leg(PREFILL, address, call)
 
     def _attach(self, address: str) -> None:
@@ -229,7 +237,7 @@ class RequestFlow:
         if not self.directory.knows(address, DECODE):
             raise UnavailableError(f"{why}, which is not a decode node of this gateway")
         call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self.request_id),
-                                                   timeout=self._timeout())
+                                                   timeout=self._timeout(), metadata=tracing.outgoing(self._trace))
         self._decode = self._start_leg(DECODE, address, call)
 
     def _start_leg(self, role: str, address: str, call: Any) -> _Leg:
@@ -329,6 +337,8 @@ class RequestFlow:
     async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False
                      ) -> GenerateChunk | None:
         detokenizer = self._detokenizer
+        if first and self._trace is not None:
+            self._detokenize = tracing.start_span("detokenize", self._trace, request_id=self.request_id)
         kept: list[int] = []
         text: list[str] = []
         for token_id in token_ids:
@@ -361,6 +371,12 @@ class RequestFlow:
         await self._abort_legs(legs, reason)
 
     # --- helpers ---
+
+    def _end_detokenize(self) -> None:
+        span, self._detokenize = self._detokenize, None
+        if span is not None:
+            span.set_attribute("pdserve.completion_tokens", self._completion_tokens)
+            span.end()
 
     def _log_finish(self, chunk: GenerateChunk) -> None:
         usage = chunk.usage

@@ -8,8 +8,10 @@ import grpc
 import grpc.aio
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
+from services.common import tracing
 from services.common.errors import grpc_errors, map_error
 from services.common.sampling_convert import fields_from_proto
+from services.common.tracing import traced_rpc
 from services.engine.errors import InvalidRequestError
 from services.engine.tokenizer import ChatMessage
 from services.gateway.core import GatewayCore
@@ -56,11 +58,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @grpc_errors
     @tracked
+    @traced_rpc("Generate", root=True)
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         """Stream a completion (see gateway.proto). Bad input fails before any node is called; cancelling
-        the call, or its deadline passing, aborts the request on its prefill and decode nodes."""
+        the call, or its deadline passing, aborts the request on its prefill and decode nodes. The root
+        span of the request's trace (or a child of the caller's ``traceparent``)."""
         flow = self.core.open(input_from_proto(request), context.time_remaining())
+        tracing.bind_request(flow.request_id)
         context.add_done_callback(lambda _: flow.cancel("client cancelled or deadline passed"))
         async for chunk in flow.run():
             yield chunk_to_proto(chunk)

@@ -37,8 +37,9 @@ class KVSender:
         self._reader: asyncio.Task[None] | None = None
         self._failure: str | None = None
 
-    async def open(self) -> None:
-        self._call = self.stub.TransferKV()
+    async def open(self, metadata: tuple[tuple[str, str], ...] | None = None) -> None:
+        """Start the stream (``metadata``: the trace context of the ``kv_transfer`` span) with its header."""
+        self._call = self.stub.TransferKV(metadata=metadata)
         self._reader = asyncio.create_task(self._read_acks())
         await self._send(decode_pb2.KVTransferMessage(
             header=decode_pb2.KVHeader(request_id=self.request_id, layout=self.layout)))

@@ -11,6 +11,7 @@ from services.common.config import build_config
 from services.common.engine_serve import serve_engine_node
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.engine.engine import LLMEngine
 from services.engine.kv_layout import kv_layout
 from services.prefill_node.config import PrefillNodeConfig
@@ -46,5 +47,9 @@ def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore |
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(PrefillNodeConfig, argv, prog="python -m services.prefill_node")
     setup_logging(config.log_level, config.log_format)
-    run(serve(config))
+    setup_tracing("pdserve-prefill")  # OTEL_TRACES_EXPORTER unset: off
+    try:
+        run(serve(config))
+    finally:
+        shutdown_tracing()  # after the drain: the last requests' spans are exported
     return 0

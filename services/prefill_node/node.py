@@ -22,6 +22,7 @@ import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from kvcache.kv_bytes import write_blocks
+from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
@@ -29,6 +30,7 @@ from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
 from services.engine.kv_layout import kv_layout
 from services.engine.sampling_params import SamplingParams
+from services.engine.step_spans import trace_request
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
 from services.prefill_node.kv_sender import KVSender
@@ -108,11 +110,14 @@ class PrefillNode:
         validator = self.engine.validator
         validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
         block_hashes = self.engine.kv.hash_blocks(prompt_ids)
+        trace = tracing.current_context()  # the Prefill span: parent of this request's spans here
         fetch = await self._start_fetch(request_id, prompt_ids, block_hashes)  # runs while a decode node is found
         self.preparing += 1
         try:
-            reservation = await self._reserve(request_id, prompt_ids, block_hashes, sampling, candidates,
-                                              timeout_s)
+            with tracing.span("reserve", trace, candidates=len(candidates)) as reserving:
+                reservation = await self._reserve(request_id, prompt_ids, block_hashes, sampling, candidates,
+                                                  timeout_s)
+                reserving.set_attribute("pdserve.decode_node", reservation.address)
         except BaseException:
             if fetch is not None:
                 fetch.cancel()
@@ -123,15 +128,16 @@ class PrefillNode:
         sender = KVSender(self.decode_stub(address), request_id, self.layout, grant.block_ids, address,
                           self.kv_sent)
         finished = False
+        transfer = tracing.start_span("kv_transfer", trace, decode_node=address)  # the TransferKV stream
         try:  # from here on, however the request ends, the reservation is undone unless it was used
             for refusal in reservation.refusals:
                 yield refusal
             yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
-            await sender.open()
+            await sender.open(metadata=tracing.outgoing(tracing.context_with(transfer)))
             if fetch is not None:
                 await self._import(request_id, prompt_ids, await fetch)
             state = await self.worker.call(lambda e: self._admit(e, request_id, prompt_ids, sampling,
-                                                                 grant.num_cached_blocks))
+                                                                 grant.num_cached_blocks, trace))
             while True:
                 item = await state.queue.get()
                 if isinstance(item, ReadyBlocks):
@@ -147,7 +153,8 @@ class PrefillNode:
                     rest = state.queue.get_nowait()
                     assert isinstance(rest, ReadyBlocks), f"unexpected {rest!r} after the first token"
                     await sender.send_blocks(rest.first_index, rest.count, rest.payload, MAX_MESSAGE_PAYLOAD)
-                await sender.commit(item.token_id, len(prompt_ids))
+                with tracing.span("commit", trace, first_token=item.token_id):
+                    await sender.commit(item.token_id, len(prompt_ids))
                 finished = True
                 yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)
                 return
@@ -155,6 +162,8 @@ class PrefillNode:
             if fetch is not None:
                 fetch.cancel()
             await sender.close()
+            tracing.end(transfer, "not committed" if not finished else "", bytes=sender.bytes_sent,
+                        blocks=sender.blocks_sent)
             computed = await self.worker.call(lambda e: self._forget(e, request_id, write_back=finished))
             if computed is not None and self.prefix_store is not None:
                 self.prefix_store.write_back(request_id, block_hashes, *computed)
@@ -172,15 +181,16 @@ class PrefillNode:
         )
 
         def call(address: str, rpc_timeout_s: float) -> Awaitable[decode_pb2.ReserveResponse]:
-            return self.decode_stub(address).Reserve(message, timeout=rpc_timeout_s)
+            return self.decode_stub(address).Reserve(message, timeout=rpc_timeout_s, metadata=tracing.outgoing())
 
         return await self.prepare.reserve(request_id, candidates, call,
                                           lambda address: self._abort_on_decode(address, request_id), timeout_s)
 
     def _admit(self, engine: LLMEngine, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-               skip_blocks: int) -> Tracked:
+               skip_blocks: int, trace: object = None) -> Tracked:
         request = engine.add_request(sampling=sampling, token_ids=prompt_ids, request_id=request_id,
                                      prefill_only=True)
+        trace_request(request, trace, queued=True)  # queue and prefill_chunk spans from the engine thread
         state = Tracked(request, skip_blocks=skip_blocks)
         self.tracked[request_id] = state
         return state
@@ -229,7 +239,7 @@ class PrefillNode:
     async def _abort_on_decode(self, address: str, request_id: str) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
             await self.decode_stub(address).Abort(node_pb2.AbortRequest(request_id=request_id, reason="prefill"),
-                                                  timeout=2.0)
+                                                  timeout=2.0, metadata=tracing.outgoing())
 
     async def abort(self, request_id: str) -> bool:
         return await self.worker.call(lambda e: self._abort(e, request_id))

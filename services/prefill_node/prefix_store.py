@@ -29,6 +29,7 @@ from kvcache.kv_bytes import read_blocks
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import store_keys
+from services.common import tracing
 from services.engine.engine import LLMEngine
 
 log = structlog.get_logger(__name__)
@@ -98,15 +99,19 @@ class PrefixStore:
         if local_blocks >= wanted:
             return None
         keys = store_keys(self.fingerprint, block_hashes[local_blocks:wanted])
-        try:
-            hits = await self.client.lookup(keys)
-            if hits == 0:
+        with tracing.span("cache_store.fetch", blocks=len(keys)) as fetching:
+            try:
+                hits = await self.client.lookup(keys)
+                fetching.set_attribute("pdserve.hit_blocks", hits)
+                if hits == 0:
+                    return None
+                payloads = await self.client.get(keys[:hits], allow_partial=True)
+            except (grpc.aio.AioRpcError, CorruptBlockError) as error:
+                self.stats.errors_total += 1
+                log.warning("cache-store fetch failed; computing the prompt", request_id=request_id,
+                            error=_describe(error))
+                tracing.fail(fetching, _describe(error))
                 return None
-            payloads = await self.client.get(keys[:hits], allow_partial=True)
-        except (grpc.aio.AioRpcError, CorruptBlockError) as error:
-            self.stats.errors_total += 1
-            log.warning("cache-store fetch failed; computing the prompt", request_id=request_id, error=_describe(error))
-            return None
         if not payloads:
             return None
         self.stats.fetched_bytes_total += sum(len(p) for p in payloads)
@@ -133,7 +138,8 @@ class PrefixStore:
 
     async def _put(self, request_id: str, blocks: list[tuple[bytes, memoryview]], size: int) -> None:
         try:
-            await self.client.put(blocks)
+            with tracing.span("cache_store.write_back", blocks=len(blocks)):
+                await self.client.put(blocks)
             self.stats.written_blocks_total += len(blocks)
             self.stats.written_bytes_total += size
         except grpc.aio.AioRpcError as error:

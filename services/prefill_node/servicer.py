@@ -11,6 +11,7 @@ from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 from services.common.engine_node import node_status
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.sampling_convert import sampling_from_proto
+from services.common.tracing import traced_rpc
 from services.prefill_node.handoff import FirstToken
 from services.prefill_node.node import Done, PrefillNode, Refused, Reserved
 
@@ -22,6 +23,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
         self.metrics_url = ""  # both set once the server is bound
 
     @grpc_errors
+    @traced_rpc("Prefill")
     async def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[prefill_pb2.PrefillEvent]:
         if not request.request_id:
@@ -36,6 +38,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
             yield _encode(event)
 
     @grpc_errors
+    @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
         return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
 
