@@ -203,6 +203,9 @@ class DecodeNode:
             while True:
                 event = await stream.queue.get()
                 finished = event.finish_reason is not None or bool(event.moved_to)
+                if finished:
+                    log.debug("decode finished", finish_reason=event.finish_reason, moved_to=event.moved_to,
+                              completion_tokens=event.completion_tokens)
                 yield event
                 if event.moved_to:  # delivered: the gateway follows the request there
                     self.moved.pop(request_id, None)

@@ -156,6 +156,8 @@ class PrefillNode:
                 with tracing.span("commit", trace, first_token=item.token_id):
                     await sender.commit(item.token_id, len(prompt_ids))
                 finished = True
+                log.debug("prefilled", decode_node=address, cached_tokens=item.cached_tokens,
+                          kv_bytes=sender.bytes_sent, kv_blocks=sender.blocks_sent)
                 yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)
                 return
         finally:

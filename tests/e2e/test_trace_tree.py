@@ -91,7 +91,8 @@ def traced_run(collector, tmp_path_factory):
     """Run one request on a traced cluster, stop the cluster; (spans, log lines, responses)."""
     collector, port = collector
     env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100", "PDSERVE_LOG_FORMAT": "json"}
+           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100", "PDSERVE_LOG_FORMAT": "json",
+           "PDSERVE_LOG_LEVEL": "debug"}
     spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, prefill_cache_store=True, env=env,
                        prefill_args=("--max-num-batched-tokens", str(CHUNK)))
     log_path = tmp_path_factory.mktemp("trace-tree") / "cluster.log"
@@ -173,8 +174,10 @@ def test_the_spans_form_one_tree_rooted_at_the_gateway(traced_run):
 def test_log_lines_of_the_request_carry_its_trace_id(traced_run):
     spans, lines, _ = traced_run
     trace_id = spans[0].trace_id
-    mine = [line for line in lines if line.get("request_id") == REQUEST_ID]
-    assert any(line.get("event") == "request finished" for line in mine), "the gateway did not log the request"
-    with_trace = [line for line in mine if "trace_id" in line]
-    assert with_trace and all(line["trace_id"] == trace_id for line in with_trace)
-    assert any(line["event"] == "request finished" for line in with_trace)
+    lines = [line for line in lines if line.get("request_id") == REQUEST_ID]
+    mine = {line["event"]: line for line in lines}
+    # one line from each of the gateway, the prefill node and the decode node (the last two at debug level)
+    for event in ("request finished", "prefilled", "decode finished"):
+        assert event in mine, f"no {event!r} line with the request id; lines with it: {sorted(mine)}"
+        assert mine[event].get("trace_id") == trace_id, mine[event]
+    assert all(line.get("trace_id", trace_id) == trace_id for line in lines)
