@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability chart chart-schema clean
 
 all: venv
 
@@ -63,6 +63,9 @@ bench-cache-store: venv
 
 bench-prefix: venv
 	$(PYTHON) -m services.cluster.bench_prefix_reuse
+
+bench-observability: venv
+	$(PYTHON) -m services.cluster.bench_observability
 
 # lint charts/pdserve and render it (default values; CHART_VALUES=file for others), no helm binary needed;
 # its full checks (schema validation of every manifest, behaviour) run in `make test` (tests/charts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.common.launch import ServiceProcess, launch
 
@@ -28,6 +29,7 @@ class ClusterSpec:
     prefill_cache_store: bool = False  # prefill nodes fetch prompt blocks from the cache-store and write theirs back
     startup_timeout_s: float = 120.0
     env: Mapping[str, str] = field(default_factory=dict)  # set in every process (OTEL_*, PDSERVE_*)
+    cwd: Path | None = None  # run the services from another checkout (a benchmark's baseline)
 
 
 @dataclass
@@ -48,7 +50,7 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
     with contextlib.ExitStack() as stack:
         def start(module: str, *args: str) -> ServiceProcess:
             return stack.enter_context(launch(module, *args, startup_timeout_s=spec.startup_timeout_s,
-                                              env=dict(spec.env), stdout=stdout, stderr=stderr))
+                                              env=dict(spec.env), cwd=spec.cwd, stdout=stdout, stderr=stderr))
 
         store = start("services.cache_store") if spec.cache_store else None
         decode_args = (*spec.engine_args, *spec.decode_args)
@@ -70,8 +72,8 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
 def _start_many(stack: contextlib.ExitStack, module: str, count: int, args: Sequence[str], spec: ClusterSpec,
                 stdout: int | None, stderr: int | None) -> list[ServiceProcess]:
     """Start ``count`` copies at once (model loading overlaps), then wait for all of them."""
-    managers = [launch(module, *args, startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env), stdout=stdout,
-                       stderr=stderr, wait=False) for _ in range(count)]
+    managers = [launch(module, *args, startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env), cwd=spec.cwd,
+                       stdout=stdout, stderr=stderr, wait=False) for _ in range(count)]
     nodes = [stack.enter_context(manager) for manager in managers]
     for node in nodes:
         node.wait_serving(spec.startup_timeout_s)

@@ -60,6 +60,7 @@ def launch(
     *args: str,
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
     startup_timeout_s: float = 20.0,
     stop_timeout_s: float = 10.0,
     stdout: int | None = None,
@@ -67,12 +68,13 @@ def launch(
     wait: bool = True,
 ) -> Iterator[ServiceProcess]:
     """Run ``python -m module --listen host:0 --port-file … *args``; yields once it is SERVING (at once
-    with ``wait=False``: call ``node.wait_serving()`` later, so several processes can start together)."""
+    with ``wait=False``: call ``node.wait_serving()`` later, so several processes can start together).
+    ``cwd`` runs the module from another checkout (``python -m`` imports from the working directory first)."""
     with tempfile.TemporaryDirectory(prefix="pdserve-launch-") as tmp:
         port_file = Path(tmp) / "port"
         command = [sys.executable, "-m", module, "--listen", f"{host}:0", "--port-file", str(port_file),
                    *args]
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+        process = subprocess.Popen(command, cwd=cwd or REPO_ROOT, env={**os.environ, **(env or {})},
                                    stdout=stdout, stderr=stderr)
         node = ServiceProcess(module, process, address="", port_file=port_file, host=host)
         try:

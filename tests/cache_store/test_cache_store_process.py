@@ -19,7 +19,8 @@ from services.common.server import grpc_options
 from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
 
 MIB = 1 << 20
-SERVICES = {"pdserve.v1.CacheStore", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+SERVICES = {"pdserve.v1.CacheStore", "pdserve.v1.Admin", "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection"}
 
 
 @pytest.fixture(scope="module")
