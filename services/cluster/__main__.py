@@ -8,6 +8,9 @@ import signal
 import sys
 import threading
 
+import grpc
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+
 from services.cluster.local import ClusterSpec, start_cluster
 
 USAGE = """
@@ -31,8 +34,20 @@ From Python (the generated client: pip install protos/python):
   for response in stub.Generate(request):
       print(response.text, end="", flush=True)
 
+Metrics (Prometheus text):
+{metrics}
+Drain one node as SIGTERM would: .venv/bin/grpcurl -plaintext -d '{{}}' <node address> pdserve.v1.Admin/Drain
+
 Ctrl-C stops everything.
 """
+
+
+def metrics_lines(gateway: str) -> str:
+    """``role  url`` of every process, from the gateway's ClusterStatus."""
+    with grpc.insecure_channel(gateway) as channel:
+        status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10)
+    rows = [("gateway", status.gateway_metrics_url), *((n.role, n.metrics_url) for n in status.nodes)]
+    return "\n".join(f"  {role:12s} {url}" for role, url in rows if url) or "  (none)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE.format(
             gateway=cluster.address, prefill=", ".join(p.address for p in cluster.prefill),
             decode=", ".join(d.address for d in cluster.decode),
-            store=cluster.cache_store.address if cluster.cache_store else "-"))
+            store=cluster.cache_store.address if cluster.cache_store else "-", metrics=metrics_lines(cluster.address)))
         sys.stdout.flush()
         stop.wait()
         sys.stdout.write("stopping...\n")

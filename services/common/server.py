@@ -114,6 +114,7 @@ class NodeServer:
         port_file: Path | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         metrics: MetricsEndpoint | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends."""
         self.bindings = list(bindings)
@@ -126,7 +127,8 @@ class NodeServer:
         self.health = health.aio.HealthServicer()
         self._drain = drain
         # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
-        self._server = grpc.aio.server(options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)],
+                                       interceptors=list(interceptors) or None)
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None

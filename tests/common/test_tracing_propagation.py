@@ -43,9 +43,8 @@ async def store():
     """A real cache-store servicer on a grpc.aio server, and an asyncio client of it."""
     servicer = CacheStoreServicer(BlockStore(1 << 20), chunk_bytes=1 << 10)
     binding = ServiceBinding(cache_store_pb2.DESCRIPTOR.services_by_name["CacheStore"], servicer, add_to_server)
-    server = NodeServer([binding], listen="127.0.0.1:0", grace_s=0)
     spy = MetadataSpy()
-    server._server = grpc.aio.server(interceptors=[spy])  # the same server, with the spy in front
+    server = NodeServer([binding], listen="127.0.0.1:0", grace_s=0, interceptors=[spy])
     await server.start()
     client = AsyncCacheStoreClient(server.address, layout())
     try:
