@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from google.protobuf.descriptor import FieldDescriptor
-from pdserve.v1 import cache_store_pb2, decode_pb2, gateway_pb2, prefill_pb2
+from pdserve.v1 import admin_pb2, cache_store_pb2, decode_pb2, gateway_pb2, prefill_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,11 +38,19 @@ def test_gateway_service_and_messages():
     response = fields(gateway_pb2.GenerateResponse)
     assert {"request_id", "token_ids", "text", "finish_reason", "usage"} <= response
     assert {"prompt_tokens", "completion_tokens", "cached_tokens"} <= fields(gateway_pb2.Usage)
-    assert fields(gateway_pb2.ClusterStatusResponse) == {"nodes"}
+    assert fields(gateway_pb2.ClusterStatusResponse) == {"nodes", "gateway_metrics_url"}
     assert {"address", "role", "healthy", "blocks_total", "blocks_free", "blocks_reserved", "blocks_cached",
             "requests_running", "requests_waiting", "preemptions_total", "prefix_hit_tokens_total",
             "prompt_tokens_total", "metrics_url"} <= fields(gateway_pb2.NodeStatus)
     assert gateway_pb2.NodeStatus.DESCRIPTOR.fields_by_name["role"].type == FieldDescriptor.TYPE_STRING
+
+
+def test_admin_service_is_part_of_the_contract():
+    """The runbook and the Helm chart's docs call ``pdserve.v1.Admin/Drain`` by name."""
+    v1 = "pdserve.v1."
+    assert methods(admin_pb2, "Admin") == {"Drain": (v1 + "DrainRequest", v1 + "DrainResponse", False, False)}
+    assert fields(admin_pb2.DrainRequest) == {"reason"}
+    assert fields(admin_pb2.DrainResponse) == {"already_draining"}
 
 
 def test_unset_sampling_fields_are_distinguishable_from_zero():
