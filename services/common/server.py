@@ -184,6 +184,7 @@ class NodeServer:
             await self._server.stop(None)
             raise OSError(f"cannot bind {self.listen}")
         self.port = port
+        await self._server.start()  # before the metrics endpoint: a started grpc.aio server stops cleanly
         if self.metrics is not None:
             try:
                 self.metrics.start()
@@ -191,7 +192,6 @@ class NodeServer:
                 await self._server.stop(None)
                 raise OSError(f"cannot bind the metrics endpoint {self.metrics.host}:{self.metrics.requested_port}: "
                               f"{error}") from error
-        await self._server.start()
         await self.set_serving(serving)
         if self.port_file is not None:
             write_port_file(self.port_file, port)

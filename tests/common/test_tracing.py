@@ -17,14 +17,6 @@ from services.common.logging import setup_logging
 
 
 @pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    assert tracing.setup_tracing("pdserve-test", exporter=exporter)
-    yield exporter
-    tracing.shutdown_tracing()
-
-
-@pytest.fixture
 def log_lines():
     """JSON log lines written while the test runs (structlog and stdlib logging restored after)."""
     stream = io.StringIO()

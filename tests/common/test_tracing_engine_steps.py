@@ -3,8 +3,6 @@ one ``decode`` from its first decode step to its finish; untraced requests and t
 
 from __future__ import annotations
 
-import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from services.common import tracing
@@ -12,14 +10,6 @@ from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import ScheduledRequest
 from services.engine.step_spans import end_request, record_step, trace_request
-
-
-@pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    assert tracing.setup_tracing("pdserve-test", exporter=exporter)
-    yield exporter
-    tracing.shutdown_tracing()
 
 
 def _request(request_id: str, prompt_len: int) -> Request:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc
 
@@ -17,14 +16,6 @@ from services.cache_store.store import BlockStore
 from services.common import tracing
 from services.common.server import NodeServer, ServiceBinding
 from tests.cache_store.helpers import key, layout
-
-
-@pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    assert tracing.setup_tracing("pdserve-test", exporter=exporter)
-    yield exporter
-    tracing.shutdown_tracing()
 
 
 class MetadataSpy(grpc.aio.ServerInterceptor):
