@@ -24,6 +24,7 @@ import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from services.common import tracing
+from services.common.channel_pool import ChannelPool
 from services.common.sampling_convert import sampling_to_proto
 from services.engine.handover import HandedRequest
 
@@ -42,21 +43,16 @@ class Route:
 
 
 class PeerStubs:
-    """One channel per decode peer, opened on first use."""
+    """One channel per decode peer, opened on first use, closed once the peer is gone (ChannelPool)."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._pool = ChannelPool()
 
     def stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return decode_pb2_grpc.DecodeNodeStub(channel)
+        return self._pool.stub(address, decode_pb2_grpc.DecodeNodeStub)
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._pool.close()
 
 
 class HandoverAgent:

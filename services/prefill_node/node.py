@@ -23,6 +23,7 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from kvcache.kv_bytes import write_blocks
 from services.common import tracing
+from services.common.channel_pool import ChannelPool
 from services.common.errors import UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
@@ -77,7 +78,7 @@ class PrefillNode:
         self.tracked: dict[str, Tracked] = {}  # touched on the engine thread only
         self.worker = EngineWorker(engine, self._deliver, on_step=lambda e, outs: collect(e, self.tracked, outs),
                                    num_threads=num_threads)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._decode_channels = ChannelPool(grpc_options())  # decode nodes come and go (DNS discovery)
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
         self.kv_sent = KVTransferStats()
         self.draining = False
@@ -90,13 +91,10 @@ class PrefillNode:
         await self.prepare.close()
         if self.prefix_store is not None:
             await self.prefix_store.close()
-        for channel in self._channels.values():
-            await channel.close()
+        await self._decode_channels.close()
 
     def decode_stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
-        if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(address, options=grpc_options())
-        return decode_pb2_grpc.DecodeNodeStub(self._channels[address])
+        return self._decode_channels.stub(address, decode_pb2_grpc.DecodeNodeStub)
 
     def _deliver(self, items: list[tuple[Tracked, ReadyBlocks | FirstToken]]) -> None:
         for state, item in items:
