@@ -34,10 +34,10 @@ async def serve(config: CacheStoreConfig) -> None:
     registry = cache_store_registry(servicer, asyncio.get_running_loop())
     server = NodeServer.from_config(config, [binding], drain=servicer.drain, registry=registry)
     await server.start()
-    servicer.address = server.address
-    servicer.metrics_url = server.metrics_url()
+    servicer.address = config.advertise or server.address
+    servicer.metrics_url = server.metrics_url(servicer.address)
     disk = servicer.store.disk
-    log.info("cache-store ready", address=server.address, capacity_bytes=config.capacity_bytes,
+    log.info("cache-store ready", address=servicer.address, capacity_bytes=config.capacity_bytes,
              disk_dir=str(disk.directory) if disk else None, disk_blocks=len(disk) if disk else 0,
              write_through=config.disk_write_through, metrics=servicer.metrics_url)
     await server.serve_until_signalled()

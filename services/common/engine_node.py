@@ -40,7 +40,6 @@ class EngineNodeConfig(ServerConfig):
     max_num_batched_tokens: int = setting(1024, "tokens per step (the prefill chunk)")
     max_model_len: int = setting(0, "context length (0: the model's)")
     threads: int = setting(0, "torch threads (0: torch's default)")
-    advertise: str = setting("", "address other nodes reach this one at (default: the bound address)")
     admission_policy: str = setting("new_token_ratio", "blocks kept for running requests: new_token_ratio, "
                                                        "fixed or none")
     init_new_token_ratio: float = setting(0.7, "new_token_ratio: starting ratio of remaining tokens expected")

@@ -68,6 +68,7 @@ class ServerConfig:
     max_message_mib: int = setting(DEFAULT_MAX_MESSAGE_BYTES >> 20, "gRPC message size limit")
     log_level: str = setting("info", "debug, info, warning, error")
     log_format: str = setting("auto", "auto (console on a TTY, else json), json, console")
+    advertise: str = setting("", "address other processes reach this one at (default: the bound address)")
     metrics_listen: str = setting("127.0.0.1:0", "host:port of the Prometheus /metrics HTTP endpoint; "
                                                  "port 0 = ephemeral, empty = none")
 

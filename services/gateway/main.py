@@ -42,7 +42,7 @@ class Gateway:
         await self.directory.start()
         await self.server.start()
         if self.servicer is not None:
-            self.servicer.metrics_url = self.server.metrics_url()
+            self.servicer.metrics_url = self.server.metrics_url(self.config.advertise)
 
     async def stop(self) -> None:
         """Drain (in-flight requests get ``grace_s``), stop the server, stop polling."""

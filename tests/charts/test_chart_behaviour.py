@@ -150,16 +150,17 @@ def test_every_setting_is_one_the_service_has_and_parses(values):
             assert config.advertise == "10.1.2.3:50051"
 
 
-def test_engine_nodes_advertise_their_pod_ip():
+def test_every_process_advertises_its_pod_ip():
+    """NodeStatus addresses and metrics URLs name the pod, not the 0.0.0.0 it binds."""
     rendered = render()
     for component in COMPONENTS:
-        env = [e["name"] for e in rendered.container(component)["env"]]
-        if component in ("prefill", "decode"):
-            assert env.index("POD_IP") < env.index("PDSERVE_ADVERTISE")  # $(POD_IP) expands only if defined earlier
-            pod_ip = next(e for e in rendered.container(component)["env"] if e["name"] == "POD_IP")
-            assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-        else:
-            assert "PDSERVE_ADVERTISE" not in env
+        env = rendered.container(component)["env"]
+        names = [e["name"] for e in env]
+        assert names.index("POD_IP") < names.index("PDSERVE_ADVERTISE")  # $(POD_IP) expands only if defined earlier
+        pod_ip = next(e for e in env if e["name"] == "POD_IP")
+        assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        advertise = next(e for e in env if e["name"] == "PDSERVE_ADVERTISE")
+        assert advertise["value"] == "$(POD_IP):50051", component
 
 
 @pytest.mark.parametrize(("values", "model"), [(None, None), ("production", "/models/SmolLM2-135M-Instruct"),

@@ -125,9 +125,7 @@ spec:
 - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
 - {name: PDSERVE_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.grpc | int) | quote }}}
 - {name: PDSERVE_METRICS_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.metrics | int) | quote }}}
-{{- if $role.engine }}
 - {name: PDSERVE_ADVERTISE, value: {{ printf "$(POD_IP):%d" ($ports.grpc | int) | quote }}}
-{{- end }}
 - {name: OTEL_TRACES_EXPORTER, value: {{ $tracing.exporter | quote }}}
 {{- if ne $tracing.exporter "none" }}
 - {name: OTEL_SERVICE_NAME, value: {{ printf "pdserve-%s" $role.component | quote }}}
