@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability bench-serve bench-compare llamacpp chart chart-schema clean
 
 all: venv
 
@@ -66,6 +66,29 @@ bench-prefix: venv
 
 bench-observability: venv
 	$(PYTHON) -m services.cluster.bench_observability
+
+# load generator (vllm bench serve style) against a running gateway (`make run`) or any OpenAI-compatible
+# server: BENCH_ARGS="--target http://127.0.0.1:8000 --max-concurrency 16 ..." (see services/bench/README.md)
+BENCH_ARGS ?= --target grpc://127.0.0.1:50051 --dataset-name random --num-prompts 64 --max-concurrency 16 \
+	--json out/bench-serve.json --plot out/bench-serve.png
+bench-serve: venv
+	$(PYTHON) -m services.bench $(BENCH_ARGS)
+
+# llama-cpp-python[server] (pinned) in its own venv, compiled for this CPU: minutes, once; not part of `make test`.
+# GGML_OPENMP=OFF: with OpenMP, the server's worker thread runs ~8x slower than the main thread (libgomp).
+LLAMACPP_VENV    := .venv-llamacpp
+LLAMACPP_VERSION := 0.3.16
+$(LLAMACPP_VENV)/.installed:
+	$(PY) -m venv $(LLAMACPP_VENV)
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP_VENV)/bin/pip install -q --no-cache-dir \
+		'llama-cpp-python[server]==$(LLAMACPP_VERSION)'
+	touch $@
+llamacpp: $(LLAMACPP_VENV)/.installed
+
+# pdserve beside llama.cpp's server on the same GGUF, three workloads, alternating (docs/benchmarks.md)
+bench-compare: venv llamacpp
+	$(PYTHON) -m services.bench.compare $(COMPARE_ARGS)
 
 # lint charts/pdserve and render it (default values; CHART_VALUES=file for others), no helm binary needed;
 # its full checks (schema validation of every manifest, behaviour) run in `make test` (tests/charts)

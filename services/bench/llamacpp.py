@@ -1,0 +1,84 @@
+"""llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``) as a benchmark baseline, run
+from its own virtual environment (``make llamacpp`` builds ``.venv-llamacpp``).
+
+That server holds one ``Llama`` context behind a lock: it runs one request at a time (no batching; it
+queues the others) and, between consecutive requests, reuses the KV of the longest common prefix with
+the previous prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from services.common.launch import REPO_ROOT
+
+DEFAULT_VENV = REPO_ROOT / ".venv-llamacpp"
+
+
+class LlamaCppUnavailable(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class LlamaCppServer:
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def python_of(venv: Path = DEFAULT_VENV) -> Path:
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        raise LlamaCppUnavailable(f"{python} is missing: run `make llamacpp` to build llama-cpp-python[server]")
+    return python
+
+
+@contextlib.contextmanager
+def start_llamacpp(model: Path, threads: int = 2, n_ctx: int = 4096, venv: Path = DEFAULT_VENV,
+                   extra_args: Sequence[str] = (), startup_timeout_s: float = 120.0,
+                   stderr: int | None = subprocess.DEVNULL) -> Iterator[LlamaCppServer]:
+    """Serve ``model`` on an ephemeral loopback port until the block ends (SIGTERM, then SIGKILL)."""
+    port = free_port()
+    command = [str(python_of(venv)), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+               "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+               "--n_ctx", str(n_ctx), "--verbose", "False", *extra_args]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, process, startup_timeout_s)
+        yield LlamaCppServer(url, process)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LlamaCppUnavailable(f"llama_cpp.server exited with code {process.returncode}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise LlamaCppUnavailable(f"llama_cpp.server did not answer on {url} within {timeout_s} s")

@@ -1,0 +1,73 @@
+"""The benchmark's report: JSON layout, the table's medians over rounds, the PNG, target parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.bench.datasets import DatasetSpec
+from services.bench.metrics import compute_metrics
+from services.bench.outcome import RequestOutcome
+from services.bench.report import format_table, report_dict, summary, write_json
+from services.bench.runner import BenchConfig, TargetRun
+from services.bench.targets import TargetSpec
+
+
+def run(target: str, round_: int, ttft: float, duration: float) -> TargetRun:
+    outcomes = [RequestOutcome(ok=True, prompt_len=100, output_tokens=11, ttft_s=ttft, latency_s=ttft + 1.0,
+                               itl_s=[0.1] * 10),
+                RequestOutcome(ok=False, prompt_len=100, error="UNAVAILABLE: gone")]
+    return TargetRun(target, round_, compute_metrics(outcomes, duration, {"ttft": 250}), outcomes)
+
+
+RUNS = [run("a", 0, 0.1, 2.0), run("b", 0, 0.4, 4.0), run("a", 1, 0.3, 1.0), run("b", 1, 0.2, 3.0),
+        run("a", 2, 0.2, 3.0), run("b", 2, 0.6, 5.0)]
+CONFIG = BenchConfig(targets=(TargetSpec("a", "grpc://127.0.0.1:1"), TargetSpec("b", "http://127.0.0.1:2")),
+                     dataset=DatasetSpec(name="random", num_prompts=2), rounds=3, slos={"ttft": 250.0})
+
+
+def test_report_json_has_medians_rounds_and_requests(tmp_path):
+    path = tmp_path / "sub" / "out.json"
+    write_json(path, report_dict(CONFIG, RUNS, command="python -m services.bench --alternate 3"))
+    report = json.loads(path.read_text())
+    assert report["command"] == "python -m services.bench --alternate 3"
+    assert report["config"]["load"]["request_rate"] == "inf"
+    assert report["config"]["rounds"] == 3 and report["config"]["slos"] == {"ttft": 250.0}
+    assert list(report["targets"]) == ["a", "b"]
+    a = report["targets"]["a"]
+    assert [r["ttft_ms"]["mean"] for r in a["rounds"]] == pytest.approx([100.0, 300.0, 200.0])
+    assert a["median"]["ttft_ms"]["mean"] == pytest.approx(200.0)
+    assert a["median"]["output_throughput"] == pytest.approx(11 / 2.0)
+    assert a["median"]["completed"] == 1 and a["median"]["failed"] == 1
+    assert a["median"]["goodput"] == pytest.approx(1 / 3.0)  # rounds: 1/2.0, 0 (TTFT 300 ms), 1/3.0
+    first = a["requests"][0]
+    assert first[0] == {"ok": True, "prompt_len": 100, "output_tokens": 11, "ttft_ms": pytest.approx(100.0),
+                        "tpot_ms": pytest.approx(100.0), "e2el_ms": pytest.approx(1100.0), "error": ""}
+    assert first[1]["ok"] is False and first[1]["error"] == "UNAVAILABLE: gone"
+
+
+def test_table_has_one_column_per_target():
+    table = format_table(summary(RUNS), rounds=3)
+    lines = table.splitlines()
+    assert lines[0] == "| metric (median of 3 rounds) | a | b |"
+    assert "| Output token throughput (tok/s) | 5.5 | 2.8 |" in lines
+    assert "| TTFT median (ms) | 200.0 | 400.0 |" in lines
+    assert "| Goodput (req/s) | 0.333 | 0.000 |" in lines
+
+
+def test_plot_writes_a_png(tmp_path):
+    from services.bench.plots import plot_runs
+
+    path = tmp_path / "bench.png"
+    plot_runs(RUNS, path, title="test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_target_specs():
+    assert TargetSpec.parse("grpc://127.0.0.1:50051") == TargetSpec("grpc://127.0.0.1:50051", "grpc://127.0.0.1:50051")
+    spec = TargetSpec.parse("llama=http://127.0.0.1:8080")
+    assert (spec.name, spec.scheme, spec.address) == ("llama", "http", "127.0.0.1:8080")
+    for bad in ("127.0.0.1:1", "ftp://x:1", "grpc://"):
+        with pytest.raises(ValueError):
+            TargetSpec.parse(bad)
