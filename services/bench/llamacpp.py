@@ -3,7 +3,8 @@ from its own virtual environment (``make llamacpp`` builds ``.venv-llamacpp``).
 
 That server holds one ``Llama`` context behind a lock: it runs one request at a time (no batching; it
 queues the others) and, between consecutive requests, reuses the KV of the longest common prefix with
-the previous prompt.
+the previous prompt. By default it cuts a streaming request short as soon as another one waits
+(``interrupt_requests``); that is turned off here, so every request runs to its end.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def start_llamacpp(model: Path, threads: int = 2, n_ctx: int = 4096, venv: Path 
     port = free_port()
     command = [str(python_of(venv)), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
                "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-               "--n_ctx", str(n_ctx), "--verbose", "False", *extra_args]
+               "--n_ctx", str(n_ctx), "--interrupt_requests", "False", "--verbose", "False", *extra_args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:

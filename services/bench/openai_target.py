@@ -61,6 +61,7 @@ class OpenAITarget:
     async def generate(self, request: BenchRequest) -> RequestOutcome:
         timer = StreamTimer()
         usage: dict[str, Any] | None = None
+        finished = False
         try:
             async with self._client.stream("POST", self.sampling.endpoint, json=self.body(request)) as reply:
                 if reply.status_code != 200:
@@ -77,9 +78,12 @@ class OpenAITarget:
                         return timer.outcome(request.prompt_len, error=f"stream error: {chunk['error']}")
                     if self._content(chunk):
                         timer.arrived(1)
+                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                     usage = chunk.get("usage") or usage
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             return timer.outcome(request.prompt_len, error=f"{type(exc).__name__}: {exc}")
+        if not finished:  # cut short (llama-cpp-python's server does that with interrupt_requests on)
+            return timer.outcome(request.prompt_len, error="the stream ended without a finish_reason")
         if usage:
             return timer.outcome(usage.get("prompt_tokens") or request.prompt_len, usage.get("completion_tokens"))
         return timer.outcome(request.prompt_len)

@@ -31,7 +31,8 @@ async def test_completion_stream_with_usage():
     def handler(request: httpx.Request) -> httpx.Response:
         bodies.append(json.loads(request.content))
         return httpx.Response(200, content=sse(
-            {"choices": [{"text": " a"}]}, {"choices": [{"text": " b c"}]}, {"choices": [{"text": ""}]},
+            {"choices": [{"text": " a"}]}, {"choices": [{"text": " b c"}]},
+            {"choices": [{"text": "", "finish_reason": "length"}]},
             {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}, "[DONE]"))
 
     t = target(handler)
@@ -73,12 +74,16 @@ async def test_errors_make_failed_outcomes():
     def unreachable(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
+    def cut_short(request: httpx.Request) -> httpx.Response:  # llama-cpp-python's interrupt_requests
+        return httpx.Response(200, content=sse({"choices": [{"text": "a"}]}, "[DONE]"))
+
     outcomes = []
-    for handler in (refuse, broken, unreachable):
+    for handler in (refuse, broken, unreachable, cut_short):
         t = target(handler)
         outcomes.append(await t.generate(REQUEST))
         await t.close()
-    assert [o.ok for o in outcomes] == [False, False, False]
+    assert [o.ok for o in outcomes] == [False, False, False, False]
     assert "HTTP 400" in outcomes[0].error and "max_tokens must be positive" in outcomes[0].error
     assert "died" in outcomes[1].error
     assert "ConnectError" in outcomes[2].error
+    assert "without a finish_reason" in outcomes[3].error and outcomes[3].output_tokens == 1
