@@ -4,9 +4,11 @@ on loopback with the bundled model, until Ctrl-C."""
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
+import urllib.request
 
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
@@ -15,6 +17,7 @@ from services.cluster.local import ClusterSpec, start_cluster
 
 USAGE = """
 pdserve is up: gateway {gateway}
+  OpenAI-compatible HTTP: {http}
   prefill: {prefill}
   decode:  {decode}
   cache-store: {store}
@@ -34,12 +37,31 @@ From Python (the generated client: pip install protos/python):
   for response in stub.Generate(request):
       print(response.text, end="", flush=True)
 
+{http_usage}
 Metrics (Prometheus text):
 {metrics}
 Drain one node as SIGTERM would: .venv/bin/grpcurl -plaintext -d '{{}}' <node address> pdserve.v1.Admin/Drain
 
 Ctrl-C stops everything.
 """
+
+
+HTTP_USAGE = """OpenAI-compatible HTTP (streaming: "stream": true):
+  curl {http}/v1/models
+  curl {http}/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
+  from openai import OpenAI
+  client = OpenAI(base_url="{http}/v1", api_key="unused")
+  print(client.completions.create(model="{model}", prompt="The capital of France is", max_tokens=16).choices[0].text)
+"""
+
+
+def http_usage(http_url: str) -> str:
+    if not http_url:
+        return ""
+    with urllib.request.urlopen(f"{http_url}/v1/models", timeout=10) as reply:
+        model = json.load(reply)["data"][0]["id"]
+    return HTTP_USAGE.format(http=http_url, model=model)
 
 
 def metrics_lines(gateway: str) -> str:
@@ -53,6 +75,8 @@ def metrics_lines(gateway: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port")
+    parser.add_argument("--http", default="127.0.0.1:8000",
+                        help="host:port of the gateway's OpenAI-compatible HTTP front; empty = off")
     parser.add_argument("--prefill-nodes", type=int, default=1)
     parser.add_argument("--decode-nodes", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -61,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="prefill nodes do not share prompt blocks through the cache-store")
     args = parser.parse_args(argv)
     spec = ClusterSpec(num_prefill=args.prefill_nodes, num_decode=args.decode_nodes, gateway_listen=args.gateway,
+                       http_listen=args.http,
                        engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
                        prefill_cache_store=args.store_prefixes)
     stop = threading.Event()
@@ -69,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("starting the cluster (loading the model in each node)...\n")
     with start_cluster(spec) as cluster:
         sys.stdout.write(USAGE.format(
-            gateway=cluster.address, prefill=", ".join(p.address for p in cluster.prefill),
+            gateway=cluster.address, http=cluster.http_url or "off", http_usage=http_usage(cluster.http_url),
+            prefill=", ".join(p.address for p in cluster.prefill),
             decode=", ".join(d.address for d in cluster.decode),
             store=cluster.cache_store.address if cluster.cache_store else "-", metrics=metrics_lines(cluster.address)))
         sys.stdout.flush()

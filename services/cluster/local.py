@@ -12,6 +12,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+
 from services.common.launch import ServiceProcess, launch
 
 
@@ -21,6 +24,7 @@ class ClusterSpec:
     num_decode: int = 1
     cache_store: bool = True
     gateway_listen: str = "127.0.0.1:0"
+    http_listen: str = ""  # the gateway's OpenAI-compatible HTTP front (port 0 = ephemeral); empty = off
     engine_args: tuple[str, ...] = ()  # passed to every prefill and decode node (e.g. --dtype float32)
     prefill_args: tuple[str, ...] = ()
     decode_args: tuple[str, ...] = ()
@@ -38,6 +42,7 @@ class LocalCluster:
     prefill: list[ServiceProcess] = field(default_factory=list)
     decode: list[ServiceProcess] = field(default_factory=list)
     cache_store: ServiceProcess | None = None
+    http_url: str = ""  # http://HOST:PORT of the gateway's HTTP front (ClusterStatus.http_url); empty = off
 
     @property
     def address(self) -> str:
@@ -65,8 +70,18 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                         "--decode", ",".join(d.address for d in decode), *spec.gateway_args]
         if store is not None:
             gateway_args += ["--cache-store", store.address]
+        if spec.http_listen:
+            gateway_args += ["--http-listen", spec.http_listen]
         gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen)
-        yield LocalCluster(gateway, prefill, decode, store)
+        http_url = _http_url(gateway.address) if spec.http_listen else ""
+        yield LocalCluster(gateway, prefill, decode, store, http_url)
+
+
+def _http_url(gateway: str) -> str:
+    """The bound URL of the gateway's HTTP front (its port may be ephemeral), from ``ClusterStatus``."""
+    with grpc.insecure_channel(gateway) as channel:
+        status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10)
+    return status.http_url
 
 
 def _start_many(stack: contextlib.ExitStack, module: str, count: int, args: Sequence[str], spec: ClusterSpec,

@@ -36,6 +36,12 @@ class GatewayConfig(ServerConfig):
     status_timeout_s: float = setting(1.0, "NodeStatus call timeout; no answer = unhealthy")
     status_max_age_s: float = setting(1.0, "ClusterStatus polls again when the last poll is older")
     abort_timeout_s: float = setting(2.0, "timeout of the best-effort Abort calls")
+    http_listen: str = setting("", "host:port of the OpenAI-compatible HTTP front (/v1/completions, "
+                                   "/v1/chat/completions, /v1/models); port 0 = ephemeral, empty = off")
+    http_max_body_mib: float = setting(4.0, "largest HTTP request body; a larger one gets 413")
+    served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
+                                         "name); empty = the model file's name without extension and "
+                                         "quantization, e.g. SmolLM2-135M-Instruct")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +65,12 @@ class GatewayConfig(ServerConfig):
             raise ValueError("poll_interval_s, status_timeout_s and abort_timeout_s must be > 0")
         if self.max_model_len < 0 or self.request_timeout_s < 0 or self.status_max_age_s < 0:
             raise ValueError("max_model_len, request_timeout_s and status_max_age_s must be >= 0")
+        if self.http_listen:
+            host, sep, port = self.http_listen.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"http_listen: expected host:port or empty, got {self.http_listen!r}")
+        if self.http_max_body_mib <= 0:
+            raise ValueError(f"http_max_body_mib must be > 0, got {self.http_max_body_mib}")
 
     @property
     def prefill_addresses(self) -> tuple[str, ...]:

@@ -22,6 +22,8 @@ from services.gateway.core import CoreSettings, GatewayCore
 from services.gateway.directory import NodeDirectory
 from services.gateway.discovery import Resolver
 from services.gateway.metrics import gateway_registry
+from services.gateway.openai.app import FrontSettings, FrontState, create_app, served_model_id
+from services.gateway.openai.server import HttpFront
 from services.gateway.servicer import GatewayServicer
 
 log = structlog.get_logger(__name__)
@@ -36,18 +38,35 @@ class Gateway:
     directory: NodeDirectory
     server: NodeServer
     servicer: GatewayServicer | None = None
+    http: HttpFront | None = None  # the OpenAI-compatible HTTP front, when ``http_listen`` is set
 
     async def start(self) -> None:
-        """First poll of every node, then serve (nodes that are not up yet join on a later poll)."""
+        """First poll of every node, then serve gRPC and HTTP (nodes that are not up yet join on a later
+        poll)."""
         await self.directory.start()
         await self.server.start()
+        if self.http is not None:
+            try:
+                await self.http.start()
+            except BaseException:
+                await self.stop()
+                raise
         if self.servicer is not None:
             self.servicer.metrics_url = self.server.metrics_url(self.config.advertise)
+            self.servicer.http_url = self.http.url if self.http is not None else ""
 
     async def stop(self) -> None:
-        """Drain (in-flight requests get ``grace_s``), stop the server, stop polling."""
+        """Drain (in-flight requests get ``grace_s``), stop the servers, stop polling."""
         try:
             await self.server.shutdown()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """What the drain left running: the HTTP front (when the drain was cut short), the polling."""
+        try:
+            if self.http is not None:
+                await self.http.stop()
         finally:
             await self.directory.close()
 
@@ -69,12 +88,22 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     servicer = GatewayServicer(core, metrics)
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)
+    http = None
+    if config.http_listen:
+        state = FrontState()
+        front = FrontSettings(config.served_model_name or served_model_id(config.model or bundled_model_path()),
+                              max_body_bytes=int(config.http_max_body_mib * (1 << 20)))
+        http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s)
 
     async def drain() -> None:
+        if http is not None:
+            http.state.draining = True  # new HTTP requests: 503; those in flight finish within grace_s
         await core.drain(config.grace_s)
+        if http is not None:
+            await http.stop()
 
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
-    return Gateway(config, core, directory, server, servicer)
+    return Gateway(config, core, directory, server, servicer, http)
 
 
 async def serve(config: GatewayConfig) -> None:
@@ -84,14 +113,15 @@ async def serve(config: GatewayConfig) -> None:
     tokenizer = Tokenizer.load(path, model.eos_token_ids)
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position)
     await gateway.start()
-    log.info("gateway ready", address=gateway.server.address, model=str(path),
+    log.info("gateway ready", address=gateway.server.address, http=gateway.http.url if gateway.http else "",
+             model=str(path),
              max_model_len=gateway.core.settings.max_model_len, prefill=config.prefill_addresses,
              decode=config.decode_addresses, cache_store=config.cache_store_addresses,
              startup_s=round(time.perf_counter() - started, 2))
     try:
         await gateway.server.serve_until_signalled()
     finally:
-        await gateway.directory.close()
+        await gateway.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,6 +55,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.core = core
         self.metrics = metrics
         self.metrics_url = ""  # the gateway's own /metrics, set once the server is bound
+        self.http_url = ""  # the OpenAI-compatible HTTP front, set once it is bound (empty: off)
 
     @grpc_errors
     @tracked
@@ -76,4 +77,4 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Every configured node as of a poll at most ``status_max_age_s`` old."""
         nodes = await self.core.cluster_status()
         return gateway_pb2.ClusterStatusResponse(nodes=[node_status_to_proto(n) for n in nodes],
-                                                 gateway_metrics_url=self.metrics_url)
+                                                 gateway_metrics_url=self.metrics_url, http_url=self.http_url)

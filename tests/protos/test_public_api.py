@@ -38,7 +38,7 @@ def test_gateway_service_and_messages():
     response = fields(gateway_pb2.GenerateResponse)
     assert {"request_id", "token_ids", "text", "finish_reason", "usage"} <= response
     assert {"prompt_tokens", "completion_tokens", "cached_tokens"} <= fields(gateway_pb2.Usage)
-    assert fields(gateway_pb2.ClusterStatusResponse) == {"nodes", "gateway_metrics_url"}
+    assert fields(gateway_pb2.ClusterStatusResponse) == {"nodes", "gateway_metrics_url", "http_url"}
     assert {"address", "role", "healthy", "blocks_total", "blocks_free", "blocks_reserved", "blocks_cached",
             "requests_running", "requests_waiting", "preemptions_total", "prefix_hit_tokens_total",
             "prompt_tokens_total", "metrics_url"} <= fields(gateway_pb2.NodeStatus)

@@ -1,0 +1,112 @@
+"""The routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` and ``GET /health`` (200, or 503 while draining).
+
+Each generation request is checked (model, schema), translated to a ``GenerateInput`` whose request id is
+the response's ``id`` (``cmpl-…`` / ``chatcmpl-…``, also in the gateway's logs and the trace), opened on
+the gateway's core and answered by ``streaming.respond``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from services.gateway.core import GatewayCore
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.openai import errors
+from services.gateway.openai.body_limit import BodyLimit
+from services.gateway.openai.responses import ModelCard, ModelList
+from services.gateway.openai.running import RunningRequest
+from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
+from services.gateway.openai.streaming import respond
+from services.gateway.openai.translate import (
+    ChatRenderer,
+    CompletionRenderer,
+    Identity,
+    Renderer,
+    chat_input,
+    completion_input,
+)
+from services.gateway.request_flow import GenerateInput
+
+_QUANTIZATION = re.compile(r"[.-](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
+
+
+def served_model_id(path: Path) -> str:
+    """``…/SmolLM2-135M-Instruct.Q4_1.gguf`` → ``SmolLM2-135M-Instruct``; a directory → its name."""
+    name = path.name.removesuffix(".gguf") if path.suffix == ".gguf" else path.name
+    return _QUANTIZATION.sub("", name)
+
+
+@dataclass(frozen=True)
+class FrontSettings:
+    model_name: str  # the id /v1/models lists and requests must name
+    max_body_bytes: int = 4 << 20
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class FrontState:
+    draining: bool = False  # new generation requests get 503
+
+
+def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: FrontSettings,
+               state: FrontState | None = None) -> FastAPI:
+    state = state or FrontState()
+    app = FastAPI(title="pdserve", summary="OpenAI-compatible API of the pdserve gateway", docs_url=None,
+                  redoc_url=None)
+    errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    card = ModelCard(id=settings.model_name, created=settings.created)
+
+    def check(body: GenerationBody) -> None:
+        if state.draining:
+            raise errors.draining()
+        if body.model is not None and body.model != settings.model_name:
+            raise errors.model_not_found(body.model, settings.model_name)
+
+    async def run(request: Request, generate: GenerateInput, renderer: Renderer, body: GenerationBody) -> Response:
+        running = RunningRequest(core, metrics, generate, request.headers.items(), request.receive)
+        running.open()
+        try:
+            return await respond(running, renderer, body.stream, body.include_usage)
+        except BaseException as error:
+            running.close(error)  # a stream that started closes itself when it ends
+            raise
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "draining" if state.draining else "ok"}, status_code=503 if state.draining
+                            else 200)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[card])
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> ModelCard:
+        if model != settings.model_name:
+            raise errors.model_not_found(model, settings.model_name)
+        return card
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request) -> Response:
+        check(body)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        renderer = CompletionRenderer(Identity.new(request_id, settings.model_name))
+        return await run(request, completion_input(body, request_id), renderer, body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
+        check(body)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        renderer = ChatRenderer(Identity.new(request_id, settings.model_name))
+        return await run(request, chat_input(body, request_id), renderer, body)
+
+    return app

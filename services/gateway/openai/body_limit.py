@@ -1,0 +1,71 @@
+"""ASGI middleware: a request body over ``max_bytes`` gets 413 in OpenAI's shape, never held in memory.
+
+A declared ``Content-Length`` over the limit is refused before the app runs: the body is read and thrown
+away chunk by chunk (up to ``discard_bytes``; a client that sends its whole body before reading the answer
+would otherwise see the connection reset instead of the 413), then the 413 is sent. A body without a
+length (chunked) is counted as the app reads it and refused the moment it passes the limit.
+"""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.gateway.openai.errors import OpenAIError
+
+
+def too_large(limit: int) -> str:
+    return f"request body exceeds the limit of {limit} bytes ({limit / (1 << 20):g} MiB)"
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int, discard_bytes: int = 256 << 20) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.discard_bytes = discard_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._discard(receive)
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, too_large(self.max_bytes))  # the app's handler shapes it
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _discard(self, receive: Receive) -> None:
+        thrown = 0
+        while thrown <= self.discard_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            thrown += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = OpenAIError(413, too_large(self.max_bytes), param="body", code="request_too_large")
+        await error.response()(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,112 @@
+"""One generation request of the HTTP front: the gateway's flow, with what a gRPC ``Generate`` call has.
+
+- the same root ``Generate`` SERVER span (continuing a W3C ``traceparent`` header when one came), current
+  only while the request is opened (the flow keeps it as the parent of its own spans and outgoing calls);
+- the same request metrics (``GatewayMetrics.track``): TTFT, TPOT, e2e, the outcome;
+- cancellation: a client that disconnects cancels the flow, which aborts the request on its nodes and
+  frees every block, as a cancelled gRPC call does.
+
+``close()`` must run however the request ends (it is idempotent): it cancels a flow that is still
+running, ends the span and settles the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
+from starlette.types import Receive
+
+from services.common import tracing
+from services.gateway.core import GatewayCore
+from services.gateway.metrics import GatewayMetrics, RequestTracker
+from services.gateway.request_flow import GenerateChunk, GenerateInput, RequestFlow
+from services.gateway.servicer import chunk_to_proto
+
+log = structlog.get_logger(__name__)
+
+
+class RunningRequest:
+    def __init__(self, core: GatewayCore, metrics: GatewayMetrics | None, request: GenerateInput,
+                 headers: Iterable[tuple[str, str]], receive: Receive) -> None:
+        self.core = core
+        self.request = request
+        self.flow: RequestFlow | None = None
+        self._tracker: RequestTracker | None = metrics.track() if metrics is not None else None
+        self._span = _root_span(request.request_id, headers)
+        self._receive = receive
+        self._watcher: asyncio.Task[None] | None = None
+        self._tracking = False
+        self.disconnected = False
+        self._closed = False
+
+    def open(self) -> None:
+        """Validate and tokenize (raises the gateway's named errors, before any node is called)."""
+        structlog.contextvars.bind_contextvars(request_id=self.request.request_id)
+        if self._tracker is not None:
+            self._tracker.__enter__()
+            self._tracking = True
+        try:
+            with trace.use_span(self._span, end_on_exit=False, record_exception=False):
+                self.flow = self.core.open(self.request, None)
+        except BaseException as error:
+            self.close(error)
+            raise
+        self._watcher = asyncio.ensure_future(self._watch_disconnect())
+
+    async def chunks(self) -> AsyncIterator[GenerateChunk]:
+        """The flow's chunks; the request is closed when they end, however they end."""
+        assert self.flow is not None, "open() first"
+        error: BaseException | None = None
+        try:
+            async for chunk in self.flow.run():
+                if self._tracker is not None:
+                    self._tracker.sent(chunk_to_proto(chunk))
+                yield chunk
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            self.close(error)
+
+    def cancel(self, reason: str) -> None:
+        if self.flow is not None:
+            self.flow.cancel(reason)
+
+    def close(self, error: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.flow is not None:
+            self.flow.cancel("HTTP response ended before the request finished")  # no-op once it finished
+        if self.disconnected:
+            error = asyncio.CancelledError("client disconnected")  # counted as the gRPC path counts a cancel
+        if self._tracker is not None and self._tracking:
+            self._tracker.__exit__(type(error) if error else None, error, None)
+        if error is not None:
+            tracing.fail(self._span, f"{type(error).__name__}: {error}")
+        self._span.end()
+
+    async def _watch_disconnect(self) -> None:
+        """The body was read already: the next message is the client going away."""
+        with contextlib.suppress(asyncio.CancelledError):
+            while (await self._receive())["type"] != "http.disconnect":
+                pass
+            if not self._closed:
+                log.info("HTTP client disconnected")
+                self.disconnected = True
+                self.cancel("client disconnected")
+
+
+def _root_span(request_id: str, headers: Iterable[tuple[str, str]]) -> Span:
+    """``Generate`` (SERVER): the root of the request's trace, or a child of the client's ``traceparent``."""
+    if not tracing.enabled():
+        return INVALID_SPAN
+    return tracing.tracer().start_span("Generate", context=tracing.incoming(headers), kind=SpanKind.SERVER,
+                                       attributes={tracing.REQUEST_ID: request_id})

@@ -1,0 +1,174 @@
+"""Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
+
+What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` other
+than 1, ``best_of`` > 1, ``echo``, ``logprobs``/``top_logprobs``, ``suffix``, ``logit_bias`` and non-zero
+``presence_penalty``/``frequency_penalty``. Fields pdserve does not know (``user``, ``metadata``, …) are
+ignored. Extensions (as vLLM names them): ``top_k`` (-1 or 0 = off), ``stop_token_ids``, ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SEED_LIMIT = 1 << 63
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class GenerationBody(BaseModel):
+    """What both endpoints take: the model, sampling and streaming settings."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None  # None: the served model
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"only n=1 is supported, got {n}")
+        return n
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError("penalties are not supported (only 0)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionBody(GenerationBody):
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a one-element list of either."""
+
+    prompt: str | list[int] = Field(...)
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError(f"one prompt per request is supported, got a batch of {len(value)}")
+            value = value[0]
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return value
+        raise ValueError("expected a string, a list of token ids, or a one-element list of either")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        if value is not None and value > 0:
+            raise ValueError("logprobs are not supported")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError(f"only best_of=1 is supported, got {value}")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported")
+        return value
+
+
+class ChatMessageBody(BaseModel):
+    """One message; ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts (joined)."""
+
+    model_config = ConfigDict(extra="ignore")  # name, tool_call_id, ... are ignored
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, value: str | list[dict[str, Any]] | None) -> str:
+        if value is None or isinstance(value, str):
+            return value or ""
+        texts = []
+        for i, part in enumerate(value):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i}: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
+                                 f"got type {part.get('type')!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    @property
+    def text(self) -> str:
+        assert isinstance(self.content, str), "content is joined by the validator"
+        return self.content
+
+
+class ChatCompletionBody(GenerationBody):
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` wins over ``max_tokens``."""
+
+    messages: list[ChatMessageBody] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("logprobs are not supported")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("top_logprobs are not supported")
+        return value

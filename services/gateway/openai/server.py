@@ -1,0 +1,91 @@
+"""uvicorn serving the HTTP front as a task of the gateway's running event loop (no thread, no second loop).
+
+The socket is bound here (port 0 = ephemeral), so a taken port fails ``start()`` and ``url`` is known at
+once. uvicorn's own signal handling is off: the gateway's ``NodeServer`` owns SIGTERM/SIGINT and calls
+the drain, which flips ``FrontState.draining`` (new generation requests get 503, ``/health`` too) before
+the core drains; ``stop()`` then closes the listener and waits up to ``grace_s`` for open responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import structlog
+import uvicorn
+from fastapi import FastAPI
+
+from services.gateway.openai.app import FrontState
+
+log = structlog.get_logger(__name__)
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the gateway's NodeServer handles signals
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:8000"`` / ``"[::1]:0"`` → (host, port); ``ValueError`` naming the problem."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+class HttpFront:
+    def __init__(self, app: FastAPI, listen: str, state: FrontState, grace_s: float = 5.0) -> None:
+        self.app = app
+        self.listen = listen
+        self.state = state
+        self.grace_s = grace_s
+        self.port: int | None = None
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (a bracketed IPv6 host); empty before ``start()``."""
+        if self.port is None:
+            return ""
+        host = self.listen.rpartition(":")[0]
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        host, port = split_listen(self.listen)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError as error:
+            sock.close()
+            raise OSError(f"cannot bind the HTTP front {self.listen}: {error}") from error
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=max(self.grace_s, 0.1), timeout_keep_alive=30)
+        server = self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(server.serve(sockets=[sock]), name="http-front")
+        while not server.started and not self._task.done():
+            await asyncio.sleep(0.005)
+        if self._task.done():
+            sock.close()
+            self._task.result()  # raises what stopped it
+            raise OSError(f"the HTTP front on {self.listen} stopped while starting")
+        log.info("HTTP front serving", url=self.url)
+
+    async def stop(self) -> None:
+        """Refuse new requests, close the listener, give open responses ``grace_s``. Idempotent."""
+        self.state.draining = True
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await self._task
+        finally:
+            self._server = None
+            log.info("HTTP front stopped")

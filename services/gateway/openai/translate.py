@@ -1,0 +1,114 @@
+"""OpenAI request bodies → ``GenerateInput``; ``GenerateChunk``s → OpenAI response bodies.
+
+Sampling maps one to one onto the gateway's ``SamplingFields`` (unset stays unset, so the gateway's
+defaults apply: ``max_tokens = min(--default-max-tokens, room left in the context)``, temperature 1,
+top_p 1, a random seed). A renderer turns the chunks of one request into the endpoint's bodies: streamed
+chunks (empty text is not sent, except where a chunk must be: the chat role, the finish), the usage
+chunk, or the whole response.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from services.common.sampling_convert import SamplingFields
+from services.engine.tokenizer import ChatMessage
+from services.gateway.openai import responses as out
+from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
+from services.gateway.request_flow import GenerateChunk, GenerateInput, Usage
+
+
+def sampling_of(body: GenerationBody, max_tokens: int | None) -> SamplingFields:
+    return SamplingFields(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                          top_k=body.top_k, seed=body.seed, stop=tuple(body.stop or ()),
+                          stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+
+
+def completion_input(body: CompletionBody, request_id: str) -> GenerateInput:
+    prompt = body.prompt
+    return GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
+                         token_ids=None if isinstance(prompt, str) else tuple(prompt),
+                         sampling=sampling_of(body, body.max_tokens))
+
+
+def chat_input(body: ChatCompletionBody, request_id: str) -> GenerateInput:
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return GenerateInput(request_id=request_id, messages=tuple(ChatMessage(m.role, m.text) for m in body.messages),
+                         sampling=sampling_of(body, max_tokens))
+
+
+def usage_body(usage: Usage) -> out.UsageBody:
+    return out.UsageBody(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                         total_tokens=usage.prompt_tokens + usage.completion_tokens,
+                         prompt_tokens_details=out.PromptTokensDetails(cached_tokens=usage.cached_tokens))
+
+
+class Renderer(Protocol):
+    """The bodies of one request's response."""
+
+    def chunk(self, chunk: GenerateChunk, first: bool) -> BaseModel | None:
+        """A streamed chunk for ``chunk`` (None: nothing to send)."""
+
+    def usage_chunk(self, usage: Usage) -> BaseModel:
+        """The last streamed chunk when ``stream_options.include_usage``: no choices, the usage."""
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> BaseModel:
+        """The non-streamed response."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    id: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, request_id: str, model: str) -> Identity:
+        return cls(request_id, model, int(time.time()))
+
+
+@dataclass(frozen=True)
+class CompletionRenderer:
+    who: Identity
+
+    def chunk(self, chunk: GenerateChunk, first: bool) -> out.Completion | None:
+        if not chunk.text and not chunk.finish_reason:
+            return None
+        choice = out.CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason or None)
+        return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice])
+
+    def usage_chunk(self, usage: Usage) -> out.Completion:
+        return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[],
+                              usage=usage_body(usage))
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> out.Completion:
+        choice = out.CompletionChoice(text=text, finish_reason=finish_reason)
+        return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
+                              usage=usage_body(usage))
+
+
+@dataclass(frozen=True)
+class ChatRenderer:
+    who: Identity
+
+    def chunk(self, chunk: GenerateChunk, first: bool) -> out.ChatCompletionChunk | None:
+        if not chunk.text and not chunk.finish_reason and not first:
+            return None
+        delta = out.ChatDelta(role="assistant" if first else None,
+                              content=chunk.text if chunk.text or first else None)
+        choice = out.ChatChunkChoice(delta=delta, finish_reason=chunk.finish_reason or None)
+        return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model,
+                                       choices=[choice])
+
+    def usage_chunk(self, usage: Usage) -> out.ChatCompletionChunk:
+        return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model, choices=[],
+                                       usage=usage_body(usage))
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> out.ChatCompletion:
+        choice = out.ChatChoice(message=out.ChatMessageOut(content=text), finish_reason=finish_reason)
+        return out.ChatCompletion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
+                                  usage=usage_body(usage))
