@@ -1,0 +1,215 @@
+"""Every way a request can fail at the HTTP front gets OpenAI's error shape with the right status and
+``param``, no node is called for bad input, and the gateway serves the next request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import httpx
+import openai
+import pytest
+from pdserve.v1 import decode_pb2, prefill_pb2
+
+from tests.gateway.conftest import MAX_MODEL_LEN
+from tests.gateway.fakes import eventually
+from tests.gateway.openai.conftest import MAX_BODY_MIB, MODEL, Front, start_front, stop_front
+from tests.gateway.openai.test_openai_front_api import TEXT, script, sse_events
+
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+async def assert_serving(front: Front, tokenizer) -> None:
+    """A normal request still works, and nothing is left in flight at the gateway."""
+    ids = script(front, tokenizer)
+    completion = await front.client.completions.create(model=MODEL, prompt="Hello", max_tokens=len(ids))
+    assert completion.choices[0].text == tokenizer.decode(ids)
+    await front.cluster.gateway.core.wait_background()
+    assert front.cluster.gateway.core.in_flight == 0
+
+
+def error_of(reply: httpx.Response, status: int) -> dict:
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    body = reply.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return body["error"]
+
+
+BAD_COMPLETIONS = [  # (body, param)
+    ({"model": MODEL}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": {"text": "a"}}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [10**9]}, "prompt"),
+    ({"prompt": [1] * MAX_MODEL_LEN}, "prompt"),
+    ({"prompt": [1] * 100, "max_tokens": MAX_MODEL_LEN}, "max_tokens"),
+    ({"prompt": "Hi", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "Hi", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "Hi", "n": 2}, "n"),
+    ({"prompt": "Hi", "echo": True}, "echo"),
+    ({"prompt": "Hi", "logprobs": 1}, "logprobs"),
+    ({"prompt": "Hi", "best_of": 2}, "best_of"),
+    ({"prompt": "Hi", "suffix": "end"}, "suffix"),
+    ({"prompt": "Hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "Hi", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "Hi", "temperature": -1}, "temperature"),
+    ({"prompt": "Hi", "top_p": 0}, "top_p"),
+    ({"prompt": "Hi", "top_k": -2}, "top_k"),
+    ({"prompt": "Hi", "seed": -1}, "seed"),
+    ({"prompt": "Hi", "stop": 5}, "stop"),
+    ({"prompt": "Hi", "stop": [""]}, "stop"),
+    ({"prompt": "Hi", "stop_token_ids": [10**9]}, "stop_token_ids"),
+    ({"prompt": "Hi", "stream": "maybe"}, "stream"),
+]
+BAD_CHATS = [
+    ({"model": MODEL}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"content": "Hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": CHAT, "logprobs": True}, "logprobs"),
+    ({"messages": CHAT, "n": 3}, "n"),
+]
+
+
+@pytest.mark.parametrize(("path", "cases"), [("/v1/completions", BAD_COMPLETIONS),
+                                             ("/v1/chat/completions", BAD_CHATS)])
+async def test_bad_input_is_400_naming_the_field_and_calls_no_node(front, tokenizer, path, cases):
+    for body, param in cases:
+        for stream in (False, True):
+            reply = await front.http.post(path, json={"stream": stream, **body})
+            error = error_of(reply, 400)
+            assert (error["type"], error["param"]) == ("invalid_request_error", param), (body, error)
+            assert error["message"].startswith(f"{param}:") or param == "prompt", (body, error)
+    assert front.cluster.p.requests == []
+    await assert_serving(front, tokenizer)
+
+
+async def test_malformed_json_is_400(front, tokenizer):
+    for content in (b'{"prompt": "Hi",', b"not json", b"[1, 2]", b""):
+        reply = await front.http.post("/v1/completions", content=content,
+                                      headers={"Content-Type": "application/json"})
+        error = error_of(reply, 400)
+        assert (error["type"], error["param"]) == ("invalid_request_error", None), (content, error)
+    await assert_serving(front, tokenizer)
+
+
+async def test_an_unknown_model_is_404_model_not_found(front, tokenizer):
+    with pytest.raises(openai.NotFoundError) as raised:
+        await front.client.completions.create(model="gpt-7", prompt="Hi")
+    assert (raised.value.status_code, raised.value.code, raised.value.param) == (404, "model_not_found", "model")
+    with pytest.raises(openai.NotFoundError):
+        await front.client.chat.completions.create(model="gpt-7", messages=CHAT, stream=True)
+    with pytest.raises(openai.NotFoundError):
+        await front.client.models.retrieve("gpt-7")
+    await assert_serving(front, tokenizer)
+
+
+async def test_the_openai_client_sees_bad_requests_as_bad_request_errors(front, tokenizer):
+    with pytest.raises(openai.BadRequestError) as raised:
+        await front.client.completions.create(model=MODEL, prompt="Hi", max_tokens=-1)
+    assert (raised.value.status_code, raised.value.param, raised.value.type) == (
+        400, "max_tokens", "invalid_request_error")
+    with pytest.raises(openai.BadRequestError) as raised:
+        await front.client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    assert raised.value.param == "n"
+    await assert_serving(front, tokenizer)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_body_over_the_limit_is_413(front, tokenizer, chunked):
+    body = json.dumps({"model": MODEL, "prompt": "x" * int(MAX_BODY_MIB * (1 << 20))}).encode()
+
+    async def pieces():
+        for start in range(0, len(body), 1 << 16):
+            yield body[start:start + (1 << 16)]
+
+    reply = await front.http.post("/v1/completions", content=pieces() if chunked else body,
+                                  headers={"Content-Type": "application/json"})
+    error = error_of(reply, 413)
+    assert "exceeds the limit" in error["message"]
+    assert front.cluster.p.requests == []
+    await assert_serving(front, tokenizer)
+
+
+async def test_unknown_routes_and_methods_keep_the_shape(front):
+    assert error_of(await front.http.get("/v1/engines"), 404)["type"] == "not_found_error"
+    assert error_of(await front.http.get("/v1/completions"), 405)["message"]
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, 429), (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    (grpc.StatusCode.UNAVAILABLE, 503), (grpc.StatusCode.DEADLINE_EXCEEDED, 504), (grpc.StatusCode.INTERNAL, 502)])
+async def test_a_prefill_error_before_the_first_token_has_its_status(front, tokenizer, code, status):
+    async def prefill(request, context):
+        await context.abort(code, "every decode candidate refused")
+        yield prefill_pb2.PrefillEvent()
+
+    front.cluster.p.script = prefill
+    for stream in (False, True):
+        reply = await front.http.post("/v1/completions", json={"prompt": "Hi", "stream": stream})
+        assert "every decode candidate refused" in error_of(reply, status)["message"]
+    front.cluster.p.script = front.cluster.p.well_behaved
+    await assert_serving(front, tokenizer)
+
+
+async def test_no_healthy_node_is_503(front, tokenizer):
+    front.cluster.p.status.healthy = False  # what a draining node reports
+    await eventually(lambda: not front.cluster.gateway.directory.nodes("prefill")[0].healthy, what="poll")
+    with pytest.raises(openai.InternalServerError) as raised:
+        await front.client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
+    assert raised.value.status_code == 503 and "no healthy prefill node" in raised.value.message
+    front.cluster.p.status.healthy = True
+    await eventually(lambda: front.cluster.gateway.directory.nodes("prefill")[0].healthy, what="poll")
+    await assert_serving(front, tokenizer)
+
+
+async def test_a_decode_node_failing_mid_stream_is_an_error_event_then_done(front, tokenizer):
+    ids = tokenizer.encode(TEXT)
+    front.cluster.p.first_token = ids[0]
+
+    async def attach(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:3])
+        await context.abort(grpc.StatusCode.INTERNAL, "decode step crashed")
+
+    front.cluster.d.script = attach
+    reply = await front.http.post("/v1/completions", json={"prompt": "Hi", "stream": True})
+    assert reply.status_code == 200
+    *chunks, error, done = sse_events(reply.text)
+    assert done == "[DONE]"
+    assert "".join(json.loads(c)["choices"][0]["text"] for c in chunks) == tokenizer.decode(ids[:3])
+    assert json.loads(error)["error"]["code"] == "service_unavailable"
+    assert "decode step crashed" in json.loads(error)["error"]["message"]
+
+    front.cluster.d.script = attach
+    reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT})  # not streamed: a 503
+    assert "decode node" in error_of(reply, 503)["message"]
+    await eventually(lambda: front.cluster.gateway.directory.nodes("decode")[0].healthy, what="decode back")
+    await assert_serving(front, tokenizer)
+
+
+async def test_a_passed_deadline_is_504_and_frees_the_request(tokenizer, model_config):
+    front = await start_front(tokenizer, model_config, request_timeout_s=0.5)
+    try:
+        ids = tokenizer.encode(TEXT)
+        front.cluster.p.first_token = ids[0]
+
+        async def stall(request, context):
+            yield decode_pb2.TokenEvent(token_ids=ids[1:3])
+            await asyncio.Event().wait()
+
+        front.cluster.d.script = stall
+        reply = await front.http.post("/v1/completions", json={"prompt": "Hi"})
+        assert error_of(reply, 504)["code"] == "timeout"
+        await eventually(lambda: len(front.cluster.d.aborts) == 1, what="Abort on the decode node")
+        await assert_serving(front, tokenizer)
+    finally:
+        await stop_front(front)
