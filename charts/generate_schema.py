@@ -4,7 +4,7 @@ The chart's values are checked by this JSON schema on every ``helm install/upgra
 role's ``config`` map lists exactly the settings of that service's config dataclass (a typo such as
 ``max_num_seq`` is refused, with its JSON type), and the global ``config`` the settings every service
 has. Settings the chart derives from the pod (``listen``, ``metrics_listen``, ``advertise``,
-``port_file``) are left out: they come from container env, which wins over the ConfigMap.
+``port_file``, ``http_listen``) are left out: they come from container env, which wins over the ConfigMap.
 
 The schema follows the code: ``tests/charts`` fails when this file would write something else.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "charts" / "pdserve" / "values.schema.json"
-POD_SETTINGS = frozenset({"listen", "metrics_listen", "advertise", "port_file"})
+POD_SETTINGS = frozenset({"listen", "metrics_listen", "advertise", "port_file", "http_listen"})
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "string"}
 
 

@@ -221,3 +221,22 @@ def test_replicas_are_set_per_role():
     replicas = {c: rendered.workload(c)["spec"]["replicas"] for c in COMPONENTS}
     assert replicas == {"gateway": 2, "prefill": 2, "decode": 4, "cache-store": 1}
     assert render({"decode": {"replicas": 0}}).workload("decode")["spec"]["replicas"] == 0
+
+
+@pytest.mark.parametrize("values", [None, {"gateway": {"service": {"http": {"enabled": True, "port": 8080}}}},
+                                    {"gateway": {"service": {"http": {"enabled": False}}}}])
+def test_the_gateway_serves_openai_http_on_its_named_port(values):
+    rendered = render(values)
+    http = (values or {}).get("gateway", {}).get("service", {}).get("http", {"enabled": True, "port": 8000})
+    container = rendered.container("gateway")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service_ports = {p["name"]: p for p in rendered.get("Service", rendered.workload("gateway")["metadata"]["name"])
+                     ["spec"]["ports"]}
+    listen = rendered.settings("gateway").get("PDSERVE_HTTP_LISTEN")
+    if not http["enabled"]:
+        assert (listen, "http" in ports, "http" in service_ports) == (None, False, False)
+        return
+    assert listen == f"0.0.0.0:{http['port']}" and ports["http"] == http["port"]
+    assert (service_ports["http"]["port"], service_ports["http"]["targetPort"]) == (http["port"], "http")
+    for component in set(COMPONENTS) - {"gateway"}:
+        assert "PDSERVE_HTTP_LISTEN" not in rendered.settings(component)

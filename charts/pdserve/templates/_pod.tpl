@@ -126,6 +126,9 @@ spec:
 - {name: PDSERVE_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.grpc | int) | quote }}}
 - {name: PDSERVE_METRICS_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.metrics | int) | quote }}}
 - {name: PDSERVE_ADVERTISE, value: {{ printf "$(POD_IP):%d" ($ports.grpc | int) | quote }}}
+{{- if and (eq $role.key "gateway") $root.Values.gateway.service.http.enabled }}
+- {name: PDSERVE_HTTP_LISTEN, value: {{ printf "0.0.0.0:%d" ($root.Values.gateway.service.http.port | int) | quote }}}
+{{- end }}
 - {name: OTEL_TRACES_EXPORTER, value: {{ $tracing.exporter | quote }}}
 {{- if ne $tracing.exporter "none" }}
 - {name: OTEL_SERVICE_NAME, value: {{ printf "pdserve-%s" $role.component | quote }}}
