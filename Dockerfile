@@ -50,6 +50,6 @@ ENV PATH=/opt/pdserve/bin:$PATH \
     PDSERVE_CACHE_DIR=/tmp/pdserve-cache
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 50051 9090
+EXPOSE 50051 9090 8000
 ENTRYPOINT ["python", "-m"]
 CMD ["services.gateway"]
