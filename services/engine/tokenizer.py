@@ -6,6 +6,7 @@ Building a tokenizer from GGUF metadata takes seconds, so the converted tokenize
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -67,6 +68,13 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest token's spelling in the vocabulary (byte-level: one character per byte). A text of
+        ``c`` characters encodes to at least ``c / max_token_chars`` tokens, so a text far longer than the
+        context can be refused without tokenizing it."""
+        return max(len(token) for token in self.hf.get_vocab())
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf(text)["input_ids"])

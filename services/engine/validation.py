@@ -35,8 +35,10 @@ class RequestValidator:
         elif self.tokenizer is None:
             raise InvalidRequestError(given[0], "this node has no tokenizer; send token_ids")
         elif prompt is not None:
+            self._refuse_text_past_any_context("prompt", len(prompt))
             ids, field = self.tokenizer.encode(prompt), "prompt"
         else:
+            self._refuse_text_past_any_context("messages", sum(len(m.content) for m in messages))
             ids, field = self.tokenizer.apply_chat_template(messages), "messages"
         if not ids:
             raise InvalidRequestError(field, "is empty")
@@ -44,6 +46,16 @@ class RequestValidator:
         if bad is not None:
             raise InvalidRequestError(field, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         return ids
+
+    def _refuse_text_past_any_context(self, field: str, chars: int) -> None:
+        """Tokenizing megabytes takes seconds on the caller's thread: refuse a text that cannot fit the
+        context whatever its tokens. (A normalizer that deletes characters could make a longer text fit;
+        the byte-level and sentencepiece tokenizers of Llama-family models have none.)"""
+        assert self.tokenizer is not None
+        limit = self.max_model_len * self.tokenizer.max_token_chars
+        if chars > limit:
+            raise InvalidRequestError(field, f"is {chars} characters, more than any prompt of at most "
+                                             f"{self.max_model_len} tokens can have ({limit})")
 
     def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         sampling.validate(self.vocab_size)

@@ -37,6 +37,8 @@ CASES = [
      "stop_token_ids"),
     ("empty stop string", dict(prompt="hi", sampling=SamplingParams(stop=("",))), "stop"),
     ("unknown chat role", dict(messages=[ChatMessage("wizard", "hi")]), "messages[0].role"),
+    ("10 MB prompt", dict(prompt="x" * 10_000_000), "prompt"),
+    ("10 MB chat message", dict(messages=[ChatMessage("user", "x" * 10_000_000)]), "messages"),
 ]
 
 
@@ -49,6 +51,14 @@ def test_bad_input_is_rejected_with_the_field_named(engine, kwargs, field):
     assert not engine.has_unfinished()
     assert engine.kv.num_free_blocks == free_before
     engine.check_integrity()
+
+
+def test_a_text_past_any_context_is_refused_before_tokenizing(engine):
+    """The refusal comes from the length bound (no tokens counted), not from the tokenizer's answer."""
+    limit = 1024 * engine.tokenizer.max_token_chars
+    with pytest.raises(InvalidRequestError, match=f"is {limit + 1} characters") as info:
+        engine.add_request(prompt="y" * (limit + 1))
+    assert info.value.field == "prompt"
 
 
 def test_duplicate_request_id_is_rejected(engine):
