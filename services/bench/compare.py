@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llamacpp-venv", type=Path, default=DEFAULT_VENV)
     p.add_argument("--no-grpc", dest="grpc", action="store_false", help="leave out pdserve's gRPC target")
     p.add_argument("--out-dir", type=Path, default=Path("out"))
+    p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     model = bundled_model_path()
     tokenizer = load_tokenizer(None)
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         for workload in (w for w in WORKLOADS if w.name in args.workloads):
             bench_args = [arg for t in targets for arg in ("--target", t)]
             bench_args += [*workload.args, "--alternate", str(args.rounds), "--warmup", "4"]
+            if not args.progress:
+                bench_args.append("--no-progress")
             config = config_from_args(parser().parse_args(bench_args))
             print(f"\n## {workload.name}: {workload.title}\n", flush=True)
             runs = asyncio.run(run_benchmark(config, tokenizer))

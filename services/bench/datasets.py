@@ -59,6 +59,7 @@ class DatasetSpec:
     name: str = "random"
     num_prompts: int = 100
     seed: int = 0
+    salt: int = 0  # changes the generated prompts' words, not their lengths (one per target of a round)
     input_len: int = 256
     output_len: int = 128
     range_ratio: float = 0.0
@@ -97,13 +98,18 @@ def lengths(rng: random.Random, mean: int, range_ratio: float, count: int) -> li
     return [rng.randint(low, high) for _ in range(count)]
 
 
+def _word_rng(spec: DatasetSpec) -> random.Random:
+    return random.Random(f"{spec.seed}:{spec.salt}") if spec.salt else random.Random(spec.seed)
+
+
 def random_dataset(spec: DatasetSpec, vocab: WordVocabulary) -> list[BenchRequest]:
     rng = random.Random(spec.seed)
     inputs = lengths(rng, spec.input_len, spec.range_ratio, spec.num_prompts)
     outputs = lengths(rng, spec.output_len, spec.range_ratio, spec.num_prompts)
+    words = _word_rng(spec) if spec.salt else rng
     requests = []
     for input_len, output_len in zip(inputs, outputs, strict=True):
-        text, ids = vocab.sample(rng, input_len)
+        text, ids = vocab.sample(words, input_len)
         requests.append(BenchRequest(text, ids, output_len))
     return requests
 
@@ -111,7 +117,7 @@ def random_dataset(spec: DatasetSpec, vocab: WordVocabulary) -> list[BenchReques
 def shared_prefix_dataset(spec: DatasetSpec, vocab: WordVocabulary) -> list[BenchRequest]:
     if spec.num_groups < 1 or spec.num_prompts % spec.num_groups:
         raise ValueError(f"num_prompts ({spec.num_prompts}) must be a multiple of num_groups ({spec.num_groups})")
-    rng = random.Random(spec.seed)
+    rng = _word_rng(spec)
     requests = []
     for group in range(spec.num_groups):
         system, system_ids = vocab.sample(rng, spec.prefix_len)
@@ -119,7 +125,7 @@ def shared_prefix_dataset(spec: DatasetSpec, vocab: WordVocabulary) -> list[Benc
             question, question_ids = vocab.sample(rng, spec.suffix_len)
             requests.append(BenchRequest(system + question, system_ids + question_ids, spec.output_len,
                                          system=system, group=group))
-    rng.shuffle(requests)
+    random.Random(spec.seed).shuffle(requests)  # the same order of groups and lengths whatever the salt
     return requests
 
 

@@ -31,6 +31,9 @@ def plot_runs(runs: Sequence[TargetRun], path: str | Path, title: str = "") -> N
             if values:
                 data = np.sort(values)
                 ax.step(data, np.arange(1, len(data) + 1) / len(data), where="post", label=name)
+        low, high = ax.dataLim.x0, ax.dataLim.x1
+        if low > 0 and high / low > 50:  # a queue-bound target next to a batching one: log scale
+            ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)

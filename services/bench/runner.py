@@ -1,9 +1,11 @@
 """One benchmark invocation: warm every target up, then run the workload ``rounds`` times on each target in
 turn (A B A B ...), so targets compared in one invocation share the machine's conditions.
 
-Round ``r`` uses dataset seed ``seed + r`` on every target: within a round all targets get the same
-prompts, and no round repeats an earlier round's prompts (a prefix cache would otherwise remember them).
-Warm-up requests come from a different seed and are not measured.
+Round ``r`` uses dataset seed ``seed + r`` on every target, and target ``i`` salt ``i``: within a round all
+targets get prompts of the same lengths (and shared-prefix groups of the same shape) made of different
+words, and no round repeats an earlier round's prompts, so no target is served from a prefix cache that
+an earlier run filled (pdserve's gRPC gateway and its HTTP front share one). ShareGPT prompts are the
+file's: the same for every target. Warm-up requests come from another seed and are not measured.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ async def run_benchmark(config: BenchConfig, tokenizer: TextTokenizer) -> list[T
     """Every (round, target) run, in the order they ran."""
     vocab = None if config.dataset.name == "sharegpt" else WordVocabulary(tokenizer)
 
-    def workload(seed: int, count: int) -> list[BenchRequest]:
-        return build_dataset(replace(config.dataset, seed=seed, num_prompts=count), tokenizer, vocab)
+    def workload(seed: int, count: int, salt: int = 0) -> list[BenchRequest]:
+        return build_dataset(replace(config.dataset, seed=seed, num_prompts=count, salt=salt), tokenizer, vocab)
 
     targets: list[Target] = []
     try:
@@ -60,8 +62,8 @@ async def run_benchmark(config: BenchConfig, tokenizer: TextTokenizer) -> list[T
                 await _warm_up(target, warmup, config.load)
         runs = []
         for round_ in range(config.rounds):
-            requests = workload(config.dataset.seed + round_, config.dataset.num_prompts)
-            for target in targets:
+            for salt, target in enumerate(targets):
+                requests = workload(config.dataset.seed + round_, config.dataset.num_prompts, salt)
                 load = replace(config.load, seed=config.load.seed + round_)
                 label = f"{target.spec.name} round {round_ + 1}/{config.rounds}"
                 result = await run_load(requests, target.generate, load, description=label)

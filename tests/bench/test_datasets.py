@@ -93,3 +93,14 @@ def test_sharegpt_takes_first_turns_and_filters_like_vllm(tokenizer):
         build_dataset(replace(spec, num_prompts=4), tokenizer)
     with pytest.raises(ValueError, match="dataset-path"):
         build_dataset(replace(spec, path=None), tokenizer)
+
+
+@pytest.mark.parametrize("name", ["random", "shared-prefix"])
+def test_a_salt_changes_the_words_not_the_shape(tokenizer, vocab, name):
+    spec = DatasetSpec(name=name, num_prompts=8, num_groups=2, prefix_len=32, suffix_len=8, input_len=40,
+                       output_len=8, range_ratio=0.5, seed=5)
+    plain, salted = build_dataset(spec, tokenizer, vocab), build_dataset(replace(spec, salt=1), tokenizer, vocab)
+    assert [(r.prompt_len, r.output_len, r.group) for r in plain] == [
+        (r.prompt_len, r.output_len, r.group) for r in salted]
+    assert all(a.prompt_ids[:8] != b.prompt_ids[:8] for a, b in zip(plain, salted, strict=True))
+    assert salted == build_dataset(replace(spec, salt=1), tokenizer, vocab)
