@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability bench-serve bench-compare llamacpp chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability bench-serve bench-compare llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -87,8 +87,21 @@ $(LLAMACPP_VENV)/.installed:
 	touch $@
 llamacpp: $(LLAMACPP_VENV)/.installed
 
-# pdserve beside llama.cpp's server on the same GGUF, three workloads, alternating (docs/benchmarks.md)
-bench-compare: venv llamacpp
+# llama.cpp's native llama-server (continuous batching) from the same pinned sources (the sdist vendors them)
+LLAMACPP_SRC := $(LLAMACPP_VENV)/src
+$(LLAMACPP_VENV)/bin/llama-server: $(LLAMACPP_VENV)/.installed
+	$(LLAMACPP_VENV)/bin/pip download -q --no-deps --no-binary :all: 'llama-cpp-python==$(LLAMACPP_VERSION)' \
+		-d $(LLAMACPP_SRC)
+	tar -xzf $(LLAMACPP_SRC)/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $(LLAMACPP_SRC)
+	cmake -S $(LLAMACPP_SRC)/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp -B $(LLAMACPP_SRC)/build \
+		-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF > /dev/null
+	cmake --build $(LLAMACPP_SRC)/build --target llama-server -j 2 > /dev/null
+	cp $(LLAMACPP_SRC)/build/bin/llama-server $@
+llama-server: $(LLAMACPP_VENV)/bin/llama-server
+
+# pdserve beside llama.cpp's servers on the same GGUF, three workloads, alternating (docs/benchmarks.md)
+bench-compare: venv llamacpp llama-server
 	$(PYTHON) -m services.bench.compare $(COMPARE_ARGS)
 
 # lint charts/pdserve and render it (default values; CHART_VALUES=file for others), no helm binary needed;

@@ -12,10 +12,11 @@ system is loaded at a time and all share the machine's conditions:
 - ``prefix-c16``: shared-prefix (4 system prompts of 1024 tokens, 64-token questions, 128 output tokens),
   16 in flight.
 
-Targets: pdserve's gRPC gateway, pdserve's OpenAI HTTP front and llama.cpp's server (both OpenAI
-``/v1/completions``). Every generation is greedy with EOS ignored, so each request yields exactly its
-output length everywhere. Prints a Markdown table per workload; writes ``--out-dir``/bench-compare.json and
-one PNG per workload.
+Targets: pdserve's gRPC gateway, pdserve's OpenAI HTTP front, llama-cpp-python's server and, when
+``make llama-server`` built it, llama.cpp's native ``llama-server`` with 16 parallel slots (the OpenAI ones
+on ``/v1/completions``). Every generation is greedy with EOS ignored, so each request yields exactly its
+output length everywhere. Prints a Markdown table per workload and a summary; writes
+``--out-dir``/bench-compare.json and one PNG per workload.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.bench.__main__ import config_from_args, load_tokenizer, parser
-from services.bench.llamacpp import DEFAULT_VENV, start_llamacpp
+from services.bench.llamacpp import DEFAULT_LLAMA_SERVER, DEFAULT_VENV, start_llama_server, start_llamacpp
 from services.bench.plots import plot_runs
 from services.bench.report import format_table, report_dict, summary
 from services.bench.runner import run_benchmark
@@ -76,6 +77,18 @@ def pdserve_cluster(threads: int) -> Iterator[tuple[str, str]]:
         yield cluster.address, getattr(status, "http_url", "")
 
 
+def summary_table(workloads: dict[str, dict]) -> str:
+    """Markdown: per workload and target, output tokens/s and the median and p99 latencies."""
+    lines = ["| workload | target | output tok/s | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | E2E p50 (ms) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, workload in workloads.items():
+        for target, result in workload["targets"].items():
+            m = result["median"]
+            lines.append(f"| {name} | {target} | {m['output_throughput']:.1f} | {m['ttft_ms']['median']:.0f} | "
+                         f"{m['ttft_ms']['p99']:.0f} | {m['tpot_ms']['median']:.1f} | {m['e2el_ms']['median']:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
@@ -84,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pdserve-threads", type=int, default=1, help="torch threads per pdserve model node")
     p.add_argument("--llamacpp-threads", type=int, default=2)
     p.add_argument("--llamacpp-venv", type=Path, default=DEFAULT_VENV)
+    p.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA_SERVER,
+                   help="llama.cpp's native server binary, a fourth target when it exists (make llama-server)")
+    p.add_argument("--no-llama-server", dest="native", action="store_false")
     p.add_argument("--no-grpc", dest="grpc", action="store_false", help="leave out pdserve's gRPC target")
     p.add_argument("--out-dir", type=Path, default=Path("out"))
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -92,10 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(None)
     report: dict[str, object] = {"rounds": args.rounds, "pdserve_threads": args.pdserve_threads,
                                  "llamacpp_threads": args.llamacpp_threads, "workloads": {}}
-    print("starting llama.cpp's server and a pdserve cluster...", flush=True)
-    with start_llamacpp(model, threads=args.llamacpp_threads, venv=args.llamacpp_venv) as llama, \
-            pdserve_cluster(args.pdserve_threads) as (grpc_address, http_url):
-        targets = [f"llama.cpp={llama.url}"]
+    native = args.native and args.llama_server.is_file()
+    print("starting llama.cpp's server(s) and a pdserve cluster...", flush=True)
+    with contextlib.ExitStack() as stack:
+        llama = stack.enter_context(start_llamacpp(model, threads=args.llamacpp_threads, venv=args.llamacpp_venv))
+        targets = [f"llama-cpp-python={llama.url}"]
+        if native:
+            server = stack.enter_context(start_llama_server(model, threads=args.llamacpp_threads,
+                                                            binary=args.llama_server))
+            targets.append(f"llama-server={server.url}")
+        grpc_address, http_url = stack.enter_context(pdserve_cluster(args.pdserve_threads))
         if http_url:
             targets.insert(0, f"pdserve-http={http_url}")
         if args.grpc or not http_url:
@@ -113,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             plot_runs(runs, args.out_dir / f"bench-compare-{workload.name}.png", title=workload.title)
             command = "python -m services.bench " + " ".join(bench_args)
             report["workloads"][workload.name] = {"title": workload.title, **report_dict(config, runs, command)}
+    print("\n" + summary_table(report["workloads"]))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench-compare.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out_dir / 'bench-compare.json'} and bench-compare-*.png")
