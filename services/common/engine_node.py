@@ -40,6 +40,8 @@ class EngineNodeConfig(ServerConfig):
     max_num_batched_tokens: int = setting(1024, "tokens per step (the prefill chunk)")
     max_model_len: int = setting(0, "context length (0: the model's)")
     threads: int = setting(0, "torch threads (0: torch's default)")
+    int4_max_rows: int = setting(8, "bf16 on CPU: steps of at most this many tokens run a Q4 GGUF's own 4-bit "
+                                    "weights (0: always the dense bf16 weights)")
     admission_policy: str = setting("new_token_ratio", "blocks kept for running requests: new_token_ratio, "
                                                        "fixed or none")
     init_new_token_ratio: float = setting(0.7, "new_token_ratio: starting ratio of remaining tokens expected")
@@ -69,7 +71,8 @@ class EngineNodeConfig(ServerConfig):
             model_path=self.model or str(bundled_model_path()), dtype=self.dtype, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len or None,  # threads: the EngineWorker sets them on its thread
+            max_model_len=self.max_model_len or None, int4_max_rows=self.int4_max_rows,
+            # threads: the EngineWorker sets them on its thread
         )
 
 

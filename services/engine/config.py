@@ -26,6 +26,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str | None = None  # None/"auto": flashinfer on CUDA, cpu_native on CPU, else torch
     num_threads: int | None = None
+    int4_max_rows: int = 8  # bf16 on CPU: steps of at most this many tokens use a Q4 GGUF's 4-bit weights (0: never)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # blocks kept for running requests
     offload_host_gib: float = 1.0  # host memory for preempted requests' KV (0: recompute them instead)
     offload_cache_store: str = ""  # cache-store address for preempted KV once the host budget is full
@@ -37,6 +38,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.int4_max_rows < 0:
+            raise ValueError(f"int4_max_rows must be >= 0, got {self.int4_max_rows}")
         if self.offload_remote not in OFFLOAD_REMOTE:
             raise ValueError(f"offload_remote must be one of {OFFLOAD_REMOTE}, got {self.offload_remote!r}")
         if self.cache_outputs and not self.offload_cache_store:

@@ -57,9 +57,10 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or max(
             1, int(config.kv_cache_gib * 2**30) // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size)
         )
+        int4 = {"int4_max_rows": model.int4_max_rows} if model.int4_max_rows else {}
         self.fingerprint = model_fingerprint(
             **(fingerprint_identity or {"model": cfg.name}), dtype=config.dtype, block_size=config.block_size,
-            num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, **int4,
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
@@ -90,7 +91,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         weights = load_weights(config.model_path)
-        model = LlamaModel(weights.config, weights.tensors, config.torch_dtype, config.device)
+        model = LlamaModel(weights.config, weights.tensors, config.torch_dtype, config.device,
+                           quantized=weights.quantized, int4_max_rows=config.int4_max_rows)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
         stat = weights.source.stat()
         identity = {"model": weights.config.name, "source": weights.source.name, "size": stat.st_size}

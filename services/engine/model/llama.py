@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kernels.int4_linear import GroupQuantized, int4_supported
 from kernels.linear import LinearWeight, linear, prepare_linear
 from kernels.norm import rms_norm
 from kernels.rope import RotaryEmbedding
@@ -33,11 +34,19 @@ class LayerWeights:
 
 
 class LlamaModel:
+    """``quantized``: 4-bit codes of some weights (a Q4 GGUF file's own); with ``int4_max_rows`` > 0, where
+    torch's int4 kernel runs (bf16 on CPU), projections of at most that many rows use them.
+    ``self.int4_max_rows`` is what is in effect (0: every product is dense)."""
+
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
+                 int4_max_rows: int = 0):
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        usable = bool(quantized) and int4_max_rows > 0 and int4_supported(self.device, dtype)
+        self.quantized = quantized if usable else {}
+        self.int4_max_rows = int4_max_rows if usable else 0
 
         def take(name: str) -> torch.Tensor:
             if name not in tensors:
@@ -49,20 +58,29 @@ class LlamaModel:
             raise ModelLoadError(f"embedding shape {tuple(self.embed.shape)} does not match the config")
         self.final_norm = take("model.norm.weight")
         self.lm_head = prepare_linear(self.embed if config.tie_word_embeddings else take("lm_head.weight"))
-        self.layers = [self._layer(take, i) for i in range(config.num_layers)]
+        self.layers = [self._layer(take, self._projection, i) for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta, self.device)
         self.scale = config.head_dim**-0.5
 
+    def _projection(self, take, names: list[str]) -> LinearWeight:
+        """The fused projection of ``names`` (stacked along output rows), with its 4-bit form when every
+        part has one."""
+        dense = torch.cat([take(name) for name in names]) if len(names) > 1 else take(names[0])
+        if not all(name in self.quantized for name in names):
+            return prepare_linear(dense)
+        codes = GroupQuantized.cat([self.quantized[name] for name in names])
+        return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows)
+
     @staticmethod
-    def _layer(take, i: int) -> LayerWeights:
+    def _layer(take, projection, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
         return LayerWeights(
             input_norm=take(p + "input_layernorm.weight"),
-            qkv=prepare_linear(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
-            o=prepare_linear(take(p + "self_attn.o_proj.weight")),
+            qkv=projection(take, [p + f"self_attn.{n}_proj.weight" for n in "qkv"]),
+            o=projection(take, [p + "self_attn.o_proj.weight"]),
             post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=prepare_linear(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
-            down=prepare_linear(take(p + "mlp.down_proj.weight")),
+            gate_up=projection(take, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            down=projection(take, [p + "mlp.down_proj.weight"]),
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],

@@ -14,8 +14,10 @@ import numpy as np
 import torch
 from gguf import GGUFReader, quants
 
+from kernels.int4_linear import GroupQuantized
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
+from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
 from services.engine.weights.loader import LoadedWeights
 
 _GLOBAL_NAMES = {
@@ -70,18 +72,31 @@ def load_gguf(path: Path) -> LoadedWeights:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
     config = ModelConfig.from_gguf_fields(read_fields(reader))
     tensors: dict[str, torch.Tensor] = {}
+    quantized: dict[str, GroupQuantized] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: recomputed from the metadata
         array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if name.endswith("q_proj.weight"):
-            array = unpermute_rope_rows(array, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            array = unpermute_rope_rows(array, config.num_kv_heads)
+        heads = _rope_heads(name, config)
+        if heads:
+            array = unpermute_rope_rows(array, heads)
         if not array.flags.writeable or not array.flags.c_contiguous:  # memory-mapped F32 tensors
             array = np.array(array, order="C")
         tensors[name] = torch.from_numpy(array)
+        if tensor.tensor_type in Q4_TYPES and ".layers." in name:
+            codes = decode_q4(tensor.data, tensor.tensor_type, array.shape)
+            quantized[name] = codes.rows(torch.from_numpy(unpermute_rope_rows(np.arange(array.shape[0]), heads))) \
+                if heads else codes
     tied = "lm_head.weight" not in tensors
     config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": tied})
-    return LoadedWeights(config=config, tensors=tensors, source=path)
+    return LoadedWeights(config=config, tensors=tensors, source=path, quantized=quantized)
+
+
+def _rope_heads(name: str, config: ModelConfig) -> int:
+    """Heads whose rows llama.cpp permuted in this tensor (0: not permuted)."""
+    if name.endswith("q_proj.weight"):
+        return config.num_heads
+    if name.endswith("k_proj.weight"):
+        return config.num_kv_heads
+    return 0

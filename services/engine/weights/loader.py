@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from kernels.int4_linear import GroupQuantized
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
 class LoadedWeights:
-    """A model's configuration and its float32 tensors under Hugging Face Llama names."""
+    """A model's configuration and its float32 tensors under Hugging Face Llama names.
+
+    ``quantized`` holds, under the same names, the file's own 4-bit codes of the tensors it stores as
+    GGUF Q4_0/Q4_1 (``tensors`` holds their float32 dequantisation too).
+    """
 
     config: ModelConfig
     tensors: dict[str, torch.Tensor]
     source: Path
+    quantized: dict[str, GroupQuantized] = field(default_factory=dict)
 
 
 def _model_kind(path: Path) -> str:
