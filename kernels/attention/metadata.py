@@ -22,6 +22,8 @@ class AttentionMetadata:
 
     The derived fields (``query_starts``, ``context_lens``, ``decode_seqs``, ``prefill_seqs``) are
     computed once here, on the host, so that backends never read device tensors back to plan a step.
+    ``host_block_tables``, when given, is ``block_tables`` on the CPU (``build`` keeps it), for backends
+    that plan from the page table on the host (FlashInfer).
     """
 
     query_lens: list[int]
@@ -29,6 +31,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
     block_size: int
+    host_block_tables: torch.Tensor | None = None
     query_starts: list[int] = field(init=False)
     """``num_seqs + 1`` offsets: sequence i's query tokens are ``query_starts[i]:query_starts[i+1]``."""
     context_lens: list[int] = field(init=False)
@@ -58,6 +61,10 @@ class AttentionMetadata:
             )
         if self.block_tables.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"block_tables must be int32 (or int64), got {self.block_tables.dtype}")
+        host = self.host_block_tables
+        if host is not None and (host.device.type != "cpu" or host.shape != self.block_tables.shape):
+            raise ValueError(f"host_block_tables must be a CPU copy of block_tables {list(self.block_tables.shape)}, "
+                             f"got {list(host.shape)} on {host.device}")
         starts = [0]
         for q in self.query_lens:
             starts.append(starts[-1] + q)
@@ -81,6 +88,13 @@ class AttentionMetadata:
     @property
     def device(self) -> torch.device:
         return self.block_tables.device
+
+    def tables_on_host(self) -> torch.Tensor:
+        """``block_tables`` on the CPU: ``host_block_tables`` when set, else the tensor itself on a CPU
+        step, else a copy from the device (which waits for it)."""
+        if self.host_block_tables is not None:
+            return self.host_block_tables
+        return self.block_tables if self.block_tables.device.type == "cpu" else self.block_tables.cpu()
 
     @classmethod
     def build(
@@ -121,4 +135,5 @@ class AttentionMetadata:
             block_tables=tables.to(device),
             slot_mapping=slots.to(device),
             block_size=block_size,
+            host_block_tables=tables,
         )

@@ -1,0 +1,171 @@
+"""Paged attention on CUDA through FlashInfer (``pip install 'pdserve[gpu]'``), imported lazily.
+
+The cache ``[num_blocks, 2, block_size, Hkv, D]`` is FlashInfer's ``NHD`` paged layout with K and V on
+dim 1, so the pool is used as it is. Per step, ``plan`` builds the page table on the host (int32, one
+pinned buffer, see ``flashinfer_plan``) and sends it to the device in one copy; the first ``forward`` of
+the step plans the FlashInfer wrapper for the layer shapes it sees, and every later layer reuses that
+plan. A step whose sequences all decode one token runs ``BatchDecodeWithPagedKVCacheWrapper``; any other
+step (prefill, with or without a cached prefix, or prefill mixed with decode) runs
+``BatchPrefillWithPagedKVCacheWrapper`` with ``causal=True``, whose mask FlashInfer aligns bottom-right
+(query j of a sequence at position ``seq_len - query_len + j`` sees positions ``0..that``). New K/V go
+into the cache with FlashInfer's ``append_paged_kv_cache``.
+
+FlashInfer runs fp16/bf16 with head dims 64, 128 and 256; other steps (float32, the exact-parity mode)
+run the pure-torch backend on the same device. Nothing here imports flashinfer on a CPU-only install:
+``check_available`` looks for CUDA first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar
+
+import torch
+
+from kernels.attention.base import AttentionBackend
+from kernels.attention.flashinfer_plan import PageTable, build_page_table
+from kernels.attention.metadata import AttentionMetadata
+from kernels.attention.registry import BackendUnavailableError
+from kernels.attention.torch_paged import TorchPagedAttention
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+WORKSPACE_MIB = 128
+"""FlashInfer's float workspace (split-KV partial results), the size its documentation recommends."""
+
+
+def import_flashinfer() -> ModuleType:
+    """The ``flashinfer`` module, or ``BackendUnavailableError`` saying why it does not import."""
+    try:
+        import flashinfer
+    except (ImportError, OSError, RuntimeError) as exc:  # OSError/RuntimeError: a CUDA library it loads is missing
+        raise BackendUnavailableError(
+            f"attention backend 'flashinfer' is unavailable: importing flashinfer failed ({exc}); "
+            f"kernels.attention.flashinfer needs CUDA and the 'gpu' extra (pip install 'pdserve[gpu]')"
+        ) from exc
+    return flashinfer
+
+
+@dataclass
+class _Step:
+    meta: AttentionMetadata
+    table: PageTable
+    """The page table on the device (what ``append_paged_kv_cache`` reads)."""
+    host: PageTable
+    """The same arrays on the (pinned) host, for the wrappers' ``plan``."""
+    decode_only: bool
+    planned_for: tuple[Any, ...] | None = None
+    """The layer shapes the FlashInfer wrapper of this step was planned for; None until the first forward."""
+    torch_planned: bool = False
+
+
+class FlashInferBackend(AttentionBackend):
+    """FlashInfer paged attention (CUDA, bf16/fp16); steps it cannot run go to ``TorchPagedAttention``.
+
+    ``prefill_backend``: FlashInfer's prefill implementation, ``"fa2"`` (default: compiles fastest on
+    first use and serves every head dim here) or ``"auto"``/``"fa3"`` (Hopper). ``decode_tensor_cores``:
+    decode through the prefill kernels' tensor-core path (the same compiled module, good for GQA).
+    """
+
+    name: ClassVar[str] = "flashinfer"
+
+    def __init__(
+        self,
+        device: torch.device | str | None = None,
+        *,
+        prefill_backend: str = "fa2",
+        decode_tensor_cores: bool = True,
+        workspace_mib: int = WORKSPACE_MIB,
+        flashinfer_module: ModuleType | None = None,
+    ) -> None:
+        """``flashinfer_module``: a stand-in for ``flashinfer`` (tests run the plumbing on the CPU with one)."""
+        self.device = torch.device(device if device is not None else "cuda")
+        if flashinfer_module is None:
+            if self.device.type != "cuda":
+                raise BackendUnavailableError(
+                    f"attention backend 'flashinfer' runs on CUDA devices only, not {self.device}; "
+                    f"kernels.attention.flashinfer is the GPU path (use 'torch' or 'cpu_native' here)")
+            self.check_available()
+            flashinfer_module = import_flashinfer()
+        self._fi = flashinfer_module
+        workspace = torch.zeros(workspace_mib << 20, dtype=torch.uint8, device=self.device)
+        self._prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=prefill_backend)
+        self._decode = self._fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                                    use_tensor_cores=decode_tensor_cores)
+        self._torch = TorchPagedAttention(self.device)
+        self._step: _Step | None = None
+        self._warned: set[tuple[Any, ...]] = set()
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raises ``BackendUnavailableError`` without CUDA (flashinfer is then not even imported), or when
+        flashinfer does not import."""
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                "attention backend 'flashinfer' is unavailable: no CUDA device here "
+                "(kernels.attention.flashinfer runs on CUDA only; 'torch' and 'cpu_native' run on CPUs)")
+        import_flashinfer()
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        host = build_page_table(meta, pin_memory=self.device.type == "cuda")
+        self._step = _Step(meta, host.on(self.device), host, decode_only=not meta.prefill_seqs)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        step = self._step
+        if step is None:
+            raise RuntimeError("FlashInferBackend.forward called before plan()")
+        num_tokens, num_heads, head_dim = q.shape
+        _, two, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
+        if num_tokens != step.meta.num_tokens:
+            raise ValueError(f"planned {step.meta.num_tokens} tokens, got q of {num_tokens}")
+        if two != 2 or num_heads % num_kv_heads or cache_head_dim != head_dim or block_size != step.meta.block_size:
+            raise ValueError(f"q {list(q.shape)} does not fit kv_cache {list(kv_cache.shape)} "
+                             f"(block size {step.meta.block_size} planned)")
+        if not self._runs(q, kv_cache):
+            return self._torch_forward(step, q, k, v, kv_cache, scale)
+        shapes = (num_heads, num_kv_heads, head_dim, block_size, q.dtype, scale)
+        if step.planned_for != shapes:
+            self._plan_wrapper(step, shapes)
+        table = step.table
+        self._fi.append_paged_kv_cache(
+            k.contiguous(), v.contiguous(), table.batch_indices, table.positions, kv_cache,
+            table.kv_indices, table.kv_indptr, table.kv_last_page_len, kv_layout="NHD")
+        wrapper = self._decode if step.decode_only else self._prefill
+        return wrapper.run(q.contiguous(), kv_cache)
+
+    def _runs(self, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        fits = (q.device.type == self.device.type and q.dtype in SUPPORTED_DTYPES and kv_cache.dtype == q.dtype
+                and q.shape[2] in SUPPORTED_HEAD_DIMS and kv_cache.is_contiguous())
+        if not fits:
+            why = (q.dtype, kv_cache.dtype, q.shape[2], kv_cache.is_contiguous())
+            if why not in self._warned:
+                self._warned.add(why)
+                log.info("flashinfer: %s, head dim %d, contiguous cache %s: running the torch backend",
+                         q.dtype, q.shape[2], kv_cache.is_contiguous())
+        return fits
+
+    def _plan_wrapper(self, step: _Step, shapes: tuple[Any, ...]) -> None:
+        num_heads, num_kv_heads, head_dim, block_size, dtype, scale = shapes
+        host = step.host
+        if step.decode_only:
+            self._decode.plan(host.kv_indptr, host.kv_indices, host.kv_last_page_len, num_heads, num_kv_heads,
+                              head_dim, block_size, pos_encoding_mode="NONE", q_data_type=dtype,
+                              kv_data_type=dtype, sm_scale=scale)
+        else:
+            self._prefill.plan(host.qo_indptr, host.kv_indptr, host.kv_indices, host.kv_last_page_len, num_heads,
+                               num_kv_heads, head_dim, block_size, causal=True, pos_encoding_mode="NONE",
+                               sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
+        step.planned_for = shapes
+
+    def _torch_forward(self, step: _Step, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       kv_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        if not step.torch_planned:
+            self._torch.plan(step.meta)
+            step.torch_planned = True
+        return self._torch.forward(q, k, v, kv_cache, scale)

@@ -1,0 +1,117 @@
+"""A stand-in for the ``flashinfer`` module, in plain torch on the CPU, implementing the documented
+contract of the three entry points the FlashInfer backend uses (paged ``NHD`` cache
+``[pages, 2, page_size, Hkv, D]``, CSR page tables, causal mask aligned bottom-right). It lets the
+backend's plumbing (page tables, plan once per step, decode vs prefill wrapper, append) run in CPU tests;
+the real kernels are checked against the torch backend by the GPU tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int) -> list[int]:
+    pages = (indptr[1:] - indptr[:-1]).tolist()
+    return [(n - 1) * page_size + int(last) for n, last in zip(pages, last_page_len.tolist(), strict=True)]
+
+
+def _gather(cache: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor, i: int, length: int):
+    pages = indices[int(indptr[i]) : int(indptr[i + 1])].long()
+    k = cache[pages, 0].flatten(0, 1)[:length]
+    v = cache[pages, 1].flatten(0, 1)[:length]
+    return k, v
+
+
+def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+                          kv_indptr, kv_last_page_len, kv_layout="NHD"):
+    assert kv_layout == "NHD" and paged_kv_cache.dim() == 5 and paged_kv_cache.shape[1] == 2
+    assert append_key.is_contiguous() and append_value.is_contiguous()
+    page_size = paged_kv_cache.shape[2]
+    lens = _kv_lens(kv_indptr, kv_last_page_len, page_size)
+    for t, (b, pos) in enumerate(zip(batch_indices.tolist(), positions.tolist(), strict=True)):
+        assert pos < lens[b], f"append at position {pos} past sequence {b}'s length {lens[b]}"
+        page = int(kv_indices[int(kv_indptr[b]) + pos // page_size])
+        paged_kv_cache[page, 0, pos % page_size] = append_key[t]
+        paged_kv_cache[page, 1, pos % page_size] = append_value[t]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("thd,shd->hts", q.double(), k) * scale
+    if causal:
+        query_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0]).view(-1, 1)
+        scores = scores.masked_fill(torch.arange(k.shape[0]).view(1, -1) > query_pos, float("-inf"))
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
+
+
+@dataclass
+class _Plan:
+    qo_indptr: list[int]
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    last_page_len: torch.Tensor
+    heads: tuple[int, int, int]
+    page_size: int
+    causal: bool
+    scale: float
+    dtype: torch.dtype
+
+
+@dataclass
+class _Wrapper:
+    workspace: torch.Tensor
+    layout: str
+    plans: list[_Plan] = field(default_factory=list)
+    runs: int = 0
+
+    def _run(self, q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        assert self.plans, "run before plan"
+        plan = self.plans[-1]
+        num_heads, num_kv_heads, head_dim = plan.heads
+        assert q.dtype == plan.dtype and q.shape[1:] == (num_heads, head_dim)
+        assert cache.shape[2:] == (plan.page_size, num_kv_heads, head_dim)
+        self.runs += 1
+        lens = _kv_lens(plan.kv_indptr, plan.last_page_len, plan.page_size)
+        out = torch.empty_like(q)
+        for i, length in enumerate(lens):
+            start, end = plan.qo_indptr[i], plan.qo_indptr[i + 1]
+            k, v = _gather(cache, plan.kv_indptr, plan.kv_indices, i, length)
+            out[start:end] = _attend(q[start:end], k, v, plan.scale, plan.causal).to(q.dtype)
+        return out
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
+    def __init__(self, workspace, kv_layout="NHD", backend="auto"):
+        super().__init__(workspace, kv_layout)
+        self.backend = backend
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim_qk, page_size, causal=False, pos_encoding_mode="NONE", sm_scale=None,
+             q_data_type="float16", kv_data_type=None):
+        assert pos_encoding_mode == "NONE" and kv_data_type in (None, q_data_type)
+        self.plans.append(_Plan(qo_indptr.tolist(), paged_kv_indptr.clone(), paged_kv_indices.clone(),
+                                paged_kv_last_page_len.clone(), (num_qo_heads, num_kv_heads, head_dim_qk),
+                                page_size, causal, sm_scale or head_dim_qk**-0.5, q_data_type))
+
+    def run(self, q, paged_kv_cache):
+        return self._run(q, paged_kv_cache)
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
+    def __init__(self, workspace, kv_layout="NHD", use_tensor_cores=False):
+        super().__init__(workspace, kv_layout)
+        self.use_tensor_cores = use_tensor_cores
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             pos_encoding_mode="NONE", q_data_type="float16", kv_data_type=None, sm_scale=None):
+        assert pos_encoding_mode == "NONE" and kv_data_type in (None, q_data_type)
+        n = last_page_len.numel()
+        self.plans.append(_Plan(list(range(n + 1)), indptr.clone(), indices.clone(), last_page_len.clone(),
+                                (num_qo_heads, num_kv_heads, head_dim), page_size, False,
+                                sm_scale or head_dim**-0.5, q_data_type))
+
+    def run(self, q, paged_kv_cache):
+        assert q.shape[0] == len(self.plans[-1].qo_indptr) - 1, "decode: one query per sequence"
+        return self._run(q, paged_kv_cache)
