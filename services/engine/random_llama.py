@@ -1,0 +1,106 @@
+"""Llama models with random weights, for benchmarks and tests where real weights cannot be had (the GPU
+machine cannot download any, and the bundled GGUF is too large to carry there).
+
+``PRESETS`` holds architectures: the bundled SmolLM2-135M's own shape, a Llama-3.2-1B-like one and a tiny
+one for unit tests. Speed depends only on the architecture and dtype, so a random model of the bundled
+model's shape decodes exactly as fast as the bundled model. Weights are drawn with a fixed seed; the
+scale (``std``) keeps activations and logits O(1), so greedy choices are not near-ties.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from services.engine.model.config import ModelConfig
+from services.engine.model.llama import LlamaModel
+
+
+def _config(name: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
+            theta: float, tied: bool, max_position: int = 8192) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads,
+                       rope_theta=theta, rms_norm_eps=1e-5, max_position=max_position, tie_word_embeddings=tied,
+                       bos_token_id=1, eos_token_ids=(2,))
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "smollm2-135m": _config("random-smollm2-135m", 49152, 576, 1536, 30, 9, 3, 100000.0, True),
+    "llama-1b": _config("random-llama-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, True),
+    "tiny": _config("random-tiny", 512, 128, 256, 2, 4, 2, 10000.0, False, max_position=2048),
+}
+
+
+def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                   seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Hugging Face-named Llama tensors, N(0, std) weights and unit norms (drawn on ``device``)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    hidden, inter = config.hidden_size, config.intermediate_size
+
+    def normal(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+    tensors = {"model.embed_tokens.weight": normal(config.vocab_size, hidden),
+               "model.norm.weight": torch.ones(hidden, dtype=dtype, device=device)}
+    if not config.tie_word_embeddings:
+        tensors["lm_head.weight"] = normal(config.vocab_size, hidden)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "input_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device),
+            p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device),
+            p + "self_attn.q_proj.weight": normal(config.q_size, hidden),
+            p + "self_attn.k_proj.weight": normal(config.kv_size, hidden),
+            p + "self_attn.v_proj.weight": normal(config.kv_size, hidden),
+            p + "self_attn.o_proj.weight": normal(hidden, config.q_size),
+            p + "mlp.gate_proj.weight": normal(inter, hidden),
+            p + "mlp.up_proj.weight": normal(inter, hidden),
+            p + "mlp.down_proj.weight": normal(hidden, inter),
+        }
+    return tensors
+
+
+def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 seed: int = 0) -> LlamaModel:
+    """A ``LlamaModel`` with random weights, drawn directly on ``device`` in ``dtype``."""
+    return LlamaModel(config, random_tensors(config, dtype, device, seed), dtype, device)
+
+
+def weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of the weights one decode step reads (the embedding table is gathered, not read whole,
+    unless it is also the tied LM head)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    per_layer = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden + 3 * hidden * inter
+    head = config.vocab_size * hidden
+    return (config.num_layers * per_layer + head) * dtype_bytes
+
+
+def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Path:
+    """A Hugging Face model directory (``config.json``, ``model.safetensors`` in bf16, a word-level
+    tokenizer whose tokens are ``t0 .. t{vocab-1}``) that ``services.engine.weights`` and the tokenizer
+    wrapper load like a real one. Returns ``path``."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "_name_or_path": config.name,
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position, "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids),
+    }
+    (path / "config.json").write_text(json.dumps(hf_config, indent=1))
+    tensors = random_tensors(config, torch.bfloat16, "cpu", seed)
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(path / "model.safetensors"))
+    vocab = {f"t{i}": i for i in range(config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", bos_token="t1", eos_token="t2")
+    fast.save_pretrained(str(path))
+    return path
