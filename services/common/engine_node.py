@@ -13,6 +13,7 @@ from pdserve.v1 import gateway_pb2
 
 from services.common.config import setting
 from services.common.errors import map_error
+from services.common.kv_ipc_wire import KV_IPC_MODES
 from services.common.server import ServerConfig
 from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
@@ -33,6 +34,11 @@ class EngineNodeConfig(ServerConfig):
 
     model: str = setting("", "GGUF file or HF directory (default: the bundled SmolLM2-135M)")
     dtype: str = setting("bfloat16", "bfloat16 (fast) or float32 (exact parity)")
+    device: str = setting("cpu", "where the model and the KV pool live: cpu, cuda or cuda:N")
+    attention_backend: str = setting("auto", "auto (flashinfer on CUDA when installed, cpu_native on CPU, else "
+                                             "torch), torch, cpu_native or flashinfer")
+    kv_ipc: str = setting("auto", "KV between prefill and decode nodes on one host and GPU: auto (CUDA IPC after "
+                                  "a probe, bytes on any failure) or off (always bytes); CPU nodes send bytes")
     block_size: int = setting(16, "tokens per KV block")
     num_kv_blocks: int = setting(0, "KV blocks in the pool (0: as many as kv_cache_gib holds)")
     kv_cache_gib: float = setting(1.0, "KV pool size when num_kv_blocks is 0")
@@ -56,6 +62,13 @@ class EngineNodeConfig(ServerConfig):
     offload_remote: str = setting("overflow", "when preempted KV goes to the offload cache-store: overflow (past the "
                                               "host budget) or always")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kv_ipc not in KV_IPC_MODES:
+            raise ValueError(f"kv_ipc must be one of {', '.join(KV_IPC_MODES)}, got {self.kv_ipc!r}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+
     def admission_config(self) -> AdmissionConfig:
         return AdmissionConfig(
             policy=self.admission_policy, init_ratio=self.init_new_token_ratio,
@@ -68,7 +81,8 @@ class EngineNodeConfig(ServerConfig):
         return EngineConfig(
             admission=self.admission_config(), offload_host_gib=self.offload_host_gib,
             offload_cache_store=self.offload_cache_store, offload_remote=self.offload_remote,
-            model_path=self.model or str(bundled_model_path()), dtype=self.dtype, block_size=self.block_size,
+            model_path=self.model or str(bundled_model_path()), dtype=self.dtype, device=self.device,
+            attention_backend=self.attention_backend, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or None, int4_max_rows=self.int4_max_rows,

@@ -26,7 +26,7 @@ async def serve(config: DecodeNodeConfig) -> None:
     await serve_engine_node(
         config, "decode",
         lambda engine: DecodeNode(engine, default_lease_s=config.lease_ms / 1000, num_threads=config.threads or None,
-                                  handover_after_s=config.handover_after_ms / 1000),
+                                  handover_after_s=config.handover_after_ms / 1000, kv_ipc=config.kv_ipc == "auto"),
         make_binding, decode_registry)
 
 

@@ -24,12 +24,15 @@ import grpc
 import grpc.aio
 import structlog
 
+from kvcache.cuda_ipc import IpcError, gpu_uuid
+from kvcache.host_identity import read_host_identity
 from kvcache.kv_bytes import write_blocks
 from services.cache_store.client import AsyncCacheStoreClient
 from services.common import tracing
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.decode_node.handover import HandoverAgent, Route
+from services.decode_node.kv_ipc import IpcSessions
 from services.engine.adoption import AdoptionGrant
 from services.engine.engine import LLMEngine
 from services.engine.handover import HandedRequest
@@ -69,9 +72,10 @@ class Grant:
 
 class DecodeNode:
     def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0, num_threads: int | None = None,
-                 handover_after_s: float = 0.0):
+                 handover_after_s: float = 0.0, kv_ipc: bool = False):
         """``handover_after_s``: hand preempted requests whose KV is in the cache-store (the engine's
-        ``offload_cache_store``) to a peer after waiting that long; 0 = never."""
+        ``offload_cache_store``) to a peer after waiting that long; 0 = never. ``kv_ipc``: take KV by CUDA
+        IPC from prefill nodes on this host and GPU (a CPU pool never does)."""
         self.engine = engine
         self.default_lease_s = default_lease_s
         self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads)
@@ -84,6 +88,9 @@ class DecodeNode:
                                       address=lambda: self.address)
         self._stores: dict[str, AsyncCacheStoreClient] = {}
         self.kv_received = KVTransferStats()
+        pool = engine.runner.kv_cache
+        identity = read_host_identity(gpu_uuid(pool.device)) if kv_ipc and pool.device.type == "cuda" else None
+        self.ipc = IpcSessions(pool, kv_layout(engine), identity)
 
     def start(self) -> None:
         self.worker.start()
@@ -118,6 +125,22 @@ class DecodeNode:
             await self.abort(request_id)
             raise FailedPreconditionError(f"{request_id}: {exc}") from exc
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
+        return _unix_ms(reservation.lease_s)
+
+    async def receive_by_reference(self, request_id: str, block_ids: list[int], source_ids: list[int],
+                                   session_id: str) -> int:
+        """Check and mark ``block_ids`` on the engine thread, then copy blocks ``source_ids`` of the
+        prefill node's pool (IPC session ``session_id``) into them. Returns the lease. Raises
+        ``IpcError`` when the copy fails; the blocks are then unmarked, so the bytes may follow."""
+        started = time.perf_counter()
+        reservation: Reservation = await self.worker.call(lambda e: e.reservations.receive(request_id, block_ids))
+        try:
+            self.ipc.copy(session_id, source_ids, block_ids)
+        except IpcError:
+            await self.worker.call(lambda e: reservation.received.difference_update(block_ids))
+            raise
+        size = len(block_ids) * self.ipc.layout.bytes_per_block
+        self.kv_received.add(size, len(block_ids), time.perf_counter() - started)
         return _unix_ms(reservation.lease_s)
 
     async def commit(self, request_id: str, first_token_id: int) -> None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
+from kvcache.cuda_ipc import IpcError
 from services.common import tracing
 from services.common.engine_node import node_status
 from services.common.errors import (
@@ -17,6 +18,7 @@ from services.common.errors import (
     mapped_errors,
     status_of,
 )
+from services.common.kv_ipc_wire import answer_to_proto, offer_from_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
@@ -65,6 +67,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     async def TransferKV(self, request_iterator: AsyncIterator[decode_pb2.KVTransferMessage],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[decode_pb2.KVAck]:
         failed: dict[str, decode_pb2.KVAck] = {}
+        ipc_sessions: dict[str, str] = {}  # request id → the IPC session its header named
         async for message in request_iterator:
             kind = message.WhichOneof("kind")
             request_id = getattr(message, kind).request_id
@@ -73,7 +76,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                                        code=failed[request_id].code)
                 continue
             try:
-                yield await self._handle(message, kind, request_id)
+                yield await self._handle(message, kind, request_id, ipc_sessions)
             except mapped_errors() as error:
                 ack = decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=str(error),
                                        code=status_of(error).value[0])
@@ -81,17 +84,38 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                 await self.node.abort(request_id)
                 yield ack
 
-    async def _handle(self, message: decode_pb2.KVTransferMessage, kind: str, request_id: str) -> decode_pb2.KVAck:
+    async def _handle(self, message: decode_pb2.KVTransferMessage, kind: str, request_id: str,
+                      ipc_sessions: dict[str, str]) -> decode_pb2.KVAck:
         if kind == "header":
             tracing.bind_request(request_id)
             self._check_layout(message.header.layout)
+            if message.header.ipc_session:
+                ipc_sessions[request_id] = message.header.ipc_session
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id)
+        if kind == "blocks" and message.blocks.source_block_ids:
+            return await self._receive_by_reference(message, request_id, ipc_sessions.get(request_id, ""))
         if kind == "blocks":
             lease = await self.node.receive(request_id, list(message.blocks.block_ids), message.blocks.payload)
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
         with tracing.span("commit", request_id=request_id):
             await self.node.commit(request_id, message.commit.first_token_id)
         return decode_pb2.KVAck(seq=message.seq, request_id=request_id, committed=True)
+
+    async def _receive_by_reference(self, message: decode_pb2.KVTransferMessage, request_id: str,
+                                    session_id: str) -> decode_pb2.KVAck:
+        """A batch of source block ids: copied by CUDA IPC, or answered with ``ipc_error`` (nothing taken;
+        the prefill node sends the bytes instead)."""
+        batch = message.blocks
+        if batch.payload or len(batch.source_block_ids) != len(batch.block_ids):
+            raise InvalidArgumentError("blocks", "source_block_ids come without payload, one per block id")
+        try:
+            if not session_id:
+                raise IpcError("the request's header named no IPC session")
+            lease = await self.node.receive_by_reference(request_id, list(batch.block_ids),
+                                                         list(batch.source_block_ids), session_id)
+        except IpcError as error:
+            return decode_pb2.KVAck(seq=message.seq, request_id=request_id, ipc_error=str(error))
+        return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
 
     def _check_layout(self, layout: node_pb2.KVLayout) -> None:
         mine = self.layout
@@ -141,6 +165,13 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
         return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
+
+    @grpc_errors
+    @traced_rpc("OpenKVIpc")
+    async def OpenKVIpc(self, request: decode_pb2.KVIpcOffer, context: grpc.aio.ServicerContext
+                        ) -> decode_pb2.KVIpcAnswer:
+        """Map a prefill node's KV pool by CUDA IPC if it shares this host and GPU (refusal = an answer)."""
+        return answer_to_proto(self.node.ipc.open(offer_from_proto(request)))
 
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext

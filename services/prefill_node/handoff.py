@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import torch
+
 from kvcache.kv_bytes import read_blocks
 from services.engine.engine import LLMEngine
 from services.engine.outputs import RequestOutput
@@ -13,11 +15,13 @@ from services.engine.request import Request, RequestStatus
 
 @dataclass
 class ReadyBlocks:
-    """KV of blocks ``first_index ..`` of the request's table (prompt order), ``count`` blocks."""
+    """KV of blocks ``first_index ..`` of the request's table (prompt order), ``count`` blocks: their
+    bytes, or (a request sent by CUDA IPC) their ids in this node's pool, computed and synchronised."""
 
     first_index: int
     count: int
     payload: bytes
+    source_ids: list[int] | None = None
 
 
 @dataclass
@@ -35,13 +39,16 @@ class Tracked:
     queue: asyncio.Queue[ReadyBlocks | FirstToken] = field(default_factory=asyncio.Queue)
     blocks_read: int = 0
     skip_blocks: int = 0  # leading blocks the decode node already holds
+    by_reference: bool = False  # its decode node copies blocks out of this pool (CUDA IPC): send ids
 
 
 def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[RequestOutput]
             ) -> list[tuple[Tracked, ReadyBlocks | FirstToken]]:
     """On the engine thread: note first tokens and read the KV of blocks that became complete. Everything
-    one step produced is delivered together, first tokens ahead of that step's blocks."""
+    one step produced is delivered together, first tokens ahead of that step's blocks. Blocks sent by
+    reference are handed over only once the device has finished writing them."""
     items: list[tuple[Tracked, ReadyBlocks | FirstToken]] = []
+    synchronized = False
     for out in outputs:  # first tokens go first: the client sees them before the last blocks are sent
         state = tracked.get(out.request_id)
         if state is not None and out.new_token_ids:
@@ -58,7 +65,14 @@ def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[Reques
         ready = engine.transferable_block_ids(request)
         start = max(state.blocks_read, state.skip_blocks)
         if len(ready) > start:
-            payload = read_blocks(engine.runner.kv_cache, ready[start:])
-            items.append((state, ReadyBlocks(start, len(ready) - start, payload)))
+            if state.by_reference:
+                pool = engine.runner.kv_cache
+                if not synchronized and pool.device.type == "cuda":
+                    torch.cuda.synchronize(pool.device)  # the step's kernels wrote these blocks
+                    synchronized = True
+                items.append((state, ReadyBlocks(start, len(ready) - start, b"", list(ready[start:]))))
+            else:
+                payload = read_blocks(engine.runner.kv_cache, ready[start:])
+                items.append((state, ReadyBlocks(start, len(ready) - start, payload)))
             state.blocks_read = len(ready)
     return items

@@ -32,7 +32,7 @@ async def serve(config: PrefillNodeConfig) -> None:
         config, "prefill",
         lambda engine: PrefillNode(engine, lease_ms=config.lease_ms, num_threads=config.threads or None,
                                    prepare=PrepareQueues(config.prepare_settings()),
-                                   prefix_store=_prefix_store(config, engine)),
+                                   prefix_store=_prefix_store(config, engine), kv_ipc=config.kv_ipc == "auto"),
         make_binding, prefill_registry)
 
 

@@ -21,10 +21,11 @@ import grpc.aio
 import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
-from kvcache.kv_bytes import write_blocks
+from kvcache.kv_bytes import read_blocks, write_blocks
 from services.common import tracing
 from services.common.channel_pool import ChannelPool
 from services.common.errors import UnavailableError
+from services.common.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
@@ -34,7 +35,8 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.step_spans import trace_request
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
-from services.prefill_node.kv_sender import KVSender
+from services.prefill_node.kv_ipc import IpcLinks, PoolExport, export_pool
+from services.prefill_node.kv_sender import IpcRoute, KVSender
 from services.prefill_node.prefix_store import (
     FetchedBlocks,
     PrefixStore,
@@ -69,7 +71,10 @@ PrefillEvent = Refused | Reserved | FirstToken | Done
 
 class PrefillNode:
     def __init__(self, engine: LLMEngine, lease_ms: int = 10_000, num_threads: int | None = None,
-                 prepare: PrepareQueues | None = None, prefix_store: PrefixStore | None = None):
+                 prepare: PrepareQueues | None = None, prefix_store: PrefixStore | None = None,
+                 kv_ipc: bool = False):
+        """``kv_ipc``: offer this node's KV pool by CUDA IPC to decode nodes on the same host and GPU
+        (``kv_ipc.py``; a CPU pool never does), bytes for the others."""
         self.engine = engine
         self.prepare = prepare or PrepareQueues()
         self.prefix_store = prefix_store
@@ -82,6 +87,7 @@ class PrefillNode:
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
         self.kv_sent = KVTransferStats()
         self.draining = False
+        self.ipc_links = IpcLinks(self._export_pool, self._offer_ipc) if kv_ipc else None
 
     def start(self) -> None:
         self.worker.start()
@@ -95,6 +101,24 @@ class PrefillNode:
 
     def decode_stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
         return self._decode_channels.stub(address, decode_pb2_grpc.DecodeNodeStub)
+
+    def _export_pool(self) -> PoolExport | None:
+        pool = self.engine.runner.kv_cache
+        return export_pool(pool, self.layout) if pool.device.type == "cuda" else None
+
+    async def _offer_ipc(self, address: str, offer: IpcOffer) -> IpcAnswer:
+        answer = await self.decode_stub(address).OpenKVIpc(offer_to_proto(offer), timeout=10.0,
+                                                           metadata=tracing.outgoing())
+        return answer_from_proto(answer)
+
+    async def _ipc_route(self, address: str) -> IpcRoute | None:
+        """How this request's blocks reach ``address`` by CUDA IPC, or None (bytes)."""
+        links = self.ipc_links
+        session = await links.session_for(address) if links is not None else None
+        if session is None:
+            return None
+        pool = self.engine.runner.kv_cache
+        return IpcRoute(session, lambda ids: read_blocks(pool, ids), lambda reason: links.fail(address, reason))
 
     def _deliver(self, items: list[tuple[Tracked, ReadyBlocks | FirstToken]]) -> None:
         for state, item in items:
@@ -131,15 +155,17 @@ class PrefillNode:
             for refusal in reservation.refusals:
                 yield refusal
             yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
+            sender.ipc = await self._ipc_route(address)
             await sender.open(metadata=tracing.outgoing(tracing.context_with(transfer)))
             if fetch is not None:
                 await self._import(request_id, prompt_ids, await fetch)
+            by_reference = sender.ipc is not None
             state = await self.worker.call(lambda e: self._admit(e, request_id, prompt_ids, sampling,
-                                                                 grant.num_cached_blocks, trace))
+                                                                 grant.num_cached_blocks, trace, by_reference))
             while True:
                 item = await state.queue.get()
                 if isinstance(item, ReadyBlocks):
-                    await sender.send_blocks(item.first_index, item.count, item.payload, MAX_MESSAGE_PAYLOAD)
+                    await _send_ready(sender, item)
                     continue
                 if item.finish_reason is not None:  # the first token ended the request: D needs nothing
                     await self._abort_on_decode(address, request_id)
@@ -150,12 +176,13 @@ class PrefillNode:
                 while not state.queue.empty():  # the last step's blocks were delivered with the token
                     rest = state.queue.get_nowait()
                     assert isinstance(rest, ReadyBlocks), f"unexpected {rest!r} after the first token"
-                    await sender.send_blocks(rest.first_index, rest.count, rest.payload, MAX_MESSAGE_PAYLOAD)
+                    await _send_ready(sender, rest)
                 with tracing.span("commit", trace, first_token=item.token_id):
                     await sender.commit(item.token_id, len(prompt_ids))
                 finished = True
                 log.debug("prefilled", decode_node=address, cached_tokens=item.cached_tokens,
-                          kv_bytes=sender.bytes_sent, kv_blocks=sender.blocks_sent)
+                          kv_bytes=sender.bytes_sent, kv_blocks=sender.blocks_sent,
+                          kv_blocks_by_ipc=sender.blocks_by_ipc)
                 yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)
                 return
         finally:
@@ -187,11 +214,11 @@ class PrefillNode:
                                           lambda address: self._abort_on_decode(address, request_id), timeout_s)
 
     def _admit(self, engine: LLMEngine, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-               skip_blocks: int, trace: object = None) -> Tracked:
+               skip_blocks: int, trace: object = None, by_reference: bool = False) -> Tracked:
         request = engine.add_request(sampling=sampling, token_ids=prompt_ids, request_id=request_id,
                                      prefill_only=True)
         trace_request(request, trace, queued=True)  # queue and prefill_chunk spans from the engine thread
-        state = Tracked(request, skip_blocks=skip_blocks)
+        state = Tracked(request, skip_blocks=skip_blocks, by_reference=by_reference)
         self.tracked[request_id] = state
         return state
 
@@ -255,3 +282,10 @@ class PrefillNode:
         deadline = loop.time() + timeout_s
         while (self.tracked or self.preparing) and loop.time() < deadline:
             await asyncio.sleep(0.05)
+
+
+async def _send_ready(sender: KVSender, item: ReadyBlocks) -> None:
+    if item.source_ids is not None:
+        await sender.send_block_refs(item.first_index, item.source_ids, MAX_MESSAGE_PAYLOAD)
+    else:
+        await sender.send_blocks(item.first_index, item.count, item.payload, MAX_MESSAGE_PAYLOAD)

@@ -1,0 +1,104 @@
+"""The decode node's side of CUDA IPC: prefill nodes' KV pools mapped here, and block copies out of them.
+
+``IpcSessions.open`` answers a prefill node's ``OpenKVIpc`` offer: it checks that the two processes share
+a host and a GPU (``kvcache.host_identity``) and a KV layout, maps the offered pool and probe, and reads
+the probe back. Only an offer whose probe reads back as its nonce's pattern becomes a session. ``copy``
+moves blocks from a session's pool into this node's pool device to device and returns once they are
+there, so the transfer stream may acknowledge them (and the prefill node release them) right after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+import torch
+from pdserve.v1 import node_pb2
+
+from kvcache.cuda_ipc import (
+    CudaIpcTensor,
+    IpcError,
+    check_pools_match,
+    copy_blocks,
+    open_tensor,
+    probe_digest,
+    probe_pattern,
+    read_probe,
+)
+from kvcache.host_identity import HostIdentity, ipc_refusal
+from services.common.kv_ipc_wire import IpcAnswer, IpcOffer
+
+log = structlog.get_logger(__name__)
+LAYOUT_FIELDS = ("dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "model_fingerprint",
+                 "bytes_per_block")
+
+
+@dataclass
+class _Session:
+    identity: HostIdentity
+    pool: torch.Tensor
+    """The prefill node's pool, mapped into this process."""
+
+
+class IpcSessions:
+    """Prefill nodes' pools mapped by CUDA IPC, by session id (one per prefill process).
+
+    ``identity`` is None when this node does not take IPC (``kv_ipc`` off, or a CPU pool): every offer is
+    then refused with that reason. ``opener`` and ``reader`` map and read tensors (tests pass fakes)."""
+
+    def __init__(self, pool: torch.Tensor, layout: node_pb2.KVLayout, identity: HostIdentity | None,
+                 opener: Callable[[CudaIpcTensor, torch.device], torch.Tensor] = open_tensor,
+                 reader: Callable[[torch.Tensor], bytes] = read_probe):
+        self.pool = pool
+        self.layout = layout
+        self.identity = identity
+        self.sessions: dict[str, _Session] = {}
+        self._open = opener
+        self._read = reader
+        self._stream = torch.cuda.Stream(pool.device) if pool.device.type == "cuda" else None
+
+    def open(self, offer: IpcOffer) -> IpcAnswer:
+        """Check, map and probe an offer. A refusal is an answer with the reason (logged), not an error."""
+        checked = self._check(offer)
+        if isinstance(checked, str):
+            log.info("kv ipc refused", session=offer.session_id, peer_pid=offer.identity.pid, reason=checked)
+            return IpcAnswer(accepted=False, reason=checked)
+        session, digest = checked
+        for session_id in [s for s, old in self.sessions.items() if old.identity == offer.identity]:
+            del self.sessions[session_id]  # the same prefill process offers again: its new session wins
+        self.sessions[offer.session_id] = session
+        log.info("kv ipc session open", session=offer.session_id, peer_pid=offer.identity.pid,
+                 peer_blocks=session.pool.shape[1])
+        return IpcAnswer(accepted=True, probe_digest=digest)
+
+    def _check(self, offer: IpcOffer) -> tuple[_Session, bytes] | str:
+        """The mapped session and the probe's digest, or why the offer is refused."""
+        if self.identity is None:
+            return "this decode node takes no CUDA IPC (kv_ipc off or a CPU pool)"
+        refusal = ipc_refusal(self.identity, offer.identity)
+        if refusal is not None:
+            return refusal
+        for name in LAYOUT_FIELDS:
+            if getattr(offer.layout, name) != getattr(self.layout, name):
+                return f"layout.{name} differs"
+        try:
+            pool = self._open(offer.pool, self.pool.device)
+            check_pools_match(pool, self.pool)
+            read = self._read(self._open(offer.probe, self.pool.device))
+        except IpcError as exc:
+            return str(exc)
+        if not read or read != probe_pattern(offer.probe_nonce, len(read)):
+            return "the probe read back other bytes than its pattern"
+        return _Session(offer.identity, pool), probe_digest(read)
+
+    def copy(self, session_id: str, source_ids: Sequence[int], block_ids: Sequence[int]) -> None:
+        """Blocks ``source_ids`` of the session's pool into ``block_ids`` of this node's pool, complete on
+        return. Raises :class:`IpcError` (unknown session, bad ids, a CUDA error)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise IpcError(f"no CUDA IPC session {session_id!r} on this decode node (restarted?)")
+        copy_blocks(session.pool, self.pool, source_ids, block_ids, self._stream)
+
+    def close(self) -> None:
+        self.sessions.clear()

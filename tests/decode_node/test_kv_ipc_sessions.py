@@ -1,0 +1,90 @@
+"""The decode node's CUDA IPC sessions: which offers it takes (identity, layout, mapping, probe) and the
+block copies out of a mapped pool (CUDA IPC stood in for by tests/ipc_fakes.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from pdserve.v1 import node_pb2
+
+from kvcache.cuda_ipc import IpcError, probe_digest, probe_pattern
+from services.decode_node.kv_ipc import IpcSessions
+from tests.ipc_fakes import DECODE_ID, FakeIpc
+
+LAYOUT = node_pb2.KVLayout(dtype="bfloat16", block_size=4, num_layers=3, num_kv_heads=2, head_dim=8,
+                           model_fingerprint=b"model", bytes_per_block=3 * 2 * 4 * 2 * 8 * 2)
+
+
+def pool(num_blocks: int, seed: int) -> torch.Tensor:
+    return torch.randn(3, num_blocks, 2, 4, 2, 8, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.fixture
+def ipc() -> FakeIpc:
+    return FakeIpc()
+
+
+def sessions(ipc: FakeIpc, identity=DECODE_ID, reader=None) -> IpcSessions:
+    kwargs = {"reader": reader} if reader is not None else {}
+    return IpcSessions(pool(8, seed=0), LAYOUT, identity, opener=ipc.open, **kwargs)
+
+
+def test_an_offer_from_the_same_host_and_gpu_is_probed_and_taken(ipc: FakeIpc) -> None:
+    here = sessions(ipc)
+    source = pool(20, seed=1)
+    export = ipc.pool_export(source, LAYOUT)
+    answer = here.open(export.offer)
+    assert answer.accepted and answer.reason == ""
+    assert answer.probe_digest == probe_digest(probe_pattern(export.offer.probe_nonce))
+    here.copy("session-1", [19, 0, 7], [3, 6, 0])
+    for s, d in ((19, 3), (0, 6), (7, 0)):
+        assert torch.equal(here.pool[:, d], source[:, s])
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"boot_id": "other"}, "another host"),
+    ({"gpu_uuid": "GPU-other"}, "another GPU"),
+    ({"pid": DECODE_ID.pid}, "same process"),
+])
+def test_offers_from_elsewhere_are_refused(ipc: FakeIpc, change: dict, reason: str) -> None:
+    export = ipc.pool_export(pool(20, 1), LAYOUT, identity=dataclasses.replace(DECODE_ID, **{"pid": 1, **change}))
+    answer = sessions(ipc).open(export.offer)
+    assert not answer.accepted and reason in answer.reason
+    assert ipc.opened == 0  # nothing mapped
+
+
+def test_refusals_for_layout_mapping_and_probe(ipc: FakeIpc) -> None:
+    here = sessions(ipc)
+    other_model = dataclasses.replace(ipc.pool_export(pool(20, 1), LAYOUT).offer,
+                                      layout=node_pb2.KVLayout(**{**_fields(LAYOUT), "model_fingerprint": b"x"}))
+    assert "layout.model_fingerprint differs" in here.open(other_model).reason
+    stale = ipc.pool_export(pool(20, 1), LAYOUT)
+    ipc.tensors.clear()
+    assert "invalid handle" in here.open(stale.offer).reason
+    wrong_shape = ipc.pool_export(torch.zeros(3, 20, 2, 4, 2, 16, dtype=torch.bfloat16), LAYOUT)
+    assert "pool layouts differ" in here.open(wrong_shape.offer).reason
+    liar = sessions(ipc, reader=lambda probe: bytes(len(probe)))
+    assert "probe read back other bytes" in liar.open(ipc.pool_export(pool(20, 1), LAYOUT).offer).reason
+    assert not here.sessions and not liar.sessions
+
+
+def test_a_node_without_ipc_refuses_and_says_why(ipc: FakeIpc) -> None:
+    answer = sessions(ipc, identity=None).open(ipc.pool_export(pool(20, 1), LAYOUT).offer)
+    assert not answer.accepted and "kv_ipc off or a CPU pool" in answer.reason
+
+
+def test_a_new_offer_from_the_same_process_replaces_its_session(ipc: FakeIpc) -> None:
+    here = sessions(ipc)
+    assert here.open(ipc.pool_export(pool(20, 1), LAYOUT, session_id="old").offer).accepted
+    assert here.open(ipc.pool_export(pool(20, 2), LAYOUT, session_id="new").offer).accepted
+    assert list(here.sessions) == ["new"]
+    with pytest.raises(IpcError, match="no CUDA IPC session 'old'"):
+        here.copy("old", [0], [0])
+    with pytest.raises(IpcError, match="outside a pool"):
+        here.copy("new", [20], [0])
+
+
+def _fields(layout: node_pb2.KVLayout) -> dict:
+    return {f.name: getattr(layout, f.name) for f in layout.DESCRIPTOR.fields}

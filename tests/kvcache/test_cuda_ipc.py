@@ -1,0 +1,66 @@
+"""The parts of the CUDA IPC module that run anywhere: the probe pattern and block copies between pools;
+exporting needs CUDA (tests/kvcache/test_cuda_ipc_gpu.py maps a pool across two processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcache.cuda_ipc import (
+    PROBE_BYTES,
+    IpcError,
+    check_pools_match,
+    copy_blocks,
+    export_tensor,
+    make_probe,
+    probe_digest,
+    probe_pattern,
+    read_probe,
+)
+
+
+def pool(num_blocks: int, seed: int, layers: int = 3, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(layers, num_blocks, 2, 4, 2, 8, generator=gen).to(dtype)
+
+
+def test_probe_pattern_is_the_nonce_s() -> None:
+    a, b = probe_pattern(b"n1"), probe_pattern(b"n2")
+    assert len(a) == PROBE_BYTES and a == probe_pattern(b"n1") and a != b
+    probe = make_probe(b"n1", "cpu")
+    assert probe.dtype == torch.uint8 and read_probe(probe) == a
+    assert probe_digest(read_probe(probe)) == probe_digest(a) != probe_digest(b)
+
+
+def test_copy_blocks_moves_exact_bytes_between_pools_of_other_sizes() -> None:
+    src, dst = pool(20, seed=1), pool(9, seed=2)
+    before = dst.clone()
+    src_ids, dst_ids = [17, 3, 4, 11], [8, 0, 5, 2]
+    copy_blocks(src, dst, src_ids, dst_ids)
+    for s, d in zip(src_ids, dst_ids, strict=True):
+        assert torch.equal(dst[:, d], src[:, s])
+    untouched = [b for b in range(9) if b not in dst_ids]
+    assert torch.equal(dst[:, untouched], before[:, untouched])
+    copy_blocks(src, dst, [], [])
+
+
+@pytest.mark.parametrize(("src_ids", "dst_ids", "message"), [
+    ([1, 2], [1], "2 source blocks for 1"),
+    ([20], [0], "source block ids 20..20 outside a pool of 20"),
+    ([0], [-1], "destination block ids"),
+])
+def test_copy_blocks_refuses_bad_ids(src_ids: list[int], dst_ids: list[int], message: str) -> None:
+    with pytest.raises(IpcError, match=message):
+        copy_blocks(pool(20, 1), pool(9, 2), src_ids, dst_ids)
+
+
+def test_pools_must_share_a_block_layout() -> None:
+    check_pools_match(pool(4, 0), pool(7, 0))
+    for other in (pool(4, 0, layers=2), pool(4, 0, dtype=torch.float32), torch.zeros(3, 4, 2, 4, 2, 16)):
+        with pytest.raises(IpcError, match="pool layouts differ"):
+            check_pools_match(pool(4, 0), other)
+
+
+def test_only_cuda_tensors_export() -> None:
+    with pytest.raises(IpcError, match="only CUDA tensors"):
+        export_tensor(torch.zeros(4))

@@ -1,0 +1,126 @@
+"""A prefill node and a decode node in one process, real gRPC, a tiny random model on the CPU, CUDA IPC
+stood in for (tests/ipc_fakes.py): the prompt's blocks go by reference and the decode node copies them
+out of the prefill node's pool; when a copy fails the blocks are sent again as bytes; when the decode
+node takes no IPC everything goes as bytes. Every way, the output equals the mixed engine's."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from pdserve.v1 import decode_pb2, decode_pb2_grpc
+
+from kvcache.cuda_ipc import IpcError
+from services.common.server import NodeServer, ServiceBinding
+from services.decode_node.kv_ipc import IpcSessions
+from services.decode_node.node import DecodeNode
+from services.decode_node.servicer import DecodeNodeServicer
+from services.engine.kv_layout import kv_layout
+from services.engine.random_llama import PRESETS, random_model
+from services.engine.sampling_params import SamplingParams
+from services.prefill_node.handoff import FirstToken
+from services.prefill_node.kv_ipc import LinkState
+from services.prefill_node.node import Done, PrefillNode
+from tests.conftest import make_engine
+from tests.ipc_fakes import DECODE_ID, FakeIpc
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+PROMPT = [(7 * i + 3) % 500 + 5 for i in range(45)]  # 3 prefill chunks of 16, 12 blocks of 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(PRESETS["tiny"], torch.float32)
+
+
+def engine(model):
+    return make_engine(model, None, num_kv_blocks=64, max_num_batched_tokens=16, block_size=4)
+
+
+async def _serve(servicer: DecodeNodeServicer) -> NodeServer:
+    binding = ServiceBinding(decode_pb2.DESCRIPTOR.services_by_name["DecodeNode"], servicer,
+                             decode_pb2_grpc.add_DecodeNodeServicer_to_server)
+    server = NodeServer([binding], listen="127.0.0.1:0", grace_s=0)
+    await server.start()
+    return server
+
+
+@contextlib.asynccontextmanager
+async def pair(model, decode_takes_ipc: bool = True):
+    ipc = FakeIpc()
+    decode = DecodeNode(engine(model))
+    if decode_takes_ipc:
+        pool = decode.engine.runner.kv_cache
+        decode.ipc = IpcSessions(pool, kv_layout(decode.engine), DECODE_ID, opener=ipc.open)
+    server = await _serve(DecodeNodeServicer(decode))
+    prefill = PrefillNode(engine(model), kv_ipc=True)
+    prefill.ipc_links._export_fn = lambda: ipc.pool_export(prefill.engine.runner.kv_cache, prefill.layout)
+    decode.address = server.address
+    decode.start()
+    prefill.start()
+    try:
+        yield prefill, decode, server.address
+    finally:
+        await prefill.stop()
+        await decode.stop()
+        await server.shutdown()
+
+
+async def generate(prefill: PrefillNode, decode: DecodeNode, address: str, request_id: str) -> tuple[list[int], Done]:
+    events = [e async for e in prefill.prefill(request_id, PROMPT, GREEDY, [address], timeout_s=30)]
+    first = next(e for e in events if isinstance(e, FirstToken))
+    tokens = [first.token_id]
+    async for event in decode.attach(request_id):
+        tokens += event.token_ids
+    return tokens, next(e for e in events if isinstance(e, Done))
+
+
+@pytest.fixture(scope="module")
+def expected(model) -> list[int]:
+    return engine(model).generate([PROMPT], GREEDY)[0].token_ids
+
+
+def spy_copies(decode: DecodeNode, fail: bool = False) -> list[list[int]]:
+    copies: list[list[int]] = []
+    real = decode.ipc.copy
+
+    def copy(session_id, source_ids, block_ids):
+        copies.append(list(block_ids))
+        if fail:
+            raise IpcError("copying 4 blocks failed: CUDA error: an illegal memory access was encountered")
+        real(session_id, source_ids, block_ids)
+
+    decode.ipc.copy = copy
+    return copies
+
+
+async def test_blocks_go_by_reference_and_the_output_matches(model, expected) -> None:
+    async with pair(model) as (prefill, decode, address):
+        copies = spy_copies(decode)
+        tokens, done = await generate(prefill, decode, address, "r1")
+        assert tokens == expected
+        assert prefill.ipc_links.state(address) is LinkState.READY
+        assert sorted(b for batch in copies for b in batch) == sorted(set(b for batch in copies for b in batch))
+        assert sum(len(batch) for batch in copies) == done.kv_blocks_sent == 12  # the 45th token's block too
+        tokens, _ = await generate(prefill, decode, address, "r2")  # a prefix hit on both sides this time
+        assert tokens == expected
+
+
+async def test_a_failed_copy_resends_bytes_and_turns_the_link_to_bytes(model, expected) -> None:
+    async with pair(model) as (prefill, decode, address):
+        copies = spy_copies(decode, fail=True)
+        tokens, done = await generate(prefill, decode, address, "r1")
+        assert tokens == expected and done.kv_blocks_sent >= 12
+        assert copies and prefill.ipc_links.state(address) is LinkState.FALLBACK
+        attempts = len(copies)
+        tokens, _ = await generate(prefill, decode, address, "r2")
+        assert tokens == expected and len(copies) == attempts  # bytes only now
+
+
+async def test_a_decode_node_without_ipc_gets_bytes(model, expected) -> None:
+    async with pair(model, decode_takes_ipc=False) as (prefill, decode, address):
+        tokens, _ = await generate(prefill, decode, address, "r1")
+        assert tokens == expected
+        link = prefill.ipc_links.links[address]
+        assert link.state is LinkState.FALLBACK and "takes no CUDA IPC" in link.reason
