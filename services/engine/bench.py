@@ -41,7 +41,7 @@ def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
     from services.engine.sampling_params import SamplingParams
 
     config = EngineConfig(model_path=str(bundled_model_path()), dtype=args.dtype, max_num_batched_tokens=1024,
-                          enable_prefix_caching=False, kv_cache_gib=1.0)
+                          enable_prefix_caching=False, kv_cache_gib=1.0, int4_max_rows=args.int4_max_rows)
     engine = LLMEngine.from_config(config)
 
     def decode_ms(batch: int, context: int, steps: int, seed: int) -> float:
@@ -72,8 +72,9 @@ def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
     b32 = [decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r) for r in range(args.repeats)]
     prefill = [prefill_s(200 + r) for r in range(args.repeats)]
     engine.check_integrity()
+    weights = f"4-bit weights up to {engine.model.int4_max_rows} rows" if engine.model.int4_max_rows else "dense"
     return {
-        "system": f"pdserve ({args.dtype})",
+        "system": f"pdserve ({args.dtype}, {weights})",
         "decode_ms_per_token_b1": statistics.median(b1),
         "decode_tokens_per_s_b32_ctx512": 32 / (statistics.median(b32) / 1000),
         "prefill_s_512": statistics.median(prefill),
@@ -128,20 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--hf-dtype", default="float32", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--int4-max-rows", type=int, nargs="+", default=[8, 0],
+                        help="pdserve runs, one per value: steps of at most this many tokens use the GGUF's "
+                             "4-bit weights (0: dense bf16 only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--json", default="out/bench-engine.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.only:
+        args.int4_max_rows = args.int4_max_rows[0]
         result = bench_pdserve(args) if args.only == "pdserve" else bench_transformers(args)
         print(json.dumps(result))
         return 0
     results = []
-    systems = ["pdserve"] + ([] if args.skip_transformers else ["transformers"])
-    for system in systems:
+    runs = [("pdserve", rows) for rows in args.int4_max_rows]
+    runs += [] if args.skip_transformers else [("transformers", 0)]
+    for system, rows in runs:
         cmd = [sys.executable, "-m", "services.engine.bench", "--only", system, "--dtype", args.dtype,
-               "--hf-dtype", args.hf_dtype, "--repeats", str(args.repeats), "--threads", str(args.threads)]
+               "--hf-dtype", args.hf_dtype, "--repeats", str(args.repeats), "--threads", str(args.threads),
+               "--int4-max-rows", str(rows)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
