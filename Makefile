@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability bench-serve bench-compare llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -66,6 +66,12 @@ bench-prefix: venv
 
 bench-observability: venv
 	$(PYTHON) -m services.cluster.bench_observability
+
+# pdserve's GPU path on one CUDA device: FlashInfer vs torch attention, KV by CUDA IPC vs the gRPC stream,
+# decode throughput vs the bandwidth floor. Needs a CUDA torch and flashinfer-python (the 'gpu' extra), so
+# no venv dependency: on a machine without .venv, `make bench-gpu PYTHON=python3` (kernels/README.md).
+bench-gpu:
+	$(PYTHON) -m services.cluster.bench_gpu $(BENCH_GPU_ARGS)
 
 # load generator (vllm bench serve style) against a running gateway (`make run`) or any OpenAI-compatible
 # server: BENCH_ARGS="--target http://127.0.0.1:8000 --max-concurrency 16 ..." (see services/bench/README.md)

@@ -46,7 +46,10 @@ class CudaIpcTensor:
 
 def gpu_uuid(device: torch.device | str | int) -> str:
     """The UUID of a CUDA device (stable across processes, unlike its index under CUDA_VISIBLE_DEVICES)."""
-    return str(torch.cuda.get_device_properties(torch.device(device)).uuid)
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise IpcError(f"{device} is not a CUDA device here")
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def export_tensor(tensor: torch.Tensor) -> CudaIpcTensor:

@@ -57,6 +57,8 @@ class PoolExport:
 
 def export_pool(pool: torch.Tensor, layout: node_pb2.KVLayout) -> PoolExport:
     """Export a CUDA KV pool ``[layers, blocks, ...]`` and a fresh probe. Raises ``IpcError``."""
+    if pool.device.type != "cuda":
+        raise IpcError(f"only CUDA pools are exported, not one on {pool.device}")
     nonce = os.urandom(16)
     probe = make_probe(nonce, pool.device)
     identity = read_host_identity(gpu_uuid(pool.device))

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 BLOCK_SIZE = 16
 HEADS = [(9, 3), (8, 8), (32, 8)]
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = [torch.bfloat16, torch.float16]  # each (dtype, head dim) is one more FlashInfer JIT module to compile
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
 """Absolute error allowed against the float64 oracle and between the two backends (outputs are O(1))."""
 
@@ -59,14 +59,14 @@ def check_steps(backend, steps, heads, dtype, head_dim=64, layers=2) -> None:
             assert torch.equal(layer.cache.nan_to_num(), before.nan_to_num()), "append wrote outside its slots"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
 @pytest.mark.parametrize("heads", HEADS)
 def test_prefill_from_scratch(flashinfer_backend, heads, dtype) -> None:
     check_steps(flashinfer_backend, [([300], [300])], heads, dtype)
     check_steps(flashinfer_backend, [([5, 170, 2, 33], [5, 170, 2, 33])], heads, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
 @pytest.mark.parametrize("heads", HEADS)
 def test_prefill_after_cached_prefix(flashinfer_backend, heads, dtype) -> None:
     check_steps(flashinfer_backend, [([200], [1000])], heads, dtype)

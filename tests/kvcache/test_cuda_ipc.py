@@ -64,3 +64,10 @@ def test_pools_must_share_a_block_layout() -> None:
 def test_only_cuda_tensors_export() -> None:
     with pytest.raises(IpcError, match="only CUDA tensors"):
         export_tensor(torch.zeros(4))
+
+
+def test_cpu_devices_have_no_gpu_uuid() -> None:
+    from kvcache.cuda_ipc import gpu_uuid
+
+    with pytest.raises(IpcError, match="not a CUDA device"):
+        gpu_uuid("cpu")

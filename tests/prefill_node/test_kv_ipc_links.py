@@ -122,3 +122,10 @@ async def test_no_exportable_pool_means_bytes_for_good(export) -> None:
     assert await link.session_for("d1") is None and await link.session_for("d2") is None
     assert not peer.offers
     assert ("exporting the pool failed" if export == "raises" else "no CUDA pool") in link.links["d1"].reason
+
+
+def test_a_cpu_pool_is_not_exported() -> None:
+    from services.prefill_node.kv_ipc import export_pool
+
+    with pytest.raises(IpcError, match="only CUDA pools"):
+        export_pool(torch.zeros(1, 4, 2, 4, 1, 2), LAYOUT)

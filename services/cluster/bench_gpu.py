@@ -1,0 +1,134 @@
+"""``make bench-gpu`` / ``python -m services.cluster.bench_gpu``: pdserve's GPU path on one CUDA device.
+
+1. attention: FlashInfer vs the pure-torch backend, decode batches 1/32/128 and a 4096-token prefill
+   (``kernels.attention.bench_gpu``);
+2. transfer: the KV of a 4096-token prompt from a prefill node to a decode node on the same GPU, CUDA IPC
+   vs the gRPC byte stream (``bench_gpu_transfer``);
+3. decode: engine steps of the bundled model (random weights of its shape when the GGUF is absent: the
+   speed is the same) and of a random ~1B Llama at batch 1/32/128, against the memory-bandwidth floor
+   (``bench_gpu_decode``).
+
+Markdown tables on stdout; ``--json`` writes every figure. Sections run in that order; ``--sections``
+picks some.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from services.cluster.bench_gpu_decode import copy_bandwidth, decode_throughput
+from services.engine.errors import ModelLoadError
+from services.engine.random_llama import PRESETS, random_model, write_random_llama_dir
+
+SECTIONS = ("attention", "transfer", "decode")
+
+
+def bundled_or_random(workdir: Path) -> tuple[str, bool]:
+    """(model path, is it the bundled GGUF): random weights of its shape, written to ``workdir``, else."""
+    from services.engine.model_files import bundled_model_path
+
+    try:
+        return str(bundled_model_path()), True
+    except ModelLoadError:
+        return str(write_random_llama_dir(workdir / "smollm2-135m-random", PRESETS["smollm2-135m"])), False
+
+
+def section_transfer(model_path: str, tokens: int, repeats: int) -> dict[str, object]:
+    from services.cluster.bench_gpu_transfer import transfer
+
+    result = transfer(model_path, tokens, repeats)
+    gb = result.bytes / 1e9
+    print(f"\nKV of a {result.tokens}-token prompt ({gb * 1e3:.1f} MB, bf16), prefill → decode node on one GPU "
+          f"(medians of {repeats}; IPC handshake once per peer pair: {result.handshake_ms:.1f} ms)\n")
+    print("| path | ms | GB/s |\n| --- | ---: | ---: |")
+    print(f"| gRPC byte stream (4 MiB messages) | {result.grpc_ms:.2f} | {gb / result.grpc_ms * 1e3:.2f} |")
+    label = "CUDA IPC (device-to-device copies)" if result.ipc_used else f"IPC fell back: {result.fallback}"
+    print(f"| {label} | {result.ipc_ms:.2f} | {gb / result.ipc_ms * 1e3:.2f} |")
+    print(f"\nIPC speed-up: {result.speedup:.1f}x (target: at least 20x)", flush=True)
+    return {**dataclasses.asdict(result), "speedup": result.speedup}
+
+
+def section_decode(model_path: str, bundled: bool, batches: list[int], prompt_len: int, steps: int,
+                   attention: str | None) -> dict[str, object]:
+    from services.engine.model.llama import LlamaModel
+    from services.engine.weights import load_weights
+
+    bandwidth = copy_bandwidth()
+    print(f"\nDecode steps, bf16, prompts of {prompt_len} tokens; memory bandwidth measured as a device copy: "
+          f"{bandwidth / 1e12:.2f} TB/s (read + write)\n")
+    print("| model | attention | batch | ms/step | tokens/s | floor ms | × floor |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for name in ("smollm2-135m", "llama-1b"):
+        if name == "smollm2-135m" and bundled:
+            weights = load_weights(model_path)
+            model, label = LlamaModel(weights.config, weights.tensors, torch.bfloat16, "cuda"), "SmolLM2-135M"
+        else:
+            model = random_model(PRESETS[name], torch.bfloat16, "cuda", seed=1)
+            label = f"{name} (random weights)"
+        for r in decode_throughput(label, model, batches, bandwidth, prompt_len, steps, attention):
+            rows.append({**dataclasses.asdict(r), "of_floor": r.of_floor})
+            print(f"| {r.model} | {r.attention} | {r.batch} | {r.ms_per_step:.2f} | {r.tokens_per_s:,.0f} | "
+                  f"{r.floor_ms:.3f} | {r.of_floor:.1f} |", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return {"bandwidth_bytes_per_s": bandwidth, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--model", default="", help="model for transfer and decode (default: bundled or random)")
+    parser.add_argument("--layers", type=int, default=8, help="attention: layer caches per step")
+    parser.add_argument("--repeats", type=int, default=10, help="attention repeats (transfer: half)")
+    parser.add_argument("--tokens", type=int, default=4096, help="transfer: prompt tokens")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--prompt-len", type=int, default=1024, help="decode: tokens per sequence")
+    parser.add_argument("--steps", type=int, default=32, help="decode: timed steps")
+    parser.add_argument("--attention", default=None, help="decode: attention backend (default auto)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu needs a CUDA device")
+    print(f"# pdserve GPU bench: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}, flashinfer {_flashinfer_version()}")
+    figures: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as workdir:
+        model_path, bundled = (args.model, True) if args.model else bundled_or_random(Path(workdir))
+        figures["model"] = model_path if bundled else "random weights of SmolLM2-135M's shape"
+        for section in args.sections:
+            started = time.perf_counter()
+            print(f"\n## {section}", flush=True)
+            if section == "attention":
+                from kernels.attention.bench_gpu import run
+
+                figures[section] = run(args.layers, args.repeats)
+            elif section == "transfer":
+                figures[section] = section_transfer(model_path, args.tokens, max(3, args.repeats // 2))
+            else:
+                figures[section] = section_decode(model_path, bundled, args.batches, args.prompt_len, args.steps,
+                                                  args.attention)
+            print(f"\n({section}: {time.perf_counter() - started:.0f} s)", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(figures, indent=1, default=str))
+
+
+def _flashinfer_version() -> str:
+    from kernels.attention.flashinfer import import_flashinfer
+    from kernels.attention.registry import BackendUnavailableError
+
+    try:
+        return str(import_flashinfer().__version__)
+    except BackendUnavailableError as exc:
+        return f"unavailable ({exc})"
+
+
+if __name__ == "__main__":
+    main()

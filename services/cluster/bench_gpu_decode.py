@@ -1,0 +1,96 @@
+"""Decode throughput of the engine on one GPU against the memory-bandwidth floor (see ``bench_gpu``).
+
+A decode step must read every weight once and the KV of every sequence in the batch, so it cannot take
+less than ``(weight bytes + KV bytes read) / memory bandwidth``; the bandwidth is measured here as a
+device-to-device copy (bytes read + bytes written per second). The measured step includes everything
+the engine does per step (scheduling, metadata, attention plan, one kernel launch per op, sampling on the
+host), without CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.config import EngineConfig
+from services.engine.engine import LLMEngine
+from services.engine.model.llama import LlamaModel
+from services.engine.random_llama import weight_bytes
+from services.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    model: str
+    batch: int
+    context: int
+    attention: str
+    ms_per_step: float
+    tokens_per_s: float
+    floor_ms: float
+    bytes_per_step: int
+
+    @property
+    def of_floor(self) -> float:
+        """How many times the floor one step takes."""
+        return self.ms_per_step / self.floor_ms
+
+
+def copy_bandwidth(device: str = "cuda", gib: float = 2.0, repeats: int = 10) -> float:
+    """Bytes per second of a device-to-device copy, counting the bytes read and the bytes written."""
+    src = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    return 2 * src.numel() * src.element_size() * repeats / (start.elapsed_time(end) / 1e3)
+
+
+def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, attention: str | None,
+                   seed: int = 0) -> tuple[float, str]:
+    """Median ms of one engine step decoding ``batch`` sequences of about ``prompt_len`` tokens, and the
+    attention backend that ran."""
+    cfg = model.config
+    blocks_per_seq = -(-(prompt_len + steps + 16) // 16)
+    engine = LLMEngine(EngineConfig(model_path="<random>", dtype="bfloat16", device=str(model.device),
+                                    num_kv_blocks=batch * blocks_per_seq + 16, max_num_seqs=batch,
+                                    max_num_batched_tokens=8192, enable_prefix_caching=False,
+                                    attention_backend=attention), model, None)
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        ids = torch.randint(10, cfg.vocab_size - 10, (prompt_len,), generator=gen).tolist()
+        engine.add_request(token_ids=ids, sampling=params, request_id=f"r{i}")
+    started: set[str] = set()
+    while len(started) < batch:  # prefill (chunked) until every request sampled its first token
+        started.update(out.request_id for out in engine.step() if out.new_token_ids)
+    for _ in range(3):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        outputs = engine.step()  # ends with the sampled tokens on the host: the step is complete
+        times.append((time.perf_counter() - t0) * 1e3)
+        assert len(outputs) == batch, f"a decode step served {len(outputs)} of {batch} requests"
+    return statistics.median(times), engine.runner.attention.name
+
+
+def decode_throughput(name: str, model: LlamaModel, batches: list[int], bandwidth: float, prompt_len: int = 1024,
+                      steps: int = 32, attention: str | None = None) -> list[DecodeResult]:
+    cfg = model.config
+    results = []
+    for batch in batches:
+        ms, backend = decode_step_ms(model, batch, prompt_len, steps, attention)
+        context = prompt_len + 3 + steps // 2
+        moved = weight_bytes(cfg, 2) + batch * context * cfg.kv_bytes_per_token(2)
+        results.append(DecodeResult(name, batch, context, backend, ms, batch / ms * 1e3, moved / bandwidth * 1e3,
+                                    moved))
+        torch.cuda.empty_cache()
+    return results
