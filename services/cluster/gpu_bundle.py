@@ -24,8 +24,9 @@ from pathlib import Path
 FLASHINFER = ("flashinfer-python", "0.7.2.post1")
 IMAGE_LACKS = [("apache-tvm-ffi", "0.1.15.post2")]
 """Pinned: what flashinfer-python imports that a CUDA image with PyTorch lacks."""
-RUNTIME = ["grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection", "protobuf", "structlog", "typing-extensions",
-           "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-semantic-conventions", "opentelemetry-proto",
+RUNTIME = ["grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection", "protobuf", "structlog",
+           "typing-extensions", "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-semantic-conventions",
+           "opentelemetry-proto",
            "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-common",
            "opentelemetry-exporter-otlp-common", "googleapis-common-protos", "gguf", "fastapi", "starlette",
            "pydantic", "pydantic-core", "annotated-types", "annotated-doc", "typing-inspection", "uvicorn",

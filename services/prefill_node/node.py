@@ -87,7 +87,8 @@ class PrefillNode:
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
         self.kv_sent = KVTransferStats()
         self.draining = False
-        self.ipc_links = IpcLinks(self._export_pool, self._offer_ipc) if kv_ipc else None
+        on_gpu = engine.runner.kv_cache.device.type == "cuda"
+        self.ipc_links = IpcLinks(self._export_pool, self._offer_ipc) if kv_ipc and on_gpu else None
 
     def start(self) -> None:
         self.worker.start()

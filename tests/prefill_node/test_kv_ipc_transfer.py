@@ -20,7 +20,7 @@ from services.engine.kv_layout import kv_layout
 from services.engine.random_llama import PRESETS, random_model
 from services.engine.sampling_params import SamplingParams
 from services.prefill_node.handoff import FirstToken
-from services.prefill_node.kv_ipc import LinkState
+from services.prefill_node.kv_ipc import IpcLinks, LinkState
 from services.prefill_node.node import Done, PrefillNode
 from tests.conftest import make_engine
 from tests.ipc_fakes import DECODE_ID, FakeIpc
@@ -55,7 +55,9 @@ async def pair(model, decode_takes_ipc: bool = True):
         decode.ipc = IpcSessions(pool, kv_layout(decode.engine), DECODE_ID, opener=ipc.open)
     server = await _serve(DecodeNodeServicer(decode))
     prefill = PrefillNode(engine(model), kv_ipc=True)
-    prefill.ipc_links._export_fn = lambda: ipc.pool_export(prefill.engine.runner.kv_cache, prefill.layout)
+    assert prefill.ipc_links is None  # a CPU pool: no handshake at all, unless stood in for as here
+    prefill.ipc_links = IpcLinks(lambda: ipc.pool_export(prefill.engine.runner.kv_cache, prefill.layout),
+                                 prefill._offer_ipc)
     decode.address = server.address
     decode.start()
     prefill.start()
