@@ -9,6 +9,7 @@ there, so the transfer stream may acknowledge them (and the prefill node release
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class IpcSessions:
             log.info("kv ipc refused", session=offer.session_id, peer_pid=offer.identity.pid, reason=checked)
             return IpcAnswer(accepted=False, reason=checked)
         session, digest = checked
+        self.prune()
         for session_id in [s for s, old in self.sessions.items() if old.identity == offer.identity]:
             del self.sessions[session_id]  # the same prefill process offers again: its new session wins
         self.sessions[offer.session_id] = session
@@ -100,5 +102,27 @@ class IpcSessions:
             raise IpcError(f"no CUDA IPC session {session_id!r} on this decode node (restarted?)")
         copy_blocks(session.pool, self.pool, source_ids, block_ids, self._stream)
 
+    def prune(self) -> list[str]:
+        """Unmap the pools of prefill processes that are gone (a mapping keeps their GPU memory
+        allocated), as far as this process can see them (same PID namespace). Returns the sessions
+        dropped."""
+        gone = [s for s, session in self.sessions.items() if not _alive(session.identity, self.identity)]
+        for session_id in gone:
+            del self.sessions[session_id]
+            log.info("kv ipc session closed: its prefill process is gone", session=session_id)
+        return gone
+
     def close(self) -> None:
         self.sessions.clear()
+
+
+def _alive(peer: HostIdentity, local: HostIdentity | None) -> bool:
+    if local is None or peer.pid_namespace != local.pid_namespace or not peer.pid_namespace:
+        return True  # cannot tell from here
+    try:
+        os.kill(peer.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

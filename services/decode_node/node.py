@@ -99,6 +99,7 @@ class DecodeNode:
     async def stop(self) -> None:
         await self.handover.stop()
         await self.worker.stop()
+        self.ipc.close()
         for store in self._stores.values():
             await store.close()
 

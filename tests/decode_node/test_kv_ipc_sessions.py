@@ -88,3 +88,20 @@ def test_a_new_offer_from_the_same_process_replaces_its_session(ipc: FakeIpc) ->
 
 def _fields(layout: node_pb2.KVLayout) -> dict:
     return {f.name: getattr(layout, f.name) for f in layout.DESCRIPTOR.fields}
+
+
+def test_sessions_of_prefill_processes_that_are_gone_are_unmapped(ipc: FakeIpc) -> None:
+    import os
+    import subprocess
+    import sys
+
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, live_pid = int(exited.stdout), os.getppid()
+    here = sessions(ipc)
+    dead = dataclasses.replace(DECODE_ID, pid=dead_pid)
+    live = dataclasses.replace(DECODE_ID, pid=live_pid)
+    assert here.open(ipc.pool_export(pool(20, 1), LAYOUT, identity=dead, session_id="dead").offer).accepted
+    assert here.prune() == ["dead"] and not here.sessions
+    assert here.open(ipc.pool_export(pool(20, 1), LAYOUT, identity=dead, session_id="dead").offer).accepted
+    assert here.open(ipc.pool_export(pool(20, 1), LAYOUT, identity=live, session_id="live").offer).accepted
+    assert list(here.sessions) == ["live"]  # every new offer prunes first
