@@ -65,6 +65,7 @@ class KVSender:
         self._ipc_batches: dict[int, tuple[list[int], list[int]]] = {}  # seq → (source ids, destination ids)
         self._resends: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
+        self._max_payload = 4 << 20  # of the bytes that replace a failed IPC batch
 
     async def open(self, metadata: tuple[tuple[str, str], ...] | None = None) -> None:
         """Start the stream (``metadata``: the trace context of the ``kv_transfer`` span) with its header."""
@@ -93,6 +94,7 @@ class KVSender:
         """Blocks ``first_index ..`` of the prompt, which are ``source_ids`` of this node's pool, to their
         granted ids: by reference while the IPC route works, else as bytes."""
         assert self.ipc is not None, "send_block_refs needs an IPC route"
+        self._max_payload = max_payload
         if self.ipc_failed:
             await self.send_blocks(first_index, len(source_ids), self.ipc.read_blocks(source_ids), max_payload)
             return
@@ -183,12 +185,16 @@ class KVSender:
         task.add_done_callback(self._resends.discard)
 
     async def _resend(self, sources: list[int], ids: list[int]) -> None:
+        """``sources`` as bytes to ``ids``, in messages of at most the byte stream's payload size."""
         assert self.ipc is not None
-        payload = self.ipc.read_blocks(sources)
+        per_message = max(1, self._max_payload // self.layout.bytes_per_block)
         with contextlib.suppress(UnavailableError):  # the stream failed: commit() raises it
-            await self._send(decode_pb2.KVTransferMessage(blocks=decode_pb2.KVBlockBatch(
-                request_id=self.request_id, block_ids=ids, payload=payload)))
-            self.blocks_by_ipc -= len(sources)
+            for start in range(0, len(sources), per_message):
+                chunk = slice(start, start + per_message)
+                payload = self.ipc.read_blocks(sources[chunk])
+                await self._send(decode_pb2.KVTransferMessage(blocks=decode_pb2.KVBlockBatch(
+                    request_id=self.request_id, block_ids=ids[chunk], payload=payload)))
+                self.blocks_by_ipc -= len(sources[chunk])
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:

@@ -19,6 +19,7 @@ from services.decode_node.servicer import DecodeNodeServicer
 from services.engine.kv_layout import kv_layout
 from services.engine.random_llama import PRESETS, random_model
 from services.engine.sampling_params import SamplingParams
+from services.prefill_node import node as prefill_node_module
 from services.prefill_node.handoff import FirstToken
 from services.prefill_node.kv_ipc import IpcLinks, LinkState
 from services.prefill_node.node import Done, PrefillNode
@@ -109,11 +110,18 @@ async def test_blocks_go_by_reference_and_the_output_matches(model, expected) ->
         assert tokens == expected
 
 
-async def test_a_failed_copy_resends_bytes_and_turns_the_link_to_bytes(model, expected) -> None:
+@pytest.mark.parametrize("blocks_per_message", [None, 3])
+async def test_a_failed_copy_resends_bytes_and_turns_the_link_to_bytes(model, expected, blocks_per_message,
+                                                                        monkeypatch) -> None:
     async with pair(model) as (prefill, decode, address):
+        if blocks_per_message is not None:  # the resent bytes are split like any byte stream
+            monkeypatch.setattr(prefill_node_module, "MAX_MESSAGE_PAYLOAD",
+                                blocks_per_message * prefill.layout.bytes_per_block)
+        received = decode.kv_received.blocks_total
         copies = spy_copies(decode, fail=True)
         tokens, done = await generate(prefill, decode, address, "r1")
         assert tokens == expected and done.kv_blocks_sent >= 12
+        assert decode.kv_received.blocks_total - received == 12  # every block arrived once, as bytes
         assert copies and prefill.ipc_links.state(address) is LinkState.FALLBACK
         attempts = len(copies)
         tokens, _ = await generate(prefill, decode, address, "r2")
