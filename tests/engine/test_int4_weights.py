@@ -9,8 +9,18 @@ from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 from kernels.int4_linear import int4_supported
 from services.engine.model.llama import LlamaModel
+from tests.conftest import make_engine
 
 pytestmark = pytest.mark.slow
+needs_int4 = pytest.mark.skipif(not int4_supported("cpu", torch.bfloat16), reason="no int4 CPU kernel in torch")
+
+
+@pytest.fixture(scope="module")
+def bf16_models(bundled_weights) -> tuple[LlamaModel, LlamaModel]:
+    """(on the file's 4-bit weights for steps of up to 8 rows, dense)."""
+    config, tensors = bundled_weights.config, bundled_weights.tensors
+    return (LlamaModel(config, tensors, torch.bfloat16, quantized=bundled_weights.quantized, int4_max_rows=8),
+            LlamaModel(config, tensors, torch.bfloat16))
 
 
 def test_every_q4_tensor_decodes_to_exactly_the_dequantised_weight(bundled_weights):
@@ -31,12 +41,10 @@ def _logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
                              torch.arange(len(ids)))
 
 
-@pytest.mark.skipif(not int4_supported("cpu", torch.bfloat16), reason="no int4 CPU kernel in torch")
-def test_bf16_on_4bit_weights_is_as_close_to_float32_as_dense_bf16(bundled_weights, fp32_model):
+@needs_int4
+def test_bf16_on_4bit_weights_is_as_close_to_float32_as_dense_bf16(bf16_models, fp32_model):
     ids = [504, 3575, 282, 4649, 314, 28, 1848, 30]  # "The capital of France is ..." (8 rows: int4 runs)
-    config, tensors = bundled_weights.config, bundled_weights.tensors
-    int4 = LlamaModel(config, tensors, torch.bfloat16, quantized=bundled_weights.quantized, int4_max_rows=8)
-    dense = LlamaModel(config, tensors, torch.bfloat16)
+    int4, dense = bf16_models
     assert int4.int4_max_rows == 8 and dense.int4_max_rows == 0
     reference = _logits(fp32_model, ids)
     int4_error = (_logits(int4, ids) - reference).abs()
@@ -51,3 +59,9 @@ def test_float32_never_uses_the_4bit_weights(bundled_weights):
                        quantized=bundled_weights.quantized, int4_max_rows=8)
     assert model.int4_max_rows == 0
     assert all(layer.qkv.int4 is None for layer in model.layers)
+
+
+@needs_int4
+def test_nodes_with_and_without_4bit_weights_never_share_kv(bf16_models, bundled_tokenizer):
+    int4, dense = bf16_models
+    assert make_engine(int4, bundled_tokenizer).fingerprint != make_engine(dense, bundled_tokenizer).fingerprint
