@@ -71,11 +71,6 @@ class Int4Weight:
     out_features: int
     in_features: int
 
-    @property
-    def nbytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size() + \
-            self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
-
 
 def int4_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """torch's int4 CPU kernel exists here and takes activations of ``dtype`` (bf16 is the fast mode)."""

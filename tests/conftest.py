@@ -31,7 +31,7 @@ def bundled_model_path():
 def bundled_weights(bundled_model_path):
     from services.engine.weights import load_weights
 
-    return load_weights(bundled_model_path)
+    return load_weights(bundled_model_path, keep_q4=True)
 
 
 @pytest.fixture(scope="session")

@@ -30,8 +30,7 @@ from services.engine.engine import LLMEngine
 from services.engine.kv_layout import kv_layout
 from services.prefill_node.kv_ipc import IpcLinks, export_pool
 from services.prefill_node.kv_sender import IpcRoute, KVSender
-
-MAX_PAYLOAD = 4 << 20
+from services.prefill_node.node import MAX_MESSAGE_PAYLOAD
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,9 @@ async def _move(stub: decode_pb2_grpc.DecodeNodeStub, address: str, layout: node
     started = time.perf_counter()
     await sender.open()
     if ipc is None:
-        await sender.send_blocks(0, count, read_blocks(pool, source), MAX_PAYLOAD)
+        await sender.send_blocks(0, count, read_blocks(pool, source), MAX_MESSAGE_PAYLOAD)
     else:
-        await sender.send_block_refs(0, source, MAX_PAYLOAD)
+        await sender.send_block_refs(0, source, MAX_MESSAGE_PAYLOAD)
     await sender.commit(first_token_id=0, num_computed_tokens=len(prompt))
     elapsed = time.perf_counter() - started
     await sender.close()

@@ -138,7 +138,7 @@ class DecodeNode:
         try:
             self.ipc.copy(session_id, source_ids, block_ids)
         except IpcError:
-            await self.worker.call(lambda e: reservation.received.difference_update(block_ids))
+            await self.worker.call(lambda e: e.reservations.unreceive(request_id, block_ids))
             raise
         size = len(block_ids) * self.ipc.layout.bytes_per_block
         self.kv_received.add(size, len(block_ids), time.perf_counter() - started)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.int4_linear import int4_supported
 from kvcache.hashing import model_fingerprint
 from kvcache.kv_bytes import bytes_per_block
 from kvcache.manager import KVCacheManager
@@ -90,7 +91,8 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        weights = load_weights(config.model_path)
+        weights = load_weights(config.model_path, keep_q4=config.int4_max_rows > 0
+                               and int4_supported(config.device, config.torch_dtype))
         model = LlamaModel(weights.config, weights.tensors, config.torch_dtype, config.device,
                            quantized=weights.quantized, int4_max_rows=config.int4_max_rows)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)

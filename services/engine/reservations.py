@@ -109,6 +109,13 @@ class ReservationBook:
         reservation.lease_deadline = self.clock() + reservation.lease_s
         return reservation
 
+    def unreceive(self, request_id: str, block_ids: list[int]) -> None:
+        """Undo :meth:`receive` for blocks whose bytes never arrived (so they may be sent again); nothing
+        to undo when the reservation is gone."""
+        reservation = self.reservations.get(request_id)
+        if reservation is not None:
+            reservation.received.difference_update(block_ids)
+
     def commit(self, request_id: str, first_token_id: int) -> Request:
         reservation = self.get(request_id)
         if reservation.pending_block_ids:

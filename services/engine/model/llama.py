@@ -45,7 +45,7 @@ class LlamaModel:
         self.dtype = dtype
         self.device = torch.device(device)
         usable = bool(quantized) and int4_max_rows > 0 and int4_supported(self.device, dtype)
-        self.quantized = quantized if usable else {}
+        quantized = quantized if usable else {}
         self.int4_max_rows = int4_max_rows if usable else 0
 
         def take(name: str) -> torch.Tensor:
@@ -58,29 +58,30 @@ class LlamaModel:
             raise ModelLoadError(f"embedding shape {tuple(self.embed.shape)} does not match the config")
         self.final_norm = take("model.norm.weight")
         self.lm_head = prepare_linear(self.embed if config.tie_word_embeddings else take("lm_head.weight"))
-        self.layers = [self._layer(take, self._projection, i) for i in range(config.num_layers)]
+
+        def projection(names: list[str]) -> LinearWeight:
+            """The fused projection of ``names`` (stacked along output rows), with its 4-bit form when
+            every part has one (the codes are packed, not kept)."""
+            dense = torch.cat([take(name) for name in names]) if len(names) > 1 else take(names[0])
+            if not all(name in quantized for name in names):
+                return prepare_linear(dense)
+            codes = GroupQuantized.cat([quantized[name] for name in names])
+            return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows)
+
+        self.layers = [self._layer(take, projection, i) for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta, self.device)
         self.scale = config.head_dim**-0.5
-
-    def _projection(self, take, names: list[str]) -> LinearWeight:
-        """The fused projection of ``names`` (stacked along output rows), with its 4-bit form when every
-        part has one."""
-        dense = torch.cat([take(name) for name in names]) if len(names) > 1 else take(names[0])
-        if not all(name in self.quantized for name in names):
-            return prepare_linear(dense)
-        codes = GroupQuantized.cat([self.quantized[name] for name in names])
-        return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows)
 
     @staticmethod
     def _layer(take, projection, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
         return LayerWeights(
             input_norm=take(p + "input_layernorm.weight"),
-            qkv=projection(take, [p + f"self_attn.{n}_proj.weight" for n in "qkv"]),
-            o=projection(take, [p + "self_attn.o_proj.weight"]),
+            qkv=projection([p + f"self_attn.{n}_proj.weight" for n in "qkv"]),
+            o=projection([p + "self_attn.o_proj.weight"]),
             post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=projection(take, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
-            down=projection(take, [p + "mlp.down_proj.weight"]),
+            gate_up=projection([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            down=projection([p + "mlp.down_proj.weight"]),
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],

@@ -65,7 +65,7 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(path: Path) -> LoadedWeights:
+def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     try:
         reader = GGUFReader(str(path))
     except (OSError, ValueError) as exc:
@@ -84,7 +84,7 @@ def load_gguf(path: Path) -> LoadedWeights:
         if not array.flags.writeable or not array.flags.c_contiguous:  # memory-mapped F32 tensors
             array = np.array(array, order="C")
         tensors[name] = torch.from_numpy(array)
-        if tensor.tensor_type in Q4_TYPES and ".layers." in name:
+        if keep_q4 and tensor.tensor_type in Q4_TYPES and ".layers." in name:
             codes = decode_q4(tensor.data, tensor.tensor_type, array.shape)
             quantized[name] = codes.rows(torch.from_numpy(unpermute_rope_rows(np.arange(array.shape[0]), heads))) \
                 if heads else codes

@@ -34,12 +34,13 @@ def _model_kind(path: Path) -> str:
     raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")
 
 
-def load_weights(path: str | Path) -> LoadedWeights:
+def load_weights(path: str | Path, keep_q4: bool = False) -> LoadedWeights:
+    """``keep_q4``: also decode a GGUF file's Q4 tensors into ``quantized`` (a model that will use them)."""
     path = Path(path)
     if _model_kind(path) == "gguf":
         from services.engine.weights.gguf_loader import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path, keep_q4)
     from services.engine.weights.safetensors_loader import load_safetensors_dir
 
     return load_safetensors_dir(path)
