@@ -103,9 +103,8 @@ class PrefillNode:
     def decode_stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
         return self._decode_channels.stub(address, decode_pb2_grpc.DecodeNodeStub)
 
-    def _export_pool(self) -> PoolExport | None:
-        pool = self.engine.runner.kv_cache
-        return export_pool(pool, self.layout) if pool.device.type == "cuda" else None
+    def _export_pool(self) -> PoolExport:
+        return export_pool(self.engine.runner.kv_cache, self.layout)  # links exist only for a CUDA pool
 
     async def _offer_ipc(self, address: str, offer: IpcOffer) -> IpcAnswer:
         answer = await self.decode_stub(address).OpenKVIpc(offer_to_proto(offer), timeout=10.0,
