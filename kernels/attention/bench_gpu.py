@@ -9,6 +9,8 @@ Each case plans one step, then times ``forward`` over ``--layers`` layer caches 
 median over repeats, per layer), and the whole step with its plan. FlashInfer's first call compiles its
 kernels (JIT, cached under ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``): that time is reported
 once. ``--warmup-only`` just compiles, the GPU tests' kernels too (they then find them built).
+``run(..., device="cpu", smoke=True)`` runs the same harness on a CPU with tiny cases and the CPU's
+``auto`` backend in FlashInfer's place (``bench_gpu --smoke``; the figures mean nothing there).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import torch
 
 from kernels.attention.base import AttentionBackend
 from kernels.attention.metadata import AttentionMetadata
+from kernels.attention.registry import create_backend
 from kernels.attention.torch_paged import TorchPagedAttention
 
 BLOCK_SIZE = 16
-DEVICE = "cuda"
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,21 @@ CASES = [
     Case("prefill 4096", [4096], [4096]),
     Case("prefill 4096 after 4096", [4096], [8192]),
 ]
+SMOKE_SHAPES = [Shape("tiny", 4, 2, 64)]
+SMOKE_CASES = [Case("decode 2 x 40", [1, 1], [40, 40]), Case("prefill 48 after 16", [48], [64])]
 
 
-def cuda_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median milliseconds of ``fn`` over ``repeats`` runs, timed with CUDA events (after one warm run)."""
+def timed_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median milliseconds of ``fn`` over ``repeats`` runs (after one warm run): CUDA events on a GPU, the
+    wall clock on a CPU."""
     fn()
     times = []
     for _ in range(repeats):
+        if device.type != "cuda":
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1e3)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -68,7 +78,8 @@ def cuda_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def make_step(case: Case, shape: Shape, layers: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
+def make_step(case: Case, shape: Shape, layers: int, device: torch.device, seed: int = 0,
+              dtype: torch.dtype = torch.bfloat16):
     """Metadata, q/k/v and ``layers`` caches (one ``[layers, blocks, ...]`` tensor, like the model's pool)."""
     gen = torch.Generator().manual_seed(seed)
     pages = [-(-s // BLOCK_SIZE) for s in case.seq_lens]
@@ -78,19 +89,19 @@ def make_step(case: Case, shape: Shape, layers: int, seed: int = 0, dtype: torch
     for n in pages:
         tables.append(physical[cursor:cursor + n])
         cursor += n
-    meta = AttentionMetadata.build(case.query_lens, case.seq_lens, tables, BLOCK_SIZE, DEVICE)
-    cache = torch.randn(layers, num_blocks, 2, BLOCK_SIZE, shape.num_kv_heads, shape.head_dim, device=DEVICE,
+    meta = AttentionMetadata.build(case.query_lens, case.seq_lens, tables, BLOCK_SIZE, device)
+    cache = torch.randn(layers, num_blocks, 2, BLOCK_SIZE, shape.num_kv_heads, shape.head_dim, device=device,
                         dtype=dtype)
     tokens = meta.num_tokens
-    q = torch.randn(tokens, shape.num_heads, shape.head_dim, device=DEVICE, dtype=dtype)
-    k = torch.randn(tokens, shape.num_kv_heads, shape.head_dim, device=DEVICE, dtype=dtype)
+    q = torch.randn(tokens, shape.num_heads, shape.head_dim, device=device, dtype=dtype)
+    k = torch.randn(tokens, shape.num_kv_heads, shape.head_dim, device=device, dtype=dtype)
     v = torch.randn_like(k)
     return meta, q, k, v, cache
 
 
 def time_backend(backend: AttentionBackend, case: Case, shape: Shape, layers: int, repeats: int) -> tuple[float, float]:
     """(ms per layer forward with the step planned, ms of a whole step: plan + every layer)."""
-    meta, q, k, v, cache = make_step(case, shape, layers)
+    meta, q, k, v, cache = make_step(case, shape, layers, backend.device)
     scale = shape.head_dim**-0.5
 
     def layers_only() -> None:
@@ -102,44 +113,55 @@ def time_backend(backend: AttentionBackend, case: Case, shape: Shape, layers: in
         layers_only()
 
     backend.plan(meta)
-    layer_ms = cuda_ms(layers_only, repeats) / layers
-    return layer_ms, cuda_ms(whole_step, repeats)
+    layer_ms = timed_ms(layers_only, repeats, backend.device) / layers
+    return layer_ms, timed_ms(whole_step, repeats, backend.device)
 
 
 TEST_KERNELS = [(torch.float16, Shape("fp16", 9, 3, 64)), (torch.bfloat16, Shape("hd128", 32, 8, 128))]
 """What the GPU tests use beyond the benchmark's bf16 head-dim-64 kernels."""
 
 
-def warm_up(backend: AttentionBackend, for_tests: bool = False) -> float:
+def warm_up(backend: AttentionBackend, for_tests: bool = False, shapes: list[Shape] = SHAPES) -> float:
     """Seconds of FlashInfer's first calls (its JIT compiles) over every shape's decode and prefill."""
     started = time.perf_counter()
-    combos = [(torch.bfloat16, shape) for shape in SHAPES] + (TEST_KERNELS if for_tests else [])
+    combos = [(torch.bfloat16, shape) for shape in shapes] + (TEST_KERNELS if for_tests else [])
     for dtype, shape in combos:
         for case in (Case("warm decode", [1, 1], [40, 17]), Case("warm prefill", [30, 1], [50, 9])):
-            meta, q, k, v, cache = make_step(case, shape, layers=1, dtype=dtype)
+            meta, q, k, v, cache = make_step(case, shape, 1, backend.device, dtype=dtype)
             backend.plan(meta)
             backend.forward(q, k, v, cache[0], shape.head_dim**-0.5)
-    torch.cuda.synchronize()
+    if backend.device.type == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - started
 
 
-def run(layers: int, repeats: int) -> list[dict[str, object]]:
-    """Every shape x case: FlashInfer's and torch's ms per layer, and the speed-up. Printed and returned."""
-    from kernels.attention.flashinfer import FlashInferBackend
+def run(layers: int, repeats: int, device: str = "cuda", smoke: bool = False) -> list[dict[str, object]]:
+    """Every shape x case: FlashInfer's and torch's ms per layer, and the speed-up. Printed and returned.
+    On a CPU the candidate is the CPU's ``auto`` backend instead of FlashInfer; ``smoke``: tiny cases."""
+    shapes, cases = (SMOKE_SHAPES, SMOKE_CASES) if smoke else (SHAPES, CASES)
+    where = torch.device(device)
+    if where.type == "cuda":
+        from kernels.attention.flashinfer import FlashInferBackend
 
-    flashinfer, reference = FlashInferBackend("cuda"), TorchPagedAttention("cuda")
-    print(f"flashinfer first calls (JIT compile or cache load): {warm_up(flashinfer):.1f} s")
-    print(f"\n{torch.cuda.get_device_name()}: ms per layer call (append + attend), bf16, {layers} layers, "
-          f"block {BLOCK_SIZE}\n")
-    print("| model shape | case | flashinfer ms/layer | torch ms/layer | speed-up | step ms (fi / torch) |")
+        candidate: AttentionBackend = FlashInferBackend(where)
+        name = torch.cuda.get_device_name(where)
+    else:
+        candidate, name = create_backend("auto", where), str(where)
+    if smoke:
+        name += " (smoke run: the figures mean nothing)"
+    reference = TorchPagedAttention(where)
+    print(f"{candidate.name} first calls (JIT compile or cache load): {warm_up(candidate, shapes=shapes):.1f} s")
+    print(f"\n{name}: ms per layer call (append + attend), bf16, {layers} layers, block {BLOCK_SIZE}\n")
+    label = candidate.name
+    print(f"| model shape | case | {label} ms/layer | torch ms/layer | speed-up | step ms ({label} / torch) |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     rows = []
-    for shape in SHAPES:
-        for case in CASES:
-            fi_ms, fi_step = time_backend(flashinfer, case, shape, layers, repeats)
+    for shape in shapes:
+        for case in cases:
+            fi_ms, fi_step = time_backend(candidate, case, shape, layers, repeats)
             torch_ms, torch_step = time_backend(reference, case, shape, layers, repeats)
-            rows.append({"shape": shape.name, "case": case.name, "flashinfer_ms": fi_ms, "torch_ms": torch_ms,
-                         "speedup": torch_ms / fi_ms, "step_ms": [fi_step, torch_step]})
+            rows.append({"shape": shape.name, "case": case.name, "backend": candidate.name, "backend_ms": fi_ms,
+                         "torch_ms": torch_ms, "speedup": torch_ms / fi_ms, "step_ms": [fi_step, torch_step]})
             print(f"| {shape.name} | {case.name} | {fi_ms:.4f} | {torch_ms:.4f} | {torch_ms / fi_ms:.1f}x | "
                   f"{fi_step:.2f} / {torch_step:.2f} |", flush=True)
     return rows

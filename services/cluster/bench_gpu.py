@@ -9,7 +9,9 @@
    (``bench_gpu_decode``).
 
 Markdown tables on stdout; ``--json`` writes every figure. Sections run in that order; ``--sections``
-picks some.
+picks some. ``--smoke`` runs every section with tiny sizes and a tiny random model, on any ``--device``
+(a CPU too: the suite runs it so that this harness works when a GPU session comes; its figures mean
+nothing).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from services.engine.random_llama import PRESETS, random_model, write_random_lla
 SECTIONS = ("attention", "transfer", "decode")
 
 
+SMOKE = {"repeats": 2, "tokens": 64, "batches": [1, 2], "prompt_len": 32, "steps": 2, "layers": 1}
+"""``--smoke`` sizes (they replace the arguments of the same names)."""
+
+
 def bundled_or_random(workdir: Path) -> tuple[str, bool]:
     """(model path, is it the bundled GGUF): random weights of its shape, written to ``workdir``, else."""
     from services.engine.model_files import bundled_model_path
@@ -40,12 +46,12 @@ def bundled_or_random(workdir: Path) -> tuple[str, bool]:
         return str(write_random_llama_dir(workdir / "smollm2-135m-random", PRESETS["smollm2-135m"])), False
 
 
-def section_transfer(model_path: str, tokens: int, repeats: int) -> dict[str, object]:
+def section_transfer(model_path: str, tokens: int, repeats: int, device: str) -> dict[str, object]:
     from services.cluster.bench_gpu_transfer import transfer
 
-    result = transfer(model_path, tokens, repeats)
+    result = transfer(model_path, tokens, repeats, device)
     gb = result.bytes / 1e9
-    print(f"\nKV of a {result.tokens}-token prompt ({gb * 1e3:.1f} MB, bf16), prefill → decode node on one GPU "
+    print(f"\nKV of a {result.tokens}-token prompt ({gb * 1e3:.1f} MB, bf16), prefill → decode node on {device} "
           f"(medians of {repeats}; IPC handshake once per peer pair: {result.handshake_ms:.1f} ms)\n")
     print("| path | ms | GB/s |\n| --- | ---: | ---: |")
     print(f"| gRPC byte stream (4 MiB messages) | {result.grpc_ms:.2f} | {gb / result.grpc_ms * 1e3:.2f} |")
@@ -56,29 +62,30 @@ def section_transfer(model_path: str, tokens: int, repeats: int) -> dict[str, ob
 
 
 def section_decode(model_path: str, bundled: bool, batches: list[int], prompt_len: int, steps: int,
-                   attention: str | None) -> dict[str, object]:
+                   attention: str | None, device: str, presets: tuple[str, ...]) -> dict[str, object]:
     from services.engine.model.llama import LlamaModel
     from services.engine.weights import load_weights
 
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(device, gib=2.0 if device == "cuda" else 0.0625)
     print(f"\nDecode steps, bf16, prompts of {prompt_len} tokens; memory bandwidth measured as a device copy: "
           f"{bandwidth / 1e12:.2f} TB/s (read + write)\n")
     print("| model | attention | batch | ms/step | tokens/s | floor ms | × floor |\n"
           "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     rows = []
-    for name in ("smollm2-135m", "llama-1b"):
+    for name in presets:
         if name == "smollm2-135m" and bundled:
             weights = load_weights(model_path)
-            model, label = LlamaModel(weights.config, weights.tensors, torch.bfloat16, "cuda"), "SmolLM2-135M"
+            model, label = LlamaModel(weights.config, weights.tensors, torch.bfloat16, device), "SmolLM2-135M"
         else:
-            model = random_model(PRESETS[name], torch.bfloat16, "cuda", seed=1)
+            model = random_model(PRESETS[name], torch.bfloat16, device, seed=1)
             label = f"{name} (random weights)"
         for r in decode_throughput(label, model, batches, bandwidth, prompt_len, steps, attention):
             rows.append({**dataclasses.asdict(r), "of_floor": r.of_floor})
             print(f"| {r.model} | {r.attention} | {r.batch} | {r.ms_per_step:.2f} | {r.tokens_per_s:,.0f} | "
                   f"{r.floor_ms:.3f} | {r.of_floor:.1f} |", flush=True)
         del model
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return {"bandwidth_bytes_per_s": bandwidth, "rows": rows}
 
 
@@ -94,27 +101,39 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1024, help="decode: tokens per sequence")
     parser.add_argument("--steps", type=int, default=32, help="decode: timed steps")
     parser.add_argument("--attention", default=None, help="decode: attention backend (default auto)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes and model: checks the harness, on any "
+                                                             "device; the figures mean nothing")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu needs a CUDA device")
-    print(f"# pdserve GPU bench: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}, flashinfer {_flashinfer_version()}")
-    figures: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.smoke:
+        vars(args).update(SMOKE)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_gpu needs a CUDA device (--device cpu --smoke checks the harness on a CPU)")
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"# pdserve GPU bench: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"flashinfer {_flashinfer_version() if args.device == 'cuda' else 'not used on a CPU'}")
+    figures: dict[str, object] = {"device": name, "torch": torch.__version__, "smoke": args.smoke}
+    presets = ("tiny",) if args.smoke else ("smollm2-135m", "llama-1b")
     with tempfile.TemporaryDirectory() as workdir:
-        model_path, bundled = (args.model, True) if args.model else bundled_or_random(Path(workdir))
-        figures["model"] = model_path if bundled else "random weights of SmolLM2-135M's shape"
+        if args.model:
+            model_path, bundled = args.model, True
+        elif args.smoke:
+            model_path, bundled = str(write_random_llama_dir(Path(workdir) / "tiny", PRESETS["tiny"])), False
+        else:
+            model_path, bundled = bundled_or_random(Path(workdir))
+        figures["model"] = model_path if bundled else f"random weights ({Path(model_path).name})"
         for section in args.sections:
             started = time.perf_counter()
             print(f"\n## {section}", flush=True)
             if section == "attention":
                 from kernels.attention.bench_gpu import run
 
-                figures[section] = run(args.layers, args.repeats)
+                figures[section] = run(args.layers, args.repeats, args.device, args.smoke)
             elif section == "transfer":
-                figures[section] = section_transfer(model_path, args.tokens, max(3, args.repeats // 2))
+                figures[section] = section_transfer(model_path, args.tokens, max(3, args.repeats // 2), args.device)
             else:
                 figures[section] = section_decode(model_path, bundled, args.batches, args.prompt_len, args.steps,
-                                                  args.attention)
+                                                  args.attention, args.device, presets)
             print(f"\n({section}: {time.perf_counter() - started:.0f} s)", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(figures, indent=1, default=str))

@@ -44,6 +44,11 @@ def copy_bandwidth(device: str = "cuda", gib: float = 2.0, repeats: int = 10) ->
     src = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
+    if src.device.type != "cuda":
+        started = time.perf_counter()
+        for _ in range(repeats):
+            dst.copy_(src)
+        return 2 * src.numel() * src.element_size() * repeats / (time.perf_counter() - started)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
@@ -92,5 +97,6 @@ def decode_throughput(name: str, model: LlamaModel, batches: list[int], bandwidt
         moved = weight_bytes(cfg, 2) + batch * context * cfg.kv_bytes_per_token(2)
         results.append(DecodeResult(name, batch, context, backend, ms, batch / ms * 1e3, moved / bandwidth * 1e3,
                                     moved))
-        torch.cuda.empty_cache()
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
     return results

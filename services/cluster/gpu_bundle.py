@@ -9,6 +9,9 @@ installed here. flashinfer-python's wheel (~62 MB) is then trimmed to ~30 MB: th
 pdserve never compiles (every ``flashinfer/data/csrc/<subfolder>``) are left out; its headers (FlashInfer,
 CUTLASS, CCCL, spdlog) and the top-level sources of the attention and page kernels stay, so its JIT
 compiles what the FlashInfer backend uses. ``--from DIR`` takes wheels already downloaded there.
+Where nvcc is found, the FlashInfer modules pdserve runs are then compiled here for sm_90a and added to
+that wheel as AOT modules (``flashinfer_prebuild``; ``--no-prebuild`` skips it), so the GPU machine need
+not compile them.
 The device-machine commands are in kernels/README.md.
 """
 
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--dest", type=Path, default=Path(".whl"))
     parser.add_argument("--python", default="3.12", help="the device machine's Python (major.minor)")
     parser.add_argument("--from", dest="source", type=Path, help="copy wheels from here instead of downloading")
+    parser.add_argument("--no-prebuild", action="store_true", help="leave FlashInfer's kernels to its JIT there")
     args = parser.parse_args()
     args.dest.mkdir(parents=True, exist_ok=True)
     for requirement in requirements():
@@ -84,6 +88,13 @@ def main() -> None:
             untrimmed = any(n.count("/") > 3 and n.startswith("flashinfer/data/csrc/") for n in archive.namelist())
         if untrimmed:
             trim_flashinfer(wheel)
+    if not args.no_prebuild:
+        from services.cluster.flashinfer_prebuild import PrebuildError, prebuild
+
+        try:
+            print(f"FlashInfer AOT modules in the wheel: {len(prebuild(args.dest))}")
+        except PrebuildError as exc:
+            print(f"FlashInfer modules not prebuilt: {exc}")
     total = sum(w.stat().st_size for w in args.dest.glob("*.whl"))
     print(f"{len(list(args.dest.glob('*.whl')))} wheels in {args.dest}: {total / 2**20:.1f} MiB "
           f"(the device tool carries at most 64 MiB with the working tree)")

@@ -62,7 +62,8 @@ def engine_outputs(model_path: str, prompts: list[list[int]], device: str, dtype
 
 
 def run_cluster(model_path: str, dtype: str, prompts: list[list[int]], log: Path, concurrent: bool) -> list:
-    spec = ClusterSpec(engine_args=("--model", model_path, "--dtype", dtype, *ENGINE), gateway_args=GATEWAY_ARGS,
+    spec = ClusterSpec(engine_args=("--model", model_path, "--dtype", dtype, *ENGINE),
+                       gateway_args=(*GATEWAY_ARGS, "--model", model_path),  # its tokenizer: no bundled one there
                        cache_store=False, startup_timeout_s=300)
     with log.open("w") as stderr, start_cluster(spec, stderr=stderr.fileno()) as cluster, \
             grpc.insecure_channel(cluster.address) as channel:

@@ -1,0 +1,53 @@
+"""Compile the FlashInfer JIT modules that pdserve runs, without a GPU (the child process of
+``flashinfer_prebuild``; flashinfer must be importable and nvcc on the path).
+
+    python -m services.cluster.flashinfer_aot_build OUT.json
+
+Builds, for ``FLASHINFER_CUDA_ARCH_LIST`` (set by the caller), the page module (``append_paged_kv_cache``)
+and, per (dtype, head dim) in ``MODULE_KEYS``, the two fa2 batch-prefill modules that
+``BatchPrefillWithPagedKVCacheWrapper(backend="fa2")`` and the tensor-core
+``BatchDecodeWithPagedKVCacheWrapper`` load. Nothing is loaded (there is no driver here). Writes
+``{module name: path of its .so}`` to OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+MODULE_KEYS: list[tuple[torch.dtype, int]] = [(torch.bfloat16, 64), (torch.float16, 64), (torch.bfloat16, 128)]
+"""What the FlashInfer backend compiles for the bundled model's shape, the 1B benchmark shape and the GPU
+tests (``kernels.attention.bench_gpu.warm_up(for_tests=True)`` compiles the same set)."""
+
+
+def module_specs() -> list:
+    """FlashInfer's JitSpecs of those modules (the pinned flashinfer-python's own generators)."""
+    from flashinfer.jit.attention import modules
+    from flashinfer.jit.page import gen_page_module
+
+    specs = [gen_page_module()]
+    for dtype, head_dim in MODULE_KEYS:
+        # The key get_batch_prefill_module gets from plan(): q, kv, o dtypes, index dtype, head dims qk/vo,
+        # no positional encoding, no sliding window, no logits cap, no fp16 QK reduction.
+        key = (dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
+        specs.append(modules._gen_batch_prefill_primary_module("fa2", *key))
+        specs.append(modules._gen_batch_prefill_independent_paged_module("fa2", *key))
+    return specs
+
+
+def main() -> None:
+    built = {}
+    for spec in module_specs():
+        started = time.perf_counter()
+        spec.build()
+        built[spec.name] = str(spec.get_library_path())
+        print(f"built {spec.name} ({time.perf_counter() - started:.0f} s)", flush=True)
+    Path(sys.argv[1]).write_text(json.dumps(built, indent=1))
+
+
+if __name__ == "__main__":
+    main()

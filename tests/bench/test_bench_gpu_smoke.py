@@ -1,0 +1,39 @@
+"""``bench_gpu --smoke --device cpu``: the GPU benchmark's harness runs end to end on a CPU (tiny sizes, a
+tiny random model, a real decode-node process for the transfer section), so that it works when a session
+with a GPU comes. Only the harness is checked here: the figures of a CPU smoke run mean nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from services.cluster.bench_gpu import SMOKE
+from services.engine.random_llama import PRESETS
+
+
+def test_every_section_runs_on_a_cpu_and_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "bench-gpu.json"
+    done = subprocess.run([sys.executable, "-m", "services.cluster.bench_gpu", "--device", "cpu", "--smoke",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["device"] == "cpu" and figures["smoke"] is True
+
+    attention = figures["attention"]
+    assert [row["case"] for row in attention] == ["decode 2 x 40", "prefill 48 after 16"]
+    assert all(row["backend_ms"] > 0 and row["torch_ms"] > 0 for row in attention)
+
+    transfer = figures["transfer"]
+    tiny = PRESETS["tiny"]
+    assert transfer["tokens"] == SMOKE["tokens"]
+    assert transfer["bytes"] == SMOKE["tokens"] * tiny.kv_bytes_per_token(2)
+    assert transfer["ipc_used"] is False  # a CPU pool is never exported; the fallback says why
+    assert "only CUDA pools" in transfer["fallback"]
+    assert transfer["grpc_ms"] > 0 and transfer["ipc_ms"] > 0
+
+    rows = figures["decode"]["rows"]
+    assert [row["batch"] for row in rows] == SMOKE["batches"]
+    assert all(row["model"] == "tiny (random weights)" and row["tokens_per_s"] > 0 for row in rows)
+    assert "| tiny (random weights) |" in done.stdout
