@@ -4,6 +4,7 @@ recomputed, by the other; outputs equal the mixed engine's cold run; the store's
 from __future__ import annotations
 
 import subprocess
+import time
 
 import grpc
 import pytest
@@ -61,6 +62,15 @@ def _status(stub) -> dict[str, gateway_pb2.NodeStatus]:
     return {n.address: n for n in stub.ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10).nodes}
 
 
+def wait_written_back(stub, node: str, blocks: int, timeout_s: float = 20.0) -> None:
+    """Until ``node`` has written ``blocks`` prompt blocks to the cache-store: it does so in the background,
+    after the request has finished (a request that comes sooner rightly misses the store)."""
+    deadline = time.monotonic() + timeout_s
+    while (written := _status(stub)[node].store_written_blocks_total) < blocks:
+        assert time.monotonic() < deadline, f"{node} wrote {written} of {blocks} blocks back in {timeout_s} s"
+        time.sleep(0.1)
+
+
 def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, stub, prompts, expected):
     shared_blocks = (len(prompts[0]) - 1) // BLOCK  # at most this many leading blocks can be served by a cache
     responses = _run(stub, prompts[0])
@@ -68,6 +78,7 @@ def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, st
     assert _tokens(responses) == expected[0]
     assert responses[-1].usage.cached_tokens == 0
     wait_idle(stub)
+    wait_written_back(stub, first_node, shared_blocks)
 
     # The router rotates equally loaded prefill nodes: the next request lands on the other one.
     responses = _run(stub, prompts[1])
