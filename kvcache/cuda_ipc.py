@@ -86,7 +86,7 @@ def open_tensor(exported: CudaIpcTensor, device: torch.device | str | int) -> to
             DTYPES[exported.dtype], index, exported.handle, exported.storage_size_bytes,
             exported.storage_offset_bytes, False, exported.ref_counter_handle or None, exported.ref_counter_offset,
             exported.event_handle or None, exported.event_sync_required)
-    except RuntimeError as exc:  # torch raises RuntimeError for every CUDA error
+    except (RuntimeError, TypeError) as exc:  # RuntimeError: any CUDA error; TypeError: malformed handle fields
         raise IpcError(f"cannot map the peer's memory: {exc}") from exc
 
 
@@ -119,8 +119,9 @@ def check_pools_match(src: torch.Tensor, dst: torch.Tensor) -> None:
 def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: Sequence[int], dst_ids: Sequence[int],
                 stream: torch.cuda.Stream | None = None) -> None:
     """``dst_pool[:, dst_ids[i]] = src_pool[:, src_ids[i]]`` for pools ``[layers, blocks, ...]`` of one
-    block layout, on ``stream`` (CUDA) or at once (CPU); returns once the copy is complete, so that the
-    blocks may be used here and released there. Raises :class:`IpcError` on bad ids or a CUDA error."""
+    block layout, on ``stream`` (CUDA; after the work queued on the default stream) or at once (CPU);
+    returns once the copy is complete, so that the blocks may be used here and released there. Raises
+    :class:`IpcError` on bad ids or a CUDA error."""
     if len(src_ids) != len(dst_ids):
         raise IpcError(f"{len(src_ids)} source blocks for {len(dst_ids)} destinations")
     check_pools_match(src_pool, dst_pool)
@@ -134,6 +135,9 @@ def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: Sequenc
             dst_pool[:, list(dst_ids)] = src_pool[:, list(src_ids)].to(dst_pool.device)
             return
         stream = stream or torch.cuda.current_stream(dst_pool.device)
+        # Torch's streams do not wait for the default stream by themselves: the engine's kernels queued
+        # there (a late write into a block freed and just reserved again) must finish before the copy.
+        stream.wait_stream(torch.cuda.default_stream(dst_pool.device))
         with torch.cuda.stream(stream):
             src = torch.tensor(list(src_ids), dtype=torch.long).to(src_pool.device, non_blocking=True)
             dst = torch.tensor(list(dst_ids), dtype=torch.long).to(dst_pool.device, non_blocking=True)
