@@ -4,7 +4,7 @@
     python -m services.cluster.flashinfer_aot_build OUT.json
 
 Builds, for ``FLASHINFER_CUDA_ARCH_LIST`` (set by the caller), the page module (``append_paged_kv_cache``)
-and, per (dtype, head dim) in ``MODULE_KEYS``, the two fa2 batch-prefill modules that
+and, per (dtype, head dim) in ``module_keys()``, the two fa2 batch-prefill modules that
 ``BatchPrefillWithPagedKVCacheWrapper(backend="fa2")`` and the tensor-core
 ``BatchDecodeWithPagedKVCacheWrapper`` load. Nothing is loaded (there is no driver here). Writes
 ``{module name: path of its .so}`` to OUT.json.
@@ -19,9 +19,14 @@ from pathlib import Path
 
 import torch
 
-MODULE_KEYS: list[tuple[torch.dtype, int]] = [(torch.bfloat16, 64), (torch.float16, 64), (torch.bfloat16, 128)]
-"""What the FlashInfer backend compiles for the bundled model's shape, the 1B benchmark shape and the GPU
-tests (``kernels.attention.bench_gpu.warm_up(for_tests=True)`` compiles the same set)."""
+
+def module_keys() -> list[tuple[torch.dtype, int]]:
+    """(dtype, head dim) of every FlashInfer module the backend runs: what the GPU bench and tests warm up
+    (``kernels.attention.bench_gpu``: bf16 for the benchmark shapes, plus ``TEST_KERNELS``)."""
+    from kernels.attention.bench_gpu import SHAPES, TEST_KERNELS
+
+    keys = [(torch.bfloat16, shape.head_dim) for shape in SHAPES] + [(d, s.head_dim) for d, s in TEST_KERNELS]
+    return list(dict.fromkeys(keys))
 
 
 def module_specs() -> list:
@@ -30,7 +35,7 @@ def module_specs() -> list:
     from flashinfer.jit.page import gen_page_module
 
     specs = [gen_page_module()]
-    for dtype, head_dim in MODULE_KEYS:
+    for dtype, head_dim in module_keys():
         # The key get_batch_prefill_module gets from plan(): q, kv, o dtypes, index dtype, head dims qk/vo,
         # no positional encoding, no sliding window, no logits cap, no fp16 QK reduction.
         key = (dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)

@@ -110,8 +110,8 @@ def prebuild(bundle: Path, arch: str = "9.0a") -> list[str]:
     wheel = next(bundle.glob("flashinfer_python-*.whl"), None)
     if wheel is None:
         raise PrebuildError(f"no flashinfer wheel in {bundle}")
-    if aot_modules(wheel):
-        return aot_modules(wheel)
+    if present := aot_modules(wheel):
+        return present
     tvm_ffi = next(f"{name}=={version}" for name, version in IMAGE_LACKS if name == "apache-tvm-ffi")
     with tempfile.TemporaryDirectory(prefix="pdserve-fi-aot-") as scratch:
         modules = compile_modules(wheel, tvm_ffi, arch, Path(scratch))

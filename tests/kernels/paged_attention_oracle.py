@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pytest
 import torch
 
-from kernels.attention import AttentionMetadata
+from kernels.attention import AttentionBackend, AttentionMetadata
 
 
 @dataclass
@@ -96,3 +97,17 @@ def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: li
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 """Absolute error allowed against the float64 oracle (outputs are O(1))."""
+
+
+def check_forward_contract(backend: AttentionBackend, dtype: torch.dtype, head_dim: int, block_size: int):
+    """What every backend's ``forward`` refuses: a call before ``plan`` (RuntimeError) and a q of another
+    length than planned (ValueError). Returns the planned one-sequence decode step's ``(seqs, q, k, v)``
+    for the backend's own checks."""
+    seqs = make_sequences([5], [4], 3, head_dim, block_size, dtype, seed=0)
+    meta, q, k, v = seqs.step([1], [5], 9, seed=0)
+    with pytest.raises(RuntimeError, match="before plan"):
+        backend.forward(q, k, v, seqs.cache, 1.0)
+    backend.plan(meta)
+    with pytest.raises(ValueError, match="planned 1 tokens"):
+        backend.forward(torch.cat([q, q]), k, v, seqs.cache, 1.0)
+    return seqs, q, k, v

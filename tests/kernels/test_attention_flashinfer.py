@@ -10,7 +10,7 @@ import types
 import fake_flashinfer
 import pytest
 import torch
-from paged_attention_oracle import TOLERANCE, make_sequences, oracle
+from paged_attention_oracle import TOLERANCE, check_forward_contract, make_sequences, oracle
 
 from kernels.attention import AttentionMetadata, BackendUnavailableError, create_backend
 from kernels.attention.flashinfer import FlashInferBackend
@@ -127,12 +127,6 @@ def test_float32_steps_run_the_torch_backend() -> None:
 
 def test_forward_checks() -> None:
     backend = fake_backend()
-    seqs = make_sequences([5], [4], 3, HEAD_DIM, BLOCK_SIZE, torch.bfloat16, seed=0)
-    meta, q, k, v = seqs.step([1], [5], 9, seed=0)
-    with pytest.raises(RuntimeError, match="before plan"):
-        backend.forward(q, k, v, seqs.cache, 1.0)
-    backend.plan(meta)
-    with pytest.raises(ValueError, match="planned 1 tokens"):
-        backend.forward(torch.cat([q, q]), k, v, seqs.cache, 1.0)
+    seqs, q, k, v = check_forward_contract(backend, torch.bfloat16, HEAD_DIM, BLOCK_SIZE)
     with pytest.raises(ValueError, match="does not fit"):
         backend.forward(q[:, :8], k, v, seqs.cache, 1.0)

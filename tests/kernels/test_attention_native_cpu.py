@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paged_attention_oracle import TOLERANCE, make_sequences, oracle
+from paged_attention_oracle import TOLERANCE, check_forward_contract, make_sequences, oracle
 
 from kernels.attention import BackendUnavailableError, TorchPagedAttention, available_backends, create_backend
 from kernels.attention import registry as registry_module
@@ -217,13 +217,7 @@ def test_unsupported_dtype_and_group_fall_back_to_torch(monkeypatch: pytest.Monk
 
 def test_forward_checks() -> None:
     backend = NativeCpuAttention("cpu")
-    seqs = make_sequences([5], [4], 3, 64, 16, torch.float32, seed=0)
-    meta, q, k, v = seqs.step([1], [5], 9, seed=0)
-    with pytest.raises(RuntimeError, match="before plan"):
-        backend.forward(q, k, v, seqs.cache, 1.0)
-    backend.plan(meta)
-    with pytest.raises(ValueError, match="planned 1 tokens"):
-        backend.forward(torch.cat([q, q]), k, v, seqs.cache, 1.0)
+    check_forward_contract(backend, torch.float32, 64, 16)
 
 
 def test_blocks_outside_the_cache_are_refused() -> None:

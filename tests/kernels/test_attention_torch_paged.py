@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from paged_attention_oracle import TOLERANCE, make_sequences, oracle
+from paged_attention_oracle import TOLERANCE, check_forward_contract, make_sequences, oracle
 
 from kernels.attention import TorchPagedAttention, torch_decode
 
@@ -188,13 +188,7 @@ def test_qkv_views_of_a_fused_projection(impl: str) -> None:
 
 def test_forward_checks() -> None:
     backend = TorchPagedAttention("cpu")
-    seqs = make_sequences([5], [4], 3, HEAD_DIM, BLOCK_SIZE, torch.float32, seed=0)
-    meta, q, k, v = seqs.step([1], [5], 9, seed=0)
-    with pytest.raises(RuntimeError, match="before plan"):
-        backend.forward(q, k, v, seqs.cache, 1.0)
-    backend.plan(meta)
-    with pytest.raises(ValueError, match="planned 1 tokens"):
-        backend.forward(torch.cat([q, q]), k, v, seqs.cache, 1.0)
+    seqs, q, k, v = check_forward_contract(backend, torch.float32, HEAD_DIM, BLOCK_SIZE)
     with pytest.raises(TypeError, match="dtype"):
         backend.forward(q, k.double(), v.double(), seqs.cache, 1.0)
     with pytest.raises(ValueError, match="decode_impl"):
