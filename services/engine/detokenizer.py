@@ -42,7 +42,17 @@ class IncrementalDetokenizer:
         return self._release(final=self.matched_stop is not None)
 
     def flush(self) -> str:
-        """All text not yet returned (call when the request finished)."""
+        """All text not yet returned (call when the request finished), tokens still held back for an
+        unfinished UTF-8 sequence included: they decode as the tokenizer decodes them (``\ufffd``), so the
+        streamed text always equals the decode of all the tokens, cut at a stop string."""
+        if self.matched_stop is None and self._read_offset < len(self._ids):
+            prefix = self.tokenizer.decode(self._ids[self._prefix_offset:self._read_offset])
+            full = self.tokenizer.decode(self._ids[self._prefix_offset:])
+            search_from = max(0, len(self.text) - self._holdback)
+            self.text += full[len(prefix):]
+            self._prefix_offset = self._read_offset = len(self._ids)
+            if self.stop:
+                self._check_stop(search_from)
         return self._release(final=True)
 
     def _check_stop(self, search_from: int) -> None:

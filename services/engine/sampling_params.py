@@ -3,19 +3,40 @@
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 
 from services.engine.errors import InvalidRequestError
 
 DEFAULT_MAX_TOKENS = 16
+GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM: dividing logits by less overflows float32 to inf, softmax to NaN
+INT32_MAX = 2**31 - 1  # top_k travels as int32, temperature and top_p as float32 (pdserve.v1.SamplingParams)
+
+
+def as_float32(value: float) -> float:
+    """``value`` as the 32-bit float it becomes on the wire (overflow → inf, underflow → 0)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def require_utf8(field: str, text: str) -> None:
+    """Refuse a text that has no UTF-8 form: a lone surrogate (JSON allows ``"\\ud800"``) would fail the
+    tokenizer and every proto string field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidRequestError(field, f"is not valid Unicode: a lone surrogate {text[error.start]!r} at "
+                                         f"character {error.start}") from None
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each new token and when to stop (the fields of ``pdserve.v1.SamplingParams``).
 
-    ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those filters. ``seed`` makes
-    random sampling reproducible per request, independent of what else is in the batch.
+    ``temperature`` below 1e-5 (0 included) is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
+    filters. ``seed`` makes random sampling reproducible per request, independent of what else is in the batch.
     """
 
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -31,18 +52,18 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def validate(self, vocab_size: int) -> None:
         """Raise :class:`InvalidRequestError` naming the first bad field."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError("max_tokens", f"must be at least 1, got {self.max_tokens}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
-        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
-            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequestError("top_k", f"must be >= 0 (0 disables it), got {self.top_k}")
+        if not math.isfinite(as_float32(self.temperature)) or self.temperature < 0:
+            raise InvalidRequestError("temperature", f"must be >= 0 and a finite 32-bit float, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 < as_float32(self.top_p) <= 1:
+            raise InvalidRequestError("top_p", f"must be in (0, 1] as a 32-bit float, got {self.top_p}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            raise InvalidRequestError("top_k", f"must be in [0, {INT32_MAX}] (0 disables it), got {self.top_k}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens}")
         for token_id in self.stop_token_ids:
@@ -50,3 +71,5 @@ class SamplingParams:
                 raise InvalidRequestError("stop_token_ids", f"{token_id} is outside the vocabulary [0, {vocab_size})")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must not be empty")
+        for stop in self.stop:
+            require_utf8("stop", stop)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.engine.errors import InvalidRequestError
-from services.engine.sampling_params import SamplingParams
+from services.engine.sampling_params import SamplingParams, require_utf8
 from services.engine.tokenizer import ChatMessage, Tokenizer
 
 
@@ -36,9 +36,12 @@ class RequestValidator:
             raise InvalidRequestError(given[0], "this node has no tokenizer; send token_ids")
         elif prompt is not None:
             self._refuse_text_past_any_context("prompt", len(prompt))
+            require_utf8("prompt", prompt)
             ids, field = self.tokenizer.encode(prompt), "prompt"
         else:
             self._refuse_text_past_any_context("messages", sum(len(m.content) for m in messages))
+            for i, message in enumerate(messages):
+                require_utf8(f"messages[{i}].content", message.content)
             ids, field = self.tokenizer.apply_chat_template(messages), "messages"
         if not ids:
             raise InvalidRequestError(field, "is empty")

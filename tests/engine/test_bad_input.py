@@ -31,6 +31,10 @@ CASES = [
     ("top_p above 1", dict(prompt="hi", sampling=SamplingParams(top_p=1.5)), "top_p"),
     ("nan temperature", dict(prompt="hi", sampling=SamplingParams(temperature=float("nan"))), "temperature"),
     ("negative top_k", dict(prompt="hi", sampling=SamplingParams(top_k=-3)), "top_k"),
+    # values the wire (int32 top_k, float32 temperature and top_p) cannot carry as given
+    ("top_k past int32", dict(prompt="hi", sampling=SamplingParams(top_k=2**31)), "top_k"),
+    ("temperature past float32", dict(prompt="hi", sampling=SamplingParams(temperature=1e300)), "temperature"),
+    ("top_p that is 0 as a float32", dict(prompt="hi", sampling=SamplingParams(top_p=1e-50)), "top_p"),
     ("token id past the vocabulary", dict(token_ids=[5, 49152]), "token_ids"),
     ("negative token id", dict(token_ids=[-1]), "token_ids"),
     ("stop token outside the vocabulary", dict(prompt="hi", sampling=SamplingParams(stop_token_ids=(10**6,))),

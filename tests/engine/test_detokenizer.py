@@ -30,3 +30,25 @@ def test_stop_string_truncates_and_is_never_half_streamed(bundled_tokenizer):
     assert detok.matched_stop == "STOP"
     assert "".join(pieces) == "one two three "
     assert all("S" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("text", ["café 😀", "ok 😀😀", "東京"])
+@pytest.mark.parametrize("stop", [(), ("zz",)])
+def test_generation_ending_inside_a_character_still_streams_the_full_decode(bundled_tokenizer, text, stop):
+    """max_tokens can end a request after the first bytes of a character: the held-back tokens come out at
+    flush as the tokenizer decodes them (complete characters sharing those tokens, like the space before the
+    emoji, are not lost)."""
+    ids = bundled_tokenizer.encode(text)[:-1]
+    detok = IncrementalDetokenizer(bundled_tokenizer, stop=stop)
+    streamed = "".join(detok.push([t]) for t in ids) + detok.flush()
+    assert streamed == bundled_tokenizer.decode(ids)
+    assert detok.flush() == ""
+
+
+def test_a_stop_string_completed_by_the_held_back_tokens_is_found_at_flush(bundled_tokenizer):
+    ids = bundled_tokenizer.encode("go 😀")[:-1]
+    tail = bundled_tokenizer.decode(ids)[-2:]  # ends in the replacement character of the cut emoji
+    detok = IncrementalDetokenizer(bundled_tokenizer, stop=(tail,))
+    streamed = "".join(detok.push([t]) for t in ids) + detok.flush()
+    assert detok.matched_stop == tail
+    assert streamed == bundled_tokenizer.decode(ids)[:-2]

@@ -18,6 +18,15 @@ def test_greedy_takes_argmax():
     assert sample(logits, params, [None, None]) == logits.argmax(-1).tolist()
 
 
+def test_a_temperature_below_1e_5_is_greedy():
+    """Dividing logits by 1e-40 would overflow float32 (softmax NaN, token 0); below 1e-5 is greedy, as vLLM."""
+    logits = _logits(3) * 30
+    params = [SamplingParams(temperature=t, seed=1) for t in (1e-6, 1e-38, 1e-40)]
+    assert all(p.greedy for p in params)
+    assert sample(logits, params, [make_generator(p) for p in params]) == logits.argmax(-1).tolist()
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 def test_top_k_one_is_greedy_even_at_high_temperature():
     logits = _logits(4)
     params = [SamplingParams(temperature=5.0, top_k=1, seed=i) for i in range(4)]

@@ -65,6 +65,13 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "stop": [""]}, "stop"),
     ({"prompt": "Hi", "stop_token_ids": [10**9]}, "stop_token_ids"),
     ({"prompt": "Hi", "stream": "maybe"}, "stream"),
+    # what the wire to the nodes (int32, float32, UTF-8) cannot carry is refused here, naming the field
+    ({"prompt": "Hi", "top_k": 2**31}, "top_k"),
+    ({"prompt": "Hi", "top_k": 1e20}, "top_k"),
+    ({"prompt": "Hi", "temperature": 1e300}, "temperature"),
+    ({"prompt": "Hi", "top_p": 1e-50}, "top_p"),
+    ({"prompt": "hi \ud800 there"}, "prompt"),
+    ({"prompt": "Hi", "stop": ["\udfff"]}, "stop"),
 ]
 BAD_CHATS = [
     ({"model": MODEL}, "messages"),
@@ -77,6 +84,7 @@ BAD_CHATS = [
     ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": CHAT, "logprobs": True}, "logprobs"),
     ({"messages": CHAT, "n": 3}, "n"),
+    ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
 ]
 
 
@@ -85,7 +93,8 @@ BAD_CHATS = [
 async def test_bad_input_is_400_naming_the_field_and_calls_no_node(front, tokenizer, path, cases):
     for body, param in cases:
         for stream in (False, True):
-            reply = await front.http.post(path, json={"stream": stream, **body})
+            reply = await front.http.post(path, content=json.dumps({"stream": stream, **body}),  # \ud800 escaped
+                                          headers={"Content-Type": "application/json"})
             error = error_of(reply, 400)
             assert (error["type"], error["param"]) == ("invalid_request_error", param), (body, error)
             assert error["message"].startswith(f"{param}:") or param == "prompt", (body, error)
