@@ -273,14 +273,18 @@ class LLMEngine:
         return out
 
     def _finish_output(self, request: Request, out: RequestOutput) -> RequestOutput:
+        detok = self._detokenizers.pop(request.request_id, None)
+        if detok is not None:
+            out.new_text += detok.flush()
+            if detok.matched_stop is not None and request.status is RequestStatus.FINISHED_LENGTH:
+                # the token that reached max_tokens completed a stop string: a stop, as the gateway reports it
+                request.stop_reason = detok.matched_stop
+                request.transition(RequestStatus.FINISHED_STOPPED)
         end_request(request)
         if request.status is RequestStatus.FINISHED_HANDED_OFF:
             self.held[request.request_id] = request
         if self.output_cache is not None:  # its blocks were just freed into the prefix index
             self.output_cache.capture(request, self.kv, self.runner.kv_cache)
-        detok = self._detokenizers.pop(request.request_id, None)
-        if detok is not None:
-            out.new_text += detok.flush()
         out.finished = True
         out.finish_reason = request.finish_reason
         out.stop_reason = request.stop_reason
@@ -305,7 +309,7 @@ class LLMEngine:
             for out in self.step():
                 texts[out.request_id] += out.new_text
         return [CompletedRequest(r.request_id, r.prompt_token_ids, list(r.output_token_ids), texts[r.request_id],
-                                 r.finish_reason, r.num_cached_tokens) for r in order]
+                                 r.finish_reason, r.num_cached_tokens, r.stop_reason) for r in order]
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()

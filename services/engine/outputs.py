@@ -30,3 +30,4 @@ class CompletedRequest:
     text: str
     finish_reason: str | None
     cached_tokens: int
+    stop_reason: int | str | None = None  # the eos/stop token id or stop string that ended it

@@ -49,6 +49,8 @@ _ALLOWED = {
     RequestStatus.RUNNING_PREFILL: {RequestStatus.RUNNING_DECODE, RequestStatus.PREEMPTED, *_FINISHED},
     RequestStatus.RUNNING_DECODE: {RequestStatus.PREEMPTED, *_FINISHED},
     RequestStatus.FINISHED_HANDED_OFF: {RequestStatus.FINISHED_ABORTED},
+    # the token that reached max_tokens also completed a stop string (seen only once it is detokenized)
+    RequestStatus.FINISHED_LENGTH: {RequestStatus.FINISHED_STOPPED},
     RequestStatus.PREEMPTED: {RequestStatus.RUNNING_PREFILL, RequestStatus.RUNNING_DECODE,
                               RequestStatus.FINISHED_ABORTED},
 }

@@ -351,6 +351,8 @@ class RequestFlow:
         self._completion_tokens += len(kept)
         if finish_reason:
             text.append(detokenizer.flush())
+            if detokenizer.matched_stop is not None:  # completed by tokens held back for a split character
+                finish_reason = "stop"
         if not kept and not finish_reason and not any(text):
             return None
         usage = None

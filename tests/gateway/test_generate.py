@@ -119,6 +119,21 @@ async def test_a_stop_string_ends_the_request_and_aborts_the_decode_node(cluster
     await eventually(lambda: cluster.d.cancelled == [last.request_id], what="Attach cancelled")
 
 
+async def test_a_stop_string_completed_by_tokens_held_back_for_a_split_character_is_a_stop(cluster, tokenizer):
+    """The last tokens end inside an emoji, so they are held back until the end; the space they carry
+    completes the stop string ("é "), and the finish is a stop, as the mixed engine reports it."""
+    ids = tokenizer.encode(" café 😀")[:-1]
+    cluster.p.first_token = ids[0]
+
+    async def attach(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:], finish_reason="length")
+
+    cluster.d.script = attach
+    responses = await collect(cluster, request(stop=["é "], max_tokens=len(ids)))
+    assert "".join(r.text for r in responses) == " caf"
+    assert responses[-1].finish_reason == "stop"
+
+
 async def test_a_first_token_that_finishes_ends_the_request(cluster, tokenizer):
     cluster.p.first_token, cluster.p.first_finish_reason = tokenizer.encode(" Yes")[0], "length"
     responses = await collect(cluster, request(max_tokens=1))

@@ -1,0 +1,50 @@
+"""Stop strings in the mixed engine: the text ends just before the stop string, the finish reason is
+``stop`` and ``stop_reason`` names it, also when the token that completes it is the last one allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.sampling_params import SamplingParams
+from tests.conftest import make_engine
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def engine(fp32_model, bundled_tokenizer):
+    return make_engine(fp32_model, bundled_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def free_run(engine):
+    """The greedy continuation without stop strings: its token ids and the text of each prefix."""
+    result = engine.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+    texts = [engine.tokenizer.decode(result.token_ids[:n]) for n in range(len(result.token_ids) + 1)]
+    return result.token_ids, texts
+
+
+def run(engine, max_tokens: int, stop: str):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, stop=(stop,))
+    return engine.generate([PROMPT], params)[0]
+
+
+@pytest.mark.parametrize("max_tokens", [6, 2], ids=["mid-generation", "on-the-last-allowed-token"])
+def test_a_stop_string_ends_the_text_before_it_with_reason_stop(engine, free_run, max_tokens):
+    token_ids, texts = free_run
+    stop = texts[2][len(texts[1]):].strip()  # the second token's text completes the stop string
+    assert stop and stop not in texts[1], texts
+    result = run(engine, max_tokens, stop)
+    assert result.token_ids == token_ids[:2]
+    assert result.text == texts[2][:texts[2].index(stop)]
+    assert (result.finish_reason, result.stop_reason) == ("stop", stop)
+    engine.check_integrity()
+
+
+def test_without_a_match_the_last_allowed_token_is_a_length_finish(engine, free_run):
+    token_ids, texts = free_run
+    result = run(engine, 2, "never in this text")
+    assert result.token_ids == token_ids[:2]
+    assert (result.text, result.finish_reason, result.stop_reason) == (texts[2], "length", None)
