@@ -54,6 +54,9 @@ class Adoptions:
               ) -> AdoptionGrant | Refusal:
         """Blocks for ``handed`` if the admission policy leaves room (nothing is allocated when refused)."""
         self._check(handed)
+        full = self.book.no_free_slot()
+        if full is not None:
+            return full
         rid, computed = handed.request_id, handed.num_computed_tokens
         request = Request(rid, list(handed.prompt_token_ids), handed.sampling, eos_token_ids=eos_token_ids)
         for token_id in handed.output_token_ids:

@@ -58,11 +58,15 @@ class ReservationBook:
         return sum(len(r.block_ids) for r in self.reservations.values())
 
     def reserve(self, request: Request, lease_s: float) -> Reservation | Refusal:
-        """Grant blocks for ``request``'s prompt if the running requests, and those already granted that
-        will run here, keep the headroom the scheduler's admission policy asks for."""
+        """Grant blocks for ``request``'s prompt if a batch slot is free (``max_num_seqs``) and the running
+        requests, and those already granted that will run here, keep the headroom the scheduler's admission
+        policy asks for."""
         rid = request.request_id
         if rid in self.reservations or self.kv.has_request(rid):
             raise InvalidRequestError("request_id", f"request {rid!r} already holds blocks here")
+        full = self.no_free_slot()
+        if full is not None:
+            return full
         prompt = request.prompt_token_ids
         prefix = self.kv.match_prefix(prompt)
         needed = self.kv.blocks_needed(rid, len(prompt), prefix)
@@ -78,6 +82,16 @@ class ReservationBook:
                                   self.clock() + lease_s)
         self.reservations[rid] = reservation
         return reservation
+
+    def no_free_slot(self) -> Refusal | None:
+        """A refusal when the requests that will decode here (running, waiting to resume, granted) already
+        fill ``max_num_seqs``; a granted request would otherwise join a batch over the limit."""
+        scheduler, limit = self.scheduler, self.scheduler.config.max_num_seqs
+        live = len(scheduler.running) + len(scheduler.waiting) + len(self.reservations)
+        if live < limit:
+            return None
+        return Refusal(f"no free slot: {len(scheduler.running)} running, {len(scheduler.waiting)} waiting and "
+                       f"{len(self.reservations)} granted requests fill max_num_seqs {limit}")
 
     def kept_blocks(self) -> int:
         """Free blocks a new grant may not take: the admission policy's headroom for the running requests

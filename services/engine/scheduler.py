@@ -189,8 +189,8 @@ class Scheduler:
         admitted, self._admitted_since_step = self._admitted_since_step, False
         budget = self.config.max_num_batched_tokens
         for request in list(self.running):
-            if budget == 0:
-                break
+            if budget == 0 or len(batch.scheduled) == self.config.max_num_seqs:
+                break  # requests past max_num_seqs (adopted or committed over it) wait for the next step
             if request not in self.running:  # preempted earlier in this loop
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
