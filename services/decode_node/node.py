@@ -128,6 +128,11 @@ class DecodeNode:
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
         return _unix_ms(reservation.lease_s)
 
+    async def renew(self, request_id: str) -> int:
+        """A keepalive from the prefill node: the lease holds on. Returns it."""
+        reservation: Reservation = await self.worker.call(lambda e: e.reservations.renew(request_id))
+        return _unix_ms(reservation.lease_s)
+
     async def receive_by_reference(self, request_id: str, block_ids: list[int], source_ids: list[int],
                                    session_id: str) -> int:
         """Check and mark ``block_ids`` on the engine thread, then copy blocks ``source_ids`` of the

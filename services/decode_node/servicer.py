@@ -94,6 +94,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id)
         if kind == "blocks" and message.blocks.source_block_ids:
             return await self._receive_by_reference(message, request_id, ipc_sessions.get(request_id, ""))
+        if kind == "keepalive":
+            lease = await self.node.renew(request_id)
+            return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
         if kind == "blocks":
             lease = await self.node.receive(request_id, list(message.blocks.block_ids), message.blocks.payload)
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)

@@ -123,6 +123,12 @@ class ReservationBook:
         reservation.lease_deadline = self.clock() + reservation.lease_s
         return reservation
 
+    def renew(self, request_id: str) -> Reservation:
+        """The prefill node still works on the request (a keepalive): push the lease deadline out."""
+        reservation = self.get(request_id)
+        reservation.lease_deadline = self.clock() + reservation.lease_s
+        return reservation
+
     def unreceive(self, request_id: str, block_ids: list[int]) -> None:
         """Undo :meth:`receive` for blocks whose bytes never arrived (so they may be sent again); nothing
         to undo when the reservation is gone."""

@@ -66,6 +66,9 @@ class KVSender:
         self._resends: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
         self._max_payload = 4 << 20  # of the bytes that replace a failed IPC batch
+        self._last_write = 0.0  # loop time of the last message written
+        self._keepalive: asyncio.Task[None] | None = None
+        self._keepalive_stop = asyncio.Event()
 
     async def open(self, metadata: tuple[tuple[str, str], ...] | None = None) -> None:
         """Start the stream (``metadata``: the trace context of the ``kv_transfer`` span) with its header."""
@@ -73,6 +76,30 @@ class KVSender:
         self._reader = asyncio.create_task(self._read_acks())
         await self._send(decode_pb2.KVTransferMessage(header=decode_pb2.KVHeader(
             request_id=self.request_id, layout=self.layout, ipc_session=self.ipc.session_id if self.ipc else "")))
+
+    def keep_alive(self, interval_s: float) -> None:
+        """Until :meth:`commit` or :meth:`close`: a ``KVKeepAlive`` whenever nothing of the request went out
+        for ``interval_s`` (a third of the lease), so a request queued or fetching here keeps its grant."""
+        self._keepalive = asyncio.create_task(self._keep_alive(interval_s), name=f"kv-keepalive:{self.request_id}")
+
+    async def _keep_alive(self, interval_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(UnavailableError):  # the stream failed: the request's next call raises it
+            while not self._keepalive_stop.is_set():
+                due = self._last_write + interval_s - loop.time()
+                if due > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._keepalive_stop.wait(), due)
+                    continue
+                ack = await self._send(decode_pb2.KVTransferMessage(
+                    keepalive=decode_pb2.KVKeepAlive(request_id=self.request_id)))
+                ack.add_done_callback(lambda f: f.cancelled() or f.exception())  # failures surface elsewhere
+
+    async def _stop_keepalive(self) -> None:
+        """Stop the keepalives; a write in progress completes (a cancelled write could tear the stream)."""
+        self._keepalive_stop.set()
+        if self._keepalive is not None:
+            await asyncio.wait([self._keepalive])
 
     async def send_blocks(self, first_index: int, count: int, payload: bytes, max_payload: int) -> None:
         """Blocks ``first_index ..`` of the prompt (their bytes back to back) to their granted ids."""
@@ -116,6 +143,7 @@ class KVSender:
         route, every block batch is acknowledged (sent again as bytes where IPC failed) before the commit
         goes out."""
         started = time.perf_counter()
+        await self._stop_keepalive()
         while self.ipc is not None and (self._pending or self._resends):
             await asyncio.gather(*self._pending.values(), *self._resends)
         self._raise_if_failed()
@@ -126,6 +154,7 @@ class KVSender:
         self._raise_if_failed()
 
     async def close(self) -> None:
+        await self._stop_keepalive()
         if self._call is not None:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await self._call.done_writing()
@@ -151,6 +180,7 @@ class KVSender:
                 on_seq(self._seq)
             try:
                 await self._call.write(message)
+                self._last_write = asyncio.get_running_loop().time()
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 self._fail(f"stream broke: {exc}")
                 self._raise_if_failed()

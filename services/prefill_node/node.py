@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
@@ -157,6 +158,7 @@ class PrefillNode:
             yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
             sender.ipc = await self._ipc_route(address)
             await sender.open(metadata=tracing.outgoing(tracing.context_with(transfer)))
+            sender.keep_alive(keepalive_interval_s(grant.lease_deadline_unix_ms))
             if fetch is not None:
                 await self._import(request_id, prompt_ids, await fetch)
             by_reference = sender.ipc is not None
@@ -282,6 +284,11 @@ class PrefillNode:
         deadline = loop.time() + timeout_s
         while (self.tracked or self.preparing) and loop.time() < deadline:
             await asyncio.sleep(0.05)
+
+
+def keepalive_interval_s(lease_deadline_unix_ms: int) -> float:
+    """A third of the lease the decode node granted (at least 50 ms)."""
+    return max(0.05, (lease_deadline_unix_ms / 1000 - time.time()) / 3)
 
 
 async def _send_ready(sender: KVSender, item: ReadyBlocks) -> None:
