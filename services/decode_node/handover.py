@@ -148,7 +148,8 @@ class HandoverAgent:
     async def abort_on(self, peer: str, request_id: str) -> None:
         """Best-effort ``Abort`` of a request this node handed to ``peer``."""
         try:
-            await self.peers.stub(peer).Abort(node_pb2.AbortRequest(request_id=request_id),
+            reason = "the decode node that handed it over: it was aborted there"
+            await self.peers.stub(peer).Abort(node_pb2.AbortRequest(request_id=request_id, reason=reason),
                                               timeout=self.rpc_timeout_s)
         except grpc.aio.AioRpcError as error:
             log.warning("abort on the adopting node failed", request_id=request_id, peer=peer,

@@ -54,6 +54,7 @@ class TokenEvent:
     completion_tokens: int = 0
     cached_tokens: int = 0
     moved_to: str = ""  # the request went on to this decode node: the stream's last event
+    abort_reason: str = ""  # with finish_reason "abort": why this node gave up on the request
 
 
 @dataclass
@@ -123,7 +124,7 @@ class DecodeNode:
         try:
             write_blocks(self.engine.runner.kv_cache, block_ids, payload)
         except ValueError as exc:
-            await self.abort(request_id)
+            await self.abort(request_id, f"its KV did not fit this node's cache: {exc}")
             raise FailedPreconditionError(f"{request_id}: {exc}") from exc
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
         return _unix_ms(reservation.lease_s)
@@ -156,12 +157,13 @@ class DecodeNode:
         parent = stream.trace if stream is not None and stream.trace is not None else tracing.current_context()
         await self.worker.call(lambda e: trace_request(e.commit(request_id, first_token_id), parent))
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, request_id: str, reason: str = "aborted") -> bool:
+        """Free everything the request holds here; an attached gateway hears ``reason``."""
         found = await self.worker.call(lambda e: e.discard(request_id))
         self.routes.pop(request_id, None)
         stream = self.streams.pop(request_id, None)
         if stream is not None:
-            stream.queue.put_nowait(TokenEvent([], finish_reason="abort"))
+            stream.queue.put_nowait(TokenEvent([], finish_reason="abort", abort_reason=reason))
         adopter = self.moved.pop(request_id, None)
         if adopter is not None:  # handed over before the gateway heard: it runs there now
             await self.handover.abort_on(adopter, request_id)
@@ -252,7 +254,8 @@ class DecodeNode:
                 self.routes.pop(request_id, None)
                 stream = self.streams.pop(request_id, None)
                 if stream is not None:
-                    stream.queue.put_nowait(TokenEvent([], finish_reason="abort"))
+                    stream.queue.put_nowait(TokenEvent([], finish_reason="abort", abort_reason=(
+                        "its reservation lease expired: the prefill node sent nothing for it for the lease's length")))
             return
         for out in payload:
             stream = self.streams.get(out.request_id)
@@ -278,7 +281,7 @@ class DecodeNode:
         while self.streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for request_id in list(self.streams):
-            await self.abort(request_id)
+            await self.abort(request_id, f"the decode node drained and its {timeout_s:g} s grace ran out")
 
 
 def _unix_ms(after_s: float) -> int:

@@ -81,7 +81,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                 ack = decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=str(error),
                                        code=status_of(error).value[0])
                 failed[request_id] = ack
-                await self.node.abort(request_id)
+                await self.node.abort(request_id, f"its KV transfer failed: {error}")
                 yield ack
 
     async def _handle(self, message: decode_pb2.KVTransferMessage, kind: str, request_id: str,
@@ -157,7 +157,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
         async for event in self.node.attach(request.request_id):
             message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
-                                            moved_to=event.moved_to)
+                                            moved_to=event.moved_to, abort_reason=event.abort_reason)
             if event.finish_reason is not None:
                 message.usage.CopyFrom(gateway_pb2.Usage(
                     prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
@@ -167,7 +167,8 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
-        return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
+        reason = f"aborted by {request.reason or 'a caller'}"
+        return node_pb2.AbortResponse(found=await self.node.abort(request.request_id, reason))
 
     @grpc_errors
     @traced_rpc("OpenKVIpc")

@@ -174,7 +174,7 @@ class RequestFlow:
                 self._end(leg, cancel=not leg.finished)
         aborts = None
         if unfinished:
-            aborts = self._abort_legs(unfinished, "request ended early at the gateway")
+            aborts = self._abort_legs(unfinished, "the gateway: the request ended early there")
         self._on_close(self, aborts)
 
     def _end(self, leg: _Leg, cancel: bool) -> None:
@@ -328,6 +328,10 @@ class RequestFlow:
         if item.moved_to:
             self._move(leg, item.moved_to)
             return await self._chunk(list(item.token_ids), "") if item.token_ids else None
+        if item.finish_reason == "abort":  # the node gave up on it (lease expired, aborted by its prefill node)
+            leg.finished = True
+            raise UnavailableError(f"decode node {leg.address} aborted the request: "
+                                   f"{item.abort_reason or 'no reason given'}")
         if item.finish_reason:
             leg.finished = True
             if self._prefill is not None:

@@ -77,9 +77,10 @@ class KVSender:
         await self._send(decode_pb2.KVTransferMessage(header=decode_pb2.KVHeader(
             request_id=self.request_id, layout=self.layout, ipc_session=self.ipc.session_id if self.ipc else "")))
 
-    def keep_alive(self, interval_s: float) -> None:
+    def keep_alive(self, lease_deadline_unix_ms: int) -> None:
         """Until :meth:`commit` or :meth:`close`: a ``KVKeepAlive`` whenever nothing of the request went out
-        for ``interval_s`` (a third of the lease), so a request queued or fetching here keeps its grant."""
+        for a third of the lease granted (at least 50 ms), so a request queued or fetching here keeps it."""
+        interval_s = max(0.05, (lease_deadline_unix_ms / 1000 - time.time()) / 3)
         self._keepalive = asyncio.create_task(self._keep_alive(interval_s), name=f"kv-keepalive:{self.request_id}")
 
     async def _keep_alive(self, interval_s: float) -> None:

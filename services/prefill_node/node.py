@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
@@ -151,6 +150,7 @@ class PrefillNode:
         sender = KVSender(self.decode_stub(address), request_id, self.layout, grant.block_ids, address,
                           self.kv_sent)
         finished = False
+        why = "it ended the request before the commit"
         transfer = tracing.start_span("kv_transfer", trace, decode_node=address)  # the TransferKV stream
         try:  # from here on, however the request ends, the reservation is undone unless it was used
             for refusal in reservation.refusals:
@@ -158,7 +158,7 @@ class PrefillNode:
             yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
             sender.ipc = await self._ipc_route(address)
             await sender.open(metadata=tracing.outgoing(tracing.context_with(transfer)))
-            sender.keep_alive(keepalive_interval_s(grant.lease_deadline_unix_ms))
+            sender.keep_alive(grant.lease_deadline_unix_ms)
             if fetch is not None:
                 await self._import(request_id, prompt_ids, await fetch)
             by_reference = sender.ipc is not None
@@ -170,7 +170,7 @@ class PrefillNode:
                     await _send_ready(sender, item)
                     continue
                 if item.finish_reason is not None:  # the first token ended the request: D needs nothing
-                    await self._abort_on_decode(address, request_id)
+                    await self._abort_on_decode(address, request_id, "the first token finished the request")
                     finished = True
                     yield item
                     return
@@ -187,6 +187,12 @@ class PrefillNode:
                           kv_blocks_by_ipc=sender.blocks_by_ipc)
                 yield Done(len(prompt_ids) - item.cached_tokens, sender.bytes_sent, sender.blocks_sent)
                 return
+        except (asyncio.CancelledError, GeneratorExit):
+            why = "its Prefill call was cancelled"
+            raise
+        except Exception as error:
+            why = f"it failed: {error}"
+            raise
         finally:
             if fetch is not None:
                 fetch.cancel()
@@ -197,7 +203,7 @@ class PrefillNode:
             if computed is not None and self.prefix_store is not None:
                 self.prefix_store.write_back(request_id, block_hashes, *computed)
             if not finished:
-                await self._abort_on_decode(address, request_id)
+                await self._abort_on_decode(address, request_id, why)
 
     async def _reserve(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes],
                        sampling: SamplingParams,
@@ -213,7 +219,9 @@ class PrefillNode:
             return self.decode_stub(address).Reserve(message, timeout=rpc_timeout_s, metadata=tracing.outgoing())
 
         return await self.prepare.reserve(request_id, candidates, call,
-                                          lambda address: self._abort_on_decode(address, request_id), timeout_s)
+                                          lambda address: self._abort_on_decode(address, request_id,
+                                                                                "it gave up the reservation"),
+                                          timeout_s)
 
     def _admit(self, engine: LLMEngine, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                skip_blocks: int, trace: object = None, by_reference: bool = False) -> Tracked:
@@ -265,10 +273,11 @@ class PrefillNode:
         await self.worker.call(lambda e: publish_blocks(e, claim, prompt_ids))
         self.prefix_store.count_import(claim.end_block - claim.first_block)
 
-    async def _abort_on_decode(self, address: str, request_id: str) -> None:
+    async def _abort_on_decode(self, address: str, request_id: str, reason: str) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-            await self.decode_stub(address).Abort(node_pb2.AbortRequest(request_id=request_id, reason="prefill"),
-                                                  timeout=2.0, metadata=tracing.outgoing())
+            await self.decode_stub(address).Abort(
+                node_pb2.AbortRequest(request_id=request_id, reason=f"the prefill node: {reason}"),
+                timeout=2.0, metadata=tracing.outgoing())
 
     async def abort(self, request_id: str) -> bool:
         return await self.worker.call(lambda e: self._abort(e, request_id))
@@ -284,11 +293,6 @@ class PrefillNode:
         deadline = loop.time() + timeout_s
         while (self.tracked or self.preparing) and loop.time() < deadline:
             await asyncio.sleep(0.05)
-
-
-def keepalive_interval_s(lease_deadline_unix_ms: int) -> float:
-    """A third of the lease the decode node granted (at least 50 ms)."""
-    return max(0.05, (lease_deadline_unix_ms / 1000 - time.time()) / 3)
 
 
 async def _send_ready(sender: KVSender, item: ReadyBlocks) -> None:

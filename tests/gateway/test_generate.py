@@ -186,6 +186,40 @@ async def test_a_failing_decode_node_is_unavailable_never_a_hang(cluster, tokeni
         assert not cluster.gateway.directory.nodes("decode")[0].healthy  # avoided until a poll answers
 
 
+@pytest.mark.parametrize("when", ["after tokens", "before the first token"])
+async def test_a_decode_node_that_aborted_the_request_is_an_error_naming_why(cluster, tokenizer, when):
+    """An "abort" end (its lease expired, its prefill node gave up) is never a successful finish."""
+    ids = tokenizer.encode(TEXT)
+    cluster.p.first_token = ids[0]
+    reason = "its reservation lease expired: the prefill node sent nothing for it for the lease's length"
+
+    async def attach(request, context):
+        if when == "after tokens":
+            yield decode_pb2.TokenEvent(token_ids=ids[1:3])
+        yield decode_pb2.TokenEvent(finish_reason="abort", abort_reason=reason)
+
+    cluster.d.script = attach
+    error = await failure(cluster, request())
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.details() == f"decode node {cluster.d.address} aborted the request: {reason}"
+    await cluster.gateway.core.wait_background()
+    assert cluster.d.aborts == []  # it holds nothing more: no Abort to send
+
+
+async def test_a_first_token_that_finishes_is_not_spoiled_by_the_decode_node_s_abort(cluster, tokenizer):
+    """The prefill node aborts the decode node's reservation when its first token ends the request; the
+    decode node's "abort" end may reach the gateway before that first token does."""
+    cluster.p.first_token, cluster.p.first_finish_reason = tokenizer.encode(" Yes")[0], "length"
+
+    async def attach(request, context):
+        yield decode_pb2.TokenEvent(finish_reason="abort", abort_reason="the prefill node: the first token "
+                                                                       "finished the request")
+
+    cluster.d.script = attach
+    responses = await collect(cluster, request(max_tokens=1))
+    assert [(r.text, r.finish_reason) for r in responses] == [(" Yes", "length")]
+
+
 async def test_client_cancel_aborts_on_prefill_and_decode(cluster, tokenizer):
     ids = tokenizer.encode(TEXT)
     cluster.p.first_token = ids[0]

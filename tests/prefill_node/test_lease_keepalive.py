@@ -89,3 +89,14 @@ async def test_a_slow_cache_store_lookup_does_not_lose_the_grant(model, expected
         tokens, _ = await generate(prefill, decode, address, "slow-store")
         assert tokens == expected
         await _idle(decode)
+
+
+async def test_a_grant_nobody_keeps_alive_expires_and_the_attached_stream_says_why(model):
+    """The other side of the lease: a prefill node that stops (dead, hung) sends no keepalive."""
+    async with pair(model) as (_, decode, _address):
+        grant = await decode.reserve("silent", PROMPT, GREEDY, lease_s=None)
+        assert grant.block_ids
+        events = [event async for event in decode.attach("silent")]
+        assert [(e.finish_reason, e.token_ids) for e in events] == [("abort", [])]
+        assert "lease expired" in events[0].abort_reason
+        await _idle(decode)
