@@ -14,6 +14,7 @@ from services.cache_store.metrics import cache_store_registry
 from services.cache_store.servicer import CacheStoreServicer, add_to_server
 from services.cache_store.store import BlockStore
 from services.common.config import build_config
+from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding, run
@@ -46,6 +47,7 @@ async def serve(config: CacheStoreConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(CacheStoreConfig, argv, prog="python -m services.cache_store")
     setup_logging(config.log_level, config.log_format)
+    set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
     setup_tracing("pdserve-cache-store")  # OTEL_TRACES_EXPORTER unset: off
     if not tune_malloc():
         log.info("malloc not tuned (not glibc)")

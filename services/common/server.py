@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from pdserve.v1 import admin_pb2, admin_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from services.common import keepalive
 from services.common.admin import AdminServicer
 from services.common.config import setting
 from services.common.logging import FORMATS, LEVELS
@@ -54,6 +55,7 @@ def grpc_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tup
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
+        *keepalive.options(),
     ]
 
 
@@ -69,6 +71,9 @@ class ServerConfig:
     log_level: str = setting("info", "debug, info, warning, error")
     log_format: str = setting("auto", "auto (console on a TTY, else json), json, console")
     advertise: str = setting("", "address other processes reach this one at (default: the bound address)")
+    keepalive_s: float = setting(10.0, "ping peers that have calls in flight this often; 0 = never")
+    keepalive_timeout_s: float = setting(5.0, "a peer that does not answer a ping within this fails its calls "
+                                              "UNAVAILABLE (a hung node)")
     metrics_listen: str = setting("127.0.0.1:0", "host:port of the Prometheus /metrics HTTP endpoint; "
                                                  "port 0 = ephemeral, empty = none")
 
@@ -82,6 +87,7 @@ class ServerConfig:
             raise ValueError(f"log_level must be one of {LEVELS}, got {self.log_level!r}")
         if self.log_format not in FORMATS:
             raise ValueError(f"log_format must be one of {FORMATS}, got {self.log_format!r}")
+        keepalive.Keepalive(self.keepalive_s, self.keepalive_timeout_s)  # raises naming both when out of range
         if self.metrics_listen:
             host, sep, port = self.metrics_listen.rpartition(":")
             if not sep or not host or not port.isdigit():

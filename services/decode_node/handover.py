@@ -26,6 +26,7 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 from services.common import tracing
 from services.common.channel_pool import ChannelPool
 from services.common.sampling_convert import sampling_to_proto
+from services.common.server import grpc_options
 from services.engine.handover import HandedRequest
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class PeerStubs:
     """One channel per decode peer, opened on first use, closed once the peer is gone (ChannelPool)."""
 
     def __init__(self) -> None:
-        self._pool = ChannelPool()
+        self._pool = ChannelPool(grpc_options())
 
     def stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
         return self._pool.stub(address, decode_pb2_grpc.DecodeNodeStub)

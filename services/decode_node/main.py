@@ -8,6 +8,7 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
 from services.common.config import build_config
 from services.common.engine_serve import serve_engine_node
+from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
 from services.common.tracing import setup_tracing, shutdown_tracing
@@ -33,6 +34,7 @@ async def serve(config: DecodeNodeConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(DecodeNodeConfig, argv, prog="python -m services.decode_node")
     setup_logging(config.log_level, config.log_format)
+    set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
     setup_tracing("pdserve-decode")  # OTEL_TRACES_EXPORTER unset: off
     try:
         run(serve(config))

@@ -11,6 +11,7 @@ import structlog
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.common.config import build_config
+from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.server import NodeServer, ServiceBinding, run
 from services.common.tracing import setup_tracing, shutdown_tracing
@@ -127,6 +128,7 @@ async def serve(config: GatewayConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = build_config(GatewayConfig, argv, prog="python -m services.gateway")
     setup_logging(config.log_level, config.log_format)
+    set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
     setup_tracing("pdserve-gateway")  # OTEL_TRACES_EXPORTER unset: off
     try:
         run(serve(config))

@@ -1,9 +1,11 @@
-"""Peers dying: the client gets UNAVAILABLE, never a hang; a dead prefill node's reservation expires on
-the decode node; a restarted node rejoins without restarting the gateway."""
+"""Peers dying or hanging: the client gets UNAVAILABLE, never a hang; a hung (stopped) node is found out by
+keepalive pings within seconds, and what its calls held is freed once it runs again; a dead prefill node's
+reservation expires on the decode node; a restarted node rejoins without restarting the gateway."""
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import time
 
@@ -16,8 +18,9 @@ from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy
 
 pytestmark = pytest.mark.slow
 LEASE_MS = 1500
-DECODE_ARGS = (*ENGINE_ARGS, "--lease-ms", str(LEASE_MS))
-PREFILL_ARGS = (*ENGINE_ARGS, "--max-num-batched-tokens", "32")  # a long prompt takes many steps
+KEEPALIVE_ARGS = ("--keepalive-s", "1", "--keepalive-timeout-s", "1")
+DECODE_ARGS = (*ENGINE_ARGS, "--lease-ms", str(LEASE_MS), *KEEPALIVE_ARGS)
+PREFILL_ARGS = (*ENGINE_ARGS, "--max-num-batched-tokens", "32", *KEEPALIVE_ARGS)  # a long prompt: many steps
 
 
 class Nodes:
@@ -26,7 +29,7 @@ class Nodes:
         self.decode = self.start("services.decode_node", *DECODE_ARGS)
         self.prefill = self.start("services.prefill_node", *PREFILL_ARGS)
         self.gateway = self.start("services.gateway", "--prefill", self.prefill.address, "--decode",
-                                  self.decode.address, *GATEWAY_ARGS)
+                                  self.decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS)
         self.stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(self.gateway.address)))
 
     def start(self, module: str, *args: str):
@@ -35,6 +38,10 @@ class Nodes:
     def decode_status(self) -> gateway_pb2.NodeStatus:
         with grpc.insecure_channel(self.decode.address) as channel:
             return decode_pb2_grpc.DecodeNodeStub(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
+
+    def prefill_status(self) -> gateway_pb2.NodeStatus:
+        with grpc.insecure_channel(self.prefill.address) as channel:
+            return prefill_pb2_grpc.PrefillNodeStub(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
 
     def healthy(self, role: str) -> bool:
         nodes = self.stub.ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10).nodes
@@ -53,6 +60,47 @@ def _wait(condition, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def stopped(process: subprocess.Popen):
+    """The process hangs (SIGSTOP) until the block ends: its sockets stay open, nothing answers."""
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
+def _idle(status: gateway_pb2.NodeStatus) -> bool:
+    return (status.blocks_free + status.blocks_cached == status.blocks_total and status.blocks_reserved == 0
+            and status.requests_running == status.requests_waiting == 0)
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_a_hung_node_fails_the_call_within_the_keepalive_and_frees_everything_once_it_runs(nodes, role):
+    """Without keepalive the call waited for its 60 s deadline (forever without one)."""
+    prompt, max_tokens = ("Tell me a long story.", 2000) if role == "decode" else (
+        " ".join(f"word{i}" for i in range(1500)), 16)  # 6390 tokens: many prefill steps
+    call = nodes.stub.Generate(gateway_pb2.GenerateRequest(prompt=prompt, sampling=greedy(max_tokens)),
+                               timeout=60)
+    if role == "decode":
+        next(call), next(call)  # decoding
+    else:
+        _wait(lambda: nodes.prefill_status().requests_running > 0, 30, "the prefill to start")
+    node = nodes.decode if role == "decode" else nodes.prefill
+    with stopped(node.process):
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in call:
+                pass
+        assert time.monotonic() - started < 15
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+    assert node.address in info.value.details()
+    _wait(lambda: _idle(nodes.decode_status()) and _idle(nodes.prefill_status()), 20, "both nodes to be idle")
+    _wait(lambda: nodes.healthy(role), 20, f"the {role} node to be healthy again")
+    _, text, last = generate(nodes.stub, prompt="The capital of France is", sampling=greedy(5))
+    assert text.startswith(" Paris") and last.finish_reason == "length"
 
 
 def test_decode_node_killed_mid_generation_gives_unavailable_and_it_rejoins_after_restart(nodes):
