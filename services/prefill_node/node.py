@@ -21,7 +21,7 @@ import grpc.aio
 import structlog
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
-from kvcache.kv_bytes import read_blocks, write_blocks
+from kvcache.kv_bytes import read_blocks
 from services.common import tracing
 from services.common.channel_pool import ChannelPool
 from services.common.errors import UnavailableError
@@ -37,13 +37,13 @@ from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
 from services.prefill_node.kv_ipc import IpcLinks, PoolExport, export_pool
 from services.prefill_node.kv_sender import IpcRoute, KVSender
+from services.prefill_node.live_requests import LiveRequest, LiveRequests
 from services.prefill_node.prefix_store import (
     FetchedBlocks,
     PrefixStore,
-    claim_blocks,
     computed_prompt_blocks,
+    import_fetched,
     local_prefix_blocks,
-    publish_blocks,
     release_hold,
 )
 from services.prefill_node.prepare import PrepareQueues, Refused, Reservation
@@ -85,6 +85,7 @@ class PrefillNode:
                                    num_threads=num_threads)
         self._decode_channels = ChannelPool(grpc_options())  # decode nodes come and go (DNS discovery)
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
+        self.live = LiveRequests()
         self.kv_sent = KVTransferStats()
         self.draining = False
         on_gpu = engine.runner.kv_cache.device.type == "cuda"
@@ -127,8 +128,21 @@ class PrefillNode:
     # ---- one request ----------------------------------------------------------------------------
     async def prefill(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                       candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
+        """One request, registered by id from start to the end of its cleanup (``live_requests.py``)."""
         if self.draining:
             raise UnavailableError("prefill node is draining")
+        live = await self.live.enter(request_id)
+        try:
+            async with contextlib.aclosing(self._prefill(live, request_id, prompt_ids, sampling, candidates,
+                                                         timeout_s)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            await self.prepare.settled(request_id)  # unseen grants' aborts, sent in the background
+            self.live.leave(request_id, live)
+
+    async def _prefill(self, live: LiveRequest, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                       candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
         validator = self.engine.validator
         validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
         block_hashes = self.engine.kv.hash_blocks(prompt_ids)
@@ -141,6 +155,7 @@ class PrefillNode:
                                                   timeout_s)
                 reserving.set_attribute("pdserve.decode_node", reservation.address)
         except BaseException:
+            live.ending = True
             if fetch is not None:
                 fetch.cancel()
             raise
@@ -160,7 +175,7 @@ class PrefillNode:
             await sender.open(metadata=tracing.outgoing(tracing.context_with(transfer)))
             sender.keep_alive(grant.lease_deadline_unix_ms)
             if fetch is not None:
-                await self._import(request_id, prompt_ids, await fetch)
+                await import_fetched(self.worker, self.prefix_store, request_id, prompt_ids, await fetch)
             by_reference = sender.ipc is not None
             state = await self.worker.call(lambda e: self._admit(e, request_id, prompt_ids, sampling,
                                                                  grant.num_cached_blocks, trace, by_reference))
@@ -194,6 +209,7 @@ class PrefillNode:
             why = f"it failed: {error}"
             raise
         finally:
+            live.ending = live.ending or not finished  # an Abort from now on waits for this cleanup
             if fetch is not None:
                 fetch.cancel()
             await sender.close()
@@ -251,28 +267,6 @@ class PrefillNode:
         return asyncio.create_task(store.fetch(request_id, len(prompt_ids), block_hashes, local),
                                    name=f"prefix-fetch:{request_id}")
 
-    async def _import(self, request_id: str, prompt_ids: list[int], fetched: FetchedBlocks | None) -> None:
-        """Put fetched prefix blocks into this node's cache (held for the request) before it is queued."""
-        if fetched is None:
-            return
-        claim = await self.worker.call(lambda e: claim_blocks(e, request_id, prompt_ids, fetched))
-        if claim is None:
-            return
-        payload = b"".join(fetched.payloads[claim.first_block - fetched.first_block:])
-        write = asyncio.get_running_loop().run_in_executor(None, write_blocks, self.engine.runner.kv_cache,
-                                                           claim.block_ids, payload)
-        try:
-            await asyncio.shield(write)
-        except asyncio.CancelledError:
-            await asyncio.wait([write])  # the hold is freed only once no thread writes its blocks
-            raise
-        except ValueError as error:  # the store's blocks do not fit this layout: compute instead
-            log.warning("cache-store blocks rejected", request_id=request_id, error=str(error))
-            await self.worker.call(lambda e: release_hold(e, request_id))
-            return
-        await self.worker.call(lambda e: publish_blocks(e, claim, prompt_ids))
-        self.prefix_store.count_import(claim.end_block - claim.first_block)
-
     async def _abort_on_decode(self, address: str, request_id: str, reason: str) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
             await self.decode_stub(address).Abort(
@@ -280,7 +274,9 @@ class PrefillNode:
                 timeout=2.0, metadata=tracing.outgoing())
 
     async def abort(self, request_id: str) -> bool:
-        return await self.worker.call(lambda e: self._abort(e, request_id))
+        """End the request (its call is cancelled) and answer once it is gone here and on its decode node."""
+        ended = await self.live.end(request_id)
+        return await self.worker.call(lambda e: self._abort(e, request_id)) or ended
 
     def _abort(self, engine: LLMEngine, request_id: str) -> bool:
         self.tracked.pop(request_id, None)

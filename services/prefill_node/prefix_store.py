@@ -25,12 +25,13 @@ from dataclasses import dataclass
 import grpc.aio
 import structlog
 
-from kvcache.kv_bytes import read_blocks
+from kvcache.kv_bytes import read_blocks, write_blocks
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import store_keys
 from services.common import tracing
 from services.engine.engine import LLMEngine
+from services.engine.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
 
@@ -204,3 +205,27 @@ def computed_prompt_blocks(engine: LLMEngine, request_id: str) -> tuple[int, byt
     if end <= first:
         return None
     return first, read_blocks(engine.runner.kv_cache, engine.kv.block_ids(request_id)[first:end])
+
+
+async def import_fetched(worker: EngineWorker, store: PrefixStore, request_id: str, prompt_ids: list[int],
+                         fetched: FetchedBlocks | None) -> None:
+    """Put fetched prefix blocks into the node's cache (held for the request) before it is queued."""
+    if fetched is None:
+        return
+    claim = await worker.call(lambda e: claim_blocks(e, request_id, prompt_ids, fetched))
+    if claim is None:
+        return
+    payload = b"".join(fetched.payloads[claim.first_block - fetched.first_block:])
+    write = asyncio.get_running_loop().run_in_executor(None, write_blocks, worker.engine.runner.kv_cache,
+                                                       claim.block_ids, payload)
+    try:
+        await asyncio.shield(write)
+    except asyncio.CancelledError:
+        await asyncio.wait([write])  # the hold is freed only once no thread writes its blocks
+        raise
+    except ValueError as error:  # the store's blocks do not fit this layout: compute instead
+        log.warning("cache-store blocks rejected", request_id=request_id, error=str(error))
+        await worker.call(lambda e: release_hold(e, request_id))
+        return
+    await worker.call(lambda e: publish_blocks(e, claim, prompt_ids))
+    store.count_import(claim.end_block - claim.first_block)

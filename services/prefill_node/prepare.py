@@ -114,7 +114,7 @@ class PrepareQueues:
         self.reserve_refusals_total = 0
         self.reserve_errors_total = 0
         self._queues: dict[str, _Queue] = {}
-        self._aborts: set[asyncio.Task[object]] = set()
+        self._aborts: dict[asyncio.Task[object], str] = {}  # → the request id
 
     def waiting(self, address: str) -> int:
         return self._queues[address].waiting if address in self._queues else 0
@@ -129,6 +129,12 @@ class PrepareQueues:
         """Wait for the background aborts of cancelled reservations."""
         while self._aborts:
             await asyncio.gather(*self._aborts, return_exceptions=True)
+
+    async def settled(self, request_id: str) -> None:
+        """Wait for the background aborts of ``request_id``'s cancelled reservations."""
+        mine = [task for task, rid in self._aborts.items() if rid == request_id]
+        if mine:
+            await asyncio.gather(*mine, return_exceptions=True)
 
     async def reserve(self, request_id: str, candidates: list[str], call: ReserveCall[A], abort: AbortCall,
                       timeout_s: float | None = None) -> Reservation[A]:
@@ -235,8 +241,8 @@ class PrepareQueues:
 
     def _abort_later(self, request: _Request[A], address: str) -> None:
         task = asyncio.ensure_future(request.abort(address))
-        self._aborts.add(task)
-        task.add_done_callback(self._aborts.discard)
+        self._aborts[task] = request.request_id
+        task.add_done_callback(lambda done: self._aborts.pop(done, None))
 
 
 async def _take_slot(slots: asyncio.Semaphore, timeout_s: float | None) -> bool:

@@ -46,8 +46,8 @@ class SlowStore:
 
 
 @contextlib.asynccontextmanager
-async def pair(model, prefix_store=None):
-    decode = DecodeNode(engine(model), default_lease_s=LEASE_S)
+async def pair(model, prefix_store=None, lease_s: float = LEASE_S):
+    decode = DecodeNode(engine(model), default_lease_s=lease_s)
     server = await _serve(DecodeNodeServicer(decode))
     prefill = PrefillNode(engine(model), prefix_store=prefix_store)
     decode.start()
@@ -60,7 +60,7 @@ async def pair(model, prefix_store=None):
         await server.shutdown()
 
 
-async def _idle(decode: DecodeNode) -> None:
+async def idle(decode: DecodeNode) -> None:
     engine = decode.engine
     await decode.worker.call(lambda e: None)  # the last step's bookkeeping is done
     assert not engine.reservations.reservations and not engine.has_unfinished()
@@ -81,14 +81,14 @@ async def test_requests_queued_behind_other_prompts_keep_their_grants(model, exp
         prefill.engine.execute_step = slow_step
         results = await asyncio.gather(*(generate(prefill, decode, address, f"queued-{i}") for i in range(3)))
         assert [tokens for tokens, _ in results] == [expected] * 3
-        await _idle(decode)
+        await idle(decode)
 
 
 async def test_a_slow_cache_store_lookup_does_not_lose_the_grant(model, expected):
     async with pair(model, SlowStore()) as (prefill, decode, address):
         tokens, _ = await generate(prefill, decode, address, "slow-store")
         assert tokens == expected
-        await _idle(decode)
+        await idle(decode)
 
 
 async def test_a_grant_nobody_keeps_alive_expires_and_the_attached_stream_says_why(model):
@@ -99,4 +99,4 @@ async def test_a_grant_nobody_keeps_alive_expires_and_the_attached_stream_says_w
         events = [event async for event in decode.attach("silent")]
         assert [(e.finish_reason, e.token_ids) for e in events] == [("abort", [])]
         assert "lease expired" in events[0].abort_reason
-        await _idle(decode)
+        await idle(decode)

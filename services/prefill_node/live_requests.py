@@ -1,0 +1,74 @@
+"""The requests this prefill node is working on, by id, so that an ``Abort`` answers only once the request
+is gone everywhere it went.
+
+A request's cleanup (closing its KV stream, freeing its blocks here, aborting its reservation on the
+decode node) runs in its ``Prefill`` call after that call is cancelled, and takes a few awaits. An
+``Abort`` that answered at once would let the gateway free the request id while that cleanup still ran:
+a client reusing the id then met the old request on this node or on the decode node ("already running",
+or a decode node dropped as failing). So :meth:`LiveRequests.end` cancels the request's call if it still
+runs and returns once its cleanup is done, and :meth:`LiveRequests.enter` makes a new request with the
+id of one that is ending wait for that (a request whose id is in use and not ending is refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from services.common.errors import UnavailableError
+from services.engine.errors import DuplicateRequestError
+
+
+@dataclass
+class LiveRequest:
+    task: asyncio.Task  # the Prefill call's task
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # its cleanup finished
+    ending: bool = False  # an Abort cancelled it
+
+
+class LiveRequests:
+    def __init__(self, settle_timeout_s: float = 10.0):
+        """``settle_timeout_s``: the longest an ``Abort`` or a reusing request waits for a cleanup."""
+        self.settle_timeout_s = settle_timeout_s
+        self._live: dict[str, LiveRequest] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    async def enter(self, request_id: str) -> LiveRequest:
+        """Register the calling task's request; waits for an ending one with the same id to finish."""
+        old = self._live.get(request_id)
+        if old is not None:
+            if not old.ending:
+                raise DuplicateRequestError(request_id)
+            if not await self._settled(old):
+                raise UnavailableError(f"request {request_id!r}: the earlier request with this id is still "
+                                       f"ending here after {self.settle_timeout_s:g} s")
+        task = asyncio.current_task()
+        assert task is not None, "enter() runs in the request's task"
+        live = self._live[request_id] = LiveRequest(task)
+        return live
+
+    def leave(self, request_id: str, live: LiveRequest) -> None:
+        """The request's cleanup is done."""
+        if self._live.get(request_id) is live:
+            del self._live[request_id]
+        live.done.set()
+
+    async def end(self, request_id: str) -> bool:
+        """Cancel the request's call unless it is already ending; return (True) once its cleanup is done,
+        or after ``settle_timeout_s``. False: no such request here."""
+        live = self._live.get(request_id)
+        if live is None:
+            return False
+        if not live.ending:
+            live.ending = True
+            live.task.cancel()
+        await self._settled(live)
+        return True
+
+    async def _settled(self, live: LiveRequest) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(live.done.wait()), self.settle_timeout_s)
+        return live.done.is_set()
