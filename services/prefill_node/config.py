@@ -24,6 +24,8 @@ class PrefillNodeConfig(EngineNodeConfig):
                                               "has no deadline")
     cache_store: str = setting("", "cache-store host:port: prompt blocks missing here are fetched from it, computed "
                                    "ones written back (empty: off)")
+    cache_store_timeout_ms: int = setting(5000, "longest one cache-store call may take; past it the prompt's "
+                                                "blocks are computed here instead")
     cache_store_write_through: bool = setting(True, "write the prompt blocks computed here to the cache-store")
     cache_store_writeback_mib: int = setting(256, "cap on write-back bytes in flight (past it a write-back is "
                                                   "dropped)")
@@ -33,9 +35,9 @@ class PrefillNodeConfig(EngineNodeConfig):
         if self.prepare_concurrency < 1:
             raise ValueError(f"prepare_concurrency must be >= 1, got {self.prepare_concurrency}")
         if min(self.prepare_backoff_ms, self.prepare_backoff_max_ms, self.prepare_wait_ms,
-               self.prepare_timeout_ms) <= 0:
-            raise ValueError("prepare_backoff_ms, prepare_backoff_max_ms, prepare_wait_ms and prepare_timeout_ms "
-                             "must be > 0")
+               self.prepare_timeout_ms, self.cache_store_timeout_ms) <= 0:
+            raise ValueError("prepare_backoff_ms, prepare_backoff_max_ms, prepare_wait_ms, prepare_timeout_ms and "
+                             "cache_store_timeout_ms must be > 0")
 
     def prepare_settings(self) -> PrepareSettings:
         return PrepareSettings(concurrency=self.prepare_concurrency, wait_s=self.prepare_wait_ms / 1000,
