@@ -167,6 +167,7 @@ class DecodeNode:
         adopter = self.moved.pop(request_id, None)
         if adopter is not None:  # handed over before the gateway heard: it runs there now
             await self.handover.abort_on(adopter, request_id)
+        await self.worker.released(request_id)  # the id may be used again once this answers
         return found or stream is not None or adopter is not None
 
     # ---- handover: adopting a request another decode node preempted ------------------------------

@@ -122,8 +122,13 @@ class LLMEngine:
         self.scheduler.add(request)
         return request
 
+    def holds(self, request_id: str) -> bool:
+        """The id is in use here: a request queued, running (an abort of one in the running step takes effect
+        when the step ends), held for its KV transfer, or reserved."""
+        return request_id in self._requests or request_id in self.held or request_id in self.reservations.reservations
+
     def _check_new_id(self, request_id: str) -> None:
-        if request_id in self._requests or request_id in self.held or request_id in self.reservations.reservations:
+        if self.holds(request_id):
             raise DuplicateRequestError(request_id)
 
     def abort(self, request_id: str) -> RequestOutput:

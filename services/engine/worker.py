@@ -79,6 +79,12 @@ class EngineWorker:
         self._wake.set()
         return result
 
+    async def released(self, request_id: str, poll_s: float = 0.005) -> None:
+        """Return once the engine holds nothing under ``request_id`` (after an abort: at the end of the
+        step that was running it, if any), so the id may be used again."""
+        while await self.call(lambda e: e.holds(request_id)):
+            await asyncio.sleep(poll_s)
+
     def _run(self) -> None:
         engine = self.engine
         torch.set_num_threads(self.num_threads)  # OpenMP thread count is per calling thread

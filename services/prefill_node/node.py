@@ -216,6 +216,7 @@ class PrefillNode:
             tracing.end(transfer, "not committed" if not finished else "", bytes=sender.bytes_sent,
                         blocks=sender.blocks_sent)
             computed = await self.worker.call(lambda e: self._forget(e, request_id, write_back=finished))
+            await self.worker.released(request_id)
             if computed is not None and self.prefix_store is not None:
                 self.prefix_store.write_back(request_id, block_hashes, *computed)
             if not finished:

@@ -15,9 +15,10 @@ are trying it, never those bound for another node. Per request (:meth:`PrepareQu
 
 A node whose ``Reserve`` fails with an RPC error is dropped for this request (the error is its reason).
 Backoff sleeps hold no slot. Cancelling the caller leaves nothing behind: its slot is released, and if a
-``Reserve`` was in flight (it may have been granted, unseen) the reservation is aborted on that node in
-the background; :meth:`PrepareQueues.close` waits for those aborts. An abort that overtakes its
-``Reserve`` on the wire finds nothing; that grant is then freed by its lease.
+``Reserve`` was in flight (it may be granted, unseen) it is let finish in the background and a grant is
+aborted on that node — after the answer, so the ``Abort`` cannot overtake the ``Reserve`` on the wire and
+find nothing; :meth:`PrepareQueues.settled` (one request) and :meth:`PrepareQueues.close` (all) wait for
+those. A ``Reserve`` whose outcome stays unknown (deadline, cancelled) is aborted in case it was granted.
 """
 
 from __future__ import annotations
@@ -210,10 +211,11 @@ class PrepareQueues:
         left = request.deadline - loop.time()
         if left <= 0:
             return None
+        call = asyncio.ensure_future(request.call(address, min(self.settings.rpc_timeout_s, left)))
         try:
-            answer = await request.call(address, min(self.settings.rpc_timeout_s, left))
+            answer = await asyncio.shield(call)
         except asyncio.CancelledError:
-            self._abort_later(request, address)  # granted on the node, perhaps, and nobody would know
+            self._abort_if_granted(request, address, call)  # granted on the node, perhaps, and nobody would know
             raise
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _AMBIGUOUS:
@@ -239,8 +241,26 @@ class PrepareQueues:
             state.reported = True
             request.refusals.append(Refused(address, reason))
 
+    def _abort_if_granted(self, request: _Request[A], address: str, call: asyncio.Future[A]) -> None:
+        """The caller left while ``call`` was on the wire: let it finish (an Abort sent now could reach the
+        node before the Reserve and find nothing, leaving the grant to its lease) and abort a grant."""
+
+        async def abort_if_granted() -> None:
+            try:
+                answer = await call
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _AMBIGUOUS:
+                    await request.abort(address)
+                return
+            if answer.granted:
+                await request.abort(address)
+
+        self._track(request, asyncio.ensure_future(abort_if_granted()))
+
     def _abort_later(self, request: _Request[A], address: str) -> None:
-        task = asyncio.ensure_future(request.abort(address))
+        self._track(request, asyncio.ensure_future(request.abort(address)))
+
+    def _track(self, request: _Request[A], task: asyncio.Future[object]) -> None:
         self._aborts[task] = request.request_id
         task.add_done_callback(lambda done: self._aborts.pop(done, None))
 

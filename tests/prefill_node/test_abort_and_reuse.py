@@ -5,10 +5,12 @@ decode node in one process, real gRPC, a tiny random model on the CPU."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 
+from services.decode_node.node import DecodeNode
 from services.engine.errors import DuplicateRequestError
 from services.engine.random_llama import PRESETS, random_model
 from services.prefill_node.node import PrefillNode, Reserved
@@ -28,15 +30,18 @@ def expected(model) -> list[int]:
     return engine(model).generate([PROMPT], GREEDY)[0].token_ids
 
 
-async def started(prefill: PrefillNode, address: str, request_id: str) -> asyncio.Task:
-    """A Prefill call in its own task (as the gRPC server runs it), once its reservation is granted."""
+async def started(prefill: PrefillNode, address: str, request_id: str, keep_reading: bool = False
+                  ) -> asyncio.Task:
+    """A Prefill call in its own task (as the gRPC server runs it), once its reservation is granted; its
+    reader stops there (the request goes no further) unless ``keep_reading``."""
     reserved = asyncio.Event()
 
     async def call() -> None:
         async for event in prefill.prefill(request_id, PROMPT, GREEDY, [address], timeout_s=30):
             if isinstance(event, Reserved):
                 reserved.set()
-                await asyncio.Event().wait()  # the caller reads no further: it is about to give up
+                if not keep_reading:
+                    await asyncio.Event().wait()
 
     task = asyncio.ensure_future(call())
     await reserved.wait()
@@ -48,11 +53,27 @@ def holds(decode, request_id: str) -> bool:
     return request_id in engine.reservations.reservations or engine.kv.has_request(request_id)
 
 
+def slow_steps(node: PrefillNode | DecodeNode, seconds: float) -> None:
+    execute = node.engine.execute_step
+
+    def slow_step(planned):
+        time.sleep(seconds)
+        return execute(planned)
+
+    node.engine.execute_step = slow_step
+
+
+@pytest.mark.parametrize("mid_step", [False, True], ids=["between steps", "while its prefill step runs"])
 @pytest.mark.parametrize("cancelled_first", [True, False], ids=["call cancelled, then Abort", "Abort alone"])
 async def test_an_abort_answers_once_the_request_is_gone_and_the_id_is_free_again(model, expected,
-                                                                                  cancelled_first):
+                                                                                  cancelled_first, mid_step):
     async with pair(model, lease_s=LEASE_S) as (prefill, decode, address):
-        call = await started(prefill, address, "reused")
+        if mid_step:  # the engine lets go of a request in a running step only once that step ended
+            slow_steps(prefill, 0.5)
+        call = await started(prefill, address, "reused", keep_reading=mid_step)
+        if mid_step:
+            await asyncio.sleep(0.2)
+            assert "reused" in prefill.engine._in_flight
         assert holds(decode, "reused")
         if cancelled_first:  # what the gateway does: cancel its call, then send Abort
             call.cancel()
@@ -72,4 +93,21 @@ async def test_a_request_id_still_running_here_is_refused(model):
         assert holds(decode, "twice")  # the first one is untouched
         await prefill.abort("twice")
         assert call.cancelled()
+        await idle(decode)
+
+
+async def test_a_decode_node_answers_an_abort_once_its_running_step_let_the_request_go(model):
+    """An abort of a request in the decode step takes effect when the step ends; the Abort answers then,
+    so a Reserve reusing the id right after it is granted."""
+    async with pair(model, lease_s=LEASE_S) as (prefill, decode, address):
+        slow_steps(decode, 0.3)
+        generation = asyncio.ensure_future(generate(prefill, decode, address, "decoding"))
+        while "decoding" not in decode.engine._in_flight:
+            await asyncio.sleep(0.01)
+        assert await decode.abort("decoding")
+        assert not decode.engine.holds("decoding")
+        grant = await decode.reserve("decoding", PROMPT, GREEDY, lease_s=None)
+        assert grant.block_ids
+        await decode.abort("decoding")
+        await generation
         await idle(decode)

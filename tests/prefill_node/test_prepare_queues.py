@@ -218,7 +218,7 @@ async def test_a_reserve_cut_short_by_the_request_deadline_keeps_the_node_s_last
 
 async def test_cancelling_frees_the_slot_whether_queued_or_in_flight():
     decodes, q = FakeDecodes(), queues(concurrency=1)
-    decodes.gate["A"] = asyncio.Event()  # A grants, but the answer never arrives
+    decodes.gate["A"] = asyncio.Event()  # A grants, but the answer is slow to arrive
     in_flight = asyncio.create_task(reserve(q, decodes, "r1", ["A"]))
     queued = asyncio.create_task(reserve(q, decodes, "r2", ["A"]))
     await asyncio.sleep(0.05)
@@ -226,9 +226,12 @@ async def test_cancelling_frees_the_slot_whether_queued_or_in_flight():
     queued.cancel()
     in_flight.cancel()
     await asyncio.gather(queued, in_flight, return_exceptions=True)
-    await q.close()
     assert (q.in_flight("A"), q.waiting("A")) == (0, 0)
+    assert decodes.aborts == []  # not before the answer: an Abort could overtake the Reserve
+    decodes.gate["A"].set()
+    await q.settled("r1")
     assert decodes.aborts == [("A", "r1")] and not decodes.granted
+    await q.close()
     del decodes.gate["A"]
     started = decodes.elapsed()
     assert (await reserve(q, decodes, "r3", ["A"])).address == "A"
@@ -248,6 +251,17 @@ async def test_a_grant_whose_caller_was_cancelled_right_after_is_aborted():
     await q.close()
     assert not decodes.granted and decodes.aborts == [("A", "r")]
     assert (q.in_flight("A"), q.waiting("A")) == (0, 0)
+
+
+async def test_an_in_flight_reserve_refused_after_its_caller_left_is_not_aborted():
+    decodes, q = FakeDecodes(), queues()
+    decodes.refuse["A"], decodes.latency["A"] = None, 0.1
+    task = asyncio.create_task(reserve(q, decodes, "r", ["A"]))
+    await asyncio.sleep(0.02)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await q.settled("r")
+    assert len(decodes.calls) == 1 and decodes.aborts == []
 
 
 async def test_backoff_sleeps_hold_no_slot():
