@@ -69,6 +69,7 @@ class Grant:
     block_ids: list[int]
     num_cached_blocks: int
     lease_deadline_unix_ms: int
+    lease_s: float
 
 
 class DecodeNode:
@@ -115,7 +116,7 @@ class DecodeNode:
             return result
         self.streams[request_id] = TokenStream()
         self._set_route(request_id, route)
-        return Grant(list(result.block_ids), result.num_cached_blocks, _unix_ms(lease_s))
+        return Grant(list(result.block_ids), result.num_cached_blocks, _unix_ms(lease_s), lease_s)
 
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
         """Check and mark ``block_ids`` on the engine thread, then write their bytes. Returns the lease."""

@@ -61,6 +61,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         return decode_pb2.ReserveResponse(
             granted=True, block_ids=result.block_ids, num_cached_blocks=result.num_cached_blocks,
             lease_deadline_unix_ms=result.lease_deadline_unix_ms, block_size=self.layout.block_size,
+            lease_ms=round(result.lease_s * 1000),
         )
 
     @traced_rpc("TransferKV")
@@ -70,6 +71,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         ipc_sessions: dict[str, str] = {}  # request id → the IPC session its header named
         async for message in request_iterator:
             kind = message.WhichOneof("kind")
+            if kind is None:  # a kind this node does not know (a newer prefill node): nothing to do
+                yield decode_pb2.KVAck(seq=message.seq)
+                continue
             request_id = getattr(message, kind).request_id
             if request_id in failed:
                 yield decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=failed[request_id].error,

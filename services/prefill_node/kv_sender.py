@@ -36,6 +36,14 @@ class IpcRoute:
     on_failure: Callable[[str], None]
 
 
+def granted_lease_s(grant: decode_pb2.ReserveResponse, asked_ms: int) -> float:
+    """How long the decode node's lease holds without traffic: its ``lease_ms``; from a node that does not
+    say (older), the lease asked, bounded by the deadline it named (read on this node's clock)."""
+    if grant.lease_ms:
+        return grant.lease_ms / 1000
+    return max(0.0, min(asked_ms / 1000, grant.lease_deadline_unix_ms / 1000 - time.time()))
+
+
 class KVSender:
     """Sends to ``TransferKV``. Every message is acknowledged in order; an error ack or a broken stream
     raises :class:`UnavailableError` (naming the decode node) from the next call. With ``ipc``, blocks
@@ -77,10 +85,10 @@ class KVSender:
         await self._send(decode_pb2.KVTransferMessage(header=decode_pb2.KVHeader(
             request_id=self.request_id, layout=self.layout, ipc_session=self.ipc.session_id if self.ipc else "")))
 
-    def keep_alive(self, lease_deadline_unix_ms: int) -> None:
+    def keep_alive(self, lease_s: float) -> None:
         """Until :meth:`commit` or :meth:`close`: a ``KVKeepAlive`` whenever nothing of the request went out
         for a third of the lease granted (at least 50 ms), so a request queued or fetching here keeps it."""
-        interval_s = max(0.05, (lease_deadline_unix_ms / 1000 - time.time()) / 3)
+        interval_s = max(0.05, lease_s / 3)
         self._keepalive = asyncio.create_task(self._keep_alive(interval_s), name=f"kv-keepalive:{self.request_id}")
 
     async def _keep_alive(self, interval_s: float) -> None:

@@ -16,8 +16,12 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+import structlog
+
 from services.common.errors import UnavailableError
 from services.engine.errors import DuplicateRequestError
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -38,8 +42,7 @@ class LiveRequests:
 
     async def enter(self, request_id: str) -> LiveRequest:
         """Register the calling task's request; waits for an ending one with the same id to finish."""
-        old = self._live.get(request_id)
-        if old is not None:
+        while (old := self._live.get(request_id)) is not None:  # again after a wait: another may have won
             if not old.ending:
                 raise DuplicateRequestError(request_id)
             if not await self._settled(old):
@@ -64,11 +67,14 @@ class LiveRequests:
             return False
         if not live.ending:
             live.ending = True
-            live.task.cancel()
-        await self._settled(live)
+            live.task.cancel()  # its cleanup runs uncancellable(): a cancel that gRPC also sent cuts nothing
+        if not await self._settled(live):
+            log.warning("abort answered before the request's cleanup ended", request_id=request_id,
+                        waited_s=self.settle_timeout_s)
         return True
 
     async def _settled(self, live: LiveRequest) -> bool:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(live.done.wait()), self.settle_timeout_s)
         return live.done.is_set()
+

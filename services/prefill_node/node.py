@@ -23,6 +23,7 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from kvcache.kv_bytes import read_blocks
 from services.common import tracing
+from services.common.cancellation import uncancellable
 from services.common.channel_pool import ChannelPool
 from services.common.errors import UnavailableError
 from services.common.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
@@ -36,7 +37,7 @@ from services.engine.step_spans import trace_request
 from services.engine.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
 from services.prefill_node.kv_ipc import IpcLinks, PoolExport, export_pool
-from services.prefill_node.kv_sender import IpcRoute, KVSender
+from services.prefill_node.kv_sender import IpcRoute, KVSender, granted_lease_s
 from services.prefill_node.live_requests import LiveRequest, LiveRequests
 from services.prefill_node.prefix_store import (
     FetchedBlocks,
@@ -138,7 +139,7 @@ class PrefillNode:
                 async for event in events:
                     yield event
         finally:
-            await self.prepare.settled(request_id)  # unseen grants' aborts, sent in the background
+            await uncancellable(self.prepare.settled(request_id))  # unseen grants' aborts, in the background
             self.live.leave(request_id, live)
 
     async def _prefill(self, live: LiveRequest, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
@@ -173,7 +174,7 @@ class PrefillNode:
             yield Reserved(address, grant.num_cached_blocks, grant.lease_deadline_unix_ms)
             sender.ipc = await self._ipc_route(address)
             await sender.open(metadata=tracing.outgoing(tracing.context_with(transfer)))
-            sender.keep_alive(grant.lease_deadline_unix_ms)
+            sender.keep_alive(granted_lease_s(grant, self.lease_ms))
             if fetch is not None:
                 await import_fetched(self.worker, self.prefix_store, request_id, prompt_ids, await fetch)
             by_reference = sender.ipc is not None
@@ -186,7 +187,7 @@ class PrefillNode:
                     continue
                 if item.finish_reason is not None:  # the first token ended the request: D needs nothing
                     await self._abort_on_decode(address, request_id, "the first token finished the request")
-                    finished = True
+                    finished = live.ending = True  # done here: a request reusing the id waits for the cleanup
                     yield item
                     return
                 yield item
@@ -196,7 +197,7 @@ class PrefillNode:
                     await _send_ready(sender, rest)
                 with tracing.span("commit", trace, first_token=item.token_id):
                     await sender.commit(item.token_id, len(prompt_ids))
-                finished = True
+                finished = live.ending = True
                 log.debug("prefilled", decode_node=address, cached_tokens=item.cached_tokens,
                           kv_bytes=sender.bytes_sent, kv_blocks=sender.blocks_sent,
                           kv_blocks_by_ipc=sender.blocks_by_ipc)
@@ -209,18 +210,25 @@ class PrefillNode:
             why = f"it failed: {error}"
             raise
         finally:
-            live.ending = live.ending or not finished  # an Abort from now on waits for this cleanup
+            live.ending = True  # an Abort from now on waits for this cleanup, and cannot cut it short
             if fetch is not None:
                 fetch.cancel()
-            await sender.close()
             tracing.end(transfer, "not committed" if not finished else "", bytes=sender.bytes_sent,
                         blocks=sender.blocks_sent)
-            computed = await self.worker.call(lambda e: self._forget(e, request_id, write_back=finished))
-            await self.worker.released(request_id)
-            if computed is not None and self.prefix_store is not None:
-                self.prefix_store.write_back(request_id, block_hashes, *computed)
-            if not finished:
-                await self._abort_on_decode(address, request_id, why)
+            await uncancellable(self._clean_up(request_id, block_hashes, sender, None if finished else why))
+
+    async def _clean_up(self, request_id: str, block_hashes: list[bytes], sender: KVSender,
+                        abort_reason: str | None) -> None:
+        """Close the KV stream, free what the request holds here (once the engine let it go), write its
+        computed blocks back, and abort it on its decode node (``abort_reason``) unless it was committed."""
+        await sender.close()
+        finished = abort_reason is None
+        computed = await self.worker.call(lambda e: self._forget(e, request_id, write_back=finished))
+        await self.worker.released(request_id)
+        if computed is not None and self.prefix_store is not None:
+            self.prefix_store.write_back(request_id, block_hashes, *computed)
+        if abort_reason is not None:
+            await self._abort_on_decode(sender.address, request_id, abort_reason)
 
     async def _reserve(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes],
                        sampling: SamplingParams,

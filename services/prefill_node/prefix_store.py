@@ -30,6 +30,7 @@ from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import store_keys
 from services.common import tracing
+from services.common.cancellation import uncancellable
 from services.engine.engine import LLMEngine
 from services.engine.worker import EngineWorker
 
@@ -221,7 +222,7 @@ async def import_fetched(worker: EngineWorker, store: PrefixStore, request_id: s
     try:
         await asyncio.shield(write)
     except asyncio.CancelledError:
-        await asyncio.wait([write])  # the hold is freed only once no thread writes its blocks
+        await uncancellable(asyncio.wait([write]))  # the hold is freed only once no thread writes its blocks
         raise
     except ValueError as error:  # the store's blocks do not fit this layout: compute instead
         log.warning("cache-store blocks rejected", request_id=request_id, error=str(error))

@@ -129,13 +129,13 @@ class PrepareQueues:
     async def close(self) -> None:
         """Wait for the background aborts of cancelled reservations."""
         while self._aborts:
-            await asyncio.gather(*self._aborts, return_exceptions=True)
+            await asyncio.wait(list(self._aborts))  # not gather: a cancelled wait leaves the aborts running
 
     async def settled(self, request_id: str) -> None:
         """Wait for the background aborts of ``request_id``'s cancelled reservations."""
         mine = [task for task, rid in self._aborts.items() if rid == request_id]
         if mine:
-            await asyncio.gather(*mine, return_exceptions=True)
+            await asyncio.wait(mine)
 
     async def reserve(self, request_id: str, candidates: list[str], call: ReserveCall[A], abort: AbortCall,
                       timeout_s: float | None = None) -> Reservation[A]:
