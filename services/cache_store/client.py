@@ -11,19 +11,15 @@ current trace context (``tracing.outgoing``), so the store's spans join the call
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import grpc
 import grpc.aio
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.cache_store.wire import Block, BlockAssembler, parse_get_frame, put_frames
-from services.common import keepalive, tracing
+from services.common import tracing
+from services.common.server import grpc_options
 
-
-def _options() -> list[tuple[str, Any]]:
-    return [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-            *keepalive.options()]
 _PUT = "/pdserve.v1.CacheStore/Put"
 _GET = "/pdserve.v1.CacheStore/Get"
 
@@ -44,7 +40,7 @@ class CacheStoreClient:
         self.address = address
         self.layout = layout
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=_options())
+        self._channel = grpc.insecure_channel(address, options=grpc_options())
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
         self._put = self._channel.stream_unary(_PUT, request_serializer=None,
                                                response_deserializer=cache_store_pb2.PutResponse.FromString)
@@ -80,7 +76,7 @@ class AsyncCacheStoreClient:
         self.address = address
         self.layout = layout
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=_options())
+        self._channel = grpc.aio.insecure_channel(address, options=grpc_options())
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
         self._put = self._channel.stream_unary(_PUT, request_serializer=None,
                                                response_deserializer=cache_store_pb2.PutResponse.FromString)

@@ -120,8 +120,7 @@ class ReservationBook:
             if block_id in reservation.received:
                 raise InvalidRequestError("block_ids", f"block {block_id} of {request_id!r} was already sent")
         reservation.received.update(block_ids)
-        reservation.lease_deadline = self.clock() + reservation.lease_s
-        return reservation
+        return self.renew(request_id)
 
     def renew(self, request_id: str) -> Reservation:
         """The prefill node still works on the request (a keepalive): push the lease deadline out."""

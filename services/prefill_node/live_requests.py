@@ -28,7 +28,7 @@ log = structlog.get_logger(__name__)
 class LiveRequest:
     task: asyncio.Task  # the Prefill call's task
     done: asyncio.Event = field(default_factory=asyncio.Event)  # its cleanup finished
-    ending: bool = False  # an Abort cancelled it
+    ending: bool = False  # finished, failed or cancelled here: a reuse of its id waits for its cleanup
 
 
 class LiveRequests:

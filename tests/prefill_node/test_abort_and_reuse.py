@@ -5,29 +5,14 @@ decode node in one process, real gRPC, a tiny random model on the CPU."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
-import torch
 
-from services.decode_node.node import DecodeNode
 from services.engine.errors import DuplicateRequestError
-from services.engine.random_llama import PRESETS, random_model
 from services.prefill_node.node import PrefillNode, Reserved
-from tests.prefill_node.test_kv_ipc_transfer import GREEDY, PROMPT, engine, generate
-from tests.prefill_node.test_lease_keepalive import idle, pair
+from tests.prefill_node.node_pair import GREEDY, PROMPT, generate, idle, pair, slow_steps
 
 LEASE_S = 30.0  # nothing here is freed by a lease
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model(PRESETS["tiny"], torch.float32)
-
-
-@pytest.fixture(scope="module")
-def expected(model) -> list[int]:
-    return engine(model).generate([PROMPT], GREEDY)[0].token_ids
 
 
 async def started(prefill: PrefillNode, address: str, request_id: str, keep_reading: bool = False
@@ -53,21 +38,11 @@ def holds(decode, request_id: str) -> bool:
     return request_id in engine.reservations.reservations or engine.kv.has_request(request_id)
 
 
-def slow_steps(node: PrefillNode | DecodeNode, seconds: float) -> None:
-    execute = node.engine.execute_step
-
-    def slow_step(planned):
-        time.sleep(seconds)
-        return execute(planned)
-
-    node.engine.execute_step = slow_step
-
-
 @pytest.mark.parametrize("mid_step", [False, True], ids=["between steps", "while its prefill step runs"])
 @pytest.mark.parametrize("cancelled_first", [True, False], ids=["call cancelled, then Abort", "Abort alone"])
 async def test_an_abort_answers_once_the_request_is_gone_and_the_id_is_free_again(model, expected,
                                                                                   cancelled_first, mid_step):
-    async with pair(model, lease_s=LEASE_S) as (prefill, decode, address):
+    async with pair(model, LEASE_S) as (prefill, decode, address):
         if mid_step:  # the engine lets go of a request in a running step only once that step ended
             slow_steps(prefill, 0.5)
         call = await started(prefill, address, "reused", keep_reading=mid_step)
@@ -86,7 +61,7 @@ async def test_an_abort_answers_once_the_request_is_gone_and_the_id_is_free_agai
 
 
 async def test_a_request_id_still_running_here_is_refused(model):
-    async with pair(model, lease_s=LEASE_S) as (prefill, decode, address):
+    async with pair(model, LEASE_S) as (prefill, decode, address):
         call = await started(prefill, address, "twice")
         with pytest.raises(DuplicateRequestError, match="'twice' is already running"):
             await anext(prefill.prefill("twice", PROMPT, GREEDY, [address], timeout_s=30))
@@ -99,7 +74,7 @@ async def test_a_request_id_still_running_here_is_refused(model):
 async def test_a_decode_node_answers_an_abort_once_its_running_step_let_the_request_go(model):
     """An abort of a request in the decode step takes effect when the step ends; the Abort answers then,
     so a Reserve reusing the id right after it is granted."""
-    async with pair(model, lease_s=LEASE_S) as (prefill, decode, address):
+    async with pair(model, LEASE_S) as (prefill, decode, address):
         slow_steps(decode, 0.3)
         generation = asyncio.ensure_future(generate(prefill, decode, address, "decoding"))
         while "decoding" not in decode.engine._in_flight:

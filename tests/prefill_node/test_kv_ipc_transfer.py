@@ -8,43 +8,16 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-import torch
-from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
 from kvcache.cuda_ipc import IpcError
-from services.common.server import NodeServer, ServiceBinding
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.node import DecodeNode
-from services.decode_node.servicer import DecodeNodeServicer
 from services.engine.kv_layout import kv_layout
-from services.engine.random_llama import PRESETS, random_model
-from services.engine.sampling_params import SamplingParams
 from services.prefill_node import node as prefill_node_module
-from services.prefill_node.handoff import FirstToken
 from services.prefill_node.kv_ipc import IpcLinks, LinkState
-from services.prefill_node.node import Done, PrefillNode
-from tests.conftest import make_engine
+from services.prefill_node.node import PrefillNode
 from tests.ipc_fakes import DECODE_ID, FakeIpc
-
-GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-PROMPT = [(7 * i + 3) % 500 + 5 for i in range(45)]  # 3 prefill chunks of 16, 12 blocks of 4
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model(PRESETS["tiny"], torch.float32)
-
-
-def engine(model):
-    return make_engine(model, None, num_kv_blocks=64, max_num_batched_tokens=16, block_size=4)
-
-
-async def _serve(servicer: DecodeNodeServicer) -> NodeServer:
-    binding = ServiceBinding(decode_pb2.DESCRIPTOR.services_by_name["DecodeNode"], servicer,
-                             decode_pb2_grpc.add_DecodeNodeServicer_to_server)
-    server = NodeServer([binding], listen="127.0.0.1:0", grace_s=0)
-    await server.start()
-    return server
+from tests.prefill_node.node_pair import engine, generate, serving
 
 
 @contextlib.asynccontextmanager
@@ -54,34 +27,12 @@ async def pair(model, decode_takes_ipc: bool = True):
     if decode_takes_ipc:
         pool = decode.engine.runner.kv_cache
         decode.ipc = IpcSessions(pool, kv_layout(decode.engine), DECODE_ID, opener=ipc.open)
-    server = await _serve(DecodeNodeServicer(decode))
     prefill = PrefillNode(engine(model), kv_ipc=True)
     assert prefill.ipc_links is None  # a CPU pool: no handshake at all, unless stood in for as here
     prefill.ipc_links = IpcLinks(lambda: ipc.pool_export(prefill.engine.runner.kv_cache, prefill.layout),
                                  prefill._offer_ipc)
-    decode.address = server.address
-    decode.start()
-    prefill.start()
-    try:
-        yield prefill, decode, server.address
-    finally:
-        await prefill.stop()
-        await decode.stop()
-        await server.shutdown()
-
-
-async def generate(prefill: PrefillNode, decode: DecodeNode, address: str, request_id: str) -> tuple[list[int], Done]:
-    events = [e async for e in prefill.prefill(request_id, PROMPT, GREEDY, [address], timeout_s=30)]
-    first = next(e for e in events if isinstance(e, FirstToken))
-    tokens = [first.token_id]
-    async for event in decode.attach(request_id):
-        tokens += event.token_ids
-    return tokens, next(e for e in events if isinstance(e, Done))
-
-
-@pytest.fixture(scope="module")
-def expected(model) -> list[int]:
-    return engine(model).generate([PROMPT], GREEDY)[0].token_ids
+    async with serving(prefill, decode) as address:
+        yield prefill, decode, address
 
 
 def spy_copies(decode: DecodeNode, fail: bool = False) -> list[list[int]]:
