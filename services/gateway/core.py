@@ -28,8 +28,9 @@ from services.engine.errors import DuplicateRequestError
 from services.engine.tokenizer import Tokenizer
 from services.engine.validation import RequestValidator
 from services.gateway.directory import NodeDirectory
+from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.nodes import NodeInfo
-from services.gateway.request_flow import GenerateInput, PreparedRequest, RequestFlow
+from services.gateway.request_flow import RequestFlow
 from services.gateway.router import Router
 
 log = structlog.get_logger(__name__)

@@ -24,7 +24,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -34,77 +33,19 @@ from opentelemetry.trace import Span
 from pdserve.v1 import decode_pb2, prefill_pb2
 
 from services.common import tracing
-from services.common.errors import ServiceError, UnavailableError
-from services.common.sampling_convert import SamplingFields, sampling_to_proto
-from services.engine.detokenizer import IncrementalDetokenizer
-from services.engine.sampling_params import SamplingParams
-from services.engine.tokenizer import ChatMessage, Tokenizer
+from services.common.errors import UnavailableError
+from services.common.sampling_convert import sampling_to_proto
+from services.engine.tokenizer import Tokenizer
+from services.gateway.completion_text import CompletionText
 from services.gateway.directory import NodeDirectory
+from services.gateway.generation import GenerateChunk, PreparedRequest
+from services.gateway.legs import STREAM_END, Leg, LegEvent, leg_failure, pump_events
 from services.gateway.nodes import DECODE, PREFILL
 from services.gateway.router import NoHealthyNodeError, Router
 
 log = structlog.get_logger(__name__)
 
-_END = object()  # a leg's stream ended normally
 _CANCELLED = "cancelled"  # queue role of a cancel() wake-up
-
-
-@dataclass(frozen=True)
-class GenerateInput:
-    """A client's request, decoded from the proto. Exactly one of prompt / token_ids / messages is set."""
-
-    request_id: str = ""
-    prompt: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    messages: tuple[ChatMessage, ...] | None = None
-    sampling: SamplingFields = field(default_factory=SamplingFields)
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    """Validated and tokenized; sampling resolved (max_tokens and seed set)."""
-
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class GenerateChunk:
-    """One ``GenerateResponse``."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    text: str
-    finish_reason: str = ""
-    usage: Usage | None = None
-    prefill_node: str = ""
-    decode_node: str = ""
-
-
-class NodeCallError(ServiceError):
-    """A node's call failed; carries the status code the client gets."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class _Leg:
-    role: str
-    address: str
-    call: Any  # grpc.aio.UnaryStreamCall
-    pump: asyncio.Task[None]
-    finished: bool = False  # the node is done with the request: nothing to abort there
-    ended: bool = False  # no more reading: the stream ended or was cancelled, the claim released
 
 
 Aborter = Callable[[str, str, str, str], Awaitable[None]]
@@ -124,13 +65,11 @@ class RequestFlow:
         self.deadline = deadline
         self._abort = abort
         self._on_close = on_close
-        self._detokenizer = IncrementalDetokenizer(tokenizer, stop=request.sampling.stop)
-        self._queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
-        self._prefill: _Leg | None = None
-        self._decode: _Leg | None = None
+        self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids))
+        self._queue: asyncio.Queue[LegEvent] = asyncio.Queue()
+        self._prefill: Leg | None = None
+        self._decode: Leg | None = None
         self._first_sent = False
-        self._completion_tokens = 0
-        self._cached_tokens = 0
         self._closed = False
         self._cancel_reason = "request closed"
         self.log = log.bind(request_id=request.request_id)
@@ -177,7 +116,7 @@ class RequestFlow:
             aborts = self._abort_legs(unfinished, "the gateway: the request ended early there")
         self._on_close(self, aborts)
 
-    def _end(self, leg: _Leg, cancel: bool) -> None:
+    def _end(self, leg: Leg, cancel: bool) -> None:
         """No more reading from ``leg``: release its claim; ``cancel`` its call too."""
         if leg.ended:
             return
@@ -187,7 +126,7 @@ class RequestFlow:
             leg.call.cancel()
         self.directory.release(leg.address)
 
-    async def _abort_legs(self, legs: Sequence[_Leg], reason: str) -> None:
+    async def _abort_legs(self, legs: Sequence[Leg], reason: str) -> None:
         with tracing.span("abort", self._trace, nodes=len(legs), reason=reason):  # the Aborts carry its context
             await asyncio.gather(*(self._abort(leg.role, leg.address, self.request_id, reason) for leg in legs))
 
@@ -225,7 +164,7 @@ class RequestFlow:
             self._end(old, cancel=True)
         self._open_decode(address, f"prefill node {self._prefill_address}: reserved on {address}")
 
-    def _move(self, leg: _Leg, address: str) -> None:
+    def _move(self, leg: Leg, address: str) -> None:
         """The decode node handed the request to another one (``moved_to``): relay from there on. The old
         stream ends by itself and nothing is left to abort on its node."""
         self.log.info("decode node handed the request over", from_node=leg.address, to_node=address)
@@ -240,24 +179,16 @@ class RequestFlow:
                                                    timeout=self._timeout(), metadata=tracing.outgoing(self._trace))
         self._decode = self._start_leg(DECODE, address, call)
 
-    def _start_leg(self, role: str, address: str, call: Any) -> _Leg:
+    def _start_leg(self, role: str, address: str, call: Any) -> Leg:
         self.directory.claim(address)
-        pump = asyncio.create_task(self._pump(role, address, call), name=f"{role}:{self.request_id}")
-        return _Leg(role, address, call, pump)
-
-    async def _pump(self, role: str, address: str, call: Any) -> None:
-        try:
-            async for message in call:
-                self._queue.put_nowait((role, address, message))
-        except Exception as error:  # not swallowed: the relay raises it in the request's handler
-            self._queue.put_nowait((role, address, error))
-            return
-        self._queue.put_nowait((role, address, _END))
+        pump = asyncio.create_task(pump_events(role, address, call, self._queue),
+                                   name=f"{role}:{self.request_id}")
+        return Leg(role, address, call, pump)
 
     # --- relaying ---
 
     async def _relay(self) -> AsyncIterator[GenerateChunk]:
-        early: list[tuple[_Leg, Any]] = []  # decode events that came before the first token
+        early: list[tuple[Leg, Any]] = []  # decode events that came before the first token
         while True:
             role, address, item = await self._queue.get()
             self._check_open()
@@ -270,30 +201,27 @@ class RequestFlow:
                     raise item
                 if leg.finished:
                     continue  # the node had done its part; its stream's end does not matter
-                raise self._failure(leg, item)
+                raise leg_failure(leg, item, self.directory)
             if role == DECODE and not self._first_sent:
                 early.append((leg, item))
                 continue
-            chunk = await (self._on_prefill(leg, item) if role == PREFILL else self._on_decode(leg, item))
-            if chunk is not None:
-                yield chunk
-                if chunk.finish_reason:
-                    self._log_finish(chunk)
-                    return
+            due = [(leg, item)]
             if self._first_sent and early:
-                for decode_leg, event in early:
-                    if decode_leg is not self._decode:
-                        continue
-                    chunk = await self._on_decode(decode_leg, event)
-                    if chunk is not None:
-                        yield chunk
-                        if chunk.finish_reason:
-                            self._log_finish(chunk)
-                            return
+                due += early  # only a prefill event can have sent the first token: these come after it
                 early.clear()
+            for event_leg, event in due:
+                if event_leg.role == DECODE and event_leg is not self._decode:
+                    continue  # the request moved away from that decode node meanwhile
+                chunk = await (self._on_prefill(event_leg, event) if event_leg.role == PREFILL
+                               else self._on_decode(event_leg, event))
+                if chunk is not None:
+                    yield chunk
+                    if chunk.finish_reason:
+                        self._log_finish(chunk)
+                        return
 
-    async def _on_prefill(self, leg: _Leg, item: Any) -> GenerateChunk | None:
-        if item is _END:
+    async def _on_prefill(self, leg: Leg, item: Any) -> GenerateChunk | None:
+        if item is STREAM_END:
             self._end(leg, cancel=False)
             if not self._first_sent:
                 raise UnavailableError(f"prefill node {leg.address}: stream ended before the first token")
@@ -308,7 +236,7 @@ class RequestFlow:
             leg.finished = True
         elif kind == "first_token" and not self._first_sent:
             first = item.first_token
-            self._cached_tokens = first.cached_tokens
+            self._text.cached_tokens = first.cached_tokens
             if first.finish_reason:
                 # The prefill node ends the request itself, its reservation on the decode node included.
                 leg.finished = True
@@ -321,8 +249,8 @@ class RequestFlow:
             return await self._chunk([first.token_id], first.finish_reason, first=True)
         return None
 
-    async def _on_decode(self, leg: _Leg, item: Any) -> GenerateChunk | None:
-        if item is _END:
+    async def _on_decode(self, leg: Leg, item: Any) -> GenerateChunk | None:
+        if item is STREAM_END:
             self._end(leg, cancel=False)
             raise UnavailableError(f"decode node {leg.address} failed: its stream ended without a finish reason")
         if item.moved_to:
@@ -340,30 +268,16 @@ class RequestFlow:
 
     async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False
                      ) -> GenerateChunk | None:
-        detokenizer = self._detokenizer
         if first and self._trace is not None:
             self._detokenize = tracing.start_span("detokenize", self._trace, request_id=self.request_id)
-        kept: list[int] = []
-        text: list[str] = []
-        for token_id in token_ids:
-            kept.append(token_id)
-            text.append(detokenizer.push([token_id]))
-            if detokenizer.matched_stop is not None:
-                finish_reason = "stop"
-                await self._stop_unfinished_legs(f"stop string {detokenizer.matched_stop!r}")
-                break
-        self._completion_tokens += len(kept)
-        if finish_reason:
-            text.append(detokenizer.flush())
-            if detokenizer.matched_stop is not None:  # completed by tokens held back for a split character
-                finish_reason = "stop"
-        if not kept and not finish_reason and not any(text):
+        delta = self._text.add(token_ids, finish_reason)
+        if delta.stop_matched is not None:
+            await self._stop_unfinished_legs(f"stop string {delta.stop_matched!r}")
+        if delta.empty:
             return None
-        usage = None
-        if finish_reason:
-            usage = Usage(len(self.request.prompt_ids), self._completion_tokens, self._cached_tokens)
         return GenerateChunk(
-            self.request_id, tuple(kept), "".join(text), finish_reason, usage,
+            self.request_id, delta.token_ids, delta.text, delta.finish_reason,
+            self._text.usage() if delta.finish_reason else None,
             prefill_node=self._prefill_address if first else "",
             decode_node=self._decode.address if first and self._decode is not None else "")
 
@@ -381,7 +295,7 @@ class RequestFlow:
     def _end_detokenize(self) -> None:
         span, self._detokenize = self._detokenize, None
         if span is not None:
-            span.set_attribute("pdserve.completion_tokens", self._completion_tokens)
+            span.set_attribute("pdserve.completion_tokens", self._text.completion_tokens)
             span.end()
 
     def _log_finish(self, chunk: GenerateChunk) -> None:
@@ -399,19 +313,6 @@ class RequestFlow:
     @property
     def _prefill_address(self) -> str:
         return self._prefill.address if self._prefill is not None else ""
-
-    def _failure(self, leg: _Leg, error: grpc.aio.AioRpcError) -> NodeCallError:
-        code, details = error.code(), error.details()
-        if leg.role == PREFILL:
-            if code == grpc.StatusCode.CANCELLED:  # not by us: the node went away
-                code = grpc.StatusCode.UNAVAILABLE
-            return NodeCallError(code, f"prefill node {leg.address}: {details}")
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return NodeCallError(code, f"decode node {leg.address}: {details}")
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-            self.directory.mark_failed(leg.address, f"Attach failed: {code.name}: {details}")
-        return NodeCallError(grpc.StatusCode.UNAVAILABLE,
-                             f"decode node {leg.address} failed: {code.name}: {details}")
 
     def _timeout(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())

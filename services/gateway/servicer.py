@@ -15,9 +15,9 @@ from services.common.tracing import traced_rpc
 from services.engine.errors import InvalidRequestError
 from services.engine.tokenizer import ChatMessage
 from services.gateway.core import GatewayCore
+from services.gateway.generation import GenerateChunk, GenerateInput
 from services.gateway.metrics import GatewayMetrics, tracked
 from services.gateway.nodes import STATUS_FIELDS, NodeInfo
-from services.gateway.request_flow import GenerateChunk, GenerateInput
 
 map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
 

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from services.gateway.core import GatewayCore
+from services.gateway.generation import GenerateInput
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai import errors
 from services.gateway.openai.body_limit import BodyLimit
@@ -33,7 +34,6 @@ from services.gateway.openai.translate import (
     chat_input,
     completion_input,
 )
-from services.gateway.request_flow import GenerateInput
 
 _QUANTIZATION = re.compile(r"[.-](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
 

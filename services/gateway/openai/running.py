@@ -23,8 +23,9 @@ from starlette.types import Receive
 
 from services.common import tracing
 from services.gateway.core import GatewayCore
+from services.gateway.generation import GenerateChunk, GenerateInput
 from services.gateway.metrics import GatewayMetrics, RequestTracker
-from services.gateway.request_flow import GenerateChunk, GenerateInput, RequestFlow
+from services.gateway.request_flow import RequestFlow
 from services.gateway.servicer import chunk_to_proto
 
 log = structlog.get_logger(__name__)

@@ -19,10 +19,10 @@ from starlette.responses import Response, StreamingResponse
 
 from services.common.errors import ServiceError
 from services.engine.errors import InvalidRequestError
+from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.openai.errors import OpenAIError, from_gateway
 from services.gateway.openai.running import RunningRequest
 from services.gateway.openai.translate import Renderer
-from services.gateway.request_flow import GenerateChunk, Usage
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

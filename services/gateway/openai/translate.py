@@ -17,9 +17,9 @@ from pydantic import BaseModel
 
 from services.common.sampling_convert import SamplingFields
 from services.engine.tokenizer import ChatMessage
+from services.gateway.generation import GenerateChunk, GenerateInput, Usage
 from services.gateway.openai import responses as out
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
-from services.gateway.request_flow import GenerateChunk, GenerateInput, Usage
 
 
 def sampling_of(body: GenerationBody, max_tokens: int | None) -> SamplingFields:

@@ -1,0 +1,60 @@
+"""The typed messages of one Generate call at the gateway, between its API fronts and ``RequestFlow``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+
+from services.common.errors import ServiceError
+from services.common.sampling_convert import SamplingFields
+from services.engine.sampling_params import SamplingParams
+from services.engine.tokenizer import ChatMessage
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    """A client's request, decoded from the proto. Exactly one of prompt / token_ids / messages is set."""
+
+    request_id: str = ""
+    prompt: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    sampling: SamplingFields = field(default_factory=SamplingFields)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Validated and tokenized; sampling resolved (max_tokens and seed set)."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """One ``GenerateResponse``."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str = ""
+    usage: Usage | None = None
+    prefill_node: str = ""
+    decode_node: str = ""
+
+
+class NodeCallError(ServiceError):
+    """A node's call failed; carries the status code the client gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
