@@ -1,7 +1,7 @@
 """Where a preempted request's KV waits: host memory up to a byte budget, then the cache-store (or the
 cache-store first, with ``remote_first``: the ``--offload-remote always`` setting).
 
-The scheduler decides (through the torch-free :class:`~services.engine.scheduler.KVOffloader` methods
+The scheduler decides (through the torch-free :class:`~services.engine.step_batch.KVOffloader` methods
 ``claim`` / ``ready`` / ``prefetch`` / ``discard``); the engine moves the bytes while a step runs
 (:meth:`copy_out` before the victim's blocks are freed, :meth:`copy_in` into the resumed request's new
 blocks). A copy bound for the cache-store is staged in host memory and put there by a background thread;
@@ -29,7 +29,7 @@ import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
 from services.cache_store.keys import FINGERPRINT_BYTES, store_key
-from services.engine.scheduler import SwapIn, SwapOut
+from services.engine.step_batch import SwapIn, SwapOut
 
 log = structlog.get_logger(__name__)
 

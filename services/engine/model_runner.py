@@ -8,7 +8,7 @@ from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 from services.engine.model.llama import LlamaModel
 from services.engine.sampler import make_generator, sample
-from services.engine.scheduler import StepBatch
+from services.engine.step_batch import StepBatch
 
 
 class ModelRunner:

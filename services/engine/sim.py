@@ -26,7 +26,8 @@ from kvcache.manager import KVCacheManager
 from services.engine.admission import POLICIES, AdmissionConfig, make_policy
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import Scheduler, SchedulerConfig, StepBatch
+from services.engine.scheduler import Scheduler
+from services.engine.step_batch import SchedulerConfig, StepBatch
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from services.common import tracing
 from services.engine.request import Request, RequestStatus
-from services.engine.scheduler import ScheduledRequest
+from services.engine.step_batch import ScheduledRequest
 
 
 @dataclass

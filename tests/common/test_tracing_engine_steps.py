@@ -8,7 +8,7 @@ from opentelemetry.trace import StatusCode
 from services.common import tracing
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import ScheduledRequest
+from services.engine.step_batch import ScheduledRequest
 from services.engine.step_spans import end_request, record_step, trace_request
 
 

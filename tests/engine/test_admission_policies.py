@@ -11,8 +11,9 @@ from kvcache.manager import KVCacheManager
 from services.engine.admission import AdmissionConfig, FixedBlocks, NewTokenRatio, StepSignal, make_policy
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import Scheduler, SchedulerConfig
+from services.engine.scheduler import Scheduler
 from services.engine.sim import UnlimitedOffload, Workload, simulate
+from services.engine.step_batch import SchedulerConfig
 
 BLOCK = 4
 QUIET = StepSignal(decoded=True, preempted=False, admitted=False, idle=False)

@@ -8,7 +8,8 @@ from kvcache.manager import KVCacheManager
 from services.engine.request import Request
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import Scheduler, SchedulerConfig
+from services.engine.scheduler import Scheduler
+from services.engine.step_batch import SchedulerConfig
 
 MAX_SEQS = 2
 

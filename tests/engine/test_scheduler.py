@@ -6,7 +6,8 @@ from kvcache.hashing import model_fingerprint
 from kvcache.manager import KVCacheManager
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import Scheduler, SchedulerConfig
+from services.engine.scheduler import Scheduler
+from services.engine.step_batch import SchedulerConfig
 
 BLOCK = 4
 
