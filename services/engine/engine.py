@@ -33,11 +33,13 @@ from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.request import Request, RequestStatus
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
-from services.engine.scheduler import Scheduler, SchedulerConfig, StepBatch
+from services.engine.scheduler import Scheduler
+from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.step_spans import end_request
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
+from services.engine.weights.digest import weights_digest
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,7 @@ class LLMEngine:
         model = LlamaModel(weights.config, weights.tensors, config.torch_dtype, config.device,
                            quantized=weights.quantized, int4_max_rows=config.int4_max_rows)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
-        stat = weights.source.stat()
-        identity = {"model": weights.config.name, "source": weights.source.name, "size": stat.st_size}
+        identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}
         return cls(config, model, tokenizer, identity)
 
     # ---- requests -----------------------------------------------------------------------------------
