@@ -17,6 +17,15 @@ from services.engine.worker import single_threaded_main
 
 log = structlog.get_logger(__name__)
 
+ENDING_MARGIN_S = 2.0
+
+
+def drain_wait_s(drain_timeout_s: float) -> float:
+    """How long a draining node waits for its requests before it ends the rest with a reason its clients
+    read. ``NodeServer`` cuts the whole drain at ``drain_timeout_s``; the ending gets the last part of it
+    (2 s, or a quarter of a shorter timeout), so it is not cut short itself."""
+    return max(0.0, drain_timeout_s - min(ENDING_MARGIN_S, drain_timeout_s / 4))
+
 
 class EngineNode(Protocol):
     def start(self) -> None: ...
@@ -41,7 +50,7 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
     binding, servicer = make_binding(node)
 
     async def drain() -> None:
-        await node.drain(config.drain_timeout_s)
+        await node.drain(drain_wait_s(config.drain_timeout_s))
 
     registry = make_registry(servicer, asyncio.get_running_loop()) if make_registry is not None else None
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)

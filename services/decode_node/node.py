@@ -246,7 +246,7 @@ class DecodeNode:
                     return
         finally:
             self.streams.pop(request_id, None)
-            if not finished:  # the gateway went away: nobody wants the rest
+            if not finished and not self.worker.stopped:  # the gateway went away: nobody wants the rest
                 await self.abort(request_id)
 
     def _deliver(self, payload: list[RequestOutput] | tuple[str, list[str]]) -> None:
@@ -282,8 +282,8 @@ class DecodeNode:
         deadline = time.monotonic() + timeout_s
         while self.streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for request_id in list(self.streams):
-            await self.abort(request_id, f"the decode node drained and its {timeout_s:g} s grace ran out")
+        reason = f"the decode node drained and its {timeout_s:g} s drain timeout ran out"
+        await asyncio.gather(*(self.abort(request_id, reason) for request_id in list(self.streams)))
 
 
 def _unix_ms(after_s: float) -> int:

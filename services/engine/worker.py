@@ -63,6 +63,11 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        """Stopping or stopped: :meth:`call` raises, the engine and what it held are going away."""
+        return self._stopping
+
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()

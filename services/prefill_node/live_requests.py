@@ -29,6 +29,7 @@ class LiveRequest:
     task: asyncio.Task  # the Prefill call's task
     done: asyncio.Event = field(default_factory=asyncio.Event)  # its cleanup finished
     ending: bool = False  # finished, failed or cancelled here: a reuse of its id waits for its cleanup
+    ended_by: str | None = None  # why this node ended it (drain): its call fails UNAVAILABLE with this
 
 
 class LiveRequests:
@@ -39,6 +40,9 @@ class LiveRequests:
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def ids(self) -> list[str]:
+        return list(self._live)
 
     async def enter(self, request_id: str) -> LiveRequest:
         """Register the calling task's request; waits for an ending one with the same id to finish."""
@@ -59,14 +63,16 @@ class LiveRequests:
             del self._live[request_id]
         live.done.set()
 
-    async def end(self, request_id: str) -> bool:
+    async def end(self, request_id: str, reason: str | None = None) -> bool:
         """Cancel the request's call unless it is already ending; return (True) once its cleanup is done,
-        or after ``settle_timeout_s``. False: no such request here."""
+        or after ``settle_timeout_s``. False: no such request here. With ``reason`` (this node ends it, no
+        caller asked) the call fails ``UNAVAILABLE`` with that reason instead of being cancelled."""
         live = self._live.get(request_id)
         if live is None:
             return False
         if not live.ending:
             live.ending = True
+            live.ended_by = reason
             live.task.cancel()  # its cleanup runs uncancellable(): a cancel that gRPC also sent cuts nothing
         if not await self._settled(live):
             log.warning("abort answered before the request's cleanup ended", request_id=request_id,

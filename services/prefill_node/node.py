@@ -138,6 +138,10 @@ class PrefillNode:
                                                          timeout_s)) as events:
                 async for event in events:
                     yield event
+        except asyncio.CancelledError:
+            if live.ended_by is None:
+                raise
+            raise UnavailableError(f"request {request_id!r} ended: {live.ended_by}") from None
         finally:
             await uncancellable(self.prepare.settled(request_id))  # unseen grants' aborts, in the background
             self.live.leave(request_id, live)
@@ -282,9 +286,10 @@ class PrefillNode:
                 node_pb2.AbortRequest(request_id=request_id, reason=f"the prefill node: {reason}"),
                 timeout=2.0, metadata=tracing.outgoing())
 
-    async def abort(self, request_id: str) -> bool:
-        """End the request (its call is cancelled) and answer once it is gone here and on its decode node."""
-        ended = await self.live.end(request_id)
+    async def abort(self, request_id: str, reason: str | None = None) -> bool:
+        """End the request (its call is cancelled, or fails with ``reason``) and answer once it is gone here
+        and on its decode node."""
+        ended = await self.live.end(request_id, reason)
         return await self.worker.call(lambda e: self._abort(e, request_id)) or ended
 
     def _abort(self, engine: LLMEngine, request_id: str) -> bool:
@@ -293,11 +298,15 @@ class PrefillNode:
         return engine.discard(request_id)
 
     async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests; let those in flight finish (up to ``timeout_s``), then end the rest: their
+        calls fail ``UNAVAILABLE`` saying so, their reservations on decode nodes are aborted."""
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while (self.tracked or self.preparing) and loop.time() < deadline:
+        while len(self.live) and loop.time() < deadline:
             await asyncio.sleep(0.05)
+        reason = f"the prefill node drained and its {timeout_s:g} s drain timeout ran out"
+        await asyncio.gather(*(self.abort(request_id, reason) for request_id in self.live.ids()))
 
 
 async def _send_ready(sender: KVSender, item: ReadyBlocks) -> None:

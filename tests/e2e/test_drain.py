@@ -45,3 +45,23 @@ def test_sigterm_on_decode_node_finishes_in_flight_request_then_exits_cleanly():
         with pytest.raises(grpc.RpcError) as info:
             list(stub.Generate(gateway_pb2.GenerateRequest(prompt="Hello", sampling=greedy(4)), timeout=30))
         assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+def test_a_decode_node_whose_drain_runs_out_ends_its_requests_with_a_reason_and_exits_cleanly():
+    with contextlib.ExitStack() as stack:
+        def start(module: str, *args: str):
+            return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL))
+
+        decode = start("services.decode_node", *ENGINE_ARGS, "--drain-timeout-s", "2", "--grace-s", "1")
+        prefill = start("services.prefill_node", *ENGINE_ARGS)
+        gateway = start("services.gateway", "--prefill", prefill.address, "--decode", decode.address, *GATEWAY_ARGS)
+        stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(gateway.address)))
+        call = stub.Generate(gateway_pb2.GenerateRequest(prompt="Count slowly:", sampling=greedy(4000)), timeout=120)
+        next(call)
+        decode.process.send_signal(signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in call:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "the decode node drained and its 1.5 s drain timeout ran out" in info.value.details()
+        assert decode.process.wait(timeout=30) == 0
