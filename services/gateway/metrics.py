@@ -123,11 +123,22 @@ def tracked(method: Generate) -> Generate:
                 yield response
             return
         with metrics.track() as tracker:
-            async for response in method(self, request, context):
-                tracker.sent(response)
-                yield response
+            try:
+                async for response in method(self, request, context):
+                    tracker.sent(response)
+                    yield response
+            except (asyncio.CancelledError, GeneratorExit):
+                if tracker.outcome is None and _deadline_passed(context):
+                    tracker.outcome = "deadline_exceeded"  # gRPC cancels the call when its deadline passes
+                    metrics.requests.labels(tracker.outcome).inc()
+                raise
 
     return generate
+
+
+def _deadline_passed(context: Any) -> bool:
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
 
 
 def outcome_of(error: BaseException | None) -> str:

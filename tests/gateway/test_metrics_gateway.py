@@ -125,3 +125,23 @@ async def test_a_client_that_goes_away_is_counted_cancelled(cluster, tokenizer):
         await asyncio.sleep(0.02)
     assert value(samples, "pdserve_requests_total", outcome="cancelled") == 1
     assert value(samples, "pdserve_requests_in_flight") == 0
+
+
+async def test_a_call_whose_deadline_passes_is_counted_deadline_exceeded(cluster, tokenizer):
+    ids = tokenizer.encode(" one two three four")
+    cluster.p.first_token = ids[0]
+    stall_after(cluster, ids)
+    call = cluster.stub.Generate(request(), timeout=0.5)
+    await call.read()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        while await call.read() is not grpc.aio.EOF:
+            pass
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    url = cluster.gateway.servicer.metrics_url
+    for _ in range(100):
+        samples = await asyncio.to_thread(scrape, url)
+        if value(samples, "pdserve_requests_in_flight") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert value(samples, "pdserve_requests_total", outcome="deadline_exceeded") == 1
+    assert ("pdserve_requests_total", (("outcome", "cancelled"),)) not in samples
