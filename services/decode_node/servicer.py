@@ -48,7 +48,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                       ) -> decode_pb2.ReserveResponse:
         if not request.request_id:
             raise InvalidArgumentError("request_id", "is required")
-        if request.model_fingerprint and request.model_fingerprint != self.layout.model_fingerprint:
+        if request.HasField("layout"):
+            self._check_layout(request.layout)
+        elif request.model_fingerprint and request.model_fingerprint != self.layout.model_fingerprint:
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
         sampling = sampling_from_proto(request.sampling, default_max_tokens=request.max_tokens or 16)
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
@@ -128,9 +130,12 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         mine = self.layout
         for name in ("dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "model_fingerprint",
                      "bytes_per_block"):
-            if getattr(layout, name) != getattr(mine, name):
-                raise FailedPreconditionError(f"layout.{name}: sender has {getattr(layout, name)!r}, this node "
-                                              f"{getattr(mine, name)!r}")
+            theirs, ours = getattr(layout, name), getattr(mine, name)
+            if theirs != ours:
+                if isinstance(theirs, bytes):  # a fingerprint: the same shapes, other weights or settings
+                    theirs, ours = theirs.hex(), ours.hex()
+                raise FailedPreconditionError(f"layout.{name}: sender has {theirs!r}, this node {ours!r} (its KV "
+                                              f"cannot be used here)")
 
     @grpc_errors
     @traced_rpc("Adopt")

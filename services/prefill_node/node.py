@@ -241,6 +241,7 @@ class PrefillNode:
             request_id=request_id, prompt_token_ids=prompt_ids, max_tokens=sampling.max_tokens,
             block_hashes=block_hashes, lease_ms=self.lease_ms,
             sampling=sampling_to_proto(sampling), model_fingerprint=self.layout.model_fingerprint,
+            layout=self.layout,
             decode_peers=candidates,  # the granting node ignores itself; the others may adopt it later
         )
 

@@ -11,7 +11,8 @@ are trying it, never those bound for another node. Per request (:meth:`PrepareQu
    at most ``wait_s`` (the whole remaining time when only one candidate is left), then the next one;
 3. until the deadline (the caller's, less a margin so the error reaches the caller before its own
    deadline does; ``timeout_s`` when the caller has none): then :class:`ResourceExhaustedError` with the
-   last reason of each node.
+   last reason of each node — or :class:`FailedPreconditionError` when every node refused the request's
+   KV layout (another model, dtype or block size: a configuration error, not worth a retry).
 
 A node whose ``Reserve`` fails with an RPC error is dropped for this request (the error is its reason).
 Backoff sleeps hold no slot. Cancelling the caller leaves nothing behind: its slot is released, and if a
@@ -31,7 +32,7 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from services.common.errors import ResourceExhaustedError
+from services.common.errors import FailedPreconditionError, ResourceExhaustedError
 
 # Outcomes of a Reserve call whose grant may exist on the decode node although the caller never saw it.
 _AMBIGUOUS = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -90,6 +91,7 @@ class _Try:
     reason: str = "not tried: no free slot before the deadline"
     reported: bool = False  # a Refused was recorded in this pass
     dropped: bool = False  # an RPC error: not tried again
+    error: grpc.StatusCode | None = None  # that error's code
 
 
 @dataclass
@@ -162,6 +164,8 @@ class PrepareQueues:
                 if answer is not None:
                     return Reservation(address, answer, request.refusals)
         reasons = "; ".join(f"{address}: {state.reason}" for address, state in request.tries.items())
+        if request.tries and all(t.error == grpc.StatusCode.FAILED_PRECONDITION for t in request.tries.values()):
+            raise FailedPreconditionError(f"no decode node can use this prefill node's KV ({reasons})")
         raise ResourceExhaustedError(f"no decode node could take request {request_id!r} "
                                      f"({reasons or 'no decode candidates'})")
 
@@ -223,7 +227,7 @@ class PrepareQueues:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and loop.time() >= request.deadline - 0.01:
                 return None  # cut short by the request's own deadline: not the node's failure
             self.reserve_errors_total += 1
-            state.dropped = True
+            state.dropped, state.error = True, exc.code()
             self._refuse(request, address, state, f"{exc.code().name}: {exc.details()}")
             return None
         if answer.granted:

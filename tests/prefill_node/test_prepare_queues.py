@@ -12,7 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from services.common.errors import ResourceExhaustedError
+from services.common.errors import FailedPreconditionError, ResourceExhaustedError
 from services.prefill_node.prepare import PrepareQueues, PrepareSettings, Refused
 
 
@@ -194,6 +194,16 @@ async def test_a_node_failing_with_an_rpc_error_is_skipped_and_all_failing_ends_
     with pytest.raises(ResourceExhaustedError, match="FAILED_PRECONDITION: down"):
         await reserve(q, decodes, "r2", ["A", "B"], timeout_s=10.0)
     assert q.reserve_errors_total == 3 and not decodes.aborts
+
+
+async def test_every_node_refusing_the_kv_layout_is_a_failed_precondition_not_a_shortage():
+    decodes, q = FakeDecodes(), queues()
+    decodes.errors["A"] = decodes.errors["B"] = grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(FailedPreconditionError, match="no decode node can use this prefill node's KV"):
+        await reserve(q, decodes, "r", ["A", "B"], timeout_s=10.0)
+    decodes.errors["B"] = grpc.StatusCode.UNAVAILABLE  # one node down: perhaps a shortage, worth a retry
+    with pytest.raises(ResourceExhaustedError):
+        await reserve(q, decodes, "r2", ["A", "B"], timeout_s=10.0)
 
 
 async def test_a_reserve_that_timed_out_is_aborted_in_case_it_was_granted():

@@ -1,0 +1,25 @@
+"""A decode node whose KV layout differs from the prefill node's refuses its reservations naming the field
+that differs; the prefill node fails the request FAILED_PRECONDITION (a configuration error, not a
+shortage) and nothing is held anywhere. Real gRPC on loopback, a tiny random model on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import FailedPreconditionError
+from services.decode_node.node import DecodeNode
+from services.prefill_node.node import PrefillNode
+from tests.conftest import make_engine
+from tests.prefill_node.node_pair import GREEDY, PROMPT, idle, serving
+
+
+async def test_a_decode_node_with_another_block_size_is_refused_by_name(model):
+    decode = DecodeNode(make_engine(model, None, num_kv_blocks=32, max_num_batched_tokens=16, block_size=8))
+    prefill = PrefillNode(make_engine(model, None, num_kv_blocks=64, max_num_batched_tokens=16, block_size=4))
+    async with serving(prefill, decode) as address:
+        with pytest.raises(FailedPreconditionError, match=r"layout\.block_size: sender has 4, this node 8"):
+            async for _ in prefill.prefill("mismatched", PROMPT, GREEDY, [address], timeout_s=10):
+                pass
+        await idle(decode)
+        assert not prefill.engine.has_unfinished() and len(prefill.live) == 0
+        assert prefill.engine.kv.num_free_blocks == prefill.engine.kv.num_blocks
