@@ -34,6 +34,7 @@ from services.gateway.openai.translate import (
     chat_input,
     completion_input,
 )
+from services.gateway.openai.unsupported import refuse_unsupported
 
 _QUANTIZATION = re.compile(r"[.-](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
 
@@ -70,6 +71,9 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
             raise errors.draining()
         if body.model is not None and body.model != settings.model_name:
             raise errors.model_not_found(body.model, settings.model_name)
+        refuse_unsupported(body.model_extra)
+        if body.stream_options is not None:
+            refuse_unsupported(body.stream_options.model_extra, prefix="stream_options.")
 
     async def run(request: Request, generate: GenerateInput, renderer: Renderer, body: GenerationBody) -> Response:
         running = RunningRequest(core, metrics, generate, request.headers.items(), request.receive)

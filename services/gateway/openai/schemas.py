@@ -2,21 +2,29 @@
 
 What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` other
 than 1, ``best_of`` > 1, ``echo``, ``logprobs``/``top_logprobs``, ``suffix``, ``logit_bias`` and non-zero
-``presence_penalty``/``frequency_penalty``. Fields pdserve does not know (``user``, ``metadata``, …) are
-ignored. Extensions (as vLLM names them): ``top_k`` (-1 or 0 = off), ``stop_token_ids``, ``ignore_eos``.
+``presence_penalty``/``frequency_penalty`` here; the undeclared fields that would change the output
+(``response_format``, ``tools``, ``min_p``, …) in ``unsupported.py``. Other fields (``user``,
+``metadata``, …) are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them):
+``top_k`` (-1 or 0 = off), ``stop_token_ids``, ``ignore_eos``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 SEED_LIMIT = 1 << 63
 
 
+def _default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """``null`` for a field that has a default means that default (as OpenAI's API reads it)."""
+    assert info.field_name is not None
+    return model.model_fields[info.field_name].default if value is None else value
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # undeclared fields: checked by unsupported.refuse_unsupported
 
     include_usage: bool = False
 
@@ -24,7 +32,7 @@ class StreamOptions(BaseModel):
 class GenerationBody(BaseModel):
     """What both endpoints take: the model, sampling and streaming settings."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # undeclared fields: checked by unsupported.refuse_unsupported
 
     model: str | None = None  # None: the served model
     max_tokens: int | None = Field(None, ge=1)
@@ -41,6 +49,11 @@ class GenerationBody(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+
+    @field_validator("n", "stream", "ignore_eos", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        return _default_of(cls, value, info)
 
     @field_validator("n")
     @classmethod
@@ -95,6 +108,11 @@ class CompletionBody(GenerationBody):
             return value
         raise ValueError("expected a string, a list of token ids, or a one-element list of either")
 
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        return _default_of(cls, value, info)
+
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, value: bool) -> bool:
@@ -105,7 +123,7 @@ class CompletionBody(GenerationBody):
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: int | None) -> int | None:
-        if value is not None and value > 0:
+        if value is not None:  # 0 asks for the sampled tokens' logprobs
             raise ValueError("logprobs are not supported")
         return value
 
@@ -130,7 +148,7 @@ class ChatMessageBody(BaseModel):
     model_config = ConfigDict(extra="ignore")  # name, tool_call_id, ... are ignored
 
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[dict[str, Any]] | None = Field(None, validate_default=True)  # absent: "" (tool calls)
 
     @field_validator("content")
     @classmethod
@@ -158,6 +176,11 @@ class ChatCompletionBody(GenerationBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _null_logprobs_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        return _default_of(cls, value, info)
 
     @field_validator("logprobs")
     @classmethod

@@ -12,6 +12,7 @@ import openai
 import pytest
 from pdserve.v1 import decode_pb2, prefill_pb2
 
+from services.engine.tokenizer import ChatMessage
 from tests.gateway.conftest import MAX_MODEL_LEN
 from tests.gateway.fakes import eventually
 from tests.gateway.openai.conftest import MAX_BODY_MIB, MODEL, Front, start_front, stop_front
@@ -72,6 +73,17 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "top_p": 1e-50}, "top_p"),
     ({"prompt": "hi \ud800 there"}, "prompt"),
     ({"prompt": "Hi", "stop": ["\udfff"]}, "stop"),
+    # what would change the output and pdserve does not do: refused, never silently ignored
+    ({"prompt": "Hi", "logprobs": 0}, "logprobs"),
+    ({"prompt": "Hi", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "Hi", "guided_choice": ["yes", "no"]}, "guided_choice"),
+    ({"prompt": "Hi", "min_tokens": 30}, "min_tokens"),
+    ({"prompt": "Hi", "min_p": 0.1}, "min_p"),
+    ({"prompt": "Hi", "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"prompt": "Hi", "include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"prompt": "Hi", "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"prompt": "Hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt": "Hi", "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
 ]
 BAD_CHATS = [
     ({"model": MODEL}, "messages"),
@@ -85,6 +97,13 @@ BAD_CHATS = [
     ({"messages": CHAT, "logprobs": True}, "logprobs"),
     ({"messages": CHAT, "n": 3}, "n"),
     ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+    ({"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
+    ({"messages": CHAT, "echo": True}, "echo"),
+    ({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
 ]
 
 
@@ -100,6 +119,36 @@ async def test_bad_input_is_400_naming_the_field_and_calls_no_node(front, tokeni
             assert error["message"].startswith(f"{param}:") or param == "prompt", (body, error)
     assert front.cluster.p.requests == []
     await assert_serving(front, tokenizer)
+
+
+async def test_null_and_neutral_values_mean_the_defaults(front, tokenizer):
+    """OpenAI clients send ``null`` for unset fields, and the neutral value of what pdserve does not do
+    changes nothing: both are served as if absent."""
+    ids = script(front, tokenizer)
+    neutral = {"n": None, "stream": None, "presence_penalty": None, "frequency_penalty": None,
+               "ignore_eos": None, "response_format": {"type": "text"}, "tool_choice": "none", "tools": [],
+               "min_p": 0, "repetition_penalty": 1.0, "skip_special_tokens": True, "min_tokens": 0,
+               "user": "someone", "metadata": {"team": "a"}, "store": False}
+    reply = await front.http.post("/v1/completions", json={"prompt": "Hi", "echo": None, "logprobs": None,
+                                                           "max_tokens": len(ids), **neutral})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == tokenizer.decode(ids)
+    script(front, tokenizer)
+    reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, "logprobs": None,
+                                                                "max_tokens": len(ids), **neutral})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == tokenizer.decode(ids)
+
+
+async def test_a_message_without_content_is_an_empty_message(front, tokenizer):
+    """An assistant turn that only called a tool has no ``content``: it is served (was a 500)."""
+    ids = script(front, tokenizer)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant"}, {"role": "user", "content": "Again"}]
+    reply = await front.http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": len(ids)})
+    assert reply.status_code == 200, reply.text
+    expected = tokenizer.apply_chat_template([ChatMessage("user", "Hi"), ChatMessage("assistant", ""),
+                                              ChatMessage("user", "Again")])
+    assert list(front.cluster.p.requests[0].prompt_token_ids) == expected
 
 
 async def test_malformed_json_is_400(front, tokenizer):

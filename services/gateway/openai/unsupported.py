@@ -1,0 +1,76 @@
+"""Request fields that OpenAI or vLLM define, that would change what a request returns, and that pdserve
+does not honour: a request that sets one to anything but its neutral value is refused with a 400 naming
+it, never answered as if it had not been set. Fields that change nothing in the output (``user``,
+``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls``, …) stay ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from services.gateway.openai.errors import OpenAIError
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+def _empty(value: Any) -> bool:
+    return not value
+
+
+def _one_of(*neutral: Any) -> Callable[[Any], bool]:
+    return lambda value: value is None or any(value == n and type(value) is type(n) for n in neutral)
+
+
+def _text_format(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and value.get("type") == "text")
+
+
+# field → (is its value neutral?, what it asks for)
+_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "response_format": (_text_format, "structured output (json_object, json_schema)"),
+    "guided_json": (_unset, "guided decoding"),
+    "guided_regex": (_unset, "guided decoding"),
+    "guided_choice": (_unset, "guided decoding"),
+    "guided_grammar": (_unset, "guided decoding"),
+    "structured_outputs": (_unset, "structured output"),
+    "tools": (_empty, "tool calling"),
+    "tool_choice": (_one_of("none", "auto"), "tool calling"),
+    "functions": (_empty, "function calling"),
+    "function_call": (_one_of("none", "auto"), "function calling"),
+    "min_tokens": (_one_of(0), "a minimum number of tokens"),
+    "min_p": (_one_of(0, 0.0), "min-p sampling"),
+    "repetition_penalty": (_one_of(1, 1.0), "a repetition penalty"),
+    "length_penalty": (_one_of(1, 1.0), "beam search"),
+    "use_beam_search": (_one_of(False), "beam search"),
+    "include_stop_str_in_output": (_one_of(False), "the stop string in the output"),
+    "skip_special_tokens": (_one_of(True), "special tokens in the text"),
+    "spaces_between_special_tokens": (_one_of(True), "another rendering of special tokens"),
+    "add_generation_prompt": (_one_of(True), "a chat prompt without the assistant's turn"),
+    "continue_final_message": (_one_of(False), "continuing the last message"),
+    "chat_template": (_unset, "a custom chat template"),
+    "chat_template_kwargs": (_empty, "chat template arguments"),
+    "documents": (_empty, "documents in the chat template"),
+    "echo": (_one_of(False), "the prompt echoed in the output"),
+    "prompt_logprobs": (_unset, "prompt logprobs"),
+    "bad_words": (_empty, "banned words"),
+    "allowed_token_ids": (_empty, "a restricted vocabulary"),
+    "logits_processors": (_empty, "logits processors"),
+    "truncate_prompt_tokens": (_unset, "prompt truncation"),
+    "audio": (_unset, "audio output"),
+    "modalities": (lambda value: value is None or value == ["text"], "non-text output"),
+    "continuous_usage_stats": (_one_of(False), "usage in every streamed chunk"),
+}
+
+
+def refuse_unsupported(extra: Mapping[str, Any] | None, prefix: str = "") -> None:
+    """Raise a 400 naming the first field of ``extra`` (a body's fields pdserve does not declare) that asks
+    for something pdserve does not do."""
+    for name, value in (extra or {}).items():
+        rule = _FIELDS.get(name)
+        if rule is not None and not rule[0](value):
+            param = f"{prefix}{name}"
+            raise OpenAIError(400, f"{param}: {rule[1]} is not supported by this server, got {value!r}",
+                              param=param)
