@@ -12,14 +12,23 @@ import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prompt", help="the prompt (a user message with --chat)")
     parser.add_argument("--address", default="127.0.0.1:50051", help="gateway host:port")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=_at_least(1), default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=_at_least(0))
     parser.add_argument("--timeout", type=float, default=120.0, help="deadline of the call in seconds")
     return parser.parse_args(argv)
 

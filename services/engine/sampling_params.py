@@ -11,6 +11,7 @@ from services.engine.errors import InvalidRequestError
 DEFAULT_MAX_TOKENS = 16
 GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM: dividing logits by less overflows float32 to inf, softmax to NaN
 INT32_MAX = 2**31 - 1  # top_k travels as int32, temperature and top_p as float32 (pdserve.v1.SamplingParams)
+SEED_LIMIT = 2**63  # seeds are distinct below it (the sampler's generators take 63 bits)
 
 
 def as_float32(value: float) -> float:
@@ -64,6 +65,8 @@ class SamplingParams:
             raise InvalidRequestError("top_p", f"must be in (0, 1] as a 32-bit float, got {self.top_p}")
         if not 0 <= self.top_k <= INT32_MAX:
             raise InvalidRequestError("top_k", f"must be in [0, {INT32_MAX}] (0 disables it), got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            raise InvalidRequestError("seed", f"must be in [0, 2**63), got {self.seed}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens}")
         for token_id in self.stop_token_ids:

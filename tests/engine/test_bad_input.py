@@ -31,6 +31,7 @@ CASES = [
     ("top_p above 1", dict(prompt="hi", sampling=SamplingParams(top_p=1.5)), "top_p"),
     ("nan temperature", dict(prompt="hi", sampling=SamplingParams(temperature=float("nan"))), "temperature"),
     ("negative top_k", dict(prompt="hi", sampling=SamplingParams(top_k=-3)), "top_k"),
+    ("seed past 63 bits", dict(prompt="hi", sampling=SamplingParams(seed=2**63)), "seed"),
     # values the wire (int32 top_k, float32 temperature and top_p) cannot carry as given
     ("top_k past int32", dict(prompt="hi", sampling=SamplingParams(top_k=2**31)), "top_k"),
     ("temperature past float32", dict(prompt="hi", sampling=SamplingParams(temperature=1e300)), "temperature"),

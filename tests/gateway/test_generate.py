@@ -279,6 +279,7 @@ BAD_INPUT = {
     "temperature < 0": (request(temperature=-0.5), "temperature"),
     "top_p 0": (request(top_p=0.0), "top_p"),
     "top_k < -1": (request(top_k=-3), "top_k"),
+    "seed past 63 bits": (request(seed=1 << 63), "seed"),  # uint64 on the wire; would collide with seed 0
     "unknown role": (chat("user", "wizard"), "messages[1].role"),
     "id outside the vocabulary": (gateway_pb2.GenerateRequest(token_ids=[5, 49152]), "token_ids"),
     "stop id outside the vocabulary": (request(stop_token_ids=[1 << 20]), "stop_token_ids"),

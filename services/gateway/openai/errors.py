@@ -123,6 +123,8 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
         kind = "not_found_error" if error.status_code == 404 else INVALID_REQUEST
+        if error.status_code == 413:  # a chunked body past the limit (BodyLimit): as from its Content-Length
+            return OpenAIError(413, str(error.detail), param="body", code="request_too_large").response()
         return OpenAIError(error.status_code, str(error.detail), kind).response()
 
     async def bug(request: Request, error: Exception) -> JSONResponse:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-SEED_LIMIT = 1 << 63
+from services.engine.sampling_params import SEED_LIMIT
 
 
 def _default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:

@@ -194,6 +194,7 @@ async def test_a_body_over_the_limit_is_413(front, tokenizer, chunked):
                                   headers={"Content-Type": "application/json"})
     error = error_of(reply, 413)
     assert "exceeds the limit" in error["message"]
+    assert (error["code"], error["param"]) == ("request_too_large", "body")
     assert front.cluster.p.requests == []
     await assert_serving(front, tokenizer)
 
