@@ -11,8 +11,10 @@ are trying it, never those bound for another node. Per request (:meth:`PrepareQu
    at most ``wait_s`` (the whole remaining time when only one candidate is left), then the next one;
 3. until the deadline (the caller's, less a margin so the error reaches the caller before its own
    deadline does; ``timeout_s`` when the caller has none): then :class:`ResourceExhaustedError` with the
-   last reason of each node — or :class:`FailedPreconditionError` when every node refused the request's
-   KV layout (another model, dtype or block size: a configuration error, not worth a retry).
+   last reason of each node — or, when no node could ever take it, :class:`InvalidArgumentError` (every
+   node refused the request itself: longer than its KV pool or context) or
+   :class:`FailedPreconditionError` (its KV layout: another model, dtype or block size — a configuration
+   error); neither is worth a retry.
 
 A node whose ``Reserve`` fails with an RPC error is dropped for this request (the error is its reason).
 Backoff sleeps hold no slot. Cancelling the caller leaves nothing behind: its slot is released, and if a
@@ -32,7 +34,7 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from services.common.errors import FailedPreconditionError, ResourceExhaustedError
+from services.common.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 
 # Outcomes of a Reserve call whose grant may exist on the decode node although the caller never saw it.
 _AMBIGUOUS = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -164,7 +166,10 @@ class PrepareQueues:
                 if answer is not None:
                     return Reservation(address, answer, request.refusals)
         reasons = "; ".join(f"{address}: {state.reason}" for address, state in request.tries.items())
-        if request.tries and all(t.error == grpc.StatusCode.FAILED_PRECONDITION for t in request.tries.values()):
+        codes = {state.error for state in request.tries.values()}
+        if codes == {grpc.StatusCode.INVALID_ARGUMENT}:  # the request itself (past every node's KV pool)
+            raise InvalidArgumentError("request", f"no decode node can take request {request_id!r}: {reasons}")
+        if codes and codes <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}:
             raise FailedPreconditionError(f"no decode node can use this prefill node's KV ({reasons})")
         raise ResourceExhaustedError(f"no decode node could take request {request_id!r} "
                                      f"({reasons or 'no decode candidates'})")

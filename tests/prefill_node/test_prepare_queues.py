@@ -12,7 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from services.common.errors import FailedPreconditionError, ResourceExhaustedError
+from services.common.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from services.prefill_node.prepare import PrepareQueues, PrepareSettings, Refused
 
 
@@ -203,6 +203,17 @@ async def test_every_node_refusing_the_kv_layout_is_a_failed_precondition_not_a_
         await reserve(q, decodes, "r", ["A", "B"], timeout_s=10.0)
     decodes.errors["B"] = grpc.StatusCode.UNAVAILABLE  # one node down: perhaps a shortage, worth a retry
     with pytest.raises(ResourceExhaustedError):
+        await reserve(q, decodes, "r2", ["A", "B"], timeout_s=10.0)
+
+
+async def test_a_request_every_node_refuses_as_invalid_is_invalid_not_a_shortage():
+    """Past every decode node's KV pool, say: a 400 for the client, not a 429 that it would retry."""
+    decodes, q = FakeDecodes(), queues()
+    decodes.errors["A"] = decodes.errors["B"] = grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(InvalidArgumentError, match="no decode node can take request 'r'"):
+        await reserve(q, decodes, "r", ["A", "B"], timeout_s=10.0)
+    decodes.errors["B"] = grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(FailedPreconditionError):
         await reserve(q, decodes, "r2", ["A", "B"], timeout_s=10.0)
 
 
