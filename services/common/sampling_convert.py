@@ -35,6 +35,7 @@ class SamplingFields:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
 
     def resolve(self, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
                 ) -> SamplingParams:
@@ -49,6 +50,7 @@ class SamplingFields:
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
         )
 
 
@@ -65,6 +67,7 @@ def fields_from_proto(message: gateway_pb2.SamplingParams) -> SamplingFields:
         stop=tuple(message.stop),
         stop_token_ids=tuple(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
+        min_tokens=message.min_tokens,
     )
 
 
@@ -84,6 +87,7 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
         stop=list(params.stop),
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        min_tokens=params.min_tokens,
     )
     if params.seed is not None:
         message.seed = params.seed

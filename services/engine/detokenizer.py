@@ -2,6 +2,8 @@
 
 Text is emitted only once it is stable (no trailing replacement character from a split UTF-8 sequence),
 and the last ``len(longest stop) - 1`` characters are held back so a stop string is never half-streamed.
+With ``min_tokens`` (as vLLM has it) no stop string is looked for until more than that many tokens came:
+one that ends within the text of the first ``min_tokens`` tokens does not stop the request.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from services.engine.tokenizer import Tokenizer
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
+        self.min_tokens = min_tokens
         self._holdback = max((len(s) for s in self.stop), default=1) - 1
         self._ids: list[int] = []
         self._prefix_offset = 0
@@ -37,7 +40,7 @@ class IncrementalDetokenizer:
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         search_from = max(0, len(self.text) - self._holdback)
         self.text += delta
-        if self.stop:
+        if self.stop and len(self._ids) > self.min_tokens:
             self._check_stop(search_from)
         return self._release(final=self.matched_stop is not None)
 
@@ -51,7 +54,7 @@ class IncrementalDetokenizer:
             search_from = max(0, len(self.text) - self._holdback)
             self.text += full[len(prefix):]
             self._prefix_offset = self._read_offset = len(self._ids)
-            if self.stop:
+            if self.stop and len(self._ids) > self.min_tokens:
                 self._check_stop(search_from)
         return self._release(final=True)
 

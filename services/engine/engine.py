@@ -119,7 +119,8 @@ class LLMEngine:
         request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids, prefill_only=prefill_only)
         self._requests[request_id] = request
         if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, sampling.stop)
+            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, sampling.stop,
+                                                                          sampling.min_tokens)
         self.scheduler.add(request)
         return request
 

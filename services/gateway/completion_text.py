@@ -31,8 +31,8 @@ class CompletionText:
     rest, and finishes the request with ``"stop"`` (the caller aborts the nodes still running it).
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], prompt_tokens: int) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer, stop=tuple(stop))
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], prompt_tokens: int, min_tokens: int = 0) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, stop=tuple(stop), min_tokens=min_tokens)
         self._prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.cached_tokens = 0

@@ -70,7 +70,8 @@ class GatewayCore:
     def prepare(self, request: GenerateInput) -> PreparedRequest:
         """Tokenize and validate; raises ``InvalidRequestError`` naming the field. Changes nothing."""
         ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages)
-        cap = default_max_tokens(len(ids), self.settings.max_model_len, self.settings.max_tokens_cap)
+        cap = default_max_tokens(len(ids), self.settings.max_model_len,
+                                 max(self.settings.max_tokens_cap, request.sampling.min_tokens))
         sampling = request.sampling.resolve(default_max_tokens=cap, default_seed=random_seed())
         self.validator.validate(ids, sampling)
         return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling)

@@ -65,7 +65,8 @@ class RequestFlow:
         self.deadline = deadline
         self._abort = abort
         self._on_close = on_close
-        self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids))
+        self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
+                                    request.sampling.min_tokens)
         self._queue: asyncio.Queue[LegEvent] = asyncio.Queue()
         self._prefill: Leg | None = None
         self._decode: Leg | None = None

@@ -52,3 +52,16 @@ def test_a_stop_string_completed_by_the_held_back_tokens_is_found_at_flush(bundl
     streamed = "".join(detok.push([t]) for t in ids) + detok.flush()
     assert detok.matched_stop == tail
     assert streamed == bundled_tokenizer.decode(ids)[:-2]
+
+
+def test_a_stop_string_within_the_first_min_tokens_tokens_does_not_match(bundled_tokenizer):
+    ids = bundled_tokenizer.encode(" STOP one STOP two")
+    first_stop_tokens = len(bundled_tokenizer.encode(" STOP"))
+    detok = IncrementalDetokenizer(bundled_tokenizer, stop=("STOP",), min_tokens=first_stop_tokens)
+    text = ""
+    for token in ids:
+        text += detok.push([token])
+        if detok.matched_stop:
+            break
+    text += detok.flush()
+    assert detok.matched_stop == "STOP" and text == " STOP one "

@@ -48,3 +48,24 @@ def test_without_a_match_the_last_allowed_token_is_a_length_finish(engine, free_
     result = run(engine, 2, "never in this text")
     assert result.token_ids == token_ids[:2]
     assert (result.text, result.finish_reason, result.stop_reason) == (texts[2], "length", None)
+
+
+def test_min_tokens_keeps_stop_strings_and_eos_from_ending_the_request_early(engine, free_run):
+    token_ids, texts = free_run
+    stop = texts[2][len(texts[1]):].strip()  # completed by the second token
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, stop=(stop,), min_tokens=3)
+    result = engine.generate([PROMPT], params)[0]
+    assert result.token_ids == token_ids[:len(result.token_ids)] and len(result.token_ids) > 3
+    later = texts[6].find(stop, len(texts[3]) - len(stop) + 1)  # a match that ends after the third token
+    if later < 0:
+        assert (result.text, result.finish_reason) == (texts[6], "length")
+    else:
+        assert (result.text, result.finish_reason) == (texts[6][:later], "stop")
+    # EOS: a chat turn ends early unless min_tokens holds it open
+    chat = "<|im_start|>user\nSay yes.<|im_end|>\n<|im_start|>assistant\n"
+    short = engine.generate([chat], SamplingParams(max_tokens=40, temperature=0))[0]
+    assert short.finish_reason == "stop" and len(short.token_ids) < 20, short
+    held = engine.generate([chat], SamplingParams(max_tokens=40, temperature=0, min_tokens=20))[0]
+    assert len(held.token_ids) >= 20
+    assert held.token_ids[:len(short.token_ids) - 1] == short.token_ids[:-1]  # the same until EOS was banned
+    engine.check_integrity()

@@ -5,7 +5,7 @@ than 1, ``best_of`` > 1, ``echo``, ``logprobs``/``top_logprobs``, ``suffix``, ``
 ``presence_penalty``/``frequency_penalty`` here; the undeclared fields that would change the output
 (``response_format``, ``tools``, ``min_p``, …) in ``unsupported.py``. Other fields (``user``,
 ``metadata``, …) are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them):
-``top_k`` (-1 or 0 = off), ``stop_token_ids``, ``ignore_eos``.
+``top_k`` (-1 or 0 = off), ``stop_token_ids``, ``ignore_eos``, ``min_tokens``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class GenerationBody(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -50,7 +51,8 @@ class GenerationBody(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
 
-    @field_validator("n", "stream", "ignore_eos", "presence_penalty", "frequency_penalty", mode="before")
+    @field_validator("n", "stream", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
+                     mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         return _default_of(cls, value, info)

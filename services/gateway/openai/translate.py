@@ -25,7 +25,8 @@ from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, 
 def sampling_of(body: GenerationBody, max_tokens: int | None) -> SamplingFields:
     return SamplingFields(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                           top_k=body.top_k, seed=body.seed, stop=tuple(body.stop or ()),
-                          stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+                          stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                          min_tokens=body.min_tokens)
 
 
 def completion_input(body: CompletionBody, request_id: str) -> GenerateInput:

@@ -49,7 +49,8 @@ async def test_completion_text_usage_and_what_the_nodes_get(front, tokenizer):
     ids = script(front, tokenizer, cached_tokens=16)
     completion = await front.client.completions.create(
         model=MODEL, prompt="Hello there", max_tokens=len(ids), temperature=0.5, top_p=0.9, seed=7,
-        stop=["never"], extra_body={"top_k": 5, "stop_token_ids": [2], "ignore_eos": True}, user="ignored")
+        stop=["never"], extra_body={"top_k": 5, "stop_token_ids": [2], "ignore_eos": True, "min_tokens": 3},
+        user="ignored")
 
     assert completion.object == "text_completion" and completion.model == MODEL
     assert completion.id.startswith("cmpl-")
@@ -66,7 +67,7 @@ async def test_completion_text_usage_and_what_the_nodes_get(front, tokenizer):
     assert list(sent.prompt_token_ids) == prompt_ids
     sampling = sent.sampling
     assert (sampling.max_tokens, sampling.top_k, sampling.seed, list(sampling.stop_token_ids),
-            sampling.ignore_eos) == (len(ids), 5, 7, [2], True)
+            sampling.ignore_eos, sampling.min_tokens) == (len(ids), 5, 7, [2], True, 3)
     assert sampling.temperature == pytest.approx(0.5) and sampling.top_p == pytest.approx(0.9)
     assert list(sampling.stop) == []  # stop strings are matched at the gateway
 
@@ -83,6 +84,14 @@ async def test_a_stop_string_ends_the_text_before_it(front, tokenizer):
     script(front, tokenizer)
     completion = await front.client.completions.create(model=MODEL, prompt="Hi", stop=" brown")
     assert (completion.choices[0].text, completion.choices[0].finish_reason) == (" The quick", "stop")
+
+
+async def test_min_tokens_keeps_a_stop_string_in_the_first_tokens_from_matching(front, tokenizer):
+    ids = script(front, tokenizer)
+    quick = len(tokenizer.encode(" The quick"))
+    completion = await front.client.completions.create(model=MODEL, prompt="Hi", stop=" quick",
+                                                       max_tokens=len(ids), extra_body={"min_tokens": quick})
+    assert (completion.choices[0].text, completion.choices[0].finish_reason) == (tokenizer.decode(ids), "length")
 
 
 async def test_streamed_completion_chunks_then_usage_then_done(front, tokenizer):
