@@ -102,7 +102,7 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
         prefix_hit_rate_requests=_rate(stats.prefix_hit_requests_total, stats.requests_admitted_total),
         offloads_total=stats.offloads_total, offloaded_bytes_total=offload.stats.offloaded_bytes_total,
         offloaded_remote_bytes_total=offload.stats.offloaded_remote_bytes_total, resumes_total=stats.resumes_total,
-        recomputes_total=stats.recomputes_total, offload_host_bytes_used=offload.host_bytes_used,
+        recomputes_total=stats.recomputes_total, offload_host_bytes_used=offload.host_bytes_held,
         admission_policy=policy.name, admission_headroom_blocks=engine.scheduler.headroom_blocks(),
         new_token_ratio=getattr(policy, "ratio", 0.0),
         address=address, role=role, healthy=healthy, block_size=engine.kv.block_size,

@@ -69,7 +69,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
         self.offload = KVOffload(bytes_per_block(self.runner.kv_cache), int(config.offload_host_gib * 2**30),
-                                 remote, fingerprint=self.fingerprint, remote_first=config.offload_remote == "always")
+                                 remote, fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
+                                 staging_limit_bytes=num_blocks * bytes_per_block(self.runner.kv_cache))
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,

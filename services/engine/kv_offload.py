@@ -7,7 +7,10 @@ The scheduler decides (through the torch-free :class:`~services.engine.step_batc
 blocks). A copy bound for the cache-store is staged in host memory and put there by a background thread;
 once stored, the host bytes are dropped after the step (:meth:`reclaim`), and a resume first fetches them
 back in the background (:meth:`prefetch`) — the scheduler resumes the request when :meth:`ready` says so.
-A copy that cannot be stored or fetched is forgotten: the request is then recomputed (counted). A copy
+A copy that cannot be stored or fetched is forgotten: the request is then recomputed (counted). Bytes
+staged for the cache-store (not yet stored, or stored and fetched back) are host memory too: they count in
+:attr:`host_bytes_held`, and at most ``staging_limit_bytes`` of them may be held at once (the engine gives
+its KV pool's size) — past it a victim is recomputed, so a hung cache-store cannot fill host memory. A copy
 the cache-store holds (:meth:`remote_keys`) is what lets another decode node adopt the request
 (``handover.py``); its keys are request-scoped (a random block id under the model fingerprint).
 
@@ -62,9 +65,11 @@ class OffloadStats:
 
 class KVOffload:
     def __init__(self, bytes_per_block: int, host_budget_bytes: int, remote: RemoteBlockStore | None = None,
-                 fingerprint: bytes = bytes(FINGERPRINT_BYTES), remote_first: bool = False):
+                 fingerprint: bytes = bytes(FINGERPRINT_BYTES), remote_first: bool = False,
+                 staging_limit_bytes: int | None = None):
         self.bytes_per_block = bytes_per_block
         self.host_budget_bytes = host_budget_bytes
+        self.staging_limit_bytes = staging_limit_bytes  # None: no limit
         self.remote = remote
         self.remote_first = remote_first and remote is not None  # every copy goes to the cache-store
         self.fingerprint = fingerprint  # the prefix of every cache-store key
@@ -82,12 +87,33 @@ class KVOffload:
             self._copies[request_id] = _Copy(num_blocks, remote=False)
             return True
         if self.remote is not None:
+            if self.staging_limit_bytes is not None and self.staged_bytes() + size > self.staging_limit_bytes:
+                log.info("no room to stage preempted KV for the cache-store; the request will be recomputed",
+                         request_id=request_id, staged_bytes=self.staged_bytes())
+                return False
             nonce = next(self._nonce)
             keys = [store_key(self.fingerprint, hashlib.blake2b(b"%s|%d|%d" % (request_id.encode(), nonce, i),
                                                                 digest_size=16).digest()) for i in range(num_blocks)]
             self._copies[request_id] = _Copy(num_blocks, remote=True, keys=keys)
             return True
         return False
+
+    def staged_bytes(self) -> int:
+        """Host bytes of copies bound for (or fetched back from) the cache-store, claimed ones included."""
+        staged = 0
+        for copy in list(self._copies.values()):
+            if copy.remote:
+                data = copy.data
+                if data is not None:
+                    staged += len(data)
+                elif copy.stored is None:  # claimed, copied out during the step
+                    staged += copy.num_blocks * self.bytes_per_block
+        return staged
+
+    @property
+    def host_bytes_held(self) -> int:
+        """All host memory holding preempted KV now: host copies and staged ones."""
+        return self.host_bytes_used + self.staged_bytes()
 
     def ready(self, request_id: str) -> bool | None:
         copy = self._copies.get(request_id)

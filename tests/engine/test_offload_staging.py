@@ -1,0 +1,52 @@
+"""KV staged in host memory for the cache-store is counted and bounded: while the store hangs, copies
+stay in host memory (and resume from there), ``host_bytes_held`` reports them, and past the staging limit a
+victim is recomputed instead of staging more. Torch tensors, a fake store, no model."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from kvcache.kv_bytes import bytes_per_block
+from services.engine.kv_offload import KVOffload
+from services.engine.step_batch import SwapIn, SwapOut
+
+
+class HungStore:
+    """A cache-store whose puts never answer until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def put(self, blocks):
+        self.release.wait(10)
+        raise ConnectionError("the cache-store did not answer")
+
+    def get(self, keys):
+        raise AssertionError("nothing was stored")
+
+
+def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_host_memory():
+    kv_cache = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)  # 2 layers, 8 blocks of 4
+    block = bytes_per_block(kv_cache)
+    store = HungStore()
+    offload = KVOffload(block, host_budget_bytes=0, remote=store, remote_first=True,
+                        staging_limit_bytes=5 * block)
+    try:
+        assert offload.claim("a", 3) and offload.host_bytes_held == 3 * block  # claimed: counted at once
+        offload.copy_out(kv_cache, [SwapOut("a", (0, 1, 2))])
+        assert offload.claim("b", 2) and offload.host_bytes_held == 5 * block
+        offload.copy_out(kv_cache, [SwapOut("b", (3, 4))])
+        assert not offload.claim("c", 1)  # past the limit: recomputed, nothing staged
+        offload.reclaim()  # the puts hang: nothing stored, nothing dropped
+        assert offload.host_bytes_held == 5 * block and offload.host_bytes_used == 0
+        assert offload.ready("a")  # its bytes are still here: it resumes from them
+        restored = torch.zeros_like(kv_cache)
+        offload.copy_in(restored, [SwapIn("a", (5, 6, 7), 0)])
+        assert torch.equal(restored[:, 5:8], kv_cache[:, 0:3])
+        assert offload.host_bytes_held == 2 * block
+        offload.discard("b")
+        assert offload.host_bytes_held == 0
+    finally:
+        store.release.set()
