@@ -67,6 +67,12 @@ class CacheStoreClient:
         request = _lookup_request(keys, self.layout)
         return self._stub.Lookup(request, timeout=self.timeout_s, metadata=tracing.outgoing()).num_prefix_hits
 
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove ``keys`` from the store; how many it held."""
+        fingerprint = self.layout.model_fingerprint if self.layout is not None else b""
+        request = cache_store_pb2.DeleteRequest(keys=list(keys), model_fingerprint=fingerprint)
+        return self._stub.Delete(request, timeout=self.timeout_s, metadata=tracing.outgoing()).deleted
+
     def close(self) -> None:
         self._channel.close()
 

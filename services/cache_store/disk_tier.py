@@ -91,6 +91,11 @@ class DiskTier:
         self.evictions_total += 1
         self._unlink(key)
 
+    def remove(self, key: bytes) -> None:
+        """Delete ``key``'s file at its owner's request (not an eviction)."""
+        self.index.remove(key)
+        self._unlink(key)
+
     def read(self, key: bytes) -> StoredBlock | None:
         """The verified block, refreshed (index and mtime); None, with the file deleted and counted, when
         the file is damaged or gone."""

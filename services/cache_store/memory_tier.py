@@ -45,6 +45,11 @@ class MemoryTier:
         self.evictions_total += 1
         return self._blocks.pop(key)
 
+    def remove(self, key: bytes) -> None:
+        """Drop ``key`` at its owner's request (not an eviction)."""
+        self.index.remove(key)
+        del self._blocks[key]
+
     def touch(self, keys: Sequence[bytes]) -> None:
         self.index.touch(keys)
 

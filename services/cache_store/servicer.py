@@ -176,6 +176,14 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         return cache_store_pb2.LookupResponse(num_prefix_hits=hits)
 
     @grpc_errors
+    @traced_rpc("Delete")
+    async def Delete(
+        self, request: cache_store_pb2.DeleteRequest, context: grpc.aio.ServicerContext
+    ) -> cache_store_pb2.DeleteResponse:
+        deleted = self.store.delete(list(request.keys), request.model_fingerprint)
+        return cache_store_pb2.DeleteResponse(deleted=deleted)
+
+    @grpc_errors
     async def NodeStatus(
         self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.NodeStatus:
@@ -220,6 +228,8 @@ def add_to_server(servicer: CacheStoreServicer, server: grpc.aio.Server) -> None
                                                     response_serializer=None),
         "Lookup": grpc.unary_unary_rpc_method_handler(servicer.Lookup, request_deserializer=pb.LookupRequest.FromString,
                                                       response_serializer=pb.LookupResponse.SerializeToString),
+        "Delete": grpc.unary_unary_rpc_method_handler(servicer.Delete, request_deserializer=pb.DeleteRequest.FromString,
+                                                      response_serializer=pb.DeleteResponse.SerializeToString),
         "NodeStatus": grpc.unary_unary_rpc_method_handler(
             servicer.NodeStatus, request_deserializer=node_pb2.NodeStatusRequest.FromString,
             response_serializer=gateway_pb2.NodeStatus.SerializeToString),

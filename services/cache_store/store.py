@@ -17,6 +17,9 @@ recency moves on disk writes and disk hits only.
 Leases: a Get pins the blocks it streams (:mod:`services.cache_store.leases`); eviction in either tier
 skips pinned blocks, and a put that cannot make room because of them is refused.
 
+Delete: a decode node removes its preempted requests' copies (request-scoped keys) once it read them back
+or no longer wants them, so they do not crowd out prefix blocks; a block a Get is streaming is kept.
+
 Counters: ``hits_total`` blocks served by Get, ``disk_hits_total`` of those read from disk,
 ``misses_total`` keys not served: for a Get every requested key past the blocks it served, for a Lookup
 at most one per call (its first key not stored; a prefill node looks a whole prompt up before it gets
@@ -100,6 +103,7 @@ class BlockStore:
         self.hits_total = 0
         self.disk_hits_total = 0
         self.misses_total = 0
+        self.deleted_total = 0
 
     @property
     def capacity_bytes(self) -> int:
@@ -146,6 +150,25 @@ class BlockStore:
         """Every block :meth:`open_get` would stream, read at once."""
         with self.open_get(keys, allow_partial) as reader:
             return list(reader)
+
+    def delete(self, keys: Sequence[bytes], fingerprint: bytes = b"") -> int:
+        """Remove ``keys`` from every tier; returns how many were stored. Keys not stored are skipped, and
+        so are blocks a Get is streaming (leased): they age out as usual."""
+        check_keys(keys, fingerprint)
+        pinned = self.leases.pinned()
+        deleted = 0
+        for key in dict.fromkeys(keys):
+            if key in pinned:
+                continue
+            found = key in self.memory
+            if found:
+                self.memory.remove(key)
+            if self.disk is not None and key in self.disk:
+                self.disk.remove(key)
+                found = True
+            deleted += found
+        self.deleted_total += deleted
+        return deleted
 
     def staging(self) -> PutStaging:
         """Where a put's stream leaves its blocks' files as they arrive (write-through only); pass it to

@@ -12,7 +12,10 @@ staged for the cache-store (not yet stored, or stored and fetched back) are host
 :attr:`host_bytes_held`, and at most ``staging_limit_bytes`` of them may be held at once (the engine gives
 its KV pool's size) — past it a victim is recomputed, so a hung cache-store cannot fill host memory. A copy
 the cache-store holds (:meth:`remote_keys`) is what lets another decode node adopt the request
-(``handover.py``); its keys are request-scoped (a random block id under the model fingerprint).
+(``handover.py``); its keys are request-scoped (a random block id under the model fingerprint), so
+once the copy is read back or no longer wanted (:meth:`discard`: resumed, finished, aborted, handed over)
+its keys are deleted from the cache-store in the background (after its put: one I/O thread), where they
+would only crowd out prefix blocks.
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -27,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import grpc
 import structlog
 import torch
 
@@ -42,6 +46,7 @@ class RemoteBlockStore(Protocol):
 
     def put(self, blocks: Sequence[tuple[bytes, bytes | memoryview]]) -> object: ...
     def get(self, keys: Sequence[bytes]) -> list[bytes]: ...
+    def delete(self, keys: Sequence[bytes]) -> int: ...
 
 
 @dataclass
@@ -151,8 +156,24 @@ class KVOffload:
 
     def discard(self, request_id: str) -> None:
         copy = self._copies.pop(request_id, None)
-        if copy is not None and not copy.remote:
+        if copy is None:
+            return
+        if not copy.remote:
             self.host_bytes_used -= copy.num_blocks * self.bytes_per_block
+        elif copy.stored is not None:
+            self._io.submit(self._delete_remote, request_id, copy.keys)
+
+    def wait_io(self) -> None:
+        """Wait for the cache-store puts, gets and deletes submitted so far."""
+        if self._io is not None:
+            self._io.submit(lambda: None).result()
+
+    def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
+        try:
+            self.remote.delete(keys)
+        except (grpc.RpcError, ConnectionError) as error:  # the store is gone or busy: its LRU ages them out
+            log.info("could not delete a preempted request's copy from the cache-store", request_id=request_id,
+                     error=repr(error))
 
     # ---- the engine's side: moving bytes during a step ----------------------------------------------
     def copy_out(self, kv_cache: torch.Tensor, swaps: Sequence[SwapOut]) -> None:

@@ -132,6 +132,16 @@ def test_get_of_a_missing_key(stub):
     assert status(stub).misses_total == misses + 2
 
 
+def test_delete_removes_stored_keys_skips_absent_ones_and_checks_the_fingerprint(stub):
+    stub.Put(put_stream([(key("copy-0"), b"x" * 10), (key("copy-1"), b"y" * 10)]), timeout=5)
+    deleted = stub.Delete(cache_store_pb2.DeleteRequest(keys=[key("copy-0"), key("copy-1"), key("never")],
+                                                        model_fingerprint=FP), timeout=5).deleted
+    assert deleted == 2 and lookup(stub, key("copy-0")) == 0 and lookup(stub, key("copy-1")) == 0
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Delete(cache_store_pb2.DeleteRequest(keys=[key("copy-0", OTHER_FP)], model_fingerprint=FP), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_reflection_lists_every_service(node):
     with grpc.insecure_channel(node.address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)

@@ -216,3 +216,16 @@ def test_write_through_stages_files_as_blocks_arrive_and_a_failed_put_leaves_non
     failed.discard()  # the stream broke before the put
     assert files(tmp_path) == {k.hex() for k in keys("a", "b")}
     store.check_integrity()
+
+
+def test_delete_removes_a_block_from_both_tiers_and_spares_one_being_read(tmp_path):
+    store = open_store(tmp_path, write_through=True)
+    store.put(blocks("a", "b", "c"))  # in memory and, written through, on disk
+    evictions = store.stats().memory_evictions_total
+    reading = store.open_get(keys("c"))  # a Get streaming "c" leases it
+    assert store.delete(keys("a", "c", "absent")) == 1
+    memory, disk = tiers(store)
+    assert sorted(memory) == sorted(disk) == ["b", "c"] and block_file.file_name(key("a")) not in files(tmp_path)
+    assert store.stats().memory_evictions_total == evictions and store.deleted_total == 1  # not evictions
+    reading.close()
+    store.check_integrity()

@@ -42,6 +42,9 @@ class FakeStore:
     def get(self, keys):
         return [self.blocks[key] for key in keys]
 
+    def delete(self, keys):
+        return sum(self.blocks.pop(key, None) is not None for key in keys)
+
 
 @pytest.fixture(scope="module")
 def prompts(bundled_tokenizer):
@@ -131,7 +134,9 @@ def test_a_request_adopted_mid_decode_continues_exactly_as_an_uninterrupted_run(
     assert a.scheduler.stats.recomputes_total == b.scheduler.stats.recomputes_total == 0
     assert b.scheduler.stats.requests_admitted_total == 0, "an adopted request is counted where it was admitted"
     _assert_whole(a, b)
-    assert not any(key not in store.blocks for key in handed.kv_keys), "the adopter's keys are not deleted"
+    a.offload.wait_io()
+    assert not any(key in store.blocks for key in handed.kv_keys), "read by the adopter, then deleted"
+    assert not store.blocks, "every preempted copy is deleted once read back"
 
 
 def test_a_refused_adoption_leaves_both_nodes_as_they_were(fp32_model, bundled_tokenizer, prompts, expected):
