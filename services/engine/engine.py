@@ -26,8 +26,9 @@ from services.engine.errors import DuplicateRequestError, UnknownRequestError
 from services.engine.handover import HandedRequest, Handovers
 from services.engine.kv_layout import kv_layout
 from services.engine.kv_offload import KVOffload
+from services.engine.logprobs import TokenLogprobs
 from services.engine.model.llama import LlamaModel
-from services.engine.model_runner import ModelRunner
+from services.engine.model_runner import ModelRunner, StepSamples
 from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.request import Request, RequestStatus
@@ -244,7 +245,7 @@ class LLMEngine:
         self._in_flight = batch.request_ids
         return PlannedStep(batch, tables)
 
-    def execute_step(self, planned: PlannedStep) -> dict[str, int]:
+    def execute_step(self, planned: PlannedStep) -> StepSamples:
         """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no
         control state: reservations, commits and aborts may happen meanwhile (from another thread, under
         the caller's lock)."""
@@ -252,24 +253,24 @@ class LLMEngine:
         self.offload.copy_out(self.runner.kv_cache, batch.swap_out)  # before anything writes those blocks
         self.offload.copy_in(self.runner.kv_cache, batch.swap_in)
         if not batch.scheduled:
-            return {}
+            return StepSamples()
         return self.runner.execute(batch, planned.tables)
 
-    def end_step(self, planned: PlannedStep, sampled: dict[str, int]) -> list[RequestOutput]:
+    def end_step(self, planned: PlannedStep, sampled: StepSamples) -> list[RequestOutput]:
         self.scheduler.release_swapped(planned.batch)
         self.offload.reclaim()
-        advanced = self.scheduler.update(planned.batch, sampled)
+        advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
-        outputs = [self._output(request) for request in advanced]
+        outputs = [self._output(request, sampled.logprobs.get(request.request_id)) for request in advanced]
         deferred, self._deferred_aborts = self._deferred_aborts, set()
         for request_id in deferred:
             with contextlib.suppress(UnknownRequestError):
                 outputs.append(self.abort(request_id))
         return outputs
 
-    def _output(self, request: Request) -> RequestOutput:
+    def _output(self, request: Request, logprobs: TokenLogprobs | None = None) -> RequestOutput:
         token = request.output_token_ids[-1]
-        out = RequestOutput(request.request_id, new_token_ids=[token])
+        out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [])
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
             out.new_text = detok.push([token])
@@ -313,11 +314,14 @@ class LLMEngine:
             else:
                 order.append(self.add_request(sampling=sp, token_ids=prompt))
         texts = {r.request_id: "" for r in order}
+        logprobs: dict[str, list[TokenLogprobs]] = {r.request_id: [] for r in order}
         while self.has_unfinished():
             for out in self.step():
                 texts[out.request_id] += out.new_text
+                logprobs[out.request_id] += out.new_logprobs
         return [CompletedRequest(r.request_id, r.prompt_token_ids, list(r.output_token_ids), texts[r.request_id],
-                                 r.finish_reason, r.num_cached_tokens, r.stop_reason) for r in order]
+                                 r.finish_reason, r.num_cached_tokens, r.stop_reason, logprobs[r.request_id])
+                for r in order]
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+from services.engine.logprobs import TokenLogprobs, token_logprobs
 from services.engine.model.llama import LlamaModel
 from services.engine.sampler import make_generator, sample
 from services.engine.step_batch import StepBatch
+
+
+@dataclass
+class StepSamples:
+    """What a step sampled: a token per request that reached the end of its tokens, and the logprobs of
+    those whose requests ask for them."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -30,7 +42,7 @@ class ModelRunner:
         return self.kv_cache.numel() * self.kv_cache.element_size()
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch, block_tables: dict[str, list[int]]) -> dict[str, int]:
+    def execute(self, batch: StepBatch, block_tables: dict[str, list[int]]) -> StepSamples:
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens, seq_lens, tables, logits_indices, samplers = [], [], [], [], []
@@ -56,11 +68,18 @@ class ModelRunner:
             torch.tensor(logits_indices, dtype=torch.long, device=device),
         )
         if not samplers:
-            return {}
+            return StepSamples()
+        logits = logits.cpu()
+        wanted = [i for i, r in enumerate(samplers) if r.sampling.logprobs is not None]
+        raw = logits[wanted].clone() if wanted else None  # before sample() bans tokens in place
         generators = [make_generator(r.sampling, r.num_output_tokens) for r in samplers]
         banned = [self._banned(r) for r in samplers]
-        tokens = sample(logits.cpu(), [r.sampling for r in samplers], generators, banned)
-        return {r.request_id: t for r, t in zip(samplers, tokens, strict=True)}
+        tokens = sample(logits, [r.sampling for r in samplers], generators, banned)
+        samples = StepSamples({r.request_id: t for r, t in zip(samplers, tokens, strict=True)})
+        if raw is not None:
+            rows = token_logprobs(raw, [tokens[i] for i in wanted], [samplers[i].sampling.logprobs for i in wanted])
+            samples.logprobs = {samplers[i].request_id: row for i, row in zip(wanted, rows, strict=True)}
+        return samples
 
     @staticmethod
     def _banned(request) -> tuple[int, ...]:

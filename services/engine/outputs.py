@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.engine.logprobs import TokenLogprobs
+
 
 @dataclass
 class RequestOutput:
@@ -12,6 +14,7 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: int | str | None = None  # the eos/stop token id or stop string that ended it
@@ -31,3 +34,4 @@ class CompletedRequest:
     finish_reason: str | None
     cached_tokens: int
     stop_reason: int | str | None = None  # the eos/stop token id or stop string that ended it
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for

@@ -7,6 +7,7 @@ import struct
 from dataclasses import dataclass, field
 
 from services.engine.errors import InvalidRequestError
+from services.engine.logprobs import MAX_LOGPROBS
 
 DEFAULT_MAX_TOKENS = 16
 GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM: dividing logits by less overflows float32 to inf, softmax to NaN
@@ -38,6 +39,7 @@ class SamplingParams:
 
     ``temperature`` below 1e-5 (0 included) is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
     filters. ``seed`` makes random sampling reproducible per request, independent of what else is in the batch.
+    ``logprobs``: None = none; ``k`` = each new token's logprob and the ``k`` most likely (``logprobs.py``).
     """
 
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -49,6 +51,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    logprobs: int | None = None
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -67,6 +70,8 @@ class SamplingParams:
             raise InvalidRequestError("top_k", f"must be in [0, {INT32_MAX}] (0 disables it), got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise InvalidRequestError("seed", f"must be in [0, 2**63), got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens}")
         for token_id in self.stop_token_ids:
