@@ -36,6 +36,7 @@ class SamplingFields:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    logprobs: int | None = None
 
     def resolve(self, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
                 ) -> SamplingParams:
@@ -51,6 +52,7 @@ class SamplingFields:
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
+            logprobs=self.logprobs,
         )
 
 
@@ -68,6 +70,7 @@ def fields_from_proto(message: gateway_pb2.SamplingParams) -> SamplingFields:
         stop_token_ids=tuple(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
         min_tokens=message.min_tokens,
+        logprobs=given("logprobs"),  # type: ignore[arg-type]
     )
 
 
@@ -91,6 +94,8 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
     )
     if params.seed is not None:
         message.seed = params.seed
+    if params.logprobs is not None:
+        message.logprobs = params.logprobs
     return message
 
 

@@ -37,6 +37,7 @@ from services.engine.adoption import AdoptionGrant
 from services.engine.engine import LLMEngine
 from services.engine.handover import HandedRequest
 from services.engine.kv_layout import kv_layout
+from services.engine.logprobs import TokenLogprobs
 from services.engine.outputs import RequestOutput
 from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
@@ -55,6 +56,7 @@ class TokenEvent:
     cached_tokens: int = 0
     moved_to: str = ""  # the request went on to this decode node: the stream's last event
     abort_reason: str = ""  # with finish_reason "abort": why this node gave up on the request
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
 
 
 @dataclass
@@ -263,7 +265,7 @@ class DecodeNode:
             stream = self.streams.get(out.request_id)
             if stream is None:
                 continue
-            event = TokenEvent(list(out.new_token_ids))
+            event = TokenEvent(list(out.new_token_ids), logprobs=list(out.new_logprobs))
             if out.finished:
                 self.routes.pop(out.request_id, None)
                 event.finish_reason = out.finish_reason

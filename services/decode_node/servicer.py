@@ -19,6 +19,7 @@ from services.common.errors import (
     status_of,
 )
 from services.common.kv_ipc_wire import answer_to_proto, offer_from_proto
+from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
@@ -166,7 +167,8 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
         async for event in self.node.attach(request.request_id):
             message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
-                                            moved_to=event.moved_to, abort_reason=event.abort_reason)
+                                            moved_to=event.moved_to, abort_reason=event.abort_reason,
+                                            logprobs=logprobs_to_proto(event.logprobs))
             if event.finish_reason is not None:
                 message.usage.CopyFrom(gateway_pb2.Usage(
                     prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,

@@ -8,6 +8,7 @@ import grpc
 
 from services.common.errors import ServiceError
 from services.common.sampling_convert import SamplingFields
+from services.engine.logprobs import TokenLogprobs
 from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage
 
@@ -50,6 +51,7 @@ class GenerateChunk:
     usage: Usage | None = None
     prefill_node: str = ""
     decode_node: str = ""
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token, when the request asks for logprobs
 
 
 class NodeCallError(ServiceError):

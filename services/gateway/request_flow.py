@@ -34,7 +34,9 @@ from pdserve.v1 import decode_pb2, prefill_pb2
 
 from services.common import tracing
 from services.common.errors import UnavailableError
+from services.common.logprobs_convert import logprob_from_proto, logprobs_from_proto
 from services.common.sampling_convert import sampling_to_proto
+from services.engine.logprobs import TokenLogprobs
 from services.engine.tokenizer import Tokenizer
 from services.gateway.completion_text import CompletionText
 from services.gateway.directory import NodeDirectory
@@ -207,10 +209,8 @@ class RequestFlow:
                 early.append((leg, item))
                 continue
             due = [(leg, item)]
-            if self._first_sent and early:
-                due += early  # only a prefill event can have sent the first token: these come after it
-                early.clear()
-            for event_leg, event in due:
+            while due:
+                event_leg, event = due.pop(0)
                 if event_leg.role == DECODE and event_leg is not self._decode:
                     continue  # the request moved away from that decode node meanwhile
                 chunk = await (self._on_prefill(event_leg, event) if event_leg.role == PREFILL
@@ -220,6 +220,8 @@ class RequestFlow:
                     if chunk.finish_reason:
                         self._log_finish(chunk)
                         return
+                if self._first_sent and early:  # the first token just went: the decode events held back follow
+                    due[:0], early = early, []
 
     async def _on_prefill(self, leg: Leg, item: Any) -> GenerateChunk | None:
         if item is STREAM_END:
@@ -247,7 +249,8 @@ class RequestFlow:
             elif self._decode is None:
                 raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
             self._first_sent = True
-            return await self._chunk([first.token_id], first.finish_reason, first=True)
+            logprobs = [logprob_from_proto(first.logprob)] if first.HasField("logprob") else []
+            return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs)
         return None
 
     async def _on_decode(self, leg: Leg, item: Any) -> GenerateChunk | None:
@@ -256,7 +259,8 @@ class RequestFlow:
             raise UnavailableError(f"decode node {leg.address} failed: its stream ended without a finish reason")
         if item.moved_to:
             self._move(leg, item.moved_to)
-            return await self._chunk(list(item.token_ids), "") if item.token_ids else None
+            return await self._chunk(list(item.token_ids), "", logprobs=logprobs_from_proto(item.logprobs)) \
+                if item.token_ids else None
         if item.finish_reason == "abort":  # the node gave up on it (lease expired, aborted by its prefill node)
             leg.finished = True
             raise UnavailableError(f"decode node {leg.address} aborted the request: "
@@ -265,10 +269,10 @@ class RequestFlow:
             leg.finished = True
             if self._prefill is not None:
                 self._prefill.finished = True  # the decode node had the KV committed: prefill's part is over
-        return await self._chunk(list(item.token_ids), item.finish_reason)
+        return await self._chunk(list(item.token_ids), item.finish_reason, logprobs=logprobs_from_proto(item.logprobs))
 
-    async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False
-                     ) -> GenerateChunk | None:
+    async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False,
+                     logprobs: Sequence[TokenLogprobs] = ()) -> GenerateChunk | None:
         if first and self._trace is not None:
             self._detokenize = tracing.start_span("detokenize", self._trace, request_id=self.request_id)
         delta = self._text.add(token_ids, finish_reason)
@@ -280,7 +284,8 @@ class RequestFlow:
             self.request_id, delta.token_ids, delta.text, delta.finish_reason,
             self._text.usage() if delta.finish_reason else None,
             prefill_node=self._prefill_address if first else "",
-            decode_node=self._decode.address if first and self._decode is not None else "")
+            decode_node=self._decode.address if first and self._decode is not None else "",
+            logprobs=tuple(logprobs[:len(delta.token_ids)]))  # none past a stop string
 
     async def _stop_unfinished_legs(self, reason: str) -> None:
         """The gateway ended the request (stop string): cancel the legs still running and wait for their

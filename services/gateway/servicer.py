@@ -10,6 +10,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.common import tracing
 from services.common.errors import grpc_errors, map_error
+from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import fields_from_proto
 from services.common.tracing import traced_rpc
 from services.engine.errors import InvalidRequestError
@@ -36,7 +37,8 @@ def input_from_proto(request: gateway_pb2.GenerateRequest) -> GenerateInput:
 def chunk_to_proto(chunk: GenerateChunk) -> gateway_pb2.GenerateResponse:
     response = gateway_pb2.GenerateResponse(
         request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
-        finish_reason=chunk.finish_reason, prefill_node=chunk.prefill_node, decode_node=chunk.decode_node)
+        finish_reason=chunk.finish_reason, prefill_node=chunk.prefill_node, decode_node=chunk.decode_node,
+        logprobs=logprobs_to_proto(chunk.logprobs))
     if chunk.usage is not None:
         usage = chunk.usage
         response.usage.CopyFrom(gateway_pb2.Usage(prompt_tokens=usage.prompt_tokens,

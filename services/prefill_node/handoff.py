@@ -9,6 +9,7 @@ import torch
 
 from kvcache.kv_bytes import read_blocks
 from services.engine.engine import LLMEngine
+from services.engine.logprobs import TokenLogprobs
 from services.engine.outputs import RequestOutput
 from services.engine.request import Request, RequestStatus
 
@@ -29,6 +30,7 @@ class FirstToken:
     token_id: int
     finish_reason: str | None  # set when the first token already ends the request
     cached_tokens: int
+    logprob: TokenLogprobs | None = None  # when the request asks for logprobs
 
 
 @dataclass
@@ -53,7 +55,8 @@ def collect(engine: LLMEngine, tracked: dict[str, Tracked], outputs: list[Reques
         state = tracked.get(out.request_id)
         if state is not None and out.new_token_ids:
             reason = None if state.request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
-            items.append((state, FirstToken(out.new_token_ids[0], reason, state.request.num_cached_tokens)))
+            items.append((state, FirstToken(out.new_token_ids[0], reason, state.request.num_cached_tokens,
+                                                     out.new_logprobs[0] if out.new_logprobs else None)))
     for state in list(tracked.values()):
         request = state.request
         if request.status is RequestStatus.FINISHED_ABORTED:

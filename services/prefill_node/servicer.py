@@ -10,6 +10,7 @@ from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 
 from services.common.engine_node import node_status
 from services.common.errors import InvalidArgumentError, grpc_errors
+from services.common.logprobs_convert import logprob_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.prefill_node.handoff import FirstToken
@@ -69,8 +70,11 @@ def _encode(event: Refused | Reserved | FirstToken | Done) -> prefill_pb2.Prefil
             decode_address=event.decode_address, num_cached_blocks=event.num_cached_blocks,
             lease_deadline_unix_ms=event.lease_deadline_unix_ms))
     if isinstance(event, FirstToken):
-        return prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(
-            token_id=event.token_id, finish_reason=event.finish_reason or "", cached_tokens=event.cached_tokens))
+        first = prefill_pb2.FirstToken(token_id=event.token_id, finish_reason=event.finish_reason or "",
+                                       cached_tokens=event.cached_tokens)
+        if event.logprob is not None:
+            first.logprob.CopyFrom(logprob_to_proto(event.logprob))
+        return prefill_pb2.PrefillEvent(first_token=first)
     return prefill_pb2.PrefillEvent(done=prefill_pb2.Done(
         num_computed_tokens=event.num_computed_tokens, kv_bytes_sent=event.kv_bytes_sent,
         kv_blocks_sent=event.kv_blocks_sent))

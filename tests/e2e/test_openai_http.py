@@ -87,6 +87,21 @@ def test_chat_completions_match_grpc_generate(client, grpc_stub):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_logprobs_as_the_openai_package_reads_them(client, grpc_stub, bundled_tokenizer):
+    _tokens, text, _ = generate(grpc_stub, messages=[gateway_pb2.ChatMessage(role=m["role"], content=m["content"])
+                                                     for m in CHAT], sampling=greedy(NEW_TOKENS))
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, logprobs=True, top_logprobs=2, **GREEDY)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == NEW_TOKENS and "".join(c.token for c in content) == text == chat.choices[0].message.content
+    for entry in content:  # greedy: each token is the most likely one
+        assert entry.logprob <= 0 and entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == entry.logprob >= entry.top_logprobs[1].logprob
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=0, **GREEDY)
+    logprobs = completion.choices[0].logprobs
+    assert "".join(logprobs.tokens) == completion.choices[0].text and len(logprobs.token_logprobs) == NEW_TOKENS
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+
+
 def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, http_cluster, grpc_stub):
     with pytest.raises(openai.NotFoundError) as raised:
         client.completions.create(model="gpt-4o", prompt=PROMPT)

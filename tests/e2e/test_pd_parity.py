@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from pdserve.v1 import gateway_pb2
 
 from services.engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
@@ -57,4 +58,24 @@ def test_repeated_prefix_is_counted_in_cached_tokens(stub, bundled_tokenizer):
     n = len(bundled_tokenizer.encode(prompt))
     assert last.usage.cached_tokens == (n - 1) // 16 * 16 > 0
     assert (tokens, text) == (first_tokens, first_text)
+    wait_idle(stub)
+
+
+def test_logprobs_through_the_cluster_equal_the_mixed_engine_s(stub, fp32_model, bundled_tokenizer):
+    """The first token's logprob comes from the prefill node, the rest from the decode node: both equal
+    what the mixed engine computes for the same prompt (float32), alternatives included."""
+    prompt = "The capital of France is"
+    engine = make_engine(fp32_model, bundled_tokenizer)
+    want = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3))[0]
+    logprobs = []
+    for response in stub.Generate(gateway_pb2.GenerateRequest(prompt=prompt, sampling=greedy(6, logprobs=3)),
+                                  timeout=120):
+        assert len(response.logprobs) == len(response.token_ids)
+        logprobs += response.logprobs
+    assert [lp.token_id for lp in logprobs] == want.token_ids
+    for got, expected in zip(logprobs, want.logprobs, strict=True):
+        assert got.logprob == pytest.approx(expected.logprob, abs=1e-4)
+        assert [(t.token_id, pytest.approx(t.logprob, abs=1e-4)) for t in got.top] == list(expected.top)
+    plain = list(stub.Generate(gateway_pb2.GenerateRequest(prompt=prompt, sampling=greedy(3)), timeout=120))
+    assert all(not response.logprobs for response in plain)
     wait_idle(stub)

@@ -77,3 +77,27 @@ async def test_a_cancel_after_the_move_aborts_on_the_adopting_node_only(two_deco
     await two_decodes.gateway.core.wait_background()
     assert first.aborts == [] and second.cancelled == [request_id]
     assert two_decodes.gateway.core.in_flight == 0
+
+
+async def test_decode_events_that_came_before_the_first_token_follow_it_in_order(cluster, tokenizer):
+    """A decode node can stream before the prefill node's first_token reaches the gateway: those events
+    wait, then go right after the first token, before any later one (a regression a review caught)."""
+    ids = tokenizer.encode(TEXT)
+
+    async def prefill(req, context):
+        yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=cluster.d.address))
+        await asyncio.sleep(0.3)  # the decode node's first events arrive before the first token
+        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=ids[0]))
+        await asyncio.sleep(0.3)  # and one more before done
+        yield prefill_pb2.PrefillEvent(done=prefill_pb2.Done(num_computed_tokens=len(req.prompt_token_ids)))
+
+    async def attach(req, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:4])
+        await asyncio.sleep(0.45)
+        yield decode_pb2.TokenEvent(token_ids=ids[4:], finish_reason="length",
+                                    usage=gateway_pb2.Usage(completion_tokens=len(ids)))
+
+    cluster.p.script, cluster.d.script = prefill, attach
+    responses = await collect(cluster, request(temperature=0.0, max_tokens=len(ids)))
+    assert [t for r in responses for t in r.token_ids] == ids
+    assert "".join(r.text for r in responses) == tokenizer.decode(ids)

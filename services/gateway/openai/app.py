@@ -22,6 +22,7 @@ from services.gateway.generation import GenerateInput
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai import errors
 from services.gateway.openai.body_limit import BodyLimit
+from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.responses import ModelCard, ModelList
 from services.gateway.openai.running import RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
@@ -103,14 +104,16 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     async def completions(body: CompletionBody, request: Request) -> Response:
         check(body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        renderer = CompletionRenderer(Identity.new(request_id, settings.model_name))
+        renderer = CompletionRenderer(Identity.new(request_id, settings.model_name),
+                                      LogprobsRender(core.tokenizer) if body.logprobs is not None else None)
         return await run(request, completion_input(body, request_id), renderer, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
         check(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        renderer = ChatRenderer(Identity.new(request_id, settings.model_name))
+        renderer = ChatRenderer(Identity.new(request_id, settings.model_name),
+                                LogprobsRender(core.tokenizer) if body.logprobs else None)
         return await run(request, chat_input(body, request_id), renderer, body)
 
     return app

@@ -1,7 +1,7 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
 
 What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` other
-than 1, ``best_of`` > 1, ``echo``, ``logprobs``/``top_logprobs``, ``suffix``, ``logit_bias`` and non-zero
+than 1, ``best_of`` > 1, ``echo``, ``suffix``, ``logit_bias`` and non-zero
 ``presence_penalty``/``frequency_penalty`` here; the undeclared fields that would change the output
 (``response_format``, ``tools``, ``min_p``, …) in ``unsupported.py``. Other fields (``user``,
 ``metadata``, …) are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them):
@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from services.engine.logprobs import MAX_LOGPROBS
 from services.engine.sampling_params import SEED_LIMIT
 
 
@@ -124,9 +125,9 @@ class CompletionBody(GenerationBody):
 
     @field_validator("logprobs")
     @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value is not None:  # 0 asks for the sampled tokens' logprobs
-            raise ValueError("logprobs are not supported")
+    def _logprobs_count(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise ValueError(f"must be in [0, {MAX_LOGPROBS}], got {value}")
         return value
 
     @field_validator("best_of")
@@ -184,16 +185,11 @@ class ChatCompletionBody(GenerationBody):
     def _null_logprobs_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         return _default_of(cls, value, info)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("logprobs are not supported")
-        return value
-
     @field_validator("top_logprobs")
     @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("top_logprobs are not supported")
+    def _top_logprobs_count(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise ValueError(f"must be in [0, {MAX_LOGPROBS}], got {value}")
+        if value and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
         return value

@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from services.common.errors import ServiceError
 from services.engine.errors import InvalidRequestError
+from services.engine.logprobs import TokenLogprobs
 from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.openai.errors import OpenAIError, from_gateway
 from services.gateway.openai.running import RunningRequest
@@ -47,13 +48,15 @@ async def respond(running: RunningRequest, renderer: Renderer, stream: bool, inc
 
 async def _whole(chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> Response:
     text: list[str] = []
+    logprobs: list[TokenLogprobs] = []
     last: GenerateChunk | None = None
     async for chunk in chunks:  # to the end: the flow and the request close there
         text.append(chunk.text)
+        logprobs += chunk.logprobs
         last = chunk
     if last is None or last.usage is None:
         raise OpenAIError(502, "the request ended without a finish reason", "server_error")
-    body = renderer.whole("".join(text), last.finish_reason, last.usage)
+    body = renderer.whole("".join(text), last.finish_reason, last.usage, logprobs)
     return Response(body.model_dump_json(), media_type="application/json")
 
 

@@ -10,20 +10,23 @@ chunk, or the whole response.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import BaseModel
 
 from services.common.sampling_convert import SamplingFields
+from services.engine.logprobs import TokenLogprobs
 from services.engine.tokenizer import ChatMessage
 from services.gateway.generation import GenerateChunk, GenerateInput, Usage
 from services.gateway.openai import responses as out
+from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 
 
-def sampling_of(body: GenerationBody, max_tokens: int | None) -> SamplingFields:
-    return SamplingFields(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | None = None) -> SamplingFields:
+    return SamplingFields(max_tokens=max_tokens, logprobs=logprobs, temperature=body.temperature, top_p=body.top_p,
                           top_k=body.top_k, seed=body.seed, stop=tuple(body.stop or ()),
                           stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
                           min_tokens=body.min_tokens)
@@ -33,13 +36,13 @@ def completion_input(body: CompletionBody, request_id: str) -> GenerateInput:
     prompt = body.prompt
     return GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
                          token_ids=None if isinstance(prompt, str) else tuple(prompt),
-                         sampling=sampling_of(body, body.max_tokens))
+                         sampling=sampling_of(body, body.max_tokens, body.logprobs))
 
 
 def chat_input(body: ChatCompletionBody, request_id: str) -> GenerateInput:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return GenerateInput(request_id=request_id, messages=tuple(ChatMessage(m.role, m.text) for m in body.messages),
-                         sampling=sampling_of(body, max_tokens))
+                         sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None))
 
 
 def usage_body(usage: Usage) -> out.UsageBody:
@@ -57,8 +60,9 @@ class Renderer(Protocol):
     def usage_chunk(self, usage: Usage) -> BaseModel:
         """The last streamed chunk when ``stream_options.include_usage``: no choices, the usage."""
 
-    def whole(self, text: str, finish_reason: str, usage: Usage) -> BaseModel:
-        """The non-streamed response."""
+    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
+              ) -> BaseModel:
+        """The non-streamed response (``logprobs``: of every token, when the request asked for them)."""
 
 
 @dataclass(frozen=True)
@@ -75,19 +79,25 @@ class Identity:
 @dataclass(frozen=True)
 class CompletionRenderer:
     who: Identity
+    logprobs: LogprobsRender | None = None  # the request asked for logprobs
 
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.Completion | None:
-        if not chunk.text and not chunk.finish_reason:
+        if not chunk.text and not chunk.finish_reason and not chunk.logprobs:
             return None
-        choice = out.CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason or None)
+        choice = out.CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason or None,
+                                      logprobs=self._logprobs(chunk.logprobs))
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice])
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> out.CompletionLogprobs | None:
+        return self.logprobs.completion(logprobs) if self.logprobs is not None else None
 
     def usage_chunk(self, usage: Usage) -> out.Completion:
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[],
                               usage=usage_body(usage))
 
-    def whole(self, text: str, finish_reason: str, usage: Usage) -> out.Completion:
-        choice = out.CompletionChoice(text=text, finish_reason=finish_reason)
+    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
+              ) -> out.Completion:
+        choice = out.CompletionChoice(text=text, finish_reason=finish_reason, logprobs=self._logprobs(logprobs))
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
                               usage=usage_body(usage))
 
@@ -95,21 +105,28 @@ class CompletionRenderer:
 @dataclass(frozen=True)
 class ChatRenderer:
     who: Identity
+    logprobs: LogprobsRender | None = None  # the request asked for logprobs
 
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.ChatCompletionChunk | None:
-        if not chunk.text and not chunk.finish_reason and not first:
+        if not chunk.text and not chunk.finish_reason and not first and not chunk.logprobs:
             return None
         delta = out.ChatDelta(role="assistant" if first else None,
                               content=chunk.text if chunk.text or first else None)
-        choice = out.ChatChunkChoice(delta=delta, finish_reason=chunk.finish_reason or None)
+        choice = out.ChatChunkChoice(delta=delta, finish_reason=chunk.finish_reason or None,
+                                     logprobs=self._logprobs(chunk.logprobs))
         return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model,
                                        choices=[choice])
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> out.ChatLogprobs | None:
+        return self.logprobs.chat(logprobs) if self.logprobs is not None else None
 
     def usage_chunk(self, usage: Usage) -> out.ChatCompletionChunk:
         return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model, choices=[],
                                        usage=usage_body(usage))
 
-    def whole(self, text: str, finish_reason: str, usage: Usage) -> out.ChatCompletion:
-        choice = out.ChatChoice(message=out.ChatMessageOut(content=text), finish_reason=finish_reason)
+    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
+              ) -> out.ChatCompletion:
+        choice = out.ChatChoice(message=out.ChatMessageOut(content=text), finish_reason=finish_reason,
+                                logprobs=self._logprobs(logprobs))
         return out.ChatCompletion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
                                   usage=usage_body(usage))

@@ -1,0 +1,84 @@
+"""Logprobs through the HTTP front over fake nodes: what the nodes send per token comes out in OpenAI's
+completions shape (tokens, token_logprobs, top_logprobs, text_offset) and chat shape (content entries with
+bytes and top_logprobs), streamed and not, cut with the text at a stop string; the nodes are asked for k."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pdserve.v1 import decode_pb2, gateway_pb2
+
+from tests.gateway.openai.conftest import MODEL
+from tests.gateway.openai.test_openai_front_api import TEXT, sse_events
+
+OTHER = 5  # the runner-up of every token in this script
+
+
+def logprob(token_id: int, i: int) -> gateway_pb2.TokenLogprob:
+    value = -0.25 * (i + 1)
+    return gateway_pb2.TokenLogprob(token_id=token_id, logprob=value, top=[
+        gateway_pb2.TopLogprob(token_id=token_id, logprob=value), gateway_pb2.TopLogprob(token_id=OTHER, logprob=-9)])
+
+
+def script_logprobs(front, tokenizer) -> list[int]:
+    ids = tokenizer.encode(TEXT)
+    front.cluster.p.first_token, front.cluster.p.first_logprob = ids[0], logprob(ids[0], 0)
+
+    async def attach(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:4], logprobs=[logprob(t, i) for i, t in enumerate(ids[1:4], 1)])
+        yield decode_pb2.TokenEvent(token_ids=ids[4:], finish_reason="length",
+                                    usage=gateway_pb2.Usage(completion_tokens=len(ids)),
+                                    logprobs=[logprob(t, i) for i, t in enumerate(ids[4:], 4)])
+
+    front.cluster.d.script = attach
+    return ids
+
+
+def texts(tokenizer, ids: list[int]) -> list[str]:
+    return [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completion_logprobs_in_the_legacy_shape(front, tokenizer, stream):
+    ids = script_logprobs(front, tokenizer)
+    reply = await front.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": len(ids), "logprobs": 1,
+                                                           "stream": stream})
+    assert reply.status_code == 200, reply.text
+    choices = [json.loads(e)["choices"][0] for e in sse_events(reply.text)[:-1]] if stream \
+        else reply.json()["choices"]
+    tokens = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    values = [v for c in choices if c["logprobs"] for v in c["logprobs"]["token_logprobs"]]
+    tops = [d for c in choices if c["logprobs"] for d in c["logprobs"]["top_logprobs"]]
+    offsets = [o for c in choices if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+    assert tokens == texts(tokenizer, ids)
+    assert values == pytest.approx([-0.25 * (i + 1) for i in range(len(ids))])
+    assert tops[0] == {tokens[0]: pytest.approx(-0.25), texts(tokenizer, [OTHER])[0]: pytest.approx(-9)}
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert front.cluster.p.requests[0].sampling.logprobs == 1
+    assert front.cluster.p.requests[0].sampling.HasField("logprobs")
+
+
+async def test_chat_logprobs_with_bytes_and_top_logprobs(front, tokenizer):
+    ids = script_logprobs(front, tokenizer)
+    completion = await front.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=len(ids), logprobs=True,
+        top_logprobs=2)
+    content = completion.choices[0].logprobs.content
+    assert [c.token for c in content] == texts(tokenizer, ids)
+    assert [c.bytes for c in content] == [list(t.encode()) for t in texts(tokenizer, ids)]
+    assert [c.logprob for c in content] == pytest.approx([-0.25 * (i + 1) for i in range(len(ids))])
+    assert [t.token for t in content[0].top_logprobs] == texts(tokenizer, [ids[0], OTHER])
+    assert front.cluster.p.requests[0].sampling.logprobs == 2
+
+
+async def test_no_logprobs_unless_asked_and_none_past_a_stop_string(front, tokenizer):
+    ids = script_logprobs(front, tokenizer)
+    plain = await front.client.completions.create(model=MODEL, prompt="Hi", max_tokens=len(ids))
+    assert plain.choices[0].logprobs is None
+    assert not front.cluster.p.requests[0].sampling.HasField("logprobs")
+    script_logprobs(front, tokenizer)
+    cut = await front.client.completions.create(model=MODEL, prompt="Hi", max_tokens=len(ids), stop=" brown",
+                                                logprobs=0)
+    kept = len(tokenizer.encode(" The quick brown"))  # up to the token that completed the stop string
+    assert cut.choices[0].text == " The quick" and len(cut.choices[0].logprobs.tokens) == kept
