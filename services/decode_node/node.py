@@ -284,8 +284,11 @@ class DecodeNode:
         deadline = time.monotonic() + timeout_s
         while self.streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        reason = f"the decode node drained and its {timeout_s:g} s drain timeout ran out"
-        await asyncio.gather(*(self.abort(request_id, reason) for request_id in list(self.streams)))
+        reason = f"the decode node is draining and stopped waiting for the request after {timeout_s:g} s"
+        ended = await asyncio.gather(*(self.abort(request_id, reason) for request_id in list(self.streams)),
+                                     return_exceptions=True)
+        for error in (e for e in ended if isinstance(e, BaseException)):
+            log.error("a drained request could not be ended", error=repr(error))
 
 
 def _unix_ms(after_s: float) -> int:

@@ -306,8 +306,11 @@ class PrefillNode:
         deadline = loop.time() + timeout_s
         while len(self.live) and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        reason = f"the prefill node drained and its {timeout_s:g} s drain timeout ran out"
-        await asyncio.gather(*(self.abort(request_id, reason) for request_id in self.live.ids()))
+        reason = f"the prefill node is draining and stopped waiting for the request after {timeout_s:g} s"
+        ended = await asyncio.gather(*(self.abort(request_id, reason) for request_id in self.live.ids()),
+                                     return_exceptions=True)
+        for error in (e for e in ended if isinstance(e, BaseException)):
+            log.error("a drained request could not be ended", error=repr(error))
 
 
 async def _send_ready(sender: KVSender, item: ReadyBlocks) -> None:

@@ -63,5 +63,5 @@ def test_a_decode_node_whose_drain_runs_out_ends_its_requests_with_a_reason_and_
             for _ in call:
                 pass
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "the decode node drained and its 1.5 s drain timeout ran out" in info.value.details()
+        assert "the decode node is draining and stopped waiting for the request after 1.5 s" in info.value.details()
         assert decode.process.wait(timeout=30) == 0

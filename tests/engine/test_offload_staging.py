@@ -18,6 +18,7 @@ class HungStore:
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.deleted: list[list[bytes]] = []
 
     def put(self, blocks):
         self.release.wait(10)
@@ -25,6 +26,10 @@ class HungStore:
 
     def get(self, keys):
         raise AssertionError("nothing was stored")
+
+    def delete(self, keys):
+        self.deleted.append(list(keys))
+        return 0
 
 
 def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_host_memory():
@@ -50,3 +55,33 @@ def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_hos
         assert offload.host_bytes_held == 0
     finally:
         store.release.set()
+    offload.wait_io()
+    assert len(store.deleted) == 2  # after their puts failed: harmless, whatever the store holds goes
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, bytes] = {}
+
+    def put(self, blocks):
+        self.blocks.update((key, bytes(data)) for key, data in blocks)
+
+    def get(self, keys):
+        return [self.blocks[key] for key in keys]
+
+    def delete(self, keys):
+        return sum(self.blocks.pop(key, None) is not None for key in keys)
+
+
+def test_a_stored_copy_no_longer_wanted_is_deleted_from_the_store():
+    """An aborted or finished request's copy (discarded without a resume) leaves nothing in the store."""
+    kv_cache = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)
+    store = MemoryStore()
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True)
+    assert offload.claim("aborted", 2)
+    offload.copy_out(kv_cache, [SwapOut("aborted", (1, 2))])
+    offload.wait_io()
+    assert len(store.blocks) == 2 and offload.remote_keys("aborted") is not None
+    offload.discard("aborted")
+    offload.wait_io()
+    assert store.blocks == {}

@@ -29,6 +29,11 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
 
+    @field_validator("include_usage", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        return _default_of(cls, value, info)
+
 
 class GenerationBody(BaseModel):
     """What both endpoints take: the model, sampling and streaming settings."""
