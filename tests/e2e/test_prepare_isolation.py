@@ -121,7 +121,9 @@ def test_requests_waiting_for_a_full_decode_node_do_not_slow_the_others(nodes):
         for code, details, elapsed in outcomes:
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
             assert full in details and "no room" in details, details
-            assert STUCK_TIMEOUT_S - 0.5 <= elapsed <= STUCK_TIMEOUT_S, elapsed
+            # they waited to the end of their time; the answer left the node before their deadline (the
+            # code is not DEADLINE_EXCEEDED), though on a busy machine it may be read a little after it
+            assert elapsed >= STUCK_TIMEOUT_S - 0.5, elapsed
 
         full_stub.Abort(node_pb2.AbortRequest(request_id="filler", reason="test"), timeout=5)
     deadline = time.monotonic() + 20
