@@ -102,6 +102,16 @@ def test_logprobs_as_the_openai_package_reads_them(client, grpc_stub, bundled_to
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
 
 
+def test_n_choices_are_the_requests_seeded_seed_plus_index(client, grpc_stub):
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, n=2, max_tokens=8, temperature=0.9,
+                                           seed=123, extra_body={"ignore_eos": True})
+    assert [c.index for c in completion.choices] == [0, 1] and completion.usage.completion_tokens == 16
+    for i, choice in enumerate(completion.choices):
+        sampling = gateway_pb2.SamplingParams(max_tokens=8, temperature=0.9, seed=123 + i, ignore_eos=True)
+        _tokens, text, _ = generate(grpc_stub, prompt=PROMPT, sampling=sampling)
+        assert choice.text == text
+
+
 def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, http_cluster, grpc_stub):
     with pytest.raises(openai.NotFoundError) as raised:
         client.completions.create(model="gpt-4o", prompt=PROMPT)

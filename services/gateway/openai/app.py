@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from services.gateway.openai import errors
 from services.gateway.openai.body_limit import BodyLimit
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.responses import ModelCard, ModelList
-from services.gateway.openai.running import RunningRequest
+from services.gateway.openai.running import RequestGroup, RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 from services.gateway.openai.streaming import respond
 from services.gateway.openai.translate import (
@@ -33,6 +34,7 @@ from services.gateway.openai.translate import (
     Identity,
     Renderer,
     chat_input,
+    choices_of,
     completion_input,
 )
 from services.gateway.openai.unsupported import refuse_unsupported
@@ -76,13 +78,20 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         if body.stream_options is not None:
             refuse_unsupported(body.stream_options.model_extra, prefix="stream_options.")
 
-    async def run(request: Request, generate: GenerateInput, renderer: Renderer, body: GenerationBody) -> Response:
-        running = RunningRequest(core, metrics, generate, request.headers.items(), request.receive)
-        running.open()
+    async def run(request: Request, generate: GenerateInput, renderer: Callable[[int], Renderer],
+                  body: GenerationBody) -> Response:
+        """``renderer(i)``: the renderer of choice ``i``."""
+        group = RequestGroup(request.receive)
+        choices: list[tuple[RunningRequest, Renderer]] = []
         try:
-            return await respond(running, renderer, body.stream, body.include_usage)
+            for i, one in enumerate(choices_of(generate, body.n)):
+                running = RunningRequest(core, metrics, one, request.headers.items(), group)
+                running.open()
+                choices.append((running, renderer(i)))
+            return await respond(choices, body.stream, body.include_usage)
         except BaseException as error:
-            running.close(error)  # a stream that started closes itself when it ends
+            for running, _ in choices:
+                running.close(error)  # a stream that started closes itself when it ends
             raise
 
     @app.get("/health")
@@ -104,16 +113,23 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     async def completions(body: CompletionBody, request: Request) -> Response:
         check(body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        renderer = CompletionRenderer(Identity.new(request_id, settings.model_name),
-                                      LogprobsRender(core.tokenizer) if body.logprobs is not None else None)
+        who = Identity.new(request_id, settings.model_name)
+
+        def renderer(index: int) -> Renderer:
+            logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
+            return CompletionRenderer(who, logprobs, index)
+
         return await run(request, completion_input(body, request_id), renderer, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
         check(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        renderer = ChatRenderer(Identity.new(request_id, settings.model_name),
-                                LogprobsRender(core.tokenizer) if body.logprobs else None)
+        who = Identity.new(request_id, settings.model_name)
+
+        def renderer(index: int) -> Renderer:
+            return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index)
+
         return await run(request, chat_input(body, request_id), renderer, body)
 
     return app

@@ -6,6 +6,9 @@
 - cancellation: a client that disconnects cancels the flow, which aborts the request on its nodes and
   frees every block, as a cancelled gRPC call does.
 
+The ``n`` choices of one HTTP request are ``n`` running requests of one :class:`RequestGroup`, which
+watches the connection once for all of them.
+
 ``close()`` must run however the request ends (it is idempotent): it cancels a flow that is still
 running, ends the span and settles the metrics.
 """
@@ -31,19 +34,48 @@ from services.gateway.servicer import chunk_to_proto
 log = structlog.get_logger(__name__)
 
 
+class RequestGroup:
+    """The running requests of one HTTP request (its ``n`` choices): the client's connection is watched
+    once, from the first :meth:`RunningRequest.open` until every member closed; a disconnect cancels all."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.members: list[RunningRequest] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self.disconnected = False
+
+    def opened(self, member: RunningRequest) -> None:
+        self.members.append(member)
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch_disconnect())
+
+    def closed(self) -> None:
+        if self._watcher is not None and all(m.closed for m in self.members):
+            self._watcher.cancel()
+
+    async def _watch_disconnect(self) -> None:
+        """The body was read already: the next message is the client going away."""
+        with contextlib.suppress(asyncio.CancelledError):
+            while (await self._receive())["type"] != "http.disconnect":
+                pass
+            if not all(m.closed for m in self.members):
+                log.info("HTTP client disconnected")
+                self.disconnected = True
+                for member in self.members:
+                    member.cancel("client disconnected")
+
+
 class RunningRequest:
     def __init__(self, core: GatewayCore, metrics: GatewayMetrics | None, request: GenerateInput,
-                 headers: Iterable[tuple[str, str]], receive: Receive) -> None:
+                 headers: Iterable[tuple[str, str]], group: RequestGroup) -> None:
         self.core = core
         self.request = request
         self.flow: RequestFlow | None = None
         self._tracker: RequestTracker | None = metrics.track() if metrics is not None else None
         self._span = _root_span(request.request_id, headers)
-        self._receive = receive
-        self._watcher: asyncio.Task[None] | None = None
+        self._group = group
         self._tracking = False
-        self.disconnected = False
-        self._closed = False
+        self.closed = False
 
     def open(self) -> None:
         """Validate and tokenize (raises the gateway's named errors, before any node is called)."""
@@ -57,7 +89,7 @@ class RunningRequest:
         except BaseException as error:
             self.close(error)
             raise
-        self._watcher = asyncio.ensure_future(self._watch_disconnect())
+        self._group.opened(self)
 
     async def chunks(self) -> AsyncIterator[GenerateChunk]:
         """The flow's chunks; the request is closed when they end, however they end."""
@@ -79,30 +111,19 @@ class RunningRequest:
             self.flow.cancel(reason)
 
     def close(self, error: BaseException | None = None) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        if self._watcher is not None:
-            self._watcher.cancel()
+        self.closed = True
+        self._group.closed()
         if self.flow is not None:
             self.flow.cancel("HTTP response ended before the request finished")  # no-op once it finished
-        if self.disconnected:
+        if self._group.disconnected:
             error = asyncio.CancelledError("client disconnected")  # counted as the gRPC path counts a cancel
         if self._tracker is not None and self._tracking:
             self._tracker.__exit__(type(error) if error else None, error, None)
         if error is not None:
             tracing.fail(self._span, f"{type(error).__name__}: {error}")
         self._span.end()
-
-    async def _watch_disconnect(self) -> None:
-        """The body was read already: the next message is the client going away."""
-        with contextlib.suppress(asyncio.CancelledError):
-            while (await self._receive())["type"] != "http.disconnect":
-                pass
-            if not self._closed:
-                log.info("HTTP client disconnected")
-                self.disconnected = True
-                self.cancel("client disconnected")
 
 
 def _root_span(request_id: str, headers: Iterable[tuple[str, str]]) -> Span:

@@ -1,7 +1,7 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
 
-What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` other
-than 1, ``best_of`` > 1, ``echo``, ``suffix``, ``logit_bias`` and non-zero
+What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` past
+16, ``best_of`` > 1, ``echo``, ``suffix``, ``logit_bias`` and non-zero
 ``presence_penalty``/``frequency_penalty`` here; the undeclared fields that would change the output
 (``response_format``, ``tools``, ``min_p``, …) in ``unsupported.py``. Other fields (``user``,
 ``metadata``, …) are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them):
@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from services.engine.logprobs import MAX_LOGPROBS
 from services.engine.sampling_params import SEED_LIMIT
+
+MAX_CHOICES = 16  # n: choices of one request (each runs as its own request on the nodes)
 
 
 def _default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
@@ -65,9 +67,9 @@ class GenerationBody(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"only n=1 is supported, got {n}")
+    def _choices(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"must be in [1, {MAX_CHOICES}], got {n}")
         return n
 
     @field_validator("presence_penalty", "frequency_penalty")

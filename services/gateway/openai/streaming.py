@@ -11,7 +11,9 @@ the nodes refuse, no healthy node, a deadline) still gets its own HTTP status. A
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
@@ -23,7 +25,7 @@ from services.engine.logprobs import TokenLogprobs
 from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.openai.errors import OpenAIError, from_gateway
 from services.gateway.openai.running import RunningRequest
-from services.gateway.openai.translate import Renderer
+from services.gateway.openai.translate import Renderer, usage_body
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -33,49 +35,120 @@ def event(body: BaseModel) -> bytes:
     return b"data: " + body.model_dump_json().encode() + b"\n\n"
 
 
-async def respond(running: RunningRequest, renderer: Renderer, stream: bool, include_usage: bool) -> Response:
-    """Run the opened request to its response; ``running`` is closed however this ends."""
-    chunks = running.chunks()  # closes the request when it ends
+Choice = tuple[RunningRequest, Renderer]
+"""One of a request's ``n`` choices: its running request, and the renderer that gives it its index."""
+
+
+async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool) -> Response:
+    """Run the opened requests (the ``n`` choices of one HTTP request) to their response; each is closed
+    however this ends."""
+    streams = [running.chunks() for running, _ in choices]  # each closes its request when it ends
+    renderers = [renderer for _, renderer in choices]
     if not stream:
-        return await _whole(chunks, renderer)
+        return await _whole(streams, renderers)
+    firsts = await asyncio.gather(*(_first(chunks) for chunks in streams))
+    return StreamingResponse(_events(firsts, streams, renderers, include_usage), media_type="text/event-stream",
+                             headers=SSE_HEADERS, background=BackgroundTask(_close_all, choices))
+
+
+def _close_all(choices: Sequence[Choice]) -> None:
+    for running, _ in choices:
+        running.close()
+
+
+async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk:
     try:
-        first = await anext(chunks)
+        return await anext(chunks)
     except StopAsyncIteration:
         raise OpenAIError(502, "the request ended without a token", "server_error") from None
-    return StreamingResponse(_events(first, chunks, renderer, include_usage), media_type="text/event-stream",
-                             headers=SSE_HEADERS, background=BackgroundTask(running.close))
 
 
-async def _whole(chunks: AsyncIterator[GenerateChunk], renderer: Renderer) -> Response:
-    text: list[str] = []
-    logprobs: list[TokenLogprobs] = []
+@dataclass
+class _Collected:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
     last: GenerateChunk | None = None
+
+
+async def _collect(chunks: AsyncIterator[GenerateChunk]) -> _Collected:
+    collected = _Collected()
     async for chunk in chunks:  # to the end: the flow and the request close there
-        text.append(chunk.text)
-        logprobs += chunk.logprobs
-        last = chunk
-    if last is None or last.usage is None:
+        collected.text.append(chunk.text)
+        collected.logprobs += chunk.logprobs
+        collected.last = chunk
+    if collected.last is None or collected.last.usage is None:
         raise OpenAIError(502, "the request ended without a finish reason", "server_error")
-    body = renderer.whole("".join(text), last.finish_reason, last.usage, logprobs)
+    return collected
+
+
+async def _whole(streams: Sequence[AsyncIterator[GenerateChunk]], renderers: Sequence[Renderer]) -> Response:
+    every = await asyncio.gather(*(_collect(chunks) for chunks in streams))
+    bodies = []
+    for collected, renderer in zip(every, renderers, strict=True):
+        last = collected.last
+        assert last is not None and last.usage is not None
+        bodies.append(renderer.whole("".join(collected.text), last.finish_reason, last.usage, collected.logprobs))
+    usage = combined_usage([c.last.usage for c in every if c.last is not None and c.last.usage is not None])
+    body = bodies[0].model_copy(update={"choices": [b.choices[0] for b in bodies], "usage": usage_body(usage)})
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-async def _events(first: GenerateChunk, rest: AsyncIterator[GenerateChunk], renderer: Renderer,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    usage: Usage | None = first.usage
-    body = renderer.chunk(first, True)
-    if body is not None:
-        yield event(body)
+def combined_usage(usages: Sequence[Usage]) -> Usage:
+    """The usage of ``n`` choices of one prompt: the prompt once, every choice's tokens (as OpenAI counts)."""
+    return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens)
+
+
+async def _merged(streams: Sequence[AsyncIterator[GenerateChunk]]) -> AsyncIterator[tuple[int, GenerateChunk]]:
+    """The chunks of every stream as they come, with the stream's index; the first failure is raised (the
+    other streams are then closed, their requests cancelled)."""
+    if len(streams) == 1:  # no task hop for the common case
+        async for chunk in streams[0]:
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, GenerateChunk | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, chunks: AsyncIterator[GenerateChunk]) -> None:
+        try:
+            async for chunk in chunks:
+                queue.put_nowait((index, chunk, None))
+        except Exception as error:  # not swallowed: raised below, in the response's task
+            queue.put_nowait((index, None, error))
+            return
+        queue.put_nowait((index, None, None))
+
+    pumps = [asyncio.ensure_future(pump(i, chunks)) for i, chunks in enumerate(streams)]
     try:
-        async for chunk in rest:
-            body = renderer.chunk(chunk, False)
+        left = len(pumps)
+        while left:
+            index, chunk, error = await queue.get()
+            if error is not None:
+                raise error
+            if chunk is None:
+                left -= 1
+                continue
+            yield index, chunk
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+async def _events(firsts: Sequence[GenerateChunk], rest: Sequence[AsyncIterator[GenerateChunk]],
+                  renderers: Sequence[Renderer], include_usage: bool) -> AsyncIterator[bytes]:
+    usages: list[Usage | None] = [first.usage for first in firsts]
+    for renderer, first in zip(renderers, firsts, strict=True):
+        body = renderer.chunk(first, True)
+        if body is not None:
+            yield event(body)
+    try:
+        async for index, chunk in _merged(rest):
+            body = renderers[index].chunk(chunk, False)
             if body is not None:
                 yield event(body)
-            usage = chunk.usage or usage
+            usages[index] = chunk.usage or usages[index]
     except (ServiceError, InvalidRequestError) as error:
         yield event(from_gateway(error).body())
         yield DONE
         return
-    if include_usage and usage is not None:
-        yield event(renderer.usage_chunk(usage))
+    if include_usage and all(u is not None for u in usages):
+        yield event(renderers[0].usage_chunk(combined_usage([u for u in usages if u is not None])))
     yield DONE

@@ -9,6 +9,7 @@ chunk, or the whole response.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 
 from services.common.sampling_convert import SamplingFields
 from services.engine.logprobs import TokenLogprobs
+from services.engine.sampling_params import SEED_LIMIT
 from services.engine.tokenizer import ChatMessage
 from services.gateway.generation import GenerateChunk, GenerateInput, Usage
 from services.gateway.openai import responses as out
@@ -43,6 +45,16 @@ def chat_input(body: ChatCompletionBody, request_id: str) -> GenerateInput:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return GenerateInput(request_id=request_id, messages=tuple(ChatMessage(m.role, m.text) for m in body.messages),
                          sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None))
+
+
+def choices_of(generate: GenerateInput, n: int) -> list[GenerateInput]:
+    """The ``n`` requests of ``n`` choices: ids ``<id>-<i>``; a given seed becomes ``seed + i`` so that
+    seeded choices differ yet reproduce (no seed: each draws its own)."""
+    if n == 1:
+        return [generate]
+    seed = generate.sampling.seed
+    return [dataclasses.replace(generate, request_id=f"{generate.request_id}-{i}", sampling=dataclasses.replace(
+        generate.sampling, seed=None if seed is None else (seed + i) % SEED_LIMIT)) for i in range(n)]
 
 
 def usage_body(usage: Usage) -> out.UsageBody:
@@ -80,11 +92,12 @@ class Identity:
 class CompletionRenderer:
     who: Identity
     logprobs: LogprobsRender | None = None  # the request asked for logprobs
+    index: int = 0  # of the choice, among the request's n
 
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.Completion | None:
         if not chunk.text and not chunk.finish_reason and not chunk.logprobs:
             return None
-        choice = out.CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason or None,
+        choice = out.CompletionChoice(index=self.index, text=chunk.text, finish_reason=chunk.finish_reason or None,
                                       logprobs=self._logprobs(chunk.logprobs))
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice])
 
@@ -97,7 +110,8 @@ class CompletionRenderer:
 
     def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
               ) -> out.Completion:
-        choice = out.CompletionChoice(text=text, finish_reason=finish_reason, logprobs=self._logprobs(logprobs))
+        choice = out.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason,
+                                      logprobs=self._logprobs(logprobs))
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
                               usage=usage_body(usage))
 
@@ -106,13 +120,14 @@ class CompletionRenderer:
 class ChatRenderer:
     who: Identity
     logprobs: LogprobsRender | None = None  # the request asked for logprobs
+    index: int = 0  # of the choice, among the request's n
 
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.ChatCompletionChunk | None:
         if not chunk.text and not chunk.finish_reason and not first and not chunk.logprobs:
             return None
         delta = out.ChatDelta(role="assistant" if first else None,
                               content=chunk.text if chunk.text or first else None)
-        choice = out.ChatChunkChoice(delta=delta, finish_reason=chunk.finish_reason or None,
+        choice = out.ChatChunkChoice(index=self.index, delta=delta, finish_reason=chunk.finish_reason or None,
                                      logprobs=self._logprobs(chunk.logprobs))
         return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model,
                                        choices=[choice])
@@ -126,7 +141,7 @@ class ChatRenderer:
 
     def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
               ) -> out.ChatCompletion:
-        choice = out.ChatChoice(message=out.ChatMessageOut(content=text), finish_reason=finish_reason,
-                                logprobs=self._logprobs(logprobs))
+        choice = out.ChatChoice(index=self.index, message=out.ChatMessageOut(content=text),
+                                finish_reason=finish_reason, logprobs=self._logprobs(logprobs))
         return out.ChatCompletion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
                                   usage=usage_body(usage))

@@ -51,7 +51,8 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "max_tokens": -1}, "max_tokens"),
     ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "Hi", "max_tokens": 2.5}, "max_tokens"),
-    ({"prompt": "Hi", "n": 2}, "n"),
+    ({"prompt": "Hi", "n": 0}, "n"),
+    ({"prompt": "Hi", "n": 17}, "n"),
     ({"prompt": "Hi", "echo": True}, "echo"),
     ({"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ({"prompt": "Hi", "best_of": 2}, "best_of"),
@@ -97,7 +98,7 @@ BAD_CHATS = [
     ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ({"messages": CHAT, "n": 3}, "n"),
+    ({"messages": CHAT, "n": 17}, "n"),
     ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
     ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
@@ -179,7 +180,7 @@ async def test_the_openai_client_sees_bad_requests_as_bad_request_errors(front, 
     assert (raised.value.status_code, raised.value.param, raised.value.type) == (
         400, "max_tokens", "invalid_request_error")
     with pytest.raises(openai.BadRequestError) as raised:
-        await front.client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+        await front.client.chat.completions.create(model=MODEL, messages=CHAT, n=17)
     assert raised.value.param == "n"
     await assert_serving(front, tokenizer)
 

@@ -1,0 +1,76 @@
+"""``n`` choices through the HTTP front over fake nodes: n requests on the nodes (ids ``<id>-<i>``, seeds
+``seed + i``), the choices indexed in the response and in the stream, usage counting the prompt once and
+every choice's tokens; a client that leaves aborts every choice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+
+from tests.gateway.fakes import eventually
+from tests.gateway.openai.conftest import MODEL
+from tests.gateway.openai.test_openai_front_api import script, sse_events
+from tests.gateway.openai.test_openai_front_errors import assert_serving
+from tests.gateway.openai.test_openai_front_lifecycle import stall_after_two
+
+
+async def test_n_completions_are_n_requests_with_indexed_choices(front, tokenizer):
+    ids = script(front, tokenizer)
+    completion = await front.client.completions.create(model=MODEL, prompt="Hello there", max_tokens=len(ids),
+                                                       n=3, seed=40, temperature=0.8)
+    assert [c.index for c in completion.choices] == [0, 1, 2]
+    assert all(c.text == tokenizer.decode(ids) and c.finish_reason == "length" for c in completion.choices)
+    prompt_tokens = len(tokenizer.encode("Hello there"))
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (prompt_tokens, 3 * len(ids))
+    sent = sorted(front.cluster.p.requests, key=lambda r: r.request_id)
+    assert [r.request_id for r in sent] == [f"{completion.id}-{i}" for i in range(3)]
+    assert [r.sampling.seed for r in sent] == [40, 41, 42]
+    await front.cluster.gateway.core.wait_background()
+    assert front.cluster.gateway.core.in_flight == 0
+
+
+async def test_n_chat_choices_stream_with_their_index_and_usage_at_the_end(front, tokenizer):
+    ids = script(front, tokenizer)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": len(ids), "n": 2,
+            "stream": True, "stream_options": {"include_usage": True}}
+    reply = await front.http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    *chunks, done = sse_events(reply.text)
+    assert done == "[DONE]"
+    *choice_chunks, usage_chunk = [json.loads(c) for c in chunks]
+    texts, roles, finishes = defaultdict(str), defaultdict(list), {}
+    for chunk in choice_chunks:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["delta"].get("content", "")
+        roles[choice["index"]] += [choice["delta"]["role"]] if "role" in choice["delta"] else []
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert dict(texts) == {0: tokenizer.decode(ids), 1: tokenizer.decode(ids)}
+    assert dict(roles) == {0: ["assistant"], 1: ["assistant"]} and finishes == {0: "length", 1: "length"}
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 2 * len(ids)
+
+
+async def test_a_client_leaving_aborts_every_choice(front, tokenizer):
+    stall_after_two(front, tokenizer)
+    waiting = asyncio.ensure_future(front.http.post("/v1/completions", json={"prompt": "Hi", "n": 3}))
+    await eventually(lambda: len(front.cluster.d.attaches) == 3, what="three requests on the decode node")
+    waiting.cancel()  # closes the connection
+    await eventually(lambda: sorted(front.cluster.d.aborts) == sorted(front.cluster.d.attaches),
+                     what="every choice aborted on the decode node")
+    await eventually(lambda: front.cluster.gateway.core.in_flight == 0, what="every flow closed")
+    await assert_serving(front, tokenizer)
+
+
+async def test_a_client_leaving_a_stream_of_choices_aborts_every_choice(front, tokenizer):
+    stall_after_two(front, tokenizer)
+    async with front.http.stream("POST", "/v1/completions", json={"prompt": "Hi", "n": 2, "stream": True}) as reply:
+        events: list[str] = []  # each choice's first token, then their decode nodes' first tokens
+        async for line in reply.aiter_lines():
+            events += [line] if line else []
+            if len(events) == 4:
+                break
+    await eventually(lambda: len(front.cluster.d.aborts) == 2, what="both choices aborted on the decode node")
+    assert sorted(front.cluster.d.aborts) == sorted(front.cluster.d.attaches)
+    await eventually(lambda: front.cluster.gateway.core.in_flight == 0, what="every flow closed")
+    await assert_serving(front, tokenizer)
