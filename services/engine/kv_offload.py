@@ -14,8 +14,8 @@ its KV pool's size) — past it a victim is recomputed, so a hung cache-store ca
 the cache-store holds (:meth:`remote_keys`) is what lets another decode node adopt the request
 (``handover.py``); its keys are request-scoped (a random block id under the model fingerprint), so
 once the copy is read back or no longer wanted (:meth:`discard`: resumed, finished, aborted, handed over)
-its keys are deleted from the cache-store in the background (after its put: one I/O thread), where they
-would only crowd out prefix blocks.
+its keys are deleted from the cache-store in the background (once its put ended, on a thread of their
+own), where they would only crowd out prefix blocks.
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -83,6 +83,9 @@ class KVOffload:
         self._copies: dict[str, _Copy] = {}
         self._nonce = itertools.count()
         self._io = ThreadPoolExecutor(1, thread_name_prefix="kv-offload") if remote is not None else None
+        # deletes wait for their put, but not behind (or in front of) other requests' puts and fetches
+        self._deletes = ThreadPoolExecutor(1, thread_name_prefix="kv-offload-delete") if remote is not None \
+            else None
 
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
@@ -161,12 +164,14 @@ class KVOffload:
         if not copy.remote:
             self.host_bytes_used -= copy.num_blocks * self.bytes_per_block
         elif copy.stored is not None:
-            self._io.submit(self._delete_remote, request_id, copy.keys)
+            keys = copy.keys
+            copy.stored.add_done_callback(lambda _: self._deletes.submit(self._delete_remote, request_id, keys))
 
     def wait_io(self) -> None:
         """Wait for the cache-store puts, gets and deletes submitted so far."""
         if self._io is not None:
             self._io.submit(lambda: None).result()
+            self._deletes.submit(lambda: None).result()
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
         try:
