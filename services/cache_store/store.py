@@ -160,13 +160,12 @@ class BlockStore:
         for key in dict.fromkeys(keys):
             if key in pinned:
                 continue
-            found = key in self.memory
-            if found:
+            in_memory, on_disk = key in self.memory, self.disk is not None and key in self.disk
+            if in_memory:
                 self.memory.remove(key)
-            if self.disk is not None and key in self.disk:
+            if on_disk:
                 self.disk.remove(key)
-                found = True
-            deleted += found
+            deleted += in_memory or on_disk
         self.deleted_total += deleted
         return deleted
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import CollectorRegistry
 
+from services.common.drain import drain_wait_s
 from services.common.engine_node import EngineNodeConfig
 from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding
@@ -16,16 +17,6 @@ from services.engine.engine import LLMEngine
 from services.engine.worker import single_threaded_main
 
 log = structlog.get_logger(__name__)
-
-ENDING_MARGIN_S = 2.0
-
-
-def drain_wait_s(drain_timeout_s: float) -> float:
-    """How long a draining node waits for its requests before it ends the rest with a reason its clients
-    read. ``NodeServer`` cuts the whole drain at ``drain_timeout_s``; the ending gets the last part of it
-    (2 s, or a quarter of a shorter timeout), so it is not cut short itself."""
-    return max(0.0, drain_timeout_s - min(ENDING_MARGIN_S, drain_timeout_s / 4))
-
 
 class EngineNode(Protocol):
     def start(self) -> None: ...

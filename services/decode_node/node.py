@@ -29,6 +29,7 @@ from kvcache.host_identity import read_host_identity
 from kvcache.kv_bytes import write_blocks
 from services.cache_store.client import AsyncCacheStoreClient
 from services.common import tracing
+from services.common.drain import drain_requests
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.decode_node.handover import HandoverAgent, Route
@@ -281,14 +282,7 @@ class DecodeNode:
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Refuse new reservations; let running requests finish (up to ``timeout_s``), then abort the rest."""
         self.draining = True
-        deadline = time.monotonic() + timeout_s
-        while self.streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        reason = f"the decode node is draining and stopped waiting for the request after {timeout_s:g} s"
-        ended = await asyncio.gather(*(self.abort(request_id, reason) for request_id in list(self.streams)),
-                                     return_exceptions=True)
-        for error in (e for e in ended if isinstance(e, BaseException)):
-            log.error("a drained request could not be ended", error=repr(error))
+        await drain_requests("decode", lambda: list(self.streams), self.abort, timeout_s)
 
 
 def _unix_ms(after_s: float) -> int:

@@ -36,12 +36,8 @@ class IncrementalDetokenizer:
         full = self.tokenizer.decode(self._ids[self._prefix_offset:])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
-        delta = full[len(prefix):]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        search_from = max(0, len(self.text) - self._holdback)
-        self.text += delta
-        if self.stop and len(self._ids) > self.min_tokens:
-            self._check_stop(search_from)
+        self._append(full[len(prefix):])
         return self._release(final=self.matched_stop is not None)
 
     def flush(self) -> str:
@@ -51,12 +47,17 @@ class IncrementalDetokenizer:
         if self.matched_stop is None and self._read_offset < len(self._ids):
             prefix = self.tokenizer.decode(self._ids[self._prefix_offset:self._read_offset])
             full = self.tokenizer.decode(self._ids[self._prefix_offset:])
-            search_from = max(0, len(self.text) - self._holdback)
-            self.text += full[len(prefix):]
             self._prefix_offset = self._read_offset = len(self._ids)
-            if self.stop and len(self._ids) > self.min_tokens:
-                self._check_stop(search_from)
+            self._append(full[len(prefix):])
         return self._release(final=True)
+
+    def _append(self, delta: str) -> None:
+        """Add newly decoded text; look for a stop string in it (and the held-back tail before it) once
+        more than ``min_tokens`` tokens came."""
+        search_from = max(0, len(self.text) - self._holdback)
+        self.text += delta
+        if self.stop and len(self._ids) > self.min_tokens:
+            self._check_stop(search_from)
 
     def _check_stop(self, search_from: int) -> None:
         hits = [(self.text.find(s, search_from), s) for s in self.stop]

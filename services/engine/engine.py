@@ -69,9 +69,10 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
-        self.offload = KVOffload(bytes_per_block(self.runner.kv_cache), int(config.offload_host_gib * 2**30),
-                                 remote, fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
-                                 staging_limit_bytes=num_blocks * bytes_per_block(self.runner.kv_cache))
+        block_bytes = bytes_per_block(self.runner.kv_cache)
+        self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
+                                 fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
+                                 staging_limit_bytes=num_blocks * block_bytes)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,

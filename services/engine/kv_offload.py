@@ -95,9 +95,10 @@ class KVOffload:
             self._copies[request_id] = _Copy(num_blocks, remote=False)
             return True
         if self.remote is not None:
-            if self.staging_limit_bytes is not None and self.staged_bytes() + size > self.staging_limit_bytes:
+            staged = self.staged_bytes() if self.staging_limit_bytes is not None else None
+            if staged is not None and staged + size > self.staging_limit_bytes:
                 log.info("no room to stage preempted KV for the cache-store; the request will be recomputed",
-                         request_id=request_id, staged_bytes=self.staged_bytes())
+                         request_id=request_id, staged_bytes=staged)
                 return False
             nonce = next(self._nonce)
             keys = [store_key(self.fingerprint, hashlib.blake2b(b"%s|%d|%d" % (request_id.encode(), nonce, i),

@@ -25,6 +25,7 @@ from kvcache.kv_bytes import read_blocks
 from services.common import tracing
 from services.common.cancellation import uncancellable
 from services.common.channel_pool import ChannelPool
+from services.common.drain import drain_requests
 from services.common.errors import UnavailableError
 from services.common.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
 from services.common.kv_transfer_stats import KVTransferStats
@@ -302,15 +303,7 @@ class PrefillNode:
         """Refuse new requests; let those in flight finish (up to ``timeout_s``), then end the rest: their
         calls fail ``UNAVAILABLE`` saying so, their reservations on decode nodes are aborted."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while len(self.live) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        reason = f"the prefill node is draining and stopped waiting for the request after {timeout_s:g} s"
-        ended = await asyncio.gather(*(self.abort(request_id, reason) for request_id in self.live.ids()),
-                                     return_exceptions=True)
-        for error in (e for e in ended if isinstance(e, BaseException)):
-            log.error("a drained request could not be ended", error=repr(error))
+        await drain_requests("prefill", self.live.ids, self.abort, timeout_s)
 
 
 async def _send_ready(sender: KVSender, item: ReadyBlocks) -> None:

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from services.common.engine_serve import drain_wait_s
+from services.common.drain import drain_wait_s
 from services.common.errors import UnavailableError
 from services.prefill_node.handoff import FirstToken
 from services.prefill_node.node import Reserved

@@ -32,7 +32,8 @@ class LogprobsRender:
             self._offset += len(tokens[-1])
         return out.CompletionLogprobs(
             tokens=tokens, token_logprobs=[lp.logprob for lp in logprobs],
-            top_logprobs=[{self.text(t): v for t, v in ((lp.token_id, lp.logprob), *lp.top)} for lp in logprobs],
+            top_logprobs=[{token: lp.logprob} | {self.text(t): v for t, v in lp.top}
+                          for token, lp in zip(tokens, logprobs, strict=True)],
             text_offset=offsets)
 
     def chat(self, logprobs: Sequence[TokenLogprobs]) -> out.ChatLogprobs:

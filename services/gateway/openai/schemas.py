@@ -60,7 +60,7 @@ class GenerationBody(BaseModel):
     logit_bias: dict[str, float] | None = None
 
     @field_validator("n", "stream", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
-                     mode="before")
+                     "echo", "logprobs", mode="before", check_fields=False)  # echo, logprobs: the endpoints'
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         return _default_of(cls, value, info)
@@ -117,11 +117,6 @@ class CompletionBody(GenerationBody):
         if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
             return value
         raise ValueError("expected a string, a list of token ids, or a one-element list of either")
-
-    @field_validator("echo", mode="before")
-    @classmethod
-    def _null_echo_is_default(cls, value: Any, info: ValidationInfo) -> Any:
-        return _default_of(cls, value, info)
 
     @field_validator("echo")
     @classmethod
@@ -186,11 +181,6 @@ class ChatCompletionBody(GenerationBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _null_logprobs_is_default(cls, value: Any, info: ValidationInfo) -> Any:
-        return _default_of(cls, value, info)
 
     @field_validator("top_logprobs")
     @classmethod
