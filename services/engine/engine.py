@@ -104,6 +104,15 @@ class LLMEngine:
         identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}
         return cls(config, model, tokenizer, identity)
 
+    def close(self) -> None:
+        """Stop the offload's and the output cache's background threads and close the cache-store channel
+        (after the last step: the engine is not used again)."""
+        self.offload.close()
+        if self.output_cache is not None:
+            self.output_cache.close()
+        if self.offload.remote is not None:
+            self.offload.remote.close()
+
     # ---- requests -----------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                       messages: Sequence[ChatMessage] | None = None) -> list[int]:

@@ -23,6 +23,7 @@ run on the engine thread during a step, for requests whose aborts the engine def
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 from collections.abc import Sequence
@@ -166,13 +167,24 @@ class KVOffload:
             self.host_bytes_used -= copy.num_blocks * self.bytes_per_block
         elif copy.stored is not None:
             keys = copy.keys
-            copy.stored.add_done_callback(lambda _: self._deletes.submit(self._delete_remote, request_id, keys))
+            copy.stored.add_done_callback(lambda _: self._submit_delete(request_id, keys))
+
+    def _submit_delete(self, request_id: str, keys: list[bytes]) -> None:
+        with contextlib.suppress(RuntimeError):  # closed: the engine is going away
+            self._deletes.submit(self._delete_remote, request_id, keys)
 
     def wait_io(self) -> None:
         """Wait for the cache-store puts, gets and deletes submitted so far."""
         if self._io is not None:
             self._io.submit(lambda: None).result()
             self._deletes.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Stop the background threads (queued puts, fetches and deletes are dropped: the engine is going
+        away, and the cache-store's LRU ages out what it was not told to delete)."""
+        for executor in (self._io, self._deletes):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
         try:

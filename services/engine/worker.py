@@ -69,10 +69,12 @@ class EngineWorker:
         return self._stopping
 
     async def stop(self) -> None:
+        """Stop the engine thread, then close the engine (its background threads and channels)."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        self.engine.close()
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run ``fn(engine)`` under the engine lock (waiting at most for a step's bookkeeping, not for the

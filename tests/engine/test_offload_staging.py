@@ -85,3 +85,25 @@ def test_a_stored_copy_no_longer_wanted_is_deleted_from_the_store():
     offload.discard("aborted")
     offload.wait_io()
     assert store.blocks == {}
+
+
+def _offload_threads() -> set[str]:
+    return {thread.name for thread in threading.enumerate() if thread.name.startswith("kv-offload")}
+
+
+def test_close_stops_the_offload_threads_and_a_later_discard_is_harmless():
+    """An engine that stops (a node restarted in-process, every test's engine) leaves no offload threads;
+    a put that ends after the close does not try to queue its delete on the closed executor."""
+    kv_cache = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)
+    store = HungStore()
+    before = _offload_threads()
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True)
+    assert offload.claim("a", 2)
+    offload.copy_out(kv_cache, [SwapOut("a", (1, 2))])
+    offload.discard("a")  # its delete waits for the hung put
+    offload.close()
+    store.release.set()  # the put fails now; its done-callback must not raise on the closed executor
+    for thread in [t for t in threading.enumerate() if t.name.startswith("kv-offload")]:
+        thread.join(5)
+    assert _offload_threads() == before
+    assert store.deleted == []  # dropped with the executor
