@@ -24,10 +24,11 @@ _PUT = "/pdserve.v1.CacheStore/Put"
 _GET = "/pdserve.v1.CacheStore/Get"
 
 
-def _get_request(keys: Sequence[bytes], allow_partial: bool, layout: node_pb2.KVLayout | None
-                 ) -> cache_store_pb2.GetRequest:
+def _get_request(keys: Sequence[bytes], allow_partial: bool, layout: node_pb2.KVLayout | None,
+                 restore: bool = False) -> cache_store_pb2.GetRequest:
     fingerprint = layout.model_fingerprint if layout is not None else b""
-    return cache_store_pb2.GetRequest(keys=list(keys), allow_partial=allow_partial, model_fingerprint=fingerprint)
+    return cache_store_pb2.GetRequest(keys=list(keys), allow_partial=allow_partial, model_fingerprint=fingerprint,
+                                      restore=restore)
 
 
 def _lookup_request(keys: Sequence[bytes], layout: node_pb2.KVLayout | None) -> cache_store_pb2.LookupRequest:
@@ -51,11 +52,12 @@ class CacheStoreClient:
         """Store ``(key, data)`` pairs atomically."""
         return self._put(put_frames(blocks, self.layout), timeout=self.timeout_s, metadata=tracing.outgoing())
 
-    def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
+    def get(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False) -> list[bytes]:
         """The data of ``keys`` in order (``NOT_FOUND`` if any is missing, unless ``allow_partial``:
-        then the longest stored prefix)."""
+        then the longest stored prefix). ``restore``: a request's own KV read back, not a prefix (the
+        store counts it apart from its hits)."""
         assembler, blocks = BlockAssembler(), []
-        request = _get_request(keys, allow_partial, self.layout)
+        request = _get_request(keys, allow_partial, self.layout, restore)
         for frame in self._get(request, timeout=self.timeout_s, metadata=tracing.outgoing()):
             if (block := assembler.add(frame)) is not None:
                 blocks.append(block[1])
@@ -92,9 +94,9 @@ class AsyncCacheStoreClient:
     async def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
         return await self._put(put_frames(blocks, self.layout), timeout=self.timeout_s, metadata=tracing.outgoing())
 
-    async def get(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[bytes]:
+    async def get(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False) -> list[bytes]:
         assembler, blocks = BlockAssembler(), []
-        request = _get_request(keys, allow_partial, self.layout)
+        request = _get_request(keys, allow_partial, self.layout, restore)
         async for frame in self._get(request, timeout=self.timeout_s, metadata=tracing.outgoing()):
             if (block := assembler.add(frame)) is not None:
                 blocks.append(block[1])

@@ -37,11 +37,14 @@ def render(s: gateway_pb2.NodeStatus) -> Iterator[Metric]:
     yield per_tier(GaugeMetricFamily("pdserve_cache_store_blocks", "Blocks held, by tier", labels=["tier"]),
                    s.memory_blocks, s.disk_blocks)
     yield gauge("pdserve_cache_store_stored_blocks", "Distinct blocks stored (either tier)", s.blocks_total)
-    yield per_tier(CounterMetricFamily("pdserve_cache_store_hits", "Blocks served by Get, by the tier read",
-                                       labels=["tier"]),
+    yield per_tier(CounterMetricFamily("pdserve_cache_store_hits", "Prefix blocks served by Get, by the tier "
+                                       "read", labels=["tier"]),
                    s.hits_total - s.disk_hits_total, s.disk_hits_total)
-    yield counter("pdserve_cache_store_misses_total", "Keys a Get or Lookup asked for that were not stored",
-                  s.misses_total)
+    yield counter("pdserve_cache_store_misses_total", "Prefix keys a Get or Lookup asked for that were not "
+                  "stored", s.misses_total)
+    yield counter("pdserve_cache_store_restored_blocks_total", "Blocks a decode node read back for a request "
+                  "of its own (a preempted copy, a handed-over request); not prefix hits",
+                  s.restored_blocks_total)
     yield per_tier(CounterMetricFamily("pdserve_cache_store_evictions", "Blocks dropped from a tier "
                                        "(from memory: written to disk first when there is one)", labels=["tier"]),
                    s.memory_evictions_total, s.disk_evictions_total)

@@ -20,19 +20,22 @@ class BlockReader:
     A block whose disk file turns out damaged or missing ends the iteration with ``allow_partial`` (the
     blocks before it are the stored prefix) and raises ``MissingBlockError`` without."""
 
-    def __init__(self, store: BlockStore, keys: list[bytes], allow_partial: bool, lease: Lease) -> None:
+    def __init__(self, store: BlockStore, keys: list[bytes], allow_partial: bool, lease: Lease,
+                 restore: bool = False) -> None:
         self.store = store
         self.keys = keys
         self.allow_partial = allow_partial
         self.lease = lease
+        self.restore = restore  # counted as restored blocks, not hits and misses
         self.served: list[bytes] = []
 
     def __iter__(self) -> Iterator[StoredBlock]:
         store = self.store
         for i, key in enumerate(self.keys):
-            block = store.fetch(key)
+            block = store.fetch(key, self.restore)
             if block is None:
-                store.misses_total += len(self.keys) - i
+                if not self.restore:
+                    store.misses_total += len(self.keys) - i
                 if self.allow_partial:
                     return
                 raise MissingBlockError(f"keys[{i}] = {key.hex()} is no longer readable (its disk copy was "

@@ -162,7 +162,8 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     async def _stream(self, request: cache_store_pb2.GetRequest,
                       encode: Callable[[StoredBlock, int], Iterator[object]]) -> AsyncIterator[object]:
         keys = list(request.keys)
-        with self._work(), self.store.open_get(keys, request.allow_partial, request.model_fingerprint) as reader:
+        with self._work(), self.store.open_get(keys, request.allow_partial, request.model_fingerprint,
+                                                            request.restore) as reader:
             for block in reader:
                 for chunk in encode(block, self.chunk_bytes):
                     yield chunk
@@ -212,6 +213,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
             hits_total=stats.hits_total,
             disk_hits_total=stats.disk_hits_total,
             misses_total=stats.misses_total,
+            restored_blocks_total=stats.restored_blocks_total,
             memory_evictions_total=stats.memory_evictions_total,
             disk_evictions_total=stats.disk_evictions_total,
         )

@@ -23,7 +23,9 @@ or no longer wants them, so they do not crowd out prefix blocks; a block a Get i
 Counters: ``hits_total`` blocks served by Get, ``disk_hits_total`` of those read from disk,
 ``misses_total`` keys not served: for a Get every requested key past the blocks it served, for a Lookup
 at most one per call (its first key not stored; a prefill node looks a whole prompt up before it gets
-the hits, and those keys would otherwise count twice).
+the hits, and those keys would otherwise count twice). A restore Get (a decode node reading back a
+request's own KV, not a prefix) counts its blocks in ``restored_blocks_total`` only: neither hits nor
+misses, which measure prefix reuse.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class StoreStats:
     hits_total: int
     disk_hits_total: int
     misses_total: int
+    restored_blocks_total: int
     memory_evictions_total: int
     disk_evictions_total: int  # files deleted: evicted past capacity, or found damaged when read
     disk_corrupt_total: int  # of those, damaged or missing files
@@ -103,6 +106,7 @@ class BlockStore:
         self.hits_total = 0
         self.disk_hits_total = 0
         self.misses_total = 0
+        self.restored_blocks_total = 0
         self.deleted_total = 0
 
     @property
@@ -132,23 +136,26 @@ class BlockStore:
             self.misses_total += 1
         return hits
 
-    def open_get(self, keys: Sequence[bytes], allow_partial: bool = False, fingerprint: bytes = b"") -> BlockReader:
+    def open_get(self, keys: Sequence[bytes], allow_partial: bool = False, fingerprint: bytes = b"",
+                 restore: bool = False) -> BlockReader:
         """A reader of the blocks of ``keys`` in order, holding a lease on them until closed. A key not
         stored raises ``MissingBlockError`` now, unless ``allow_partial``: the reader then serves the
-        longest stored prefix."""
+        longest stored prefix. ``restore``: counted as a restore, not as hits and misses."""
         check_keys(keys, fingerprint)
         hits = self._stored_prefix(keys)
         if hits < len(keys):
-            self.misses_total += len(keys) - hits
+            if not restore:
+                self.misses_total += len(keys) - hits
             if not allow_partial:
                 raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
         prefix = list(keys[:hits])
         self.memory.touch(prefix)
-        return BlockReader(self, prefix, allow_partial, self.leases.acquire(prefix))
+        return BlockReader(self, prefix, allow_partial, self.leases.acquire(prefix), restore)
 
-    def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False) -> list[StoredBlock]:
+    def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False
+                   ) -> list[StoredBlock]:
         """Every block :meth:`open_get` would stream, read at once."""
-        with self.open_get(keys, allow_partial) as reader:
+        with self.open_get(keys, allow_partial, restore=restore) as reader:
             return list(reader)
 
     def delete(self, keys: Sequence[bytes], fingerprint: bytes = b"") -> int:
@@ -219,6 +226,7 @@ class BlockStore:
             hits_total=self.hits_total,
             disk_hits_total=self.disk_hits_total,
             misses_total=self.misses_total,
+            restored_blocks_total=self.restored_blocks_total,
             memory_evictions_total=self.memory.evictions_total,
             disk_evictions_total=(disk.evictions_total if disk is not None else 0) + corrupt,
             disk_corrupt_total=corrupt,
@@ -267,20 +275,22 @@ class BlockStore:
             log.warning("evicted block could not be written to disk, dropped", key=block.key.hex(),
                         error=str(error))
 
-    def fetch(self, key: bytes) -> StoredBlock | None:
+    def fetch(self, key: bytes, restore: bool = False) -> StoredBlock | None:
         """The block of ``key`` for a reader: from memory, else read from disk (verified) and promoted."""
         block = self.memory.get(key)
-        if block is not None:
-            self.hits_total += 1
-            return block
-        if self.disk is None or key not in self.disk:
-            return None  # gone since the Get began (its lease expired)
-        block = self.disk.read(key)
         if block is None:
-            return None
-        self.hits_total += 1
-        self.disk_hits_total += 1
-        self._promote(block)
+            if self.disk is None or key not in self.disk:
+                return None  # gone since the Get began (its lease expired)
+            block = self.disk.read(key)
+            if block is None:
+                return None
+            if not restore:
+                self.disk_hits_total += 1
+            self._promote(block)
+        if restore:
+            self.restored_blocks_total += 1
+        else:
+            self.hits_total += 1
         return block
 
     def _promote(self, block: StoredBlock) -> None:

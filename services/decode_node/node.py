@@ -187,7 +187,7 @@ class DecodeNode:
         adopted = False
         try:
             try:
-                blocks = await self._store(cache_store).get(grant.keys) if grant.keys else []
+                blocks = await self._store(cache_store).get(grant.keys, restore=True) if grant.keys else []
             except grpc.aio.AioRpcError as error:
                 raise UnavailableError(f"cache-store {cache_store}: {error.code().name}: {error.details()}") from error
             payload = b"".join(blocks)

@@ -46,7 +46,7 @@ class RemoteBlockStore(Protocol):
     """The cache-store as the offload sees it (:class:`services.cache_store.client.CacheStoreClient`)."""
 
     def put(self, blocks: Sequence[tuple[bytes, bytes | memoryview]]) -> object: ...
-    def get(self, keys: Sequence[bytes]) -> list[bytes]: ...
+    def get(self, keys: Sequence[bytes], *, restore: bool) -> list[bytes]: ...
     def delete(self, keys: Sequence[bytes]) -> int: ...
 
 
@@ -149,7 +149,7 @@ class KVOffload:
         if copy is None or not copy.remote or copy.fetched is not None or copy.data is not None:
             return
         if copy.stored is not None and copy.stored.done():
-            copy.fetched = self._io.submit(self.remote.get, copy.keys)
+            copy.fetched = self._io.submit(self.remote.get, copy.keys, restore=True)
 
     def remote_keys(self, request_id: str) -> list[bytes] | None:
         """The cache-store keys of the request's copy once stored there (None: no such copy, or not yet)."""

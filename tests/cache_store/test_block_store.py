@@ -148,3 +148,16 @@ def test_get_and_lookup_check_key_length_and_fingerprint(call):
     run([key("a"), key("a", OTHER_FP)])  # no fingerprint given: any model's keys may be asked for
     run(keys("a"), FP)
     assert store.misses_total == 1
+
+
+def test_a_restore_get_counts_restored_blocks_not_prefix_hits_or_misses():
+    """A decode node reading back a preempted request's copy is not prefix reuse: its blocks count in
+    ``restored_blocks_total`` only, and keys it misses (the copy was evicted) are not prefix misses."""
+    store = BlockStore(100)
+    store.put(blocks("a", "b"))
+    assert [b.key for b in store.get_prefix(keys("a", "b"), restore=True)] == keys("a", "b")
+    with store.open_get(keys("a", "x"), allow_partial=True, restore=True) as reader:
+        assert [b.key for b in reader] == keys("a")
+    assert (store.restored_blocks_total, store.hits_total, store.misses_total) == (3, 0, 0)
+    store.get_prefix(keys("b"))
+    assert (store.restored_blocks_total, store.hits_total, store.stats().restored_blocks_total) == (3, 1, 3)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -130,6 +131,20 @@ def test_get_of_a_missing_key(stub):
     partial = list(stub.Get(cache_store_pb2.GetRequest(keys=[key("present"), key("absent")], allow_partial=True)))
     assert [(c.key, c.data) for c in partial] == [(key("present"), b"x" * 10)]
     assert status(stub).misses_total == misses + 2
+
+
+def test_a_restore_get_is_counted_apart_from_prefix_hits(stub, node):
+    stub.Put(put_stream([(key("preempted"), b"z" * 10)]), timeout=5)
+    before = status(stub)
+    got = list(stub.Get(cache_store_pb2.GetRequest(keys=[key("preempted"), key("gone")], allow_partial=True,
+                                                   restore=True)))
+    assert [(c.key, c.data) for c in got] == [(key("preempted"), b"z" * 10)]
+    after = status(stub)
+    assert after.restored_blocks_total == before.restored_blocks_total + 1
+    assert (after.hits_total, after.prefix_hit_blocks_total, after.misses_total) == \
+        (before.hits_total, before.prefix_hit_blocks_total, before.misses_total)
+    scraped = urllib.request.urlopen(after.metrics_url, timeout=5).read().decode()
+    assert f"pdserve_cache_store_restored_blocks_total {float(after.restored_blocks_total)}" in scraped
 
 
 def test_delete_removes_stored_keys_skips_absent_ones_and_checks_the_fingerprint(stub):

@@ -39,7 +39,8 @@ class FakeStore:
         for key, data in blocks:
             self.blocks[key] = bytes(data)
 
-    def get(self, keys):
+    def get(self, keys, *, restore):
+        assert restore  # the engine reads back a request's own KV, never a prefix
         return [self.blocks[key] for key in keys]
 
     def delete(self, keys):
@@ -94,7 +95,7 @@ def _hand_over(a, b, store, request_id, lease_s=30.0):
     assert handed is not None and request_id not in {r.request_id for r in a.scheduler.waiting}
     grant = b.adopt(handed, lease_s)
     assert not isinstance(grant, Refusal), grant
-    adopted = b.complete_adoption(request_id, b"".join(store.get(grant.keys)))
+    adopted = b.complete_adoption(request_id, b"".join(store.get(grant.keys, restore=True)))
     assert a.settle_handover(request_id, granted=True)
     return handed, adopted
 
