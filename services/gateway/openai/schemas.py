@@ -72,6 +72,13 @@ class GenerationBody(BaseModel):
             raise ValueError(f"must be in [1, {MAX_CHOICES}], got {n}")
         return n
 
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream", False):
+            raise ValueError("only allowed when stream is true (as OpenAI and vLLM)")
+        return value
+
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, value: float) -> float:

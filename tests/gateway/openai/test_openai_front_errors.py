@@ -85,7 +85,9 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"prompt": "Hi", "skip_special_tokens": False}, "skip_special_tokens"),
     ({"prompt": "Hi", "prompt_logprobs": 1}, "prompt_logprobs"),
-    ({"prompt": "Hi", "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
+    ({"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
+    ({"prompt": "Hi", "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
 ]
 BAD_CHATS = [
     ({"model": MODEL}, "messages"),
@@ -107,6 +109,7 @@ BAD_CHATS = [
     ({"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
     ({"messages": CHAT, "echo": True}, "echo"),
     ({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+    ({"messages": CHAT, "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
 ]
 
 
