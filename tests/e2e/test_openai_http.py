@@ -112,6 +112,20 @@ def test_n_choices_are_the_requests_seeded_seed_plus_index(client, grpc_stub):
         assert choice.text == text
 
 
+def test_a_batch_of_prompts_gives_each_prompt_what_it_gets_alone(client, grpc_stub, bundled_tokenizer):
+    prompts = [PROMPT, "Once upon a time", bundled_tokenizer.encode("The sea is")]
+    completion = client.completions.create(model=MODEL, prompt=prompts, **GREEDY)
+    assert [c.index for c in completion.choices] == [0, 1, 2]
+    prompt_tokens = 0
+    for prompt, choice in zip(prompts, completion.choices, strict=True):
+        by_text = isinstance(prompt, str)
+        _tokens, text, _ = generate(grpc_stub, sampling=greedy(NEW_TOKENS),
+                                   **({"prompt": prompt} if by_text else {"token_ids": prompt}))
+        assert choice.text == text and choice.finish_reason == "length"
+        prompt_tokens += len(bundled_tokenizer.encode(prompt)) if by_text else len(prompt)
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (prompt_tokens, 3 * NEW_TOKENS)
+
+
 def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, http_cluster, grpc_stub):
     with pytest.raises(openai.NotFoundError) as raised:
         client.completions.create(model="gpt-4o", prompt=PROMPT)

@@ -35,7 +35,7 @@ from services.gateway.openai.translate import (
     Renderer,
     chat_input,
     choices_of,
-    completion_input,
+    completion_inputs,
 )
 from services.gateway.openai.unsupported import refuse_unsupported
 
@@ -78,17 +78,18 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         if body.stream_options is not None:
             refuse_unsupported(body.stream_options.model_extra, prefix="stream_options.")
 
-    async def run(request: Request, generate: GenerateInput, renderer: Callable[[int], Renderer],
+    async def run(request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
                   body: GenerationBody) -> Response:
-        """``renderer(i)``: the renderer of choice ``i``."""
+        """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
+        renderer of choice ``i``."""
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
         try:
-            for i, one in enumerate(choices_of(generate, body.n)):
+            for i, one in enumerate(choices_of(prompts, body.n)):
                 running = RunningRequest(core, metrics, one, request.headers.items(), group)
                 running.open()
                 choices.append((running, renderer(i)))
-            return await respond(choices, body.stream, body.include_usage)
+            return await respond(choices, body.stream, body.include_usage, body.n)
         except BaseException as error:
             for running, _ in choices:
                 running.close(error)  # a stream that started closes itself when it ends
@@ -119,7 +120,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
             return CompletionRenderer(who, logprobs, index)
 
-        return await run(request, completion_input(body, request_id), renderer, body)
+        return await run(request, completion_inputs(body, request_id), renderer, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
@@ -130,6 +131,6 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         def renderer(index: int) -> Renderer:
             return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index)
 
-        return await run(request, chat_input(body, request_id), renderer, body)
+        return await run(request, [chat_input(body, request_id)], renderer, body)
 
     return app

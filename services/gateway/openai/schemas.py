@@ -18,6 +18,11 @@ from services.engine.logprobs import MAX_LOGPROBS
 from services.engine.sampling_params import SEED_LIMIT
 
 MAX_CHOICES = 16  # n: choices of one request (each runs as its own request on the nodes)
+MAX_PROMPT_CHOICES = 64  # a batch of completions prompts: prompts × n (each runs as its own request)
+
+
+def _token_ids(value: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 def _default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
@@ -104,9 +109,10 @@ class GenerationBody(BaseModel):
 
 
 class CompletionBody(GenerationBody):
-    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a one-element list of either."""
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a batch: a list of either
+    (read as the list of its prompts, one or more)."""
 
-    prompt: str | list[int] = Field(...)
+    prompt: list[str | list[int]] = Field(...)
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -114,16 +120,25 @@ class CompletionBody(GenerationBody):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-            if len(value) != 1:
-                raise ValueError(f"one prompt per request is supported, got a batch of {len(value)}")
-            value = value[0]
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            return value
-        raise ValueError("expected a string, a list of token ids, or a one-element list of either")
+    def _prompts(cls, value: Any) -> Any:
+        expected = "expected a string, a list of token ids, or a list of either"
+        if isinstance(value, str) or (isinstance(value, list) and value and _token_ids(value)):
+            return [value]
+        if not isinstance(value, list) or not value:
+            raise ValueError(expected if not isinstance(value, list) else "must not be empty")
+        for i, prompt in enumerate(value):
+            if not isinstance(prompt, str) and not (isinstance(prompt, list) and _token_ids(prompt)):
+                raise ValueError(f"[{i}]: {expected}")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _batch_size(cls, prompts: list[str | list[int]], info: ValidationInfo) -> list[str | list[int]]:
+        n = info.data.get("n", 1)
+        if len(prompts) * n > MAX_PROMPT_CHOICES:
+            raise ValueError(f"{len(prompts)} prompts × n = {n} is {len(prompts) * n} requests; at most "
+                             f"{MAX_PROMPT_CHOICES} per call")
+        return prompts
 
     @field_validator("echo")
     @classmethod

@@ -39,16 +39,17 @@ Choice = tuple[RunningRequest, Renderer]
 """One of a request's ``n`` choices: its running request, and the renderer that gives it its index."""
 
 
-async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool) -> Response:
-    """Run the opened requests (the ``n`` choices of one HTTP request) to their response; each is closed
-    however this ends."""
+async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool, per_prompt: int = 1) -> Response:
+    """Run the opened requests (the choices of one HTTP request: ``per_prompt`` = ``n`` of each prompt, prompt
+    by prompt) to their response; each is closed however this ends."""
     streams = [running.chunks() for running, _ in choices]  # each closes its request when it ends
     renderers = [renderer for _, renderer in choices]
     if not stream:
-        return await _whole(streams, renderers)
+        return await _whole(streams, renderers, per_prompt)
     firsts = await asyncio.gather(*(_first(chunks) for chunks in streams))
-    return StreamingResponse(_events(firsts, streams, renderers, include_usage), media_type="text/event-stream",
-                             headers=SSE_HEADERS, background=BackgroundTask(_close_all, choices))
+    return StreamingResponse(_events(firsts, streams, renderers, include_usage, per_prompt),
+                             media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(_close_all, choices))
 
 
 def _close_all(choices: Sequence[Choice]) -> None:
@@ -81,21 +82,26 @@ async def _collect(chunks: AsyncIterator[GenerateChunk]) -> _Collected:
     return collected
 
 
-async def _whole(streams: Sequence[AsyncIterator[GenerateChunk]], renderers: Sequence[Renderer]) -> Response:
+async def _whole(streams: Sequence[AsyncIterator[GenerateChunk]], renderers: Sequence[Renderer],
+                 per_prompt: int) -> Response:
     every = await asyncio.gather(*(_collect(chunks) for chunks in streams))
     bodies = []
     for collected, renderer in zip(every, renderers, strict=True):
         last = collected.last
         assert last is not None and last.usage is not None
         bodies.append(renderer.whole("".join(collected.text), last.finish_reason, last.usage, collected.logprobs))
-    usage = combined_usage([c.last.usage for c in every if c.last is not None and c.last.usage is not None])
+    usage = combined_usage([c.last.usage for c in every if c.last is not None and c.last.usage is not None],
+                           per_prompt)
     body = bodies[0].model_copy(update={"choices": [b.choices[0] for b in bodies], "usage": usage_body(usage)})
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-def combined_usage(usages: Sequence[Usage]) -> Usage:
-    """The usage of ``n`` choices of one prompt: the prompt once, every choice's tokens (as OpenAI counts)."""
-    return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens)
+def combined_usage(usages: Sequence[Usage], per_prompt: int = 1) -> Usage:
+    """The usage of the choices of one HTTP request, ``per_prompt`` of each prompt, prompt by prompt: each
+    prompt once, every choice's tokens (as OpenAI and vLLM count)."""
+    firsts = usages[::per_prompt]  # one choice of each prompt
+    return Usage(sum(u.prompt_tokens for u in firsts), sum(u.completion_tokens for u in usages),
+                 sum(u.cached_tokens for u in firsts))
 
 
 async def _merged(streams: Sequence[AsyncIterator[GenerateChunk]]) -> AsyncIterator[tuple[int, GenerateChunk]]:
@@ -133,7 +139,7 @@ async def _merged(streams: Sequence[AsyncIterator[GenerateChunk]]) -> AsyncItera
 
 
 async def _events(firsts: Sequence[GenerateChunk], rest: Sequence[AsyncIterator[GenerateChunk]],
-                  renderers: Sequence[Renderer], include_usage: bool) -> AsyncIterator[bytes]:
+                  renderers: Sequence[Renderer], include_usage: bool, per_prompt: int) -> AsyncIterator[bytes]:
     usages: list[Usage | None] = [first.usage for first in firsts]
     for renderer, first in zip(renderers, firsts, strict=True):
         body = renderer.chunk(first, True)
@@ -150,5 +156,5 @@ async def _events(firsts: Sequence[GenerateChunk], rest: Sequence[AsyncIterator[
         yield DONE
         return
     if include_usage and all(u is not None for u in usages):
-        yield event(renderers[0].usage_chunk(combined_usage([u for u in usages if u is not None])))
+        yield event(renderers[0].usage_chunk(combined_usage([u for u in usages if u is not None], per_prompt)))
     yield DONE

@@ -34,11 +34,12 @@ def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | No
                           min_tokens=body.min_tokens)
 
 
-def completion_input(body: CompletionBody, request_id: str) -> GenerateInput:
-    prompt = body.prompt
-    return GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
-                         token_ids=None if isinstance(prompt, str) else tuple(prompt),
-                         sampling=sampling_of(body, body.max_tokens, body.logprobs))
+def completion_inputs(body: CompletionBody, request_id: str) -> list[GenerateInput]:
+    """One input per prompt of the body (a batch has several), each under ``request_id``."""
+    sampling = sampling_of(body, body.max_tokens, body.logprobs)
+    return [GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
+                          token_ids=None if isinstance(prompt, str) else tuple(prompt), sampling=sampling)
+            for prompt in body.prompt]
 
 
 def chat_input(body: ChatCompletionBody, request_id: str) -> GenerateInput:
@@ -47,14 +48,22 @@ def chat_input(body: ChatCompletionBody, request_id: str) -> GenerateInput:
                          sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None))
 
 
-def choices_of(generate: GenerateInput, n: int) -> list[GenerateInput]:
-    """The ``n`` requests of ``n`` choices: ids ``<id>-<i>``; a given seed becomes ``seed + i`` so that
-    seeded choices differ yet reproduce (no seed: each draws its own)."""
-    if n == 1:
-        return [generate]
-    seed = generate.sampling.seed
-    return [dataclasses.replace(generate, request_id=f"{generate.request_id}-{i}", sampling=dataclasses.replace(
-        generate.sampling, seed=None if seed is None else (seed + i) % SEED_LIMIT)) for i in range(n)]
+def choices_of(prompts: Sequence[GenerateInput], n: int) -> list[GenerateInput]:
+    """The requests of ``n`` choices of each prompt, prompt by prompt: choice ``i`` of prompt ``p`` is
+    ``choices[p * n + i]`` (its index in the response, as OpenAI and vLLM number a batch) with id
+    ``<id>-<p * n + i>``; a given seed becomes ``seed + i``, so that seeded choices differ yet reproduce, and
+    each prompt of a batch gets what it would alone (no seed: each draws its own). One prompt, one choice:
+    the request as it is."""
+    if len(prompts) == 1 and n == 1:
+        return list(prompts)
+    choices = []
+    for p, generate in enumerate(prompts):
+        seed = generate.sampling.seed
+        choices += [dataclasses.replace(generate, request_id=f"{generate.request_id}-{p * n + i}",
+                                        sampling=dataclasses.replace(generate.sampling, seed=None if seed is None
+                                                                     else (seed + i) % SEED_LIMIT))
+                    for i in range(n)]
+    return choices
 
 
 def usage_body(usage: Usage) -> out.UsageBody:

@@ -1,6 +1,7 @@
 """``n`` choices through the HTTP front over fake nodes: n requests on the nodes (ids ``<id>-<i>``, seeds
 ``seed + i``), the choices indexed in the response and in the stream, usage counting the prompt once and
-every choice's tokens; a client that leaves aborts every choice."""
+every choice's tokens; a client that leaves aborts every choice. A batch of completions prompts: n choices
+of each, prompt by prompt."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ async def test_n_completions_are_n_requests_with_indexed_choices(front, tokenize
     sent = sorted(front.cluster.p.requests, key=lambda r: r.request_id)
     assert [r.request_id for r in sent] == [f"{completion.id}-{i}" for i in range(3)]
     assert [r.sampling.seed for r in sent] == [40, 41, 42]
+    await front.cluster.gateway.core.wait_background()
+    assert front.cluster.gateway.core.in_flight == 0
+
+
+async def test_a_batch_of_prompts_is_n_choices_of_each_prompt_by_prompt(front, tokenizer):
+    ids = script(front, tokenizer)
+    token_prompt = tokenizer.encode("Once upon a time")
+    completion = await front.client.completions.create(model=MODEL, prompt=["Hello there", token_prompt],
+                                                       max_tokens=len(ids), n=2, seed=40, temperature=0.8)
+    assert [c.index for c in completion.choices] == [0, 1, 2, 3]
+    assert all(c.text == tokenizer.decode(ids) for c in completion.choices)
+    prompt_tokens = len(tokenizer.encode("Hello there")) + len(token_prompt)  # each prompt once
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (prompt_tokens, 4 * len(ids))
+    sent = {r.request_id: r for r in front.cluster.p.requests}
+    assert sorted(sent) == [f"{completion.id}-{k}" for k in range(4)]
+    assert [sent[f"{completion.id}-{k}"].sampling.seed for k in range(4)] == [40, 41, 40, 41]
+    prompts = [list(sent[f"{completion.id}-{k}"].prompt_token_ids) for k in range(4)]
+    assert prompts == [tokenizer.encode("Hello there")] * 2 + [token_prompt] * 2
+
+    stream = await front.client.completions.create(model=MODEL, prompt=["a", "b", "c"], max_tokens=len(ids),
+                                                   stream=True, stream_options={"include_usage": True})
+    texts: dict[int, str] = defaultdict(str)
+    chunks = [chunk async for chunk in stream]
+    for chunk in chunks[:-1]:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert dict(texts) == {i: tokenizer.decode(ids) for i in range(3)}
+    assert chunks[-1].usage.prompt_tokens == 3 * len(tokenizer.encode("a"))
     await front.cluster.gateway.core.wait_background()
     assert front.cluster.gateway.core.in_flight == 0
 

@@ -41,7 +41,11 @@ def error_of(reply: httpx.Response, status: int) -> dict:
 
 BAD_COMPLETIONS = [  # (body, param)
     ({"model": MODEL}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": ["a", 5]}, "prompt"),
+    ({"prompt": ["a", [1, "b"]]}, "prompt"),
+    ({"prompt": ["Hi"] * 33, "n": 2}, "prompt"),  # 66 requests: past the 64 of one call
+    ({"prompt": ["Hi", ""]}, "prompt"),  # the gateway refuses the second: the first is never sent either
+    ({"prompt": ["Hi", [10**9]]}, "prompt"),
     ({"prompt": {"text": "a"}}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
