@@ -19,7 +19,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from services.engine.errors import InvalidRequestError
 
-CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+TEMPLATE_ROLE = {"developer": "system"}  # OpenAI's new name for system instructions; templates know "system"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Tokenizer:
                     f"messages[{i}].role", f"unknown role {message.role!r} (expected one of {sorted(CHAT_ROLES)})"
                 )
         rendered = self.hf.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
+            [{"role": TEMPLATE_ROLE.get(m.role, m.role), "content": m.content} for m in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )

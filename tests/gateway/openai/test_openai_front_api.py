@@ -137,6 +137,16 @@ async def test_chat_completion(front, tokenizer):
     assert front.cluster.p.requests[0].sampling.max_tokens == 20  # max_completion_tokens wins
 
 
+async def test_a_developer_message_is_a_system_message(front, tokenizer):
+    """OpenAI's ``developer`` role (its new name for system instructions) reaches the template as ``system``:
+    SmolLM2's template would otherwise put its default system prompt before it."""
+    script(front, tokenizer)
+    await front.client.chat.completions.create(model=MODEL, max_tokens=5, messages=[
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Say hi"}])
+    templated = tokenizer.apply_chat_template([ChatMessage("system", "Be brief."), ChatMessage("user", "Say hi")])
+    assert list(front.cluster.p.requests[0].prompt_token_ids) == templated
+
+
 async def test_streamed_chat_role_first_then_deltas_then_usage(front, tokenizer):
     ids = script(front, tokenizer)
     stream = await front.client.chat.completions.create(
