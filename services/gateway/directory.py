@@ -44,13 +44,6 @@ _STUBS: dict[str, Any] = {
 }
 _STATIC = "static"  # the source of the host:port entries
 
-# Reconnect quickly to a node that went away, so a restarted one is seen on the next polls.
-_RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-
 
 def node_info_from_status(address: str, role: str, status: gateway_pb2.NodeStatus, polled_at: float) -> NodeInfo:
     values = {name: getattr(status, name) for name in STATUS_FIELDS}
@@ -74,8 +67,7 @@ class NodeDirectory:
         self.status_timeout_s = status_timeout_s
         self.resolve_interval_s = resolve_interval_s
         self.linger_s = linger_s
-        options = grpc_options() if max_message_bytes is None else grpc_options(max_message_bytes)
-        self._options = [*options, *_RECONNECT_OPTIONS]
+        self._options = grpc_options() if max_message_bytes is None else grpc_options(max_message_bytes)
         self._roles: dict[str, str] = {}  # every address ever current → its role
         self._sources: dict[str, set[str]] = {}  # current address → the entries that list it
         self._info: dict[str, NodeInfo] = {}  # current and lingering nodes

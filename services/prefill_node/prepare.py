@@ -14,7 +14,9 @@ are trying it, never those bound for another node. Per request (:meth:`PrepareQu
    last reason of each node — or, when no node could ever take it, :class:`InvalidArgumentError` (every
    node refused the request itself: longer than its KV pool or context) or
    :class:`FailedPreconditionError` (its KV layout: another model, dtype or block size — a configuration
-   error); neither is worth a retry.
+   error); neither is worth a retry. When no node could be reached at all (every ``Reserve`` failed
+   ``UNAVAILABLE``: down, restarting), :class:`UnavailableError` — the cluster is not full, it is missing
+   its decode nodes.
 
 A node whose ``Reserve`` fails with an RPC error is dropped for this request (the error is its reason).
 Backoff sleeps hold no slot. Cancelling the caller leaves nothing behind: its slot is released, and if a
@@ -34,7 +36,12 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from services.common.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from services.common.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 
 # Outcomes of a Reserve call whose grant may exist on the decode node although the caller never saw it.
 _AMBIGUOUS = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -145,7 +152,8 @@ class PrepareQueues:
                       timeout_s: float | None = None) -> Reservation[A]:
         """Reserve on one of ``candidates`` (see the module docstring). ``call(address, rpc_timeout_s)``
         sends the ``Reserve``; ``abort(address)`` undoes a grant the caller may not have seen. Raises
-        :class:`ResourceExhaustedError` at the deadline, or at once when every candidate failed."""
+        :class:`ResourceExhaustedError` at the deadline, or at once when every candidate failed (or the
+        more precise error the module docstring names)."""
         loop = asyncio.get_running_loop()
         request = _Request(request_id, call, abort, loop.time() + self._budget(timeout_s),
                            {address: _Try(self.settings.backoff_s) for address in dict.fromkeys(candidates)})
@@ -171,6 +179,8 @@ class PrepareQueues:
             raise InvalidArgumentError("request", f"no decode node can take request {request_id!r}: {reasons}")
         if codes and codes <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}:
             raise FailedPreconditionError(f"no decode node can use this prefill node's KV ({reasons})")
+        if codes == {grpc.StatusCode.UNAVAILABLE}:  # none answered: not a shortage
+            raise UnavailableError(f"no decode node could be reached for request {request_id!r} ({reasons})")
         raise ResourceExhaustedError(f"no decode node could take request {request_id!r} "
                                      f"({reasons or 'no decode candidates'})")
 

@@ -12,7 +12,12 @@ import grpc
 import grpc.aio
 import pytest
 
-from services.common.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from services.common.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from services.prefill_node.prepare import PrepareQueues, PrepareSettings, Refused
 
 
@@ -204,6 +209,19 @@ async def test_every_node_refusing_the_kv_layout_is_a_failed_precondition_not_a_
     decodes.errors["B"] = grpc.StatusCode.UNAVAILABLE  # one node down: perhaps a shortage, worth a retry
     with pytest.raises(ResourceExhaustedError):
         await reserve(q, decodes, "r2", ["A", "B"], timeout_s=10.0)
+
+
+async def test_no_decode_node_reachable_is_unavailable_not_a_shortage():
+    """Every decode node down or restarting (connection refused): the client reads UNAVAILABLE naming them,
+    not RESOURCE_EXHAUSTED (a full cluster); one that answers with a refusal keeps it a shortage."""
+    decodes, q = FakeDecodes(), queues()
+    decodes.errors["A"] = decodes.errors["B"] = grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(UnavailableError, match=r"no decode node could be reached for request 'r' \(A: UNAVAIL"):
+        await reserve(q, decodes, "r", ["A", "B"], timeout_s=10.0)
+    del decodes.errors["B"]
+    decodes.refuse["B"] = None
+    with pytest.raises(ResourceExhaustedError):
+        await reserve(q, decodes, "r2", ["A", "B"], timeout_s=1.0)
 
 
 async def test_a_request_every_node_refuses_as_invalid_is_invalid_not_a_shortage():
