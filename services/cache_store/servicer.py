@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
@@ -148,16 +149,18 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cache_store_pb2.GetChunk]:
         """Stream the blocks of ``keys`` (or their longest stored prefix with ``allow_partial``)."""
-        async for chunk in self._stream(request, _chunks_of):
-            yield chunk
+        async with contextlib.aclosing(self._stream(request, _chunks_of)) as chunks:  # the lease ends with the call
+            async for chunk in chunks:
+                yield chunk
 
     @grpc_errors
     @traced_rpc("Get")
     async def get_frames(self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[bytes]:
         """:meth:`Get`, its chunks serialized here (:func:`add_to_server`)."""
-        async for frame in self._stream(request, _frames_of):
-            yield frame
+        async with contextlib.aclosing(self._stream(request, _frames_of)) as frames:  # the lease ends with the call
+            async for frame in frames:
+                yield frame
 
     async def _stream(self, request: cache_store_pb2.GetRequest,
                       encode: Callable[[StoredBlock, int], Iterator[object]]) -> AsyncIterator[object]:

@@ -8,6 +8,7 @@ grpc as one (``UNKNOWN``), with its traceback in the log.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
+
+from services.common.cancellation import close_on_rpc_end
 
 
 class ServiceError(Exception):
@@ -103,9 +106,10 @@ def grpc_errors(method: F) -> F:
 
         @functools.wraps(method)
         async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            try:
-                async for item in method(self, request, context):
-                    yield item
+            try:  # closed when the RPC ends, or its cleanup may wait for the garbage collector
+                async with contextlib.aclosing(close_on_rpc_end(context, method(self, request, context))) as items:
+                    async for item in items:
+                        yield item
             except mapped_errors() as error:
                 await context.abort(status_of(error), str(error))
 

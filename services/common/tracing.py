@@ -234,8 +234,9 @@ def traced_rpc(name: str, *, root: bool = False) -> Callable[[F], F]:
             @functools.wraps(method)
             async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
                 with server_span(name, metadata(context), request_id=_request_id(request), root=root):
-                    async for item in method(self, request, context):
-                        yield item
+                    async with contextlib.aclosing(method(self, request, context)) as items:
+                        async for item in items:
+                            yield item
 
             return stream  # type: ignore[return-value]
 

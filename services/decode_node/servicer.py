@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
@@ -165,15 +166,16 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @traced_rpc("Attach")
     async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
-        async for event in self.node.attach(request.request_id):
-            message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
-                                            moved_to=event.moved_to, abort_reason=event.abort_reason,
-                                            logprobs=logprobs_to_proto(event.logprobs))
-            if event.finish_reason is not None:
-                message.usage.CopyFrom(gateway_pb2.Usage(
-                    prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                    cached_tokens=event.cached_tokens))
-            yield message
+        async with contextlib.aclosing(self.node.attach(request.request_id)) as events:
+            async for event in events:  # the stream is dropped (and the request aborted) when the call ends
+                message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
+                                                moved_to=event.moved_to, abort_reason=event.abort_reason,
+                                                logprobs=logprobs_to_proto(event.logprobs))
+                if event.finish_reason is not None:
+                    message.usage.CopyFrom(gateway_pb2.Usage(
+                        prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
+                        cached_tokens=event.cached_tokens))
+                yield message
 
     @grpc_errors
     @traced_rpc("Abort")
@@ -197,6 +199,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
         status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address, not self.node.draining))
         status.metrics_url = self.metrics_url
+        status.calls_in_flight = len(self.node.streams)
         return status
 
 

@@ -15,6 +15,7 @@ A ``Generate`` call is tracked around the whole handler (:func:`tracked`, or :me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections import Counter as Tally
@@ -119,14 +120,16 @@ def tracked(method: Generate) -> Generate:
                        ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         metrics: GatewayMetrics | None = self.metrics
         if metrics is None:
-            async for response in method(self, request, context):
-                yield response
+            async with contextlib.aclosing(method(self, request, context)) as responses:
+                async for response in responses:
+                    yield response
             return
         with metrics.track() as tracker:
             try:
-                async for response in method(self, request, context):
-                    tracker.sent(response)
-                    yield response
+                async with contextlib.aclosing(method(self, request, context)) as responses:
+                    async for response in responses:
+                        tracker.sent(response)
+                        yield response
             except (asyncio.CancelledError, GeneratorExit):
                 if tracker.outcome is None and _deadline_passed(context):
                     tracker.outcome = "deadline_exceeded"  # gRPC cancels the call when its deadline passes

@@ -62,6 +62,8 @@ class NodeInfo:
     store_written_blocks_total: int = 0
     handovers_out_total: int = 0
     handovers_in_total: int = 0
+    restored_blocks_total: int = 0
+    calls_in_flight: int = 0
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -70,8 +71,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         flow = self.core.open(input_from_proto(request), context.time_remaining())
         tracing.bind_request(flow.request_id)
         context.add_done_callback(lambda _: flow.cancel("client cancelled or deadline passed"))
-        async for chunk in flow.run():
-            yield chunk_to_proto(chunk)
+        async with contextlib.aclosing(flow.run()) as chunks:
+            async for chunk in chunks:
+                yield chunk_to_proto(chunk)
 
     @grpc_errors
     async def ClusterStatus(self, request: gateway_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
@@ -35,8 +36,9 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         events = self.node.prefill(request.request_id, list(request.prompt_token_ids), sampling,
                                    list(request.decode_candidates), context.time_remaining())
-        async for event in events:
-            yield _encode(event)
+        async with contextlib.aclosing(events):  # its cleanup runs when this call ends, however it ends
+            async for event in events:
+                yield _encode(event)
 
     @grpc_errors
     @traced_rpc("Abort")
@@ -53,6 +55,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
         status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address, not self.node.draining))
         status.metrics_url = self.metrics_url
         status.requests_waiting += self.node.preparing
+        status.calls_in_flight = len(self.node.live)
         if self.node.prefix_store is not None:
             stats = self.node.prefix_store.stats
             status.store_hit_tokens_total = stats.hit_tokens_total

@@ -31,6 +31,9 @@ class FakeContext:
         self.aborted = (code, details)
         raise Aborted
 
+    def add_done_callback(self, callback) -> None:
+        """A streaming handler's generators are closed when the RPC ends: these tests end none."""
+
 
 class ForeignError(Exception):
     """Stands in for an engine/kvcache error registered with map_error."""

@@ -64,4 +64,5 @@ def wait_idle(stub, timeout_s: float = 20.0) -> list[gateway_pb2.NodeStatus]:
 
 def is_idle(node: gateway_pb2.NodeStatus) -> bool:
     return (node.healthy and node.requests_running == 0 and node.requests_waiting == 0
-            and node.blocks_reserved == 0 and node.blocks_free + node.blocks_cached == node.blocks_total)
+            and node.blocks_reserved == 0 and node.blocks_free + node.blocks_cached == node.blocks_total
+            and node.calls_in_flight == 0)
