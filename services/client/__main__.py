@@ -11,25 +11,34 @@ import sys
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
+UINT32_MAX, UINT64_MAX = 2**32 - 1, 2**64 - 1  # what the fields carry (the gateway refuses seeds >= 2^63)
 
-def _at_least(minimum: int):
+
+def _in_range(minimum: int, maximum: int):
     def parse(text: str) -> int:
         value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be in [{minimum}, {maximum}], got {value}")
         return value
     return parse
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("prompt", help="the prompt (a user message with --chat)")
-    parser.add_argument("--address", default="127.0.0.1:50051", help="gateway host:port")
+    parser.add_argument("--address", default="127.0.0.1:50051", help="gateway host:port (make run's gateway)")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    parser.add_argument("--max-tokens", type=_at_least(1), default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=_at_least(0))
-    parser.add_argument("--timeout", type=float, default=120.0, help="deadline of the call in seconds")
+    parser.add_argument("--max-tokens", type=_in_range(1, UINT32_MAX), default=128, help="new tokens at most")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--seed", type=_in_range(0, UINT64_MAX), help="sampling seed (default: random)")
+    parser.add_argument("--timeout", type=_positive_seconds, default=120.0, help="deadline of the call in seconds")
     return parser.parse_args(argv)
 
 
@@ -58,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         except grpc.RpcError as exc:
             sys.stderr.write(f"\nerror: {exc.code().name}: {exc.details()}\n")
             return 1
+        except KeyboardInterrupt:  # leaving the channel cancels the call: the gateway frees the request
+            sys.stderr.write("\n[interrupted]\n")
+            return 130
     return 0
 
 

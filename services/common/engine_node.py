@@ -18,12 +18,13 @@ from services.common.server import ServerConfig
 from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
-from services.engine.errors import InvalidRequestError, ModelLoadError, UnknownRequestError
+from services.engine.errors import EngineStoppedError, InvalidRequestError, ModelLoadError, UnknownRequestError
 from services.engine.model_files import bundled_model_path
 from services.engine.reservations import IncompleteTransferError
 
 map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
 map_error(UnknownRequestError, grpc.StatusCode.NOT_FOUND)
+map_error(EngineStoppedError, grpc.StatusCode.UNAVAILABLE)
 map_error(IncompleteTransferError, grpc.StatusCode.FAILED_PRECONDITION)
 map_error(ModelLoadError, grpc.StatusCode.FAILED_PRECONDITION)
 
@@ -64,6 +65,13 @@ class EngineNodeConfig(ServerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        at_least = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 0, "max_model_len": 0,
+                    "threads": 0, "offload_host_gib": 0}
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.kv_ipc not in KV_IPC_MODES:
             raise ValueError(f"kv_ipc must be one of {', '.join(KV_IPC_MODES)}, got {self.kv_ipc!r}")
         if self.device != "cpu" and not self.device.startswith("cuda"):

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from services.common.admin import AdminServicer
 from services.common.config import setting
 from services.common.logging import FORMATS, LEVELS
 from services.common.metrics import MetricsEndpoint
+from services.engine.errors import EngineError
 
 log = structlog.get_logger(__name__)
 
@@ -85,9 +87,9 @@ class ServerConfig:
                                                  "port 0 = ephemeral, empty = none")
 
     def __post_init__(self) -> None:
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"listen: expected host:port, got {self.listen!r}")
+        check_host_port("listen", self.listen)
+        if self.max_message_mib < 1:
+            raise ValueError(f"max_message_mib must be >= 1, got {self.max_message_mib}")
         if self.grace_s < 0 or self.drain_timeout_s < 0:
             raise ValueError("grace_s and drain_timeout_s must be >= 0")
         if self.log_level.lower() not in LEVELS:
@@ -96,9 +98,16 @@ class ServerConfig:
             raise ValueError(f"log_format must be one of {FORMATS}, got {self.log_format!r}")
         keepalive.Keepalive(self.keepalive_s, self.keepalive_timeout_s)  # raises naming both when out of range
         if self.metrics_listen:
-            host, sep, port = self.metrics_listen.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"metrics_listen: expected host:port or empty, got {self.metrics_listen!r}")
+            check_host_port("metrics_listen", self.metrics_listen, "host:port or empty")
+
+
+def check_host_port(name: str, value: str, expected: str = "host:port") -> None:
+    """``value`` is ``host:port`` with a port in 0..65535 (0: ephemeral), else ``ValueError`` naming ``name``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    if int(port) > 65535:
+        raise ValueError(f"{name}: port must be 0-65535, got {port}")
 
 
 @dataclass(frozen=True)
@@ -280,5 +289,12 @@ def write_port_file(path: Path, port: int) -> None:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run a service's async main on uvloop."""
-    return uvloop.run(main)
+    """Run a service's async main on uvloop. What can only fail at startup or shutdown and says what is wrong
+    in its message (a port in use, a model file that cannot be read, a setting the engine refuses) ends the
+    process with that one line on stderr and exit code 1; its traceback is logged at debug level."""
+    try:
+        return uvloop.run(main)
+    except (OSError, ValueError, EngineError) as error:
+        log.debug("startup or shutdown failed", exc_info=True)
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(1) from None

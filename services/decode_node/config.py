@@ -23,6 +23,8 @@ class DecodeNodeConfig(EngineNodeConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lease_ms < 1:
+            raise ValueError(f"lease_ms must be >= 1, got {self.lease_ms}")
         if self.handover_after_ms < 0:
             raise ValueError(f"handover_after_ms must be >= 0, got {self.handover_after_ms}")
         if self.cache_outputs and not self.offload_cache_store:

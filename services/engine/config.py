@@ -38,6 +38,15 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_kv_blocks", "max_model_len", "num_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
+        if self.kv_cache_gib <= 0 or self.offload_host_gib < 0:
+            raise ValueError(f"kv_cache_gib must be > 0 and offload_host_gib >= 0, got {self.kv_cache_gib} and "
+                             f"{self.offload_host_gib}")
         if self.int4_max_rows < 0:
             raise ValueError(f"int4_max_rows must be >= 0, got {self.int4_max_rows}")
         if self.offload_remote not in OFFLOAD_REMOTE:

@@ -29,3 +29,7 @@ class UnknownRequestError(EngineError):
 
 class ModelLoadError(EngineError):
     """Weights or configuration could not be read or do not describe a supported model."""
+
+
+class EngineStoppedError(EngineError, RuntimeError):
+    """The engine worker is stopped, or its thread failed (the node is unhealthy): nothing more runs here."""

@@ -33,6 +33,7 @@ import torch
 
 from services.common import tracing
 from services.engine.engine import LLMEngine
+from services.engine.errors import EngineStoppedError
 from services.engine.outputs import RequestOutput
 from services.engine.step_spans import record_step
 
@@ -64,6 +65,11 @@ class EngineWorker:
         self._thread.start()
 
     @property
+    def healthy(self) -> bool:
+        """The engine thread runs (it did not fail): what a node reports as its health, with its drain."""
+        return self.failure is None and not self._stopping
+
+    @property
     def stopped(self) -> bool:
         """Stopping or stopped: :meth:`call` raises, the engine and what it held are going away."""
         return self._stopping
@@ -80,7 +86,7 @@ class EngineWorker:
         """Run ``fn(engine)`` under the engine lock (waiting at most for a step's bookkeeping, not for the
         model); its result or exception comes back here. Wakes an idle engine thread."""
         if self._stopping or self.failure is not None:
-            raise RuntimeError(f"engine worker is stopped{f' (failed: {self.failure!r})' if self.failure else ''}")
+            raise EngineStoppedError(f"engine {'failed: ' + repr(self.failure) if self.failure else 'is stopped'}")
         with self.lock:
             result = fn(self.engine)
         self._wake.set()
@@ -94,8 +100,8 @@ class EngineWorker:
 
     def _run(self) -> None:
         engine = self.engine
-        torch.set_num_threads(self.num_threads)  # OpenMP thread count is per calling thread
         try:
+            torch.set_num_threads(self.num_threads)  # OpenMP thread count is per calling thread
             while not self._stopping:
                 self._wake.clear()
                 with self.lock:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import setting
-from services.common.server import ServerConfig
+from services.common.server import ServerConfig, check_host_port
 from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 
@@ -66,9 +66,7 @@ class GatewayConfig(ServerConfig):
         if self.max_model_len < 0 or self.request_timeout_s < 0 or self.status_max_age_s < 0:
             raise ValueError("max_model_len, request_timeout_s and status_max_age_s must be >= 0")
         if self.http_listen:
-            host, sep, port = self.http_listen.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"http_listen: expected host:port or empty, got {self.http_listen!r}")
+            check_host_port("http_listen", self.http_listen, "host:port or empty")
         if self.http_max_body_mib <= 0:
             raise ValueError(f"http_max_body_mib must be > 0, got {self.http_max_body_mib}")
 

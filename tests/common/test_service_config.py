@@ -9,6 +9,8 @@ import pytest
 
 from services.common.config import build_config, setting
 from services.common.server import ServerConfig
+from services.decode_node.config import DecodeNodeConfig
+from services.gateway.config import GatewayConfig
 
 
 @dataclass(frozen=True)
@@ -63,3 +65,34 @@ def test_server_config_validates_listen_and_logging(capsys):
         with pytest.raises(SystemExit):
             build_config(ServerConfig, argv, env={})
     assert "listen: expected host:port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--listen", "127.0.0.1:99999"], "listen: port must be 0-65535, got 99999"),  # was bound as 34463
+    (["--metrics-listen", "127.0.0.1:70000"], "metrics_listen: port must be 0-65535, got 70000"),
+    (["--max-message-mib", "0"], "max_message_mib must be >= 1, got 0"),
+])
+def test_server_config_refuses_ports_out_of_range_and_no_message_room(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_config(ServerConfig, argv, env={})
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # each of these was accepted, then hung every request or failed it with a misleading status
+    (["--max-num-batched-tokens", "0"], "max_num_batched_tokens must be >= 1, got 0"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be >= 1, got 0"),
+    (["--threads", "-2"], "threads must be >= 0, got -2"),
+    (["--num-kv-blocks", "-5"], "num_kv_blocks must be >= 0, got -5"),
+    (["--kv-cache-gib", "0"], "kv_cache_gib must be > 0, got 0.0"),
+    (["--max-model-len", "-1"], "max_model_len must be >= 0, got -1"),
+    (["--offload-host-gib", "-1"], "offload_host_gib must be >= 0, got -1.0"),
+    (["--lease-ms", "0"], "lease_ms must be >= 1, got 0"),
+    (["--http-listen", "127.0.0.1:99999"], "http_listen: port must be 0-65535"),
+])
+def test_model_node_and_gateway_sizes_out_of_range_are_usage_errors(argv, message, capsys):
+    config, base = (GatewayConfig, ["--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2"]) \
+        if argv[0] == "--http-listen" else (DecodeNodeConfig, [])
+    with pytest.raises(SystemExit) as exit_info:
+        build_config(config, base + argv, env={})
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""A service that cannot start says why in one line (exit code 1), not with a Python traceback: a port in
+use, a model file that cannot be read, a setting the engine refuses. Real processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def start(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ("services.cache_store", "--listen", "127.0.0.1:{port}"),
+    ("services.cache_store", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:{port}"),
+    ("services.gateway", "--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2", "--listen", "127.0.0.1:0",
+     "--http-listen", "127.0.0.1:{port}"),
+])
+def test_a_port_in_use_is_one_line(busy_port, argv):
+    done = start(*(arg.format(port=busy_port) for arg in argv))
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith("error: cannot bind")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--model", "/nonexistent.gguf"), "error: /nonexistent.gguf: expected a .gguf file"),
+    (("--block-size", "12"), "error: block_size must be a power of two, got 12"),
+])
+def test_a_model_node_that_cannot_build_its_engine_is_one_line(argv, message):
+    done = start("services.decode_node", "--listen", "127.0.0.1:0", "--metrics-listen", "", *argv)
+    assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(message), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

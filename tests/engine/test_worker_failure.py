@@ -1,0 +1,40 @@
+"""An engine thread that fails makes the worker unhealthy, and every later call fails with
+``EngineStoppedError`` (UNAVAILABLE on the wire) instead of queueing work no step will ever run. A bad
+thread count used to kill the thread before its failure was recorded: the node stayed healthy and every
+request hung."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import services.common.engine_node  # noqa: F401  (maps the engine's errors to status codes)
+from services.common.errors import status_of
+from services.engine.errors import EngineStoppedError
+from services.engine.worker import EngineWorker
+
+
+class Untouched:
+    """The engine: the thread fails before it uses it."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"engine.{name} used")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread re-raises
+async def test_a_failed_engine_thread_makes_the_worker_unhealthy_and_calls_fail_unavailable():
+    worker = EngineWorker(Untouched(), deliver=lambda _: None, num_threads=-2)  # torch refuses -2 threads
+    worker.start()
+    for _ in range(200):
+        if worker.failure is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(worker.failure, (RuntimeError, ValueError)) and not worker.healthy
+    with pytest.raises(EngineStoppedError, match="engine failed") as raised:
+        await worker.call(lambda engine: None)
+    assert status_of(raised.value).name == "UNAVAILABLE"
+    await worker.stop()
