@@ -37,9 +37,10 @@ async def serve(config: CacheStoreConfig) -> None:
     await server.start()
     servicer.address = config.advertise or server.address
     servicer.metrics_url = server.metrics_url(servicer.address)
-    disk = servicer.store.disk
+    disk = servicer.store.disk  # an empty disk tier is falsy (it has a length): compare with None
     log.info("cache-store ready", address=servicer.address, capacity_bytes=config.capacity_bytes,
-             disk_dir=str(disk.directory) if disk else None, disk_blocks=len(disk) if disk else 0,
+             disk_dir=str(disk.directory) if disk is not None else None,
+             disk_blocks=len(disk) if disk is not None else 0,
              write_through=config.disk_write_through, metrics=servicer.metrics_url)
     await server.serve_until_signalled()
 

@@ -31,10 +31,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("questions", nargs="*", help="user messages (default: a few demo questions)")
     parser.add_argument("--model", default=env("PDSERVE_MODEL"), help="GGUF file or HF directory")
     parser.add_argument("--dtype", default=env("PDSERVE_DTYPE", "bfloat16"), choices=["bfloat16", "float32"])
-    parser.add_argument("--max-tokens", type=int, default=int(env("PDSERVE_MAX_TOKENS", "96")))
+    # string defaults go through ``type`` too: a bad variable is a usage error naming the flag
+    parser.add_argument("--max-tokens", type=int, default=env("PDSERVE_MAX_TOKENS", "96"))
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--threads", type=int, default=int(env("PDSERVE_NUM_THREADS", "0")) or None)
-    return parser.parse_args(argv)
+    parser.add_argument("--threads", type=int, default=env("PDSERVE_NUM_THREADS", "0"), help="0: torch's default")
+    args = parser.parse_args(argv)
+    args.threads = args.threads or None
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

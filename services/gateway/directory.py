@@ -250,7 +250,8 @@ class NodeDirectory:
         was = self._info.get(info.address)
         if was is None or self._roles[info.address] != info.role:
             return  # dropped (or re-roled) while the call was out
-        if was.healthy != info.healthy:
+        if was.healthy != info.healthy or (not info.healthy and info.error and not was.error):
+            # a node that never became healthy is reported too, once, with the first reason known
             log.info("node " + ("healthy" if info.healthy else "unhealthy"), address=info.address,
                      role=info.role, **({"error": info.error} if info.error else {}))
         self._info[info.address] = info

@@ -16,8 +16,11 @@ from services.gateway.nodes import DECODE, PREFILL, NodeInfo
 class NoHealthyNodeError(UnavailableError):
     """No node of a role is healthy (maps to ``UNAVAILABLE``)."""
 
-    def __init__(self, role: str, known: int):
-        super().__init__(f"no healthy {role} node ({known} known)")
+    def __init__(self, role: str, known: Sequence[NodeInfo]):
+        """``known``: the nodes of ``role``, each with the reason it is not healthy."""
+        reasons = "; ".join(f"{n.address}: {n.error or 'not healthy'}" for n in known[:3])
+        more = f"; {len(known) - 3} more" if len(known) > 3 else ""
+        super().__init__(f"no healthy {role} node ({len(known)} known{': ' + reasons + more if known else ''})")
         self.role = role
 
 
@@ -57,5 +60,5 @@ class Router:
 def _healthy(nodes: Sequence[NodeInfo], role: str) -> list[NodeInfo]:
     healthy = sorted((n for n in nodes if n.healthy and n.role == role), key=lambda n: n.address)
     if not healthy:
-        raise NoHealthyNodeError(role, known=sum(n.role == role for n in nodes))
+        raise NoHealthyNodeError(role, known=[n for n in nodes if n.role == role])
     return healthy

@@ -49,7 +49,7 @@ def chunk_to_proto(chunk: GenerateChunk) -> gateway_pb2.GenerateResponse:
 
 
 def node_status_to_proto(node: NodeInfo) -> gateway_pb2.NodeStatus:
-    return gateway_pb2.NodeStatus(address=node.address, role=node.role,
+    return gateway_pb2.NodeStatus(address=node.address, role=node.role, error=node.error,
                                   **{name: getattr(node, name) for name in STATUS_FIELDS})
 
 

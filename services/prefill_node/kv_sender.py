@@ -241,6 +241,7 @@ class KVSender:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(UnavailableError(f"decode node {self.address}: {reason}"))
+                future.exception()  # retrieved: a batch's ack nobody awaits would be logged as never retrieved
         self._pending.clear()
 
     def _raise_if_failed(self) -> None:

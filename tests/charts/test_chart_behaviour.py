@@ -122,6 +122,13 @@ def test_a_gpu_is_requested_only_where_set(values, gpus):
             assert found == {}, component
 
 
+def test_the_production_values_run_the_engines_on_the_gpus_they_request():
+    """A GPU requested while the engine runs on the CPU is held unused."""
+    rendered = render(values_named("production"))
+    for component in ("prefill", "decode"):
+        assert rendered.settings(component)["PDSERVE_DEVICE"] == "cuda", component
+
+
 @pytest.mark.parametrize("values", CLUSTER)
 def test_every_role_has_a_disruption_budget(values):
     rendered = render(values_named(values))
