@@ -77,12 +77,16 @@ class Grant:
 
 class DecodeNode:
     def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0, num_threads: int | None = None,
-                 handover_after_s: float = 0.0, kv_ipc: bool = False):
+                 handover_after_s: float = 0.0, kv_ipc: bool = False, unread_stream_s: float | None = None):
         """``handover_after_s``: hand preempted requests whose KV is in the cache-store (the engine's
         ``offload_cache_store``) to a peer after waiting that long; 0 = never. ``kv_ipc``: take KV by CUDA
-        IPC from prefill nodes on this host and GPU (a CPU pool never does)."""
+        IPC from prefill nodes on this host and GPU (a CPU pool never does). ``unread_stream_s`` (default:
+        the lease): how long the token stream of a request that finished with nobody attached is kept
+        (the gateway attaches as soon as the reservation is made, so it went away and its ``Abort`` was
+        lost); then it is dropped, and nothing of the request is left here."""
         self.engine = engine
         self.default_lease_s = default_lease_s
+        self.unread_stream_s = default_lease_s if unread_stream_s is None else unread_stream_s
         self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads)
         self.streams: dict[str, TokenStream] = {}
         self.draining = False
@@ -269,10 +273,19 @@ class DecodeNode:
             event = TokenEvent(list(out.new_token_ids), logprobs=list(out.new_logprobs))
             if out.finished:
                 self.routes.pop(out.request_id, None)
+                if not stream.attached:
+                    asyncio.get_running_loop().call_later(self.unread_stream_s, self._drop_unread, out.request_id,
+                                                          stream)
                 event.finish_reason = out.finish_reason
                 event.prompt_tokens, event.completion_tokens = out.prompt_tokens, out.completion_tokens
                 event.cached_tokens = out.cached_tokens
             stream.queue.put_nowait(event)
+
+    def _drop_unread(self, request_id: str, stream: TokenStream) -> None:
+        if self.streams.get(request_id) is stream and not stream.attached:
+            log.warning("dropped the tokens of a request that finished with nobody attached", request_id=request_id,
+                        after_s=self.unread_stream_s)
+            del self.streams[request_id]
 
     @staticmethod
     def _expire(engine: LLMEngine) -> tuple[str, list[str]] | None:

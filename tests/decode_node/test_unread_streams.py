@@ -1,0 +1,47 @@
+"""The token stream of a request that finished with nobody attached (the gateway went away and its
+``Abort`` was lost) is dropped after ``unread_stream_s``: it no longer stays in the node for good (counted in
+``calls_in_flight``, holding up a drain). A stream that is being read is left alone. The real model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.decode_node.node import DecodeNode, TokenStream
+from services.engine.sampling_params import SamplingParams
+from tests.conftest import make_engine
+
+pytestmark = pytest.mark.slow
+
+SHORT = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+
+async def _eventually(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not reached in {timeout_s}s"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_finished_request_nobody_attached_to_is_dropped_and_a_read_one_is_kept(fp32_model,
+                                                                                       bundled_tokenizer):
+    node = DecodeNode(make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=16), num_threads=2,
+                      unread_stream_s=0.3)
+    node.start()
+    try:
+        prompt = bundled_tokenizer.encode("The sea is")
+        for rid in ("unread", "read"):  # as if committed after a prefill
+            node.streams[rid] = TokenStream()
+            await node.worker.call(lambda e, rid=rid: e.add_request(sampling=SHORT, token_ids=prompt,
+                                                                    request_id=rid))
+        reader = node.attach("read")
+        first = await anext(reader)  # attached: its stream stays however long it waits
+        await _eventually(lambda: "unread" not in node.streams, what="the unread stream dropped")
+        await asyncio.sleep(0.5)
+        assert "read" in node.streams
+        tokens = list(first.token_ids) + [t async for event in reader for t in event.token_ids]
+        assert len(tokens) == 3 and node.streams == {}
+        assert not await node.worker.call(lambda e: e.has_unfinished())
+    finally:
+        await node.stop()
