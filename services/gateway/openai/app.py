@@ -1,5 +1,6 @@
 """The routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` and ``GET /health`` (200, or 503 while draining).
+``POST /v1/chat/completions``, ``GET /health`` (200, or 503 while draining), and ``POST /tokenize`` /
+``POST /detokenize`` (``tokenize.py``).
 
 Each generation request is checked (model, schema), translated to a ``GenerateInput`` whose request id is
 the response's ``id`` (``cmpl-…`` / ``chatcmpl-…``, also in the gateway's logs and the trace), opened on
@@ -28,6 +29,7 @@ from services.gateway.openai.responses import ModelCard, ModelList
 from services.gateway.openai.running import RequestGroup, RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 from services.gateway.openai.streaming import respond
+from services.gateway.openai.tokenize import add_tokenize_routes
 from services.gateway.openai.translate import (
     ChatRenderer,
     CompletionRenderer,
@@ -133,4 +135,5 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
 
         return await run(request, [chat_input(body, request_id)], renderer, body)
 
+    add_tokenize_routes(app, core, settings.model_name)
     return app

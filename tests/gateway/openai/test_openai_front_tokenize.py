@@ -1,0 +1,46 @@
+"""``/tokenize`` and ``/detokenize``: the tokens a request would be sent as (text, or chat messages with the
+template and generation prompt), and back; bad input is a 400 naming the field; no node is called."""
+
+from __future__ import annotations
+
+from services.engine.tokenizer import ChatMessage
+from tests.gateway.openai.conftest import MODEL
+from tests.gateway.openai.test_openai_front_errors import error_of
+
+
+async def test_tokenize_a_prompt_and_messages_as_requests_are_sent_then_detokenize(front, tokenizer):
+    reply = await front.http.post("/tokenize", json={"model": MODEL, "prompt": "Hello there",
+                                                     "return_token_strs": True})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    ids = tokenizer.encode("Hello there")
+    assert (body["tokens"], body["count"]) == (ids, len(ids))
+    assert body["max_model_len"] == front.cluster.gateway.core.settings.max_model_len
+    assert "".join(body["token_strs"]).replace("Ġ", " ") == "Hello there"
+
+    messages = [{"role": "user", "content": "Say hi"}]
+    chat = (await front.http.post("/tokenize", json={"messages": messages})).json()
+    assert chat["tokens"] == tokenizer.apply_chat_template([ChatMessage("user", "Say hi")])
+    assert chat["token_strs"] is None
+
+    back = await front.http.post("/detokenize", json={"model": MODEL, "tokens": ids})
+    assert back.status_code == 200 and back.json() == {"prompt": "Hello there"}
+    assert front.cluster.p.requests == []
+
+
+async def test_bad_tokenize_and_detokenize_input_is_a_400_naming_the_field(front):
+    cases = [
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": ""}, "prompt"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "b"}]}, "messages[0].role"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "add_generation_prompt": False},
+         "add_generation_prompt"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ]
+    for path, body, param in cases:
+        error = error_of(await front.http.post(path, json=body), 400)
+        assert error["param"] == param, (path, body, error)
+    missing = await front.http.post("/tokenize", json={"model": "other", "prompt": "a"})
+    assert error_of(missing, 404)["code"] == "model_not_found"
