@@ -4,11 +4,13 @@ generators when its RPC ends."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
+import structlog
+
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 _closing: set[asyncio.Task[None]] = set()  # close tasks in flight (the loop keeps only weak references)
 
 
@@ -43,8 +45,13 @@ def close_on_rpc_end(context: Any, generator: AsyncGenerator[Any, None]) -> Asyn
     (``contextlib.aclosing``) for the close to reach the innermost."""
 
     async def close() -> None:
-        with contextlib.suppress(RuntimeError):  # running: the handler's cancelled task ends it
+        try:
             await generator.aclose()
+        except RuntimeError as error:
+            if "already running" not in str(error):  # running: the handler's cancelled task ends it
+                log.error("closing a streaming handler after its RPC ended failed", error=repr(error))
+        except Exception as error:  # a cleanup that failed: nobody else would hear of it
+            log.error("closing a streaming handler after its RPC ended failed", error=repr(error))
 
     def on_done(_: object) -> None:
         task = asyncio.ensure_future(close())
