@@ -65,13 +65,10 @@ class EngineNodeConfig(ServerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "num_kv_blocks": 0, "max_model_len": 0,
-                    "threads": 0, "offload_host_gib": 0}
-        for name, low in at_least.items():
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if self.kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        for name in ("num_kv_blocks", "max_model_len", "threads"):  # 0: the default
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: the default), got {getattr(self, name)}")
+        self._engine_config(model_path="")  # the engine's own checks (sizes, dtype, block size): usage errors
         if self.kv_ipc not in KV_IPC_MODES:
             raise ValueError(f"kv_ipc must be one of {', '.join(KV_IPC_MODES)}, got {self.kv_ipc!r}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
@@ -86,10 +83,13 @@ class EngineNodeConfig(ServerConfig):
         )
 
     def engine_config(self) -> EngineConfig:
+        return self._engine_config(self.model or str(bundled_model_path()))
+
+    def _engine_config(self, model_path: str) -> EngineConfig:
         return EngineConfig(
             admission=self.admission_config(), offload_host_gib=self.offload_host_gib,
             offload_cache_store=self.offload_cache_store, offload_remote=self.offload_remote,
-            model_path=self.model or str(bundled_model_path()), dtype=self.dtype, device=self.device,
+            model_path=model_path, dtype=self.dtype, device=self.device,
             attention_backend=self.attention_backend, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,

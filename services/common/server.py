@@ -57,12 +57,12 @@ def grpc_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tup
 
     Channels reconnect to a peer that went away after 100 ms, then at most every second (gRPC's default
     starts at 1 s and grows to 120 s): a restarted node is reached again within a second, where a caller
-    would otherwise read ``UNAVAILABLE: Connection refused`` for seconds after it is back."""
+    would otherwise read ``UNAVAILABLE: Connection refused`` for seconds after it is back. (Not
+    ``min_reconnect_backoff_ms``: gRPC reads it as each connection attempt's timeout, 20 s by default.)"""
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
         *keepalive.options(),
     ]
@@ -238,6 +238,8 @@ class NodeServer:
 
     async def serve_until_signalled(self) -> None:
         """Serve until SIGTERM/SIGINT (or ``request_stop``), then shut down gracefully."""
+        global _started
+        _started = True  # past startup: what fails from now on is reported with its traceback (run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
@@ -288,13 +290,19 @@ def write_port_file(path: Path, port: int) -> None:
     tmp.replace(path)
 
 
+_started = False  # a NodeServer of this process began serving (serve_until_signalled)
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run a service's async main on uvloop. What can only fail at startup or shutdown and says what is wrong
-    in its message (a port in use, a model file that cannot be read, a setting the engine refuses) ends the
-    process with that one line on stderr and exit code 1; its traceback is logged at debug level."""
+    """Run a service's async main on uvloop. What fails at startup and says what is wrong in its message (a
+    port in use, a model file that cannot be read, a setting the engine refuses) ends the process with that
+    one line on stderr and exit code 1 (its traceback is logged at debug level); once serving, a failure
+    keeps its traceback."""
     try:
         return uvloop.run(main)
     except (OSError, ValueError, EngineError) as error:
-        log.debug("startup or shutdown failed", exc_info=True)
+        if _started:
+            raise
+        log.debug("startup failed", exc_info=True)
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(1) from None

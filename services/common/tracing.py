@@ -203,21 +203,26 @@ def _attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
             if value is not None}
 
 
-@contextlib.contextmanager
-def server_span(name: str, metadata: Any, *, request_id: str = "", root: bool = False) -> Iterator[Span]:
-    """The SERVER span of one RPC, current inside the block; continues the caller's trace (see the module
-    docstring). Binds ``request_id`` to the task's log lines whether tracing is on or not."""
+def start_server_span(name: str, metadata: Any, *, request_id: str = "", root: bool = False) -> Span:
+    """The SERVER span of one RPC, started (not current); continues the caller's trace (see the module
+    docstring), ``INVALID_SPAN`` when there is none to record. Binds ``request_id`` to the task's log lines
+    whether tracing is on or not."""
     if request_id:
         structlog.contextvars.bind_contextvars(request_id=request_id)
     if _tracer is None:
-        yield INVALID_SPAN
-        return
+        return INVALID_SPAN
     parent = incoming(metadata)
     if parent is None and not root:
-        yield INVALID_SPAN
-        return
+        return INVALID_SPAN
     attributes = {REQUEST_ID: request_id} if request_id else None
-    with _tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes) as rpc:
+    return _tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+
+
+@contextlib.contextmanager
+def server_span(name: str, metadata: Any, *, request_id: str = "", root: bool = False) -> Iterator[Span]:
+    """:func:`start_server_span`, current inside the block and ended with it."""
+    with trace.use_span(start_server_span(name, metadata, request_id=request_id, root=root),
+                        end_on_exit=True) as rpc:
         yield rpc
 
 
@@ -233,10 +238,20 @@ def traced_rpc(name: str, *, root: bool = False) -> Callable[[F], F]:
         if inspect.isasyncgenfunction(method):
             @functools.wraps(method)
             async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-                with server_span(name, metadata(context), request_id=_request_id(request), root=root):
+                # current only while the handler runs, never across a yield: a stream closed after its RPC
+                # ended is closed from another task, where a context attached here could not be detached
+                rpc = start_server_span(name, metadata(context), request_id=_request_id(request), root=root)
+                try:
                     async with contextlib.aclosing(method(self, request, context)) as items:
-                        async for item in items:
+                        while True:
+                            with trace.use_span(rpc, end_on_exit=False):
+                                try:
+                                    item = await anext(items)
+                                except StopAsyncIteration:
+                                    break
                             yield item
+                finally:
+                    rpc.end()
 
             return stream  # type: ignore[return-value]
 

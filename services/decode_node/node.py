@@ -81,12 +81,12 @@ class DecodeNode:
         """``handover_after_s``: hand preempted requests whose KV is in the cache-store (the engine's
         ``offload_cache_store``) to a peer after waiting that long; 0 = never. ``kv_ipc``: take KV by CUDA
         IPC from prefill nodes on this host and GPU (a CPU pool never does). ``unread_stream_s`` (default:
-        the lease): how long the token stream of a request that finished with nobody attached is kept
-        (the gateway attaches as soon as the reservation is made, so it went away and its ``Abort`` was
-        lost); then it is dropped, and nothing of the request is left here."""
+        the lease, at least 10 s): how long the token stream of a request that finished with nobody
+        attached is kept (the gateway attaches as soon as the reservation is made, so it went away and its
+        ``Abort`` was lost); then it is dropped, and nothing of the request is left here."""
         self.engine = engine
         self.default_lease_s = default_lease_s
-        self.unread_stream_s = default_lease_s if unread_stream_s is None else unread_stream_s
+        self.unread_stream_s = max(default_lease_s, 10.0) if unread_stream_s is None else unread_stream_s
         self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads)
         self.streams: dict[str, TokenStream] = {}
         self.draining = False

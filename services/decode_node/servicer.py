@@ -197,8 +197,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
 
     async def status(self) -> gateway_pb2.NodeStatus:
         """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
-        status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address,
-                                                                 not self.node.draining and self.node.worker.healthy))
+        status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address, not self.node.draining))
         status.metrics_url = self.metrics_url
         status.calls_in_flight = len(self.node.streams)
         return status

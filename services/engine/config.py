@@ -44,9 +44,10 @@ class EngineConfig:
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
-        if self.kv_cache_gib <= 0 or self.offload_host_gib < 0:
-            raise ValueError(f"kv_cache_gib must be > 0 and offload_host_gib >= 0, got {self.kv_cache_gib} and "
-                             f"{self.offload_host_gib}")
+        if self.num_kv_blocks is None and self.kv_cache_gib <= 0:  # it sizes the pool only without num_kv_blocks
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.offload_host_gib < 0:
+            raise ValueError(f"offload_host_gib must be >= 0, got {self.offload_host_gib}")
         if self.int4_max_rows < 0:
             raise ValueError(f"int4_max_rows must be >= 0, got {self.int4_max_rows}")
         if self.offload_remote not in OFFLOAD_REMOTE:

@@ -65,11 +65,6 @@ class EngineWorker:
         self._thread.start()
 
     @property
-    def healthy(self) -> bool:
-        """The engine thread runs (it did not fail): what a node reports as its health, with its drain."""
-        return self.failure is None and not self._stopping
-
-    @property
     def stopped(self) -> bool:
         """Stopping or stopped: :meth:`call` raises, the engine and what it held are going away."""
         return self._stopping
@@ -84,7 +79,9 @@ class EngineWorker:
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run ``fn(engine)`` under the engine lock (waiting at most for a step's bookkeeping, not for the
-        model); its result or exception comes back here. Wakes an idle engine thread."""
+        model); its result or exception comes back here. Wakes an idle engine thread. Raises
+        ``EngineStoppedError`` once the worker stopped or its thread failed: the node's calls fail
+        ``UNAVAILABLE`` then, its ``NodeStatus`` too (the gateway counts it unhealthy)."""
         if self._stopping or self.failure is not None:
             raise EngineStoppedError(f"engine {'failed: ' + repr(self.failure) if self.failure else 'is stopped'}")
         with self.lock:

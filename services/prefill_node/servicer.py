@@ -52,8 +52,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
 
     async def status(self) -> gateway_pb2.NodeStatus:
         """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
-        status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address,
-                                                                 not self.node.draining and self.node.worker.healthy))
+        status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address, not self.node.draining))
         status.metrics_url = self.metrics_url
         status.requests_waiting += self.node.preparing
         status.calls_in_flight = len(self.node.live)

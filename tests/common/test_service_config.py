@@ -82,15 +82,17 @@ def test_server_config_refuses_ports_out_of_range_and_no_message_room(argv, mess
     # each of these was accepted, then hung every request or failed it with a misleading status
     (["--max-num-batched-tokens", "0"], "max_num_batched_tokens must be >= 1, got 0"),
     (["--max-num-seqs", "0"], "max_num_seqs must be >= 1, got 0"),
-    (["--threads", "-2"], "threads must be >= 0, got -2"),
-    (["--num-kv-blocks", "-5"], "num_kv_blocks must be >= 0, got -5"),
+    (["--threads", "-2"], "threads must be >= 0 (0: the default), got -2"),
+    (["--num-kv-blocks", "-5"], "num_kv_blocks must be >= 0 (0: the default), got -5"),
     (["--kv-cache-gib", "0"], "kv_cache_gib must be > 0, got 0.0"),
-    (["--max-model-len", "-1"], "max_model_len must be >= 0, got -1"),
+    (["--max-model-len", "-1"], "max_model_len must be >= 0 (0: the default), got -1"),
+    (["--block-size", "12"], "block_size must be a power of two, got 12"),
     (["--offload-host-gib", "-1"], "offload_host_gib must be >= 0, got -1.0"),
     (["--lease-ms", "0"], "lease_ms must be >= 1, got 0"),
     (["--http-listen", "127.0.0.1:99999"], "http_listen: port must be 0-65535"),
 ])
 def test_model_node_and_gateway_sizes_out_of_range_are_usage_errors(argv, message, capsys):
+    assert build_config(DecodeNodeConfig, ["--kv-cache-gib", "0", "--num-kv-blocks", "64"], env={})  # unused: fine
     config, base = (GatewayConfig, ["--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2"]) \
         if argv[0] == "--http-listen" else (DecodeNodeConfig, [])
     with pytest.raises(SystemExit) as exit_info:

@@ -37,9 +37,9 @@ def test_a_port_in_use_is_one_line(busy_port, argv):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (("--model", "/nonexistent.gguf"), "error: /nonexistent.gguf: expected a .gguf file"),
-    (("--block-size", "12"), "error: block_size must be a power of two, got 12"),
+    (("--model", "/etc"), "error: /etc: expected a .gguf file"),
 ])
-def test_a_model_node_that_cannot_build_its_engine_is_one_line(argv, message):
+def test_a_model_node_that_cannot_load_its_model_is_one_line(argv, message):
     done = start("services.decode_node", "--listen", "127.0.0.1:0", "--metrics-listen", "", *argv)
     assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(message), done.stderr[-2000:]
     assert "Traceback" not in done.stderr

@@ -27,7 +27,7 @@ async def _eventually(predicate, timeout_s: float = 60.0, what: str = "condition
 async def test_a_finished_request_nobody_attached_to_is_dropped_and_a_read_one_is_kept(fp32_model,
                                                                                        bundled_tokenizer):
     node = DecodeNode(make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=16), num_threads=2,
-                      unread_stream_s=0.3)
+                      unread_stream_s=2.0)
     node.start()
     try:
         prompt = bundled_tokenizer.encode("The sea is")
@@ -35,10 +35,13 @@ async def test_a_finished_request_nobody_attached_to_is_dropped_and_a_read_one_i
             node.streams[rid] = TokenStream()
             await node.worker.call(lambda e, rid=rid: e.add_request(sampling=SHORT, token_ids=prompt,
                                                                     request_id=rid))
+        while await node.worker.call(lambda e: e.has_unfinished()):  # both finish, nobody attached
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # their last outputs reach the streams (delivered on this loop)
         reader = node.attach("read")
-        first = await anext(reader)  # attached: its stream stays however long it waits
+        first = await anext(reader)  # attached after it finished, before its drop was due: kept
         await _eventually(lambda: "unread" not in node.streams, what="the unread stream dropped")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # past the read stream's own drop time
         assert "read" in node.streams
         tokens = list(first.token_ids) + [t async for event in reader for t in event.token_ids]
         assert len(tokens) == 3 and node.streams == {}

@@ -19,6 +19,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from services.engine.errors import InvalidRequestError
 from services.gateway.core import GatewayCore
 from services.gateway.generation import GenerateInput
 from services.gateway.metrics import GatewayMetrics
@@ -84,6 +85,12 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
                   body: GenerationBody) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
         renderer of choice ``i``."""
+        if len(prompts) > 1:  # every prompt is checked before any request is opened (and counted)
+            for p, prompt in enumerate(prompts):
+                try:
+                    core.prepare(prompt)
+                except InvalidRequestError as error:
+                    raise InvalidRequestError(error.field, f"prompt {p} of the batch: {error.message}") from None
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
         try:

@@ -102,3 +102,11 @@ async def test_a_client_leaving_a_stream_of_choices_aborts_every_choice(front, t
     assert sorted(front.cluster.d.aborts) == sorted(front.cluster.d.attaches)
     await eventually(lambda: front.cluster.gateway.core.in_flight == 0, what="every flow closed")
     await assert_serving(front, tokenizer)
+
+
+async def test_a_bad_prompt_in_a_batch_is_named_and_no_prompt_is_sent(front, tokenizer):
+    reply = await front.http.post("/v1/completions", json={"prompt": ["Hi", "there", ""], "n": 2})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "prompt" and error["message"] == "prompt: prompt 2 of the batch: is empty", error
+    assert front.cluster.p.requests == [] and front.cluster.gateway.core.in_flight == 0
