@@ -144,8 +144,10 @@ class PrefillNode:
                 raise
             raise UnavailableError(f"request {request_id!r} ended: {live.ended_by}") from None
         finally:
-            await uncancellable(self.prepare.settled(request_id))  # unseen grants' aborts, in the background
-            self.live.leave(request_id, live)
+            try:  # a cancel that lands during this wait is raised after it: the request must leave anyway
+                await uncancellable(self.prepare.settled(request_id))  # unseen grants' aborts, in the background
+            finally:
+                self.live.leave(request_id, live)
 
     async def _prefill(self, live: LiveRequest, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                        candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
