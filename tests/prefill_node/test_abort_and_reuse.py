@@ -77,7 +77,9 @@ async def test_a_decode_node_answers_an_abort_once_its_running_step_let_the_requ
     async with pair(model, LEASE_S) as (prefill, decode, address):
         slow_steps(decode, 0.3)
         generation = asyncio.ensure_future(generate(prefill, decode, address, "decoding"))
-        while "decoding" not in decode.engine._in_flight:
+        # attached (else the abort could come first and the attach find nothing) and in the running step
+        while not (decode.streams.get("decoding") and decode.streams["decoding"].attached
+                   and "decoding" in decode.engine._in_flight):
             await asyncio.sleep(0.01)
         assert await decode.abort("decoding")
         assert not decode.engine.holds("decoding")
