@@ -11,17 +11,11 @@ import pytest
 from services.decode_node.node import DecodeNode, TokenStream
 from services.engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.gateway.fakes import eventually
 
 pytestmark = pytest.mark.slow
 
 SHORT = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-
-
-async def _eventually(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"{what} not reached in {timeout_s}s"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_finished_request_nobody_attached_to_is_dropped_and_a_read_one_is_kept(fp32_model,
@@ -40,7 +34,7 @@ async def test_a_finished_request_nobody_attached_to_is_dropped_and_a_read_one_i
         await asyncio.sleep(0.1)  # their last outputs reach the streams (delivered on this loop)
         reader = node.attach("read")
         first = await anext(reader)  # attached after it finished, before its drop was due: kept
-        await _eventually(lambda: "unread" not in node.streams, what="the unread stream dropped")
+        await eventually(lambda: "unread" not in node.streams, timeout_s=60, what="the unread stream dropped")
         await asyncio.sleep(0.5)  # past the read stream's own drop time
         assert "read" in node.streams
         tokens = list(first.token_ids) + [t async for event in reader for t in event.token_ids]
