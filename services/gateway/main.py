@@ -43,15 +43,17 @@ class Gateway:
 
     async def start(self) -> None:
         """First poll of every node, then serve gRPC and HTTP (nodes that are not up yet join on a later
-        poll)."""
+        poll). Health says SERVING only once both are bound, so a launcher never takes a gateway whose
+        HTTP front failed to bind for a ready one."""
         await self.directory.start()
-        await self.server.start()
+        await self.server.start(serving=self.http is None)
         if self.http is not None:
             try:
                 await self.http.start()
             except BaseException:
                 await self.stop()
                 raise
+            await self.server.set_serving(True)
         if self.servicer is not None:
             self.servicer.metrics_url = self.server.metrics_url(self.config.advertise)
             self.servicer.http_url = self.http.url if self.http is not None else ""

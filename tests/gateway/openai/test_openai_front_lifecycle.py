@@ -11,6 +11,7 @@ import socket
 import grpc.aio
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pdserve.v1 import decode_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -160,8 +161,20 @@ async def test_a_taken_http_port_fails_the_start_and_stops_the_grpc_server(token
                                    http_listen=f"127.0.0.1:{port}", grace_s=0.1, log_level="warning")
             gateway = assemble(config, tokenizer, vocab_size=model_config.vocab_size,
                                max_position=model_config.max_position)
+            health_while_binding_http = []
+            bind_http = gateway.http.start
+
+            async def start_http() -> None:
+                async with grpc.aio.insecure_channel(gateway.server.address) as channel:
+                    reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                health_while_binding_http.append(reply.status)
+                await bind_http()
+
+            gateway.http.start = start_http
             with pytest.raises(OSError, match=f"cannot bind the HTTP front 127.0.0.1:{port}"):
                 await gateway.start()
+        # a launcher waiting for SERVING never took this gateway for a ready one
+        assert health_while_binding_http == [health_pb2.HealthCheckResponse.NOT_SERVING]
         assert gateway.server.stopping or gateway.server._shutdown_task is not None
         async with grpc.aio.insecure_channel(gateway.server.address) as channel:
             with pytest.raises(grpc.aio.AioRpcError):  # nothing serves gRPC there any more
