@@ -19,7 +19,7 @@ class GrpcTarget:
 
     def request_message(self, request: BenchRequest) -> gateway_pb2.GenerateRequest:
         sampling = gateway_pb2.SamplingParams(max_tokens=request.output_len, temperature=self.sampling.temperature,
-                                              ignore_eos=self.sampling.ignore_eos)
+                                              ignore_eos=self.sampling.ignore_eos, logprobs=self.spec.logprobs)
         if self.sampling.endpoint.endswith("chat/completions"):
             messages = [gateway_pb2.ChatMessage(role="system", content=request.system)] if request.system else []
             messages.append(gateway_pb2.ChatMessage(role="user", content=request.prompt[len(request.system):]))

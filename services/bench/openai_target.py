@@ -46,6 +46,9 @@ class OpenAITarget:
                                 "stream_options": {"include_usage": True}}
         if self.sampling.ignore_eos:
             body |= {"ignore_eos": True, "min_tokens": request.output_len}
+        if self.spec.logprobs is not None:
+            body |= {"logprobs": True, "top_logprobs": self.spec.logprobs} if self.chat else \
+                {"logprobs": self.spec.logprobs}
         if self.chat:
             messages = [{"role": "system", "content": request.system}] if request.system else []
             messages.append({"role": "user", "content": request.prompt[len(request.system):]})

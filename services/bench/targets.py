@@ -1,16 +1,19 @@
 """Where a benchmark sends its requests: ``[name=]grpc://host:port`` (pdserve's gateway) or
-``[name=]http://host:port`` (any OpenAI-compatible server)."""
+``[name=]http://host:port`` (any OpenAI-compatible server), with an optional ``?logprobs=K`` (every token
+with its logprob and the K most likely: two targets on the same server, with and without, measure what
+logprobs cost in one run)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from services.bench.datasets import BenchRequest
 from services.bench.outcome import RequestOutcome
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,8 @@ class SamplingSpec:
 @dataclass(frozen=True)
 class TargetSpec:
     name: str
-    url: str
+    url: str  # without the query
+    logprobs: int | None = None  # ``?logprobs=K``: each request asks for K top logprobs per token
 
     @property
     def scheme(self) -> str:
@@ -37,12 +41,23 @@ class TargetSpec:
 
     @classmethod
     def parse(cls, text: str) -> TargetSpec:
-        """``name=url`` or ``url`` (then the name is the URL)."""
-        name, _, url = text.rpartition("=") if "=" in text.split("://")[0] else ("", "", text)
+        """``name=url`` or ``url`` (then the name is the URL, query included)."""
+        name, _, url = text.partition("=") if "=" in text.split("://")[0] else ("", "", text)
         parts = urlsplit(url)
         if parts.scheme not in ("grpc", "http", "https") or not parts.netloc:
             raise ValueError(f"target {text!r}: expected grpc://host:port or http(s)://host:port")
-        return cls(name or url, url)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        unknown = sorted(set(query) - {"logprobs"})
+        if unknown:
+            raise ValueError(f"target {text!r}: unknown option {unknown[0]!r} (known: logprobs)")
+        logprobs = None
+        if "logprobs" in query:
+            value = query["logprobs"][-1]
+            if not value.isdigit() or int(value) > MAX_LOGPROBS:
+                raise ValueError(f"target {text!r}: logprobs must be an integer in [0, {MAX_LOGPROBS}], "
+                                 f"got {value!r}")
+            logprobs = int(value)
+        return cls(name or url, parts._replace(query="", fragment="").geturl(), logprobs)
 
 
 class Target(Protocol):

@@ -19,10 +19,11 @@ def sse(*chunks: object) -> bytes:
     return b"".join(f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks)
 
 
-def target(handler, endpoint: str = "/v1/completions", ignore_eos: bool = True) -> OpenAITarget:
+def target(handler, endpoint: str = "/v1/completions", ignore_eos: bool = True,
+           logprobs: int | None = None) -> OpenAITarget:
     client = httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(handler))
     sampling = SamplingSpec(endpoint=endpoint, ignore_eos=ignore_eos)
-    return OpenAITarget(TargetSpec("t", "http://server"), sampling, "m", client)
+    return OpenAITarget(TargetSpec("t", "http://server", logprobs), sampling, "m", client)
 
 
 async def test_completion_stream_with_usage():
@@ -87,3 +88,10 @@ async def test_errors_make_failed_outcomes():
     assert "died" in outcomes[1].error
     assert "ConnectError" in outcomes[2].error
     assert "without a finish_reason" in outcomes[3].error and outcomes[3].output_tokens == 1
+
+
+def test_a_logprobs_target_asks_for_them_in_each_api_s_terms():
+    assert "logprobs" not in target(None).body(REQUEST)
+    assert target(None, logprobs=5).body(REQUEST)["logprobs"] == 5
+    chat = target(None, endpoint="/v1/chat/completions", logprobs=0).body(REQUEST)
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 0)

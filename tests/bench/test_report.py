@@ -71,3 +71,13 @@ def test_target_specs():
     for bad in ("127.0.0.1:1", "ftp://x:1", "grpc://"):
         with pytest.raises(ValueError):
             TargetSpec.parse(bad)
+
+
+def test_a_target_may_ask_for_logprobs():
+    assert TargetSpec.parse("lp=http://127.0.0.1:8000?logprobs=5") == TargetSpec("lp", "http://127.0.0.1:8000", 5)
+    spec = TargetSpec.parse("grpc://127.0.0.1:1?logprobs=0")
+    assert (spec.name, spec.address, spec.logprobs) == ("grpc://127.0.0.1:1?logprobs=0", "127.0.0.1:1", 0)
+    for bad, message in (("http://x:1?top=3", "unknown option 'top'"), ("http://x:1?logprobs=21", r"\[0, 20\]"),
+                         ("http://x:1?logprobs=-1", "got '-1'")):
+        with pytest.raises(ValueError, match=message):
+            TargetSpec.parse(bad)
