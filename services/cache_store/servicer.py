@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, gateway_pb2, node_pb2
 
 from services.cache_store.assembly import BlockHeader, PutAssembler, split
@@ -134,9 +135,13 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
             staging = self.store.staging()
             try:
                 assembler = PutAssembler(max_bytes=self.store.capacity_bytes, on_block=staging.add)
-                async for chunk in request_iterator:
-                    message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
-                    assembler.add(_header_of(message), data)
+                try:
+                    async for chunk in request_iterator:
+                        message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
+                        assembler.add(_header_of(message), data)
+                except DecodeError as error:  # a frame whose header is not a PutChunk
+                    raise MalformedPutError("request", f"a message of the stream is not a valid PutChunk "
+                                                        f"frame ({error})") from None
                 result = self.store.put(assembler.finish(), verified=True, staging=staging)
             finally:
                 staging.discard()

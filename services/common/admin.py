@@ -8,6 +8,8 @@ import grpc.aio
 import structlog
 from pdserve.v1 import admin_pb2, admin_pb2_grpc
 
+from services.common.errors import grpc_errors
+
 log = structlog.get_logger(__name__)
 
 
@@ -18,6 +20,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._request_stop = request_stop
         self._is_stopping = is_stopping
 
+    @grpc_errors
     async def Drain(self, request: admin_pb2.DrainRequest, context: grpc.aio.ServicerContext
                     ) -> admin_pb2.DrainResponse:
         if self._is_stopping():

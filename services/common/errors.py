@@ -18,6 +18,7 @@ import grpc
 import grpc.aio
 
 from services.common.cancellation import close_on_rpc_end
+from services.common.request_parsing import UnparsableRequest
 
 
 class ServiceError(Exception):
@@ -100,12 +101,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 def grpc_errors(method: F) -> F:
     """Decorate an async servicer method (unary or server-streaming) so mapped errors abort the call.
 
-    ``context.abort`` raises, so the handler ends there; the status message is ``str(error)``.
+    ``context.abort`` raises, so the handler ends there; the status message is ``str(error)``. A request
+    that did not parse (``UnparsableRequest``, see ``request_parsing``) is refused with ``INVALID_ARGUMENT``
+    before the method runs.
     """
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
         async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, UnparsableRequest):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             try:  # closed when the RPC ends, or its cleanup may wait for the garbage collector
                 async with contextlib.aclosing(close_on_rpc_end(context, method(self, request, context))) as items:
                     async for item in items:
@@ -120,6 +125,8 @@ def grpc_errors(method: F) -> F:
 
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, UnparsableRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await method(self, request, context)
         except mapped_errors() as error:

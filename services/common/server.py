@@ -39,6 +39,7 @@ from services.common.admin import AdminServicer
 from services.common.config import setting
 from services.common.logging import FORMATS, LEVELS
 from services.common.metrics import MetricsEndpoint
+from services.common.request_parsing import TolerantParsing
 from services.engine.errors import EngineError
 
 log = structlog.get_logger(__name__)
@@ -151,7 +152,7 @@ class NodeServer:
         self._drain = drain
         # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
         self._server = grpc.aio.server(options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)],
-                                       interceptors=list(interceptors) or None)
+                                       interceptors=[TolerantParsing(), *interceptors])
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None

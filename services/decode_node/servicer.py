@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import grpc.aio
+from google.protobuf.message import DecodeError
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
 from kvcache.cuda_ipc import IpcError
@@ -73,24 +74,28 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                          context: grpc.aio.ServicerContext) -> AsyncIterator[decode_pb2.KVAck]:
         failed: dict[str, decode_pb2.KVAck] = {}
         ipc_sessions: dict[str, str] = {}  # request id → the IPC session its header named
-        async for message in request_iterator:
-            kind = message.WhichOneof("kind")
-            if kind is None:  # a kind this node does not know (a newer prefill node): nothing to do
-                yield decode_pb2.KVAck(seq=message.seq)
-                continue
-            request_id = getattr(message, kind).request_id
-            if request_id in failed:
-                yield decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=failed[request_id].error,
-                                       code=failed[request_id].code)
-                continue
-            try:
-                yield await self._handle(message, kind, request_id, ipc_sessions)
-            except mapped_errors() as error:
-                ack = decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=str(error),
-                                       code=status_of(error).value[0])
-                failed[request_id] = ack
-                await self.node.abort(request_id, f"its KV transfer failed: {error}")
-                yield ack
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind is None:  # a kind this node does not know (a newer prefill node): nothing to do
+                    yield decode_pb2.KVAck(seq=message.seq)
+                    continue
+                request_id = getattr(message, kind).request_id
+                if request_id in failed:
+                    yield decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=failed[request_id].error,
+                                           code=failed[request_id].code)
+                    continue
+                try:
+                    yield await self._handle(message, kind, request_id, ipc_sessions)
+                except mapped_errors() as error:
+                    ack = decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=str(error),
+                                           code=status_of(error).value[0])
+                    failed[request_id] = ack
+                    await self.node.abort(request_id, f"its KV transfer failed: {error}")
+                    yield ack
+        except DecodeError as error:  # a message that is not a KVTransferMessage (the stream's own bytes)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request: a message of the stream is not a valid KVTransferMessage ({error})")
 
     async def _handle(self, message: decode_pb2.KVTransferMessage, kind: str, request_id: str,
                       ipc_sessions: dict[str, str]) -> decode_pb2.KVAck:
