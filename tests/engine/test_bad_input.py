@@ -66,6 +66,19 @@ def test_a_text_past_any_context_is_refused_before_tokenizing(engine):
     assert info.value.field == "prompt"
 
 
+def test_more_messages_than_the_context_has_tokens_are_refused_before_templating(engine, monkeypatch):
+    """Empty messages pass the character bound, but the template gives each some tokens: rendering and
+    tokenizing 100k of them held the gateway's event loop for seconds."""
+    monkeypatch.setattr(engine.tokenizer, "apply_chat_template", lambda *args, **kwargs: pytest.fail("templated"))
+    with pytest.raises(InvalidRequestError, match="1024 messages cannot fit a context of 1024 tokens") as info:
+        engine.add_request(messages=[ChatMessage("user", "")] * 1024)
+    assert info.value.field == "messages"
+    monkeypatch.undo()
+    with pytest.raises(InvalidRequestError, match="do not fit the context"):  # fewer: the template's tokens count
+        engine.add_request(messages=[ChatMessage("user", "")] * 1023)
+    engine.check_integrity()
+
+
 def test_duplicate_request_id_is_rejected(engine):
     engine.add_request("hi", SamplingParams(max_tokens=2), request_id="dup")
     with pytest.raises(InvalidRequestError, match="already running"):
