@@ -89,6 +89,8 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"prompt": "Hi", "skip_special_tokens": False}, "skip_special_tokens"),
     ({"prompt": "Hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt": "Hi", "max_completion_tokens": 3}, "max_completion_tokens"),  # chat's: it was ignored here
+    ({"prompt": "Hi", "prompt_embeds": "AAAA"}, "prompt_embeds"),
     ({"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
      "stream_options.continuous_usage_stats"),
     ({"prompt": "Hi", "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
@@ -113,6 +115,8 @@ BAD_CHATS = [
     ({"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
     ({"messages": CHAT, "echo": True}, "echo"),
     ({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+    ({"messages": CHAT, "best_of": 3}, "best_of"),
+    ({"messages": CHAT, "logprobs": True, "return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
     ({"messages": CHAT, "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
 ]
 
@@ -144,7 +148,7 @@ async def test_null_and_neutral_values_mean_the_defaults(front, tokenizer):
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["text"] == tokenizer.decode(ids)
     script(front, tokenizer)
-    reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, "logprobs": None,
+    reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, "logprobs": None, "best_of": 1,
                                                                 "max_tokens": len(ids), **neutral})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == tokenizer.decode(ids)
