@@ -61,7 +61,8 @@ class OpenAIError(Exception):
 def from_gateway(error: ServiceError | InvalidRequestError) -> OpenAIError:
     """The response to one of the gateway's named errors."""
     if isinstance(error, InvalidRequestError):
-        return OpenAIError(400, str(error), param=_PARAMS.get(error.field, error.field))
+        param = _PARAMS.get(error.field, error.field)
+        return OpenAIError(400, f"{param}: {error.message}", param=param)
     status, kind, code = _BY_STATUS.get(status_of(error), _UPSTREAM)
     return OpenAIError(status, str(error), kind, code=code)
 
@@ -92,7 +93,8 @@ def param_of(loc: Sequence[Any]) -> str | None:
     return ".".join(parts) or None
 
 
-def from_validation(error: RequestValidationError) -> OpenAIError:
+def from_validation(error: RequestValidationError, content_type: str = "application/json") -> OpenAIError:
+    """``content_type``: the request's, named when a body that is not a JSON object came without JSON's."""
     first = error.errors()[0]
     kind, loc = first.get("type", ""), first.get("loc", ())
     if kind == "json_invalid":
@@ -102,6 +104,8 @@ def from_validation(error: RequestValidationError) -> OpenAIError:
     if kind == "missing" and param is None:
         return OpenAIError(400, "a JSON body is required")
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is None and "json" not in content_type.lower():  # FastAPI parses JSON only when told it is JSON
+        message += f" (the body is read as JSON only with Content-Type: application/json, got {content_type!r})"
     return OpenAIError(400, f"{param or 'request body'}: {message}", param=param)
 
 
@@ -118,7 +122,7 @@ def install(app: FastAPI) -> None:
 
     async def validation_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        return from_validation(error).response()
+        return from_validation(error, request.headers.get("content-type", "")).response()
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)

@@ -45,7 +45,8 @@ class StreamOptions(BaseModel):
 class GenerationBody(BaseModel):
     """What both endpoints take: the model, sampling and streaming settings."""
 
-    model_config = ConfigDict(extra="allow")  # undeclared fields: checked by unsupported.refuse_unsupported
+    # undeclared fields: checked by unsupported.refuse_unsupported; NaN and infinities are not numbers here
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None  # None: the served model
     max_tokens: int | None = Field(None, ge=1)
@@ -184,9 +185,11 @@ class ChatMessageBody(BaseModel):
             return value or ""
         texts = []
         for i, part in enumerate(value):
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if part.get("type") != "text":
                 raise ValueError(f"part {i}: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
                                  f"got type {part.get('type')!r}")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i}: a text part's 'text' must be a string, got {part.get('text')!r}")
             texts.append(part["text"])
         return "".join(texts)
 

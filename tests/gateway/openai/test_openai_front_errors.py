@@ -75,6 +75,7 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "top_k": 2**31}, "top_k"),
     ({"prompt": "Hi", "top_k": 1e20}, "top_k"),
     ({"prompt": "Hi", "temperature": 1e300}, "temperature"),
+    ({"prompt": "Hi", "temperature": float("nan")}, "temperature"),
     ({"prompt": "Hi", "top_p": 1e-50}, "top_p"),
     ({"prompt": "hi \ud800 there"}, "prompt"),
     ({"prompt": "Hi", "stop": ["\udfff"]}, "stop"),
@@ -171,6 +172,24 @@ async def test_malformed_json_is_400(front, tokenizer):
                                       headers={"Content-Type": "application/json"})
         error = error_of(reply, 400)
         assert (error["type"], error["param"]) == ("invalid_request_error", None), (content, error)
+    await assert_serving(front, tokenizer)
+
+
+async def test_messages_name_what_is_wrong(front, tokenizer):
+    async def message(body: dict, path: str = "/v1/completions", content_type: str | None = "application/json") -> str:
+        headers = {"Content-Type": content_type} if content_type else {}
+        reply = await front.http.post(path, content=json.dumps(body).encode(), headers=headers)
+        return error_of(reply, 400)["message"]
+
+    body = {"prompt": "Hi"}
+    assert "Content-Type: application/json, got 'text/plain'" in await message(body, content_type="text/plain")
+    assert "Content-Type" in await message(body, content_type=None)
+    assert "is not a finite number" not in await message({"prompt": "Hi", "temperature": 0.5, "top_p": 2})
+    assert "finite number" in await message({"prompt": "Hi", "temperature": float("nan")})
+    assert await message({"prompt": [[]]}) == "prompt: is empty"  # the gateway's token_ids, named as sent
+    part = await message({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "/v1/chat/completions")
+    assert "part 0: a text part's 'text' must be a string, got None" in part
+    assert front.cluster.p.requests == []
     await assert_serving(front, tokenizer)
 
 
