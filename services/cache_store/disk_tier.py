@@ -33,7 +33,20 @@ class DiskTier:
         self.corrupt_total = 0
         self._last_ns = 0
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._check_writable()
         self._reindex()
+
+    def _check_writable(self) -> None:
+        """A directory that exists but cannot be written would lose every spill, one warning at a time:
+        fail at start instead (``OSError`` naming the directory)."""
+        probe = self.directory / f".probe-{os.getpid()}.tmp"
+        try:
+            probe.write_bytes(b"pdserve")
+            probe.unlink()
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            raise OSError(f"the disk tier's directory {self.directory} cannot be written: {error}") from error
 
     def __len__(self) -> int:
         return len(self.index)
@@ -103,13 +116,30 @@ class DiskTier:
         try:
             block = block_file.read_block(path, key)
         except (CorruptBlockError, OSError) as error:
-            log.warning("disk block unreadable, dropped", key=key.hex(), error=str(error))
-            self.index.remove(key)
-            self.corrupt_total += 1
-            self._unlink(key)
+            self._drop_damaged(key, error)
             return None
         self.touch([key])
         return block
+
+    def holds(self, block: StoredBlock) -> bool:
+        """Whether ``block``'s file looks whole: its header names the block's key and checksum and its size
+        matches (the data itself is verified on the next read). A file that does not is dropped and
+        counted as a damaged read is, so a put of the block stores it anew."""
+        try:
+            header = block_file.read_header(self.path(block.key))
+            if header.key != block.key or (header.checksum_algorithm == block.checksum_algorithm
+                                           and header.checksum != block.checksum):
+                raise CorruptBlockError(f"{self.path(block.key).name} holds other data")
+        except (CorruptBlockError, OSError) as error:
+            self._drop_damaged(block.key, error)
+            return False
+        return True
+
+    def _drop_damaged(self, key: bytes, error: Exception) -> None:
+        log.warning("disk block unreadable, dropped", key=key.hex(), error=str(error))
+        self.index.remove(key)
+        self.corrupt_total += 1
+        self._unlink(key)
 
     def touch(self, keys: Sequence[bytes]) -> None:
         """Refresh ``keys`` (first most recent) in the index and their files' mtimes."""

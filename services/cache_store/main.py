@@ -24,7 +24,12 @@ log = structlog.get_logger(__name__)
 
 
 def build_store(config: CacheStoreConfig) -> BlockStore:
-    disk = DiskTier(config.disk_dir, config.disk_capacity_bytes) if config.disk_dir is not None else None
+    disk = None
+    if config.disk_dir is not None:
+        try:
+            disk = DiskTier(config.disk_dir, config.disk_capacity_bytes)
+        except OSError as error:  # a file there, no permission: one line naming the flag (common.server.run)
+            raise OSError(f"--disk-dir {config.disk_dir}: {error}") from error
     return BlockStore(config.capacity_bytes, disk, write_through=config.disk_write_through, lease_s=config.lease_s)
 
 

@@ -184,12 +184,16 @@ class BlockStore:
     def put(self, blocks: Sequence[StoredBlock], *, verified: bool = False, staging: PutStaging | None = None
             ) -> PutResult:
         """Store ``blocks`` atomically: checksums (unless ``verified``) and room in every tier are checked
-        first, and on any error nothing changes. Keys already stored are refreshed, not replaced."""
+        first, and on any error nothing changes (but a damaged disk file found on the way is dropped). Keys
+        already stored are refreshed, not replaced."""
         unique: dict[bytes, StoredBlock] = {}
         for block in blocks:
             if not verified:
                 block.verify()
             unique.setdefault(block.key, block)
+        for key, block in unique.items():  # a disk-only copy whose file is damaged is replaced, not kept
+            if key not in self.memory and self.disk is not None and key in self.disk:
+                self.disk.holds(block)
         new = [block for key, block in unique.items() if key not in self]
         pinned = self.leases.pinned()
         keep = pinned | unique.keys()

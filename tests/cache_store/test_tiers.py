@@ -174,6 +174,28 @@ def test_damaged_disk_block_is_missing_and_its_file_removed(tmp_path, damage):
     store.check_integrity()
 
 
+@pytest.mark.parametrize("damage", ["truncate", "delete", "swap"])
+def test_a_put_replaces_a_damaged_disk_only_copy_instead_of_keeping_it(tmp_path, damage):
+    """A prefill node that recomputed a block it could not fetch writes it back: the store used to count
+    the damaged file as the block and keep it, so the next fetch failed again."""
+    store = open_store(tmp_path)
+    for name in "abcdef":
+        store.put([block(name)])
+    assert tiers(store) == (["d", "e", "f"], ["a", "b", "c"])
+    path = tmp_path / key("b").hex()
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-3])
+    elif damage == "delete":
+        path.unlink()
+    else:
+        path.write_bytes((tmp_path / key("c").hex()).read_bytes())
+    result = store.put(blocks("a", "b"))  # a's file is whole: still existing; b's is stored anew
+    assert (result.stored, result.existing) == (1, 1)
+    assert store.stats().disk_corrupt_total == 1
+    assert [got.data for got in store.get_prefix(keys("b"))] == [block("b").data]
+    store.check_integrity()
+
+
 def test_damaged_disk_block_fails_a_whole_get_with_missing(tmp_path):
     store = open_store(tmp_path, disk=60, write_through=True)
     store.put(blocks("a", "b", "c"))

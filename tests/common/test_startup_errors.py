@@ -43,3 +43,17 @@ def test_a_model_node_that_cannot_load_its_model_is_one_line(argv, message):
     done = start("services.decode_node", "--listen", "127.0.0.1:0", "--metrics-listen", "", *argv)
     assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(message), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_a_disk_dir_that_cannot_be_used_is_one_line_naming_the_flag(tmp_path):
+    """A directory nobody may write (sysfs refuses even root) failed no put: every block it should have
+    kept was dropped, one warning at a time, while the store reported healthy."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [("/sys/kernel", "error: --disk-dir /sys/kernel: the disk tier's directory /sys/kernel cannot be "
+                             "written: [Errno "),
+             (str(a_file), f"error: --disk-dir {a_file}: [Errno 17] File exists")]
+    for disk_dir, message in cases:
+        done = start("services.cache_store", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--disk-dir", disk_dir)
+        assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(message), done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
