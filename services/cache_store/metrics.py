@@ -48,4 +48,6 @@ def render(s: gateway_pb2.NodeStatus) -> Iterator[Metric]:
     yield per_tier(CounterMetricFamily("pdserve_cache_store_evictions", "Blocks dropped from a tier "
                                        "(from memory: written to disk first when there is one)", labels=["tier"]),
                    s.memory_evictions_total, s.disk_evictions_total)
+    yield counter("pdserve_cache_store_disk_write_failures_total", "Blocks evicted from memory that could not be "
+                  "written to disk, dropped instead (a full or failing disk)", s.disk_write_failures_total)
     yield gauge("pdserve_cache_store_calls_in_flight", "Put and Get calls running now", s.requests_running)

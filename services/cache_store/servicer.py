@@ -222,6 +222,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
             disk_hits_total=stats.disk_hits_total,
             misses_total=stats.misses_total,
             restored_blocks_total=stats.restored_blocks_total,
+            disk_write_failures_total=stats.disk_write_failures_total,
             memory_evictions_total=stats.memory_evictions_total,
             disk_evictions_total=stats.disk_evictions_total,
         )

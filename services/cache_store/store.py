@@ -78,6 +78,7 @@ class StoreStats:
     memory_evictions_total: int
     disk_evictions_total: int  # files deleted: evicted past capacity, or found damaged when read
     disk_corrupt_total: int  # of those, damaged or missing files
+    disk_write_failures_total: int  # blocks evicted from memory that could not be written to disk
     leases: int
 
 
@@ -107,6 +108,8 @@ class BlockStore:
         self.disk_hits_total = 0
         self.misses_total = 0
         self.restored_blocks_total = 0
+        self.disk_write_failures_total = 0
+        self._disk_failing = False  # the last spill failed: log the next success, not each failure
         self.deleted_total = 0
 
     @property
@@ -234,6 +237,7 @@ class BlockStore:
             memory_evictions_total=self.memory.evictions_total,
             disk_evictions_total=(disk.evictions_total if disk is not None else 0) + corrupt,
             disk_corrupt_total=corrupt,
+            disk_write_failures_total=self.disk_write_failures_total,
             leases=len(self.leases),
         )
 
@@ -276,8 +280,16 @@ class BlockStore:
         try:
             disk.write_all([block], victims)
         except OSError as error:
-            log.warning("evicted block could not be written to disk, dropped", key=block.key.hex(),
-                        error=str(error))
+            self.disk_write_failures_total += 1
+            if not self._disk_failing:  # once per run of failures: a full disk fails every spill
+                log.warning("evicted blocks cannot be written to disk: dropped until a write works again "
+                            "(disk_write_failures_total counts them)", directory=str(disk.directory),
+                            error=str(error))
+            self._disk_failing = True
+            return
+        if self._disk_failing:
+            log.info("evicted blocks are written to disk again", failures_total=self.disk_write_failures_total)
+            self._disk_failing = False
 
     def fetch(self, key: bytes, restore: bool = False) -> StoredBlock | None:
         """The block of ``key`` for a reader: from memory, else read from disk (verified) and promoted."""

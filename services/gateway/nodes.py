@@ -64,6 +64,7 @@ class NodeInfo:
     handovers_in_total: int = 0
     restored_blocks_total: int = 0
     calls_in_flight: int = 0
+    disk_write_failures_total: int = 0
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

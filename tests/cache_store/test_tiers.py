@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import structlog
 
 from services.cache_store import block_file, errors
 from services.cache_store.disk_tier import DiskTier
@@ -193,6 +194,31 @@ def test_a_put_replaces_a_damaged_disk_only_copy_instead_of_keeping_it(tmp_path,
     assert (result.stored, result.existing) == (1, 1)
     assert store.stats().disk_corrupt_total == 1
     assert [got.data for got in store.get_prefix(keys("b"))] == [block("b").data]
+    store.check_integrity()
+
+
+def test_spills_that_fail_are_counted_and_logged_once_per_run(tmp_path, monkeypatch):
+    store = open_store(tmp_path, memory=20)  # 2 blocks in memory
+    real_write = block_file.write_block
+    failing = True
+
+    def write(directory: Path, stored) -> int:
+        if failing:
+            raise OSError(28, "No space left on device")
+        return real_write(directory, stored)
+
+    monkeypatch.setattr(block_file, "write_block", write)
+    with structlog.testing.capture_logs() as logs:
+        for name in "abcde":  # c, d, e each evict one block, whose spill fails: dropped
+            store.put([block(name)])
+        assert tiers(store) == (["d", "e"], [])
+        failing = False
+        store.put([block("f")])  # evicts d: written
+        store.put([block("g")])
+    assert tiers(store) == (["f", "g"], ["d", "e"])
+    assert store.stats().disk_write_failures_total == 3
+    assert [entry["log_level"] for entry in logs] == ["warning", "info"]
+    assert "No space left" in logs[0]["error"] and logs[1]["failures_total"] == 3
     store.check_integrity()
 
 
