@@ -56,7 +56,8 @@ def _header_of(chunk: cache_store_pb2.PutChunk) -> BlockHeader | None:
     return BlockHeader(
         key=chunk.key,
         total_length=chunk.total_length,
-        checksum_algorithm=_ALGORITHMS.get(chunk.checksum_algorithm, "unspecified"),
+        checksum_algorithm=_ALGORITHMS.get(chunk.checksum_algorithm, "unspecified" if not chunk.checksum_algorithm
+                                           else f"enum value {chunk.checksum_algorithm}"),
         checksum=chunk.checksum,
         layout=_layout_of(chunk.layout) if chunk.HasField("layout") else None,
     )

@@ -110,3 +110,13 @@ def test_each_block_is_verified_and_handed_on_as_its_last_byte_arrives():
     with pytest.raises(CorruptBlockError, match="checksum mismatch"):
         assembler.add(bad, b"xyZ")
     assert seen == [key("a")]
+
+
+def test_an_unknown_checksum_enum_is_named_by_its_number():
+    from pdserve.v1 import cache_store_pb2
+
+    from services.cache_store.servicer import _header_of
+
+    header = _header_of(cache_store_pb2.PutChunk(key=key("a"), total_length=4, checksum=b"x", checksum_algorithm=7))
+    with pytest.raises(MalformedPutError, match="'enum value 7' is not one of"):
+        header.validate()
