@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import tokenizers.decoders
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from services.engine.errors import InvalidRequestError
@@ -76,6 +77,27 @@ class Tokenizer:
         ``c`` characters encodes to at least ``c / max_token_chars`` tokens, so a text far longer than the
         context can be refused without tokenizing it."""
         return max(len(token) for token in self.hf.get_vocab())
+
+    @functools.cached_property
+    def _byte_of_char(self) -> dict[str, int] | None:
+        """Byte-level BPE's table from a token's spelling to its bytes; None for other tokenizers."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None or not isinstance(backend.decoder, tokenizers.decoders.ByteLevel):
+            return None
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        return {char: byte for byte, char in bytes_to_unicode().items()}
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for. A byte-level token holding part of a UTF-8 character gives those
+        bytes (its own decode is ``\ufffd``), so a client can join them back into the character; added
+        tokens and other tokenizers give their text's UTF-8."""
+        table = self._byte_of_char
+        if table is not None:
+            spelling = self.hf.convert_ids_to_tokens(token_id)
+            if spelling is not None and all(char in table for char in spelling):
+                return bytes(table[char] for char in spelling)
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf(text)["input_ids"])

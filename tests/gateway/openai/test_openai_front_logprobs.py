@@ -21,8 +21,8 @@ def logprob(token_id: int, i: int) -> gateway_pb2.TokenLogprob:
         gateway_pb2.TopLogprob(token_id=token_id, logprob=value), gateway_pb2.TopLogprob(token_id=OTHER, logprob=-9)])
 
 
-def script_logprobs(front, tokenizer) -> list[int]:
-    ids = tokenizer.encode(TEXT)
+def script_logprobs(front, tokenizer, text: str = TEXT) -> list[int]:
+    ids = tokenizer.encode(text)
     front.cluster.p.first_token, front.cluster.p.first_logprob = ids[0], logprob(ids[0], 0)
 
     async def attach(request, context):
@@ -70,6 +70,32 @@ async def test_chat_logprobs_with_bytes_and_top_logprobs(front, tokenizer):
     assert [c.logprob for c in content] == pytest.approx([-0.25 * (i + 1) for i in range(len(ids))])
     assert [t.token for t in content[0].top_logprobs] == texts(tokenizer, [ids[0], OTHER])
     assert front.cluster.p.requests[0].sampling.logprobs == 2
+
+
+SPLIT = "日本🎌 ok"  # 日 and 🎌 are each split over several byte-level tokens
+
+
+async def test_the_bytes_of_tokens_that_split_a_character_join_back_into_it(front, tokenizer):
+    ids = script_logprobs(front, tokenizer, SPLIT)
+    assert "\ufffd" in texts(tokenizer, ids)  # the script does split characters
+    completion = await front.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=len(ids), logprobs=True,
+        top_logprobs=1)
+    content = completion.choices[0].logprobs.content
+    assert completion.choices[0].message.content == SPLIT
+    assert b"".join(bytes(c.bytes) for c in content).decode() == SPLIT
+    assert [bytes(c.top_logprobs[0].bytes) for c in content] == [bytes(c.bytes) for c in content]  # itself
+
+
+async def test_text_offsets_of_split_characters_stay_in_the_text(front, tokenizer):
+    ids = script_logprobs(front, tokenizer, SPLIT)
+    reply = await front.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": len(ids), "logprobs": 0})
+    choice = reply.json()["choices"][0]
+    pieces = [tokenizer.token_bytes(t) for t in ids]
+    # a token's offset: the characters its predecessors' bytes complete
+    expected = [len(b"".join(pieces[:i]).decode(errors="ignore")) for i in range(len(ids))]
+    assert choice["text"] == SPLIT and choice["logprobs"]["text_offset"] == expected
+    assert max(expected) < len(SPLIT) and len(set(expected)) < len(expected)  # shared offsets, none past the end
 
 
 async def test_no_logprobs_unless_asked_and_none_past_a_stop_string(front, tokenizer):
