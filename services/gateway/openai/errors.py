@@ -129,6 +129,9 @@ def install(app: FastAPI) -> None:
         kind = "not_found_error" if error.status_code == 404 else INVALID_REQUEST
         if error.status_code == 413:  # a chunked body past the limit (BodyLimit): as from its Content-Length
             return OpenAIError(413, str(error.detail), param="body", code="request_too_large").response()
+        if error.status_code == 400 and error.__cause__ is not None:  # FastAPI's "error parsing the body"
+            cause = error.__cause__  # bytes that are not UTF-8, JSON nested past the parser's depth
+            return OpenAIError(400, f"malformed JSON body: {type(cause).__name__}: {cause}").response()
         return OpenAIError(error.status_code, str(error.detail), kind).response()
 
     async def bug(request: Request, error: Exception) -> JSONResponse:

@@ -175,6 +175,15 @@ async def test_malformed_json_is_400(front, tokenizer):
     await assert_serving(front, tokenizer)
 
 
+async def test_a_body_json_cannot_read_says_why(front, tokenizer):
+    for content, reason in ((b'{"prompt": "H\xff"}', "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+                            (b"[" * 200_000, "RecursionError: maximum recursion depth exceeded")):
+        reply = await front.http.post("/v1/completions", content=content, headers={"Content-Type": "application/json"})
+        error = error_of(reply, 400)
+        assert error["message"].startswith(f"malformed JSON body: {reason}"), error
+    await assert_serving(front, tokenizer)
+
+
 async def test_messages_name_what_is_wrong(front, tokenizer):
     async def message(body: dict, path: str = "/v1/completions", content_type: str | None = "application/json") -> str:
         headers = {"Content-Type": content_type} if content_type else {}
