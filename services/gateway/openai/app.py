@@ -9,6 +9,7 @@ the gateway's core and answered by ``streaming.respond``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
@@ -81,16 +82,27 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         if body.stream_options is not None:
             refuse_unsupported(body.stream_options.model_extra, prefix="stream_options.")
 
+    def tokenized_once(prompts: list[GenerateInput]) -> list[GenerateInput]:
+        """Each prompt as the token ids it templates and tokenizes to, so its ``n`` choices do not redo that;
+        every prompt of a batch is checked before any request is opened (and counted). A single prompt
+        that fails is left as it is: its first choice fails as a lone request would."""
+        inputs = []
+        for p, prompt in enumerate(prompts):
+            try:
+                ids = core.prepare(prompt).prompt_ids
+            except InvalidRequestError as error:
+                if len(prompts) == 1:
+                    return prompts
+                raise InvalidRequestError(error.field, f"prompt {p} of the batch: {error.message}") from None
+            inputs.append(dataclasses.replace(prompt, prompt=None, messages=None, token_ids=ids))
+        return inputs
+
     async def run(request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
                   body: GenerationBody) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
         renderer of choice ``i``."""
-        if len(prompts) > 1:  # every prompt is checked before any request is opened (and counted)
-            for p, prompt in enumerate(prompts):
-                try:
-                    core.prepare(prompt)
-                except InvalidRequestError as error:
-                    raise InvalidRequestError(error.field, f"prompt {p} of the batch: {error.message}") from None
+        if len(prompts) > 1 or body.n > 1:
+            prompts = tokenized_once(prompts)
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
         try:

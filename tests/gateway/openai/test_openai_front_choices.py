@@ -31,6 +31,25 @@ async def test_n_completions_are_n_requests_with_indexed_choices(front, tokenize
     assert front.cluster.gateway.core.in_flight == 0
 
 
+async def test_each_prompt_is_templated_and_tokenized_once_whatever_n(front, tokenizer, monkeypatch):
+    ids = script(front, tokenizer)
+    calls = []
+    for name in ("encode", "apply_chat_template"):
+        real = getattr(tokenizer, name)
+        monkeypatch.setattr(tokenizer, name, lambda *args, real=real, name=name, **kwargs: (
+            calls.append(name), real(*args, **kwargs))[1])
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = await front.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=len(ids), n=4)
+    assert len(chat.choices) == 4 and calls == ["apply_chat_template"]
+    calls.clear()
+    batch = await front.client.completions.create(model=MODEL, prompt=["Hello there", "Once upon"], n=3,
+                                                  max_tokens=len(ids))
+    assert len(batch.choices) == 6 and calls == ["encode", "encode"]
+    sent = {r.request_id: list(r.prompt_token_ids) for r in front.cluster.p.requests}
+    assert sent[f"{batch.id}-5"] == tokenizer.encode("Once upon")  # what the prompt's text tokenizes to
+    await front.cluster.gateway.core.wait_background()
+
+
 async def test_a_batch_of_prompts_is_n_choices_of_each_prompt_by_prompt(front, tokenizer):
     ids = script(front, tokenizer)
     token_prompt = tokenizer.encode("Once upon a time")
