@@ -137,10 +137,13 @@ class NodeServer:
         drain_timeout_s: float = 30.0,
         port_file: Path | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_receive_bytes: int | None = None,
         metrics: MetricsEndpoint | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
-        """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends."""
+        """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends;
+        ``max_receive_bytes``: the largest message a client may send, when less than ``max_message_bytes``
+        (the gateway's requests are small: a larger one is refused before it is parsed)."""
         self.bindings = list(bindings)
         self.metrics = metrics
         self.listen = listen
@@ -151,7 +154,10 @@ class NodeServer:
         self.health = health.aio.HealthServicer()
         self._drain = drain
         # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
-        self._server = grpc.aio.server(options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)],
+        options = dict(grpc_options(max_message_bytes))
+        if max_receive_bytes is not None:
+            options["grpc.max_receive_message_length"] = max_receive_bytes
+        self._server = grpc.aio.server(options=[*options.items(), ("grpc.so_reuseport", 0)],
                                        interceptors=[TolerantParsing(), *interceptors])
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
@@ -160,7 +166,7 @@ class NodeServer:
     @classmethod
     def from_config(
         cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None,
-        registry: CollectorRegistry | None = None,
+        registry: CollectorRegistry | None = None, max_receive_bytes: int | None = None,
     ) -> NodeServer:
         """``registry``: served at ``config.metrics_listen`` (none when that is empty)."""
         metrics = None
@@ -168,7 +174,8 @@ class NodeServer:
             metrics = MetricsEndpoint(registry, config.metrics_listen)
         return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
                    drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
-                   max_message_bytes=config.max_message_mib << 20, metrics=metrics)
+                   max_message_bytes=config.max_message_mib << 20, max_receive_bytes=max_receive_bytes,
+                   metrics=metrics)
 
     @property
     def service_names(self) -> list[str]:

@@ -13,6 +13,11 @@ DEFAULT_MAX_TOKENS = 16
 GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM: dividing logits by less overflows float32 to inf, softmax to NaN
 INT32_MAX = 2**31 - 1  # top_k travels as int32, temperature and top_p as float32 (pdserve.v1.SamplingParams)
 SEED_LIMIT = 2**63  # seeds are distinct below it (the sampler's generators take 63 bits)
+# Every new token is checked against every stop string and stop token id (and while min_tokens is unmet
+# every stop token is masked): bounded, so that one request's lists cannot slow a whole batch.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 
 
 def as_float32(value: float) -> float:
@@ -74,10 +79,19 @@ class SamplingParams:
             raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, got "
+                                                        f"{len(self.stop_token_ids)}")
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < vocab_size:
                 raise InvalidRequestError("stop_token_ids", f"{token_id} is outside the vocabulary [0, {vocab_size})")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must not be empty")
+        longest = max(self.stop, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
+            raise InvalidRequestError("stop", f"a stop string is at most {MAX_STOP_CHARS} characters, got one of "
+                                              f"{len(longest)}")
         for stop in self.stop:
             require_utf8("stop", stop)

@@ -31,6 +31,8 @@ class RequestValidator:
                 "prompt", f"exactly one of prompt, token_ids, messages must be given (got {', '.join(given) or 'none'})"
             )
         if token_ids is not None:
+            if len(token_ids) >= self.max_model_len:  # before any copy or scan: millions of ids take seconds
+                raise self._past_the_context(len(token_ids))
             ids, field = [int(t) for t in token_ids], "token_ids"
         elif self.tokenizer is None:
             raise InvalidRequestError(given[0], "this node has no tokenizer; send token_ids")
@@ -53,6 +55,10 @@ class RequestValidator:
             raise InvalidRequestError(field, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         return ids
 
+    def _past_the_context(self, tokens: int) -> InvalidRequestError:
+        return InvalidRequestError("prompt", f"{tokens} tokens do not fit the context of {self.max_model_len} "
+                                             f"tokens with room to generate")
+
     def _refuse_text_past_any_context(self, field: str, chars: int) -> None:
         """Tokenizing megabytes takes seconds on the caller's thread: refuse a text that cannot fit the
         context whatever its tokens. (A normalizer that deletes characters could make a longer text fit;
@@ -69,9 +75,7 @@ class RequestValidator:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
         n, limit = len(prompt_ids), self.max_model_len
         if n >= limit:
-            raise InvalidRequestError(
-                "prompt", f"{n} tokens do not fit the context of {limit} tokens with room to generate"
-            )
+            raise self._past_the_context(n)
         if n + sampling.max_tokens > limit:
             raise InvalidRequestError(
                 "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the context of {limit} tokens"

@@ -39,6 +39,8 @@ class GatewayConfig(ServerConfig):
     http_listen: str = setting("", "host:port of the OpenAI-compatible HTTP front (/v1/completions, "
                                    "/v1/chat/completions, /v1/models); port 0 = ephemeral, empty = off")
     http_max_body_mib: float = setting(4.0, "largest HTTP request body; a larger one gets 413")
+    max_request_mib: float = setting(4.0, "largest gRPC request a client may send the gateway (a Generate "
+                                          "request); a larger one gets RESOURCE_EXHAUSTED unparsed")
     served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
                                          "name); empty = the model file's name without extension and "
                                          "quantization, e.g. SmolLM2-135M-Instruct")
@@ -67,8 +69,9 @@ class GatewayConfig(ServerConfig):
             raise ValueError("max_model_len, request_timeout_s and status_max_age_s must be >= 0")
         if self.http_listen:
             check_host_port("http_listen", self.http_listen, "host:port or empty")
-        if self.http_max_body_mib <= 0:
-            raise ValueError(f"http_max_body_mib must be > 0, got {self.http_max_body_mib}")
+        if self.http_max_body_mib <= 0 or self.max_request_mib <= 0:
+            raise ValueError(f"http_max_body_mib and max_request_mib must be > 0, got {self.http_max_body_mib} "
+                             f"and {self.max_request_mib}")
 
     @property
     def prefill_addresses(self) -> tuple[str, ...]:

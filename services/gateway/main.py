@@ -105,7 +105,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         if http is not None:
             await http.stop()
 
-    server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
+    server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
+                                    max_receive_bytes=int(config.max_request_mib * (1 << 20)))
     return Gateway(config, core, directory, server, servicer, http)
 
 

@@ -7,6 +7,7 @@ import pytest
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage
+from services.engine.validation import RequestValidator
 from tests.conftest import make_engine
 
 pytestmark = pytest.mark.slow
@@ -41,6 +42,10 @@ CASES = [
     ("stop token outside the vocabulary", dict(prompt="hi", sampling=SamplingParams(stop_token_ids=(10**6,))),
      "stop_token_ids"),
     ("empty stop string", dict(prompt="hi", sampling=SamplingParams(stop=("",))), "stop"),
+    # checked on every new token of the batch: bounded
+    ("1025 stop token ids", dict(prompt="hi", sampling=SamplingParams(stop_token_ids=(7,) * 1025)), "stop_token_ids"),
+    ("65 stop strings", dict(prompt="hi", sampling=SamplingParams(stop=tuple(f"s{i}" for i in range(65)))), "stop"),
+    ("a 1025-character stop string", dict(prompt="hi", sampling=SamplingParams(stop=("x" * 1025,))), "stop"),
     ("unknown chat role", dict(messages=[ChatMessage("wizard", "hi")]), "messages[0].role"),
     ("10 MB prompt", dict(prompt="x" * 10_000_000), "prompt"),
     ("10 MB chat message", dict(messages=[ChatMessage("user", "x" * 10_000_000)]), "messages"),
@@ -64,6 +69,30 @@ def test_a_text_past_any_context_is_refused_before_tokenizing(engine):
     with pytest.raises(InvalidRequestError, match=f"is {limit + 1} characters") as info:
         engine.add_request(prompt="y" * (limit + 1))
     assert info.value.field == "prompt"
+
+
+def test_token_ids_past_the_context_are_refused_before_they_are_read():
+    """Millions of ids (a 64 MiB gRPC message holds 50M) were copied and checked against the vocabulary,
+    seconds of the gateway's event loop, before their length was compared with the context."""
+    class Unreadable:
+        def __len__(self) -> int:
+            return 50_000_000
+
+        def __iter__(self):
+            raise AssertionError("read")
+
+    validator = RequestValidator(vocab_size=49152, max_model_len=1024)
+    with pytest.raises(InvalidRequestError, match="50000000 tokens do not fit the context of 1024") as info:
+        validator.encode_prompt(token_ids=Unreadable())
+    assert info.value.field == "prompt"
+
+
+def test_the_largest_stop_lists_are_accepted(engine):
+    sampling = SamplingParams(max_tokens=2, stop=("x" * 1024,) * 64, stop_token_ids=tuple(range(1024)))
+    engine.add_request("hi", sampling)
+    while engine.has_unfinished():
+        engine.step()
+    engine.check_integrity()
 
 
 def test_more_messages_than_the_context_has_tokens_are_refused_before_templating(engine, monkeypatch):

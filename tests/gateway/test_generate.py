@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 from pdserve.v1 import decode_pb2, gateway_pb2, prefill_pb2
 
-from tests.gateway.conftest import MAX_MODEL_LEN, Cluster
+from tests.gateway.conftest import MAX_MODEL_LEN, Cluster, start_cluster, stop_cluster
 from tests.gateway.fakes import eventually
 
 TEXT = " The quick brown fox jumps over the lazy dog."
@@ -283,6 +283,9 @@ BAD_INPUT = {
     "unknown role": (chat("user", "wizard"), "messages[1].role"),
     "id outside the vocabulary": (gateway_pb2.GenerateRequest(token_ids=[5, 49152]), "token_ids"),
     "stop id outside the vocabulary": (request(stop_token_ids=[1 << 20]), "stop_token_ids"),
+    "1025 stop ids": (request(stop_token_ids=[7] * 1025), "stop_token_ids"),
+    "65 stop strings": (request(stop=[f"s{i}" for i in range(65)]), "stop"),
+    "a 1025-character stop string": (request(stop=["x" * 1025]), "stop"),
     "prompt over the context": (gateway_pb2.GenerateRequest(token_ids=[7] * MAX_MODEL_LEN), "prompt"),
     "max_tokens over the context": (request(max_tokens=MAX_MODEL_LEN), "max_tokens"),
 }
@@ -296,3 +299,16 @@ async def test_bad_input_is_invalid_argument_naming_the_field_and_calls_no_node(
     assert error.details().startswith(f"{field}:"), error.details()
     assert cluster.p.requests == [] and cluster.d.attaches == []
     assert cluster.p.aborts == [] and cluster.d.aborts == []
+
+
+async def test_a_request_past_max_request_mib_is_refused_before_it_is_parsed(tokenizer, model_config):
+    """A 64 MiB message holds 50M token ids: reading them took seconds of the gateway's event loop."""
+    cluster = await start_cluster(tokenizer, model_config, max_request_mib=1)
+    try:
+        error = await failure(cluster, gateway_pb2.GenerateRequest(token_ids=[7] * (1 << 20)))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in error.details()
+        error = await failure(cluster, gateway_pb2.GenerateRequest(token_ids=[7] * 500_000))  # under: read
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith("prompt: 500000 tokens")
+        assert cluster.p.requests == []
+    finally:
+        await stop_cluster(cluster)

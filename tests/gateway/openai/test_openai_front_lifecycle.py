@@ -143,7 +143,8 @@ async def test_cluster_status_names_the_http_url(front, cluster):
 def test_http_settings_are_checked():
     base = {"prefill": "127.0.0.1:1", "decode": "127.0.0.1:2"}
     assert GatewayConfig(**base).http_listen == ""  # off unless asked for
-    for bad in ({"http_listen": "8000"}, {"http_listen": "localhost:http"}, {"http_max_body_mib": 0}):
+    for bad in ({"http_listen": "8000"}, {"http_listen": "localhost:http"}, {"http_max_body_mib": 0},
+                {"max_request_mib": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             GatewayConfig(**base, **bad)
 
