@@ -69,7 +69,9 @@ class RequestValidator:
             raise InvalidRequestError(field, f"is {chars} characters, more than any prompt of at most "
                                              f"{self.max_model_len} tokens can have ({limit})")
 
-    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, prefill_only: bool = False) -> None:
+        """``prefill_only`` (a prefill node's request): this pool holds the prompt and the first new token
+        only; whether the whole generation fits is the decode node's question (its ``Reserve``)."""
         sampling.validate(self.vocab_size)
         if sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
@@ -81,7 +83,10 @@ class RequestValidator:
                 "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the context of {limit} tokens"
             )
         capacity = self.kv_capacity_tokens
-        if capacity is not None and n + sampling.max_tokens > capacity:
+        if capacity is not None and prefill_only and n + 1 > capacity:
+            raise InvalidRequestError("prompt", f"{n} prompt tokens and the first new one exceed the KV pool of "
+                                                f"{capacity} tokens")
+        if capacity is not None and not prefill_only and n + sampling.max_tokens > capacity:
             raise InvalidRequestError(
                 "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the KV pool of {capacity} tokens"
             )

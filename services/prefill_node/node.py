@@ -152,7 +152,7 @@ class PrefillNode:
     async def _prefill(self, live: LiveRequest, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                        candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
         validator = self.engine.validator
-        validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling)
+        validator.validate(validator.encode_prompt(token_ids=prompt_ids), sampling, prefill_only=True)
         block_hashes = self.engine.kv.hash_blocks(prompt_ids)
         trace = tracing.current_context()  # the Prefill span: parent of this request's spans here
         fetch = await self._start_fetch(request_id, prompt_ids, block_hashes)  # runs while a decode node is found

@@ -59,6 +59,26 @@ def test_handoff_matches_mixed_and_frees_everything(fp32_model, bundled_tokenize
         assert engine.kv.num_free_blocks == engine.kv.num_blocks and not engine.held
 
 
+def test_a_prefill_pool_smaller_than_the_generation_still_hands_it_off(fp32_model, bundled_tokenizer):
+    """A prefill node holds the prompt and the first token only: its pool bounds those, never max_tokens
+    (it refused a 10-token prompt with max_tokens 55 because its 64-token pool could not hold 65)."""
+    sampling = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    ids = bundled_tokenizer.encode("Hello there, how are you doing today?")
+    expected = make_engine(fp32_model, bundled_tokenizer).generate([ids], sampling)[0].token_ids
+    prefill = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=4)  # 64 tokens
+    decode = make_engine(fp32_model, bundled_tokenizer)
+    with pytest.raises(InvalidRequestError, match="exceed the KV pool of 64 tokens"):  # what it must not do
+        prefill.add_request(sampling=sampling, token_ids=ids)  # ... unless it generates the whole request
+    handed, _ = _hand_off(prefill, decode, _prefill(prefill, "a", ids, sampling), sampling)
+    while decode.has_unfinished():
+        decode.step()
+    assert handed.output_token_ids == expected
+    with pytest.raises(InvalidRequestError, match="64 prompt tokens and the first new one exceed the KV pool") as info:
+        prefill.add_request(sampling=sampling, token_ids=[7] * 64, prefill_only=True)
+    assert info.value.field == "prompt"
+    prefill.check_integrity()
+
+
 def test_second_handoff_of_a_prefix_skips_blocks_the_decode_node_holds(fp32_model, bundled_tokenizer):
     sampling = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     prompt = bundled_tokenizer.encode(long_text(2))
