@@ -61,7 +61,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW_TEMPERATURE
+        # both as the 32-bit floats the wire carries (1e-5 is 9.99999975e-06 there): a node that got the
+        # temperature over gRPC and an engine given the Python float agree on every value, 1e-5 included
+        return as_float32(self.temperature) < as_float32(GREEDY_BELOW_TEMPERATURE)
 
     def validate(self, vocab_size: int) -> None:
         """Raise :class:`InvalidRequestError` naming the first bad field."""

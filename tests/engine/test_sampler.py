@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.engine.sampler import make_generator, sample
-from services.engine.sampling_params import SamplingParams
+from services.engine.sampling_params import SamplingParams, as_float32
 
 
 def _logits(rows: int = 2, vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -25,6 +25,9 @@ def test_a_temperature_below_1e_5_is_greedy():
     assert all(p.greedy for p in params)
     assert sample(logits, params, [make_generator(p) for p in params]) == logits.argmax(-1).tolist()
     assert not SamplingParams(temperature=1e-5).greedy
+    # what a node reads from the wire (float32) is as greedy as what the engine was given
+    for t in (1e-5, 9.9999e-6, 1.00001e-5):
+        assert SamplingParams(temperature=as_float32(t)).greedy == SamplingParams(temperature=t).greedy, t
 
 
 def test_top_k_one_is_greedy_even_at_high_temperature():
