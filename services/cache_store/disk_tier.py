@@ -121,19 +121,16 @@ class DiskTier:
         self.touch([key])
         return block
 
-    def holds(self, block: StoredBlock) -> bool:
-        """Whether ``block``'s file looks whole: its header names the block's key and checksum and its size
-        matches (the data itself is verified on the next read). A file that does not is dropped and
-        counted as a damaged read is, so a put of the block stores it anew."""
+    def drop_if_damaged(self, key: bytes) -> None:
+        """Drop ``key``'s file, counted as a damaged read is, unless its header names the key and its size
+        matches the header (the data itself is verified on its next read). Its checksum may differ from a
+        new put's: KV recomputed for the same prefix need not be the same bits, and that is no damage."""
         try:
-            header = block_file.read_header(self.path(block.key))
-            if header.key != block.key or (header.checksum_algorithm == block.checksum_algorithm
-                                           and header.checksum != block.checksum):
-                raise CorruptBlockError(f"{self.path(block.key).name} holds other data")
+            header = block_file.read_header(self.path(key))
+            if header.key != key:
+                raise CorruptBlockError(f"{self.path(key).name} holds block {header.key.hex()}")
         except (CorruptBlockError, OSError) as error:
-            self._drop_damaged(block.key, error)
-            return False
-        return True
+            self._drop_damaged(key, error)
 
     def _drop_damaged(self, key: bytes, error: Exception) -> None:
         log.warning("disk block unreadable, dropped", key=key.hex(), error=str(error))

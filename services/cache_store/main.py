@@ -29,7 +29,7 @@ def build_store(config: CacheStoreConfig) -> BlockStore:
         try:
             disk = DiskTier(config.disk_dir, config.disk_capacity_bytes)
         except OSError as error:  # a file there, no permission: one line naming the flag (common.server.run)
-            raise OSError(f"--disk-dir {config.disk_dir}: {error}") from error
+            raise OSError(f"--disk-dir: {error}") from error
     return BlockStore(config.capacity_bytes, disk, write_through=config.disk_write_through, lease_s=config.lease_s)
 
 

@@ -194,9 +194,9 @@ class BlockStore:
             if not verified:
                 block.verify()
             unique.setdefault(block.key, block)
-        for key, block in unique.items():  # a disk-only copy whose file is damaged is replaced, not kept
+        for key in unique:  # a disk-only copy whose file is damaged is replaced, not kept
             if key not in self.memory and self.disk is not None and key in self.disk:
-                self.disk.holds(block)
+                self.disk.drop_if_damaged(key)
         new = [block for key, block in unique.items() if key not in self]
         pinned = self.leases.pinned()
         keep = pinned | unique.keys()

@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 
 from services.common.cancellation import close_on_rpc_end
-from services.common.request_parsing import UnparsableRequest
+from services.common.request_parsing import REFUSES_UNPARSABLE, UnparsableRequest
 
 
 class ServiceError(Exception):
@@ -118,6 +118,7 @@ def grpc_errors(method: F) -> F:
             except mapped_errors() as error:
                 await context.abort(status_of(error), str(error))
 
+        setattr(stream, REFUSES_UNPARSABLE, True)
         return stream  # type: ignore[return-value]
 
     if not inspect.iscoroutinefunction(method):
@@ -132,4 +133,5 @@ def grpc_errors(method: F) -> F:
         except mapped_errors() as error:
             await context.abort(status_of(error), str(error))
 
+    setattr(unary, REFUSES_UNPARSABLE, True)
     return unary  # type: ignore[return-value]

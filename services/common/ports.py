@@ -1,8 +1,9 @@
 """Finding a service's ephemeral port and waiting for it to be healthy (launchers and tests).
 
 A service started with ``--listen 127.0.0.1:0 --port-file PATH`` binds an ephemeral port and writes it
-to PATH (atomically) once it is serving; ``wait_for_port_file`` reads it back and ``wait_until_serving``
-polls ``grpc.health.v1.Health/Check`` until the answer is SERVING.
+to PATH (atomically) once its gRPC server runs; ``wait_for_port_file`` reads it back and
+``wait_until_serving`` polls ``grpc.health.v1.Health/Check`` until the answer is SERVING, which is what
+says it is ready (a model node loading its model, or a gateway binding its HTTP front, is NOT_SERVING).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 grpc.aio deserializes a request before any handler runs, and a ``DecodeError`` there (bytes that are
 not the method's message: a string field with bad UTF-8, a corrupt wire format) ends the call with
-``UNKNOWN: Unexpected <class 'DecodeError'>``. ``TolerantParsing`` gives every pdserve method with a unary
-request a deserializer that returns an ``UnparsableRequest`` instead of raising; ``@grpc_errors``, on
-every such handler, aborts it with ``INVALID_ARGUMENT`` naming the message type and the parse error.
+``UNKNOWN: Unexpected <class 'DecodeError'>``. ``TolerantParsing`` gives every method with a unary request
+whose handler refuses unparsable requests (``@grpc_errors`` marks its wrappers so, and aborts such a call
+with ``INVALID_ARGUMENT`` naming the method and the parse error) a deserializer that returns an
+``UnparsableRequest`` instead of raising. Any other handler keeps grpc's deserializer: it never receives
+what it cannot read.
 Streamed requests keep their deserializers: the cache-store's ``Put`` parses its own frames, and the
 decode node's ``TransferKV`` turns a ``DecodeError`` raised while it reads its stream into
 ``INVALID_ARGUMENT``.
@@ -19,7 +21,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-PDSERVE_METHODS = "/pdserve.v1."
+REFUSES_UNPARSABLE = "__pdserve_refuses_unparsable__"  # set on a handler that checks for UnparsableRequest
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,10 @@ class TolerantParsing(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if (handler is None or handler.request_streaming or handler.request_deserializer is None
-                or not method.startswith(PDSERVE_METHODS)):
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
             return handler
-        return handler._replace(request_deserializer=_tolerant(handler.request_deserializer, method))  # type: ignore[attr-defined]
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        if not getattr(behavior, REFUSES_UNPARSABLE, False):
+            return handler
+        tolerant = _tolerant(handler.request_deserializer, handler_call_details.method)
+        return handler._replace(request_deserializer=tolerant)  # type: ignore[attr-defined]

@@ -156,7 +156,7 @@ class NodeServer:
         # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
         options = dict(grpc_options(max_message_bytes))
         if max_receive_bytes is not None:
-            options["grpc.max_receive_message_length"] = max_receive_bytes
+            options["grpc.max_receive_message_length"] = min(max_receive_bytes, max_message_bytes)
         self._server = grpc.aio.server(options=[*options.items(), ("grpc.so_reuseport", 0)],
                                        interceptors=[TolerantParsing(), *interceptors])
         self._stop_requested = asyncio.Event()

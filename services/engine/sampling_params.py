@@ -42,8 +42,9 @@ def require_utf8(field: str, text: str) -> None:
 class SamplingParams:
     """How to pick each new token and when to stop (the fields of ``pdserve.v1.SamplingParams``).
 
-    ``temperature`` below 1e-5 (0 included) is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
-    filters. ``seed`` makes random sampling reproducible per request, independent of what else is in the batch.
+    ``temperature`` below 1e-5 (0 included; compared as 32-bit floats) is greedy. ``top_k <= 0`` and
+    ``top_p == 1`` disable those filters. ``seed`` makes random sampling reproducible per request,
+    independent of what else is in the batch.
     ``logprobs``: None = none; ``k`` = each new token's logprob and the ``k`` most likely (``logprobs.py``).
     """
 

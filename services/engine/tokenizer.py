@@ -93,7 +93,7 @@ class Tokenizer:
         bytes (its own decode is ``\ufffd``), so a client can join them back into the character; added
         tokens and other tokenizers give their text's UTF-8."""
         table = self._byte_of_char
-        if table is not None:
+        if table is not None and token_id not in self.hf.added_tokens_decoder:  # added tokens: plain text
             spelling = self.hf.convert_ids_to_tokens(token_id)
             if spelling is not None and all(char in table for char in spelling):
                 return bytes(table[char] for char in spelling)

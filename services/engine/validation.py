@@ -41,10 +41,10 @@ class RequestValidator:
             require_utf8("prompt", prompt)
             ids, field = self.tokenizer.encode(prompt), "prompt"
         else:
-            self._refuse_text_past_any_context("messages", sum(len(m.content) for m in messages))
             if len(messages) >= self.max_model_len:  # the characters say nothing of the template's own tokens
                 raise InvalidRequestError("messages", f"{len(messages)} messages cannot fit a context of "
                                                       f"{self.max_model_len} tokens (each takes at least one)")
+            self._refuse_text_past_any_context("messages", sum(len(m.content) for m in messages))
             for i, message in enumerate(messages):
                 require_utf8(f"messages[{i}].content", message.content)
             ids, field = self.tokenizer.apply_chat_template(messages), "messages"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -15,12 +16,13 @@ from services.engine.tokenizer import ChatMessage
 
 @dataclass(frozen=True)
 class GenerateInput:
-    """A client's request, decoded from the proto. Exactly one of prompt / token_ids / messages is set."""
+    """A client's request, decoded from the proto. Exactly one of prompt / token_ids / messages is set
+    (sequences: the gRPC front passes the proto's repeated fields uncopied)."""
 
     request_id: str = ""
     prompt: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    messages: tuple[ChatMessage, ...] | None = None
+    token_ids: Sequence[int] | None = None
+    messages: Sequence[ChatMessage] | None = None
     sampling: SamplingFields = field(default_factory=SamplingFields)
 
 

@@ -53,10 +53,11 @@ class Gateway:
             except BaseException:
                 await self.stop()
                 raise
-            await self.server.set_serving(True)
-        if self.servicer is not None:
+        if self.servicer is not None:  # before SERVING: a ClusterStatus then names both URLs
             self.servicer.metrics_url = self.server.metrics_url(self.config.advertise)
             self.servicer.http_url = self.http.url if self.http is not None else ""
+        if self.http is not None:
+            await self.server.set_serving(True)
 
     async def stop(self) -> None:
         """Drain (in-flight requests get ``grace_s``), stop the servers, stop polling."""

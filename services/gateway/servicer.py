@@ -15,7 +15,6 @@ from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import fields_from_proto
 from services.common.tracing import traced_rpc
 from services.engine.errors import InvalidRequestError
-from services.engine.tokenizer import ChatMessage
 from services.gateway.core import GatewayCore
 from services.gateway.generation import GenerateChunk, GenerateInput
 from services.gateway.metrics import GatewayMetrics, tracked
@@ -25,12 +24,14 @@ map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
 
 
 def input_from_proto(request: gateway_pb2.GenerateRequest) -> GenerateInput:
-    """Empty ``prompt`` / ``token_ids`` / ``messages`` count as not given (proto3 has no presence)."""
+    """Empty ``prompt`` / ``token_ids`` / ``messages`` count as not given (proto3 has no presence). The
+    repeated fields are passed as they are, uncopied (a proto ``ChatMessage`` has ``role`` and ``content``
+    too): validation refuses more of them than the context holds before it reads them."""
     return GenerateInput(
         request_id=request.request_id,
         prompt=request.prompt or None,
-        token_ids=tuple(request.token_ids) or None,
-        messages=tuple(ChatMessage(m.role, m.content) for m in request.messages) or None,
+        token_ids=request.token_ids or None,
+        messages=request.messages or None,
         sampling=fields_from_proto(request.sampling),
     )
 

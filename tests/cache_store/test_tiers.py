@@ -10,9 +10,10 @@ import pytest
 import structlog
 
 from services.cache_store import block_file, errors
+from services.cache_store.block import StoredBlock, checksum
 from services.cache_store.disk_tier import DiskTier
 from services.cache_store.store import BlockStore
-from tests.cache_store.helpers import block, blocks, key, keys, names
+from tests.cache_store.helpers import LAYOUT_BYTES, block, blocks, key, keys, names
 
 
 def open_store(directory: Path, memory: int = 30, disk: int = 40, write_through: bool = False) -> BlockStore:
@@ -190,8 +191,9 @@ def test_a_put_replaces_a_damaged_disk_only_copy_instead_of_keeping_it(tmp_path,
         path.unlink()
     else:
         path.write_bytes((tmp_path / key("c").hex()).read_bytes())
-    result = store.put(blocks("a", "b"))  # a's file is whole: still existing; b's is stored anew
-    assert (result.stored, result.existing) == (1, 1)
+    recomputed_a = StoredBlock(key("a"), b"other bits", "crc32", checksum("crc32", b"other bits"), LAYOUT_BYTES)
+    result = store.put([recomputed_a, block("b")])  # a's file is whole: existing, other bits or not
+    assert (result.stored, result.existing) == (1, 1)  # b's is stored anew
     assert store.stats().disk_corrupt_total == 1
     assert [got.data for got in store.get_prefix(keys("b"))] == [block("b").data]
     store.check_integrity()

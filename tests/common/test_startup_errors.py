@@ -50,9 +50,8 @@ def test_a_disk_dir_that_cannot_be_used_is_one_line_naming_the_flag(tmp_path):
     kept was dropped, one warning at a time, while the store reported healthy."""
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    cases = [("/sys/kernel", "error: --disk-dir /sys/kernel: the disk tier's directory /sys/kernel cannot be "
-                             "written: [Errno "),
-             (str(a_file), f"error: --disk-dir {a_file}: [Errno 17] File exists")]
+    cases = [("/sys/kernel", "error: --disk-dir: the disk tier's directory /sys/kernel cannot be written: [Errno "),
+             (str(a_file), f"error: --disk-dir: [Errno 17] File exists: '{a_file}'")]
     for disk_dir, message in cases:
         done = start("services.cache_store", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--disk-dir", disk_dir)
         assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(message), done.stderr[-2000:]

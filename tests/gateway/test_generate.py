@@ -287,6 +287,8 @@ BAD_INPUT = {
     "65 stop strings": (request(stop=[f"s{i}" for i in range(65)]), "stop"),
     "a 1025-character stop string": (request(stop=["x" * 1025]), "stop"),
     "prompt over the context": (gateway_pb2.GenerateRequest(token_ids=[7] * MAX_MODEL_LEN), "prompt"),
+    "messages past the context": (gateway_pb2.GenerateRequest(
+        messages=[gateway_pb2.ChatMessage(role="user", content="")] * MAX_MODEL_LEN), "messages"),
     "max_tokens over the context": (request(max_tokens=MAX_MODEL_LEN), "max_tokens"),
 }
 

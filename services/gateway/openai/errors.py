@@ -93,6 +93,13 @@ def param_of(loc: Sequence[Any]) -> str | None:
     return ".".join(parts) or None
 
 
+def _is_json(content_type: str) -> bool:
+    """FastAPI's rule for a body it reads as JSON: ``application/json`` or ``application/*+json``."""
+    media = content_type.split(";")[0].strip().lower()
+    main, _, sub = media.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
+
+
 def from_validation(error: RequestValidationError, content_type: str = "application/json") -> OpenAIError:
     """``content_type``: the request's, named when a body that is not a JSON object came without JSON's."""
     first = error.errors()[0]
@@ -104,7 +111,7 @@ def from_validation(error: RequestValidationError, content_type: str = "applicat
     if kind == "missing" and param is None:
         return OpenAIError(400, "a JSON body is required")
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if param is None and "json" not in content_type.lower():  # FastAPI parses JSON only when told it is JSON
+    if param is None and not _is_json(content_type):  # FastAPI parses JSON only when told it is JSON
         message += f" (the body is read as JSON only with Content-Type: application/json, got {content_type!r})"
     return OpenAIError(400, f"{param or 'request body'}: {message}", param=param)
 
@@ -129,8 +136,8 @@ def install(app: FastAPI) -> None:
         kind = "not_found_error" if error.status_code == 404 else INVALID_REQUEST
         if error.status_code == 413:  # a chunked body past the limit (BodyLimit): as from its Content-Length
             return OpenAIError(413, str(error.detail), param="body", code="request_too_large").response()
-        if error.status_code == 400 and error.__cause__ is not None:  # FastAPI's "error parsing the body"
-            cause = error.__cause__  # bytes that are not UTF-8, JSON nested past the parser's depth
+        cause = error.__cause__  # FastAPI's "error parsing the body": bytes that are not UTF-8, deep nesting
+        if error.status_code == 400 and isinstance(cause, (UnicodeDecodeError, RecursionError)):
             return OpenAIError(400, f"malformed JSON body: {type(cause).__name__}: {cause}").response()
         return OpenAIError(error.status_code, str(error.detail), kind).response()
 

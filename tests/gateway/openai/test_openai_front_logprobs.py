@@ -85,6 +85,8 @@ async def test_the_bytes_of_tokens_that_split_a_character_join_back_into_it(fron
     assert completion.choices[0].message.content == SPLIT
     assert b"".join(bytes(c.bytes) for c in content).decode() == SPLIT
     assert [bytes(c.top_logprobs[0].bytes) for c in content] == [bytes(c.bytes) for c in content]  # itself
+    for added in tokenizer.hf.added_tokens_decoder:  # added tokens are plain text, not byte-level spellings
+        assert tokenizer.token_bytes(added) == tokenizer.decode([added], skip_special_tokens=False).encode()
 
 
 async def test_text_offsets_of_split_characters_stay_in_the_text(front, tokenizer):
