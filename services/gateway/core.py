@@ -1,9 +1,10 @@
 """The gateway's state across requests: validation, the in-flight registry, aborts, drain, cluster view.
 
 ``open()`` validates and tokenizes a request (``InvalidRequestError`` naming the field, before any node
-is called), resolves its sampling (default ``max_tokens``, a random seed when none is given) and returns
-the ``RequestFlow`` that runs it. A request id stays taken until every ``Abort`` its flow left behind has
-been answered, so a client reusing the id never has its new request aborted by the old one's cleanup.
+is called; a long prompt on a worker thread, see ``tokenizing``), resolves its sampling (default
+``max_tokens``, a random seed when none is given) and returns the ``RequestFlow`` that runs it. A request
+id stays taken until every ``Abort`` its flow left behind has been answered, so a client reusing the id
+never has its new request aborted by the old one's cleanup.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.sampling_convert import default_max_tokens, random_seed
 from services.engine.errors import DuplicateRequestError
-from services.engine.tokenizer import Tokenizer
+from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.nodes import NodeInfo
 from services.gateway.request_flow import RequestFlow
 from services.gateway.router import Router
+from services.gateway.tokenizing import TokenizerThreads, tokenizes_inline
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +62,7 @@ class GatewayCore:
         self._background: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._tokenizer_threads = TokenizerThreads()
 
     @property
     def in_flight(self) -> int:
@@ -76,20 +79,35 @@ class GatewayCore:
         self.validator.validate(ids, sampling)
         return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling)
 
-    def open(self, request: GenerateInput, time_remaining: float | None) -> RequestFlow:
-        """A flow for a valid request (``time_remaining``: the client's deadline, None = none)."""
-        if self.draining:
-            raise UnavailableError("gateway is draining: not taking new requests")
+    async def prepare_off_loop(self, request: GenerateInput) -> PreparedRequest:
+        """``prepare``, on a worker thread when the prompt is long (the event loop keeps serving)."""
         with tracing.span("tokenize"):
-            prepared = self.prepare(request)
+            return await self._tokenizer_threads.run(lambda: self.prepare(request),
+                                                     inline=tokenizes_inline(request.prompt, request.messages))
+
+    async def encode_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> list[int]:
+        """The validator's ``encode_prompt`` of a text or chat messages, on a worker thread when long."""
+        return await self._tokenizer_threads.run(lambda: self.validator.encode_prompt(prompt, None, messages),
+                                                 inline=tokenizes_inline(prompt, messages))
+
+    async def open(self, request: GenerateInput, time_remaining: float | None) -> RequestFlow:
+        """A flow for a valid request (``time_remaining``: the client's deadline, None = none)."""
+        self._refuse_if_draining()
+        deadline = self._deadline(time_remaining)  # from the call's start: tokenizing counts against it
+        prepared = await self.prepare_off_loop(request)
+        self._refuse_if_draining()  # the drain may have begun while a long prompt was tokenized
         if prepared.request_id in self._taken:
             raise DuplicateRequestError(prepared.request_id)
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
-                           deadline=self._deadline(time_remaining), abort=self.abort, on_close=self._closed)
+                           deadline=deadline, abort=self.abort, on_close=self._closed)
         self._taken.add(prepared.request_id)
         self._flows[prepared.request_id] = flow
         self._idle.clear()
         return flow
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise UnavailableError("gateway is draining: not taking new requests")
 
     def _deadline(self, time_remaining: float | None) -> float | None:
         if time_remaining is None or time_remaining > 1e9:  # no client deadline
@@ -149,6 +167,7 @@ class GatewayCore:
         for flow in list(self._flows.values()):
             flow.cancel("gateway shutting down")
         await self.wait_background()
+        self._tokenizer_threads.close()
 
     async def wait_background(self) -> None:
         """Wait for the aborts sent so far (each is bounded by ``abort_timeout_s``)."""

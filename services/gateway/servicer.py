@@ -69,7 +69,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Stream a completion (see gateway.proto). Bad input fails before any node is called; cancelling
         the call, or its deadline passing, aborts the request on its prefill and decode nodes. The root
         span of the request's trace (or a child of the caller's ``traceparent``)."""
-        flow = self.core.open(input_from_proto(request), context.time_remaining())
+        flow = await self.core.open(input_from_proto(request), context.time_remaining())
         tracing.bind_request(flow.request_id)
         context.add_done_callback(lambda _: flow.cancel("client cancelled or deadline passed"))
         async with contextlib.aclosing(flow.run()) as chunks:

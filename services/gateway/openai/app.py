@@ -82,14 +82,14 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         if body.stream_options is not None:
             refuse_unsupported(body.stream_options.model_extra, prefix="stream_options.")
 
-    def tokenized_once(prompts: list[GenerateInput]) -> list[GenerateInput]:
+    async def tokenized_once(prompts: list[GenerateInput]) -> list[GenerateInput]:
         """Each prompt as the token ids it templates and tokenizes to, so its ``n`` choices do not redo that;
         every prompt of a batch is checked before any request is opened (and counted). A single prompt
         that fails is left as it is: its first choice fails as a lone request would."""
         inputs = []
         for p, prompt in enumerate(prompts):
             try:
-                ids = core.prepare(prompt).prompt_ids
+                ids = (await core.prepare_off_loop(prompt)).prompt_ids
             except InvalidRequestError as error:
                 if len(prompts) == 1:
                     return prompts
@@ -102,13 +102,13 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
         renderer of choice ``i``."""
         if len(prompts) > 1 or body.n > 1:
-            prompts = tokenized_once(prompts)
+            prompts = await tokenized_once(prompts)
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
         try:
             for i, one in enumerate(choices_of(prompts, body.n)):
                 running = RunningRequest(core, metrics, one, request.headers.items(), group)
-                running.open()
+                await running.open()
                 choices.append((running, renderer(i)))
             return await respond(choices, body.stream, body.include_usage, body.n)
         except BaseException as error:

@@ -77,7 +77,7 @@ class RunningRequest:
         self._tracking = False
         self.closed = False
 
-    def open(self) -> None:
+    async def open(self) -> None:
         """Validate and tokenize (raises the gateway's named errors, before any node is called)."""
         structlog.contextvars.bind_contextvars(request_id=self.request.request_id)
         if self._tracker is not None:
@@ -85,7 +85,7 @@ class RunningRequest:
             self._tracking = True
         try:
             with trace.use_span(self._span, end_on_exit=False, record_exception=False):
-                self.flow = self.core.open(self.request, None)
+                self.flow = await self.core.open(self.request, None)
         except BaseException as error:
             self.close(error)
             raise

@@ -56,7 +56,7 @@ def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str) -> N
         if (body.prompt is None) == (body.messages is None):
             raise errors.OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
         messages = None if body.messages is None else [ChatMessage(m.role, m.text) for m in body.messages]
-        ids = core.validator.encode_prompt(body.prompt, None, messages)  # InvalidRequestError: a 400 naming it
+        ids = await core.encode_prompt(body.prompt, messages)  # InvalidRequestError: a 400 naming it
         strings = core.tokenizer.hf.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=core.settings.max_model_len, tokens=ids,
                                 token_strs=strings)

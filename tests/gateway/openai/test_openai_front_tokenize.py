@@ -44,3 +44,15 @@ async def test_bad_tokenize_and_detokenize_input_is_a_400_naming_the_field(front
         assert error["param"] == param, (path, body, error)
     missing = await front.http.post("/tokenize", json={"model": "other", "prompt": "a"})
     assert error_of(missing, 404)["code"] == "model_not_found"
+
+
+async def test_a_long_prompt_and_many_messages_tokenize_as_short_ones_do(front, tokenizer):
+    """Past ``tokenizing.INLINE_CHARS`` / ``INLINE_MESSAGES`` the work moves to a worker thread; the
+    tokens are the same."""
+    text = " hello" * 410
+    reply = (await front.http.post("/tokenize", json={"prompt": text})).json()
+    assert reply["tokens"] == tokenizer.encode(text)
+    messages = [ChatMessage("user", "hi"), ChatMessage("assistant", "ho")] * 40
+    chat = (await front.http.post("/tokenize", json={"messages": [
+        {"role": m.role, "content": m.content} for m in messages]})).json()
+    assert chat["tokens"] == tokenizer.apply_chat_template(messages)
