@@ -201,12 +201,13 @@ class KVOffload:
             copy.data = data
             self.stats.offloaded_bytes_total += len(data)
             if copy.remote:
-                self.stats.offloaded_remote_bytes_total += len(data)
                 copy.stored = self._io.submit(self._put_remote, copy, data)
 
     def _put_remote(self, copy: _Copy, data: bytes) -> None:
+        """On the I/O thread. Counted once stored: a failed put's bytes stayed in host memory."""
         view, size = memoryview(data), self.bytes_per_block
         self.remote.put([(key, view[i * size:(i + 1) * size]) for i, key in enumerate(copy.keys)])
+        self.stats.offloaded_remote_bytes_total += len(data)  # only this thread writes it
 
     def reclaim(self) -> None:
         """After a step (engine lock held): drop the host bytes of copies the cache-store now holds."""

@@ -57,6 +57,8 @@ def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_hos
         store.release.set()
     offload.wait_io()
     assert len(store.deleted) == 2  # after their puts failed: harmless, whatever the store holds goes
+    assert offload.stats.offloaded_remote_bytes_total == 0  # nothing reached the store
+    assert offload.stats.offloaded_bytes_total == 5 * block
 
 
 class MemoryStore:
@@ -83,13 +85,14 @@ def test_a_stored_copy_no_longer_wanted_is_deleted_from_the_store():
     offload.copy_out(kv_cache, [SwapOut("aborted", (1, 2))])
     offload.wait_io()
     assert len(store.blocks) == 2 and offload.remote_keys("aborted") is not None
+    assert offload.stats.offloaded_remote_bytes_total == 2 * bytes_per_block(kv_cache)
     offload.discard("aborted")
     offload.wait_io()
     assert store.blocks == {}
 
 
-def _offload_threads() -> set[str]:
-    return {thread.name for thread in threading.enumerate() if thread.name.startswith("kv-offload")}
+def _offload_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name.startswith("kv-offload")}
 
 
 def test_close_stops_the_offload_threads_and_a_later_discard_is_harmless():
@@ -101,10 +104,11 @@ def test_close_stops_the_offload_threads_and_a_later_discard_is_harmless():
     offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True)
     assert offload.claim("a", 2)
     offload.copy_out(kv_cache, [SwapOut("a", (1, 2))])
+    started = _offload_threads() - before  # its put's thread (other tests' offloads may be collected meanwhile)
     offload.discard("a")  # its delete waits for the hung put
     offload.close()
     store.release.set()  # the put fails now; its done-callback must not raise on the closed executor
-    for thread in [t for t in threading.enumerate() if t.name.startswith("kv-offload")]:
+    for thread in started:
         thread.join(5)
-    assert _offload_threads() == before
+    assert started and not any(thread.is_alive() for thread in started)
     assert store.deleted == []  # dropped with the executor
