@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from pdserve.v1 import node_pb2
 from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.sampling_convert import default_max_tokens, random_seed
-from services.engine.errors import DuplicateRequestError
+from services.engine.errors import DuplicateRequestError, InvalidRequestError
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.gateway.directory import NodeDirectory
@@ -33,7 +33,7 @@ from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.nodes import NodeInfo
 from services.gateway.request_flow import RequestFlow
 from services.gateway.router import Router
-from services.gateway.tokenizing import TokenizerThreads, tokenizes_inline
+from services.gateway.tokenizing import INLINE_TOKENS, TokenizerThreads, all_tokenize_inline, tokenizes_inline
 
 log = structlog.get_logger(__name__)
 
@@ -85,10 +85,33 @@ class GatewayCore:
             return await self._tokenizer_threads.run(lambda: self.prepare(request),
                                                      inline=tokenizes_inline(request.prompt, request.messages))
 
+    async def prepare_each_off_loop(self, requests: Sequence[GenerateInput]
+                                    ) -> list[PreparedRequest | InvalidRequestError]:
+        """``prepare`` of each request up to the first that fails, whose error is then the last item (a
+        batch's prompts: on one worker thread when they are long together)."""
+        def prepare_each() -> list[PreparedRequest | InvalidRequestError]:
+            results: list[PreparedRequest | InvalidRequestError] = []
+            for request in requests:
+                try:
+                    results.append(self.prepare(request))
+                except InvalidRequestError as error:
+                    results.append(error)
+                    break
+            return results
+
+        with tracing.span("tokenize"):
+            inline = all_tokenize_inline((r.prompt, r.messages) for r in requests)
+            return await self._tokenizer_threads.run(prepare_each, inline=inline)
+
     async def encode_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> list[int]:
         """The validator's ``encode_prompt`` of a text or chat messages, on a worker thread when long."""
         return await self._tokenizer_threads.run(lambda: self.validator.encode_prompt(prompt, None, messages),
                                                  inline=tokenizes_inline(prompt, messages))
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``, on a worker thread when there are many."""
+        return await self._tokenizer_threads.run(lambda: self.tokenizer.decode(token_ids),
+                                                 inline=len(token_ids) <= INLINE_TOKENS)
 
     async def open(self, request: GenerateInput, time_remaining: float | None) -> RequestFlow:
         """A flow for a valid request (``time_remaining``: the client's deadline, None = none)."""
@@ -167,6 +190,9 @@ class GatewayCore:
         for flow in list(self._flows.values()):
             flow.cancel("gateway shutting down")
         await self.wait_background()
+
+    def close(self) -> None:
+        """After the fronts stopped: the tokenizing threads go (anything later tokenizes on the loop)."""
         self._tokenizer_threads.close()
 
     async def wait_background(self) -> None:

@@ -72,6 +72,7 @@ class Gateway:
             if self.http is not None:
                 await self.http.stop()
         finally:
+            self.core.close()
             await self.directory.close()
 
 

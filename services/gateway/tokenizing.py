@@ -2,36 +2,49 @@
 
 Tokenizing is CPU work: a prompt at the character guard's limit (``max_model_len`` × the longest token's
 spelling) takes about a second when its text is CJK, and on the event loop that second stalls every other
-request's stream. A prompt with more than ``INLINE_CHARS`` characters, or more than ``INLINE_MESSAGES`` chat
-messages, is therefore tokenized on a worker thread (the fast tokenizer releases the GIL while it
-encodes; a chat template renders in Python, which yields the GIL every few milliseconds). Shorter ones
-stay on the loop, where a thread hop would cost more than the work.
-"""
+request's stream. A prompt with more than ``INLINE_CHARS`` characters, or more than ``INLINE_MESSAGES``
+chat messages (a batch's prompts counted together), is therefore tokenized on a worker thread (the fast
+tokenizer releases the GIL while it encodes; a chat template renders in Python, which yields the GIL
+every few milliseconds). Shorter ones stay on the loop, where a thread hop would cost more than the work.
+Likewise ``/detokenize`` of more than ``INLINE_TOKENS`` ids."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from services.engine.tokenizer import ChatMessage
 
-INLINE_CHARS = 2048  # about a millisecond of tokenizing
+INLINE_CHARS = 2048  # about a millisecond of tokenizing (a few for CJK text)
 INLINE_MESSAGES = 64
+INLINE_TOKENS = 4096  # ids to detokenize
 WORKERS = 2
 
 T = TypeVar("T")
+Prompt = tuple[str | None, Sequence[ChatMessage] | None]  # a text, or chat messages
 
 
 def tokenizes_inline(prompt: str | None, messages: Sequence[ChatMessage] | None) -> bool:
     """Whether a prompt is short enough to template and tokenize on the event loop."""
-    if prompt is not None and len(prompt) > INLINE_CHARS:
-        return False
-    if messages is None:
-        return True
-    return len(messages) <= INLINE_MESSAGES and sum(len(m.content) for m in messages) <= INLINE_CHARS
+    return all_tokenize_inline([(prompt, messages)])
+
+
+def all_tokenize_inline(prompts: Iterable[Prompt]) -> bool:
+    """Whether prompts tokenized one after another (a completions batch) are, together, short enough."""
+    chars = messages = 0
+    for prompt, chat in prompts:
+        chars += len(prompt) if prompt is not None else 0
+        if chat is not None:
+            messages += len(chat)
+            if messages > INLINE_MESSAGES:  # before the contents are read: there may be many
+                return False
+            chars += sum(len(m.content) for m in chat)
+        if chars > INLINE_CHARS:
+            return False
+    return True
 
 
 class TokenizerThreads:
@@ -41,15 +54,22 @@ class TokenizerThreads:
 
     def __init__(self, workers: int = WORKERS) -> None:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
+        self._closed = False
+        self.pending = 0  # calls waiting for a thread or running on one
 
     async def run(self, work: Callable[[], T], *, inline: bool) -> T:
-        """``work()`` on the loop when ``inline``, else on a worker thread (with the caller's context
-        variables: its log fields and trace span)."""
-        if inline:
+        """``work()`` on the loop when ``inline`` (or once closed: the process is stopping), else on a
+        worker thread (with the caller's context variables: its log fields and trace span)."""
+        if inline or self._closed:
             return work()
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self._pool, context.run, work)
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, context.run, work)
+        finally:
+            self.pending -= 1
 
     def close(self) -> None:
-        """Stop taking new work; what was taken finishes on its thread (its caller then sees the drain)."""
+        """Stop the threads once what was taken is done (work that comes later runs on the loop)."""
+        self._closed = True
         self._pool.shutdown(wait=False)

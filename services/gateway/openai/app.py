@@ -9,6 +9,7 @@ the gateway's core and answered by ``streaming.respond``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import time
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
@@ -44,6 +46,8 @@ from services.gateway.openai.translate import (
 from services.gateway.openai.unsupported import refuse_unsupported
 
 _QUANTIZATION = re.compile(r"[.-](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
+
+log = structlog.get_logger(__name__)
 
 
 def served_model_id(path: Path) -> str:
@@ -87,34 +91,43 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         every prompt of a batch is checked before any request is opened (and counted). A single prompt
         that fails is left as it is: its first choice fails as a lone request would."""
         inputs = []
-        for p, prompt in enumerate(prompts):
-            try:
-                ids = (await core.prepare_off_loop(prompt)).prompt_ids
-            except InvalidRequestError as error:
+        for p, prepared in enumerate(await core.prepare_each_off_loop(prompts)):
+            if isinstance(prepared, InvalidRequestError):
                 if len(prompts) == 1:
                     return prompts
-                raise InvalidRequestError(error.field, f"prompt {p} of the batch: {error.message}") from None
-            inputs.append(dataclasses.replace(prompt, prompt=None, messages=None, token_ids=ids))
+                raise InvalidRequestError(prepared.field, f"prompt {p} of the batch: {prepared.message}")
+            inputs.append(dataclasses.replace(prompts[p], prompt=None, messages=None, token_ids=prepared.prompt_ids))
         return inputs
 
     async def run(request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
                   body: GenerationBody) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
         renderer of choice ``i``."""
-        if len(prompts) > 1 or body.n > 1:
-            prompts = await tokenized_once(prompts)
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
-        try:
+
+        async def open_all(prompts: list[GenerateInput]) -> None:
+            if len(prompts) > 1 or body.n > 1:
+                prompts = await tokenized_once(prompts)
             for i, one in enumerate(choices_of(prompts, body.n)):
                 running = RunningRequest(core, metrics, one, request.headers.items(), group)
                 await running.open()
                 choices.append((running, renderer(i)))
-            return await respond(choices, body.stream, body.include_usage, body.n)
+
+        try:
+            if await group.unless_gone(open_all(prompts)):  # a long prompt may wait for a thread
+                return await respond(choices, body.stream, body.include_usage, body.n)
         except BaseException as error:
             for running, _ in choices:
                 running.close(error)  # a stream that started closes itself when it ends
+            group.closed()
             raise
+        log.info("HTTP client disconnected before its request was opened")
+        gone = asyncio.CancelledError("client disconnected")
+        for running, _ in choices:
+            running.close(gone)
+        group.closed()
+        return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 
 import structlog
 from opentelemetry import trace
@@ -36,30 +36,59 @@ log = structlog.get_logger(__name__)
 
 class RequestGroup:
     """The running requests of one HTTP request (its ``n`` choices): the client's connection is watched
-    once, from the first :meth:`RunningRequest.open` until every member closed; a disconnect cancels all."""
+    once, from :meth:`watch` (or the first :meth:`RunningRequest.open`) until every member closed; a
+    disconnect cancels them all, and what :meth:`unless_gone` is opening."""
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self.members: list[RunningRequest] = []
         self._watcher: asyncio.Task[None] | None = None
+        self._gone = asyncio.Event()
+        self._opening: asyncio.Task[object] | None = None  # the task in unless_gone, while it opens
         self.disconnected = False
 
-    def opened(self, member: RunningRequest) -> None:
-        self.members.append(member)
+    def watch(self) -> None:
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(self._watch_disconnect())
 
+    def opened(self, member: RunningRequest) -> None:
+        self.members.append(member)
+        self.watch()
+
     def closed(self) -> None:
+        """A member closed (or opening failed before any): the watch ends once none is open."""
         if self._watcher is not None and all(m.closed for m in self.members):
             self._watcher.cancel()
+
+    async def unless_gone(self, opening: Awaitable[None]) -> bool:
+        """Await ``opening`` (its prompts may wait for the tokenizing threads); False when the client left
+        first and ``opening`` was cancelled (its queued tokenizing with it). It runs in the caller's task,
+        so what it binds (log fields) stays bound."""
+        self.watch()
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        self._opening = task
+        try:
+            await opening
+            return True
+        except asyncio.CancelledError:
+            if not self._gone.is_set() or task.uncancel() > cancelling:  # cancelled by someone else too
+                raise
+            return False
+        finally:
+            self._opening = None
 
     async def _watch_disconnect(self) -> None:
         """The body was read already: the next message is the client going away."""
         with contextlib.suppress(asyncio.CancelledError):
             while (await self._receive())["type"] != "http.disconnect":
                 pass
+            self._gone.set()
+            if self._opening is not None:
+                self._opening.cancel("client disconnected")
             if not all(m.closed for m in self.members):
-                log.info("HTTP client disconnected")
+                log.info("HTTP client disconnected", request_ids=[m.flow.request_id for m in self.members if m.flow])
                 self.disconnected = True
                 for member in self.members:
                     member.cancel("client disconnected")

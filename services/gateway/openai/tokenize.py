@@ -69,4 +69,4 @@ def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str) -> N
         if bad is not None:
             raise errors.OpenAIError(400, f"tokens[{bad}] = {body.tokens[bad]} is not a token id of this model "
                                           f"(vocabulary of {vocab})", param="tokens")
-        return DetokenizeResponse(prompt=core.tokenizer.decode(body.tokens))
+        return DetokenizeResponse(prompt=await core.decode(body.tokens))
