@@ -68,6 +68,10 @@ class GatewayCore:
     def in_flight(self) -> int:
         return len(self._flows)
 
+    def tokenizing_pending(self) -> int:
+        """Long prompts waiting for a tokenizing thread or being tokenized on one."""
+        return self._tokenizer_threads.pending
+
     # --- requests ---
 
     def prepare(self, request: GenerateInput) -> PreparedRequest:

@@ -89,7 +89,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s)
     core = GatewayCore(tokenizer, directory, settings)
-    registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop())
+    registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)
     servicer = GatewayServicer(core, metrics)
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)

@@ -153,12 +153,15 @@ def outcome_of(error: BaseException | None) -> str:
     return "unknown"
 
 
-def gateway_registry(nodes: Callable[[], list[NodeInfo]], loop: asyncio.AbstractEventLoop
-                     ) -> tuple[CollectorRegistry, GatewayMetrics]:
-    """The gateway's registry: request metrics, and ``pdserve_gateway_nodes{role, state}`` read from
-    ``nodes()`` (the directory) on ``loop`` at scrape time."""
+def gateway_registry(nodes: Callable[[], list[NodeInfo]], loop: asyncio.AbstractEventLoop,
+                     tokenizing: Callable[[], int] = lambda: 0) -> tuple[CollectorRegistry, GatewayMetrics]:
+    """The gateway's registry: request metrics, ``pdserve_gateway_nodes{role, state}`` read from ``nodes()``
+    (the directory) on ``loop`` at scrape time, and ``pdserve_gateway_tokenizing`` (prompts waiting for a
+    tokenizing thread or on one: ``tokenizing()``)."""
     registry = new_registry("gateway")
     metrics = GatewayMetrics(registry)
+    Gauge("pdserve_gateway_tokenizing", "Long prompts waiting for a tokenizing thread or being tokenized on one",
+          registry=registry).set_function(tokenizing)
 
     async def read() -> list[NodeInfo]:
         return nodes()

@@ -27,6 +27,8 @@ async def test_a_client_that_leaves_while_its_prompt_waits_for_a_thread_opens_no
         await eventually(lambda: threads.pending == WORKERS, what="both threads busy")
         leaving = asyncio.ensure_future(front.http.post("/v1/completions", json={"prompt": LONG, "max_tokens": 1}))
         await eventually(lambda: threads.pending == WORKERS + 1, what="the prompt queued")
+        registry = front.cluster.gateway.servicer.metrics.registry
+        assert registry.get_sample_value("pdserve_gateway_tokenizing") == WORKERS + 1
         leaving.cancel()  # closes the connection
         await eventually(lambda: threads.pending == WORKERS, what="the queued prompt dropped")
     finally:
