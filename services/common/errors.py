@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 
 from services.common.cancellation import close_on_rpc_end
-from services.common.request_parsing import REFUSES_UNPARSABLE, UnparsableRequest
+from services.common.request_parsing import RAISES_UNPARSABLE, REFUSES_UNPARSABLE, UnparsableRequest
 
 
 class ServiceError(Exception):
@@ -103,13 +103,14 @@ def grpc_errors(method: F) -> F:
 
     ``context.abort`` raises, so the handler ends there; the status message is ``str(error)``. A request
     that did not parse (``UnparsableRequest``, see ``request_parsing``) is refused with ``INVALID_ARGUMENT``
-    before the method runs.
+    before the method runs (or by the method, which raises ``request.refusal()``, when it is marked
+    ``RAISES_UNPARSABLE``).
     """
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
         async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            if isinstance(request, UnparsableRequest):
+            if isinstance(request, UnparsableRequest) and not getattr(method, RAISES_UNPARSABLE, False):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             try:  # closed when the RPC ends, or its cleanup may wait for the garbage collector
                 async with contextlib.aclosing(close_on_rpc_end(context, method(self, request, context))) as items:

@@ -22,6 +22,9 @@ import grpc
 import grpc.aio
 
 REFUSES_UNPARSABLE = "__pdserve_refuses_unparsable__"  # set on a handler that checks for UnparsableRequest
+# set on a method under @grpc_errors that takes an UnparsableRequest itself and raises its error() (the
+# gateway's metrics, to count the refusal)
+RAISES_UNPARSABLE = "__pdserve_raises_unparsable__"
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,18 @@ class UnparsableRequest:
     error: str
 
     @property
+    def reason(self) -> str:
+        return f"the bytes sent to {self.method} are not a valid request message ({self.error})"
+
+    @property
     def message(self) -> str:
-        return f"request: the bytes sent to {self.method} are not a valid request message ({self.error})"
+        return f"request: {self.reason}"
+
+    def refusal(self) -> Exception:
+        """The ``InvalidArgumentError`` that refuses it (its text is :attr:`message`)."""
+        from services.common.errors import InvalidArgumentError  # errors imports this module
+
+        return InvalidArgumentError("request", self.reason)
 
 
 def _tolerant(deserializer: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:

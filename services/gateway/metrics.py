@@ -29,6 +29,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from services.common.errors import mapped_errors, status_of
 from services.common.metrics import LoopCollector, new_registry
+from services.common.request_parsing import RAISES_UNPARSABLE, UnparsableRequest
 from services.gateway.nodes import ROLES, NodeInfo
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -119,6 +120,9 @@ def tracked(method: Generate) -> Generate:
     async def generate(self: Any, request: gateway_pb2.GenerateRequest, context: Any
                        ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         metrics: GatewayMetrics | None = self.metrics
+        if isinstance(request, UnparsableRequest):  # counted as the refusal it is
+            with metrics.track() if metrics is not None else contextlib.nullcontext():
+                raise request.refusal()
         if metrics is None:
             async with contextlib.aclosing(method(self, request, context)) as responses:
                 async for response in responses:
@@ -136,6 +140,7 @@ def tracked(method: Generate) -> Generate:
                     metrics.requests.labels(tracker.outcome).inc()
                 raise
 
+    setattr(generate, RAISES_UNPARSABLE, True)
     return generate
 
 

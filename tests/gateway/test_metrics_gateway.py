@@ -145,3 +145,16 @@ async def test_a_call_whose_deadline_passes_is_counted_deadline_exceeded(cluster
         await asyncio.sleep(0.02)
     assert value(samples, "pdserve_requests_total", outcome="deadline_exceeded") == 1
     assert ("pdserve_requests_total", (("outcome", "cancelled"),)) not in samples
+
+
+async def test_a_generate_call_whose_bytes_do_not_parse_is_counted_invalid_argument(cluster):
+    metrics = cluster.gateway.servicer.metrics
+    call = cluster.channel.unary_stream("/pdserve.v1.Gateway/Generate")
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        async for _ in call(b"\xff\xff\xff\xff\xff", timeout=5):
+            pass
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("request: the bytes sent to /pdserve.v1.Gateway/Generate are not a valid")
+    assert sample(metrics, "pdserve_requests_total", outcome="invalid_argument") == 1
+    assert sample(metrics, "pdserve_requests_in_flight") == 0
+    assert not cluster.p.requests
