@@ -1,9 +1,14 @@
 """The two server streams of a request at the gateway (the prefill leg and the decode leg), read into one
-queue, and what their failures become for the client."""
+queue, and what their failures become for the client.
+
+A decode leg's pump also watches for ``moved_to`` (the node handed the request to another one) and tells
+the flow at once, so that the adopter is attached to while the client may still be reading what came
+before: an adopter that finishes with nobody attached keeps the tokens only for a while."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,31 +21,35 @@ from services.gateway.nodes import PREFILL
 
 STREAM_END = object()  # a leg's stream ended normally
 
-LegEvent = tuple[str, str, Any]
-"""``(role, address, item)``: a message of the leg's stream, an exception it failed with, or
-``STREAM_END``."""
-
-
-@dataclass
+@dataclass(eq=False)  # legs are told apart by identity: a request may come back to a node it left
 class Leg:
     role: str
     address: str
     call: Any  # grpc.aio.UnaryStreamCall
-    pump: asyncio.Task[None]
+    pump: asyncio.Task[None] | None = None  # set once started
     finished: bool = False  # the node is done with the request: nothing to abort there
     ended: bool = False  # no more reading: the stream ended or was cancelled, the claim released
+    successor: Leg | None = None  # the decode leg opened on this one's ``moved_to``, before the relay got there
 
 
-async def pump_events(role: str, address: str, call: Any, queue: asyncio.Queue[LegEvent]) -> None:
-    """Read ``call`` into ``queue`` until it ends; a failure is queued, not raised (the relay raises it in
-    the request's handler)."""
+LegEvent = tuple[Leg | None, Any]
+"""``(leg, item)``: a message of the leg's stream, an exception it failed with, or ``STREAM_END``; a
+``None`` leg is a wake-up (the flow was cancelled)."""
+
+
+async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
+                      on_moved: Callable[[Leg, str], None] | None = None) -> None:
+    """Read the leg's call into ``queue`` until it ends; a failure is queued, not raised (the relay raises
+    it in the request's handler). ``on_moved(leg, address)`` is called on a ``moved_to`` as it arrives."""
     try:
-        async for message in call:
-            queue.put_nowait((role, address, message))
+        async for message in leg.call:
+            queue.put_nowait((leg, message))
+            if on_moved is not None and getattr(message, "moved_to", ""):
+                on_moved(leg, message.moved_to)
     except Exception as error:  # not swallowed: queued for the relay
-        queue.put_nowait((role, address, error))
+        queue.put_nowait((leg, error))
         return
-    queue.put_nowait((role, address, STREAM_END))
+    queue.put_nowait((leg, STREAM_END))
 
 
 def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory) -> NodeCallError:

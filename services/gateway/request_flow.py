@@ -9,8 +9,9 @@ event), then the decode node's tokens with their incremental text, the last chun
 - decode leg: ``DecodeNode.Attach`` → ``TokenEvent``s, the last with ``finish_reason``. A stream that
   ends without one, or fails, is the decode node failing (``UNAVAILABLE``), never a hang. A last event
   with ``moved_to`` (the request was preempted there and handed to another decode node) ends that leg
-  as finished and opens the decode leg anew with ``Attach`` on the node named: the client sees one
-  stream of tokens.
+  as finished and relays from ``Attach`` on the node named, opened as soon as the ``moved_to`` arrived
+  (not when the client has read up to it: a slow reader would find the adopter had dropped the tokens of
+  a request nobody attached to): the client sees one stream of tokens.
 
 A prefill error keeps its status code (the message names the node). Stop strings are matched here and
 not sent to the nodes: a match ends the request with ``finish_reason = "stop"`` and an ``Abort`` to the
@@ -46,8 +47,6 @@ from services.gateway.nodes import DECODE, PREFILL
 from services.gateway.router import NoHealthyNodeError, Router
 
 log = structlog.get_logger(__name__)
-
-_CANCELLED = "cancelled"  # queue role of a cancel() wake-up
 
 
 Aborter = Callable[[str, str, str, str], Awaitable[None]]
@@ -101,7 +100,7 @@ class RequestFlow:
         if not self._closed:
             self.log.info("request cancelled", reason=reason)
             self._cancel_reason = reason
-            self._queue.put_nowait((_CANCELLED, "", reason))
+            self._queue.put_nowait((None, reason))
             self.close()
 
     def close(self) -> None:
@@ -110,14 +109,24 @@ class RequestFlow:
             return
         self._closed = True
         self._end_detokenize()
-        unfinished = [leg for leg in (self._prefill, self._decode) if leg is not None and not leg.finished]
-        for leg in (self._prefill, self._decode):
-            if leg is not None:
-                self._end(leg, cancel=not leg.finished)
+        legs = self._legs()
+        unfinished = [leg for leg in legs if not leg.finished]
+        for leg in legs:
+            self._end(leg, cancel=not leg.finished)
         aborts = None
         if unfinished:
             aborts = self._abort_legs(unfinished, "the gateway: the request ended early there")
         self._on_close(self, aborts)
+
+    def _legs(self) -> list[Leg]:
+        """The prefill leg, the decode leg, and the decode legs opened on handovers the relay has not
+        reached yet."""
+        legs = [leg for leg in (self._prefill, self._decode) if leg is not None]
+        successor = self._decode.successor if self._decode is not None else None
+        while successor is not None:
+            legs.append(successor)
+            successor = successor.successor
+        return legs
 
     def _end(self, leg: Leg, cancel: bool) -> None:
         """No more reading from ``leg``: release its claim; ``cancel`` its call too."""
@@ -125,7 +134,8 @@ class RequestFlow:
             return
         leg.ended = True
         if cancel:
-            leg.pump.cancel()
+            if leg.pump is not None:
+                leg.pump.cancel()
             leg.call.cancel()
         self.directory.release(leg.address)
 
@@ -167,36 +177,50 @@ class RequestFlow:
             self._end(old, cancel=True)
         self._open_decode(address, f"prefill node {self._prefill_address}: reserved on {address}")
 
+    def _open_successor(self, leg: Leg, address: str) -> None:
+        """``leg``'s pump saw ``moved_to``: attach to the adopter now, whether or not the relay (paced by
+        the client's reading) got there. Its events queue behind the old leg's; :meth:`_move` relays them."""
+        if self._closed or leg.ended or leg.successor is not None or not self.directory.knows(address, DECODE):
+            return  # an unknown node: _move refuses it when the relay gets there
+        leg.finished = True  # handed over: nothing is left to abort on that node
+        leg.successor = self._attach_leg(address)
+
     def _move(self, leg: Leg, address: str) -> None:
         """The decode node handed the request to another one (``moved_to``): relay from there on. The old
         stream ends by itself and nothing is left to abort on its node."""
         self.log.info("decode node handed the request over", from_node=leg.address, to_node=address)
         leg.finished = True
         self._end(leg, cancel=False)
-        self._open_decode(address, f"decode node {leg.address}: moved the request to {address}")
+        if leg.successor is not None and leg.successor.address == address:
+            self._decode = leg.successor
+        else:
+            self._open_decode(address, f"decode node {leg.address}: moved the request to {address}")
 
     def _open_decode(self, address: str, why: str) -> None:
         if not self.directory.knows(address, DECODE):
             raise UnavailableError(f"{why}, which is not a decode node of this gateway")
+        self._decode = self._attach_leg(address)
+
+    def _attach_leg(self, address: str) -> Leg:
         call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self.request_id),
                                                    timeout=self._timeout(), metadata=tracing.outgoing(self._trace))
-        self._decode = self._start_leg(DECODE, address, call)
+        return self._start_leg(DECODE, address, call)
 
     def _start_leg(self, role: str, address: str, call: Any) -> Leg:
         self.directory.claim(address)
-        pump = asyncio.create_task(pump_events(role, address, call, self._queue),
-                                   name=f"{role}:{self.request_id}")
-        return Leg(role, address, call, pump)
+        leg = Leg(role, address, call)
+        leg.pump = asyncio.create_task(pump_events(leg, self._queue, self._open_successor if role == DECODE else None),
+                                       name=f"{role}:{self.request_id}")
+        return leg
 
     # --- relaying ---
 
     async def _relay(self) -> AsyncIterator[GenerateChunk]:
         early: list[tuple[Leg, Any]] = []  # decode events that came before the first token
         while True:
-            role, address, item = await self._queue.get()
+            leg, item = await self._queue.get()
             self._check_open()
-            leg = self._prefill if role == PREFILL else self._decode
-            if leg is None or leg.address != address or leg.ended:
+            if leg is None or leg.ended or (leg is not self._prefill and leg is not self._decode):
                 continue  # a decode node the request moved away from
             if isinstance(item, Exception):
                 self._end(leg, cancel=False)
@@ -205,7 +229,7 @@ class RequestFlow:
                 if leg.finished:
                     continue  # the node had done its part; its stream's end does not matter
                 raise leg_failure(leg, item, self.directory)
-            if role == DECODE and not self._first_sent:
+            if leg.role == DECODE and not self._first_sent:
                 early.append((leg, item))
                 continue
             due = [(leg, item)]
@@ -290,7 +314,7 @@ class RequestFlow:
     async def _stop_unfinished_legs(self, reason: str) -> None:
         """The gateway ended the request (stop string): cancel the legs still running and wait for their
         nodes to confirm the abort, so the request id is free everywhere before the client hears."""
-        legs = [leg for leg in (self._prefill, self._decode) if leg is not None and not leg.finished]
+        legs = [leg for leg in self._legs() if not leg.finished]
         for leg in legs:
             leg.finished = True
             self._end(leg, cancel=True)

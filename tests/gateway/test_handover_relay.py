@@ -8,6 +8,8 @@ import asyncio
 import pytest
 from pdserve.v1 import decode_pb2, gateway_pb2, prefill_pb2
 
+from services.common.sampling_convert import SamplingFields
+from services.gateway.generation import GenerateInput
 from tests.gateway.conftest import start_cluster, stop_cluster
 from tests.gateway.fakes import eventually
 from tests.gateway.test_generate import TEXT, collect, request
@@ -101,3 +103,44 @@ async def test_decode_events_that_came_before_the_first_token_follow_it_in_order
     responses = await collect(cluster, request(temperature=0.0, max_tokens=len(ids)))
     assert [t for r in responses for t in r.token_ids] == ids
     assert "".join(r.text for r in responses) == tokenizer.decode(ids)
+
+
+async def open_paused(cluster, ids):
+    """A flow whose client read the first chunk and no more: the relay waits at its ``yield``."""
+    flow = await cluster.gateway.core.open(
+        GenerateInput(prompt="Hi", sampling=SamplingFields(max_tokens=len(ids), temperature=0.0)), None)
+    chunks = flow.run()
+    first_chunk = await anext(chunks)
+    return flow, chunks, first_chunk
+
+
+async def test_the_adopter_is_attached_while_a_slow_client_has_not_read_up_to_the_move(two_decodes, tokenizer):
+    """The adopter drops the tokens of a request nobody attached to after a while (``unread_stream_s``):
+    the gateway attaches there when the ``moved_to`` arrives, not when the client has read up to it."""
+    ids = tokenizer.encode(TEXT)
+    first, second = _script_move(two_decodes, ids)
+    flow, chunks, first_chunk = await open_paused(two_decodes, ids)
+    try:
+        await eventually(lambda: second.attaches == [flow.request_id], what="Attach on the adopter")
+        rest = [chunk async for chunk in chunks]
+    finally:
+        await chunks.aclose()
+    assert [t for chunk in [first_chunk, *rest] for t in chunk.token_ids] == ids
+    assert rest[-1].finish_reason == "length" and rest[-1].usage.completion_tokens == len(ids)
+    await two_decodes.gateway.core.wait_background()
+    assert first.aborts == [] and second.aborts == []
+    assert all(n.inflight == 0 for n in two_decodes.gateway.directory.nodes())
+
+
+async def test_a_cancel_before_the_relay_reached_the_move_aborts_the_adopter_only(two_decodes, tokenizer):
+    ids = tokenizer.encode(TEXT)
+    first, second = _script_move(two_decodes, ids, stall_after_move=True)
+    flow, chunks, _ = await open_paused(two_decodes, ids)
+    await eventually(lambda: second.attaches == [flow.request_id], what="Attach on the adopter")
+    flow.cancel("client gone")
+    await chunks.aclose()
+    await eventually(lambda: second.aborts == [flow.request_id], what="Abort on the adopting node")
+    await two_decodes.gateway.core.wait_background()
+    assert first.aborts == [] and second.cancelled == [flow.request_id]
+    assert two_decodes.gateway.core.in_flight == 0
+    assert all(n.inflight == 0 for n in two_decodes.gateway.directory.nodes())
