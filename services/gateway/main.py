@@ -97,8 +97,10 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     if config.http_listen:
         state = FrontState()
         front = FrontSettings(config.served_model_name or served_model_id(config.model or bundled_model_path()),
-                              max_body_bytes=int(config.http_max_body_mib * (1 << 20)))
-        http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s)
+                              max_body_bytes=int(config.http_max_body_mib * (1 << 20)),
+                              body_timeout_s=config.http_body_timeout_s)
+        http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s,
+                         max_connections=config.http_max_connections or None)
 
     async def drain() -> None:
         if http is not None:
@@ -108,7 +110,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
             await http.stop()
 
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
-                                    max_receive_bytes=int(config.max_request_mib * (1 << 20)))
+                                    max_receive_bytes=int(config.max_request_mib * (1 << 20)),
+                                    max_concurrent_rpcs=config.max_concurrent_rpcs or None)
     return Gateway(config, core, directory, server, servicer, http)
 
 

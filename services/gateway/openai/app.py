@@ -60,6 +60,7 @@ def served_model_id(path: Path) -> str:
 class FrontSettings:
     model_name: str  # the id /v1/models lists and requests must name
     max_body_bytes: int = 4 << 20
+    body_timeout_s: float = 30.0  # 0 = no limit
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -74,7 +75,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     app = FastAPI(title="pdserve", summary="OpenAI-compatible API of the pdserve gateway", docs_url=None,
                   redoc_url=None)
     errors.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     card = ModelCard(id=settings.model_name, created=settings.created)
 
     def check(body: GenerationBody) -> None:

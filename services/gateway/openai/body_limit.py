@@ -1,4 +1,6 @@
-"""ASGI middleware: a request body over ``max_bytes`` gets 413 in OpenAI's shape, never held in memory.
+"""ASGI middleware: a request body over ``max_bytes`` gets 413 in OpenAI's shape, never held in memory;
+one that has not all arrived ``body_timeout_s`` after the request began gets 408 (a client that declares
+a length and sends less would otherwise hold its request, and the memory it took, for ever).
 
 A declared ``Content-Length`` over the limit is refused before the app runs: the body is read and thrown
 away chunk by chunk (up to ``discard_bytes``; a client that sends its whole body before reading the answer
@@ -7,6 +9,9 @@ length (chunked) is counted as the app reads it and refused the moment it passes
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,10 +24,13 @@ def too_large(limit: int) -> str:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, discard_bytes: int = 256 << 20) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, discard_bytes: int = 256 << 20,
+                 body_timeout_s: float = 0.0) -> None:
+        """``body_timeout_s``: 0 = no limit."""
         self.app = app
         self.max_bytes = max_bytes
         self.discard_bytes = discard_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,12 +42,22 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
             return
         received = 0
+        body_done = False
+        deadline = time.monotonic() + self.body_timeout_s
 
         async def counted() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done or not self.body_timeout_s:  # afterwards: waiting for the client to leave is fine
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise HTTPException(408, f"the request body did not arrive within {self.body_timeout_s:g} s "
+                                             f"({received} bytes came)") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.max_bytes:
                     raise HTTPException(413, too_large(self.max_bytes))  # the app's handler shapes it
             return message

@@ -37,8 +37,12 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 class HttpFront:
-    def __init__(self, app: FastAPI, listen: str, state: FrontState, grace_s: float = 5.0) -> None:
+    def __init__(self, app: FastAPI, listen: str, state: FrontState, grace_s: float = 5.0,
+                 max_connections: int | None = None) -> None:
+        """``max_connections``: connections and requests at once (uvicorn's ``limit_concurrency``: a request
+        beyond it gets 503); None = no limit."""
         self.app = app
+        self.max_connections = max_connections
         self.listen = listen
         self.state = state
         self.grace_s = grace_s
@@ -67,7 +71,8 @@ class HttpFront:
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=max(self.grace_s, 0.1), timeout_keep_alive=30)
+                                timeout_graceful_shutdown=max(self.grace_s, 0.1), timeout_keep_alive=30,
+                                limit_concurrency=self.max_connections)
         server = self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="http-front")
         while not server.started and not self._task.done():
