@@ -38,6 +38,7 @@ from services.common import keepalive
 from services.common.admin import AdminServicer
 from services.common.config import setting
 from services.common.logging import FORMATS, LEVELS
+from services.common.loop_watchdog import LoopWatchdog, StallCollector
 from services.common.metrics import MetricsEndpoint
 from services.common.request_parsing import TolerantParsing
 from services.engine.errors import EngineError
@@ -141,12 +142,15 @@ class NodeServer:
         max_concurrent_rpcs: int | None = None,
         metrics: MetricsEndpoint | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        watchdog: LoopWatchdog | None = None,
     ) -> None:
         """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends;
         ``max_receive_bytes``: the largest message a client may send, when less than ``max_message_bytes``
         (the gateway's requests are small: a larger one is refused before it is parsed);
         ``max_concurrent_rpcs``: calls in progress at once, those whose request has not arrived yet included
-        (beyond: grpc's ``RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!"``); None = no limit."""
+        (beyond: grpc's ``RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!"``); None = no limit;
+        ``watchdog``: watches the event loop from ``start()`` until the shutdown ends (default: a new one),
+        its counts on the metrics endpoint."""
         self.bindings = list(bindings)
         self.metrics = metrics
         self.listen = listen
@@ -155,6 +159,10 @@ class NodeServer:
         self.port_file = port_file
         self.port: int | None = None
         self.health = health.aio.HealthServicer()
+        self.watchdog = watchdog or LoopWatchdog()
+        if metrics is not None:
+            with contextlib.suppress(ValueError):  # a registry that already has them (a server built anew)
+                metrics.registry.register(StallCollector(self.watchdog))
         self._drain = drain
         # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
         options = dict(grpc_options(max_message_bytes))
@@ -171,7 +179,7 @@ class NodeServer:
     def from_config(
         cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None,
         registry: CollectorRegistry | None = None, max_receive_bytes: int | None = None,
-        max_concurrent_rpcs: int | None = None,
+        max_concurrent_rpcs: int | None = None, watchdog: LoopWatchdog | None = None,
     ) -> NodeServer:
         """``registry``: served at ``config.metrics_listen`` (none when that is empty)."""
         metrics = None
@@ -180,7 +188,7 @@ class NodeServer:
         return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
                    drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
                    max_message_bytes=config.max_message_mib << 20, max_receive_bytes=max_receive_bytes,
-                   max_concurrent_rpcs=max_concurrent_rpcs, metrics=metrics)
+                   max_concurrent_rpcs=max_concurrent_rpcs, metrics=metrics, watchdog=watchdog)
 
     @property
     def service_names(self) -> list[str]:
@@ -231,6 +239,7 @@ class NodeServer:
         await self.set_serving(serving)
         if self.port_file is not None:
             write_port_file(self.port_file, port)
+        self.watchdog.start()
         log.info("serving", address=self.address, services=[b.name for b in self.bindings],
                  metrics=self.metrics_url())
         return port
@@ -277,6 +286,7 @@ class NodeServer:
                 await self._run_drain(self._drain)
         finally:
             await self._server.stop(0 if self._force.is_set() else self.grace_s)
+            self.watchdog.stop()
             if self.metrics is not None:
                 await asyncio.to_thread(self.metrics.stop)
             log.info("stopped", forced=self._force.is_set())

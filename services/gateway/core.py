@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +50,11 @@ class CoreSettings:
 
 class GatewayCore:
     def __init__(self, tokenizer: Tokenizer, directory: NodeDirectory, settings: CoreSettings,
-                 router: Router | None = None) -> None:
+                 router: Router | None = None, recent_stall: Callable[[], float] = lambda: 0.0) -> None:
+        """``recent_stall()``: seconds of a stall of this process's event loop that just ended (see
+        ``LoopWatchdog.recent_stall_s``), so that a node call failing out of it is not blamed on the node."""
         self.tokenizer = tokenizer
+        self.recent_stall = recent_stall
         self.directory = directory
         self.router = router or Router()
         self.settings = settings
@@ -126,7 +129,7 @@ class GatewayCore:
         if prepared.request_id in self._taken:
             raise DuplicateRequestError(prepared.request_id)
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
-                           deadline=deadline, abort=self.abort, on_close=self._closed)
+                           deadline=deadline, abort=self.abort, on_close=self._closed, recent_stall=self.recent_stall)
         self._taken.add(prepared.request_id)
         self._flows[prepared.request_id] = flow
         self._idle.clear()

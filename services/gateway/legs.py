@@ -52,16 +52,24 @@ async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
     queue.put_nowait((leg, STREAM_END))
 
 
-def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory) -> NodeCallError:
+def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory, stalled_s: float = 0.0
+                ) -> NodeCallError:
     """The client's status for a leg whose call failed. A prefill error keeps its code; a decode node that
-    fails is UNAVAILABLE (and marked failed in the directory when it looks gone)."""
+    fails is UNAVAILABLE (and marked failed in the directory when it looks gone). ``stalled_s``: the
+    gateway's own event loop just stood still that long; a lost connection is then said to be the
+    gateway's doing, and the node is not marked failed (its keepalive gave up on a paused gateway)."""
     code, details = error.code(), error.details()
+    lost = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    if lost and stalled_s:
+        return NodeCallError(grpc.StatusCode.UNAVAILABLE,
+                             f"lost the call to {leg.role} node {leg.address} while this gateway stood still for "
+                             f"{stalled_s:.1f} s (paused or starved of CPU): {code.name}: {details}")
     if leg.role == PREFILL:
         if code == grpc.StatusCode.CANCELLED:  # not by us: the node went away
             code = grpc.StatusCode.UNAVAILABLE
         return NodeCallError(code, f"prefill node {leg.address}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return NodeCallError(code, f"decode node {leg.address}: {details}")
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+    if lost:
         directory.mark_failed(leg.address, f"Attach failed: {code.name}: {details}")
     return NodeCallError(grpc.StatusCode.UNAVAILABLE, f"decode node {leg.address} failed: {code.name}: {details}")

@@ -13,6 +13,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.config import build_config
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
+from services.common.loop_watchdog import LoopWatchdog
 from services.common.server import NodeServer, ServiceBinding, run
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.engine.model_files import bundled_model_path
@@ -88,7 +89,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s)
-    core = GatewayCore(tokenizer, directory, settings)
+    watchdog = LoopWatchdog()  # a call to a node that fails out of this gateway's own stall is said to be so
+    core = GatewayCore(tokenizer, directory, settings, recent_stall=watchdog.recent_stall_s)
     registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)
     servicer = GatewayServicer(core, metrics)
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
@@ -111,7 +113,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
 
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
                                     max_receive_bytes=int(config.max_request_mib * (1 << 20)),
-                                    max_concurrent_rpcs=config.max_concurrent_rpcs or None)
+                                    max_concurrent_rpcs=config.max_concurrent_rpcs or None, watchdog=watchdog)
     return Gateway(config, core, directory, server, servicer, http)
 
 

@@ -58,14 +58,17 @@ background and forgets the request id only after they are done."""
 
 class RequestFlow:
     def __init__(self, request: PreparedRequest, *, directory: NodeDirectory, router: Router,
-                 tokenizer: Tokenizer, deadline: float | None, abort: Aborter, on_close: CloseHook) -> None:
-        """``deadline``: the ``time.monotonic()`` by which the request must end (None = none)."""
+                 tokenizer: Tokenizer, deadline: float | None, abort: Aborter, on_close: CloseHook,
+                 recent_stall: Callable[[], float] = lambda: 0.0) -> None:
+        """``deadline``: the ``time.monotonic()`` by which the request must end (None = none);
+        ``recent_stall()``: seconds of a stall of the gateway's own event loop that just ended."""
         self.request = request
         self.directory = directory
         self.router = router
         self.deadline = deadline
         self._abort = abort
         self._on_close = on_close
+        self._recent_stall = recent_stall
         self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
                                     request.sampling.min_tokens)
         self._queue: asyncio.Queue[LegEvent] = asyncio.Queue()
@@ -228,7 +231,7 @@ class RequestFlow:
                     raise item
                 if leg.finished:
                     continue  # the node had done its part; its stream's end does not matter
-                raise leg_failure(leg, item, self.directory)
+                raise leg_failure(leg, item, self.directory, self._recent_stall())
             if leg.role == DECODE and not self._first_sent:
                 early.append((leg, item))
                 continue

@@ -72,6 +72,8 @@ def test_every_service_s_metrics_move_as_requests_run(cluster, stub, bundled_tok
     for address, node in nodes.items():
         assert value(before[address], "pdserve_build_info", role=node.role, version="0.1.0") == 1
         assert value(before[address], "pdserve_status_up") == 1
+    for who in urls:  # every process watches its event loop
+        assert value(before[who], "pdserve_event_loop_stalls_total") >= 0, who
     assert value(before["gateway"], "pdserve_gateway_nodes", role="prefill", state="healthy") == 2
 
     prefix = bundled_tokenizer.encode(long_text(4))
