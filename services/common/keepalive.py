@@ -36,6 +36,11 @@ def set_keepalive(time_s: float, timeout_s: float) -> None:
     _current = Keepalive(time_s, timeout_s)
 
 
+def current() -> Keepalive:
+    """This process's keepalive."""
+    return _current
+
+
 def options() -> list[tuple[str, Any]]:
     """gRPC channel/server arguments for the current keepalive."""
     accept = [("grpc.http2.min_recv_ping_interval_without_data_ms", 1000), ("grpc.http2.max_ping_strikes", 0)]

@@ -139,18 +139,15 @@ class NodeServer:
         port_file: Path | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_receive_bytes: int | None = None,
-        max_concurrent_rpcs: int | None = None,
         metrics: MetricsEndpoint | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         watchdog: LoopWatchdog | None = None,
     ) -> None:
         """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends;
         ``max_receive_bytes``: the largest message a client may send, when less than ``max_message_bytes``
-        (the gateway's requests are small: a larger one is refused before it is parsed);
-        ``max_concurrent_rpcs``: calls in progress at once, those whose request has not arrived yet included
-        (beyond: grpc's ``RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!"``); None = no limit;
-        ``watchdog``: watches the event loop from ``start()`` until the shutdown ends (default: a new one),
-        its counts on the metrics endpoint."""
+        (the gateway's requests are small: a larger one is refused before it is parsed); ``watchdog``:
+        watches the event loop from ``start()`` until the shutdown ends (default: a new one), its counts on
+        the metrics endpoint."""
         self.bindings = list(bindings)
         self.metrics = metrics
         self.listen = listen
@@ -169,8 +166,7 @@ class NodeServer:
         if max_receive_bytes is not None:
             options["grpc.max_receive_message_length"] = min(max_receive_bytes, max_message_bytes)
         self._server = grpc.aio.server(options=[*options.items(), ("grpc.so_reuseport", 0)],
-                                       interceptors=[TolerantParsing(), *interceptors],
-                                       maximum_concurrent_rpcs=max_concurrent_rpcs)
+                                       interceptors=[TolerantParsing(), *interceptors])
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None
@@ -179,7 +175,7 @@ class NodeServer:
     def from_config(
         cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None,
         registry: CollectorRegistry | None = None, max_receive_bytes: int | None = None,
-        max_concurrent_rpcs: int | None = None, watchdog: LoopWatchdog | None = None,
+        watchdog: LoopWatchdog | None = None,
     ) -> NodeServer:
         """``registry``: served at ``config.metrics_listen`` (none when that is empty)."""
         metrics = None
@@ -188,7 +184,7 @@ class NodeServer:
         return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
                    drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
                    max_message_bytes=config.max_message_mib << 20, max_receive_bytes=max_receive_bytes,
-                   max_concurrent_rpcs=max_concurrent_rpcs, metrics=metrics, watchdog=watchdog)
+                   metrics=metrics, watchdog=watchdog)
 
     @property
     def service_names(self) -> list[str]:

@@ -41,8 +41,6 @@ class GatewayConfig(ServerConfig):
     http_max_body_mib: float = setting(4.0, "largest HTTP request body; a larger one gets 413")
     max_request_mib: float = setting(4.0, "largest gRPC request a client may send the gateway (a Generate "
                                           "request); a larger one gets RESOURCE_EXHAUSTED unparsed")
-    max_concurrent_rpcs: int = setting(8192, "most gRPC calls in progress at once, those still sending their "
-                                             "request included (beyond: RESOURCE_EXHAUSTED); 0 = no limit")
     http_max_connections: int = setting(8192, "most HTTP connections and requests at once (beyond: 503); "
                                               "0 = no limit")
     http_body_timeout_s: float = setting(30.0, "seconds a client has to send its whole HTTP request body "
@@ -75,9 +73,8 @@ class GatewayConfig(ServerConfig):
             raise ValueError("max_model_len, request_timeout_s and status_max_age_s must be >= 0")
         if self.http_listen:
             check_host_port("http_listen", self.http_listen, "host:port or empty")
-        if min(self.max_concurrent_rpcs, self.http_max_connections, self.http_body_timeout_s) < 0:
-            raise ValueError("max_concurrent_rpcs, http_max_connections and http_body_timeout_s must be >= 0 "
-                             "(0 = no limit)")
+        if min(self.http_max_connections, self.http_body_timeout_s) < 0:
+            raise ValueError("http_max_connections and http_body_timeout_s must be >= 0 (0 = no limit)")
         if self.http_max_body_mib <= 0 or self.max_request_mib <= 0:
             raise ValueError(f"http_max_body_mib and max_request_mib must be > 0, got {self.http_max_body_mib} "
                              f"and {self.max_request_mib}")

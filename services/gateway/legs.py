@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from services.common import keepalive
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import NodeCallError
 from services.gateway.nodes import PREFILL
@@ -30,6 +31,7 @@ class Leg:
     finished: bool = False  # the node is done with the request: nothing to abort there
     ended: bool = False  # no more reading: the stream ended or was cancelled, the claim released
     successor: Leg | None = None  # the decode leg opened on this one's ``moved_to``, before the relay got there
+    stalled_s: float = 0.0  # the gateway's own event loop had just stood still this long when the call failed
 
 
 LegEvent = tuple[Leg | None, Any]
@@ -38,15 +40,18 @@ LegEvent = tuple[Leg | None, Any]
 
 
 async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
-                      on_moved: Callable[[Leg, str], None] | None = None) -> None:
+                      on_moved: Callable[[Leg, str], None] | None = None,
+                      recent_stall: Callable[[], float] = lambda: 0.0) -> None:
     """Read the leg's call into ``queue`` until it ends; a failure is queued, not raised (the relay raises
-    it in the request's handler). ``on_moved(leg, address)`` is called on a ``moved_to`` as it arrives."""
+    it in the request's handler, maybe much later: a slow client paces it), with ``recent_stall()`` as it
+    was when the call failed. ``on_moved(leg, address)`` is called on a ``moved_to`` as it arrives."""
     try:
         async for message in leg.call:
             queue.put_nowait((leg, message))
             if on_moved is not None and getattr(message, "moved_to", ""):
                 on_moved(leg, message.moved_to)
     except Exception as error:  # not swallowed: queued for the relay
+        leg.stalled_s = recent_stall()
         queue.put_nowait((leg, error))
         return
     queue.put_nowait((leg, STREAM_END))
@@ -56,11 +61,12 @@ def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory,
                 ) -> NodeCallError:
     """The client's status for a leg whose call failed. A prefill error keeps its code; a decode node that
     fails is UNAVAILABLE (and marked failed in the directory when it looks gone). ``stalled_s``: the
-    gateway's own event loop just stood still that long; a lost connection is then said to be the
-    gateway's doing, and the node is not marked failed (its keepalive gave up on a paused gateway)."""
+    gateway's own event loop had just stood still that long; when that is long enough for keepalive to
+    give up (the keepalive timeout), a lost connection is said to be the gateway's doing and the node is
+    not marked failed."""
     code, details = error.code(), error.details()
     lost = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-    if lost and stalled_s:
+    if lost and stalled_s >= keepalive.current().timeout_s:
         return NodeCallError(grpc.StatusCode.UNAVAILABLE,
                              f"lost the call to {leg.role} node {leg.address} while this gateway stood still for "
                              f"{stalled_s:.1f} s (paused or starved of CPU): {code.name}: {details}")

@@ -113,7 +113,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
 
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
                                     max_receive_bytes=int(config.max_request_mib * (1 << 20)),
-                                    max_concurrent_rpcs=config.max_concurrent_rpcs or None, watchdog=watchdog)
+                                    watchdog=watchdog)
     return Gateway(config, core, directory, server, servicer, http)
 
 

@@ -212,7 +212,8 @@ class RequestFlow:
     def _start_leg(self, role: str, address: str, call: Any) -> Leg:
         self.directory.claim(address)
         leg = Leg(role, address, call)
-        leg.pump = asyncio.create_task(pump_events(leg, self._queue, self._open_successor if role == DECODE else None),
+        moved = self._open_successor if role == DECODE else None
+        leg.pump = asyncio.create_task(pump_events(leg, self._queue, moved, self._recent_stall),
                                        name=f"{role}:{self.request_id}")
         return leg
 
@@ -223,7 +224,7 @@ class RequestFlow:
         while True:
             leg, item = await self._queue.get()
             self._check_open()
-            if leg is None or leg.ended or (leg is not self._prefill and leg is not self._decode):
+            if leg is None or leg.ended or not any(leg is live for live in self._legs()):
                 continue  # a decode node the request moved away from
             if isinstance(item, Exception):
                 self._end(leg, cancel=False)
@@ -231,7 +232,7 @@ class RequestFlow:
                     raise item
                 if leg.finished:
                     continue  # the node had done its part; its stream's end does not matter
-                raise leg_failure(leg, item, self.directory, self._recent_stall())
+                raise leg_failure(leg, item, self.directory, leg.stalled_s)
             if leg.role == DECODE and not self._first_sent:
                 early.append((leg, item))
                 continue

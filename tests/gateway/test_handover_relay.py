@@ -144,3 +144,25 @@ async def test_a_cancel_before_the_relay_reached_the_move_aborts_the_adopter_onl
     assert first.aborts == [] and second.cancelled == [flow.request_id]
     assert two_decodes.gateway.core.in_flight == 0
     assert all(n.inflight == 0 for n in two_decodes.gateway.directory.nodes())
+
+
+async def test_a_move_before_the_first_token_is_followed_in_order(two_decodes, tokenizer):
+    """The decode node hands the request over before the prefill node's first token reached the gateway:
+    the adopter's events (attached to at once) wait with the old node's, and all follow the first token."""
+    ids = tokenizer.encode(TEXT)
+    first, second = _script_move(two_decodes, ids)
+
+    async def prefill(request, context):
+        yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=first.address))
+        await eventually(lambda: second.attaches != [], what="Attach on the adopter")  # both streamed already
+        await asyncio.sleep(0.1)
+        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=ids[0]))
+        yield prefill_pb2.PrefillEvent(done=prefill_pb2.Done(num_computed_tokens=len(request.prompt_token_ids)))
+
+    two_decodes.p.script = prefill
+    responses = await collect(two_decodes, request(temperature=0.0, max_tokens=len(ids)))
+    assert [t for r in responses for t in r.token_ids] == ids
+    assert responses[-1].finish_reason == "length" and responses[-1].usage.completion_tokens == len(ids)
+    await two_decodes.gateway.core.wait_background()
+    assert first.aborts == [] and second.aborts == []
+    assert all(n.inflight == 0 for n in two_decodes.gateway.directory.nodes())

@@ -37,13 +37,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
+        deadline = time.monotonic() + self.body_timeout_s
         if declared is not None and declared > self.max_bytes:
-            await self._discard(receive)
+            await self._discard(receive, deadline)
             await self._refuse(scope, receive, send)
             return
         received = 0
         body_done = False
-        deadline = time.monotonic() + self.body_timeout_s
 
         async def counted() -> Message:
             nonlocal received, body_done
@@ -52,7 +52,7 @@ class BodyLimit:
             else:
                 try:
                     message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
+                except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
                     raise HTTPException(408, f"the request body did not arrive within {self.body_timeout_s:g} s "
                                              f"({received} bytes came)") from None
             if message["type"] == "http.request":
@@ -64,10 +64,16 @@ class BodyLimit:
 
         await self.app(scope, counted, send)
 
-    async def _discard(self, receive: Receive) -> None:
+    async def _discard(self, receive: Receive, deadline: float) -> None:
+        """Read and drop the body, up to ``discard_bytes`` and until the body timeout (a client that never
+        sends what it declared gets its 413 then)."""
         thrown = 0
         while thrown <= self.discard_bytes:
-            message = await receive()
+            try:
+                message = await (asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                                 if self.body_timeout_s else receive())
+            except asyncio.TimeoutError:
+                return
             if message["type"] != "http.request":
                 return
             thrown += len(message.get("body", b""))
