@@ -19,6 +19,7 @@ from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.errors import EngineStoppedError, InvalidRequestError, ModelLoadError, UnknownRequestError
+from services.engine.kv_layout import kv_layout, layout_id
 from services.engine.model_files import bundled_model_path
 from services.engine.reservations import IncompleteTransferError
 
@@ -123,7 +124,7 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
         bytes_total=engine.runner.kv_cache_bytes,
         store_fetched_bytes_total=offload.stats.fetched_remote_bytes_total + engine.adoptions.stats.fetched_bytes_total,
         store_written_blocks_total=written, handovers_out_total=engine.handovers.stats.handovers_out_total,
-        handovers_in_total=engine.adoptions.stats.handovers_in_total,
+        handovers_in_total=engine.adoptions.stats.handovers_in_total, kv_layout_id=layout_id(kv_layout(engine)),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from pdserve.v1 import node_pb2
@@ -10,6 +11,11 @@ from kvcache.kv_bytes import bytes_per_block
 
 if TYPE_CHECKING:
     from services.engine.engine import LLMEngine
+
+
+def layout_id(layout: node_pb2.KVLayout) -> str:
+    """A short digest of ``layout``: two engines' KV is interchangeable exactly when their ids are equal."""
+    return hashlib.blake2b(layout.SerializeToString(deterministic=True), digest_size=8).hexdigest()
 
 
 def kv_layout(engine: LLMEngine) -> node_pb2.KVLayout:

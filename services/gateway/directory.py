@@ -33,6 +33,7 @@ from pdserve.v1 import cache_store_pb2_grpc, decode_pb2_grpc, gateway_pb2, node_
 
 from services.common.server import grpc_options
 from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
+from services.gateway.kv_compatibility import with_kv_compatibility
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL, STATUS_FIELDS, NodeInfo
 
 log = structlog.get_logger(__name__)
@@ -72,6 +73,7 @@ class NodeDirectory:
         self._sources: dict[str, set[str]] = {}  # current address → the entries that list it
         self._info: dict[str, NodeInfo] = {}  # current and lingering nodes
         self._inflight: dict[str, int] = {}
+        self._incompatible: dict[str, str] = {}  # address → why its KV layout leaves it out (as last logged)
         self._used: dict[str, float] = {}  # time.monotonic() a non-current node was last used
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
@@ -212,9 +214,11 @@ class NodeDirectory:
     # --- status ---
 
     def nodes(self, role: str | None = None) -> list[NodeInfo]:
-        """Every current node (of ``role``) as last polled, with this gateway's in-flight counts."""
-        return [_with_inflight(self._info[a], self._inflight.get(a, 0)) for a in self._sources
-                if role is None or self._roles[a] == role]
+        """Every current node (of ``role``) as last polled, with this gateway's in-flight counts; a model
+        node whose KV layout matches no healthy peer is unhealthy (``kv_compatibility``)."""
+        every = with_kv_compatibility([_with_inflight(self._info[a], self._inflight.get(a, 0))
+                                       for a in self._sources])
+        return [n for n in every if role is None or n.role == role]
 
     async def refresh(self) -> None:
         """Poll every current node now; concurrent callers share one round of calls."""
@@ -234,6 +238,16 @@ class NodeDirectory:
     async def _poll_all(self) -> None:
         await asyncio.gather(*(self._poll(address) for address in list(self._sources)))
         self.last_refresh = time.monotonic()
+        self._log_incompatible()
+
+    def _log_incompatible(self) -> None:
+        """Log once each node that starts (or stops) being left out for its KV layout."""
+        now = {n.address: n.error for n in self.nodes() if not n.healthy and n.error.startswith("its KV layout")}
+        for address in now.keys() - self._incompatible.keys():
+            log.warning("node left out: its KV layout matches no peer", address=address, error=now[address])
+        for address in self._incompatible.keys() - now.keys():
+            log.info("node's KV layout matches its peers again", address=address)
+        self._incompatible = now
 
     async def _poll(self, address: str) -> None:
         role = self._roles[address]

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.errors import UnavailableError
+from services.gateway.kv_compatibility import compatible
 from services.gateway.nodes import DECODE, PREFILL, NodeInfo
 
 
@@ -35,9 +36,11 @@ class Router:
         self._turn = 0
 
     def route(self, prefill_nodes: Sequence[NodeInfo], decode_nodes: Sequence[NodeInfo]) -> Route:
-        """A prefill node and the ordered decode candidates; ``NoHealthyNodeError`` if either is empty."""
+        """A prefill node and the ordered decode candidates whose KV layout matches it;
+        ``NoHealthyNodeError`` if either is empty."""
         prefill = self.pick_prefill(prefill_nodes)
-        decode = self.order_decode(decode_nodes)
+        chosen = next(n for n in prefill_nodes if n.address == prefill)
+        decode = self.order_decode([n for n in decode_nodes if compatible(chosen, n)] or decode_nodes)
         self._turn += 1
         return Route(prefill, decode)
 
