@@ -242,10 +242,12 @@ class NodeDirectory:
 
     def _log_incompatible(self) -> None:
         """Log once each node that starts (or stops) being left out for its KV layout."""
-        now = {n.address: n.error for n in self.nodes() if not n.healthy and n.error.startswith("its KV layout")}
+        nodes = self.nodes()
+        now = {n.address: n.error for n in nodes if not n.healthy and n.error.startswith("its KV layout")}
+        healthy = {n.address for n in nodes if n.healthy}
         for address in now.keys() - self._incompatible.keys():
             log.warning("node left out: its KV layout matches no peer", address=address, error=now[address])
-        for address in self._incompatible.keys() - now.keys():
+        for address in (self._incompatible.keys() - now.keys()) & healthy:  # not one that failed or left
             log.info("node's KV layout matches its peers again", address=address)
         self._incompatible = now
 

@@ -40,7 +40,10 @@ class Router:
         ``NoHealthyNodeError`` if either is empty."""
         prefill = self.pick_prefill(prefill_nodes)
         chosen = next(n for n in prefill_nodes if n.address == prefill)
-        decode = self.order_decode([n for n in decode_nodes if compatible(chosen, n)] or decode_nodes)
+        matching = [n for n in decode_nodes if compatible(chosen, n)]
+        # none healthy: the error names every decode node (through directory.nodes() a healthy prefill node
+        # always has a healthy match, so no mismatched node is routed to)
+        decode = self.order_decode(matching if any(n.healthy for n in matching) else decode_nodes)
         self._turn += 1
         return Route(prefill, decode)
 

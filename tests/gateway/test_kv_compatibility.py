@@ -3,9 +3,11 @@ saying why; a request's decode candidates match its prefill node; an empty id ma
 
 from __future__ import annotations
 
+import pytest
+
 from services.gateway.kv_compatibility import with_kv_compatibility
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL, NodeInfo
-from services.gateway.router import Router
+from services.gateway.router import NoHealthyNodeError, Router
 
 
 def node(address: str, role: str, layout: str, healthy: bool = True) -> NodeInfo:
@@ -43,3 +45,10 @@ def test_the_decode_candidates_match_the_prefill_node_chosen():
     routes = {router.route(prefill, decode) for _ in range(4)}
     assert {(r.prefill, frozenset(r.decode_candidates)) for r in routes} == {
         ("p1", frozenset({"d1", "d3"})), ("p2", frozenset({"d2", "d3"}))}
+
+
+def test_with_no_healthy_match_the_error_names_every_decode_node():
+    prefill = [node("p1", PREFILL, "f32")]
+    decode = [node("d1", DECODE, "", healthy=False), node("d2", DECODE, "bf16", healthy=False)]
+    with pytest.raises(NoHealthyNodeError, match=r"\(2 known"):
+        Router().route(prefill, decode)
