@@ -88,9 +88,10 @@ class GatewayCore:
 
     async def prepare_off_loop(self, request: GenerateInput) -> PreparedRequest:
         """``prepare``, on a worker thread when the prompt is long (the event loop keeps serving)."""
-        with tracing.span("tokenize"):
-            return await self._tokenizer_threads.run(lambda: self.prepare(request),
-                                                     inline=tokenizes_inline(request.prompt, request.messages))
+        (prepared,) = await self.prepare_each_off_loop([request])
+        if isinstance(prepared, InvalidRequestError):
+            raise prepared
+        return prepared
 
     async def prepare_each_off_loop(self, requests: Sequence[GenerateInput]
                                     ) -> list[PreparedRequest | InvalidRequestError]:

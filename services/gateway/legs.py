@@ -48,7 +48,7 @@ async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
     try:
         async for message in leg.call:
             queue.put_nowait((leg, message))
-            if on_moved is not None and getattr(message, "moved_to", ""):
+            if on_moved is not None and message.moved_to:  # on_moved: decode legs only
                 on_moved(leg, message.moved_to)
     except Exception as error:  # not swallowed: queued for the relay
         leg.stalled_s = recent_stall()
@@ -57,19 +57,17 @@ async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
     queue.put_nowait((leg, STREAM_END))
 
 
-def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory, stalled_s: float = 0.0
-                ) -> NodeCallError:
+def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory) -> NodeCallError:
     """The client's status for a leg whose call failed. A prefill error keeps its code; a decode node that
-    fails is UNAVAILABLE (and marked failed in the directory when it looks gone). ``stalled_s``: the
-    gateway's own event loop had just stood still that long; when that is long enough for keepalive to
-    give up (the keepalive timeout), a lost connection is said to be the gateway's doing and the node is
-    not marked failed."""
+    fails is UNAVAILABLE (and marked failed in the directory when it looks gone). When the gateway's own
+    event loop had just stood still (``leg.stalled_s``) long enough for keepalive to give up (the keepalive
+    timeout), a lost connection is said to be the gateway's doing and the node is not marked failed."""
     code, details = error.code(), error.details()
     lost = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-    if lost and stalled_s >= keepalive.current().timeout_s:
+    if lost and leg.stalled_s >= keepalive.current().timeout_s:
         return NodeCallError(grpc.StatusCode.UNAVAILABLE,
                              f"lost the call to {leg.role} node {leg.address} while this gateway stood still for "
-                             f"{stalled_s:.1f} s (paused or starved of CPU): {code.name}: {details}")
+                             f"{leg.stalled_s:.1f} s (paused or starved of CPU): {code.name}: {details}")
     if leg.role == PREFILL:
         if code == grpc.StatusCode.CANCELLED:  # not by us: the node went away
             code = grpc.StatusCode.UNAVAILABLE

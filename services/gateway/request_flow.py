@@ -232,7 +232,7 @@ class RequestFlow:
                     raise item
                 if leg.finished:
                     continue  # the node had done its part; its stream's end does not matter
-                raise leg_failure(leg, item, self.directory, leg.stalled_s)
+                raise leg_failure(leg, item, self.directory)
             if leg.role == DECODE and not self._first_sent:
                 early.append((leg, item))
                 continue

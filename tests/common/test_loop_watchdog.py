@@ -68,13 +68,14 @@ def lost(details: str) -> grpc.aio.AioRpcError:
 
 def test_a_call_lost_out_of_the_gateways_own_stall_does_not_blame_the_node():
     directory = Directory()
-    leg = Leg("decode", "127.0.0.1:7", call=None)
-    error = leg_failure(leg, lost("ping timeout"), directory, stalled_s=20.3)  # type: ignore[arg-type]
+    leg = Leg("decode", "127.0.0.1:7", call=None, stalled_s=20.3)
+    error = leg_failure(leg, lost("ping timeout"), directory)  # type: ignore[arg-type]
     assert error.code == grpc.StatusCode.UNAVAILABLE
     assert str(error).startswith("lost the call to decode node 127.0.0.1:7 while this gateway stood still for "
                                  "20.3 s") and "ping timeout" in str(error)
     assert directory.failed == []
     for stalled_s in (0.0, 2.0):  # none, or too short for keepalive (5 s) to have given up: the node's doing
-        error = leg_failure(leg, lost("ping timeout"), directory, stalled_s)  # type: ignore[arg-type]
+        leg.stalled_s = stalled_s
+        error = leg_failure(leg, lost("ping timeout"), directory)  # type: ignore[arg-type]
         assert str(error) == "decode node 127.0.0.1:7 failed: UNAVAILABLE: ping timeout"
     assert directory.failed == ["127.0.0.1:7"] * 2

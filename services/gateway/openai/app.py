@@ -115,19 +115,19 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
                 await running.open()
                 choices.append((running, renderer(i)))
 
+        def close_all(error: BaseException) -> None:
+            for running, _ in choices:
+                running.close(error)  # a stream that started closes itself when it ends
+            group.closed()
+
         try:
             if await group.unless_gone(open_all(prompts)):  # a long prompt may wait for a thread
                 return await respond(choices, body.stream, body.include_usage, body.n)
         except BaseException as error:
-            for running, _ in choices:
-                running.close(error)  # a stream that started closes itself when it ends
-            group.closed()
+            close_all(error)
             raise
         log.info("HTTP client disconnected before its request was opened")
-        gone = asyncio.CancelledError("client disconnected")
-        for running, _ in choices:
-            running.close(gone)
-        group.closed()
+        close_all(asyncio.CancelledError("client disconnected"))
         return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
 
     @app.get("/health")

@@ -47,14 +47,11 @@ class BodyLimit:
 
         async def counted() -> Message:
             nonlocal received, body_done
-            if body_done or not self.body_timeout_s:  # afterwards: waiting for the client to leave is fine
-                message = await receive()
-            else:
-                try:
-                    message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
-                    raise HTTPException(408, f"the request body did not arrive within {self.body_timeout_s:g} s "
-                                             f"({received} bytes came)") from None
+            try:  # once the body is in, waiting for the client to leave is fine
+                message = await (receive() if body_done else self._receive_by(receive, deadline))
+            except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+                raise HTTPException(408, f"the request body did not arrive within {self.body_timeout_s:g} s "
+                                         f"({received} bytes came)") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
@@ -70,8 +67,7 @@ class BodyLimit:
         thrown = 0
         while thrown <= self.discard_bytes:
             try:
-                message = await (asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-                                 if self.body_timeout_s else receive())
+                message = await self._receive_by(receive, deadline)
             except asyncio.TimeoutError:
                 return
             if message["type"] != "http.request":
@@ -79,6 +75,13 @@ class BodyLimit:
             thrown += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return
+
+    async def _receive_by(self, receive: Receive, deadline: float) -> Message:
+        """The next message of the body; ``asyncio.TimeoutError`` past ``deadline`` (when there is a body
+        timeout)."""
+        if not self.body_timeout_s:
+            return await receive()
+        return await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = OpenAIError(413, too_large(self.max_bytes), param="body", code="request_too_large")
