@@ -58,6 +58,8 @@ def engine_node_families(status: gateway_pb2.NodeStatus) -> Iterator[Metric]:
                   s.store_fetched_bytes_total)
     yield counter("pdserve_store_written_blocks_total", "KV blocks written to the cache-store",
                   s.store_written_blocks_total)
+    yield counter("pdserve_store_breaker_trips_total", "Times the cache-store failed and the engine's calls to it "
+                  "failed fast for a cooldown", s.store_breaker_trips_total)
 
 
 def kv_transfer_families(stats: KVTransferStats, direction: str) -> Iterator[Metric]:

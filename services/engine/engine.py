@@ -37,6 +37,7 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.step_spans import end_request
+from services.engine.store_breaker import StoreBreaker
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
@@ -70,9 +71,10 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
         block_bytes = bytes_per_block(self.runner.kv_cache)
+        self.store_breaker = StoreBreaker()  # the offload's and the output cache's cache-store calls
         self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
                                  fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
-                                 staging_limit_bytes=num_blocks * block_bytes)
+                                 staging_limit_bytes=num_blocks * block_bytes, breaker=self.store_breaker)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,
@@ -87,7 +89,8 @@ class LLMEngine:
         self.reservations = ReservationBook(self.kv, self.scheduler)
         self.handovers = Handovers(self.scheduler, self.offload)
         self.adoptions = Adoptions(self.kv, self.scheduler, self.reservations)
-        self.output_cache = OutputCache(remote, self.fingerprint, self.offload.bytes_per_block) \
+        self.output_cache = OutputCache(remote, self.fingerprint, self.offload.bytes_per_block,
+                                        breaker=self.store_breaker) \
             if config.cache_outputs and remote is not None else None
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()

@@ -16,6 +16,10 @@ the cache-store holds (:meth:`remote_keys`) is what lets another decode node ado
 once the copy is read back or no longer wanted (:meth:`discard`: resumed, finished, aborted, handed over)
 its keys are deleted from the cache-store in the background (once its put ended, on a thread of their
 own), where they would only crowd out prefix blocks.
+Every cache-store call goes through a :class:`~services.engine.store_breaker.StoreBreaker`: once one fails
+for the store's sake, the calls queued behind it fail fast (their requests resume from host memory or are
+recomputed) and, for the breaker's cooldown, new victims' copies stay in host memory while the budget has
+room (even with ``remote_first``) and are recomputed past it.
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -38,6 +42,7 @@ import torch
 from kvcache.kv_bytes import read_blocks, write_blocks
 from services.cache_store.keys import FINGERPRINT_BYTES, store_key
 from services.engine.step_batch import SwapIn, SwapOut
+from services.engine.store_breaker import StoreBreaker
 
 log = structlog.get_logger(__name__)
 
@@ -72,13 +77,14 @@ class OffloadStats:
 class KVOffload:
     def __init__(self, bytes_per_block: int, host_budget_bytes: int, remote: RemoteBlockStore | None = None,
                  fingerprint: bytes = bytes(FINGERPRINT_BYTES), remote_first: bool = False,
-                 staging_limit_bytes: int | None = None):
+                 staging_limit_bytes: int | None = None, breaker: StoreBreaker | None = None):
         self.bytes_per_block = bytes_per_block
         self.host_budget_bytes = host_budget_bytes
         self.staging_limit_bytes = staging_limit_bytes  # None: no limit
         self.remote = remote
         self.remote_first = remote_first and remote is not None  # every copy goes to the cache-store
         self.fingerprint = fingerprint  # the prefix of every cache-store key
+        self.breaker = breaker or StoreBreaker()  # every cache-store call goes through it
         self.host_bytes_used = 0  # claimed by host copies
         self.stats = OffloadStats()
         self._copies: dict[str, _Copy] = {}
@@ -91,11 +97,12 @@ class KVOffload:
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
         size = num_blocks * self.bytes_per_block
-        if not self.remote_first and self.host_bytes_used + size <= self.host_budget_bytes:
+        store_down = self.remote is not None and self.breaker.is_open()
+        if (not self.remote_first or store_down) and self.host_bytes_used + size <= self.host_budget_bytes:
             self.host_bytes_used += size
             self._copies[request_id] = _Copy(num_blocks, remote=False)
             return True
-        if self.remote is not None:
+        if self.remote is not None and not store_down:
             staged = self.staged_bytes() if self.staging_limit_bytes is not None else None
             if staged is not None and staged + size > self.staging_limit_bytes:
                 log.info("no room to stage preempted KV for the cache-store; the request will be recomputed",
@@ -149,7 +156,7 @@ class KVOffload:
         if copy is None or not copy.remote or copy.fetched is not None or copy.data is not None:
             return
         if copy.stored is not None and copy.stored.done():
-            copy.fetched = self._io.submit(self.remote.get, copy.keys, restore=True)
+            copy.fetched = self._io.submit(self.breaker.call, self.remote.get, copy.keys, restore=True)
 
     def remote_keys(self, request_id: str) -> list[bytes] | None:
         """The cache-store keys of the request's copy once stored there (None: no such copy, or not yet)."""
@@ -188,7 +195,7 @@ class KVOffload:
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
         try:
-            self.remote.delete(keys)
+            self.breaker.call(self.remote.delete, keys)
         except (grpc.RpcError, ConnectionError) as error:  # the store is gone or busy: its LRU ages them out
             log.info("could not delete a preempted request's copy from the cache-store", request_id=request_id,
                      error=repr(error))
@@ -201,7 +208,7 @@ class KVOffload:
             copy.data = data
             self.stats.offloaded_bytes_total += len(data)
             if copy.remote:
-                copy.stored = self._io.submit(self._put_remote, copy, data)
+                copy.stored = self._io.submit(self.breaker.call, self._put_remote, copy, data)
 
     def _put_remote(self, copy: _Copy, data: bytes) -> None:
         """On the I/O thread. Counted once stored: a failed put's bytes stayed in host memory."""

@@ -6,7 +6,9 @@ turn of the conversation (its prompt starts with this one's prompt and output).
 just freed into the prefix index, where every full block whose KV was computed is findable by its hash,
 and nothing has been allocated since. It copies their bytes out there (``read_blocks``) and a background
 thread puts them; the engine step never waits for the cache-store. Puts past ``max_inflight_bytes`` are
-dropped (counted). Only requests that finished normally (stop, length) are cached.
+dropped (counted). Only requests that finished normally (stop, length) are cached. Puts go through the
+engine's :class:`~services.engine.store_breaker.StoreBreaker` (shared with the KV offload): while it is
+open, nothing is copied out and the request counts as failed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kvcache.manager import KVCacheManager
 from services.cache_store.keys import store_key
 from services.engine.kv_offload import RemoteBlockStore
 from services.engine.request import Request, RequestStatus
+from services.engine.store_breaker import StoreBreaker
 
 log = structlog.get_logger(__name__)
 CACHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
@@ -36,8 +39,9 @@ class OutputCacheStats:
 
 class OutputCache:
     def __init__(self, remote: RemoteBlockStore, fingerprint: bytes, bytes_per_block: int,
-                 max_inflight_bytes: int = 256 << 20):
+                 max_inflight_bytes: int = 256 << 20, breaker: StoreBreaker | None = None):
         self.remote = remote
+        self.breaker = breaker or StoreBreaker()
         self.fingerprint = fingerprint
         self.bytes_per_block = bytes_per_block
         self.max_inflight_bytes = max_inflight_bytes
@@ -62,6 +66,9 @@ class OutputCache:
         match = kv.match_prefix(request.token_ids[: request.num_computed_tokens + 1])
         if not match.block_ids:
             return None
+        if self.breaker.is_open():  # the store failed moments ago (logged by the breaker)
+            self._stats.failed_total += 1
+            return None
         if self.inflight_bytes + match.num_blocks * self.bytes_per_block > self.max_inflight_bytes:
             self._stats.dropped_total += 1
             return None
@@ -69,7 +76,7 @@ class OutputCache:
         view, size = memoryview(data), self.bytes_per_block
         blocks = [(store_key(self.fingerprint, h), view[i * size:(i + 1) * size])
                   for i, h in enumerate(match.block_hashes)]
-        put = self._io.submit(self.remote.put, blocks)
+        put = self._io.submit(self.breaker.call, self.remote.put, blocks)
         self._inflight.append((put, len(blocks), request.request_id))
         return put
 

@@ -65,6 +65,7 @@ class NodeInfo:
     restored_blocks_total: int = 0
     calls_in_flight: int = 0
     disk_write_failures_total: int = 0
+    store_breaker_trips_total: int = 0
     kv_layout_id: str = ""  # model nodes: whose KV they can exchange (equal ids); empty = not reported
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled

@@ -1,0 +1,134 @@
+"""A cache-store that stops answering costs the engine one call's timeout, not one per queued call: the
+breaker fails the calls queued behind the first failure fast (a preempted request's fetch does not wait
+behind hung puts), keeps new victims in host memory or recomputes them, and tries the store again after
+its cooldown. Answers that show a working store (NOT_FOUND) leave it closed. Fake clock and store."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+import torch
+
+from kvcache.kv_bytes import bytes_per_block
+from services.engine.kv_offload import KVOffload
+from services.engine.step_batch import SwapOut
+from services.engine.store_breaker import StoreBreaker, StoreUnavailable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Status(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class FlakyStore:
+    """Stores blocks in memory; once ``down`` is set, every call reaches it, waits a little and fails with
+    DEADLINE_EXCEEDED, as a hung cache-store's calls do after the client's timeout."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, bytes] = {}
+        self.down = threading.Event()
+        self.calls_while_down: list[str] = []
+
+    def _answer(self, name: str) -> None:
+        if self.down.is_set():
+            self.calls_while_down.append(name)
+            threading.Event().wait(0.05)
+            raise Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def put(self, blocks):
+        self._answer("put")
+        self.blocks.update((key, bytes(data)) for key, data in blocks)
+
+    def get(self, keys, *, restore):
+        self._answer("get")
+        return [self.blocks[key] for key in keys]
+
+    def delete(self, keys):
+        self._answer("delete")
+        return sum(self.blocks.pop(key, None) is not None for key in keys)
+
+
+def test_calls_queued_behind_a_hung_store_fail_fast_and_victims_stay_home_until_the_cooldown_ends():
+    kv_cache = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4)
+    block = bytes_per_block(kv_cache)
+    store, clock = FlakyStore(), Clock()
+    offload = KVOffload(block, host_budget_bytes=2 * block, remote=store, remote_first=True,
+                        breaker=StoreBreaker(cooldown_s=10.0, clock=clock))
+    try:
+        assert offload.claim("stored", 2)
+        offload.copy_out(kv_cache, [SwapOut("stored", (0, 1))])
+        offload.wait_io()
+        offload.reclaim()  # only the cache-store holds it now
+        assert offload.remote_keys("stored") is not None and offload.ready("stored") is False
+
+        store.down.set()
+        for name, blocks in (("a", (2, 3)), ("b", (4, 5)), ("c", (6, 7))):
+            assert offload.claim(name, 2)  # the store has not failed yet: bound for it
+            offload.copy_out(kv_cache, [SwapOut(name, blocks)])
+        offload.prefetch("stored")  # queued behind the three puts
+        offload.wait_io()
+
+        assert store.calls_while_down == ["put"]  # the first put's failure stopped the rest at the door
+        assert offload.ready("stored") is None  # its fetch failed fast: the request is recomputed
+        assert offload.stats.lost_total == 1
+        assert all(offload.ready(name) for name in "abc")  # failed puts: their bytes are still here
+        assert offload.breaker.trips_total == 1
+
+        assert offload.claim("d", 2) and offload.remote_keys("d") is None  # the host budget has room: kept
+        assert offload.host_bytes_used == 2 * block
+        assert not offload.claim("e", 2)  # no host room and the store is down: recomputed, nothing staged
+        assert store.calls_while_down == ["put"]
+
+        clock.now += 10.0  # the cooldown ends: the store is tried again
+        store.down.clear()
+        assert offload.claim("f", 2)
+        offload.copy_out(kv_cache, [SwapOut("f", (8, 9))])
+        offload.wait_io()
+        assert offload.remote_keys("f") is not None
+    finally:
+        offload.close()
+
+
+def test_the_breaker_opens_on_store_faults_only_and_says_why():
+    clock = Clock()
+    breaker = StoreBreaker(cooldown_s=5.0, clock=clock)
+
+    def fail(code: grpc.StatusCode):
+        raise Status(code, "boom")
+
+    with pytest.raises(grpc.RpcError):
+        breaker.call(fail, grpc.StatusCode.NOT_FOUND)  # the store answered: a copy aged out
+    with pytest.raises(grpc.RpcError):
+        breaker.call(fail, grpc.StatusCode.INVALID_ARGUMENT)
+    assert not breaker.is_open() and breaker.call(lambda: 7) == 7
+
+    with pytest.raises(grpc.RpcError):
+        breaker.call(fail, grpc.StatusCode.UNAVAILABLE)
+    assert breaker.is_open() and breaker.trips_total == 1
+    clock.now += 2.0
+    called = []
+    with pytest.raises(StoreUnavailable, match=r"failed 2\.0 s ago \(UNAVAILABLE: boom\).*again in 3\.0 s"):
+        breaker.call(called.append, 1)
+    assert called == []
+
+    clock.now += 3.0  # cooldown over: one call goes through
+    assert not breaker.is_open() and breaker.call(lambda: "ok") == "ok"
+    with pytest.raises(ConnectionRefusedError):
+        breaker.call(lambda: (_ for _ in ()).throw(ConnectionRefusedError("refused")))
+    assert breaker.is_open() and breaker.trips_total == 2
