@@ -46,6 +46,7 @@ class CoreSettings:
     request_timeout_s: float = 0.0  # deadline of a call that has none; 0 = none
     abort_timeout_s: float = 2.0
     status_max_age_s: float = 1.0  # ClusterStatus polls again when the last poll is older
+    prefill_retries: int = 1  # times a request whose prefill node failed before the first token runs elsewhere
 
 
 class GatewayCore:
@@ -66,6 +67,7 @@ class GatewayCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tokenizer_threads = TokenizerThreads()
+        self.on_prefill_retry: Callable[[], None] = lambda: None  # the metrics count the retries
 
     @property
     def in_flight(self) -> int:
@@ -130,7 +132,8 @@ class GatewayCore:
         if prepared.request_id in self._taken:
             raise DuplicateRequestError(prepared.request_id)
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
-                           deadline=deadline, abort=self.abort, on_close=self._closed, recent_stall=self.recent_stall)
+                           deadline=deadline, abort=self.abort, on_close=self._closed, recent_stall=self.recent_stall,
+                           prefill_retries=self.settings.prefill_retries, on_retry=lambda: self.on_prefill_retry())
         self._taken.add(prepared.request_id)
         self._flows[prepared.request_id] = flow
         self._idle.clear()

@@ -27,6 +27,7 @@ class Leg:
     role: str
     address: str
     call: Any  # grpc.aio.UnaryStreamCall
+    request_id: str  # the request's id on that node (a retried request's attempt has an id of its own)
     pump: asyncio.Task[None] | None = None  # set once started
     finished: bool = False  # the node is done with the request: nothing to abort there
     ended: bool = False  # no more reading: the stream ended or was cancelled, the claim released

@@ -61,6 +61,8 @@ class GatewayMetrics:
                                      "from a prefix cache", registry=registry)
         self.generation_tokens = Counter("pdserve_request_generation_tokens", "Tokens generated for finished "
                                          "requests", registry=registry)
+        self.prefill_retries = Counter("pdserve_gateway_prefill_retries", "Requests run again on another prefill "
+                                       "node after theirs failed before the first token", registry=registry)
         self.in_flight = Gauge("pdserve_requests_in_flight", "Generate calls in progress", registry=registry)
 
     def track(self) -> RequestTracker:

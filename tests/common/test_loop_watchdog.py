@@ -68,7 +68,7 @@ def lost(details: str) -> grpc.aio.AioRpcError:
 
 def test_a_call_lost_out_of_the_gateways_own_stall_does_not_blame_the_node():
     directory = Directory()
-    leg = Leg("decode", "127.0.0.1:7", call=None, stalled_s=20.3)
+    leg = Leg("decode", "127.0.0.1:7", call=None, request_id="r", stalled_s=20.3)
     error = leg_failure(leg, lost("ping timeout"), directory)  # type: ignore[arg-type]
     assert error.code == grpc.StatusCode.UNAVAILABLE
     assert str(error).startswith("lost the call to decode node 127.0.0.1:7 while this gateway stood still for "

@@ -1,0 +1,134 @@
+"""A prefill node that fails before the first token (UNAVAILABLE, or its stream ends) is replaced by another
+prefill node: the client gets its whole answer under its own request id, the failed attempt is aborted on
+the nodes that held it, and the new attempt runs under an id of its own. Failures that say something about
+the request, failures after the first token, and a gateway with retries off reach the client as they are.
+In-process gateway over fake nodes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from pdserve.v1 import prefill_pb2
+
+from tests.gateway.conftest import Cluster, start_cluster, stop_cluster
+from tests.gateway.test_generate import TEXT, collect, failure, request
+
+PROMPT = "Tell me about foxes"
+
+
+@pytest.fixture
+async def two_prefill(tokenizer, model_config) -> AsyncIterator[Cluster]:
+    running = await start_cluster(tokenizer, model_config, num_prefill=2)
+    try:
+        yield running
+    finally:
+        await stop_cluster(running)
+
+
+def fail_first_call(cluster: Cluster, tokenizer, how: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
+                    ) -> list[str]:
+    """Whichever prefill node gets the first Prefill call fails it after reserving on the decode node;
+    every later call is answered well. The decode node answers the rest of ``TEXT``. Returns the ids the
+    prefill nodes were asked for, in order."""
+    ids = tokenizer.encode(TEXT)
+    cluster.d.tokens = tuple(ids[1:])
+    calls: list[str] = []
+
+    async def prefill(request, context):
+        calls.append(request.request_id)
+        yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=request.decode_candidates[0]))
+        if len(calls) == 1:
+            if how == "stream ends":
+                return
+            if how == "after the first token":
+                yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=ids[0]))
+                await asyncio.sleep(0.2)
+            await context.abort(code, "the node went away")
+        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=ids[0]))
+        yield prefill_pb2.PrefillEvent(done=prefill_pb2.Done(num_computed_tokens=len(request.prompt_token_ids)))
+
+    for node in cluster.prefill:
+        node.script = prefill
+    return calls
+
+
+def retries_counted(cluster: Cluster) -> float:
+    return cluster.gateway.servicer.metrics.registry.get_sample_value("pdserve_gateway_prefill_retries_total") or 0
+
+
+@pytest.mark.parametrize("how", ["error", "stream ends"])
+async def test_a_prefill_node_failing_before_the_first_token_is_replaced_by_another(two_prefill, tokenizer, how):
+    cluster = two_prefill
+    calls = fail_first_call(cluster, tokenizer, how)
+    responses = await collect(cluster, request(PROMPT, max_tokens=32), timeout=10)
+
+    assert "".join(r.text for r in responses) == TEXT and responses[-1].finish_reason == "length"
+    request_id = responses[0].request_id
+    assert {r.request_id for r in responses} == {request_id}  # the client sees its own id throughout
+    first, second = calls
+    assert first == request_id and second.startswith(f"{request_id}~retry1-")
+    failed = next(p for p in cluster.prefill if p.requests[0].request_id == first)
+    replacement = next(p for p in cluster.prefill if p is not failed)
+    assert responses[0].prefill_node == replacement.address
+    assert cluster.d.attaches[-1] == second  # the decode node relayed the new attempt
+    await cluster.gateway.core.wait_background()
+    assert first in cluster.d.aborts  # the failed attempt's reservation is let go
+    assert second not in cluster.d.aborts + failed.aborts + replacement.aborts
+    assert retries_counted(cluster) == 1
+    assert cluster.gateway.core.in_flight == 0
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT,
+                                  grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INTERNAL])
+async def test_a_failure_that_says_something_about_the_request_is_not_retried(two_prefill, tokenizer, code):
+    cluster = two_prefill
+    calls = fail_first_call(cluster, tokenizer, "error", code)
+    error = await failure(cluster, request(PROMPT, max_tokens=32))
+    assert error.code() == code and "the node went away" in error.details()
+    assert len(calls) == 1 and retries_counted(cluster) == 0
+
+
+async def test_a_failure_after_the_first_token_is_not_retried(two_prefill, tokenizer):
+    cluster = two_prefill
+    calls = fail_first_call(cluster, tokenizer, "after the first token")
+    cluster.d.hold.clear()
+
+    async def attach(request, context):  # the decode node has not sent a token yet when the prefill node fails
+        await cluster.d.hold.wait()
+        yield  # pragma: no cover
+
+    cluster.d.script = attach
+    error = await failure(cluster, request(PROMPT, max_tokens=32))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and len(calls) == 1
+
+
+async def test_no_other_prefill_node_or_retries_off_is_the_failure_itself(tokenizer, model_config):
+    for num_prefill, retries in ((1, 1), (2, 0)):
+        cluster = await start_cluster(tokenizer, model_config, num_prefill=num_prefill, prefill_retries=retries)
+        try:
+            calls = fail_first_call(cluster, tokenizer, "error")
+            error = await failure(cluster, request(PROMPT, max_tokens=32))
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and "the node went away" in error.details()
+            assert len(calls) == 1
+        finally:
+            await stop_cluster(cluster)
+
+
+async def test_one_retry_only_by_default(two_prefill, tokenizer):
+    """Both prefill nodes fail: the client hears the second failure (not a loop between them)."""
+    cluster = two_prefill
+    calls: list[str] = []
+
+    async def prefill(request, context):
+        calls.append(request.request_id)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"node failure {len(calls)}")
+        yield  # pragma: no cover
+
+    for node in cluster.prefill:
+        node.script = prefill
+    error = await failure(cluster, request(PROMPT, max_tokens=32))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "node failure 2" in error.details()
+    assert len(calls) == 2 and retries_counted(cluster) == 1
