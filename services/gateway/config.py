@@ -36,9 +36,9 @@ class GatewayConfig(ServerConfig):
     status_timeout_s: float = setting(1.0, "NodeStatus call timeout; no answer = unhealthy")
     status_max_age_s: float = setting(1.0, "ClusterStatus polls again when the last poll is older")
     abort_timeout_s: float = setting(2.0, "timeout of the best-effort Abort calls")
-    prefill_retries: int = setting(1, "times a request whose prefill node failed (UNAVAILABLE: gone, hung, "
-                                      "draining) before its first token is run again on another prefill node; "
-                                      "0 = never")
+    retries_before_first_token: int = setting(1, "times a request whose prefill or decode node failed "
+                                                 "(UNAVAILABLE: gone, hung, draining) before its first token "
+                                                 "starts over on other nodes; 0 = never")
     http_listen: str = setting("", "host:port of the OpenAI-compatible HTTP front (/v1/completions, "
                                    "/v1/chat/completions, /v1/models); port 0 = ephemeral, empty = off")
     http_max_body_mib: float = setting(4.0, "largest HTTP request body; a larger one gets 413")
@@ -68,8 +68,8 @@ class GatewayConfig(ServerConfig):
             raise ValueError(f"a node entry is listed twice: {every}")
         if self.resolve_interval_s <= 0:
             raise ValueError(f"resolve_interval_s must be > 0, got {self.resolve_interval_s}")
-        if self.prefill_retries < 0:
-            raise ValueError(f"prefill_retries must be >= 0, got {self.prefill_retries}")
+        if self.retries_before_first_token < 0:
+            raise ValueError(f"retries_before_first_token must be >= 0, got {self.retries_before_first_token}")
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if min(self.poll_interval_s, self.status_timeout_s, self.abort_timeout_s) <= 0:

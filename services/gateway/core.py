@@ -46,7 +46,7 @@ class CoreSettings:
     request_timeout_s: float = 0.0  # deadline of a call that has none; 0 = none
     abort_timeout_s: float = 2.0
     status_max_age_s: float = 1.0  # ClusterStatus polls again when the last poll is older
-    prefill_retries: int = 1  # times a request whose prefill node failed before the first token runs elsewhere
+    retries_before_first_token: int = 1  # times a request whose node failed before its first token starts over
 
 
 class GatewayCore:
@@ -67,7 +67,7 @@ class GatewayCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tokenizer_threads = TokenizerThreads()
-        self.on_prefill_retry: Callable[[], None] = lambda: None  # the metrics count the retries
+        self.on_retry: Callable[[str], None] = lambda role: None  # the metrics count the retries, by failed role
 
     @property
     def in_flight(self) -> int:
@@ -133,7 +133,7 @@ class GatewayCore:
             raise DuplicateRequestError(prepared.request_id)
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
                            deadline=deadline, abort=self.abort, on_close=self._closed, recent_stall=self.recent_stall,
-                           prefill_retries=self.settings.prefill_retries, on_retry=lambda: self.on_prefill_retry())
+                           retries=self.settings.retries_before_first_token, on_retry=lambda role: self.on_retry(role))
         self._taken.add(prepared.request_id)
         self._flows[prepared.request_id] = flow
         self._idle.clear()

@@ -89,11 +89,11 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s,
-        prefill_retries=config.prefill_retries)
+        retries_before_first_token=config.retries_before_first_token)
     watchdog = LoopWatchdog()  # a call to a node that fails out of this gateway's own stall is said to be so
     core = GatewayCore(tokenizer, directory, settings, recent_stall=watchdog.recent_stall_s)
     registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)
-    core.on_prefill_retry = metrics.prefill_retries.inc
+    core.on_retry = lambda role: metrics.retries.labels(role).inc()
     servicer = GatewayServicer(core, metrics)
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)

@@ -30,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from services.common.errors import mapped_errors, status_of
 from services.common.metrics import LoopCollector, new_registry
 from services.common.request_parsing import RAISES_UNPARSABLE, UnparsableRequest
-from services.gateway.nodes import ROLES, NodeInfo
+from services.gateway.nodes import DECODE, PREFILL, ROLES, NodeInfo
 
 FINISH_REASONS = ("stop", "length", "abort")
 # Buckets for a CPU model: milliseconds (a cached prompt, one decode step) to tens of seconds.
@@ -61,8 +61,10 @@ class GatewayMetrics:
                                      "from a prefix cache", registry=registry)
         self.generation_tokens = Counter("pdserve_request_generation_tokens", "Tokens generated for finished "
                                          "requests", registry=registry)
-        self.prefill_retries = Counter("pdserve_gateway_prefill_retries", "Requests run again on another prefill "
-                                       "node after theirs failed before the first token", registry=registry)
+        self.retries = Counter("pdserve_gateway_retries", "Requests started over on other nodes after one failed "
+                               "before the first token, by the failed node's role", ["role"], registry=registry)
+        for role in (PREFILL, DECODE):
+            self.retries.labels(role)
         self.in_flight = Gauge("pdserve_requests_in_flight", "Generate calls in progress", registry=registry)
 
     def track(self) -> RequestTracker:

@@ -39,12 +39,12 @@ from services.common.logprobs_convert import logprob_from_proto, logprobs_from_p
 from services.common.sampling_convert import sampling_to_proto
 from services.engine.logprobs import TokenLogprobs
 from services.engine.tokenizer import Tokenizer
+from services.gateway.attempts import Attempts
 from services.gateway.completion_text import CompletionText
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import GenerateChunk, PreparedRequest
 from services.gateway.legs import STREAM_END, Leg, LegEvent, leg_failure, pump_events
 from services.gateway.nodes import DECODE, PREFILL
-from services.gateway.prefill_retry import PrefillRetry
 from services.gateway.router import NoHealthyNodeError, Router
 
 log = structlog.get_logger(__name__)
@@ -60,12 +60,12 @@ background and forgets the request id only after they are done."""
 class RequestFlow:
     def __init__(self, request: PreparedRequest, *, directory: NodeDirectory, router: Router,
                  tokenizer: Tokenizer, deadline: float | None, abort: Aborter, on_close: CloseHook,
-                 recent_stall: Callable[[], float] = lambda: 0.0, prefill_retries: int = 0,
-                 on_retry: Callable[[], None] = lambda: None) -> None:
+                 recent_stall: Callable[[], float] = lambda: 0.0, retries: int = 0,
+                 on_retry: Callable[[str], None] = lambda role: None) -> None:
         """``deadline``: the ``time.monotonic()`` by which the request must end (None = none);
         ``recent_stall()``: seconds of a stall of the gateway's own event loop that just ended;
-        ``prefill_retries``: how many times a prefill node failing before the first token is replaced
-        by another (``on_retry()`` is called each time)."""
+        ``retries``: how many times the request may start over on other nodes when one fails before the
+        first token (``on_retry(role of the failed node)`` is called each time)."""
         self.request = request
         self.directory = directory
         self.router = router
@@ -73,7 +73,7 @@ class RequestFlow:
         self._abort = abort
         self._on_close = on_close
         self._recent_stall = recent_stall
-        self._retry = PrefillRetry(request.request_id, prefill_retries)
+        self._attempts = Attempts(request.request_id, retries)
         self._on_retry = on_retry
         self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
                                     request.sampling.min_tokens)
@@ -162,15 +162,16 @@ class RequestFlow:
             return self._pick()
 
     def _pick(self, exclude: frozenset[str] = frozenset()) -> tuple[str, tuple[str, ...]]:
-        prefill = [node for node in self.directory.nodes(PREFILL) if node.address not in exclude]
-        route = self.router.route(prefill, self.directory.nodes(DECODE))
+        prefill, decode = ([node for node in self.directory.nodes(role) if node.address not in exclude]
+                           for role in (PREFILL, DECODE))
+        route = self.router.route(prefill, decode)
         return route.prefill, route.decode_candidates
 
     def _start_prefill(self, address: str, candidates: tuple[str, ...]) -> None:
         # Stop strings are the gateway's (it detokenizes); the nodes get the token-level settings only.
         sampling = dataclasses.replace(self.request.sampling, stop=())
         request = prefill_pb2.PrefillRequest(
-            request_id=self._retry.attempt_id, prompt_token_ids=self.request.prompt_ids,
+            request_id=self._attempts.attempt_id, prompt_token_ids=self.request.prompt_ids,
             sampling=sampling_to_proto(sampling), decode_candidates=candidates,
             deadline_unix_ms=self._deadline_unix_ms())
         self.log.debug("prefill", node=address, candidates=candidates)
@@ -212,39 +213,39 @@ class RequestFlow:
         self._decode = self._attach_leg(address)
 
     def _attach_leg(self, address: str) -> Leg:
-        call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self._retry.attempt_id),
+        call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self._attempts.attempt_id),
                                                    timeout=self._timeout(), metadata=tracing.outgoing(self._trace))
         return self._start_leg(DECODE, address, call)
 
     def _start_leg(self, role: str, address: str, call: Any) -> Leg:
         self.directory.claim(address)
-        leg = Leg(role, address, call, self._retry.attempt_id)
+        leg = Leg(role, address, call, self._attempts.attempt_id)
         moved = self._open_successor if role == DECODE else None
         leg.pump = asyncio.create_task(pump_events(leg, self._queue, moved, self._recent_stall),
                                        name=f"{role}:{self.request_id}")
         return leg
 
-    async def _prefill_again(self, failed: Leg, failure: Exception) -> bool:
-        """The prefill leg failed before the first token: if the failure may be the node's (``UNAVAILABLE``:
-        gone, hung past keepalive, draining, its stream cut) and a retry is left, abort this attempt
-        everywhere (answered, so that its blocks are free) and run the request again on another prefill
-        node, under a new id on the nodes: a hung node that wakes up can touch only the old one."""
-        if failed.role != PREFILL or self._first_sent or self._timeout() == 0.0 or not self._retry.allows(failure):
+    async def _start_over(self, failed: Leg, failure: Exception) -> bool:
+        """A leg failed before the first token: if the failure may be the node's (``UNAVAILABLE``: gone,
+        hung past keepalive, draining, its stream cut) and a retry is left, abort this attempt everywhere
+        (answered, so that its blocks are free) and run the request again on nodes other than the failed
+        one, under a new id on the nodes (``attempts.py``)."""
+        if self._first_sent or self._timeout() == 0.0 or not self._attempts.may_retry(failure):
             return False
         try:
-            route = self._pick(exclude=self._retry.failed_nodes | {failed.address})
+            route = self._pick(exclude=self._attempts.failed_nodes | {failed.address})
         except NoHealthyNodeError:
-            return False  # no other prefill node: the client hears the failure itself
-        self._retry.next_attempt(failed.address)
-        self._on_retry()
-        self.log.warning("prefill node failed before the first token; running the request on another",
-                         failed_node=failed.address, error=str(failure), node=route[0],
-                         attempt_id=self._retry.attempt_id)
+            return False  # no other node of that role: the client hears the failure itself
+        self._attempts.next_attempt(failed.address)
+        self._on_retry(failed.role)
+        self.log.warning("a node failed the request before its first token; running it again elsewhere",
+                         role=failed.role, failed_node=failed.address, error=str(failure), prefill_node=route[0],
+                         attempt_id=self._attempts.attempt_id)
         legs = self._legs()
         for leg in legs:
             self._end(leg, cancel=not leg.finished)
         await self._abort_legs([leg for leg in legs if not leg.finished],
-                               f"the gateway: prefill node {failed.address} failed; the request runs elsewhere")
+                               f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere")
         self._check_open()
         self._prefill = self._decode = None
         self._start_prefill(*route)
@@ -267,7 +268,7 @@ class RequestFlow:
                     continue  # the node had done its part; its stream's end does not matter
                 failure = leg_failure(leg, item, self.directory) if item is not STREAM_END else UnavailableError(
                     f"prefill node {leg.address}: stream ended before the first token")
-                if await self._prefill_again(leg, failure):
+                if await self._start_over(leg, failure):
                     early.clear()  # the failed attempt's decode events
                     continue
                 raise failure

@@ -1,8 +1,8 @@
-"""A prefill node that fails before the first token (UNAVAILABLE, or its stream ends) is replaced by another
-prefill node: the client gets its whole answer under its own request id, the failed attempt is aborted on
-the nodes that held it, and the new attempt runs under an id of its own. Failures that say something about
-the request, failures after the first token, and a gateway with retries off reach the client as they are.
-In-process gateway over fake nodes."""
+"""A node that fails before the first token (UNAVAILABLE, or a prefill stream that ends) makes the request
+start over on other nodes: the client gets its whole answer under its own request id, the failed attempt
+is aborted on the nodes that held it, and the new attempt runs under an id of its own. Failures that say
+something about the request, failures after the first token, and a gateway with retries off reach the
+client as they are. In-process gateway over fake nodes."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def fail_first_call(cluster: Cluster, tokenizer, how: str, code: grpc.StatusCode
     return calls
 
 
-def retries_counted(cluster: Cluster) -> float:
-    return cluster.gateway.servicer.metrics.registry.get_sample_value("pdserve_gateway_prefill_retries_total") or 0
+def retries_counted(cluster: Cluster, role: str = "prefill") -> float:
+    registry = cluster.gateway.servicer.metrics.registry
+    return registry.get_sample_value("pdserve_gateway_retries_total", {"role": role}) or 0
 
 
 @pytest.mark.parametrize("how", ["error", "stream ends"])
@@ -107,7 +108,8 @@ async def test_a_failure_after_the_first_token_is_not_retried(two_prefill, token
 
 async def test_no_other_prefill_node_or_retries_off_is_the_failure_itself(tokenizer, model_config):
     for num_prefill, retries in ((1, 1), (2, 0)):
-        cluster = await start_cluster(tokenizer, model_config, num_prefill=num_prefill, prefill_retries=retries)
+        cluster = await start_cluster(tokenizer, model_config, num_prefill=num_prefill,
+                                      retries_before_first_token=retries)
         try:
             calls = fail_first_call(cluster, tokenizer, "error")
             error = await failure(cluster, request(PROMPT, max_tokens=32))
@@ -132,3 +134,50 @@ async def test_one_retry_only_by_default(two_prefill, tokenizer):
     error = await failure(cluster, request(PROMPT, max_tokens=32))
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "node failure 2" in error.details()
     assert len(calls) == 2 and retries_counted(cluster) == 1
+
+
+async def test_a_decode_node_failing_before_the_first_token_is_replaced_by_another(tokenizer, model_config):
+    """The decode node the first attempt reserved on fails its Attach before the first token: the request
+    starts over with that node left out of the candidates."""
+    cluster = await start_cluster(tokenizer, model_config, num_decode=2)
+    try:
+        ids = tokenizer.encode(TEXT)
+        for node in cluster.decode:
+            node.tokens = tuple(ids[1:])
+        first_token_sent = asyncio.Event()
+        calls: list[tuple[str, str]] = []
+
+        async def prefill(request, context):
+            decode = request.decode_candidates[0]
+            calls.append((request.request_id, decode))
+            yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=decode))
+            if len(calls) == 1:
+                await first_token_sent.wait()  # the first attempt never gets that far
+            yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=ids[0]))
+            yield prefill_pb2.PrefillEvent(done=prefill_pb2.Done(num_computed_tokens=len(request.prompt_token_ids)))
+
+        async def failing_attach(request, context):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the decode node went away")
+            yield  # pragma: no cover
+
+        cluster.p.script = prefill
+        by_address = {node.address: node for node in cluster.decode}
+
+        async def fail_only_the_first(request, context):
+            events = failing_attach if len(calls) == 1 else by_address[calls[-1][1]].well_behaved
+            async for event in events(request, context):
+                yield event
+
+        for node in cluster.decode:
+            node.script = fail_only_the_first
+        responses = await collect(cluster, request(PROMPT, max_tokens=32), timeout=10)
+
+        assert "".join(r.text for r in responses) == TEXT
+        (first_id, failed), (second_id, replacement) = calls
+        assert replacement != failed and second_id.startswith(f"{first_id}~retry1-")
+        assert responses[0].decode_node == replacement
+        assert retries_counted(cluster, "decode") == 1 and retries_counted(cluster, "prefill") == 0
+        await cluster.gateway.core.wait_background()
+        assert first_id in cluster.p.aborts  # the first attempt let go on the prefill node
+    finally:
+        await stop_cluster(cluster)

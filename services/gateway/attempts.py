@@ -1,0 +1,44 @@
+"""The attempts of one request: when it may start over on other nodes, and the id each attempt runs under.
+
+A node that fails a request before its first token reached the client (a prefill or decode node whose
+process died, that hung until keepalive gave up, that is draining, whose stream ended early: all
+``UNAVAILABLE`` at the gateway) has shown the client nothing, so the request can start over on other
+nodes — vLLM's and SGLang's routers and Dynamo's request migration do the same for a worker that drops
+before any output. Other codes say something about the request (``INVALID_ARGUMENT``,
+``RESOURCE_EXHAUSTED``: no decode node had room, ``DEADLINE_EXCEEDED``, ``FAILED_PRECONDITION``,
+``INTERNAL``) and are the client's answer as they are. A node that failed an attempt is not chosen again
+for the request.
+
+Each attempt after the first has an id of its own on the nodes (``<request id>~retry<N>-<random>``): a hung
+node that wakes up later can only touch its own attempt (which the gateway aborted, and whose leases end),
+never the reservation or KV of the attempt that replaced it. The client sees only the request id it gave
+(or was given).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import grpc
+
+from services.common.errors import mapped_errors, status_of
+
+
+class Attempts:
+    def __init__(self, request_id: str, retries: int) -> None:
+        self.request_id = request_id
+        self.retries_left = retries
+        self.attempt_id = request_id  # the first attempt runs under the request's own id
+        self.failed_nodes: frozenset[str] = frozenset()
+
+    def may_retry(self, failure: Exception) -> bool:
+        """A retry is left and ``failure`` (a node's, before the first token) may be the node's fault."""
+        return self.retries_left > 0 and isinstance(failure, mapped_errors()) \
+            and status_of(failure) == grpc.StatusCode.UNAVAILABLE
+
+    def next_attempt(self, failed_node: str) -> str:
+        """Count a retry away from ``failed_node`` (not chosen again for this request); the new attempt id."""
+        self.retries_left -= 1
+        self.failed_nodes |= {failed_node}
+        self.attempt_id = f"{self.request_id}~retry{len(self.failed_nodes)}-{secrets.token_hex(3)}"
+        return self.attempt_id
