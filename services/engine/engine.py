@@ -17,6 +17,7 @@ from kernels.int4_linear import int4_supported
 from kvcache.hashing import model_fingerprint
 from kvcache.kv_bytes import bytes_per_block
 from kvcache.manager import KVCacheManager
+from services.cache_store.breaker import StoreBreaker
 from services.cache_store.client import CacheStoreClient
 from services.engine.admission import make_policy
 from services.engine.adoption import AdoptionGrant, Adoptions
@@ -37,7 +38,6 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.step_spans import end_request
-from services.engine.store_breaker import StoreBreaker
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights

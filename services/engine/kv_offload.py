@@ -16,7 +16,7 @@ the cache-store holds (:meth:`remote_keys`) is what lets another decode node ado
 once the copy is read back or no longer wanted (:meth:`discard`: resumed, finished, aborted, handed over)
 its keys are deleted from the cache-store in the background (once its put ended, on a thread of their
 own), where they would only crowd out prefix blocks.
-Every cache-store call goes through a :class:`~services.engine.store_breaker.StoreBreaker`: once one fails
+Every cache-store call goes through a :class:`~services.cache_store.breaker.StoreBreaker`: once one fails
 for the store's sake, the calls queued behind it fail fast (their requests resume from host memory or are
 recomputed) and, for the breaker's cooldown, new victims' copies stay in host memory while the budget has
 room (even with ``remote_first``) and are recomputed past it.
@@ -40,9 +40,9 @@ import structlog
 import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
+from services.cache_store.breaker import StoreBreaker
 from services.cache_store.keys import FINGERPRINT_BYTES, store_key
 from services.engine.step_batch import SwapIn, SwapOut
-from services.engine.store_breaker import StoreBreaker
 
 log = structlog.get_logger(__name__)
 

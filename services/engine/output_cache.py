@@ -7,7 +7,7 @@ just freed into the prefix index, where every full block whose KV was computed i
 and nothing has been allocated since. It copies their bytes out there (``read_blocks``) and a background
 thread puts them; the engine step never waits for the cache-store. Puts past ``max_inflight_bytes`` are
 dropped (counted). Only requests that finished normally (stop, length) are cached. Puts go through the
-engine's :class:`~services.engine.store_breaker.StoreBreaker` (shared with the KV offload): while it is
+engine's :class:`~services.cache_store.breaker.StoreBreaker` (shared with the KV offload): while it is
 open, nothing is copied out and the request counts as failed.
 """
 
@@ -21,10 +21,10 @@ import torch
 
 from kvcache.kv_bytes import read_blocks
 from kvcache.manager import KVCacheManager
+from services.cache_store.breaker import StoreBreaker
 from services.cache_store.keys import store_key
 from services.engine.kv_offload import RemoteBlockStore
 from services.engine.request import Request, RequestStatus
-from services.engine.store_breaker import StoreBreaker
 
 log = structlog.get_logger(__name__)
 CACHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)

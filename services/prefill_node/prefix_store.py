@@ -15,6 +15,10 @@ Per request, before it is queued in the engine (``PrefillNode.prefill``):
 3. :meth:`PrefixStore.write_back` — when the request ends here, the full prompt blocks it computed are
    read out (engine lock held, before they can be reused) and put in the background, with a cap on the
    bytes in flight (past it a write-back is dropped and counted). Off with ``--no-cache-store-write-through``.
+
+Every call goes through a :class:`~services.cache_store.breaker.StoreBreaker`: once one times out or cannot
+reach the store, fetches are skipped (the prompt is computed) and write-backs dropped for its cooldown,
+instead of every prompt waiting out the lookup's timeout while the store hangs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import grpc.aio
 import structlog
 
 from kvcache.kv_bytes import read_blocks, write_blocks
+from services.cache_store.breaker import StoreBreaker
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import store_keys
@@ -43,7 +48,7 @@ class PrefixStoreStats:
     fetched_bytes_total: int = 0
     written_blocks_total: int = 0
     written_bytes_total: int = 0
-    writebacks_dropped_total: int = 0  # over the in-flight cap
+    writebacks_dropped_total: int = 0  # over the in-flight cap, or the store failed moments ago
     errors_total: int = 0  # lookups, gets or puts that failed (the request went on without them)
 
 
@@ -80,7 +85,7 @@ def fetchable_blocks(num_prompt_tokens: int, block_size: int) -> int:
 
 class PrefixStore:
     def __init__(self, client: AsyncCacheStoreClient, write_through: bool = True,
-                 writeback_max_bytes: int = 256 << 20):
+                 writeback_max_bytes: int = 256 << 20, breaker: StoreBreaker | None = None):
         layout = client.layout
         assert layout is not None, "the prefix store needs the node's KV layout"
         self.client = client
@@ -91,6 +96,7 @@ class PrefixStore:
         self.writeback_max_bytes = writeback_max_bytes
         self.writeback_bytes_in_flight = 0
         self.stats = PrefixStoreStats()
+        self.breaker = breaker or StoreBreaker()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def fetch(self, request_id: str, num_prompt_tokens: int, block_hashes: list[bytes],
@@ -98,7 +104,7 @@ class PrefixStore:
         """The stored run of the prompt's blocks right after the ``local_blocks`` cached here, or None.
         ``block_hashes``: the chained hashes of the prompt's full blocks (``KVCacheManager.hash_blocks``)."""
         wanted = fetchable_blocks(num_prompt_tokens, self.block_size)
-        if local_blocks >= wanted:
+        if local_blocks >= wanted or self.breaker.is_open():  # open: the store failed moments ago (logged)
             return None
         keys = store_keys(self.fingerprint, block_hashes[local_blocks:wanted])
         with tracing.span("cache_store.fetch", blocks=len(keys)) as fetching:
@@ -109,6 +115,7 @@ class PrefixStore:
                     return None
                 payloads = await self.client.get(keys[:hits], allow_partial=True)
             except (grpc.aio.AioRpcError, CorruptBlockError) as error:
+                self.breaker.failed(error)
                 self.stats.errors_total += 1
                 log.warning("cache-store fetch failed; computing the prompt", request_id=request_id,
                             error=_describe(error))
@@ -126,7 +133,7 @@ class PrefixStore:
         """Put prompt blocks ``first_block ..`` (``payload``: their KV, concatenated) in the background."""
         if not payload or not self.write_through:
             return
-        if self.writeback_bytes_in_flight + len(payload) > self.writeback_max_bytes:
+        if self.writeback_bytes_in_flight + len(payload) > self.writeback_max_bytes or self.breaker.is_open():
             self.stats.writebacks_dropped_total += 1
             return
         size = self.bytes_per_block
@@ -145,6 +152,7 @@ class PrefixStore:
             self.stats.written_blocks_total += len(blocks)
             self.stats.written_bytes_total += size
         except grpc.aio.AioRpcError as error:
+            self.breaker.failed(error)
             self.stats.errors_total += 1
             log.warning("cache-store write-back failed", request_id=request_id, error=_describe(error))
         finally:

@@ -61,6 +61,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
             status.store_hit_tokens_total = stats.hit_tokens_total
             status.store_fetched_bytes_total = stats.fetched_bytes_total
             status.store_written_blocks_total = stats.written_blocks_total
+            status.store_breaker_trips_total += self.node.prefix_store.breaker.trips_total
         return status
 
 

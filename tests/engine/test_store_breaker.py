@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from kvcache.kv_bytes import bytes_per_block
+from services.cache_store.breaker import StoreBreaker, StoreUnavailable
 from services.engine.kv_offload import KVOffload
 from services.engine.step_batch import SwapOut
-from services.engine.store_breaker import StoreBreaker, StoreUnavailable
 
 
 class Clock:

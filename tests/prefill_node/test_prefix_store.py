@@ -114,14 +114,14 @@ def test_computed_prompt_blocks_skips_the_cached_ones(fp32_model, bundled_tokeni
 
 
 class _Client:
-    def __init__(self, stored: int, fail: bool = False):
+    def __init__(self, stored: int, fail: bool = False, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE):
         self.layout = node_pb2.KVLayout(model_fingerprint=bytes(16), block_size=16, bytes_per_block=4)
-        self.stored, self.fail, self.asked = stored, fail, []
+        self.stored, self.fail, self.code, self.asked, self.calls = stored, fail, code, [], 0
 
     async def lookup(self, keys):
+        self.calls += 1
         if self.fail:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       "store down")
+            raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), "store down")
         self.asked.append(len(keys))
         return min(self.stored, len(keys))
 
@@ -145,3 +145,35 @@ def test_fetch_asks_for_the_blocks_after_the_local_prefix_and_survives_a_failing
     failing = PrefixStore(_Client(stored=5, fail=True))
     assert asyncio.run(failing.fetch("r", len(prompt), hashes, local_blocks=0)) is None
     assert failing.stats.errors_total == 1
+
+
+def test_a_store_that_timed_out_is_skipped_for_the_breaker_s_cooldown():
+    """Every prompt would otherwise wait out the lookup's timeout while the store hangs."""
+    from services.cache_store.breaker import StoreBreaker
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    prompt = list(range(100, 100 + 16 * 5 + 3))
+    hashes = hash_token_blocks(prompt, 16, bytes(16))
+    client, clock = _Client(stored=3, fail=True, code=grpc.StatusCode.DEADLINE_EXCEEDED), Clock()
+    store = PrefixStore(client, breaker=StoreBreaker(cooldown_s=10.0, clock=clock))
+    assert asyncio.run(store.fetch("a", len(prompt), hashes, local_blocks=0)) is None
+    assert client.calls == 1 and store.breaker.trips_total == 1
+
+    for request_id in "bcd":  # skipped: nothing waits for the hung store, the prompts are computed
+        assert asyncio.run(store.fetch(request_id, len(prompt), hashes, local_blocks=0)) is None
+    store.write_back("e", hashes, 0, b"kvkv" * 2)
+    assert client.calls == 1 and store.stats.writebacks_dropped_total == 1
+
+    clock.now += 10.0  # tried again after the cooldown
+    client.fail = False
+    fetched = asyncio.run(store.fetch("f", len(prompt), hashes, local_blocks=0))
+    assert client.calls == 2 and len(fetched.payloads) == 3
+
+    not_found = PrefixStore(_Client(stored=5, fail=True, code=grpc.StatusCode.NOT_FOUND))
+    assert asyncio.run(not_found.fetch("g", len(prompt), hashes, local_blocks=0)) is None
+    assert not not_found.breaker.is_open()  # the store answered: not its fault
