@@ -19,7 +19,8 @@ own), where they would only crowd out prefix blocks.
 Every cache-store call goes through a :class:`~services.cache_store.breaker.StoreBreaker`: once one fails
 for the store's sake, the calls queued behind it fail fast (their requests resume from host memory or are
 recomputed) and, for the breaker's cooldown, new victims' copies stay in host memory while the budget has
-room (even with ``remote_first``) and are recomputed past it.
+room (even with ``remote_first``) and are recomputed past it. Deletes are not refused (they hold nobody
+up): the ones queued while the store hung reach it when it answers again.
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -194,9 +195,12 @@ class KVOffload:
                 executor.shutdown(wait=False, cancel_futures=True)
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
+        """On the delete thread. Not refused by an open breaker (nobody waits for a delete, and a copy not
+        deleted would crowd out prefix blocks for good): queued deletes reach the store once it answers."""
         try:
-            self.breaker.call(self.remote.delete, keys)
+            self.remote.delete(keys)
         except (grpc.RpcError, ConnectionError) as error:  # the store is gone or busy: its LRU ages them out
+            self.breaker.failed(error)
             log.info("could not delete a preempted request's copy from the cache-store", request_id=request_id,
                      error=repr(error))
 

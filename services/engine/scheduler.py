@@ -200,8 +200,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             kept = self.offloader.ready(request.request_id) if self.offloader is not None else None
-            if kept is False:  # its copy is on the way: resume it first, next step
-                self.offloader.prefetch(request.request_id)
+            if kept is False:  # its copy is in the cache-store or on its way back: resume it first
+                if self._room_to_resume(request, owed) is not None:  # fetched only when it could resume: a copy
+                    self.offloader.prefetch(request.request_id)  # fetched too early would sit in host memory
                 break
             if kept:
                 if not self._resume(request, batch, owed):
@@ -228,10 +229,8 @@ class Scheduler:
         """Readmit a preempted request whose KV was kept: blocks the prefix cache still holds are shared,
         the rest are copied back (``swap_in``); it goes on decoding where it stopped."""
         rid, computed = request.request_id, request.num_computed_tokens
-        prefix = self.kv.match_prefix(request.token_ids[: computed + 1])  # full blocks within the kept KV
-        if self.kv.num_free_blocks - owed < self.kv.blocks_needed(rid, request.num_tokens + 1, prefix):
-            return False
-        if self.kv.allocate(rid, request.num_tokens, prefix) is None:
+        prefix = self._room_to_resume(request, owed)
+        if prefix is None or self.kv.allocate(rid, request.num_tokens, prefix) is None:
             return False
         self.waiting.popleft()
         kv_blocks = self.kv.block_ids(rid)[: math.ceil(computed / self.kv.block_size)]
@@ -242,6 +241,13 @@ class Scheduler:
         self.stats.resumes_total += 1
         batch.scheduled.append(ScheduledRequest(request, request.num_tokens - computed, computed))
         return True
+
+    def _room_to_resume(self, request: Request, owed: int) -> PrefixMatch | None:
+        """The prefix cache's share of a preempted request's kept KV if the free blocks (less ``owed``) can
+        take the rest and its next token; None if they cannot."""
+        prefix = self.kv.match_prefix(request.token_ids[: request.num_computed_tokens + 1])  # full kept blocks
+        needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
+        return prefix if self.kv.num_free_blocks - owed >= needed else None
 
     def release_swapped(self, batch: StepBatch) -> None:
         """After the step ran: free the blocks whose KV the step copied out."""

@@ -127,3 +127,51 @@ def test_stop_token_and_eos():
     assert eos.finish_reason == "stop" and eos.stop_reason == 7
     assert stop.finish_reason == "stop"
     assert ignore.status is RequestStatus.RUNNING_DECODE
+
+
+class RemoteOffloader:
+    """Keeps every victim's copy "in the cache-store": ready only after a prefetch brought it back."""
+
+    def __init__(self) -> None:
+        self.copies: set[str] = set()
+        self.fetched: set[str] = set()
+        self.prefetched: list[str] = []
+
+    def claim(self, request_id: str, num_blocks: int) -> bool:
+        self.copies.add(request_id)
+        return True
+
+    def ready(self, request_id: str) -> bool | None:
+        return (request_id in self.fetched) if request_id in self.copies else None
+
+    def prefetch(self, request_id: str) -> None:
+        self.prefetched.append(request_id)
+        self.fetched.add(request_id)
+
+    def discard(self, request_id: str) -> None:
+        self.copies.discard(request_id)
+        self.fetched.discard(request_id)
+
+
+def test_a_stored_copy_is_fetched_back_only_when_its_request_could_resume():
+    """Fetched while the pool had no room, a copy would sit in host memory (counted against the staging
+    limit, so the next victim is recomputed) until room came."""
+    offloader = RemoteOffloader()
+    kv = KVCacheManager(8, BLOCK, model_fingerprint(model="scheduler-test"))
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256), kv,
+                  offloader=offloader)
+    s.add(_request("old", list(range(7)), max_tokens=12))
+    s.add(_request("new", list(range(50, 57)), max_tokens=12))
+    preempted_at = None
+    for step in range(40):
+        batch = _run_step(s)
+        s.release_swapped(batch)
+        if batch.preempted and preempted_at is None:
+            preempted_at = step
+        if "old" in {r.request_id for r in s.running} and preempted_at is not None:
+            assert offloader.prefetched == []  # "old" holds the blocks "new" needs: no room to resume
+        if not s.running and not s.waiting:
+            break
+    assert preempted_at is not None and offloader.prefetched == ["new"]  # once "old" finished
+    assert s.stats.resumes_total == 1 and s.stats.recomputes_total == 0
+    kv.check_integrity()

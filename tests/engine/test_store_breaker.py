@@ -43,11 +43,13 @@ class FlakyStore:
     def __init__(self) -> None:
         self.blocks: dict[bytes, bytes] = {}
         self.down = threading.Event()
-        self.calls_while_down: list[str] = []
+        self.calls_while_down: list[str] = []  # puts and gets (deletes run on a thread of their own)
+        self.deleted: list[bytes] = []
 
     def _answer(self, name: str) -> None:
         if self.down.is_set():
-            self.calls_while_down.append(name)
+            if name != "delete":
+                self.calls_while_down.append(name)
             threading.Event().wait(0.05)
             raise Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
@@ -61,6 +63,7 @@ class FlakyStore:
 
     def delete(self, keys):
         self._answer("delete")
+        self.deleted += keys
         return sum(self.blocks.pop(key, None) is not None for key in keys)
 
 
@@ -95,8 +98,14 @@ def test_calls_queued_behind_a_hung_store_fail_fast_and_victims_stay_home_until_
         assert not offload.claim("e", 2)  # no host room and the store is down: recomputed, nothing staged
         assert store.calls_while_down == ["put"]
 
+        offload.wait_io()
+        store.down.clear()  # the store answers again; the breaker stays open until its cooldown ends
+        keys_of_a = list(offload._copies["a"].keys)
+        offload.discard("a")  # a delete is not refused: nobody waits for it, and the copy would crowd the store
+        offload.wait_io()
+        assert store.deleted == keys_of_a and store.calls_while_down == ["put"]
+
         clock.now += 10.0  # the cooldown ends: the store is tried again
-        store.down.clear()
         assert offload.claim("f", 2)
         offload.copy_out(kv_cache, [SwapOut("f", (8, 9))])
         offload.wait_io()
