@@ -66,10 +66,9 @@ class Adoptions:
         request.num_cached_tokens = handed.cached_tokens
         prefix = self.kv.match_prefix(request.token_ids)  # full blocks within the computed tokens
         needed = self.kv.blocks_needed(rid, request.num_tokens + 1, prefix)
-        keep = self.book.kept_blocks()
-        if self.kv.num_free_blocks - keep < needed:
-            return Refusal(f"no room: {self.kv.num_free_blocks} free blocks, {keep} kept for running requests, "
-                           f"{needed} needed")
+        refusal = self.book.no_room(rid, needed)  # the oldest refused prefill request's blocks kept too
+        if refusal is not None:
+            return refusal
         if self.kv.allocate(rid, computed, prefix) is None:
             return Refusal(f"no room: {needed} blocks needed")
         block_ids = self.kv.block_ids(rid)

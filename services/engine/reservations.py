@@ -4,6 +4,8 @@ Life of a reservation: :meth:`ReservationBook.reserve` (granted or refused, noth
 refused) → :meth:`receive` for each block batch the prefill node sends (renews the lease) →
 :meth:`commit` once every block arrived: the request's prompt blocks enter the prefix index and it joins
 the decode batch. A lease that passes without traffic, or :meth:`cancel`, frees everything.
+A request refused for room is remembered (``reserve_waiters.py``): the blocks the oldest one still asking
+needs are kept from other grants and adoptions, so a large prompt is not starved by smaller later ones.
 All methods run on the engine thread (they touch the block pool and the scheduler).
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from kvcache.manager import KVCacheManager
 from services.engine.errors import EngineError, InvalidRequestError, UnknownRequestError
 from services.engine.request import Request
+from services.engine.reserve_waiters import ReserveWaiters
 from services.engine.scheduler import Scheduler
 
 
@@ -52,6 +55,7 @@ class ReservationBook:
         self.scheduler = scheduler
         self.clock = clock
         self.reservations: dict[str, Reservation] = {}
+        self.waiters = ReserveWaiters(clock=clock)
 
     @property
     def num_reserved_blocks(self) -> int:
@@ -70,10 +74,11 @@ class ReservationBook:
         prompt = request.prompt_token_ids
         prefix = self.kv.match_prefix(prompt)
         needed = self.kv.blocks_needed(rid, len(prompt), prefix)
-        keep = self.kept_blocks()
-        if self.kv.num_free_blocks - keep < needed:
-            return Refusal(f"no room: {self.kv.num_free_blocks} free blocks, {keep} kept for running requests, "
-                           f"{needed} needed")
+        refusal = self.no_room(rid, needed)
+        if refusal is not None:
+            self.waiters.refused(rid, needed)
+            return refusal
+        self.waiters.forget(rid)
         block_ids = self.kv.allocate(rid, len(prompt), prefix)
         if block_ids is None:  # cannot happen after the check above, but never hand out what we lack
             return Refusal(f"no room: {needed} blocks needed")
@@ -92,6 +97,18 @@ class ReservationBook:
             return None
         return Refusal(f"no free slot: {len(scheduler.running)} running, {len(scheduler.waiting)} waiting and "
                        f"{len(self.reservations)} granted requests fill max_num_seqs {limit}")
+
+    def no_room(self, request_id: str, needed: int) -> Refusal | None:
+        """A refusal when the free blocks, less those kept for the running and granted requests
+        (:meth:`kept_blocks`) and those the oldest refused request still asking needs (unless that is
+        ``request_id``), are fewer than ``needed``."""
+        free, keep = self.kv.num_free_blocks, self.kept_blocks()
+        waiter = self.waiters.protected(request_id)
+        held = waiter.blocks_needed if waiter is not None else 0
+        if free - keep - held >= needed:
+            return None
+        older = f" and {held} for {waiter.request_id!r}, which has waited longer" if waiter is not None else ""
+        return Refusal(f"no room: {free} free blocks, {keep} kept for running requests{older}, {needed} needed")
 
     def kept_blocks(self) -> int:
         """Free blocks a new grant may not take: the admission policy's headroom for the running requests
@@ -149,6 +166,7 @@ class ReservationBook:
         return request
 
     def cancel(self, request_id: str) -> bool:
+        self.waiters.forget(request_id)  # aborted while waiting for room: it asks no more
         reservation = self.reservations.pop(request_id, None)
         if reservation is None:
             return False

@@ -34,7 +34,7 @@ from opentelemetry.trace import Span
 from pdserve.v1 import decode_pb2, prefill_pb2
 
 from services.common import tracing
-from services.common.errors import UnavailableError
+from services.common.errors import UnavailableError, mapped_errors, status_of
 from services.common.logprobs_convert import logprob_from_proto, logprobs_from_proto
 from services.common.sampling_convert import sampling_to_proto
 from services.engine.logprobs import TokenLogprobs
@@ -101,6 +101,11 @@ class RequestFlow:
             self._start_prefill(*route)
             async for chunk in self._relay():
                 yield chunk
+        except Exception as error:
+            if not self._closed:  # a cancelled request was logged as such
+                code = status_of(error).name if isinstance(error, mapped_errors()) else type(error).__name__
+                self.log.info("request failed", code=code, error=str(error))
+            raise
         finally:
             self.close()
 

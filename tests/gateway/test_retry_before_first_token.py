@@ -181,3 +181,17 @@ async def test_a_decode_node_failing_before_the_first_token_is_replaced_by_anoth
         assert first_id in cluster.p.aborts  # the first attempt let go on the prefill node
     finally:
         await stop_cluster(cluster)
+
+
+async def test_a_failed_request_is_logged_with_its_code(two_prefill, tokenizer):
+    """Every request that fails leaves one line naming its id, code and message (a RESOURCE_EXHAUSTED or
+    DEADLINE_EXCEEDED request left none)."""
+    import structlog.testing
+
+    cluster = two_prefill
+    fail_first_call(cluster, tokenizer, "error", grpc.StatusCode.RESOURCE_EXHAUSTED)
+    with structlog.testing.capture_logs() as logs:
+        error = await failure(cluster, request(PROMPT, max_tokens=32))
+    failed = [line for line in logs if line["event"] == "request failed"]
+    assert len(failed) == 1 and failed[0]["code"] == "RESOURCE_EXHAUSTED" and failed[0]["request_id"]
+    assert failed[0]["error"] == error.details()

@@ -1,0 +1,96 @@
+"""A large prompt refused for room on a decode node is not starved by smaller requests that ask after it:
+the blocks the oldest refused request still asking needs are kept from other grants and adoptions; only
+that one is protected, a waiter that stopped asking stops counting, and an abort forgets it. No model."""
+
+from __future__ import annotations
+
+from kvcache.hashing import model_fingerprint
+from kvcache.manager import KVCacheManager
+from services.engine.request import Request
+from services.engine.reservations import Refusal, Reservation, ReservationBook
+from services.engine.reserve_waiters import ReserveWaiters
+from services.engine.sampling_params import SamplingParams
+from services.engine.scheduler import Scheduler
+from services.engine.step_batch import SchedulerConfig
+
+BLOCK = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _book(clock: Clock, num_blocks: int = 16) -> ReservationBook:
+    kv = KVCacheManager(num_blocks, BLOCK, model_fingerprint(model="fairness-test"))
+    return ReservationBook(kv, Scheduler(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=64), kv),
+                           clock=clock)
+
+
+def _request(rid: str, num_blocks: int) -> Request:
+    prompt = [hash((rid, i)) % 1000 + 1 for i in range(num_blocks * BLOCK)]  # no prefix shared between them
+    return Request(rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+
+
+def _reserve(book: ReservationBook, rid: str, num_blocks: int) -> Reservation | Refusal:
+    return book.reserve(_request(rid, num_blocks), lease_s=30.0)
+
+
+def test_the_oldest_refused_request_gets_the_blocks_that_come_free():
+    clock = Clock()
+    book = _book(clock)
+    for i in range(8):  # the pool is full of small grants
+        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
+    big = _reserve(book, "big", 8)
+    assert isinstance(big, Refusal) and "8 needed" in big.reason
+
+    for i in range(4):  # small grants end one by one; a later small request asks first every time
+        clock.now += 0.3
+        book.cancel(f"small{i}")
+        refused = _reserve(book, f"later{i}", 2)
+        assert isinstance(refused, Refusal), f"later{i} took the blocks the older request waits for"
+        assert "8 for 'big', which has waited longer" in refused.reason
+        assert isinstance(_reserve(book, "big", 8), Reservation if i == 3 else Refusal)  # its retry
+    refused = _reserve(book, "later9", 2)  # the pool is full again; the next oldest waiter is first in line
+    assert isinstance(refused, Refusal) and "2 for 'later0', which has waited longer" in refused.reason
+    book.kv.check_integrity()
+
+
+def test_a_waiter_that_stopped_asking_or_was_aborted_holds_nothing_back():
+    clock = Clock()
+    book = _book(clock)
+    for i in range(8):
+        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
+    assert isinstance(_reserve(book, "big", 8), Refusal)
+    book.cancel("small0")
+    clock.now += 2.0  # "big" went to another decode node (or gave up): it asked nothing for present_s
+    assert isinstance(_reserve(book, "later", 2), Reservation)
+
+    assert isinstance(_reserve(book, "big2", 8), Refusal)
+    book.cancel("small1")
+    book.cancel("big2")  # aborted while it waited
+    assert isinstance(_reserve(book, "later2", 2), Reservation)
+
+
+def test_only_the_oldest_is_protected_and_records_are_bounded():
+    clock = Clock()
+    waiters = ReserveWaiters(present_s=1.5, forget_s=30.0, max_records=3, clock=clock)
+    waiters.refused("a", 8)
+    clock.now += 0.1
+    waiters.refused("b", 4)
+    assert waiters.protected("new").request_id == "a" and waiters.protected("b").request_id == "a"
+    assert waiters.protected("a") is None  # the oldest asking is never held back by anyone
+    clock.now += 1.0
+    waiters.refused("b", 4)  # "a" stopped asking: "b" is the oldest still asking
+    clock.now += 1.0
+    assert waiters.protected("new").request_id == "b"
+    waiters.refused("a", 8)  # "a" is back (from another decode node): it keeps its age
+    assert waiters.protected("b").request_id == "a"
+    waiters.refused("c", 1)
+    waiters.refused("d", 1)  # over max_records: not remembered
+    assert len(waiters) == 3
+    clock.now += 31.0
+    assert waiters.protected("new") is None and len(waiters) == 0  # forgotten once nobody asked for long
