@@ -31,7 +31,7 @@ import grpc
 import grpc.aio
 import structlog
 from opentelemetry.trace import Span
-from pdserve.v1 import decode_pb2, prefill_pb2
+from pdserve.v1 import prefill_pb2
 
 from services.common import tracing
 from services.common.errors import UnavailableError, mapped_errors, status_of
@@ -43,15 +43,14 @@ from services.gateway.attempts import Attempts
 from services.gateway.completion_text import CompletionText
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import GenerateChunk, PreparedRequest
-from services.gateway.legs import STREAM_END, Leg, LegEvent, leg_failure, pump_events
+from services.gateway.legs import STREAM_END, Leg, LegEvent, leg_failure
+from services.gateway.node_calls import Aborter, NodeCalls
 from services.gateway.nodes import DECODE, PREFILL
 from services.gateway.router import NoHealthyNodeError, Router
 
 log = structlog.get_logger(__name__)
 
 
-Aborter = Callable[[str, str, str, str], Awaitable[None]]
-"""``(role, address, request_id, reason)``: best-effort ``Abort`` of the request on that node."""
 CloseHook = Callable[["RequestFlow", "Awaitable[None] | None"], None]
 """Called once when the flow ends, with the aborts still to send (or None): the owner runs them in the
 background and forgets the request id only after they are done."""
@@ -70,21 +69,19 @@ class RequestFlow:
         self.directory = directory
         self.router = router
         self.deadline = deadline
-        self._abort = abort
         self._on_close = on_close
-        self._recent_stall = recent_stall
         self._attempts = Attempts(request.request_id, retries)
         self._on_retry = on_retry
         self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
                                     request.sampling.min_tokens)
         self._queue: asyncio.Queue[LegEvent] = asyncio.Queue()
-        self._prefill: Leg | None = None
-        self._decode: Leg | None = None
         self._first_sent = False
         self._closed = False
         self._cancel_reason = "request closed"
         self.log = log.bind(request_id=request.request_id)
         self._trace = tracing.current_context()  # the Generate span: parent of this flow's spans and calls
+        self._calls = NodeCalls(directory, self._queue, abort, lambda: self._attempts.attempt_id, self._timeout,
+                                self._trace, recent_stall, request.request_id)
         self._detokenize: Span | None = None  # from the first token to the end (not a span per token)
 
     @property
@@ -121,41 +118,11 @@ class RequestFlow:
         """Stop reading both legs; every node whose leg had not finished gets an ``Abort``. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._calls.closed = True
         self._end_detokenize()
-        legs = self._legs()
-        unfinished = [leg for leg in legs if not leg.finished]
-        for leg in legs:
-            self._end(leg, cancel=not leg.finished)
-        aborts = None
-        if unfinished:
-            aborts = self._abort_legs(unfinished, "the gateway: the request ended early there")
+        unfinished = self._calls.end_all()
+        aborts = self._calls.abort(unfinished, "the gateway: the request ended early there") if unfinished else None
         self._on_close(self, aborts)
-
-    def _legs(self) -> list[Leg]:
-        """The prefill leg, the decode leg, and the decode legs opened on handovers the relay has not
-        reached yet."""
-        legs = [leg for leg in (self._prefill, self._decode) if leg is not None]
-        successor = self._decode.successor if self._decode is not None else None
-        while successor is not None:
-            legs.append(successor)
-            successor = successor.successor
-        return legs
-
-    def _end(self, leg: Leg, cancel: bool) -> None:
-        """No more reading from ``leg``: release its claim; ``cancel`` its call too."""
-        if leg.ended:
-            return
-        leg.ended = True
-        if cancel:
-            if leg.pump is not None:
-                leg.pump.cancel()
-            leg.call.cancel()
-        self.directory.release(leg.address)
-
-    async def _abort_legs(self, legs: Sequence[Leg], reason: str) -> None:
-        with tracing.span("abort", self._trace, nodes=len(legs), reason=reason):  # the Aborts carry its context
-            await asyncio.gather(*(self._abort(leg.role, leg.address, leg.request_id, reason) for leg in legs))
 
     # --- starting the legs ---
 
@@ -180,55 +147,28 @@ class RequestFlow:
             sampling=sampling_to_proto(sampling), decode_candidates=candidates,
             deadline_unix_ms=self._deadline_unix_ms())
         self.log.debug("prefill", node=address, candidates=candidates)
-        call = self.directory.stub(address).Prefill(request, timeout=self._timeout(),
-                                                    metadata=tracing.outgoing(self._trace))
-        self._prefill = self._start_leg(PREFILL, address, call)
+        self._calls.open_prefill(address, request)
 
     def _attach(self, address: str) -> None:
-        old = self._decode
+        """The prefill node reserved on ``address``: the decode leg is there."""
+        old = self._calls.decode
         if old is not None:
             if old.address == address:
                 return
             self.log.warning("prefill node moved the request", from_node=old.address, to_node=address)
-            self._end(old, cancel=True)
-        self._open_decode(address, f"prefill node {self._prefill_address}: reserved on {address}")
-
-    def _open_successor(self, leg: Leg, address: str) -> None:
-        """``leg``'s pump saw ``moved_to``: attach to the adopter now, whether or not the relay (paced by
-        the client's reading) got there. Its events queue behind the old leg's; :meth:`_move` relays them."""
-        if self._closed or leg.ended or leg.successor is not None or not self.directory.knows(address, DECODE):
-            return  # an unknown node: _move refuses it when the relay gets there
-        leg.finished = True  # handed over: nothing is left to abort on that node
-        leg.successor = self._attach_leg(address)
+            self._calls.end(old, cancel=True)
+        self._calls.open_decode(address, f"prefill node {self._prefill_address}: reserved on {address}")
 
     def _move(self, leg: Leg, address: str) -> None:
         """The decode node handed the request to another one (``moved_to``): relay from there on. The old
         stream ends by itself and nothing is left to abort on its node."""
         self.log.info("decode node handed the request over", from_node=leg.address, to_node=address)
         leg.finished = True
-        self._end(leg, cancel=False)
+        self._calls.end(leg, cancel=False)
         if leg.successor is not None and leg.successor.address == address:
-            self._decode = leg.successor
+            self._calls.decode = leg.successor
         else:
-            self._open_decode(address, f"decode node {leg.address}: moved the request to {address}")
-
-    def _open_decode(self, address: str, why: str) -> None:
-        if not self.directory.knows(address, DECODE):
-            raise UnavailableError(f"{why}, which is not a decode node of this gateway")
-        self._decode = self._attach_leg(address)
-
-    def _attach_leg(self, address: str) -> Leg:
-        call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self._attempts.attempt_id),
-                                                   timeout=self._timeout(), metadata=tracing.outgoing(self._trace))
-        return self._start_leg(DECODE, address, call)
-
-    def _start_leg(self, role: str, address: str, call: Any) -> Leg:
-        self.directory.claim(address)
-        leg = Leg(role, address, call, self._attempts.attempt_id)
-        moved = self._open_successor if role == DECODE else None
-        leg.pump = asyncio.create_task(pump_events(leg, self._queue, moved, self._recent_stall),
-                                       name=f"{role}:{self.request_id}")
-        return leg
+            self._calls.open_decode(address, f"decode node {leg.address}: moved the request to {address}")
 
     async def _start_over(self, failed: Leg, failure: Exception) -> bool:
         """A leg failed before the first token: if the failure may be the node's (``UNAVAILABLE``: gone,
@@ -246,13 +186,10 @@ class RequestFlow:
         self.log.warning("a node failed the request before its first token; running it again elsewhere",
                          role=failed.role, failed_node=failed.address, error=str(failure), prefill_node=route[0],
                          attempt_id=self._attempts.attempt_id)
-        legs = self._legs()
-        for leg in legs:
-            self._end(leg, cancel=not leg.finished)
-        await self._abort_legs([leg for leg in legs if not leg.finished],
-                               f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere")
+        await self._calls.abort(self._calls.end_all(),
+                                f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere")
         self._check_open()
-        self._prefill = self._decode = None
+        self._calls.prefill = self._calls.decode = None
         self._start_prefill(*route)
         return True
 
@@ -263,10 +200,10 @@ class RequestFlow:
         while True:
             leg, item = await self._queue.get()
             self._check_open()
-            if leg is None or leg.ended or not any(leg is live for live in self._legs()):
-                continue  # a decode node the request moved away from
+            if leg is None or not self._calls.is_live(leg):
+                continue  # a decode node the request moved away from, or a failed attempt's
             if isinstance(item, Exception) or (leg.role == PREFILL and item is STREAM_END and not self._first_sent):
-                self._end(leg, cancel=False)
+                self._calls.end(leg, cancel=False)
                 if item is not STREAM_END and not isinstance(item, grpc.aio.AioRpcError):
                     raise item
                 if leg.finished:
@@ -283,7 +220,7 @@ class RequestFlow:
             due = [(leg, item)]
             while due:
                 event_leg, event = due.pop(0)
-                if event_leg.role == DECODE and event_leg is not self._decode:
+                if event_leg.role == DECODE and event_leg is not self._calls.decode:
                     continue  # the request moved away from that decode node meanwhile
                 chunk = await (self._on_prefill(event_leg, event) if event_leg.role == PREFILL
                                else self._on_decode(event_leg, event))
@@ -297,7 +234,7 @@ class RequestFlow:
 
     async def _on_prefill(self, leg: Leg, item: Any) -> GenerateChunk | None:
         if item is STREAM_END:  # after the first token (before it, the relay handles it as a failure)
-            self._end(leg, cancel=False)
+            self._calls.end(leg, cancel=False)
             leg.finished = True
             return None
         kind = item.WhichOneof("event")
@@ -313,10 +250,10 @@ class RequestFlow:
             if first.finish_reason:
                 # The prefill node ends the request itself, its reservation on the decode node included.
                 leg.finished = True
-                if self._decode is not None:
-                    self._decode.finished = True
-                    self._end(self._decode, cancel=True)
-            elif self._decode is None:
+                if (decode := self._calls.decode) is not None:
+                    decode.finished = True
+                    self._calls.end(decode, cancel=True)
+            elif self._calls.decode is None:
                 raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
             self._first_sent = True
             logprobs = [logprob_from_proto(first.logprob)] if first.HasField("logprob") else []
@@ -325,7 +262,7 @@ class RequestFlow:
 
     async def _on_decode(self, leg: Leg, item: Any) -> GenerateChunk | None:
         if item is STREAM_END:
-            self._end(leg, cancel=False)
+            self._calls.end(leg, cancel=False)
             raise UnavailableError(f"decode node {leg.address} failed: its stream ended without a finish reason")
         if item.moved_to:
             self._move(leg, item.moved_to)
@@ -337,8 +274,8 @@ class RequestFlow:
                                    f"{item.abort_reason or 'no reason given'}")
         if item.finish_reason:
             leg.finished = True
-            if self._prefill is not None:
-                self._prefill.finished = True  # the decode node had the KV committed: prefill's part is over
+            if self._calls.prefill is not None:
+                self._calls.prefill.finished = True  # the decode node had the KV committed: prefill's part is over
         return await self._chunk(list(item.token_ids), item.finish_reason, logprobs=logprobs_from_proto(item.logprobs))
 
     async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False,
@@ -354,17 +291,17 @@ class RequestFlow:
             self.request_id, delta.token_ids, delta.text, delta.finish_reason,
             self._text.usage() if delta.finish_reason else None,
             prefill_node=self._prefill_address if first else "",
-            decode_node=self._decode.address if first and self._decode is not None else "",
+            decode_node=self._decode_address if first else "",
             logprobs=tuple(logprobs[:len(delta.token_ids)]))  # none past a stop string
 
     async def _stop_unfinished_legs(self, reason: str) -> None:
         """The gateway ended the request (stop string): cancel the legs still running and wait for their
         nodes to confirm the abort, so the request id is free everywhere before the client hears."""
-        legs = [leg for leg in self._legs() if not leg.finished]
+        legs = [leg for leg in self._calls.all() if not leg.finished]
         for leg in legs:
             leg.finished = True
-            self._end(leg, cancel=True)
-        await self._abort_legs(legs, reason)
+            self._calls.end(leg, cancel=True)
+        await self._calls.abort(legs, reason)
 
     # --- helpers ---
 
@@ -379,8 +316,7 @@ class RequestFlow:
         assert usage is not None, "a final chunk carries usage"
         self.log.info("request finished", finish_reason=chunk.finish_reason, prompt_tokens=usage.prompt_tokens,
                       completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-                      prefill_node=self._prefill_address,
-                      decode_node=self._decode.address if self._decode is not None else "")
+                      prefill_node=self._prefill_address, decode_node=self._decode_address)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -388,7 +324,11 @@ class RequestFlow:
 
     @property
     def _prefill_address(self) -> str:
-        return self._prefill.address if self._prefill is not None else ""
+        return self._calls.prefill.address if self._calls.prefill is not None else ""
+
+    @property
+    def _decode_address(self) -> str:
+        return self._calls.decode.address if self._calls.decode is not None else ""
 
     def _timeout(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
