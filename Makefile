@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -57,6 +57,9 @@ bench-sim: venv
 
 bench-admission: venv
 	$(PYTHON) -m services.cluster.bench_admission
+
+bench-fairness: venv
+	$(PYTHON) -m services.cluster.bench_fairness
 
 bench-cache-store: venv
 	$(PYTHON) -m services.cache_store.bench
