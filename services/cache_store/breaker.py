@@ -11,15 +11,18 @@ puts on the offload's one I/O thread waited five minutes; every prompt on a pref
 reached), :meth:`StoreBreaker.call` / :meth:`call_async` fail every call fast for
 ``cooldown_s`` with :class:`StoreUnavailable`, and :meth:`is_open` lets a caller not even start (a
 victim stays in host memory or is recomputed, a prompt is computed, a write-back is dropped). After the
-cooldown the next call tries the store again (one failure reopens the breaker at once).
+cooldown one call goes through as a test while the others still fail fast: its answer closes the
+breaker, its failure opens it for another cooldown (so a store that stays hung costs one timeout per
+cooldown, not one per waiting call).
 
 An answer that says the store is working (``NOT_FOUND``: a copy aged out; ``INVALID_ARGUMENT``) is not the
-store's fault and leaves the breaker closed. Thread-safe (the state is a float and a string, each written
-whole); used from worker threads and from event loops alike.
+store's fault and leaves the breaker closed. Thread-safe (a lock guards the state); used from worker
+threads and from event loops alike.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -57,50 +60,97 @@ class StoreBreaker:
     def __init__(self, cooldown_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.cooldown_s = cooldown_s
         self.clock = clock
-        self.trips_total = 0  # times a failure opened it
-        self._failed_at: float | None = None
+        self.trips_total = 0  # times a failure opened it (a failed test call keeps it open: not counted)
+        self._lock = threading.Lock()
+        self._failed_at: float | None = None  # None: closed
         self._reason = ""
+        self._probing = False  # after the cooldown: the one test call is in flight
 
     def is_open(self) -> bool:
-        failed_at = self._failed_at
-        return failed_at is not None and self.clock() - failed_at < self.cooldown_s
+        """Calls fail fast now: within the cooldown, or after it while the one test call is in flight."""
+        with self._lock:
+            return self._failed_at is not None and (self._probing or self._cooling() > 0)
 
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        """``fn(*args, **kwargs)``, unless the store failed less than ``cooldown_s`` ago: then
-        :class:`StoreUnavailable` naming that failure, without calling it."""
-        self.check()
+        """``fn(*args, **kwargs)``; :class:`StoreUnavailable` naming the failure, without calling it, while
+        the breaker is open. After the cooldown one call goes through as a test: the others fail fast
+        until it answers (closing the breaker) or fails (opening it for another cooldown)."""
+        probe = self._admit()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except Exception as error:
-            self.failed(error)
+            self._ended(probe, error)
             raise
+        except BaseException:
+            self._abandoned(probe)
+            raise
+        self._ended(probe, None)
+        return result
 
     async def call_async(self, fn: Callable[..., Awaitable[T]], *args, **kwargs) -> T:
-        """:meth:`call` for a coroutine function."""
-        self.check()
+        """:meth:`call` for a coroutine function (a cancelled test call lets the next one test)."""
+        probe = self._admit()
         try:
-            return await fn(*args, **kwargs)
+            result = await fn(*args, **kwargs)
         except Exception as error:
-            self.failed(error)
+            self._ended(probe, error)
             raise
-
-    def check(self) -> None:
-        """:class:`StoreUnavailable` if the store failed less than ``cooldown_s`` ago."""
-        failed_at = self._failed_at
-        if failed_at is not None and (ago := self.clock() - failed_at) < self.cooldown_s:
-            raise StoreUnavailable(f"not tried: the cache-store failed {ago:.1f} s ago ({self._reason}); it is "
-                                   f"tried again in {self.cooldown_s - ago:.1f} s")
+        except BaseException:  # cancelled: no answer either way
+            self._abandoned(probe)
+            raise
+        self._ended(probe, None)
+        return result
 
     def failed(self, error: BaseException) -> None:
-        """A call failed with ``error``: open the breaker if the store is to blame."""
+        """A call made without :meth:`call` failed with ``error``: open the breaker if the store is to blame."""
         if is_store_fault(error) and not isinstance(error, StoreUnavailable):
-            self.trip(error)
+            self._trip(error)
 
-    def trip(self, error: BaseException) -> None:
-        was_open = self.is_open()
-        self._reason = _describe(error)
-        self._failed_at = self.clock()
-        if not was_open:
-            self.trips_total += 1
+    def _cooling(self) -> float:
+        """Seconds of cooldown left (lock held, breaker not closed)."""
+        assert self._failed_at is not None
+        return self.cooldown_s - (self.clock() - self._failed_at)
+
+    def _admit(self) -> bool:
+        """Let a call through (True: as the test call) or raise :class:`StoreUnavailable`."""
+        with self._lock:
+            if self._failed_at is None:
+                return False
+            left = self._cooling()
+            if left > 0:
+                raise StoreUnavailable(f"not tried: the cache-store failed {self.cooldown_s - left:.1f} s ago "
+                                       f"({self._reason}); it is tried again in {left:.1f} s")
+            if self._probing:
+                raise StoreUnavailable(f"not tried: the cache-store failed ({self._reason}); a test call to it "
+                                       f"is in flight")
+            self._probing = True
+            return True
+
+    def _ended(self, probe: bool, error: Exception | None) -> None:
+        """A call ended with an answer (``error`` None, or one that is not the store's fault, e.g.
+        ``NOT_FOUND``) or a store fault."""
+        if error is not None and is_store_fault(error) and not isinstance(error, StoreUnavailable):
+            self._trip(error)
+        elif probe:
+            with self._lock:
+                self._probing = False
+                self._failed_at = None
+            log.info("the cache-store answers again: calls to it go through")
+
+    def _abandoned(self, probe: bool) -> None:
+        """A call was cancelled before it ended: a test call's turn passes to the next call."""
+        if probe:
+            with self._lock:
+                self._probing = False
+
+    def _trip(self, error: BaseException) -> None:
+        with self._lock:
+            reopened = self._failed_at is not None
+            self._reason = _describe(error)
+            self._failed_at = self.clock()
+            self._probing = False
+            if not reopened:
+                self.trips_total += 1
+        if not reopened:
             log.warning("the cache-store failed; calls to it fail fast for a while", cooldown_s=self.cooldown_s,
                         error=self._reason)

@@ -71,7 +71,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
         block_bytes = bytes_per_block(self.runner.kv_cache)
-        self.store_breaker = StoreBreaker()  # the offload's and the output cache's cache-store calls
+        self.store_breaker = StoreBreaker()  # the offload's cache-store calls (the output cache has its own)
         self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
                                  fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
                                  staging_limit_bytes=num_blocks * block_bytes, breaker=self.store_breaker)
@@ -89,8 +89,7 @@ class LLMEngine:
         self.reservations = ReservationBook(self.kv, self.scheduler)
         self.handovers = Handovers(self.scheduler, self.offload)
         self.adoptions = Adoptions(self.kv, self.scheduler, self.reservations)
-        self.output_cache = OutputCache(remote, self.fingerprint, self.offload.bytes_per_block,
-                                        breaker=self.store_breaker) \
+        self.output_cache = OutputCache(remote, self.fingerprint, self.offload.bytes_per_block) \
             if config.cache_outputs and remote is not None else None
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()

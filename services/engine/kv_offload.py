@@ -19,8 +19,9 @@ own), where they would only crowd out prefix blocks.
 Every cache-store call goes through a :class:`~services.cache_store.breaker.StoreBreaker`: once one fails
 for the store's sake, the calls queued behind it fail fast (their requests resume from host memory or are
 recomputed) and, for the breaker's cooldown, new victims' copies stay in host memory while the budget has
-room (even with ``remote_first``) and are recomputed past it. Deletes are not refused (they hold nobody
-up): the ones queued while the store hung reach it when it answers again.
+room (even with ``remote_first``) and are recomputed past it. A delete is not lost to the breaker: it
+waits (on its own thread, holding nobody up) and goes once the store answers again; a copy whose put never
+reached the store has nothing to delete.
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -41,11 +42,12 @@ import structlog
 import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
-from services.cache_store.breaker import StoreBreaker
+from services.cache_store.breaker import StoreBreaker, StoreUnavailable
 from services.cache_store.keys import FINGERPRINT_BYTES, store_key
 from services.engine.step_batch import SwapIn, SwapOut
 
 log = structlog.get_logger(__name__)
+MAX_PARKED_DELETES = 4096  # deletes kept while the cache-store is failing; older ones are left to its LRU
 
 
 class RemoteBlockStore(Protocol):
@@ -94,6 +96,7 @@ class KVOffload:
         # deletes wait for their put, but not behind (or in front of) other requests' puts and fetches
         self._deletes = ThreadPoolExecutor(1, thread_name_prefix="kv-offload-delete") if remote is not None \
             else None
+        self._parked: list[tuple[str, list[bytes]]] = []  # deletes waiting for the store (delete thread only)
 
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
@@ -175,9 +178,11 @@ class KVOffload:
             self.host_bytes_used -= copy.num_blocks * self.bytes_per_block
         elif copy.stored is not None:
             keys = copy.keys
-            copy.stored.add_done_callback(lambda _: self._submit_delete(request_id, keys))
+            copy.stored.add_done_callback(lambda put: self._submit_delete(request_id, keys, put))
 
-    def _submit_delete(self, request_id: str, keys: list[bytes]) -> None:
+    def _submit_delete(self, request_id: str, keys: list[bytes], put: Future) -> None:
+        if put.cancelled() or isinstance(put.exception(), StoreUnavailable):
+            return  # the put never reached the store: nothing to delete
         with contextlib.suppress(RuntimeError):  # closed: the engine is going away
             self._deletes.submit(self._delete_remote, request_id, keys)
 
@@ -195,14 +200,23 @@ class KVOffload:
                 executor.shutdown(wait=False, cancel_futures=True)
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
-        """On the delete thread. Not refused by an open breaker (nobody waits for a delete, and a copy not
-        deleted would crowd out prefix blocks for good): queued deletes reach the store once it answers."""
-        try:
-            self.remote.delete(keys)
-        except (grpc.RpcError, ConnectionError) as error:  # the store is gone or busy: its LRU ages them out
-            self.breaker.failed(error)
-            log.info("could not delete a preempted request's copy from the cache-store", request_id=request_id,
-                     error=repr(error))
+        """On the delete thread. While the breaker is open the delete waits in a list (at most
+        ``MAX_PARKED_DELETES``; a copy not deleted would crowd out prefix blocks until the store's LRU ages
+        it out), and goes with the first delete after the store answers again."""
+        self._parked.append((request_id, keys))
+        if self.breaker.is_open():
+            del self._parked[:-MAX_PARKED_DELETES]
+            return
+        while self._parked:
+            rid, parked_keys = self._parked[0]
+            try:
+                self.breaker.call(self.remote.delete, parked_keys)
+            except StoreUnavailable:  # it failed again meanwhile: the rest wait for the next turn
+                return
+            except (grpc.RpcError, ConnectionError) as error:  # gone or busy: its LRU ages them out
+                log.info("could not delete a preempted request's copy from the cache-store", request_id=rid,
+                         error=repr(error))
+            del self._parked[0]
 
     # ---- the engine's side: moving bytes during a step ----------------------------------------------
     def copy_out(self, kv_cache: torch.Tensor, swaps: Sequence[SwapOut]) -> None:

@@ -6,9 +6,10 @@ turn of the conversation (its prompt starts with this one's prompt and output).
 just freed into the prefix index, where every full block whose KV was computed is findable by its hash,
 and nothing has been allocated since. It copies their bytes out there (``read_blocks``) and a background
 thread puts them; the engine step never waits for the cache-store. Puts past ``max_inflight_bytes`` are
-dropped (counted). Only requests that finished normally (stop, length) are cached. Puts go through the
-engine's :class:`~services.cache_store.breaker.StoreBreaker` (shared with the KV offload): while it is
-open, nothing is copied out and the request counts as failed.
+dropped (counted). Only requests that finished normally (stop, length) are cached. Puts go through a
+:class:`~services.cache_store.breaker.StoreBreaker` of their own (a slow put of this best-effort cache
+does not make the KV offload give up its copies): while it is open, nothing is copied out and the
+request counts as failed.
 """
 
 from __future__ import annotations

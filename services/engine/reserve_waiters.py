@@ -9,12 +9,15 @@ up to 500 ms between tries) and takes them. A hunt measured a 179-token prompt s
 
 :class:`ReserveWaiters` remembers each request refused for room (by id: its prefill node retries under the
 same id) with the time of its first refusal. The oldest one that is still asking — refused again within
-``present_s``, so one that went to another decode node or gave up stops counting at once — is
-*protected*: the blocks it needs are kept from every other grant (and adoption), so they accumulate for
-it as running requests finish. Only the oldest is protected, so a request too large to fit for a while
-holds back at most its own need, never the whole node (FIFO for the head of the line, first come first
-served behind it). Records are forgotten once granted or ``forget_s`` after their last refusal (a request
-visiting other decode nodes keeps its age when it comes back), and at most ``max_records`` are kept.
+``present_s`` (5 s: a prefill node tries one decode node for 2 s, ``--prepare-wait-ms``, before the next,
+so a request that went to one other node and came back still counts; one that gave up or was aborted
+stops counting within that, or at once on an abort) — is *protected*: the blocks it needs are kept from
+every other grant (and adoption), so they accumulate for it as running requests finish. Only the oldest
+is protected, and only its own need is held: while it does not fit, requests that would eat into those
+blocks wait behind it (first come first served at the head of the line, as vLLM's scheduler does), and
+smaller ones still fit in the rest. Records are forgotten once granted or aborted, or ``forget_s`` after
+their last refusal (a request visiting other decode nodes keeps its age when it comes back); at most
+``max_records`` are kept.
 
 Torch-free; runs on the engine thread with the reservation book.
 """
@@ -36,7 +39,7 @@ class Waiter:
 
 
 class ReserveWaiters:
-    def __init__(self, present_s: float = 1.5, forget_s: float = 30.0, max_records: int = 4096,
+    def __init__(self, present_s: float = 5.0, forget_s: float = 30.0, max_records: int = 4096,
                  clock: Callable[[], float] = time.monotonic):
         self.present_s = present_s
         self.forget_s = forget_s
@@ -64,14 +67,13 @@ class ReserveWaiters:
         """The oldest waiter still asking whose blocks ``request_id`` may not take: None when there is
         none, or ``request_id`` is that waiter itself."""
         now = self.clock()
-        while self._waiters:  # the oldest records that nobody asked for in a long while go
-            oldest = next(iter(self._waiters.values()))
-            if now - oldest.last_refused <= self.forget_s:
-                break
-            self._waiters.popitem(last=False)
-        for waiter in self._waiters.values():
-            if waiter.request_id == request_id:
-                return None  # it is asking now, and older than every waiter after it
-            if now - waiter.last_refused <= self.present_s:
-                return waiter
-        return None
+        found: Waiter | None = None
+        stale = []
+        for waiter in self._waiters.values():  # oldest first
+            if now - waiter.last_refused > self.forget_s:
+                stale.append(waiter.request_id)  # nobody asked for it in a long while
+            elif found is None and (waiter.request_id == request_id or now - waiter.last_refused <= self.present_s):
+                found = waiter
+        for rid in stale:
+            del self._waiters[rid]
+        return None if found is None or found.request_id == request_id else found

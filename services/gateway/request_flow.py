@@ -174,22 +174,35 @@ class RequestFlow:
         """A leg failed before the first token: if the failure may be the node's (``UNAVAILABLE``: gone,
         hung past keepalive, draining, its stream cut) and a retry is left, abort this attempt everywhere
         (answered, so that its blocks are free) and run the request again on nodes other than the failed
-        one, under a new id on the nodes (``attempts.py``)."""
+        one, under a new id on the nodes (``attempts.py``). A prefill failure while the decode leg's
+        stream has ended too is the decode node's: the prefill node reported losing it; and when no other
+        prefill node is healthy, the same one is tried again (a dead or hung one is unhealthy by then)."""
         if self._first_sent or self._timeout() == 0.0 or not self._attempts.may_retry(failure):
             return False
+        decode = self._calls.decode
+        if failed.role == PREFILL and decode is not None and not decode.finished and decode.pump is not None \
+                and decode.pump.done():
+            failed = decode
         try:
             route = self._pick(exclude=self._attempts.failed_nodes | {failed.address})
-        except NoHealthyNodeError:
-            return False  # no other node of that role: the client hears the failure itself
-        self._attempts.next_attempt(failed.address)
-        self._on_retry(failed.role)
+        except NoHealthyNodeError:  # no other node of that role
+            if failed.role != PREFILL:
+                return False  # the client hears the failure itself
+            try:  # the prefill node may have reported a decode node's failure: it may serve the retry
+                route = self._pick(exclude=self._attempts.failed_nodes)
+            except NoHealthyNodeError:
+                return False
         self.log.warning("a node failed the request before its first token; running it again elsewhere",
                          role=failed.role, failed_node=failed.address, error=str(failure), prefill_node=route[0],
-                         attempt_id=self._attempts.attempt_id)
-        await self._calls.abort(self._calls.end_all(),
-                                f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere")
+                         attempt=len(self._attempts.failed_nodes) + 1)
+        legs = self._calls.end_all()
+        self._calls.prefill = self._calls.decode = None  # a cancel meanwhile has nothing more to abort
+        await self._calls.abort(legs, f"the gateway: {failed.role} node {failed.address} failed; "
+                                      f"the request runs elsewhere")
         self._check_open()
-        self._calls.prefill = self._calls.decode = None
+        self._attempts.next_attempt(failed.address)
+        self._on_retry(failed.role)
+        self.log.info("attempt started", attempt_id=self._attempts.attempt_id)
         self._start_prefill(*route)
         return True
 

@@ -30,7 +30,7 @@ import grpc.aio
 import structlog
 
 from kvcache.kv_bytes import read_blocks, write_blocks
-from services.cache_store.breaker import StoreBreaker
+from services.cache_store.breaker import StoreBreaker, StoreUnavailable
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import store_keys
@@ -109,13 +109,14 @@ class PrefixStore:
         keys = store_keys(self.fingerprint, block_hashes[local_blocks:wanted])
         with tracing.span("cache_store.fetch", blocks=len(keys)) as fetching:
             try:
-                hits = await self.client.lookup(keys)
+                hits = await self.breaker.call_async(self.client.lookup, keys)
                 fetching.set_attribute("pdserve.hit_blocks", hits)
                 if hits == 0:
                     return None
-                payloads = await self.client.get(keys[:hits], allow_partial=True)
+                payloads = await self.breaker.call_async(self.client.get, keys[:hits], allow_partial=True)
+            except StoreUnavailable:  # another call is testing whether the store answers again
+                return None
             except (grpc.aio.AioRpcError, CorruptBlockError) as error:
-                self.breaker.failed(error)
                 self.stats.errors_total += 1
                 log.warning("cache-store fetch failed; computing the prompt", request_id=request_id,
                             error=_describe(error))
@@ -148,11 +149,12 @@ class PrefixStore:
     async def _put(self, request_id: str, blocks: list[tuple[bytes, memoryview]], size: int) -> None:
         try:
             with tracing.span("cache_store.write_back", blocks=len(blocks)):
-                await self.client.put(blocks)
+                await self.breaker.call_async(self.client.put, blocks)
             self.stats.written_blocks_total += len(blocks)
             self.stats.written_bytes_total += size
+        except StoreUnavailable:
+            self.stats.writebacks_dropped_total += 1
         except grpc.aio.AioRpcError as error:
-            self.breaker.failed(error)
             self.stats.errors_total += 1
             log.warning("cache-store write-back failed", request_id=request_id, error=_describe(error))
         finally:

@@ -56,7 +56,9 @@ def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_hos
     finally:
         store.release.set()
     offload.wait_io()
-    assert len(store.deleted) == 2  # after their puts failed: harmless, whatever the store holds goes
+    # a's put failed (it may have landed): its delete waits for the store to answer again; b's put was
+    # refused by the breaker without reaching the store: nothing to delete
+    assert store.deleted == [] and offload.breaker.is_open()
     assert offload.stats.offloaded_remote_bytes_total == 0  # nothing reached the store
     assert offload.stats.offloaded_bytes_total == 5 * block
 

@@ -66,7 +66,7 @@ def test_a_waiter_that_stopped_asking_or_was_aborted_holds_nothing_back():
         assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
     assert isinstance(_reserve(book, "big", 8), Refusal)
     book.cancel("small0")
-    clock.now += 2.0  # "big" went to another decode node (or gave up): it asked nothing for present_s
+    clock.now += 5.5  # "big" went elsewhere (or gave up): it asked nothing here for longer than present_s
     assert isinstance(_reserve(book, "later", 2), Reservation)
 
     assert isinstance(_reserve(book, "big2", 8), Refusal)
@@ -77,7 +77,7 @@ def test_a_waiter_that_stopped_asking_or_was_aborted_holds_nothing_back():
 
 def test_only_the_oldest_is_protected_and_records_are_bounded():
     clock = Clock()
-    waiters = ReserveWaiters(present_s=1.5, forget_s=30.0, max_records=3, clock=clock)
+    waiters = ReserveWaiters(present_s=1.5, forget_s=30.0, max_records=3, clock=clock)  # short, to test
     waiters.refused("a", 8)
     clock.now += 0.1
     waiters.refused("b", 4)
@@ -94,3 +94,34 @@ def test_only_the_oldest_is_protected_and_records_are_bounded():
     assert len(waiters) == 3
     clock.now += 31.0
     assert waiters.protected("new") is None and len(waiters) == 0  # forgotten once nobody asked for long
+
+
+def test_stale_records_behind_one_still_asking_are_forgotten():
+    clock = Clock()
+    waiters = ReserveWaiters(present_s=5.0, forget_s=30.0, max_records=3, clock=clock)
+    for rid in ("head", "gone", "gone2"):
+        waiters.refused(rid, 2)
+    for _ in range(7):  # the head keeps asking for 35 s; the others left long ago
+        clock.now += 5.0
+        waiters.refused("head", 8)
+    assert waiters.protected("new").request_id == "head" and len(waiters) == 1
+    waiters.refused("later", 1)
+    assert len(waiters) == 2  # room for new records again
+
+
+def test_an_adoption_does_not_take_the_blocks_an_older_refused_request_waits_for():
+    from services.engine.adoption import Adoptions
+    from services.engine.handover import HandedRequest
+
+    clock = Clock()
+    book = _book(clock)
+    for i in range(8):
+        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
+    assert isinstance(_reserve(book, "big", 8), Refusal)
+    book.cancel("small0")
+    adoptions = Adoptions(book.kv, book.scheduler, book)
+    handed = HandedRequest(request_id="handed", prompt_token_ids=tuple(range(1, 5)), output_token_ids=(9,),
+                           sampling=SamplingParams(max_tokens=4, ignore_eos=True), num_computed_tokens=4,
+                           kv_keys=(b"k" * 32,), cached_tokens=0, num_preemptions=1)
+    refused = adoptions.adopt(handed, eos_token_ids=(), lease_s=30.0)
+    assert isinstance(refused, Refusal) and "for 'big', which has waited longer" in refused.reason

@@ -78,7 +78,8 @@ def test_calls_queued_behind_a_hung_store_fail_fast_and_victims_stay_home_until_
         offload.copy_out(kv_cache, [SwapOut("stored", (0, 1))])
         offload.wait_io()
         offload.reclaim()  # only the cache-store holds it now
-        assert offload.remote_keys("stored") is not None and offload.ready("stored") is False
+        stored_keys = offload.remote_keys("stored")
+        assert stored_keys is not None and offload.ready("stored") is False
 
         store.down.set()
         for name, blocks in (("a", (2, 3)), ("b", (4, 5)), ("c", (6, 7))):
@@ -100,16 +101,23 @@ def test_calls_queued_behind_a_hung_store_fail_fast_and_victims_stay_home_until_
 
         offload.wait_io()
         store.down.clear()  # the store answers again; the breaker stays open until its cooldown ends
-        keys_of_a = list(offload._copies["a"].keys)
-        offload.discard("a")  # a delete is not refused: nobody waits for it, and the copy would crowd the store
+        keys_of = {name: list(offload._copies[name].keys) for name in "abc"}
+        for name in "abc":
+            offload.discard(name)
         offload.wait_io()
-        assert store.deleted == keys_of_a and store.calls_while_down == ["put"]
+        assert store.deleted == [] and store.calls_while_down == ["put"]  # deletes wait for the store
 
         clock.now += 10.0  # the cooldown ends: the store is tried again
         assert offload.claim("f", 2)
         offload.copy_out(kv_cache, [SwapOut("f", (8, 9))])
         offload.wait_io()
-        assert offload.remote_keys("f") is not None
+        offload_keys_f = offload.remote_keys("f")
+        assert offload_keys_f is not None
+        offload.discard("f")
+        offload.wait_io()
+        # the waiting deletes went with f's: the copies "stored" and "a" (whose put timed out: it may have
+        # landed); "b" and "c" never reached the store
+        assert set(store.deleted) == {*stored_keys, *keys_of["a"], *offload_keys_f}
     finally:
         offload.close()
 
@@ -141,3 +149,51 @@ def test_the_breaker_opens_on_store_faults_only_and_says_why():
     with pytest.raises(ConnectionRefusedError):
         breaker.call(lambda: (_ for _ in ()).throw(ConnectionRefusedError("refused")))
     assert breaker.is_open() and breaker.trips_total == 2
+
+
+def test_after_the_cooldown_one_test_call_goes_through_and_its_answer_decides():
+    """A store that stays hung costs one timeout per cooldown, not one per call waiting after it."""
+    import asyncio
+
+    clock = Clock()
+    breaker = StoreBreaker(cooldown_s=5.0, clock=clock)
+    breaker.failed(Status(grpc.StatusCode.DEADLINE_EXCEEDED))
+    clock.now += 5.0
+    assert not breaker.is_open()  # the next call may test the store
+    answering, release = threading.Event(), threading.Event()
+
+    def hung_then(result: str) -> str:
+        answering.set()
+        release.wait(5)
+        return result
+
+    tester = threading.Thread(target=breaker.call, args=(hung_then, "answered"))
+    tester.start()
+    answering.wait(5)
+    assert breaker.is_open()  # the test call is out: the others still fail fast
+    with pytest.raises(StoreUnavailable, match="a test call to it is in flight"):
+        breaker.call(lambda: "not sent")
+    release.set()
+    tester.join(5)
+    assert not breaker.is_open() and breaker.call(lambda: "sent") == "sent"  # it answered: closed
+
+    def timed_out():
+        raise Status(grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    with pytest.raises(grpc.RpcError):
+        breaker.call(timed_out)
+    clock.now += 5.0
+    with pytest.raises(grpc.RpcError):
+        breaker.call(timed_out)  # the test call failed: open for another cooldown, not a new trip
+    assert breaker.is_open() and breaker.trips_total == 2
+
+    async def cancelled_test_call():
+        clock.now += 5.0
+        task = asyncio.ensure_future(breaker.call_async(asyncio.sleep, 10))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await breaker.call_async(asyncio.sleep, 0, "tested")  # the next call gets the turn
+
+    assert asyncio.run(cancelled_test_call()) == "tested" and not breaker.is_open()
