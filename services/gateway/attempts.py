@@ -11,8 +11,10 @@ for the request.
 
 Each attempt after the first has an id of its own on the nodes (``<request id>~retry<N>-<random>``): a hung
 node that wakes up later can only touch its own attempt (which the gateway aborted, and whose leases end),
-never the reservation or KV of the attempt that replaced it. The client sees only the request id it gave
-(or was given).
+never the reservation or KV of the attempt that replaced it. So does the first attempt of a request whose
+id an earlier request left on a node that never answered its ``Abort`` (``<request id>~<random>``): that
+node's cleanup, when it wakes up, would abort whatever runs under the id. The client sees only the
+request id it gave (or was given).
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from services.common.errors import mapped_errors, status_of
 
 
 class Attempts:
-    def __init__(self, request_id: str, retries: int) -> None:
+    def __init__(self, request_id: str, retries: int, fresh_first: bool = False) -> None:
+        """``fresh_first``: the first attempt too runs under an id of its own (an earlier request with
+        this id left a node that did not answer its ``Abort``)."""
         self.request_id = request_id
         self.retries_left = retries
-        self.attempt_id = request_id  # the first attempt runs under the request's own id
+        # the first attempt runs under the request's own id (the nodes' logs and spans carry it)
+        self.attempt_id = f"{request_id}~{secrets.token_hex(3)}" if fresh_first else request_id
         self.failed_nodes: frozenset[str] = frozenset()
 
     def may_retry(self, failure: Exception) -> bool:

@@ -4,7 +4,10 @@
 is called; a long prompt on a worker thread, see ``tokenizing``), resolves its sampling (default
 ``max_tokens``, a random seed when none is given) and returns the ``RequestFlow`` that runs it. A request
 id stays taken until every ``Abort`` its flow left behind has been answered, so a client reusing the id
-never has its new request aborted by the old one's cleanup.
+never has its new request aborted by the old one's cleanup. An ``Abort`` that got no answer (the node hung
+or died) cannot be waited for: such an id is remembered for ``UNANSWERED_TTL_S``, and a new request
+reusing it runs under an id of its own on the nodes (``attempts.py``), out of reach of the old attempt's
+cleanup should that node wake up.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +40,8 @@ from services.gateway.router import Router
 from services.gateway.tokenizing import INLINE_TOKENS, TokenizerThreads, all_tokenize_inline, tokenizes_inline
 
 log = structlog.get_logger(__name__)
+UNANSWERED_TTL_S = 600.0  # how long an id whose Abort got no answer runs fresh when reused
+MAX_UNANSWERED = 65536
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class GatewayCore:
         self.validator = RequestValidator(settings.vocab_size, settings.max_model_len, tokenizer)
         self.draining = False
         self._taken: set[str] = set()  # request ids in flight or still being aborted
+        self._unanswered: OrderedDict[str, float] = OrderedDict()  # node-level ids whose Abort got no answer
         self._flows: dict[str, RequestFlow] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
@@ -132,6 +139,7 @@ class GatewayCore:
         if prepared.request_id in self._taken:
             raise DuplicateRequestError(prepared.request_id)
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
+                           fresh_id=self._abort_unanswered(prepared.request_id),
                            deadline=deadline, abort=self.abort, on_close=self._closed, recent_stall=self.recent_stall,
                            retries=self.settings.retries_before_first_token, on_retry=lambda role: self.on_retry(role))
         self._taken.add(prepared.request_id)
@@ -175,8 +183,19 @@ class GatewayCore:
         except grpc.aio.AioRpcError as error:
             log.warning("abort failed", node=address, role=role, request_id=request_id,
                         code=error.code().name, details=error.details())
+            self._unanswered[request_id] = time.monotonic()
+            self._unanswered.move_to_end(request_id)
+            while len(self._unanswered) > MAX_UNANSWERED:
+                self._unanswered.popitem(last=False)
             return
         log.debug("aborted", node=address, role=role, request_id=request_id, found=reply.found)
+
+    def _abort_unanswered(self, request_id: str) -> bool:
+        """An ``Abort`` of ``request_id`` got no answer lately: the node may still act on the old request."""
+        now = time.monotonic()
+        while self._unanswered and now - next(iter(self._unanswered.values())) > UNANSWERED_TTL_S:
+            self._unanswered.popitem(last=False)
+        return request_id in self._unanswered
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)

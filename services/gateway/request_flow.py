@@ -60,17 +60,19 @@ class RequestFlow:
     def __init__(self, request: PreparedRequest, *, directory: NodeDirectory, router: Router,
                  tokenizer: Tokenizer, deadline: float | None, abort: Aborter, on_close: CloseHook,
                  recent_stall: Callable[[], float] = lambda: 0.0, retries: int = 0,
-                 on_retry: Callable[[str], None] = lambda role: None) -> None:
+                 on_retry: Callable[[str], None] = lambda role: None, fresh_id: bool = False) -> None:
         """``deadline``: the ``time.monotonic()`` by which the request must end (None = none);
         ``recent_stall()``: seconds of a stall of the gateway's own event loop that just ended;
         ``retries``: how many times the request may start over on other nodes when one fails before the
-        first token (``on_retry(role of the failed node)`` is called each time)."""
+        first token (``on_retry(role of the failed node)`` is called each time); ``fresh_id``: run even the
+        first attempt under an id of its own on the nodes (``attempts.py``)."""
         self.request = request
         self.directory = directory
         self.router = router
         self.deadline = deadline
         self._on_close = on_close
-        self._attempts = Attempts(request.request_id, retries)
+        self._attempts = Attempts(request.request_id, retries, fresh_first=fresh_id)
+        self._background_aborts: list[asyncio.Task[None]] = []  # of failed attempts, on the failed node
         self._on_retry = on_retry
         self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
                                     request.sampling.min_tokens)
@@ -103,6 +105,10 @@ class RequestFlow:
                 code = status_of(error).name if isinstance(error, mapped_errors()) else type(error).__name__
                 self.log.info("request failed", code=code, error=str(error))
             raise
+        except asyncio.CancelledError:  # the call was cancelled or its deadline passed
+            if not self._closed:
+                self.log.info("request cancelled", reason="the client cancelled the call or its deadline passed")
+            raise
         finally:
             self.close()
 
@@ -122,6 +128,9 @@ class RequestFlow:
         self._end_detokenize()
         unfinished = self._calls.end_all()
         aborts = self._calls.abort(unfinished, "the gateway: the request ended early there") if unfinished else None
+        pending = [task for task in self._background_aborts if not task.done()]
+        if pending:
+            aborts = _all(aborts, *pending)
         self._on_close(self, aborts)
 
     # --- starting the legs ---
@@ -197,8 +206,12 @@ class RequestFlow:
                          attempt=len(self._attempts.failed_nodes) + 1)
         legs = self._calls.end_all()
         self._calls.prefill = self._calls.decode = None  # a cancel meanwhile has nothing more to abort
-        await self._calls.abort(legs, f"the gateway: {failed.role} node {failed.address} failed; "
-                                      f"the request runs elsewhere")
+        reason = f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere"
+        # the failed node may never answer (hung): its Abort goes in the background (the request id stays
+        # taken until it ends); the others' are answered first, so their blocks are free for the new attempt
+        self._background_aborts.append(asyncio.ensure_future(
+            self._calls.abort([leg for leg in legs if leg.address == failed.address], reason)))
+        await self._calls.abort([leg for leg in legs if leg.address != failed.address], reason)
         self._check_open()
         self._attempts.next_attempt(failed.address)
         self._on_retry(failed.role)
@@ -349,3 +362,7 @@ class RequestFlow:
     def _deadline_unix_ms(self) -> int:
         remaining = self._timeout()
         return 0 if remaining is None else int((time.time() + remaining) * 1000)
+
+
+async def _all(*aborts: Awaitable[None] | None) -> None:
+    await asyncio.gather(*(abort for abort in aborts if abort is not None))

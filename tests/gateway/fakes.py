@@ -25,11 +25,15 @@ class FakeNode:
         self.address = ""
         self.status = gateway_pb2.NodeStatus(role=self.role, healthy=True, blocks_total=100, blocks_free=100)
         self.aborts: list[str] = []
+        self.aborts_answered: list[str] = []
+        self.abort_delay_s = 0.0  # a node slow (or hung) to answer Abort
         self.cancelled: list[str] = []  # request ids whose stream call the gateway cancelled
         self.server: NodeServer | None = None
 
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
         self.aborts.append(request.request_id)
+        await asyncio.sleep(self.abort_delay_s)
+        self.aborts_answered.append(request.request_id)
         return node_pb2.AbortResponse(found=True)
 
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext

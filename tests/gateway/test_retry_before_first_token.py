@@ -202,3 +202,58 @@ async def test_a_failed_request_is_logged_with_its_code(two_prefill, tokenizer):
     failed = [line for line in logs if line["event"] == "request failed"]
     assert len(failed) == 1 and failed[0]["code"] == "RESOURCE_EXHAUSTED" and failed[0]["request_id"]
     assert failed[0]["error"] == error.details()
+
+
+async def test_the_retry_does_not_wait_for_the_failed_node_to_answer_its_abort(two_prefill, tokenizer):
+    """A hung node may never answer: its Abort goes in the background (the id stays taken until it ends);
+    the decode node's is answered before the new attempt starts."""
+    cluster = two_prefill
+    calls = fail_first_call(cluster, tokenizer, "error")
+    for node in cluster.prefill:
+        node.abort_delay_s = 3.0  # past the gateway's abort timeout (1 s): no answer
+    responses = await collect(cluster, request(PROMPT, max_tokens=32), timeout=10)
+    assert "".join(r.text for r in responses) == TEXT
+    failed = next(p for p in cluster.prefill if p.requests[0].request_id == calls[0])
+    assert failed.aborts == [calls[0]] and failed.aborts_answered == []  # still waiting when the client was done
+    assert calls[0] in cluster.d.aborts_answered  # the decode node's was answered before the retry
+    assert responses[0].request_id in cluster.gateway.core._taken
+    await cluster.gateway.core.wait_background()
+    assert responses[0].request_id not in cluster.gateway.core._taken
+
+
+async def test_an_id_whose_abort_got_no_answer_runs_fresh_when_reused(two_prefill, tokenizer):
+    """The node that did not answer may wake up and abort whatever runs under the id on a decode node."""
+    cluster = two_prefill
+    calls = fail_first_call(cluster, tokenizer, "error")
+    for node in cluster.prefill:
+        node.abort_delay_s = 3.0
+    await collect(cluster, gateway_request(PROMPT, "reused"), timeout=10)
+    await cluster.gateway.core.wait_background()  # the Abort to the failed node timed out
+    await collect(cluster, gateway_request(PROMPT, "reused"), timeout=10)
+    await collect(cluster, gateway_request(PROMPT, "other"), timeout=10)
+    assert calls[0] == "reused" and calls[1].startswith("reused~retry1-")
+    assert calls[2].startswith("reused~") and "retry" not in calls[2]  # out of the old attempt's reach
+    assert calls[3] == "other"
+
+
+async def test_a_request_ended_by_its_deadline_is_logged(cluster, tokenizer):
+    import structlog.testing
+
+    from tests.gateway.test_generate import stall_after
+
+    ids = tokenizer.encode(TEXT)
+    cluster.p.first_token = ids[0]
+    stall_after(cluster, ids)
+    with structlog.testing.capture_logs() as logs:
+        error = await failure(cluster, request(PROMPT, max_tokens=32), timeout=0.5)
+        await cluster.gateway.core.wait_background()
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    ended = [line for line in logs if line["event"] in ("request cancelled", "request failed")]
+    assert len(ended) == 1 and ended[0]["event"] == "request cancelled" and ended[0]["request_id"]
+
+
+def gateway_request(prompt: str, request_id: str):
+    from pdserve.v1 import gateway_pb2
+
+    return gateway_pb2.GenerateRequest(prompt=prompt, request_id=request_id,
+                                       sampling=gateway_pb2.SamplingParams(max_tokens=32))
