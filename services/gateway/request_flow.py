@@ -209,8 +209,9 @@ class RequestFlow:
         reason = f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere"
         # the failed node may never answer (hung): its Abort goes in the background (the request id stays
         # taken until it ends); the others' are answered first, so their blocks are free for the new attempt
-        self._background_aborts.append(asyncio.ensure_future(
-            self._calls.abort([leg for leg in legs if leg.address == failed.address], reason)))
+        on_failed = [leg for leg in legs if leg.address == failed.address]
+        if on_failed:
+            self._background_aborts.append(asyncio.ensure_future(self._calls.abort(on_failed, reason)))
         await self._calls.abort([leg for leg in legs if leg.address != failed.address], reason)
         self._check_open()
         self._attempts.next_attempt(failed.address)
