@@ -32,7 +32,8 @@ class Attempts:
         this id left a node that did not answer its ``Abort``)."""
         self.request_id = request_id
         self.retries_left = retries
-        # the first attempt runs under the request's own id (the nodes' logs and spans carry it)
+        # the first attempt runs under the request's own id (the nodes' logs and spans carry it), unless
+        # a node that never answered an Abort of that id may still act on it
         self.attempt_id = f"{request_id}~{secrets.token_hex(3)}" if fresh_first else request_id
         self.failed_nodes: frozenset[str] = frozenset()
 

@@ -183,10 +183,11 @@ class GatewayCore:
         except grpc.aio.AioRpcError as error:
             log.warning("abort failed", node=address, role=role, request_id=request_id,
                         code=error.code().name, details=error.details())
-            self._unanswered[request_id] = time.monotonic()
-            self._unanswered.move_to_end(request_id)
-            while len(self._unanswered) > MAX_UNANSWERED:
-                self._unanswered.popitem(last=False)
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # no answer: the node may act on it later
+                self._unanswered[request_id] = time.monotonic()  # (a dead one, refusing connections, cannot)
+                self._unanswered.move_to_end(request_id)
+                while len(self._unanswered) > MAX_UNANSWERED:
+                    self._unanswered.popitem(last=False)
             return
         log.debug("aborted", node=address, role=role, request_id=request_id, found=reply.found)
 

@@ -81,6 +81,9 @@ class RequestFlow:
         self._closed = False
         self._cancel_reason = "request closed"
         self.log = log.bind(request_id=request.request_id)
+        if fresh_id:
+            self.log.info("the id's last Abort got no answer: this request runs under a fresh id on the nodes",
+                          attempt_id=self._attempts.attempt_id)
         self._trace = tracing.current_context()  # the Generate span: parent of this flow's spans and calls
         self._calls = NodeCalls(directory, self._queue, abort, lambda: self._attempts.attempt_id, self._timeout,
                                 self._trace, recent_stall, request.request_id)
@@ -207,12 +210,18 @@ class RequestFlow:
         legs = self._calls.end_all()
         self._calls.prefill = self._calls.decode = None  # a cancel meanwhile has nothing more to abort
         reason = f"the gateway: {failed.role} node {failed.address} failed; the request runs elsewhere"
-        # the failed node may never answer (hung): its Abort goes in the background (the request id stays
-        # taken until it ends); the others' are answered first, so their blocks are free for the new attempt
-        on_failed = [leg for leg in legs if leg.address == failed.address]
-        if on_failed:
-            self._background_aborts.append(asyncio.ensure_future(self._calls.abort(on_failed, reason)))
-        await self._calls.abort([leg for leg in legs if leg.address != failed.address], reason)
+        # The failed node may never answer (hung): its Abort goes in the background, unless the new attempt
+        # runs there too. The others' are answered first, so their blocks are free for the new attempt.
+        # Either way they are tasks the flow hands its owner at close: the request id stays taken until
+        # they end, and a cancel meanwhile does not lose them.
+        waited = [leg for leg in legs if leg.address != failed.address or leg.address == route[0]]
+        background = [leg for leg in legs if leg not in waited]
+        if background:
+            self._background_aborts.append(asyncio.ensure_future(self._calls.abort(background, reason)))
+        if waited:
+            answered = asyncio.ensure_future(self._calls.abort(waited, reason))
+            self._background_aborts.append(answered)
+            await asyncio.shield(answered)
         self._check_open()
         self._attempts.next_attempt(failed.address)
         self._on_retry(failed.role)
@@ -366,4 +375,6 @@ class RequestFlow:
 
 
 async def _all(*aborts: Awaitable[None] | None) -> None:
-    await asyncio.gather(*(abort for abort in aborts if abort is not None))
+    for result in await asyncio.gather(*(abort for abort in aborts if abort is not None), return_exceptions=True):
+        if isinstance(result, Exception):
+            log.error("an abort failed", error=repr(result))
