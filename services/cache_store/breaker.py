@@ -44,12 +44,14 @@ class StoreUnavailable(ConnectionError):
 
 
 def is_store_fault(error: BaseException) -> bool:
+    """The store did not answer or could not be reached (a call the breaker refused says nothing new)."""
     if isinstance(error, grpc.RpcError) and callable(getattr(error, "code", None)):
         return error.code() in STORE_FAULT_CODES
-    return isinstance(error, (ConnectionError, TimeoutError))
+    return isinstance(error, (ConnectionError, TimeoutError)) and not isinstance(error, StoreUnavailable)
 
 
-def _describe(error: BaseException) -> str:
+def describe(error: BaseException) -> str:
+    """``CODE: details`` for a gRPC error, else its repr (for logs and span statuses)."""
     if isinstance(error, grpc.RpcError) and callable(getattr(error, "code", None)):
         details = error.details() if callable(getattr(error, "details", None)) else ""
         return f"{error.code().name}: {details}" if details else error.code().name
@@ -103,7 +105,7 @@ class StoreBreaker:
 
     def failed(self, error: BaseException) -> None:
         """A call made without :meth:`call` failed with ``error``: open the breaker if the store is to blame."""
-        if is_store_fault(error) and not isinstance(error, StoreUnavailable):
+        if is_store_fault(error):
             self._trip(error)
 
     def _cooling(self) -> float:
@@ -129,7 +131,7 @@ class StoreBreaker:
     def _ended(self, probe: bool, error: Exception | None) -> None:
         """A call ended with an answer (``error`` None, or one that is not the store's fault, e.g.
         ``NOT_FOUND``) or a store fault."""
-        if error is not None and is_store_fault(error) and not isinstance(error, StoreUnavailable):
+        if error is not None and is_store_fault(error):
             self._trip(error)
         elif probe:
             with self._lock:
@@ -146,7 +148,7 @@ class StoreBreaker:
     def _trip(self, error: BaseException) -> None:
         with self._lock:
             reopened = self._failed_at is not None
-            self._reason = _describe(error)
+            self._reason = describe(error)
             self._failed_at = self.clock()
             self._probing = False
             if not reopened:

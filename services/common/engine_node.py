@@ -125,7 +125,7 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
         store_fetched_bytes_total=offload.stats.fetched_remote_bytes_total + engine.adoptions.stats.fetched_bytes_total,
         store_written_blocks_total=written, handovers_out_total=engine.handovers.stats.handovers_out_total,
         handovers_in_total=engine.adoptions.stats.handovers_in_total, kv_layout_id=layout_id(kv_layout(engine)),
-        store_breaker_trips_total=engine.store_breaker.trips_total
+        store_breaker_trips_total=offload.breaker.trips_total
         + (engine.output_cache.breaker.trips_total if engine.output_cache is not None else 0),
     )
 

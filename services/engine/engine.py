@@ -17,7 +17,6 @@ from kernels.int4_linear import int4_supported
 from kvcache.hashing import model_fingerprint
 from kvcache.kv_bytes import bytes_per_block
 from kvcache.manager import KVCacheManager
-from services.cache_store.breaker import StoreBreaker
 from services.cache_store.client import CacheStoreClient
 from services.engine.admission import make_policy
 from services.engine.adoption import AdoptionGrant, Adoptions
@@ -71,10 +70,9 @@ class LLMEngine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
         remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
         block_bytes = bytes_per_block(self.runner.kv_cache)
-        self.store_breaker = StoreBreaker()  # the offload's cache-store calls (the output cache has its own)
         self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
                                  fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
-                                 staging_limit_bytes=num_blocks * block_bytes, breaker=self.store_breaker)
+                                 staging_limit_bytes=num_blocks * block_bytes)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,

@@ -72,7 +72,7 @@ class RequestFlow:
         self.deadline = deadline
         self._on_close = on_close
         self._attempts = Attempts(request.request_id, retries, fresh_first=fresh_id)
-        self._background_aborts: list[asyncio.Task[None]] = []  # of failed attempts, on the failed node
+        self._background_aborts: list[asyncio.Task[None]] = []  # failed attempts' aborts (awaited at close)
         self._on_retry = on_retry
         self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
                                     request.sampling.min_tokens)

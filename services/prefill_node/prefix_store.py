@@ -30,7 +30,7 @@ import grpc.aio
 import structlog
 
 from kvcache.kv_bytes import read_blocks, write_blocks
-from services.cache_store.breaker import StoreBreaker, StoreUnavailable
+from services.cache_store.breaker import StoreBreaker, StoreUnavailable, describe
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import store_keys
@@ -119,8 +119,8 @@ class PrefixStore:
             except (grpc.aio.AioRpcError, CorruptBlockError) as error:
                 self.stats.errors_total += 1
                 log.warning("cache-store fetch failed; computing the prompt", request_id=request_id,
-                            error=_describe(error))
-                tracing.fail(fetching, _describe(error))
+                            error=describe(error))
+                tracing.fail(fetching, describe(error))
                 return None
         if not payloads:
             return None
@@ -156,7 +156,7 @@ class PrefixStore:
             self.stats.writebacks_dropped_total += 1
         except grpc.aio.AioRpcError as error:
             self.stats.errors_total += 1
-            log.warning("cache-store write-back failed", request_id=request_id, error=_describe(error))
+            log.warning("cache-store write-back failed", request_id=request_id, error=describe(error))
         finally:
             self.writeback_bytes_in_flight -= size
 
@@ -165,12 +165,6 @@ class PrefixStore:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10.0)
         await self.client.close()
-
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details()}"
-    return str(error)
 
 
 # ---- engine side (call under the engine lock, i.e. through EngineWorker.call) --------------------------

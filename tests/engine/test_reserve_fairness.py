@@ -39,13 +39,20 @@ def _reserve(book: ReservationBook, rid: str, num_blocks: int) -> Reservation | 
     return book.reserve(_request(rid, num_blocks), lease_s=30.0)
 
 
+def _fill_then_refuse_big(book: ReservationBook) -> Refusal:
+    """Eight small grants fill the pool; "big" (8 blocks) is refused and becomes a waiter."""
+    for i in range(8):
+        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
+    big = _reserve(book, "big", 8)
+    assert isinstance(big, Refusal)
+    return big
+
+
 def test_the_oldest_refused_request_gets_the_blocks_that_come_free():
     clock = Clock()
     book = _book(clock)
-    for i in range(8):  # the pool is full of small grants
-        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
-    big = _reserve(book, "big", 8)
-    assert isinstance(big, Refusal) and "8 needed" in big.reason
+    big = _fill_then_refuse_big(book)
+    assert "8 needed" in big.reason
 
     for i in range(4):  # small grants end one by one; a later small request asks first every time
         clock.now += 0.3
@@ -62,9 +69,7 @@ def test_the_oldest_refused_request_gets_the_blocks_that_come_free():
 def test_a_waiter_that_stopped_asking_or_was_aborted_holds_nothing_back():
     clock = Clock()
     book = _book(clock)
-    for i in range(8):
-        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
-    assert isinstance(_reserve(book, "big", 8), Refusal)
+    _fill_then_refuse_big(book)
     book.cancel("small0")
     clock.now += 5.5  # "big" went elsewhere (or gave up): it asked nothing here for longer than present_s
     assert isinstance(_reserve(book, "later", 2), Reservation)
@@ -115,9 +120,7 @@ def test_an_adoption_does_not_take_the_blocks_an_older_refused_request_waits_for
 
     clock = Clock()
     book = _book(clock)
-    for i in range(8):
-        assert isinstance(_reserve(book, f"small{i}", 2), Reservation)
-    assert isinstance(_reserve(book, "big", 8), Refusal)
+    _fill_then_refuse_big(book)
     book.cancel("small0")
     adoptions = Adoptions(book.kv, book.scheduler, book)
     handed = HandedRequest(request_id="handed", prompt_token_ids=tuple(range(1, 5)), output_token_ids=(9,),
