@@ -11,9 +11,11 @@ decoding requests when new ones are admitted.
 Preempted KV is kept when a :class:`KVOffloader` takes it: the victim's blocks stay allocated for one more
 step, the engine copies them out while the step runs (``StepBatch.swap_out``) and frees them when it ends
 (:meth:`Scheduler.release_swapped`); the request then waits at the head of the queue and resumes by
-copying its KV back into fresh blocks (``StepBatch.swap_in``) — no recompute. Without a copy (no
-offloader, or no room in it) the blocks are freed at once and the request is recomputed on resume, helped
-by whatever of its blocks the prefix cache still holds.
+copying its KV back into fresh blocks (``StepBatch.swap_in``) — no recompute. While a copy comes back
+from the cache-store its request keeps its room and the requests behind it may be admitted around it, so a
+slow store holds up only the requests whose KV it has. Without a copy (no offloader, or no room in it) the
+blocks are freed at once and the request is recomputed on resume, helped by whatever of its blocks the
+prefix cache still holds.
 """
 
 from __future__ import annotations
@@ -193,17 +195,24 @@ class Scheduler:
         return owed
 
     def _admit_waiting(self, batch: StepBatch, budget: int) -> bool:
-        """Admit from the head of the queue while budget, slots and blocks allow; True if any was."""
+        """Admit in queue order while budget, slots and blocks allow; True if any was. A preempted request
+        whose copy is on its way back from the cache-store is passed over, its room kept (``owed``), so a
+        slow or hung store holds up only the requests whose KV it has; any other request that cannot be
+        admitted stops the scan (nobody overtakes it)."""
         owed = self._owed
         headroom = self.headroom_blocks()
         admitted = False
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            kept = self.offloader.ready(request.request_id) if self.offloader is not None else None
-            if kept is False:  # its copy is in the cache-store or on its way back: resume it first
-                if self._room_to_resume(request, owed) is not None:  # fetched only when it could resume: a copy
-                    self.offloader.prefetch(request.request_id)  # fetched too early would sit in host memory
+        for request in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
+            kept = self.offloader.ready(request.request_id) if self.offloader is not None else None
+            if kept is False:  # its copy is in the cache-store or on its way back
+                prefix = self._room_to_resume(request, owed)
+                if prefix is None:
+                    break  # no room for it: a copy fetched now would only sit in host memory
+                self.offloader.prefetch(request.request_id)
+                owed += self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)  # kept for it
+                continue
             if kept:
                 if not self._resume(request, batch, owed):
                     break
@@ -216,7 +225,7 @@ class Scheduler:
                 num_new = min(request.num_tokens - prefix.num_tokens, budget)
                 if self.kv.allocate(request.request_id, prefix.num_tokens + num_new, prefix) is None:
                     break
-                self.waiting.popleft()
+                self.waiting.remove(request)
                 self._admit(request, prefix)
                 batch.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
                 headroom += self._headroom_of([request])
@@ -232,7 +241,7 @@ class Scheduler:
         prefix = self._room_to_resume(request, owed)
         if prefix is None or self.kv.allocate(rid, request.num_tokens, prefix) is None:
             return False
-        self.waiting.popleft()
+        self.waiting.remove(request)
         kv_blocks = self.kv.block_ids(rid)[: math.ceil(computed / self.kv.block_size)]
         batch.swap_in.append(SwapIn(rid, tuple(kv_blocks[prefix.num_blocks:]), prefix.num_blocks))
         request.admitted_seq = next(self._admissions)

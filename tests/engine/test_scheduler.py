@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from kvcache.hashing import model_fingerprint
 from kvcache.manager import KVCacheManager
 from services.engine.request import Request, RequestStatus
@@ -175,3 +177,60 @@ def test_a_stored_copy_is_fetched_back_only_when_its_request_could_resume():
     assert preempted_at is not None and offloader.prefetched == ["new"]  # once "old" finished
     assert s.stats.resumes_total == 1 and s.stats.recomputes_total == 0
     kv.check_integrity()
+
+
+class SlowStoreOffloader(RemoteOffloader):
+    """A cache-store whose fetches arrive only when the test says so (a slow or hung store)."""
+
+    def prefetch(self, request_id: str) -> None:
+        self.prefetched.append(request_id)
+
+    def arrive(self, request_id: str) -> None:
+        self.fetched.add(request_id)
+
+
+def _preempted_with_a_copy_in_flight(num_blocks: int) -> tuple[Scheduler, SlowStoreOffloader, Request]:
+    """``victim`` preempted with its copy in the cache-store, the request that pushed it out finished, and
+    its fetch started but not arrived."""
+    offloader = SlowStoreOffloader()
+    kv = KVCacheManager(num_blocks, BLOCK, model_fingerprint(model="scheduler-test"))
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256), kv,
+                  offloader=offloader)
+    s.add(_request("first", list(range(7)), max_tokens=12))
+    victim = _request("victim", list(range(50, 57)), max_tokens=12)
+    s.add(victim)
+    for _ in range(40):
+        s.release_swapped(_run_step(s))
+        if not s.running:
+            break
+    assert victim.status is RequestStatus.PREEMPTED and list(s.waiting) == [victim]
+    assert _run_step(s).scheduled == []  # the pool has room for it now: its fetch starts
+    assert offloader.prefetched == ["victim"] and s.stats.resumes_total == 0
+    return s, offloader, victim
+
+
+def test_a_copy_on_its_way_back_holds_up_only_its_own_request():
+    """A hung cache-store fetch used to stop every admission behind it until it failed (up to 30 s)."""
+    s, offloader, victim = _preempted_with_a_copy_in_flight(num_blocks=8)
+    small = _request("small", list(range(100, 103)), max_tokens=2)
+    s.add(small)
+    batch = _run_step(s)
+    assert [x.request.request_id for x in batch.scheduled] == ["small"]
+    assert list(s.waiting) == [victim]
+    offloader.arrive("victim")
+    batch = _run_step(s)
+    assert "victim" in [x.request.request_id for x in batch.scheduled] and s.stats.resumes_total == 1
+    assert s.stats.recomputes_total == 0
+
+
+def test_the_room_of_a_copy_on_its_way_back_is_kept_for_it():
+    s, offloader, victim = _preempted_with_a_copy_in_flight(num_blocks=8)
+    victim_room = math.ceil((victim.num_tokens + 1) / BLOCK)
+    fits_alone = (s.kv.num_free_blocks - victim_room + 1) * BLOCK - 1  # one block more than what is left
+    large = _request("large", list(range(200, 200 + fits_alone - 1)), max_tokens=2)
+    s.add(large)
+    for _ in range(3):
+        assert _run_step(s).scheduled == []  # it would fit alone, not beside the victim
+    offloader.arrive("victim")
+    assert [x.request.request_id for x in _run_step(s).scheduled] == ["victim"]
+    s.kv.check_integrity()
