@@ -27,7 +27,7 @@ from services.cache_store.errors import (
     MissingBlockError,
     StoreFullError,
 )
-from services.cache_store.store import BlockStore
+from services.cache_store.store import BlockStore, check_key_count
 from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
 from services.common.errors import UnavailableError, grpc_errors, map_error
 from services.common.tracing import traced_rpc
@@ -89,6 +89,12 @@ def _frames_of(block: StoredBlock, chunk_bytes: int) -> Iterator[bytes]:
     header = _header_message(block).SerializeToString()
     for i, piece in enumerate(split(block.data, chunk_bytes)):
         yield encode_chunk(b"" if i else header, piece)
+
+
+def _keys_of(request: cache_store_pb2.GetRequest | cache_store_pb2.LookupRequest | cache_store_pb2.DeleteRequest
+             ) -> list[bytes]:
+    check_key_count(len(request.keys))  # before a million of them are copied out of the message
+    return list(request.keys)
 
 
 class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
@@ -170,7 +176,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
 
     async def _stream(self, request: cache_store_pb2.GetRequest,
                       encode: Callable[[StoredBlock, int], Iterator[object]]) -> AsyncIterator[object]:
-        keys = list(request.keys)
+        keys = _keys_of(request)
         with self._work(), self.store.open_get(keys, request.allow_partial, request.model_fingerprint,
                                                             request.restore) as reader:
             for block in reader:
@@ -182,7 +188,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     async def Lookup(
         self, request: cache_store_pb2.LookupRequest, context: grpc.aio.ServicerContext
     ) -> cache_store_pb2.LookupResponse:
-        hits = self.store.lookup(list(request.keys), request.model_fingerprint)
+        hits = self.store.lookup(_keys_of(request), request.model_fingerprint)
         return cache_store_pb2.LookupResponse(num_prefix_hits=hits)
 
     @grpc_errors
@@ -190,7 +196,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     async def Delete(
         self, request: cache_store_pb2.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> cache_store_pb2.DeleteResponse:
-        deleted = self.store.delete(list(request.keys), request.model_fingerprint)
+        deleted = self.store.delete(_keys_of(request), request.model_fingerprint)
         return cache_store_pb2.DeleteResponse(deleted=deleted)
 
     @grpc_errors

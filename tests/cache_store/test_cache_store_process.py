@@ -15,6 +15,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
+from services.cache_store.store import MAX_KEYS_PER_CALL
 from services.common.launch import ServiceProcess, launch
 from services.common.server import grpc_options
 from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
@@ -119,6 +120,23 @@ def test_get_and_lookup_refuse_keys_of_another_model(stub, rpc, keys, fingerprin
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in refused.value.details()
     assert lookup(stub, key("mine"), fingerprint=FP) == 1
+
+
+@pytest.mark.parametrize("rpc", ["Get", "Lookup", "Delete"])
+def test_a_call_past_the_key_limit_is_refused_naming_it_and_changes_nothing(stub, rpc):
+    stub.Put(put_stream([(key("kept"), b"x" * 10)]), timeout=5)
+    keys = [key("kept")] * (MAX_KEYS_PER_CALL + 1)
+    with pytest.raises(grpc.RpcError) as refused:
+        if rpc == "Get":
+            list(stub.Get(cache_store_pb2.GetRequest(keys=keys, model_fingerprint=FP), timeout=10))
+        elif rpc == "Lookup":
+            lookup(stub, *keys, fingerprint=FP)
+        else:
+            stub.Delete(cache_store_pb2.DeleteRequest(keys=keys, model_fingerprint=FP), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == f"keys: at most {MAX_KEYS_PER_CALL} per call, got {MAX_KEYS_PER_CALL + 1}"
+    assert lookup(stub, *keys[:MAX_KEYS_PER_CALL], fingerprint=FP) == MAX_KEYS_PER_CALL  # the limit itself works
+    assert status(stub).requests_running == 0
 
 
 def test_get_of_a_missing_key(stub):
