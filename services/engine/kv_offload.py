@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,12 +43,13 @@ import structlog
 import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
-from services.cache_store.breaker import StoreBreaker, StoreUnavailable
+from services.cache_store.breaker import StoreBreaker, StoreUnavailable, describe, is_store_fault
 from services.cache_store.keys import FINGERPRINT_BYTES, store_key
 from services.engine.step_batch import SwapIn, SwapOut
 
 log = structlog.get_logger(__name__)
 MAX_PARKED_DELETES = 4096  # deletes kept while the cache-store is failing; older ones are left to its LRU
+PARKED_RETRY_S = 1.0  # how often parked deletes are tried again while nothing else sends them
 
 
 class RemoteBlockStore(Protocol):
@@ -97,6 +99,7 @@ class KVOffload:
         self._deletes = ThreadPoolExecutor(1, thread_name_prefix="kv-offload-delete") if remote is not None \
             else None
         self._parked: list[tuple[str, list[bytes]]] = []  # deletes waiting for the store (delete thread only)
+        self._retry: threading.Timer | None = None  # sends the parked deletes again (delete thread only)
 
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
@@ -198,25 +201,49 @@ class KVOffload:
         for executor in (self._io, self._deletes):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
+        if self._retry is not None:
+            self._retry.cancel()
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
-        """On the delete thread. While the breaker is open the delete waits in a list (at most
-        ``MAX_PARKED_DELETES``; a copy not deleted would crowd out prefix blocks until the store's LRU ages
-        it out), and goes with the first delete after the store answers again."""
+        """On the delete thread. While the breaker is open, or when a delete fails for the store's sake,
+        the delete waits in a list (at most ``MAX_PARKED_DELETES``; a copy not deleted would crowd out
+        prefix blocks until the store's LRU ages it out) and goes once the store answers again: with the
+        next delete, or by a retry every ``PARKED_RETRY_S`` (an idle node sends none)."""
         self._parked.append((request_id, keys))
-        if self.breaker.is_open():
-            del self._parked[:-MAX_PARKED_DELETES]
-            return
+        del self._parked[:-MAX_PARKED_DELETES]
+        self._send_parked()
+
+    def _send_parked(self) -> None:
+        """On the delete thread: send the parked deletes in order, until the store fails again."""
         while self._parked:
+            if self.breaker.is_open():
+                self._retry_parked_later()
+                return
             rid, parked_keys = self._parked[0]
             try:
                 self.breaker.call(self.remote.delete, parked_keys)
-            except StoreUnavailable:  # it failed again meanwhile: the rest wait for the next turn
+            except StoreUnavailable:  # it failed again meanwhile
+                self._retry_parked_later()
                 return
-            except (grpc.RpcError, ConnectionError) as error:  # gone or busy: its LRU ages them out
+            except (grpc.RpcError, ConnectionError) as error:
+                if is_store_fault(error):  # timed out or unreachable: deleting again later is harmless
+                    self._retry_parked_later()
+                    return
                 log.info("could not delete a preempted request's copy from the cache-store", request_id=rid,
-                         error=repr(error))
+                         error=describe(error))  # the store refused it: its LRU ages the copy out
             del self._parked[0]
+
+    def _retry_parked_later(self) -> None:
+        """A timer puts :meth:`_send_parked` back on the delete thread in ``PARKED_RETRY_S`` (one at a time)."""
+        if self._retry is not None and self._retry.is_alive():
+            return
+        self._retry = threading.Timer(PARKED_RETRY_S, self._submit_send_parked)
+        self._retry.daemon = True
+        self._retry.start()
+
+    def _submit_send_parked(self) -> None:
+        with contextlib.suppress(RuntimeError):  # closed: the engine is going away
+            self._deletes.submit(self._send_parked)
 
     # ---- the engine's side: moving bytes during a step ----------------------------------------------
     def copy_out(self, kv_cache: torch.Tensor, swaps: Sequence[SwapOut]) -> None:

@@ -12,10 +12,10 @@ Preempted KV is kept when a :class:`KVOffloader` takes it: the victim's blocks s
 step, the engine copies them out while the step runs (``StepBatch.swap_out``) and frees them when it ends
 (:meth:`Scheduler.release_swapped`); the request then waits at the head of the queue and resumes by
 copying its KV back into fresh blocks (``StepBatch.swap_in``) — no recompute. While a copy comes back
-from the cache-store its request keeps its room and the requests behind it may be admitted around it, so a
-slow store holds up only the requests whose KV it has. Without a copy (no offloader, or no room in it) the
-blocks are freed at once and the request is recomputed on resume, helped by whatever of its blocks the
-prefix cache still holds.
+from the cache-store the requests behind it may be admitted around it, from the free blocks its resume does
+not need, so a slow store holds up only the requests whose KV it has. Without a copy (no offloader, or no
+room in it) the blocks are freed at once and the request is recomputed on resume, helped by whatever of its
+blocks the prefix cache still holds.
 """
 
 from __future__ import annotations
@@ -196,9 +196,10 @@ class Scheduler:
 
     def _admit_waiting(self, batch: StepBatch, budget: int) -> bool:
         """Admit in queue order while budget, slots and blocks allow; True if any was. A preempted request
-        whose copy is on its way back from the cache-store is passed over, its room kept (``owed``), so a
-        slow or hung store holds up only the requests whose KV it has; any other request that cannot be
-        admitted stops the scan (nobody overtakes it)."""
+        whose copy is on its way back from the cache-store is passed over, and the requests behind it are
+        admitted only from the blocks its resume does not need (``owed``: this step's admissions take none
+        of its room), so a slow or hung store holds up only the requests whose KV it has; any other request
+        that cannot be admitted stops the scan (nobody overtakes it)."""
         owed = self._owed
         headroom = self.headroom_blocks()
         admitted = False

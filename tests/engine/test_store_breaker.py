@@ -197,3 +197,35 @@ def test_after_the_cooldown_one_test_call_goes_through_and_its_answer_decides():
         return await breaker.call_async(asyncio.sleep, 0, "tested")  # the next call gets the turn
 
     assert asyncio.run(cancelled_test_call()) == "tested" and not breaker.is_open()
+
+
+def test_parked_deletes_go_once_the_store_answers_though_nothing_else_is_sent(monkeypatch):
+    """An idle node sends no new delete: the parked ones are retried on a timer. A delete that was in flight
+    when the store failed is parked too, not dropped (both left copies in the store for good)."""
+    monkeypatch.setattr("services.engine.kv_offload.PARKED_RETRY_S", 0.05)
+    kv_cache = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4)
+    store = FlakyStore()
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True,
+                        breaker=StoreBreaker(cooldown_s=0.2))
+    try:
+        for name, blocks in (("early", (0, 1)), ("late", (2, 3))):
+            assert offload.claim(name, 2)
+            offload.copy_out(kv_cache, [SwapOut(name, blocks)])
+        offload.wait_io()
+        keys = {name: offload.remote_keys(name) for name in ("early", "late")}
+        assert all(keys.values()) and len(store.blocks) == 4
+
+        store.down.set()
+        offload.discard("early")  # in flight when the store fails: its delete times out
+        offload.wait_io()
+        assert offload.breaker.is_open() and store.blocks.keys() >= set(keys["early"])
+        offload.discard("late")  # the breaker is open: parked
+        offload.wait_io()
+        store.down.clear()
+        for _ in range(200):  # no other call is made: the timer sends both after the cooldown
+            if not store.blocks:
+                break
+            threading.Event().wait(0.02)
+        assert store.blocks == {} and set(store.deleted) == {*keys["early"], *keys["late"]}
+    finally:
+        offload.close()
