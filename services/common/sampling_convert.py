@@ -37,10 +37,15 @@ class SamplingFields:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
 
     def resolve(self, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
                 ) -> SamplingParams:
-        """Engine params with the defaults filled in (temperature 1, top_p 1, top_k 0 = off)."""
+        """Engine params with the defaults filled in (temperature 1, top_p 1, top_k 0 = off, penalties and
+        min_p off)."""
         top_k = self.top_k if self.top_k is not None else 0
         return SamplingParams(
             max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
@@ -53,6 +58,10 @@ class SamplingFields:
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             logprobs=self.logprobs,
+            presence_penalty=self.presence_penalty if self.presence_penalty is not None else 0.0,
+            frequency_penalty=self.frequency_penalty if self.frequency_penalty is not None else 0.0,
+            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
+            min_p=self.min_p if self.min_p is not None else 0.0,
         )
 
 
@@ -71,6 +80,10 @@ def fields_from_proto(message: gateway_pb2.SamplingParams) -> SamplingFields:
         ignore_eos=message.ignore_eos,
         min_tokens=message.min_tokens,
         logprobs=given("logprobs"),  # type: ignore[arg-type]
+        presence_penalty=given("presence_penalty"),  # type: ignore[arg-type]
+        frequency_penalty=given("frequency_penalty"),  # type: ignore[arg-type]
+        repetition_penalty=given("repetition_penalty"),  # type: ignore[arg-type]
+        min_p=given("min_p"),  # type: ignore[arg-type]
     )
 
 
@@ -91,6 +104,10 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
         min_tokens=params.min_tokens,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        min_p=params.min_p,
     )
     if params.seed is not None:
         message.seed = params.seed

@@ -1,4 +1,4 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeded generators.
+"""Batched token sampling: penalties, greedy, temperature, min-p, top-k, top-p, per-request seeded generators.
 
 Random rows use the exponential-race form of categorical sampling (``argmax(p / E)`` with ``E ~ Exp(1)``),
 which needs no sort. A seeded request draws the noise of its i-th output token from a generator seeded
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from services.engine.penalties import History, apply_min_p, apply_penalties
 from services.engine.sampling_params import SamplingParams
 
 
@@ -26,10 +27,15 @@ def make_generator(params: SamplingParams, position: int = 0) -> torch.Generator
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None],
-           banned: Sequence[Sequence[int]] | None = None) -> list[int]:
-    """Pick one token per row of float32 ``logits [B, V]``; ``banned[i]`` lists ids row i may not take."""
+           banned: Sequence[Sequence[int]] | None = None,
+           histories: Sequence[History | None] | None = None) -> list[int]:
+    """Pick one token per row of float32 ``logits [B, V]`` (changed in place); ``banned[i]`` lists ids row i
+    may not take; ``histories[i]`` (prompt and output ids) is needed where ``params[i]`` has a penalty."""
     assert logits.shape[0] == len(params) == len(generators), "one params/generator per logits row"
     logits = logits.float()
+    if any(p.penalized for p in params):
+        assert histories is not None, "penalized rows need their token histories"
+        apply_penalties(logits, params, histories)
     if banned is not None:
         for row, ids in enumerate(banned):
             if ids:
@@ -47,6 +53,8 @@ def _sample_random(logits: torch.Tensor, params: Sequence[SamplingParams],
                    generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
     logits = logits / temperature
+    if any(p.min_p > 0 for p in params):
+        logits = apply_min_p(logits, [p.min_p for p in params])
     top_k = [p.top_k for p in params]
     if any(k > 0 for k in top_k):
         logits = _apply_top_k(logits, top_k)

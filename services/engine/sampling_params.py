@@ -18,6 +18,7 @@ SEED_LIMIT = 2**63  # seeds are distinct below it (the sampler's generators take
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range, as vLLM's
 
 
 def as_float32(value: float) -> float:
@@ -46,6 +47,13 @@ class SamplingParams:
     ``top_p == 1`` disable those filters. ``seed`` makes random sampling reproducible per request,
     independent of what else is in the batch.
     ``logprobs``: None = none; ``k`` = each new token's logprob and the ``k`` most likely (``logprobs.py``).
+
+    Penalties, as vLLM and OpenAI define them, change the logits before anything else (greedy requests
+    too; ``penalties.py``): ``presence_penalty`` is subtracted from every token already generated,
+    ``frequency_penalty`` times the number of times it was; ``repetition_penalty`` (CTRL) divides the
+    positive logits of every token of the prompt or the output by it and multiplies the negative ones.
+    ``min_p`` (random sampling only, after the temperature) drops the tokens less likely than ``min_p``
+    times the most likely one. Logprobs stay those of the raw distribution.
     """
 
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -58,6 +66,10 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -65,6 +77,11 @@ class SamplingParams:
         # both as the 32-bit floats the wire carries (1e-5 is 9.99999975e-06 there): a node that got the
         # temperature over gRPC and an engine given the Python float agree on every value, 1e-5 included
         return as_float32(self.temperature) < as_float32(GREEDY_BELOW_TEMPERATURE)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes this request's logits (``penalties.py``)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def validate(self, vocab_size: int) -> None:
         """Raise :class:`InvalidRequestError` naming the first bad field."""
@@ -80,6 +97,15 @@ class SamplingParams:
             raise InvalidRequestError("seed", f"must be in [0, 2**63), got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise InvalidRequestError(name, f"must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
+        if not math.isfinite(as_float32(self.repetition_penalty)) or not as_float32(self.repetition_penalty) > 0:
+            raise InvalidRequestError("repetition_penalty", f"must be > 0 and a finite 32-bit float (1 disables it), "
+                                                            f"got {self.repetition_penalty}")
+        if not math.isfinite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError("min_p", f"must be in [0, 1] (0 disables it), got {self.min_p}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens], got {self.min_tokens}")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:

@@ -87,6 +87,30 @@ def test_chat_completions_match_grpc_generate(client, grpc_stub):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_penalties_and_min_p_as_the_openai_package_sends_them(client, grpc_stub):
+    """OpenAI's presence and frequency penalties are arguments of the package; vLLM's repetition_penalty
+    and min_p go in ``extra_body``. Each changes the text as gRPC ``Generate`` with the same fields does."""
+    prompt = "Once upon a time, there was a little cat. The cat"
+    _tokens, plain, _ = generate(grpc_stub, prompt=prompt, sampling=greedy(NEW_TOKENS))
+    cases = [({"frequency_penalty": 1.0, "presence_penalty": 0.5}, {}),
+             ({}, {"repetition_penalty": 1.3}),
+             ({"temperature": 0.8, "seed": 11}, {"min_p": 0.1})]
+    for arguments, extra in cases:
+        fields = {"temperature": 0.0, **arguments, **extra}
+        _tokens, text, _ = generate(grpc_stub, prompt=prompt, sampling=gateway_pb2.SamplingParams(
+            max_tokens=NEW_TOKENS, ignore_eos=True, **fields))
+        completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=NEW_TOKENS,
+                                               **{"temperature": 0.0, **arguments},
+                                               extra_body={"ignore_eos": True, **extra})
+        assert completion.choices[0].text == text, fields
+        if "temperature" not in arguments:
+            assert text != plain, fields  # greedy, and the penalty changed what greedy picks
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=prompt, frequency_penalty=2.5, max_tokens=2)
+    assert refused.value.body["param"] == "frequency_penalty"
+    wait_idle(grpc_stub)
+
+
 def test_logprobs_as_the_openai_package_reads_them(client, grpc_stub, bundled_tokenizer):
     _tokens, text, _ = generate(grpc_stub, messages=[gateway_pb2.ChatMessage(role=m["role"], content=m["content"])
                                                      for m in CHAT], sampling=greedy(NEW_TOKENS))

@@ -1,9 +1,11 @@
-"""Sampler: greedy, temperature, top-k, top-p, seeds, banned ids."""
+"""Sampler: greedy, temperature, top-k, top-p, min-p, penalties, seeds, banned ids."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from services.engine.penalties import apply_min_p, apply_penalties
 from services.engine.sampler import make_generator, sample
 from services.engine.sampling_params import SamplingParams, as_float32
 
@@ -77,3 +79,40 @@ def test_sampling_follows_the_distribution():
 def test_banned_ids_are_never_chosen():
     logits = torch.tensor([[0.0, 10.0, 1.0]])
     assert sample(logits, [SamplingParams(temperature=0.0)], [None], banned=[[1]]) == [2]
+
+
+def test_penalties_follow_vllms_formulas_and_touch_only_penalized_rows():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]] * 2)
+    prompt, output = [0, 1], [3, 3, 2]  # token 3 twice, token 2 once; tokens 0 and 1 only in the prompt
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    penalized = logits[0].clone()
+    apply_penalties(logits, [params, SamplingParams(temperature=0.0)], [(prompt, output), None])
+    # repetition over prompt and output (positive / 2, negative * 2), then frequency × count, then presence
+    assert logits[0].tolist() == [1.0, -2.0, 0.25 - 0.5 - 0.25, 1.5 - 1.0 - 0.25, -2.0]
+    assert torch.equal(logits[1], penalized)  # no penalty: untouched
+
+
+def test_penalties_change_a_greedy_choice():
+    logits = torch.tensor([[0.0, 5.0, 4.0]])
+    repeated = SamplingParams(temperature=0.0, frequency_penalty=2.0)
+    assert sample(logits.clone(), [repeated], [None], histories=[([0], [])]) == [1]  # nothing generated yet
+    assert sample(logits.clone(), [repeated], [None], histories=[([0], [1])]) == [2]  # 5 - 2 < 4
+    assert sample(logits.clone(), [SamplingParams(temperature=0.0, repetition_penalty=1.5)], [None],
+                  histories=[([1], [])]) == [2]  # 5 / 1.5 < 4: a prompt token is penalized too
+    assert sample(logits.clone(), [SamplingParams(temperature=0.0, presence_penalty=-2.0)], [None],
+                  histories=[([0], [2])]) == [2]  # a negative penalty encourages repeats
+
+
+def test_min_p_drops_the_tokens_less_likely_than_min_p_times_the_likeliest():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    params = [SamplingParams(temperature=1.0, min_p=0.35, seed=s) for s in range(300)]
+    picked = {sample(logits.clone(), [p], [make_generator(p)])[0] for p in params}
+    assert picked == {0, 1}  # 0.15 < 0.35 × 0.5: tokens 2 and 3 never drawn; without min_p they are
+    plain = [SamplingParams(temperature=1.0, seed=s) for s in range(300)]
+    assert {sample(logits.clone(), [p], [make_generator(p)])[0] for p in plain} == {0, 1, 2, 3}
+    assert apply_min_p(logits, [1.0]).isfinite().tolist() == [[True, False, False, False]]
+
+
+def test_a_penalized_row_without_its_history_is_a_bug_not_a_silent_no_op():
+    with pytest.raises(AssertionError, match="histories"):
+        sample(_logits(1), [SamplingParams(temperature=0.0, repetition_penalty=1.2)], [None])

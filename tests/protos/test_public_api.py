@@ -34,7 +34,8 @@ def test_gateway_service_and_messages():
     assert {"request_id", "prompt", "token_ids", "messages", "sampling"} <= request
     assert fields(gateway_pb2.ChatMessage) == {"role", "content"}
     assert {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-            "ignore_eos"} <= fields(gateway_pb2.SamplingParams)
+            "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"} <= \
+        fields(gateway_pb2.SamplingParams)
     response = fields(gateway_pb2.GenerateResponse)
     assert {"request_id", "token_ids", "text", "finish_reason", "usage"} <= response
     assert {"prompt_tokens", "completion_tokens", "cached_tokens"} <= fields(gateway_pb2.Usage)
@@ -57,8 +58,8 @@ def test_unset_sampling_fields_are_distinguishable_from_zero():
     unset, zero = gateway_pb2.SamplingParams(), gateway_pb2.SamplingParams(max_tokens=0, temperature=0.0)
     assert not unset.HasField("max_tokens") and not unset.HasField("temperature")
     assert zero.HasField("max_tokens") and zero.HasField("temperature")
-    for name in ("top_p", "top_k", "seed"):
-        assert not unset.HasField(name)
+    for name in ("top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
+        assert not unset.HasField(name)  # an explicit 0 (a repetition_penalty of 0 is refused) is not "off"
 
 
 def test_internal_services_share_node_status():

@@ -1,11 +1,11 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
 
 What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` past
-16, ``best_of`` > 1, ``echo``, ``suffix``, ``logit_bias`` and non-zero
-``presence_penalty``/``frequency_penalty`` here; the undeclared fields that would change the output
-(``response_format``, ``tools``, ``min_p``, …) in ``unsupported.py``. Other fields (``user``,
+16, ``best_of`` > 1, ``echo``, ``suffix`` and ``logit_bias`` here; the undeclared fields that would change
+the output (``response_format``, ``tools``, …) in ``unsupported.py``. Other fields (``user``,
 ``metadata``, …) are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them):
-``top_k`` (-1 or 0 = off), ``stop_token_ids``, ``ignore_eos``, ``min_tokens``.
+``top_k`` (-1 or 0 = off), ``min_p`` (0 = off), ``repetition_penalty`` (1 = off), ``stop_token_ids``,
+``ignore_eos``, ``min_tokens``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.engine.logprobs import MAX_LOGPROBS
-from services.engine.sampling_params import SEED_LIMIT
+from services.engine.sampling_params import MAX_PENALTY, SEED_LIMIT
 
 MAX_CHOICES = 16  # n: choices of one request (each runs as its own request on the nodes)
 MAX_PROMPT_CHOICES = 64  # a batch of completions prompts: prompts × n (each runs as its own request)
@@ -61,8 +61,10 @@ class GenerationBody(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
     logit_bias: dict[str, float] | None = None
 
     @field_validator("n", "stream", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
@@ -83,13 +85,6 @@ class GenerationBody(BaseModel):
     def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
         if value is not None and not info.data.get("stream", False):
             raise ValueError("only allowed when stream is true (as OpenAI and vLLM)")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0:
-            raise ValueError("penalties are not supported (only 0)")
         return value
 
     @field_validator("logit_bias")

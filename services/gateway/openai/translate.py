@@ -31,7 +31,9 @@ def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | No
     return SamplingFields(max_tokens=max_tokens, logprobs=logprobs, temperature=body.temperature, top_p=body.top_p,
                           top_k=body.top_k, seed=body.seed, stop=tuple(body.stop or ()),
                           stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                          min_tokens=body.min_tokens)
+                          min_tokens=body.min_tokens, presence_penalty=body.presence_penalty,
+                          frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
+                          min_p=body.min_p)
 
 
 def completion_inputs(body: CompletionBody, request_id: str) -> list[GenerateInput]:

@@ -40,8 +40,6 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tool_choice": (_one_of("none", "auto"), "tool calling"),
     "functions": (_empty, "function calling"),
     "function_call": (_one_of("none", "auto"), "function calling"),
-    "min_p": (_one_of(0, 0.0), "min-p sampling"),
-    "repetition_penalty": (_one_of(1, 1.0), "a repetition penalty"),
     "length_penalty": (_one_of(1, 1.0), "beam search"),
     "use_beam_search": (_one_of(False), "beam search"),
     "include_stop_str_in_output": (_one_of(False), "the stop string in the output"),
