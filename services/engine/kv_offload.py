@@ -99,7 +99,9 @@ class KVOffload:
         self._deletes = ThreadPoolExecutor(1, thread_name_prefix="kv-offload-delete") if remote is not None \
             else None
         self._parked: list[tuple[str, list[bytes]]] = []  # deletes waiting for the store (delete thread only)
-        self._retry: threading.Timer | None = None  # sends the parked deletes again (delete thread only)
+        self._retry_lock = threading.Lock()  # guards _retry and _closed (delete, timer and engine threads)
+        self._retry: threading.Timer | None = None  # armed: sends the parked deletes again
+        self._closed = False
 
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
@@ -198,11 +200,13 @@ class KVOffload:
     def close(self) -> None:
         """Stop the background threads (queued puts, fetches and deletes are dropped: the engine is going
         away, and the cache-store's LRU ages out what it was not told to delete)."""
+        with self._retry_lock:  # first: a timer firing now submits nothing to the closed executor
+            self._closed = True
+            if self._retry is not None:
+                self._retry.cancel()
         for executor in (self._io, self._deletes):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
-        if self._retry is not None:
-            self._retry.cancel()
 
     def _delete_remote(self, request_id: str, keys: list[bytes]) -> None:
         """On the delete thread. While the breaker is open, or when a delete fails for the store's sake,
@@ -225,7 +229,7 @@ class KVOffload:
             except StoreUnavailable:  # it failed again meanwhile
                 self._retry_parked_later()
                 return
-            except (grpc.RpcError, ConnectionError) as error:
+            except (grpc.RpcError, ConnectionError, TimeoutError) as error:
                 if is_store_fault(error):  # timed out or unreachable: deleting again later is harmless
                     self._retry_parked_later()
                     return
@@ -234,16 +238,22 @@ class KVOffload:
             del self._parked[0]
 
     def _retry_parked_later(self) -> None:
-        """A timer puts :meth:`_send_parked` back on the delete thread in ``PARKED_RETRY_S`` (one at a time)."""
-        if self._retry is not None and self._retry.is_alive():
-            return
-        self._retry = threading.Timer(PARKED_RETRY_S, self._submit_send_parked)
-        self._retry.daemon = True
-        self._retry.start()
+        """Arm a timer that puts :meth:`_send_parked` back on the delete thread in ``PARKED_RETRY_S``
+        (one armed at a time; none once closed)."""
+        with self._retry_lock:
+            if self._retry is not None or self._closed:
+                return
+            self._retry = threading.Timer(PARKED_RETRY_S, self._submit_send_parked)
+            self._retry.daemon = True
+            self._retry.start()
 
     def _submit_send_parked(self) -> None:
-        with contextlib.suppress(RuntimeError):  # closed: the engine is going away
-            self._deletes.submit(self._send_parked)
+        """On the timer's thread: disarmed before the send is queued, so a send that finds the store still
+        failing arms the next one."""
+        with self._retry_lock:
+            self._retry = None
+            if not self._closed:
+                self._deletes.submit(self._send_parked)
 
     # ---- the engine's side: moving bytes during a step ----------------------------------------------
     def copy_out(self, kv_cache: torch.Tensor, swaps: Sequence[SwapOut]) -> None:

@@ -229,3 +229,42 @@ def test_parked_deletes_go_once_the_store_answers_though_nothing_else_is_sent(mo
         assert store.blocks == {} and set(store.deleted) == {*keys["early"], *keys["late"]}
     finally:
         offload.close()
+
+
+def test_the_retry_timer_rearms_until_the_store_answers_and_stops_at_close(monkeypatch):
+    """Each retry that finds the breaker still open arms the next (a timer that checked whether the last was
+    still alive could miss it and leave the deletes parked); after close none is armed."""
+    monkeypatch.setattr("services.engine.kv_offload.PARKED_RETRY_S", 0.01)
+    kv_cache = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4)
+    store, clock = FlakyStore(), Clock()
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True,
+                        breaker=StoreBreaker(cooldown_s=10.0, clock=clock))
+    assert offload.claim("a", 2)
+    offload.copy_out(kv_cache, [SwapOut("a", (0, 1))])
+    offload.wait_io()
+    keys = offload.remote_keys("a")
+    store.down.set()
+    offload.discard("a")  # times out: parked, the breaker open on the fake clock
+    offload.wait_io()
+    store.down.clear()
+    threading.Event().wait(0.3)  # ~30 retries find the breaker open; each arms the next
+    assert offload._parked and offload._retry is not None
+    clock.now += 10.0  # the cooldown ends: the next retry sends it
+    for _ in range(200):
+        if not offload._parked:
+            break
+        threading.Event().wait(0.01)
+    assert not offload._parked and set(store.deleted) == set(keys)
+    assert offload.claim("b", 2)
+    offload.copy_out(kv_cache, [SwapOut("b", (2, 3))])
+    offload.wait_io()
+    store.down.set()
+    offload.discard("b")  # parked again, a timer armed
+    offload.wait_io()
+    timer = offload._retry
+    assert timer is not None and offload._parked
+    offload.close()
+    timer.join(1)
+    assert not timer.is_alive() and offload._retry is timer  # cancelled; no other armed after it
+    threading.Event().wait(0.05)
+    assert offload._retry is timer
