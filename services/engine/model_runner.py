@@ -74,7 +74,7 @@ class ModelRunner:
         raw = logits[wanted].clone() if wanted else None  # before sample() bans tokens in place
         generators = [make_generator(r.sampling, r.num_output_tokens) for r in samplers]
         banned = [self._banned(r) for r in samplers]
-        histories = [(r.prompt_token_ids, r.output_token_ids) if r.sampling.penalized else None for r in samplers]
+        histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in samplers]
         tokens = sample(logits, [r.sampling for r in samplers], generators, banned, histories)
         samples = StepSamples({r.request_id: t for r, t in zip(samplers, tokens, strict=True)})
         if raw is not None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from services.engine.sampling_params import SamplingParams
@@ -87,6 +89,11 @@ class Request:
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+
+    @cached_property
+    def distinct_prompt_ids(self) -> array:
+        """The prompt's token ids, each once, as 64-bit ints (what the repetition penalty reads every step)."""
+        return array("q", dict.fromkeys(self.prompt_token_ids))
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -19,6 +19,8 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range, as vLLM's
+# vLLM takes any repetition penalty > 0; a subnormal one made logit / penalty infinite (softmax NaN: token 0)
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
 def as_float32(value: float) -> float:
@@ -101,8 +103,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not math.isfinite(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise InvalidRequestError(name, f"must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
-        if not math.isfinite(as_float32(self.repetition_penalty)) or not as_float32(self.repetition_penalty) > 0:
-            raise InvalidRequestError("repetition_penalty", f"must be > 0 and a finite 32-bit float (1 disables it), "
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:  # NaN too
+            raise InvalidRequestError("repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY}, "
+                                                            f"{MAX_REPETITION_PENALTY}] (1 disables it), "
                                                             f"got {self.repetition_penalty}")
         if not math.isfinite(self.min_p) or not 0 <= self.min_p <= 1:
             raise InvalidRequestError("min_p", f"must be in [0, 1] (0 disables it), got {self.min_p}")

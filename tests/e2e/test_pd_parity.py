@@ -95,4 +95,7 @@ def test_penalties_and_min_p_through_the_cluster_equal_the_mixed_engine_s(stub, 
         tokens, text, _ = generate(stub, prompt=prompt, sampling=gateway_pb2.SamplingParams(
             max_tokens=NEW_TOKENS, ignore_eos=True, **params))
         assert (tokens, text) == (want.token_ids, want.text), extra
+    seeded = dict(settings[-1], min_p=0.0)
+    without_min_p = engine.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, **seeded))[0]
+    assert without_min_p.token_ids != want.token_ids  # the same seed without min_p draws other tokens
     wait_idle(stub)

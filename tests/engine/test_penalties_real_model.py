@@ -51,9 +51,9 @@ def test_penalized_requests_give_the_same_tokens_when_preempted_and_recomputed(f
 def test_logprobs_are_the_raw_distribution_s(fp32_model, bundled_tokenizer):
     engine = make_engine(fp32_model, bundled_tokenizer)
     prompt = bundled_tokenizer.encode(LOOPING)
-    plain, penalized = (engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, **p))[0]
+    plain, penalized = (engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, logprobs=20, **p))[0]
                         for p in ({}, {"repetition_penalty": 3.0}))
     assert penalized.token_ids != plain.token_ids  # the penalty chose another token ...
     assert penalized.logprobs[0].top == plain.logprobs[0].top  # ... from the same reported distribution
-    assert penalized.logprobs[0].logprob == dict(plain.logprobs[0].top)[penalized.token_ids[0]] \
-        or penalized.token_ids[0] not in dict(plain.logprobs[0].top)
+    raw = dict(plain.logprobs[0].top)
+    assert penalized.token_ids[0] in raw and penalized.logprobs[0].logprob == raw[penalized.token_ids[0]]

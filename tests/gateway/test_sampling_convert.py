@@ -40,10 +40,19 @@ def test_top_k_minus_one_means_no_limit():
 
 def test_round_trip_keeps_every_field():
     params = SamplingParams(max_tokens=12, temperature=0.5, top_p=0.25, top_k=40, seed=(1 << 63) - 1,
-                            stop=("\n\n", "END"), stop_token_ids=(2, 7), ignore_eos=True)
+                            stop=("\n\n", "END"), stop_token_ids=(2, 7), ignore_eos=True, min_tokens=3, logprobs=2,
+                            presence_penalty=-0.5, frequency_penalty=1.25, repetition_penalty=1.125, min_p=0.0625)
     message = sampling_to_proto(params)
-    assert all(message.HasField(f) for f in ("max_tokens", "temperature", "top_p", "top_k", "seed"))
+    assert all(message.HasField(f) for f in ("max_tokens", "temperature", "top_p", "top_k", "seed", "logprobs",
+                                             "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"))
     assert sampling_from_proto(gateway_pb2.SamplingParams.FromString(message.SerializeToString())) == params
+
+
+def test_unset_penalties_are_off_and_an_explicit_zero_is_kept_for_validation():
+    assert sampling_from_proto(gateway_pb2.SamplingParams()) == SamplingParams()
+    assert not SamplingParams().penalized
+    explicit = sampling_from_proto(gateway_pb2.SamplingParams(repetition_penalty=0.0))
+    assert explicit.repetition_penalty == 0.0  # not "off": validation refuses it, naming the field
 
 
 def test_round_trip_without_a_seed_leaves_it_unset():
