@@ -27,7 +27,8 @@ from services.cache_store.errors import (
     MissingBlockError,
     StoreFullError,
 )
-from services.cache_store.store import BlockStore, check_key_count
+from services.cache_store.keys import check_key_count
+from services.cache_store.store import BlockStore
 from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
 from services.common.errors import UnavailableError, grpc_errors, map_error
 from services.common.tracing import traced_rpc

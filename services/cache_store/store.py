@@ -40,11 +40,10 @@ from services.cache_store.block import CHECKSUMS, StoredBlock, checksum
 from services.cache_store.disk_tier import DiskTier, PutStaging
 from services.cache_store.errors import (
     DiskWriteError,
-    InvalidKeyError,
     MissingBlockError,
     StoreFullError,
 )
-from services.cache_store.keys import FINGERPRINT_BYTES, KEY_BYTES, fingerprint_of
+from services.cache_store.keys import check_keys
 from services.cache_store.leases import Leases
 from services.cache_store.memory_tier import MemoryTier
 from services.cache_store.reader import BlockReader
@@ -53,9 +52,6 @@ __all__ = ["CHECKSUMS", "BlockReader", "BlockStore", "PutResult", "PutStaging", 
            "checksum"]
 
 log = structlog.get_logger(__name__)
-# keys in one Get, Lookup or Delete: 1M tokens at 16 a block (the bundled model's context is 512 blocks); without
-# a bound, a call of a million keys held the event loop for ~0.4 s while they were read and checked
-MAX_KEYS_PER_CALL = 65536
 
 
 @dataclass(frozen=True)
@@ -83,27 +79,6 @@ class StoreStats:
     disk_corrupt_total: int  # of those, damaged or missing files
     disk_write_failures_total: int  # blocks evicted from memory that could not be written to disk
     leases: int
-
-
-def check_key_count(count: int) -> None:
-    """``InvalidKeyError`` past :data:`MAX_KEYS_PER_CALL` (checked before the keys are read one by one)."""
-    if count > MAX_KEYS_PER_CALL:
-        raise InvalidKeyError("keys", f"at most {MAX_KEYS_PER_CALL} per call, got {count}")
-
-
-def check_keys(keys: Sequence[bytes], fingerprint: bytes = b"") -> None:
-    """``InvalidKeyError`` for more than :data:`MAX_KEYS_PER_CALL` keys, a key that is not 32 bytes or,
-    when ``fingerprint`` is given, one that does not start with it."""
-    check_key_count(len(keys))
-    if fingerprint and len(fingerprint) != FINGERPRINT_BYTES:
-        raise InvalidKeyError("model_fingerprint", f"must be {FINGERPRINT_BYTES} bytes, got {len(fingerprint)}")
-    for i, key in enumerate(keys):
-        if len(key) != KEY_BYTES:
-            raise InvalidKeyError(f"keys[{i}]", f"must be {KEY_BYTES} bytes (model fingerprint ‖ block id), "
-                                                f"got {len(key)}")
-        if fingerprint and fingerprint_of(key) != fingerprint:
-            raise InvalidKeyError(f"keys[{i}]", f"key for another model: it starts with {fingerprint_of(key).hex()}, "
-                                                f"model_fingerprint is {fingerprint.hex()}")
 
 
 class BlockStore:

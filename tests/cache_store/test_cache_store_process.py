@@ -15,7 +15,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
-from services.cache_store.store import MAX_KEYS_PER_CALL
+from services.cache_store.keys import MAX_KEYS_PER_CALL
 from services.common.launch import ServiceProcess, launch
 from services.common.server import grpc_options
 from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
