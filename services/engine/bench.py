@@ -4,7 +4,8 @@ Each system runs in its own subprocess (so peak resident memory is its own), wit
 count. Reported figures are medians over ``--repeats`` runs:
 
 - decode ms/token at batch 1 (a 32-token prompt, 128 new tokens, prefill excluded);
-- aggregate decode tokens/s at batch 32 with ~512 tokens of context per sequence (pdserve only);
+- aggregate decode tokens/s at batch 32 with ~512 tokens of context per sequence (pdserve only), plain and
+  with all three penalties on every sequence (repetition 1.1, frequency 0.5, presence 0.5), alternating;
 - prefill time (time to first token) for a 512-token prompt;
 - peak resident memory of the process.
 """
@@ -44,8 +45,10 @@ def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
                           enable_prefix_caching=False, kv_cache_gib=1.0, int4_max_rows=args.int4_max_rows)
     engine = LLMEngine.from_config(config)
 
-    def decode_ms(batch: int, context: int, steps: int, seed: int) -> float:
-        sampling = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    def decode_ms(batch: int, context: int, steps: int, seed: int, penalized: bool = False) -> float:
+        penalties = {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5} if penalized \
+            else {}
+        sampling = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True, **penalties)
         for i in range(batch):
             engine.add_request(sampling=sampling, token_ids=_prompt(seed * 1000 + i, context))
         while any(r.status.value != "running_decode" for r in engine.scheduler.running) or engine.scheduler.waiting:
@@ -69,7 +72,10 @@ def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
     decode_ms(1, 32, 8, seed=99)  # warm-up
     prefill_s(98)
     b1 = [decode_ms(1, 32, 128, seed=r) for r in range(args.repeats)]
-    b32 = [decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r) for r in range(args.repeats)]
+    b32, b32_penalized = [], []
+    for r in range(args.repeats):
+        b32.append(decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r))
+        b32_penalized.append(decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r, penalized=True))
     prefill = [prefill_s(200 + r) for r in range(args.repeats)]
     engine.check_integrity()
     weights = f"4-bit weights up to {engine.model.int4_max_rows} rows" if engine.model.int4_max_rows else "dense"
@@ -77,9 +83,10 @@ def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
         "system": f"pdserve ({args.dtype}, {weights})",
         "decode_ms_per_token_b1": statistics.median(b1),
         "decode_tokens_per_s_b32_ctx512": 32 / (statistics.median(b32) / 1000),
+        "decode_tokens_per_s_b32_ctx512_penalties": 32 / (statistics.median(b32_penalized) / 1000),
         "prefill_s_512": statistics.median(prefill),
         "peak_rss_mib": _peak_rss_mib(),
-        "runs": {"b1_ms": b1, "b32_step_ms": b32, "prefill_s": prefill},
+        "runs": {"b1_ms": b1, "b32_step_ms": b32, "b32_penalized_step_ms": b32_penalized, "prefill_s": prefill},
     }
 
 
@@ -110,6 +117,7 @@ def bench_transformers(args: argparse.Namespace) -> dict[str, object]:
         "system": f"transformers ({args.hf_dtype})",
         "decode_ms_per_token_b1": statistics.median(b1),
         "decode_tokens_per_s_b32_ctx512": None,
+        "decode_tokens_per_s_b32_ctx512_penalties": None,
         "prefill_s_512": statistics.median(prefill),
         "peak_rss_mib": _peak_rss_mib(),
         "runs": {"b1_ms": b1, "prefill_s": prefill},
@@ -117,10 +125,11 @@ def bench_transformers(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _row(result: dict[str, object]) -> str:
-    b32 = result["decode_tokens_per_s_b32_ctx512"]
+    b32, penalized = (result[key] for key in ("decode_tokens_per_s_b32_ctx512",
+                                              "decode_tokens_per_s_b32_ctx512_penalties"))
     return (f"| {result['system']} | {result['decode_ms_per_token_b1']:.1f} | "
-            f"{'—' if b32 is None else f'{b32:.0f}'} | {result['prefill_s_512']:.3f} | "
-            f"{result['peak_rss_mib']:.0f} |")
+            f"{'—' if b32 is None else f'{b32:.0f}'} | {'—' if penalized is None else f'{penalized:.0f}'} | "
+            f"{result['prefill_s_512']:.3f} | {result['peak_rss_mib']:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"threads={args.threads}, medians of {args.repeats} runs\n")
-    print("| system | decode ms/token, batch 1 | decode tokens/s, batch 32 × 512 ctx | prefill 512 tokens (s) "
-          "| peak RSS (MiB) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| system | decode ms/token, batch 1 | decode tokens/s, batch 32 × 512 ctx | same, with penalties "
+          "| prefill 512 tokens (s) | peak RSS (MiB) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for result in results:
         print(_row(result))
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
