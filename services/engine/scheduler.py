@@ -212,7 +212,7 @@ class Scheduler:
                 if prefix is None:
                     break  # no room for it: a copy fetched now would only sit in host memory
                 self.offloader.prefetch(request.request_id)
-                owed += self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)  # kept for it
+                owed += self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)  # not theirs
                 continue
             if kept:
                 if not self._resume(request, batch, owed):
