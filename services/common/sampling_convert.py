@@ -41,6 +41,7 @@ class SamplingFields:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     min_p: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def resolve(self, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
                 ) -> SamplingParams:
@@ -62,6 +63,7 @@ class SamplingFields:
             frequency_penalty=self.frequency_penalty if self.frequency_penalty is not None else 0.0,
             repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
             min_p=self.min_p if self.min_p is not None else 0.0,
+            logit_bias=self.logit_bias,
         )
 
 
@@ -84,6 +86,7 @@ def fields_from_proto(message: gateway_pb2.SamplingParams) -> SamplingFields:
         frequency_penalty=given("frequency_penalty"),  # type: ignore[arg-type]
         repetition_penalty=given("repetition_penalty"),  # type: ignore[arg-type]
         min_p=given("min_p"),  # type: ignore[arg-type]
+        logit_bias=tuple(sorted(message.logit_bias.items())),
     )
 
 
@@ -108,6 +111,7 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
         min_p=params.min_p,
+        logit_bias=dict(params.logit_bias),
     )
     if params.seed is not None:
         message.seed = params.seed

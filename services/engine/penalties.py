@@ -1,4 +1,5 @@
-"""Sampling penalties on a batch's logits, as vLLM applies them (``SamplingParams`` has the contract).
+"""Logit bias and sampling penalties on a batch's logits, as vLLM applies them (``SamplingParams`` has the
+contract). The bias comes first: each biased token's logit plus its bias.
 
 Per penalized row: the repetition penalty first (every token of the prompt or the output: a positive logit
 divided by it, a negative one multiplied), then the frequency penalty times each token's count in the
@@ -51,6 +52,17 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
             times = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
             values[generated] = values[generated] - np.float32(as_float32(p.frequency_penalty)) * times \
                 - np.float32(as_float32(p.presence_penalty))  # frequency, then presence: two roundings, as vLLM's
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+    """Add each row's ``logit_bias`` to float32 ``logits [B, V]`` in place (a token listed twice gets both)."""
+    assert logits.dtype == torch.float32 and len(params) == logits.shape[0]
+    table = logits.numpy()  # shares the tensor's memory
+    for row, p in enumerate(params):
+        if p.logit_bias:
+            ids = np.fromiter((token_id for token_id, _ in p.logit_bias), dtype=np.int64, count=len(p.logit_bias))
+            biases = np.fromiter((bias for _, bias in p.logit_bias), dtype=np.float32, count=len(p.logit_bias))
+            np.add.at(table[row], ids, biases)  # each bias as the float32 the wire carries
 
 
 def _ids(token_ids: Iterable[int]) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Batched token sampling: penalties, greedy, temperature, min-p, top-k, top-p, per-request seeded generators.
+"""Batched token sampling: logit bias, penalties, greedy, temperature, min-p, top-k, top-p, per-request
+seeded generators.
 
 Random rows use the exponential-race form of categorical sampling (``argmax(p / E)`` with ``E ~ Exp(1)``),
 which needs no sort. A seeded request draws the noise of its i-th output token from a generator seeded
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from services.engine.penalties import History, apply_min_p, apply_penalties
+from services.engine.penalties import History, apply_logit_bias, apply_min_p, apply_penalties
 from services.engine.sampling_params import SamplingParams
 
 
@@ -33,6 +34,8 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     may not take; ``histories[i]`` (prompt and output ids) is needed where ``params[i]`` has a penalty."""
     assert logits.shape[0] == len(params) == len(generators), "one params/generator per logits row"
     logits = logits.float()
+    if any(p.logit_bias for p in params):
+        apply_logit_bias(logits, params)
     if any(p.penalized for p in params):
         assert histories is not None, "penalized rows need their token histories"
         apply_penalties(logits, params, histories)

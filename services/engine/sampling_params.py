@@ -21,6 +21,8 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range, as vLLM's
 # vLLM takes any repetition penalty > 0; a subnormal one made logit / penalty infinite (softmax NaN: token 0)
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+MAX_LOGIT_BIAS = 1024  # tokens biased by one request (applied to every new token: bounded, as stop ids)
+MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range
 
 
 def as_float32(value: float) -> float:
@@ -55,7 +57,8 @@ class SamplingParams:
     ``frequency_penalty`` times the number of times it was; ``repetition_penalty`` (CTRL) divides the
     positive logits of every token of the prompt or the output by it and multiplies the negative ones.
     ``min_p`` (random sampling only, after the temperature) drops the tokens less likely than ``min_p``
-    times the most likely one. Logprobs stay those of the raw distribution.
+    times the most likely one. ``logit_bias`` (OpenAI's) adds each bias to its token's logit, before the
+    penalties: -100 all but bans a token, +100 all but forces it. Logprobs stay those of the raw distribution.
     """
 
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -72,6 +75,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -107,6 +111,15 @@ class SamplingParams:
             raise InvalidRequestError("repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY}, "
                                                             f"{MAX_REPETITION_PENALTY}] (1 disables it), "
                                                             f"got {self.repetition_penalty}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}")
+        for token_id, bias in self.logit_bias:
+            if not 0 <= token_id < vocab_size:
+                raise InvalidRequestError("logit_bias", f"token {token_id} is outside the vocabulary [0, {vocab_size})")
+            if not -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE:  # NaN too
+                limit = f"{MAX_LOGIT_BIAS_VALUE:g}"
+                raise InvalidRequestError("logit_bias", f"the bias of token {token_id} must be in [-{limit}, {limit}], "
+                                                        f"got {bias}")
         if not math.isfinite(self.min_p) or not 0 <= self.min_p <= 1:
             raise InvalidRequestError("min_p", f"must be in [0, 1] (0 disables it), got {self.min_p}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:

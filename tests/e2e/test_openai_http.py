@@ -87,16 +87,21 @@ def test_chat_completions_match_grpc_generate(client, grpc_stub):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_penalties_and_min_p_as_the_openai_package_sends_them(client, grpc_stub):
-    """OpenAI's presence and frequency penalties are arguments of the package; vLLM's repetition_penalty
-    and min_p go in ``extra_body``. Each changes the text as gRPC ``Generate`` with the same fields does."""
+def test_penalties_min_p_and_logit_bias_as_the_openai_package_sends_them(client, grpc_stub, bundled_tokenizer):
+    """OpenAI's presence and frequency penalties and logit_bias are arguments of the package; vLLM's
+    repetition_penalty and min_p go in ``extra_body``. Each changes the text as gRPC ``Generate`` with the same
+    fields does."""
     prompt = "Once upon a time, there was a little cat. The cat"
     _tokens, plain, _ = generate(grpc_stub, prompt=prompt, sampling=greedy(NEW_TOKENS))
+    was, had = (bundled_tokenizer.encode(word)[0] for word in (" was", " had"))  # greedy: " was named Spark. ..."
     cases = [({"frequency_penalty": 1.0, "presence_penalty": 0.5}, {}),
              ({}, {"repetition_penalty": 1.3}),
-             ({"temperature": 0.8, "seed": 11}, {"min_p": 0.1})]
+             ({"temperature": 0.8, "seed": 11}, {"min_p": 0.1}),
+             ({"logit_bias": {str(was): -100, str(had): 3.5}}, {})]
     for arguments, extra in cases:
         fields = {"temperature": 0.0, **arguments, **extra}
+        if "logit_bias" in fields:
+            fields["logit_bias"] = {int(token): bias for token, bias in fields["logit_bias"].items()}
         _tokens, text, _ = generate(grpc_stub, prompt=prompt, sampling=gateway_pb2.SamplingParams(
             max_tokens=NEW_TOKENS, ignore_eos=True, **fields))
         completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=NEW_TOKENS,

@@ -81,17 +81,22 @@ def test_logprobs_through_the_cluster_equal_the_mixed_engine_s(stub, fp32_model,
     wait_idle(stub)
 
 
-def test_penalties_and_min_p_through_the_cluster_equal_the_mixed_engine_s(stub, fp32_model, bundled_tokenizer):
+def test_penalties_min_p_and_logit_bias_through_the_cluster_equal_the_mixed_engine_s(stub, fp32_model,
+                                                                                   bundled_tokenizer):
     """The prefill node samples the first token (the repetition penalty reads the prompt), the decode node
-    the rest (every penalty reads the output so far): both as the mixed engine, greedy and seeded."""
+    the rest (every penalty reads the output so far): both as the mixed engine, greedy and seeded; a
+    banned token stays banned on both."""
     prompt = "Once upon a time, there was a little cat. The cat"
     settings = [dict(repetition_penalty=1.3), dict(frequency_penalty=1.0, presence_penalty=0.5),
                 dict(presence_penalty=-1.0, repetition_penalty=0.9),
                 dict(temperature=0.8, seed=7, min_p=0.1, frequency_penalty=0.4)]
+    was, had = (bundled_tokenizer.encode(word)[0] for word in (" was", " had"))
+    settings.insert(0, dict(logit_bias={was: -100.0, had: 3.5}))  # greedy: " was named Spark. ... He had a baby"
     engine = make_engine(fp32_model, bundled_tokenizer)
     for extra in settings:
         params = {"temperature": 0.0, **extra}
-        want = engine.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, **params))[0]
+        engine_params = {**params, "logit_bias": tuple(params.get("logit_bias", {}).items())}
+        want = engine.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, **engine_params))[0]
         tokens, text, _ = generate(stub, prompt=prompt, sampling=gateway_pb2.SamplingParams(
             max_tokens=NEW_TOKENS, ignore_eos=True, **params))
         assert (tokens, text) == (want.token_ids, want.text), extra

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.penalties import apply_min_p, apply_penalties
+from services.engine.penalties import apply_logit_bias, apply_min_p, apply_penalties
 from services.engine.sampler import make_generator, sample
 from services.engine.sampling_params import SamplingParams, as_float32
 
@@ -116,3 +116,18 @@ def test_min_p_drops_the_tokens_less_likely_than_min_p_times_the_likeliest():
 def test_a_penalized_row_without_its_history_is_a_bug_not_a_silent_no_op():
     with pytest.raises(AssertionError, match="histories"):
         sample(_logits(1), [SamplingParams(temperature=0.0, repetition_penalty=1.2)], [None])
+
+
+def test_logit_bias_is_added_before_the_penalties_greedy_rows_included():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]])
+    assert sample(logits.clone(), [SamplingParams(temperature=0.0, logit_bias=((1, -100.0),))], [None]) == [2]
+    assert sample(logits.clone(), [SamplingParams(temperature=0.0, logit_bias=((0, 100.0),))], [None]) == [0]
+    both = SamplingParams(temperature=0.0, logit_bias=((2, 2.0), (2, 1.5)), repetition_penalty=2.0)
+    biased = logits.clone()
+    apply_logit_bias(biased, [both])
+    assert biased.tolist() == [[0.0, 5.0, 7.5, 1.0]]  # a token listed twice gets both biases
+    apply_penalties(biased, [both], [([2], [])])
+    assert biased.tolist() == [[0.0, 5.0, 3.75, 1.0]]  # (4 + 3.5) / 2: the bias first, then the penalty
+    untouched = logits.clone()
+    apply_logit_bias(untouched, [SamplingParams()])
+    assert torch.equal(untouched, logits)

@@ -41,7 +41,8 @@ def test_top_k_minus_one_means_no_limit():
 def test_round_trip_keeps_every_field():
     params = SamplingParams(max_tokens=12, temperature=0.5, top_p=0.25, top_k=40, seed=(1 << 63) - 1,
                             stop=("\n\n", "END"), stop_token_ids=(2, 7), ignore_eos=True, min_tokens=3, logprobs=2,
-                            presence_penalty=-0.5, frequency_penalty=1.25, repetition_penalty=1.125, min_p=0.0625)
+                            presence_penalty=-0.5, frequency_penalty=1.25, repetition_penalty=1.125, min_p=0.0625,
+                            logit_bias=((3, -100.0), (11, 0.5)))
     message = sampling_to_proto(params)
     assert all(message.HasField(f) for f in ("max_tokens", "temperature", "top_p", "top_k", "seed", "logprobs",
                                              "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"))

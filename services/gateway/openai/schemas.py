@@ -1,11 +1,11 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
 
 What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` past
-16, ``best_of`` > 1, ``echo``, ``suffix`` and ``logit_bias`` here; the undeclared fields that would change
-the output (``response_format``, ``tools``, …) in ``unsupported.py``. Other fields (``user``,
-``metadata``, …) are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them):
-``top_k`` (-1 or 0 = off), ``min_p`` (0 = off), ``repetition_penalty`` (1 = off), ``stop_token_ids``,
-``ignore_eos``, ``min_tokens``.
+16, ``best_of`` > 1, ``echo`` and ``suffix`` here; the undeclared fields that would change the output
+(``response_format``, ``tools``, …) in ``unsupported.py``. Other fields (``user``, ``metadata``, …) are
+ignored. An explicit ``null`` means the default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 =
+off), ``min_p`` (0 = off), ``repetition_penalty`` (1 = off), ``stop_token_ids``, ``ignore_eos``,
+``min_tokens``.
 """
 
 from __future__ import annotations
@@ -89,9 +89,10 @@ class GenerationBody(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _token_ids_as_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isdigit():  # the ids' range and the biases are checked with the other sampling fields
+                raise ValueError(f"keys must be token ids, got {key!r}")
         return value
 
     @field_validator("stop")

@@ -33,7 +33,8 @@ def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | No
                           stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
                           min_tokens=body.min_tokens, presence_penalty=body.presence_penalty,
                           frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                          min_p=body.min_p)
+                          min_p=body.min_p,
+                          logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
 def completion_inputs(body: CompletionBody, request_id: str) -> list[GenerateInput]:
