@@ -91,7 +91,7 @@ class GenerationBody(BaseModel):
     @classmethod
     def _token_ids_as_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key in value or {}:
-            if not key.isdigit():  # the ids' range and the biases are checked with the other sampling fields
+            if not key.isdecimal():  # what int() reads ("²" is a digit it does not); ids and biases: checked later
                 raise ValueError(f"keys must be token ids, got {key!r}")
         return value
 

@@ -67,6 +67,7 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "repetition_penalty": 1e300}, "repetition_penalty"),
     ({"prompt": "Hi", "min_p": 1.5}, "min_p"),
     ({"prompt": "Hi", "logit_bias": {"one": 5}}, "logit_bias"),
+    ({"prompt": "Hi", "logit_bias": {"²": 5}}, "logit_bias"),  # a digit int() does not read: was a 500
     ({"prompt": "Hi", "logit_bias": {"1": 500}}, "logit_bias"),
     ({"prompt": "Hi", "logit_bias": {"99999999999": 5}}, "logit_bias"),
     ({"prompt": "Hi", "temperature": -1}, "temperature"),
