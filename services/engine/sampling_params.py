@@ -52,7 +52,7 @@ class SamplingParams:
     independent of what else is in the batch.
     ``logprobs``: None = none; ``k`` = each new token's logprob and the ``k`` most likely (``logprobs.py``).
 
-    Penalties, as vLLM and OpenAI define them, change the logits before anything else (greedy requests
+    Penalties, as vLLM and OpenAI define them, change the logits before the temperature (greedy requests
     too; ``penalties.py``): ``presence_penalty`` is subtracted from every token already generated,
     ``frequency_penalty`` times the number of times it was; ``repetition_penalty`` (CTRL) divides the
     positive logits of every token of the prompt or the output by it and multiplies the negative ones.
@@ -105,7 +105,7 @@ class SamplingParams:
             raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not math.isfinite(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN and infinities too
                 raise InvalidRequestError(name, f"must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
         if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:  # NaN too
             raise InvalidRequestError("repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY}, "
