@@ -58,25 +58,44 @@ def copy_bandwidth(device: str = "cuda", gib: float = 2.0, repeats: int = 10) ->
     return 2 * src.numel() * src.element_size() * repeats / (start.elapsed_time(end) / 1e3)
 
 
+WARM_STEPS = 3
+"""Untimed decode steps once every request has its first token."""
+MAX_BATCHED_TOKENS = 8192
+"""The engine's token budget per step (chunked prefill of the batch's prompts)."""
+
+
+def prefill_steps(batch: int, prompt_len: int, max_batched_tokens: int) -> int:
+    """Engine steps until every prompt is prefilled (chunked; the requests prefilled first decode meanwhile)."""
+    return -(-batch * prompt_len // max_batched_tokens)
+
+
+def mean_context(batch: int, prompt_len: int, steps: int, max_batched_tokens: int) -> int:
+    """Mean tokens per sequence over the timed steps: the requests prefilled first have decoded through the
+    later prefill steps (about half of them on average), then the warm-up and half the timed steps."""
+    return prompt_len + prefill_steps(batch, prompt_len, max_batched_tokens) // 2 + WARM_STEPS + steps // 2
+
+
 def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, attention: str | None,
-                   seed: int = 0) -> tuple[float, str]:
+                   seed: int = 0, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> tuple[float, str]:
     """Median ms of one engine step decoding ``batch`` sequences of about ``prompt_len`` tokens, and the
-    attention backend that ran."""
+    attention backend that ran. No request finishes before the last timed step: each may generate a token
+    in every prefill step, the warm-up and the timed steps."""
     cfg = model.config
-    blocks_per_seq = -(-(prompt_len + steps + 16) // 16)
+    max_tokens = prefill_steps(batch, prompt_len, max_batched_tokens) + WARM_STEPS + steps + 8
+    blocks_per_seq = -(-(prompt_len + max_tokens) // 16)
     engine = LLMEngine(EngineConfig(model_path="<random>", dtype="bfloat16", device=str(model.device),
                                     num_kv_blocks=batch * blocks_per_seq + 16, max_num_seqs=batch,
-                                    max_num_batched_tokens=8192, enable_prefix_caching=False,
+                                    max_num_batched_tokens=max_batched_tokens, enable_prefix_caching=False,
                                     attention_backend=attention), model, None)
     gen = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         ids = torch.randint(10, cfg.vocab_size - 10, (prompt_len,), generator=gen).tolist()
         engine.add_request(token_ids=ids, sampling=params, request_id=f"r{i}")
     started: set[str] = set()
     while len(started) < batch:  # prefill (chunked) until every request sampled its first token
         started.update(out.request_id for out in engine.step() if out.new_token_ids)
-    for _ in range(3):
+    for _ in range(WARM_STEPS):
         engine.step()
     times = []
     for _ in range(steps):
@@ -93,7 +112,7 @@ def decode_throughput(name: str, model: LlamaModel, batches: list[int], bandwidt
     results = []
     for batch in batches:
         ms, backend = decode_step_ms(model, batch, prompt_len, steps, attention)
-        context = prompt_len + 3 + steps // 2
+        context = mean_context(batch, prompt_len, steps, MAX_BATCHED_TOKENS)
         moved = weight_bytes(cfg, 2) + batch * context * cfg.kv_bytes_per_token(2)
         results.append(DecodeResult(name, batch, context, backend, ms, batch / ms * 1e3, moved / bandwidth * 1e3,
                                     moved))
