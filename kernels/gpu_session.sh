@@ -7,7 +7,7 @@
 #   1. install the carried wheels (once per machine), generate the gRPC stubs, name the GPU;
 #   2. FlashInfer's first calls (AOT modules from the bundle, else its JIT): warmup.log;
 #   3. the unit-level GPU tests and the GPU cluster tests, side by side: gpu-unit.log, gpu-e2e.log;
-#   4. the benchmarks (attention, KV transfer, decode): bench-gpu.md and bench-gpu.json.
+#   4. the benchmarks (attention, KV transfer, decode): bench-gpu.md and bench-gpu.json ($BENCH).
 # SECTIONS="attention transfer decode" and STEPS="warmup unit e2e bench" pick parts for a rerun.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -15,6 +15,7 @@ mkdir -p "$OUT"
 BUDGET=${BUDGET:-560}
 STEPS=${STEPS:-warmup unit e2e bench}
 SECTIONS=${SECTIONS:-attention transfer decode}
+BENCH=${BENCH:-bench-gpu}  # the bench's file names under $OUT: $BENCH.md and $BENCH.json
 started=$SECONDS
 SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD:$PWD/protos/python FLASHINFER_WORKSPACE_BASE=/tmp/fi PYTHONUNBUFFERED=1
@@ -76,7 +77,7 @@ if wants bench; then
     note "bench $SECTIONS (cap $(cap 400) s)"
     # shellcheck disable=SC2086
     timeout -k 5 "$(cap 400)" python3 -m services.cluster.bench_gpu --sections $SECTIONS \
-        --json "$OUT/bench-gpu.json" 2>&1 | tee "$OUT/bench-gpu.md"
+        --json "$OUT/$BENCH.json" 2>&1 | tee "$OUT/$BENCH.md"
     note "bench rc=$?"
 fi
 note "done"

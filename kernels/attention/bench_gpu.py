@@ -135,16 +135,18 @@ def warm_up(backend: AttentionBackend, for_tests: bool = False, shapes: list[Sha
     return time.perf_counter() - started
 
 
-def run(layers: int, repeats: int, device: str = "cuda", smoke: bool = False) -> list[dict[str, object]]:
+def run(layers: int, repeats: int, device: str = "cuda", smoke: bool = False,
+        prefill_backend: str = "fa2") -> list[dict[str, object]]:
     """Every shape x case: FlashInfer's and torch's ms per layer, and the speed-up. Printed and returned.
-    On a CPU the candidate is the CPU's ``auto`` backend instead of FlashInfer; ``smoke``: tiny cases."""
+    On a CPU the candidate is the CPU's ``auto`` backend instead of FlashInfer; ``smoke``: tiny cases.
+    ``prefill_backend``: FlashInfer's prefill implementation (``FlashInferBackend``'s argument)."""
     shapes, cases = (SMOKE_SHAPES, SMOKE_CASES) if smoke else (SHAPES, CASES)
     where = torch.device(device)
     if where.type == "cuda":
         from kernels.attention.flashinfer import FlashInferBackend
 
-        candidate: AttentionBackend = FlashInferBackend(where)
-        name = torch.cuda.get_device_name(where)
+        candidate: AttentionBackend = FlashInferBackend(where, prefill_backend=prefill_backend)
+        name = f"{torch.cuda.get_device_name(where)}, FlashInfer prefill backend {prefill_backend}"
     else:
         candidate, name = create_backend("auto", where), str(where)
     if smoke:
@@ -172,13 +174,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup-only", action="store_true", help="compile FlashInfer's kernels and stop")
+    parser.add_argument("--prefill-backend", default="fa2", help="FlashInfer's prefill implementation: fa2, fa3 "
+                                                                 "(Hopper) or auto")
     args = parser.parse_args()
     if args.warmup_only:
         from kernels.attention.flashinfer import FlashInferBackend
 
         print(f"flashinfer warm-up (benchmark and test kernels): {warm_up(FlashInferBackend('cuda'), True):.1f} s")
         return
-    run(args.layers, args.repeats)
+    run(args.layers, args.repeats, prefill_backend=args.prefill_backend)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,15 @@
-"""Turns a scheduled step into tensors, runs the model over the paged KV cache, and samples."""
+"""Turns a scheduled step into tensors, runs the model over the paged KV cache, and samples
+(``step_sampling``)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
-from services.engine.logprobs import TokenLogprobs, token_logprobs
 from services.engine.model.llama import LlamaModel
-from services.engine.sampler import make_generator, sample
 from services.engine.step_batch import StepBatch
-
-
-@dataclass
-class StepSamples:
-    """What a step sampled: a token per request that reached the end of its tokens, and the logprobs of
-    those whose requests ask for them."""
-
-    tokens: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+from services.engine.step_sampling import StepSamples, sample_step
 
 
 class ModelRunner:
@@ -69,22 +58,4 @@ class ModelRunner:
         )
         if not samplers:
             return StepSamples()
-        logits = logits.cpu()
-        wanted = [i for i, r in enumerate(samplers) if r.sampling.logprobs is not None]
-        raw = logits[wanted].clone() if wanted else None  # before sample() bans tokens in place
-        generators = [make_generator(r.sampling, r.num_output_tokens) for r in samplers]
-        banned = [self._banned(r) for r in samplers]
-        histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in samplers]
-        tokens = sample(logits, [r.sampling for r in samplers], generators, banned, histories)
-        samples = StepSamples({r.request_id: t for r, t in zip(samplers, tokens, strict=True)})
-        if raw is not None:
-            rows = token_logprobs(raw, [tokens[i] for i in wanted], [samplers[i].sampling.logprobs for i in wanted])
-            samples.logprobs = {samplers[i].request_id: row for i, row in zip(wanted, rows, strict=True)}
-        return samples
-
-    @staticmethod
-    def _banned(request) -> tuple[int, ...]:
-        params = request.sampling
-        if request.num_output_tokens >= params.min_tokens:
-            return ()
-        return (*params.stop_token_ids, *(() if params.ignore_eos else request.eos_token_ids))
+        return sample_step(logits, samplers)

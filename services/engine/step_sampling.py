@@ -1,0 +1,69 @@
+"""A step's sampling: one token per request that reached the end of its tokens, from the logits the model
+left on its device, and the logprobs of the requests that ask for them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine.logprobs import TokenLogprobs, token_logprobs
+from services.engine.request import Request
+from services.engine.sampler import make_generator, sample
+from services.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class StepSamples:
+    """What a step sampled: a token per request that reached the end of its tokens, and the logprobs of
+    those whose requests ask for them."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+
+
+def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSamples:
+    """Row i of ``logits [B, V]`` (on the model's device) is ``requests[i]``'s next-token distribution.
+
+    Plain greedy rows (no logit bias, penalty, banned id or logprobs) take their argmax where the logits
+    are, so only their ids cross to the host: on a GPU, a batch of 128 rows of a 128k vocabulary no longer
+    copies 64 MB per step. The other rows' logits are copied to the host and go through :func:`sample`.
+    Either way the token is the same: float32 holds every bf16/fp16 logit exactly, and ties go to the first
+    index on every device."""
+    banned = [banned_ids(r) for r in requests]
+    plain = [i for i, r in enumerate(requests) if _plain_greedy(r.sampling) and not banned[i]]
+    rest = sorted(set(range(len(requests))) - set(plain))
+    tokens = [0] * len(requests)
+    if plain:
+        ids = (logits if len(plain) == len(requests) else logits[plain]).argmax(dim=-1).tolist()
+        for i, token in zip(plain, ids, strict=True):
+            tokens[i] = token
+    samples = StepSamples()
+    if rest:
+        host = (logits if len(rest) == len(requests) else logits[rest]).cpu()
+        others = [requests[i] for i in rest]
+        wanted = [j for j, r in enumerate(others) if r.sampling.logprobs is not None]
+        raw = host[wanted].clone() if wanted else None  # before sample() bans tokens in place
+        generators = [make_generator(r.sampling, r.num_output_tokens) for r in others]
+        histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in others]
+        picked = sample(host, [r.sampling for r in others], generators, [banned[i] for i in rest], histories)
+        for i, token in zip(rest, picked, strict=True):
+            tokens[i] = token
+        if raw is not None:
+            rows = token_logprobs(raw, [picked[j] for j in wanted], [others[j].sampling.logprobs for j in wanted])
+            samples.logprobs = {others[j].request_id: row for j, row in zip(wanted, rows, strict=True)}
+    samples.tokens = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+    return samples
+
+
+def banned_ids(request: Request) -> tuple[int, ...]:
+    """Ids ``request`` may not sample now: its stop tokens (and EOS, unless ignored) before ``min_tokens``."""
+    params = request.sampling
+    if request.num_output_tokens >= params.min_tokens:
+        return ()
+    return (*params.stop_token_ids, *(() if params.ignore_eos else request.eos_token_ids))
+
+
+def _plain_greedy(params: SamplingParams) -> bool:
+    return params.greedy and not params.logit_bias and not params.penalized and params.logprobs is None
