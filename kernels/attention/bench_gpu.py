@@ -136,7 +136,7 @@ def warm_up(backend: AttentionBackend, for_tests: bool = False, shapes: list[Sha
 
 
 def run(layers: int, repeats: int, device: str = "cuda", smoke: bool = False,
-        prefill_backend: str = "fa2") -> list[dict[str, object]]:
+        prefill_backend: str = "auto") -> list[dict[str, object]]:
     """Every shape x case: FlashInfer's and torch's ms per layer, and the speed-up. Printed and returned.
     On a CPU the candidate is the CPU's ``auto`` backend instead of FlashInfer; ``smoke``: tiny cases.
     ``prefill_backend``: FlashInfer's prefill implementation (``FlashInferBackend``'s argument)."""
@@ -174,8 +174,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup-only", action="store_true", help="compile FlashInfer's kernels and stop")
-    parser.add_argument("--prefill-backend", default="fa2", help="FlashInfer's prefill implementation: fa2, fa3 "
-                                                                 "(Hopper) or auto")
+    parser.add_argument("--prefill-backend", default="auto", help="FlashInfer's prefill implementation: auto "
+                                                                  "(fa3 on Hopper), fa2 or fa3")
     args = parser.parse_args()
     if args.warmup_only:
         from kernels.attention.flashinfer import FlashInferBackend

@@ -4,9 +4,10 @@
     python -m services.cluster.flashinfer_aot_build OUT.json
 
 Builds, for ``FLASHINFER_CUDA_ARCH_LIST`` (set by the caller), the page module (``append_paged_kv_cache``)
-and, per (dtype, head dim) in ``module_keys()``, the two fa2 batch-prefill modules that
-``BatchPrefillWithPagedKVCacheWrapper(backend="fa2")`` and the tensor-core
-``BatchDecodeWithPagedKVCacheWrapper`` load. Nothing is loaded (there is no driver here). Writes
+and, per (dtype, head dim) in ``module_keys()``, the two fa2 batch-prefill modules that the tensor-core
+``BatchDecodeWithPagedKVCacheWrapper`` (and ``BatchPrefillWithPagedKVCacheWrapper(backend="fa2")``) load,
+and the fa3 (Hopper) batch-prefill module that ``BatchPrefillWithPagedKVCacheWrapper(backend="auto")``
+loads on an H100/H200. Nothing is loaded (there is no driver here). Writes
 ``{module name: path of its .so}`` to OUT.json.
 """
 
@@ -41,6 +42,7 @@ def module_specs() -> list:
         key = (dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
         specs.append(modules._gen_batch_prefill_primary_module("fa2", *key))
         specs.append(modules._gen_batch_prefill_independent_paged_module("fa2", *key))
+        specs.append(modules.gen_batch_prefill_module("fa3", *key))
     return specs
 
 

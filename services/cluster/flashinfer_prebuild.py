@@ -31,6 +31,9 @@ from pathlib import Path
 AOT_PREFIX = "flashinfer/data/aot/"
 FLASHINFER_IMPORTS = ["nvidia-ml-py", "einops", "tabulate", "tqdm", "ninja", "cuda-bindings"]
 """What ``import flashinfer`` needs beyond torch and numpy (the GPU machine's image has them)."""
+CURAND_HEADERS = "nvidia-curand==10.4.5.25"
+"""``curand_kernel.h`` for the fa3 sources (CUTLASS's utilities include it), where the toolkit here lacks it:
+the CUDA 13 wheel puts it in ``nvidia/cu13/include``."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,14 +69,15 @@ def compile_modules(wheel: Path, tvm_ffi: str, arch: str, scratch: Path) -> dict
     site, stubs, out = scratch / "site", scratch / "stubs", scratch / "built.json"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(site)]
     subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
-    subprocess.run([*pip, tvm_ffi, *FLASHINFER_IMPORTS], check=True)
+    subprocess.run([*pip, tvm_ffi, *FLASHINFER_IMPORTS, CURAND_HEADERS], check=True)
     stubs.mkdir()
     (stubs / "stub.c").write_text("")
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stubs / "libcuda.so"),
                     str(stubs / "stub.c")], check=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)]),
            "PATH": os.pathsep.join([str(site / "bin"), str(home / "bin"), os.environ.get("PATH", "")]),
-           "CUDA_HOME": str(home), "LIBRARY_PATH": str(stubs), "FLASHINFER_CUDA_ARCH_LIST": arch,
+           "CUDA_HOME": str(home), "LIBRARY_PATH": os.pathsep.join([str(stubs), str(home / "lib64")]),
+           "CPATH": str(site / "nvidia" / "cu13" / "include"), "FLASHINFER_CUDA_ARCH_LIST": arch,
            "FLASHINFER_WORKSPACE_BASE": str(scratch / "ws"), "MAX_JOBS": str(os.cpu_count() or 2)}
     subprocess.run([sys.executable, "-m", "services.cluster.flashinfer_aot_build", str(out)], env=env, check=True,
                    cwd=scratch)

@@ -116,7 +116,7 @@ def test_prefill_prefix_decode_and_mixed_steps_over_the_stand_in(heads: tuple[in
     assert len(prefill.plans) == 3 and prefill.runs == 3 * 2  # one plan per step, one run per layer
     assert len(decode.plans) == 1 and decode.runs == 2
     assert [p.causal for p in prefill.plans] == [True] * 3
-    assert prefill.backend == "fa2" and decode.use_tensor_cores
+    assert prefill.backend == "auto" and decode.use_tensor_cores
 
 
 def test_float32_steps_run_the_torch_backend() -> None:
