@@ -67,7 +67,7 @@ class FlashInferBackend(AttentionBackend):
     """FlashInfer paged attention (CUDA, bf16/fp16); steps it cannot run go to ``TorchPagedAttention``.
 
     ``prefill_backend``: FlashInfer's prefill implementation: ``"auto"`` (default: ``fa3`` on Hopper, whose
-    4k-token prefill ran 1.6-1.8x faster than ``fa2`` on an H200, ``fa2`` elsewhere), ``"fa2"`` or ``"fa3"``.
+    4k-token prefill ran 1.5-1.8x faster than ``fa2`` on an H200, ``fa2`` elsewhere), ``"fa2"`` or ``"fa3"``.
     ``decode_tensor_cores``: decode through the fa2 prefill kernels' tensor-core path (good for GQA).
     """
 

@@ -46,11 +46,11 @@ def _reference(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int]
     raw = host.clone()
     params = [r.sampling for r in requests]
     histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in requests]
-    tokens = sample(host, params, [make_generator(p, r.num_output_tokens) for p, r in zip(params, requests)],
+    tokens = sample(host, params, [make_generator(r.sampling, r.num_output_tokens) for r in requests],
                     [banned_ids(r) for r in requests], histories)
     wanted = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
     rows = token_logprobs(raw[wanted], [tokens[i] for i in wanted], [requests[i].sampling.logprobs for i in wanted])
-    return tokens, {requests[i].request_id: row for i, row in zip(wanted, rows)}
+    return tokens, {requests[i].request_id: row for i, row in zip(wanted, rows, strict=True)}
 
 
 def test_a_mixed_batch_gets_what_the_host_sampler_gives() -> None:
