@@ -12,6 +12,10 @@ import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 UINT32_MAX, UINT64_MAX = 2**32 - 1, 2**64 - 1  # what the fields carry (the gateway refuses seeds >= 2^63)
+INT32_MAX = 2**31 - 1
+OPTIONAL_FLOATS = ("top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+"""Sampling fields sent only when their flag is given (unset on the wire means off); the gateway checks
+their ranges and names the field when one is out."""
 
 
 def _in_range(minimum: int, maximum: int):
@@ -38,14 +42,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=_in_range(1, UINT32_MAX), default=128, help="new tokens at most")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--seed", type=_in_range(0, UINT64_MAX), help="sampling seed (default: random)")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling, (0, 1]")
+    parser.add_argument("--top-k", type=_in_range(-1, INT32_MAX), help="sample among the k likeliest (0/-1: all)")
+    parser.add_argument("--min-p", type=float, help="drop tokens less likely than min_p x the likeliest, [0, 1]")
+    parser.add_argument("--presence-penalty", type=float, help="[-2, 2]: once per token already generated")
+    parser.add_argument("--frequency-penalty", type=float, help="[-2, 2]: per occurrence in the output")
+    parser.add_argument("--repetition-penalty", type=float, help="[0.01, 100], 1 = off: prompt and output tokens")
+    parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    parser.add_argument("--min-tokens", type=_in_range(0, UINT32_MAX), default=0, help="no stop before this many")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     parser.add_argument("--timeout", type=_positive_seconds, default=120.0, help="deadline of the call in seconds")
     return parser.parse_args(argv)
 
 
 def build_request(args: argparse.Namespace) -> gateway_pb2.GenerateRequest:
-    sampling = gateway_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    if args.seed is not None:
-        sampling.seed = args.seed
+    sampling = gateway_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                          stop=args.stop, min_tokens=args.min_tokens, ignore_eos=args.ignore_eos)
+    for name in ("seed", "top_k", *OPTIONAL_FLOATS):
+        if getattr(args, name) is not None:
+            setattr(sampling, name, getattr(args, name))
     if args.chat:
         return gateway_pb2.GenerateRequest(messages=[gateway_pb2.ChatMessage(role="user", content=args.prompt)],
                                            sampling=sampling)

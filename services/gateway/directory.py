@@ -231,6 +231,12 @@ class NodeDirectory:
         if self._refreshing is future:
             self._refreshing = None
 
+    async def poll_node(self, address: str) -> None:
+        """Poll ``address`` now: its health is then what it answers, or that it did not (within
+        ``status_timeout_s``), whatever the last round said."""
+        if address in self._roles:
+            await self._poll(address)
+
     async def refresh_if_older(self, max_age_s: float) -> None:
         if time.monotonic() - self.last_refresh > max_age_s:
             await self.refresh()

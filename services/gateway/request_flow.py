@@ -188,7 +188,8 @@ class RequestFlow:
         (answered, so that its blocks are free) and run the request again on nodes other than the failed
         one, under a new id on the nodes (``attempts.py``). A prefill failure while the decode leg's
         stream has ended too is the decode node's: the prefill node reported losing it; and when no other
-        prefill node is healthy, the same one is tried again (a dead or hung one is unhealthy by then)."""
+        prefill node is healthy, the same one is tried again if it answers a status poll now (the last
+        round may predate its hang: a retry sent to a stopped process waited ~20 s to connect)."""
         if self._first_sent or self._timeout() == 0.0 or not self._attempts.may_retry(failure):
             return False
         decode = self._calls.decode
@@ -200,6 +201,7 @@ class RequestFlow:
         except NoHealthyNodeError:  # no other node of that role
             if failed.role != PREFILL:
                 return False  # the client hears the failure itself
+            await self.directory.poll_node(failed.address)  # a hung or dead one is unhealthy after this
             try:  # the prefill node may have reported a decode node's failure: it may serve the retry
                 route = self._pick(exclude=self._attempts.failed_nodes)
             except NoHealthyNodeError:

@@ -24,12 +24,12 @@ PREFILL_ARGS = (*ENGINE_ARGS, "--max-num-batched-tokens", "32", *KEEPALIVE_ARGS)
 
 
 class Nodes:
-    def __init__(self, stack: contextlib.ExitStack):
+    def __init__(self, stack: contextlib.ExitStack, *gateway_args: str):
         self.stack = stack
         self.decode = self.start("services.decode_node", *DECODE_ARGS)
         self.prefill = self.start("services.prefill_node", *PREFILL_ARGS)
         self.gateway = self.start("services.gateway", "--prefill", self.prefill.address, "--decode",
-                                  self.decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS)
+                                  self.decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS, *gateway_args)
         self.stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(self.gateway.address)))
 
     def start(self, module: str, *args: str):
@@ -52,6 +52,13 @@ class Nodes:
 def nodes():
     with contextlib.ExitStack() as stack:
         yield Nodes(stack)
+
+
+@pytest.fixture(scope="module")
+def stale_nodes():
+    """A gateway that polls its nodes once a minute: its view of their health lags a hang."""
+    with contextlib.ExitStack() as stack:
+        yield Nodes(stack, "--poll-interval-s", "60")
 
 
 def _wait(condition, timeout_s: float, what: str) -> None:
@@ -80,6 +87,18 @@ def _idle(status: gateway_pb2.NodeStatus) -> bool:
 @pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_a_hung_node_fails_the_call_within_the_keepalive_and_frees_everything_once_it_runs(nodes, role):
     """Without keepalive the call waited for its 60 s deadline (forever without one)."""
+    _hang_mid_request(nodes, role)
+
+
+def test_the_only_prefill_node_hung_is_not_tried_again_while_the_gateway_still_thinks_it_healthy(stale_nodes):
+    """A failure before the first token is retried, on the same prefill node when it is the only healthy one
+    (it may have reported a decode node's failure). The gateway asks a node that failed so before trying it
+    again: with a stale view of its health it sent the retry to the hung node and the call took ~20 s (a
+    connection to a stopped process), past what keepalive promises."""
+    _hang_mid_request(stale_nodes, "prefill")
+
+
+def _hang_mid_request(nodes: Nodes, role: str) -> None:
     prompt, max_tokens = ("Tell me a long story.", 2000) if role == "decode" else (
         " ".join(f"word{i}" for i in range(1500)), 16)  # 6390 tokens: many prefill steps
     call = nodes.stub.Generate(gateway_pb2.GenerateRequest(prompt=prompt, sampling=greedy(max_tokens)),

@@ -119,8 +119,8 @@ async def test_with_retries_off_the_failure_is_the_client_s_answer(tokenizer, mo
 
 
 async def test_the_only_prefill_node_is_tried_again_while_it_looks_healthy(cluster, tokenizer):
-    """It may have failed the call for a decode node's sake (the KV transfer broke): a dead or hung prefill
-    node would be unhealthy by the time keepalive gave up on it."""
+    """It may have failed the call for a decode node's sake (the KV transfer broke): it answers the status
+    poll the gateway sends before trying it again (a hung one does not: tests/e2e/test_faults.py)."""
     calls = fail_first_call(cluster, tokenizer, "error")
     responses = await collect(cluster, request(PROMPT, max_tokens=32), timeout=10)
     assert "".join(r.text for r in responses) == TEXT and len(calls) == 2
