@@ -248,7 +248,7 @@ def test_the_retry_timer_rearms_until_the_store_answers_and_stops_at_close(monke
     offload.wait_io()
     store.down.clear()
     threading.Event().wait(0.3)  # ~30 retries find the breaker open; each arms the next
-    assert offload._parked and offload._retry is not None
+    assert offload._parked and _armed_soon(offload)  # (between a firing and its send none is armed)
     clock.now += 10.0  # the cooldown ends: the next retry sends it
     for _ in range(200):
         if not offload._parked:
@@ -261,10 +261,21 @@ def test_the_retry_timer_rearms_until_the_store_answers_and_stops_at_close(monke
     store.down.set()
     offload.discard("b")  # parked again, a timer armed
     offload.wait_io()
-    timer = offload._retry
-    assert timer is not None and offload._parked
+    assert offload._parked and _armed_soon(offload)
     offload.close()
-    timer.join(1)
-    assert not timer.is_alive() and offload._retry is timer  # cancelled; no other armed after it
+    timer = offload._retry  # the one armed when close ran (None if it had just fired): cancelled
+    if timer is not None:
+        timer.join(1)
+        assert not timer.is_alive()
     threading.Event().wait(0.05)
-    assert offload._retry is timer
+    assert offload._retry is timer  # none armed after close
+
+
+def _armed_soon(offload: KVOffload) -> bool:
+    """A retry timer is armed within a second: one that fired has queued a send, which re-arms it while the
+    breaker is open (the bug this guards: a firing that never re-armed left the deletes parked for good)."""
+    for _ in range(200):
+        if offload._retry is not None:
+            return True
+        threading.Event().wait(0.005)
+    return False
