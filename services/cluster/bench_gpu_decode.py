@@ -75,13 +75,10 @@ def mean_context(batch: int, prompt_len: int, steps: int, max_batched_tokens: in
     return prompt_len + prefill_steps(batch, prompt_len, max_batched_tokens) // 2 + WARM_STEPS + steps // 2
 
 
-def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, attention: str | None,
-                   seed: int = 0, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> tuple[float, str]:
-    """Median ms of one engine step decoding ``batch`` sequences of about ``prompt_len`` tokens, and the
-    attention backend that ran. No request finishes before the last timed step: each may generate a token
-    in every prefill step, the warm-up and the timed steps."""
-    cfg = model.config
-    max_tokens = prefill_steps(batch, prompt_len, max_batched_tokens) + WARM_STEPS + steps + 8
+def decoding_engine(model: LlamaModel, batch: int, prompt_len: int, max_tokens: int, attention: str | None = None,
+                    seed: int = 0, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> LLMEngine:
+    """An engine of ``model`` (bf16, no prefix caching, a KV pool that fits the batch) holding ``batch``
+    greedy requests of ``prompt_len`` random tokens, each generating up to ``max_tokens`` (EOS ignored)."""
     blocks_per_seq = -(-(prompt_len + max_tokens) // 16)
     engine = LLMEngine(EngineConfig(model_path="<random>", dtype="bfloat16", device=str(model.device),
                                     num_kv_blocks=batch * blocks_per_seq + 16, max_num_seqs=batch,
@@ -90,8 +87,18 @@ def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, a
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i in range(batch):
-        ids = torch.randint(10, cfg.vocab_size - 10, (prompt_len,), generator=gen).tolist()
+        ids = torch.randint(10, model.config.vocab_size - 10, (prompt_len,), generator=gen).tolist()
         engine.add_request(token_ids=ids, sampling=params, request_id=f"r{i}")
+    return engine
+
+
+def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, attention: str | None,
+                   seed: int = 0, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> tuple[float, str]:
+    """Median ms of one engine step decoding ``batch`` sequences of about ``prompt_len`` tokens, and the
+    attention backend that ran. No request finishes before the last timed step: each may generate a token
+    in every prefill step, the warm-up and the timed steps."""
+    max_tokens = prefill_steps(batch, prompt_len, max_batched_tokens) + WARM_STEPS + steps + 8
+    engine = decoding_engine(model, batch, prompt_len, max_tokens, attention, seed, max_batched_tokens)
     started: set[str] = set()
     while len(started) < batch:  # prefill (chunked) until every request sampled its first token
         started.update(out.request_id for out in engine.step() if out.new_token_ids)

@@ -2,10 +2,11 @@
 
     python -m services.cluster.bench_gpu_profile [--preset smollm2-135m] [--batches 1 32] [--device cuda]
 
-Random weights of a preset shape, ``batch`` requests of 1024-token prompts, greedy. After 30 warm steps:
-the wall time of 20 steps, a cProfile of 20 more (the top functions by cumulative time), and on CUDA a
-torch-profiler table of 5 more (kernels by device time). On the H200 the SmolLM2 shape at batch 1 ran
-1.6 ms of kernels per 12.8 ms step: the step is host-bound (``docs/benchmarks.md``, GPU path).
+Random weights of a preset shape, ``batch`` greedy requests of 1024 random prompt tokens
+(``bench_gpu_decode.decoding_engine``). After 30 warm steps: the wall time of 20 steps, a cProfile of 20
+more (the top functions by cumulative time), and on CUDA a torch-profiler table of 5 more (kernels by
+device time). On the H200 the SmolLM2 shape at batch 1 ran 1.6 ms of kernels per 12.8 ms step: the step
+is host-bound (``docs/benchmarks.md``, GPU path).
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import time
 
 import torch
 
-from services.engine.config import EngineConfig
-from services.engine.engine import LLMEngine
+from services.cluster.bench_gpu_decode import decoding_engine
 from services.engine.random_llama import PRESETS, random_model
-from services.engine.sampling_params import SamplingParams
 
 PROMPT_LEN = 1024
 
@@ -28,14 +27,7 @@ PROMPT_LEN = 1024
 def profile(preset: str, batch: int, device: str, prompt_len: int = PROMPT_LEN, top: int = 28) -> float:
     """Print the profiles of ``batch`` decoding requests; returns the wall ms of one step."""
     model = random_model(PRESETS[preset], torch.bfloat16, device, seed=1)
-    vocab = model.config.vocab_size
-    engine = LLMEngine(EngineConfig(model_path="<random>", dtype="bfloat16", device=device,
-                                    num_kv_blocks=batch * (prompt_len // 16 + 16) + 16, max_num_seqs=batch,
-                                    max_num_batched_tokens=8192, enable_prefix_caching=False), model, None)
-    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(token_ids=[(7 * j + i) % (vocab - 20) + 10 for j in range(prompt_len)], sampling=params,
-                           request_id=f"r{i}")
+    engine = decoding_engine(model, batch, prompt_len, max_tokens=200)
     for _ in range(30):
         engine.step()
     _sync(device)

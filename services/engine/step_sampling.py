@@ -32,8 +32,10 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
     Either way the token is the same: float32 holds every bf16/fp16 logit exactly, and ties go to the first
     index on every device."""
     banned = [banned_ids(r) for r in requests]
-    plain = [i for i, r in enumerate(requests) if _plain_greedy(r.sampling) and not banned[i]]
-    rest = sorted(set(range(len(requests))) - set(plain))
+    plain: list[int] = []
+    rest: list[int] = []
+    for i, request in enumerate(requests):
+        (plain if _plain_greedy(request.sampling) and not banned[i] else rest).append(i)
     tokens = [0] * len(requests)
     if plain:
         ids = (logits if len(plain) == len(requests) else logits[plain]).argmax(dim=-1).tolist()
