@@ -62,8 +62,9 @@ class LLMEngine:
             1, int(config.kv_cache_gib * 2**30) // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size)
         )
         int4 = {"int4_max_rows": model.int4_max_rows} if model.int4_max_rows else {}
+        self.model_identity = dict(fingerprint_identity or {"model": cfg.name})  # NodeStatus reports it
         self.fingerprint = model_fingerprint(
-            **(fingerprint_identity or {"model": cfg.name}), dtype=config.dtype, block_size=config.block_size,
+            **self.model_identity, dtype=config.dtype, block_size=config.block_size,
             num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, **int4,
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
