@@ -30,6 +30,7 @@ class LinearWeight:
     out_features: int
     int4: Int4Weight | None = None
     int4_max_rows: int = 0
+    bias: torch.Tensor | None = None  # added to every row (q/k/v biases of Qwen2)
 
 
 def _packing_supported(weight: torch.Tensor) -> bool:
@@ -38,23 +39,24 @@ def _packing_supported(weight: torch.Tensor) -> bool:
 
 
 def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized | None = None,
-                   int4_max_rows: int = 0) -> LinearWeight:
+                   int4_max_rows: int = 0, bias: torch.Tensor | None = None) -> LinearWeight:
     """``int4``: the same weight's 4-bit codes, used for products of at most ``int4_max_rows`` rows (the
-    caller checks :func:`kernels.int4_linear.int4_supported`)."""
+    caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype."""
     packed_int4 = pack_int4(int4, weight.dtype) if int4 is not None and int4_max_rows > 0 else None
     if packed_int4 is not None:
         assert (packed_int4.out_features, packed_int4.in_features) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows)
-    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows)
+        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias)
+    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias)
 
 
 def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     """``x [T, in] @ W.T`` → ``[T, out]``."""
     if weight.int4 is not None and x.shape[0] <= weight.int4_max_rows:
-        return int4_linear(x, weight.int4)
+        out = int4_linear(x, weight.int4)
+        return out if weight.bias is None else out + weight.bias
     if weight.packed:
-        return torch.ops.mkldnn._linear_pointwise(x, weight.weight, None, "none", [], "")
-    return F.linear(x, weight.weight)
+        return torch.ops.mkldnn._linear_pointwise(x, weight.weight, weight.bias, "none", [], "")
+    return F.linear(x, weight.weight, weight.bias)

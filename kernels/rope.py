@@ -1,26 +1,33 @@
-"""Rotary position embedding in the Hugging Face ("rotate half") layout used by Llama checkpoints."""
+"""Rotary position embedding in the Hugging Face ("rotate half") layout used by Llama-family checkpoints."""
 
 from __future__ import annotations
 
 import torch
 
+from kernels.rope_scaling import RopeScaling, rope_frequencies
+
 
 class RotaryEmbedding:
     """Precomputed cos/sin tables; :meth:`apply` rotates q and k for a batch of absolute positions.
 
-    Angles are computed in float32 exactly as ``transformers`` does (``inv_freq`` from ``theta``, outer
-    product with positions), so float32 runs match the reference bit for bit where possible.
+    Angles are computed in float32 exactly as ``transformers`` does (``inv_freq`` from ``theta`` and the
+    checkpoint's rope scaling, outer product with positions, cos/sin times the scaling's attention factor),
+    so float32 runs match the reference bit for bit where possible.
     """
 
-    def __init__(self, head_dim: int, max_position: int, theta: float, device: torch.device | str = "cpu"):
+    def __init__(self, head_dim: int, max_position: int, theta: float, device: torch.device | str = "cpu",
+                 scaling: RopeScaling | None = None):
         assert head_dim % 2 == 0, f"head_dim must be even, got {head_dim}"
         self.head_dim = head_dim
         self.max_position = max_position
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq, attention_factor = rope_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
-        self.cos = freqs.cos().to(device)
-        self.sin = freqs.sin().to(device)
+        cos, sin = freqs.cos(), freqs.sin()
+        if attention_factor != 1.0:
+            cos, sin = cos * attention_factor, sin * attention_factor
+        self.cos = cos.to(device)
+        self.sin = sin.to(device)
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,9 +43,9 @@ def bundled_tokenizer(bundled_model_path, bundled_weights):
 
 @pytest.fixture(scope="session")
 def fp32_model(bundled_weights):
-    from services.engine.model.llama import LlamaModel
+    from services.engine.model.decoder import DecoderModel
 
-    return LlamaModel(bundled_weights.config, bundled_weights.tensors, torch.float32)
+    return DecoderModel(bundled_weights.config, bundled_weights.tensors, torch.float32)
 
 
 def make_engine(model, tokenizer, **overrides):

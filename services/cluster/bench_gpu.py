@@ -63,7 +63,7 @@ def section_transfer(model_path: str, tokens: int, repeats: int, device: str) ->
 
 def section_decode(model_path: str, bundled: bool, batches: list[int], prompt_len: int, steps: int,
                    attention: str | None, device: str, presets: tuple[str, ...]) -> dict[str, object]:
-    from services.engine.model.llama import LlamaModel
+    from services.engine.model.decoder import DecoderModel
     from services.engine.weights import load_weights
 
     bandwidth = copy_bandwidth(device, gib=2.0 if device == "cuda" else 0.0625)
@@ -75,7 +75,7 @@ def section_decode(model_path: str, bundled: bool, batches: list[int], prompt_le
     for name in presets:
         if name == "smollm2-135m" and bundled:
             weights = load_weights(model_path)
-            model, label = LlamaModel(weights.config, weights.tensors, torch.bfloat16, device), "SmolLM2-135M"
+            model, label = DecoderModel(weights.config, weights.tensors, torch.bfloat16, device), "SmolLM2-135M"
         else:
             model = random_model(PRESETS[name], torch.bfloat16, device, seed=1)
             label = f"{name} (random weights)"

@@ -17,7 +17,7 @@ import torch
 
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
-from services.engine.model.llama import LlamaModel
+from services.engine.model.decoder import DecoderModel
 from services.engine.random_llama import weight_bytes
 from services.engine.sampling_params import SamplingParams
 
@@ -75,7 +75,7 @@ def mean_context(batch: int, prompt_len: int, steps: int, max_batched_tokens: in
     return prompt_len + prefill_steps(batch, prompt_len, max_batched_tokens) // 2 + WARM_STEPS + steps // 2
 
 
-def decoding_engine(model: LlamaModel, batch: int, prompt_len: int, max_tokens: int, attention: str | None = None,
+def decoding_engine(model: DecoderModel, batch: int, prompt_len: int, max_tokens: int, attention: str | None = None,
                     seed: int = 0, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> LLMEngine:
     """An engine of ``model`` (bf16, no prefix caching, a KV pool that fits the batch) holding ``batch``
     greedy requests of ``prompt_len`` random tokens, each generating up to ``max_tokens`` (EOS ignored)."""
@@ -92,7 +92,7 @@ def decoding_engine(model: LlamaModel, batch: int, prompt_len: int, max_tokens: 
     return engine
 
 
-def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, attention: str | None,
+def decode_step_ms(model: DecoderModel, batch: int, prompt_len: int, steps: int, attention: str | None,
                    seed: int = 0, max_batched_tokens: int = MAX_BATCHED_TOKENS) -> tuple[float, str]:
     """Median ms of one engine step decoding ``batch`` sequences of about ``prompt_len`` tokens, and the
     attention backend that ran. No request finishes before the last timed step: each may generate a token
@@ -113,7 +113,7 @@ def decode_step_ms(model: LlamaModel, batch: int, prompt_len: int, steps: int, a
     return statistics.median(times), engine.runner.attention.name
 
 
-def decode_throughput(name: str, model: LlamaModel, batches: list[int], bandwidth: float, prompt_len: int = 1024,
+def decode_throughput(name: str, model: DecoderModel, batches: list[int], bandwidth: float, prompt_len: int = 1024,
                       steps: int = 32, attention: str | None = None) -> list[DecodeResult]:
     cfg = model.config
     results = []

@@ -27,7 +27,7 @@ from services.engine.handover import HandedRequest, Handovers
 from services.engine.kv_layout import kv_layout
 from services.engine.kv_offload import KVOffload
 from services.engine.logprobs import TokenLogprobs
-from services.engine.model.llama import LlamaModel
+from services.engine.model.decoder import DecoderModel, check_vocabulary
 from services.engine.model_runner import ModelRunner, StepSamples
 from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
@@ -50,7 +50,7 @@ class PlannedStep:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer | None,
+    def __init__(self, config: EngineConfig, model: DecoderModel, tokenizer: Tokenizer | None,
                  fingerprint_identity: dict[str, object] | None = None):
         self.config = config
         self.model = model
@@ -99,9 +99,10 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         weights = load_weights(config.model_path, keep_q4=config.int4_max_rows > 0
                                and int4_supported(config.device, config.torch_dtype))
-        model = LlamaModel(weights.config, weights.tensors, config.torch_dtype, config.device,
+        model = DecoderModel(weights.config, weights.tensors, config.torch_dtype, config.device,
                            quantized=weights.quantized, int4_max_rows=config.int4_max_rows)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
+        check_vocabulary(weights.config, tokenizer.vocab_size)
         identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}
         return cls(config, model, tokenizer, identity)
 

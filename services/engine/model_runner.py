@@ -7,7 +7,7 @@ import torch
 
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
-from services.engine.model.llama import LlamaModel
+from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
 
@@ -16,7 +16,7 @@ class ModelRunner:
     """Owns the model, the KV cache tensor ``[layers, blocks, 2, block_size, kv_heads, head_dim]`` and
     the attention backend; :meth:`execute` runs one step and returns the sampled token per request."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, attention_backend: str | None = None):
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None):
         cfg = model.config
         self.model = model
         self.block_size = block_size

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from services.engine.model.config import ModelConfig
-from services.engine.model.llama import LlamaModel
+from services.engine.model.decoder import DecoderModel
 
 
 def _config(name: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
@@ -63,9 +63,9 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
 
 
 def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 seed: int = 0) -> LlamaModel:
-    """A ``LlamaModel`` with random weights, drawn directly on ``device`` in ``dtype``."""
-    return LlamaModel(config, random_tensors(config, dtype, device, seed), dtype, device)
+                 seed: int = 0) -> DecoderModel:
+    """A ``DecoderModel`` with random weights, drawn directly on ``device`` in ``dtype``."""
+    return DecoderModel(config, random_tensors(config, dtype, device, seed), dtype, device)
 
 
 def weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:

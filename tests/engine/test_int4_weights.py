@@ -8,7 +8,7 @@ import torch
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 from kernels.int4_linear import int4_supported
-from services.engine.model.llama import LlamaModel
+from services.engine.model.decoder import DecoderModel
 from tests.conftest import make_engine
 
 pytestmark = pytest.mark.slow
@@ -16,11 +16,11 @@ needs_int4 = pytest.mark.skipif(not int4_supported("cpu", torch.bfloat16), reaso
 
 
 @pytest.fixture(scope="module")
-def bf16_models(bundled_weights) -> tuple[LlamaModel, LlamaModel]:
+def bf16_models(bundled_weights) -> tuple[DecoderModel, DecoderModel]:
     """(on the file's 4-bit weights for steps of up to 8 rows, dense)."""
     config, tensors = bundled_weights.config, bundled_weights.tensors
-    return (LlamaModel(config, tensors, torch.bfloat16, quantized=bundled_weights.quantized, int4_max_rows=8),
-            LlamaModel(config, tensors, torch.bfloat16))
+    return (DecoderModel(config, tensors, torch.bfloat16, quantized=bundled_weights.quantized, int4_max_rows=8),
+            DecoderModel(config, tensors, torch.bfloat16))
 
 
 def test_every_q4_tensor_decodes_to_exactly_the_dequantised_weight(bundled_weights):
@@ -31,7 +31,7 @@ def test_every_q4_tensor_decodes_to_exactly_the_dequantised_weight(bundled_weigh
         assert torch.equal(codes.dequantize(), bundled_weights.tensors[name]), name
 
 
-def _logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+def _logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
     cfg = model.config
     kv = torch.zeros(cfg.num_layers, 1, 2, 16, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
     attention = create_backend("torch", "cpu")
@@ -55,7 +55,7 @@ def test_bf16_on_4bit_weights_is_as_close_to_float32_as_dense_bf16(bf16_models, 
 
 
 def test_float32_never_uses_the_4bit_weights(bundled_weights):
-    model = LlamaModel(bundled_weights.config, bundled_weights.tensors, torch.float32,
+    model = DecoderModel(bundled_weights.config, bundled_weights.tensors, torch.float32,
                        quantized=bundled_weights.quantized, int4_max_rows=8)
     assert model.int4_max_rows == 0
     assert all(layer.qkv.int4 is None for layer in model.layers)

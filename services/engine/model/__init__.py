@@ -1,6 +1,6 @@
-"""The Llama-family decoder and its configuration."""
+"""The decoder of every supported family, its configuration and the registry of families."""
 
-from services.engine.model.config import ModelConfig
-from services.engine.model.llama import LlamaModel
+from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.decoder import DecoderModel
 
-__all__ = ["LlamaModel", "ModelConfig"]
+__all__ = ["DecoderModel", "MoEConfig", "ModelConfig"]

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """A sparse mixture-of-experts MLP: each token goes to its ``top_k`` experts by router softmax."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    norm_topk_prob: bool  # the top-k probabilities are renormalised to sum to 1
+    sparse_layers: tuple[int, ...]  # layers whose MLP is the sparse block; the others are dense
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ModelLoadError(f"num_experts_per_tok {self.top_k} must be in [1, num_experts={self.num_experts}]")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a Llama-family decoder."""
+    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE).
+
+    ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
+    (biases, q/k norms, experts, rope scaling) are what the families differ in.
+    """
 
     name: str
     vocab_size: int
@@ -23,14 +41,27 @@ class ModelConfig:
     head_dim: int
     rope_theta: float
     rms_norm_eps: float
-    max_position: int
+    max_position: int  # the longest sequence served exactly (capped at a sliding window, see the loaders)
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    architecture: str = "llama"
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rope (Qwen3)
+    sliding_window: int | None = None  # the checkpoint's window (max_position is capped at it)
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "max_position"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"config {name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"{self.num_heads} heads do not divide into {self.num_kv_heads} KV heads")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
 
     @property
     def q_size(self) -> int:
@@ -43,64 +74,5 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
-    @classmethod
-    def from_gguf_fields(cls, fields: Mapping[str, Any]) -> ModelConfig:
-        arch = fields.get("general.architecture")
-        if arch != "llama":
-            raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (only 'llama')")
-
-        def key(name: str, default: Any = None) -> Any:
-            value = fields.get(f"llama.{name}", default)
-            if value is None:
-                raise ModelLoadError(f"GGUF metadata lacks llama.{name}")
-            return value
-
-        hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-        eos = fields.get("tokenizer.ggml.eos_token_id")
-        return cls(
-            name=str(fields.get("general.name", "llama")),
-            vocab_size=int(key("vocab_size", len(fields.get("tokenizer.ggml.tokens", [])) or None)),
-            hidden_size=hidden,
-            intermediate_size=int(key("feed_forward_length")),
-            num_layers=int(key("block_count")),
-            num_heads=heads,
-            num_kv_heads=int(key("attention.head_count_kv", heads)),
-            head_dim=int(key("rope.dimension_count", hidden // heads)),
-            rope_theta=float(key("rope.freq_base", 10000.0)),
-            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-            max_position=int(key("context_length")),
-            tie_word_embeddings=True,  # decided by the loader from the tensors present
-            bos_token_id=_opt_int(fields.get("tokenizer.ggml.bos_token_id")),
-            eos_token_ids=() if eos is None else (int(eos),),
-        )
-
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelConfig:
-        archs = cfg.get("architectures") or []
-        if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
-            raise ModelLoadError(f"unsupported model_type {cfg.get('model_type')!r} (only llama)")
-        if cfg.get("rope_scaling"):
-            raise ModelLoadError("rope_scaling is not supported yet")
-        heads = int(cfg["num_attention_heads"])
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return cls(
-            name=str(cfg.get("_name_or_path") or "llama"),
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bos_token_id=_opt_int(cfg.get("bos_token_id")),
-            eos_token_ids=eos_ids,
-        )
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+    def is_sparse_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.sparse_layers

@@ -17,6 +17,7 @@ from gguf import GGUFReader, quants
 from kernels.int4_linear import GroupQuantized
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
+from services.engine.model.registry import config_from_gguf
 from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
 from services.engine.weights.loader import LoadedWeights
 
@@ -65,12 +66,20 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
+def open_gguf(path: Path) -> GGUFReader:
     try:
-        reader = GGUFReader(str(path))
+        return GGUFReader(str(path))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
-    config = ModelConfig.from_gguf_fields(read_fields(reader))
+
+
+def read_gguf_config(path: Path) -> ModelConfig:
+    return config_from_gguf(read_fields(open_gguf(path)))
+
+
+def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
+    reader = open_gguf(path)
+    config = config_from_gguf(read_fields(reader))
     tensors: dict[str, torch.Tensor] = {}
     quantized: dict[str, GroupQuantized] = {}
     for tensor in reader.tensors:
@@ -94,7 +103,9 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
 
 
 def _rope_heads(name: str, config: ModelConfig) -> int:
-    """Heads whose rows llama.cpp permuted in this tensor (0: not permuted)."""
+    """Heads whose rows llama.cpp permuted in this tensor (0: not permuted; only its llama converter does)."""
+    if config.architecture != "llama":
+        return 0
     if name.endswith("q_proj.weight"):
         return config.num_heads
     if name.endswith("k_proj.weight"):

@@ -14,7 +14,8 @@ from services.engine.model.config import ModelConfig
 
 @dataclass(frozen=True)
 class LoadedWeights:
-    """A model's configuration and its float32 tensors under Hugging Face Llama names.
+    """A model's configuration and its tensors under Hugging Face names (a GGUF file's dequantised to
+    float32, a safetensors checkpoint's in their stored dtype).
 
     ``quantized`` holds, under the same names, the file's own 4-bit codes of the tensors it stores as
     GGUF Q4_0/Q4_1 (``tensors`` holds their float32 dequantisation too).
@@ -50,11 +51,9 @@ def load_model_config(path: str | Path) -> ModelConfig:
     """The model's configuration without its tensors (for processes that only tokenize and route)."""
     path = Path(path)
     if _model_kind(path) == "gguf":
-        from gguf import GGUFReader
+        from services.engine.weights.gguf_loader import read_gguf_config
 
-        from services.engine.weights.gguf_loader import read_fields
+        return read_gguf_config(path)
+    from services.engine.weights.safetensors_loader import hf_dir_config
 
-        return ModelConfig.from_gguf_fields(read_fields(GGUFReader(str(path))))
-    import json
-
-    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    return hf_dir_config(path)

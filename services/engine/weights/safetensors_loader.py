@@ -1,26 +1,76 @@
-"""Read a Hugging Face Llama checkpoint directory (``config.json`` + ``*.safetensors``)."""
+"""Read a Hugging Face checkpoint directory: ``config.json`` and ``model.safetensors`` or the shards its
+``model.safetensors.index.json`` lists. Tensors keep their stored dtype (bf16 stays bf16: the model casts
+each once to the serving dtype); a shard the index names but the directory lacks is refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from safetensors.torch import load_file
+import torch
+from safetensors import SafetensorError, safe_open
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
+from services.engine.model.hf_config import eos_ids
+from services.engine.model.registry import config_from_hf
 from services.engine.weights.loader import LoadedWeights
 
+INDEX = "model.safetensors.index.json"
 
-def load_safetensors_dir(path: Path) -> LoadedWeights:
-    config = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+
+def read_hf_config(path: Path) -> dict:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from exc
+
+
+def hf_dir_config(path: Path) -> ModelConfig:
+    """``config.json``'s model, with every EOS id ``generation_config.json`` adds (Llama 3 Instruct ends turns
+    with ids its ``config.json`` does not list)."""
+    config = config_from_hf(read_hf_config(path))
+    generation = path / "generation_config.json"
+    if not generation.is_file():
+        return config
+    try:
+        extra = eos_ids(json.loads(generation.read_text()).get("eos_token_id"))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{generation}: unreadable ({exc})") from exc
+    merged = tuple(dict.fromkeys((*config.eos_token_ids, *extra)))
+    return dataclasses.replace(config, eos_token_ids=merged)
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files: the index's shards when there is an index, else every file."""
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{index}: not a safetensors index ({exc})") from exc
+        names = sorted(set(weight_map.values()))
+        missing = [name for name in names if not (path / name).is_file()]
+        if missing:
+            raise ModelLoadError(f"{path}: shard(s) {', '.join(missing)} listed in {INDEX} are missing")
+        return [path / name for name in names]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{path}: no *.safetensors files")
-    tensors = {}
-    for file in files:
-        for name, tensor in load_file(str(file)).items():
-            tensors[name] = tensor.float()
+    return files
+
+
+def load_safetensors_dir(path: Path) -> LoadedWeights:
+    config = hf_dir_config(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in shard_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as shard:
+                for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    tensors[name] = shard.get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
     if "lm_head.weight" in tensors and config.tie_word_embeddings:
         del tensors["lm_head.weight"]
     return LoadedWeights(config=config, tensors=tensors, source=path)

@@ -1,0 +1,169 @@
+"""The decoder every supported family shares (RMSNorm, RoPE, GQA, SwiGLU or sparse experts, optionally
+tied embeddings, q/k/v biases and per-head q/k norms) over a paged KV cache.
+
+The model is a plain object holding fused weight tensors (q/k/v in one matrix, gate/up in one matrix),
+not an ``nn.Module``: a decode step is ~15 torch calls per layer and nothing else. A family differs only
+in its :class:`ModelConfig` (see :mod:`services.engine.model.registry`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from kernels.int4_linear import GroupQuantized, int4_supported
+from kernels.linear import LinearWeight, linear, prepare_linear
+from kernels.norm import rms_norm
+from kernels.rope import RotaryEmbedding
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.moe import MoEWeights, moe_forward
+from services.engine.model.weight_source import WeightSource
+
+if TYPE_CHECKING:
+    from kernels.attention.base import AttentionBackend
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: LinearWeight  # [q_size + 2 * kv_size, hidden]
+    o: LinearWeight
+    post_norm: torch.Tensor
+    gate_up: LinearWeight | None  # [2 * intermediate, hidden]; None in a sparse layer
+    down: LinearWeight | None
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3)
+    k_norm: torch.Tensor | None = None
+    moe: MoEWeights | None = None
+
+
+class DecoderModel:
+    """``quantized``: 4-bit codes of some weights (a Q4 GGUF file's own); with ``int4_max_rows`` > 0, where
+    torch's int4 kernel runs (bf16 on CPU), projections of at most that many rows use them.
+    ``self.int4_max_rows`` is what is in effect (0: every product is dense).
+
+    Raises :class:`ModelLoadError` naming the tensor when one is missing, misshapen, not a float, or left
+    over (a feature of the checkpoint this family does not have)."""
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
+                 int4_max_rows: int = 0):
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        usable = bool(quantized) and int4_max_rows > 0 and int4_supported(self.device, dtype)
+        self._quantized = quantized if usable else {}
+        self.int4_max_rows = int4_max_rows if usable else 0
+        self._source = source = WeightSource(tensors, dtype, self.device)
+        cfg = config
+        self.embed = source.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        self.final_norm = source.take("model.norm.weight", (cfg.hidden_size,))
+        if cfg.tie_word_embeddings:
+            self.lm_head = prepare_linear(self.embed)
+        else:
+            self.lm_head = prepare_linear(source.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+        self.layers = [self._layer(i) for i in range(cfg.num_layers)]
+        source.check_all_taken()
+        del self._source, self._quantized
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling)
+        self.scale = cfg.head_dim**-0.5
+
+    def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False) -> LinearWeight:
+        """The fused projection of ``parts`` (stacked along output rows), with its 4-bit form when every
+        part has one (the codes are packed, not kept), and its fused bias."""
+        take = self._source.take
+        names = [name for name, _ in parts]
+        dense = torch.cat([take(n, s) for n, s in parts]) if len(parts) > 1 else take(*parts[0])
+        fused_bias = None
+        if bias:
+            biases = [take(n.removesuffix(".weight") + ".bias", (s[0],)) for n, s in parts]
+            fused_bias = torch.cat(biases) if len(biases) > 1 else biases[0]
+        if not all(name in self._quantized for name in names):
+            return prepare_linear(dense, bias=fused_bias)
+        codes = GroupQuantized.cat([self._quantized[name] for name in names])
+        return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows, bias=fused_bias)
+
+    def _layer(self, i: int) -> LayerWeights:
+        cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
+        hidden, a = cfg.hidden_size, p + "self_attn."
+        qkv = self._projection([(a + "q_proj.weight", (cfg.q_size, hidden)),
+                                (a + "k_proj.weight", (cfg.kv_size, hidden)),
+                                (a + "v_proj.weight", (cfg.kv_size, hidden))], bias=cfg.qkv_bias)
+        layer = LayerWeights(
+            input_norm=take(p + "input_layernorm.weight", (hidden,)),
+            qkv=qkv,
+            o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
+            post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+            gate_up=None, down=None,
+        )
+        if cfg.qk_norm:
+            layer.q_norm = take(a + "q_norm.weight", (cfg.head_dim,))
+            layer.k_norm = take(a + "k_norm.weight", (cfg.head_dim,))
+        if cfg.is_sparse_layer(i):
+            layer.moe = self._experts(p + "mlp.")
+        else:
+            inter = cfg.intermediate_size
+            layer.gate_up = self._projection([(p + "mlp.gate_proj.weight", (inter, hidden)),
+                                              (p + "mlp.up_proj.weight", (inter, hidden))])
+            layer.down = self._projection([(p + "mlp.down_proj.weight", (hidden, inter))])
+        return layer
+
+    def _experts(self, p: str) -> MoEWeights:
+        moe, hidden = self.config.moe, self.config.hidden_size
+        assert moe is not None
+        inter, source = moe.intermediate_size, self._source
+        router = prepare_linear(source.take(p + "gate.weight", (moe.num_experts, hidden)))
+        if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
+            gate_up = source.take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden))
+            down = source.take(p + "experts.down_proj", (moe.num_experts, hidden, inter))
+            return MoEWeights(router, [prepare_linear(w) for w in gate_up.unbind(0)],
+                              [prepare_linear(w) for w in down.unbind(0)])
+        e = p + "experts.{}."
+        return MoEWeights(
+            router,
+            [self._projection([(e.format(j) + "gate_proj.weight", (inter, hidden)),
+                               (e.format(j) + "up_proj.weight", (inter, hidden))]) for j in range(moe.num_experts)],
+            [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))]) for j in range(moe.num_experts)],
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attention: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Run one step over the concatenated new tokens of a batch (attention already planned).
+
+        Returns float32 logits ``[len(logits_indices), vocab]`` for the token positions that sample.
+        """
+        cfg = self.config
+        hidden = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope.tables(positions, self.dtype)
+        num_tokens = input_ids.shape[0]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            q, k, v = linear(x, layer.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = RotaryEmbedding.apply(q, cos, sin)
+            k = RotaryEmbedding.apply(k, cos, sin)
+            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            attn = attention.forward(q, k, v, kv_cache, self.scale)
+            hidden = hidden + linear(attn.reshape(num_tokens, cfg.q_size), layer.o)
+            x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
+            if layer.moe is not None:
+                hidden = hidden + moe_forward(x, layer.moe, cfg.moe)
+            else:
+                gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
+                hidden = hidden + linear(F.silu(gate) * up, layer.down)
+        last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps)
+        return linear(last, self.lm_head).float()
+
+
+def check_vocabulary(config: ModelConfig, tokenizer_size: int) -> None:
+    """A tokenizer whose ids run past the embedding would index out of it: refused at load."""
+    if tokenizer_size > config.vocab_size:
+        raise ModelLoadError(f"the tokenizer has {tokenizer_size} tokens but the embedding only "
+                             f"{config.vocab_size} rows: tokenizer and weights are of different models")

@@ -1,0 +1,73 @@
+"""Reading GGUF metadata (``{arch}.*`` keys) into :class:`ModelConfig`: the fields every family shares and
+the rope settings (``rope.scaling.*``; Llama 3.1+'s per-dimension ``rope_freqs`` come from the tensor and
+are added by the loader)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kernels.rope_scaling import RopeScaling, UnsupportedRopeError
+from services.engine.errors import ModelLoadError
+
+_GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
+
+
+class GGUFFields:
+    """``fields`` of one architecture: ``key("block_count")`` reads ``{arch}.block_count``."""
+
+    def __init__(self, fields: Mapping[str, Any], arch: str):
+        self.fields, self.arch = fields, arch
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(f"{self.arch}.{name}", default)
+
+    def key(self, name: str, default: Any = None) -> Any:
+        value = self.get(name, default)
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata lacks {self.arch}.{name}")
+        return value
+
+
+def gguf_rope(f: GGUFFields) -> RopeScaling | None:
+    kind = str(f.get("rope.scaling.type", "none"))
+    if kind not in _GGUF_ROPE_TYPES:
+        raise ModelLoadError(f"GGUF rope scaling type {kind!r} is not supported (supported: "
+                             f"{', '.join(_GGUF_ROPE_TYPES)})")
+    if _GGUF_ROPE_TYPES[kind] == "default":
+        return None
+    original = f.get("rope.scaling.original_context_length")
+    try:
+        return RopeScaling(rope_type=_GGUF_ROPE_TYPES[kind], factor=float(f.key("rope.scaling.factor")),
+                           original_max_position=None if original is None else int(original),
+                           attention_factor=f.get("rope.scaling.attn_factor"))
+    except UnsupportedRopeError as exc:
+        raise ModelLoadError(f"GGUF {f.arch}: {exc}") from exc
+
+
+def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    f = GGUFFields(fields, arch)
+    hidden, heads = int(f.key("embedding_length")), int(f.key("attention.head_count"))
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    bos = fields.get("tokenizer.ggml.bos_token_id")
+    vocab = f.get("vocab_size") or len(fields.get("tokenizer.ggml.tokens", [])) or fields.get("_vocab_size")
+    if not vocab:
+        raise ModelLoadError(f"GGUF metadata lacks {arch}.vocab_size")
+    return dict(
+        architecture=arch,
+        name=str(fields.get("general.name", arch)),
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(f.get("feed_forward_length") or 0),
+        num_layers=int(f.key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(f.get("attention.head_count_kv") or heads),
+        head_dim=int(f.get("attention.key_length") or f.get("rope.dimension_count") or hidden // heads),
+        rope_theta=float(f.get("rope.freq_base", 10000.0)),
+        rope_scaling=gguf_rope(f),
+        rms_norm_eps=float(f.key("attention.layer_norm_rms_epsilon")),
+        max_position=int(f.key("context_length")),
+        tie_word_embeddings=True,  # decided by the loader from the tensors present
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )

@@ -1,0 +1,115 @@
+"""Reading a Hugging Face ``config.json`` into :class:`ModelConfig`: the fields every family shares, rope
+scaling in both spellings (``rope_theta`` + ``rope_scaling``, or transformers 5's ``rope_parameters``), and
+refusals that name the field for anything pdserve would otherwise serve wrong."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kernels.rope_scaling import RopeScaling, UnsupportedRopeError
+from services.engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+
+def required(cfg: Mapping[str, Any], name: str) -> Any:
+    value = cfg.get(name)
+    if value is None:
+        raise ModelLoadError(f"config.json lacks {name!r} (model_type {cfg.get('model_type')!r})")
+    return value
+
+
+def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """``(theta, scaling)`` from either spelling; an unknown rope type is refused by name."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
+    if float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ModelLoadError("partial_rotary_factor != 1 is not supported")
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "default":
+        return theta, None
+    original = (params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+                or cfg.get("max_position_embeddings"))
+    defaults = RopeScaling()
+
+    def number(key: str, default: float | None) -> float | None:
+        return default if params.get(key) is None else float(params[key])
+
+    factor = params.get("factor")
+    if factor is None and rope_type == "yarn" and original:  # transformers: the context's growth
+        factor = int(required(cfg, "max_position_embeddings")) / int(original)
+    try:
+        return theta, RopeScaling(
+            rope_type=rope_type, factor=float(factor or 1.0),
+            original_max_position=None if original is None else int(original),
+            low_freq_factor=number("low_freq_factor", defaults.low_freq_factor),
+            high_freq_factor=number("high_freq_factor", defaults.high_freq_factor),
+            beta_fast=number("beta_fast", defaults.beta_fast) or defaults.beta_fast,
+            beta_slow=number("beta_slow", defaults.beta_slow) or defaults.beta_slow,
+            attention_factor=number("attention_factor", None), mscale=number("mscale", None),
+            mscale_all_dim=number("mscale_all_dim", None), truncate=bool(params.get("truncate", True)),
+        )
+    except UnsupportedRopeError as exc:
+        raise ModelLoadError(f"{cfg.get('model_type')}: {exc}") from exc
+
+
+def eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
+
+
+def served_length(cfg: Mapping[str, Any], window: int | None) -> int:
+    """The longest sequence served exactly: ``max_position_embeddings``, capped at a sliding window (every
+    token then sees its whole context, as full attention; the cap is logged). Dynamic NTK rope equals plain
+    rope up to ``max_position_embeddings`` (transformers rescales only past it), so it needs no cap."""
+    length = int(required(cfg, "max_position_embeddings"))
+    if window is not None and window < length:
+        log.warning("sliding_window %d: serving at most %d tokens (max_position_embeddings %d), where full "
+                    "attention equals the window", window, window, length)
+        length = window
+    return length
+
+
+def base_fields(cfg: Mapping[str, Any], architecture: str, window: int | None = None) -> dict[str, Any]:
+    """The fields of :class:`ModelConfig` a Llama-shaped ``config.json`` gives, for a family to extend."""
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (only 'silu')")
+    if cfg.get("mlp_bias"):
+        raise ModelLoadError("mlp_bias is not supported")
+    heads = int(required(cfg, "num_attention_heads"))
+    hidden = int(required(cfg, "hidden_size"))
+    theta, scaling = rope_settings(cfg)
+    return dict(
+        architecture=architecture,
+        name=str(cfg.get("_name_or_path") or architecture),
+        vocab_size=int(required(cfg, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(required(cfg, "intermediate_size")),
+        num_layers=int(required(cfg, "num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position=served_length(cfg, window),
+        sliding_window=window,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        bos_token_id=None if cfg.get("bos_token_id") is None else int(cfg["bos_token_id"]),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id")),
+    )
+
+
+def qwen_window(cfg: Mapping[str, Any]) -> int | None:
+    """Qwen2/Qwen3's window: only with ``use_sliding_window`` (and then on layers past ``max_window_layers``)."""
+    if not cfg.get("use_sliding_window") or cfg.get("sliding_window") is None:
+        return None
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    if layer_types is None and int(cfg.get("max_window_layers", 0)) >= int(required(cfg, "num_hidden_layers")):
+        return None
+    return int(cfg["sliding_window"])

@@ -1,0 +1,72 @@
+"""Architecture name → family module, imported lazily.
+
+A family module (``llama.py``, ``qwen3.py``, …) holds what that family adds to the shared decoder:
+``config_from_hf(cfg)`` for a ``config.json`` and, where GGUF files of it exist, ``config_from_gguf(fields)``
+(``GGUF_ARCHITECTURE`` names its ``general.architecture``). Adding a family is one file and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelConfig.architecture
+    module: str
+    hf_model_types: tuple[str, ...]
+    gguf_architecture: str | None = None
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", "services.engine.model.llama", ("llama",), "llama"),
+    Family("qwen2", "services.engine.model.qwen2", ("qwen2",), "qwen2"),
+    Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
+    Family("mistral", "services.engine.model.mistral", ("mistral",)),
+    Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
+)
+
+
+def _module(family: Family) -> ModuleType:
+    return importlib.import_module(family.module)
+
+
+def supported_hf() -> str:
+    return ", ".join(t for f in FAMILIES for t in f.hf_model_types)
+
+
+def supported_gguf() -> str:
+    return ", ".join(f.gguf_architecture for f in FAMILIES if f.gguf_architecture)
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    """The config of a ``config.json``; an unknown ``model_type`` is refused naming it and the supported ones."""
+    model_type = cfg.get("model_type")
+    for family in FAMILIES:
+        if model_type in family.hf_model_types:
+            return _module(family).config_from_hf(cfg)
+    archs = cfg.get("architectures") or []
+    raise ModelLoadError(f"unsupported model_type {model_type!r} (architectures {archs}); supported model types: "
+                         f"{supported_hf()}")
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    arch = fields.get("general.architecture")
+    for family in FAMILIES:
+        if family.gguf_architecture is not None and arch == family.gguf_architecture:
+            return _module(family).config_from_gguf(fields)
+    raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {supported_gguf()}")
+
+
+def family(architecture: str) -> Family:
+    for candidate in FAMILIES:
+        if candidate.name == architecture:
+            return candidate
+    raise ModelLoadError(f"unknown architecture {architecture!r}; supported: {', '.join(f.name for f in FAMILIES)}")
