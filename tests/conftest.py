@@ -57,3 +57,20 @@ def make_engine(model, tokenizer, **overrides):
                 "num_kv_blocks": 512, "max_num_batched_tokens": 256}
     settings.update(overrides)
     return LLMEngine(EngineConfig(**settings), model, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory, bundled_tokenizer):
+    """``family_dir(name)``: a tiny random checkpoint of a family of ``tests.engine.tiny_families``, built once
+    per session."""
+    from tests.engine.tiny_families import build_family
+
+    root = tmp_path_factory.mktemp("families")
+    built: dict = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_family(name, root, bundled_tokenizer.hf)
+        return built[name]
+
+    return get

@@ -1,0 +1,124 @@
+"""Every supported family, as a tiny random-weight checkpoint transformers writes (sharded safetensors,
+the bundled tokenizer), served by the mixed engine in float32, gives transformers' greedy tokens (argmax
+of a full forward at each step): prompts of 1 to 300 tokens, chunked prefill, a prefix hit, and requests
+preempted (KV kept in host memory) and resumed.
+
+Near ties: a divergence is tolerated only from a step where the reference's top-2 margin is below
+``NEAR_TIE`` (float32 sums in another order differ by ~1e-6 here); the report prints the smallest margin."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from services.engine.admission import AdmissionConfig
+from services.engine.config import EngineConfig
+from services.engine.engine import LLMEngine
+from services.engine.model.decoder import DecoderModel
+from services.engine.sampling_params import SamplingParams
+from tests.conftest import make_engine
+from tests.engine.hf_reference import first_divergence
+from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_reference
+
+NEAR_TIE = 1e-3
+NEW_TOKENS = 8
+
+
+def _prompts() -> dict[str, list[int]]:
+    soup = [(i * 7919) % 49000 + 17 for i in range(300)]
+    return {"one-token": [42], "short": soup[100:107], "long": soup,
+            "shared-prefix": soup[:256] + [(i * 104729) % 49000 + 3 for i in range(40)]}
+
+
+def _pressure_prompts() -> list[list[int]]:
+    return [[(i * 31 + j * 7) % 49000 + 5 for j in range(24 + 5 * i)] for i in range(6)]
+
+
+def assert_matches(name: str, expected, actual: list[int]) -> float:
+    step = first_divergence(expected.token_ids, actual)
+    if step is not None:
+        assert step < len(expected.margins) and expected.margins[step] < NEAR_TIE, (
+            f"{name}: engine {actual} != transformers {expected.token_ids} from step {step} "
+            f"(reference margin {expected.margins[step] if step < len(expected.margins) else None})")
+    return min(expected.margins)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, family_dir):
+    path = family_dir(request.param)
+    reference = load_reference(path)
+    prompts = _prompts()
+    expected = {name: greedy_full_forward(reference, ids, NEW_TOKENS) for name, ids in prompts.items()}
+    pressure = _pressure_prompts()
+    expected_pressure = [greedy_full_forward(reference, ids, 24) for ids in pressure]
+    return request.param, path, prompts, expected, pressure, expected_pressure
+
+
+def _engine(path, **overrides) -> LLMEngine:
+    settings = dict(model_path=str(path), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=64)
+    return LLMEngine.from_config(EngineConfig(**(settings | overrides)))
+
+
+def test_mixed_engine_gives_transformers_greedy_tokens(family):
+    name, path, prompts, expected, _, _ = family
+    engine = _engine(path)
+    assert engine.model.config.architecture == name.split("-")[0].replace("llama3", "llama")
+    sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    names = list(prompts)
+    first = engine.generate([prompts[n] for n in names[:-1]], sampling)  # 300 tokens: prefill in 5 chunks
+    hit = engine.generate([prompts[names[-1]]], sampling)[0]  # after "long": its first 256 tokens are cached
+    results = [*first, hit]
+    margins = [assert_matches(f"{name}/{n}", expected[n], r.token_ids) for n, r in zip(names, results, strict=True)]
+    assert hit.cached_tokens == 256, hit.cached_tokens
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    print(f"{name}: smallest reference margin {min(margins):.4f}")
+
+
+def test_preempted_and_resumed_requests_keep_transformers_tokens(family):
+    name, path, _, _, pressure, expected = family
+    engine = _engine(path, num_kv_blocks=12, admission=AdmissionConfig(policy="none"))
+    results = engine.generate(pressure, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    for i, (result, reference) in enumerate(zip(results, expected, strict=True)):
+        assert_matches(f"{name}/pressure-{i}", reference, result.token_ids)
+    stats = engine.scheduler.stats
+    assert stats.preemptions_total > 0 and stats.resumes_total > 0, stats
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_llama3_rope_scaling_is_what_makes_it_exact(family_dir, bundled_tokenizer):
+    """The case that was served silently wrong: the same weights without the llama3 frequencies give other
+    tokens, so the parity above depends on the scaling being applied."""
+    from services.engine.weights import load_weights
+
+    path = family_dir("llama3")
+    weights = load_weights(path)
+    assert weights.config.rope_scaling is not None and weights.config.rope_scaling.rope_type == "llama3"
+    prompt = _prompts()["long"]
+    expected = greedy_full_forward(load_reference(path), prompt, NEW_TOKENS).token_ids
+    sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for label, config in (("scaled", weights.config), ("unscaled", dataclasses.replace(weights.config,
+                                                                                       rope_scaling=None))):
+        model = DecoderModel(config, weights.tensors, weights.tensors["model.embed_tokens.weight"].dtype)
+        outputs[label] = make_engine(model, bundled_tokenizer).generate([prompt], sampling)[0].token_ids
+    assert outputs["scaled"] == expected
+    assert outputs["unscaled"] != expected
+
+
+def test_mistral_is_served_up_to_its_sliding_window(family_dir):
+    engine = _engine(family_dir("mistral"))
+    assert engine.model.config.sliding_window == 512
+    assert engine.max_model_len == 512  # max_position_embeddings is 4096; past the window attention differs
+
+
+def test_generation_config_adds_its_eos_ids(family_dir, tmp_path):
+    import json
+    import shutil
+
+    path = shutil.copytree(family_dir("qwen3"), tmp_path / "qwen3")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7, 11]}))
+    engine = _engine(path)
+    assert {2, 7, 11} <= set(engine.eos_token_ids)

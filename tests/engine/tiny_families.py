@@ -1,0 +1,69 @@
+"""Tiny random-weight checkpoints of every supported family, built with transformers (``from_config`` with a
+fixed seed, ``save_pretrained``) beside the bundled model's real tokenizer, and their greedy reference
+(argmax of a full forward at each step, no KV cache)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, rms_norm_eps=1e-6)
+
+FAMILIES: dict[str, dict] = {
+    # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
+    "llama3": dict(model_type="llama", rope_theta=500000.0, tie_word_embeddings=False,
+                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                     original_max_position_embeddings=64)),
+    "llama-yarn": dict(model_type="llama", rope_theta=10000.0, tie_word_embeddings=True,
+                       rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024)),
+    "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
+    "mistral": dict(model_type="mistral", head_dim=32, sliding_window=512, rope_theta=1000000.0,
+                    tie_word_embeddings=False),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                      rope_theta=1000000.0, tie_word_embeddings=False),
+}
+
+
+def build_family(name: str, root: Path, tokenizer_hf) -> Path:
+    """``root/name``: config.json, sharded safetensors with their index, generation_config.json, tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(FAMILIES[name])
+    model_type = spec.pop("model_type")
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer_hf), bos_token_id=1, eos_token_id=2,
+                                  **SHAPE, **spec)
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = root / name
+    model.save_pretrained(str(path), max_shard_size="2MB")
+    tokenizer_hf.save_pretrained(str(path))
+    return path
+
+
+def load_reference(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+@dataclass(frozen=True)
+class Reference:
+    token_ids: list[int]
+    margins: list[float]
+
+
+@torch.inference_mode()
+def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
+    ids, tokens, margins = list(prompt), [], []
+    for _ in range(new_tokens):
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        top2 = logits.topk(2)
+        tokens.append(int(top2.indices[0]))
+        margins.append(float(top2.values[0] - top2.values[1]))
+        ids.append(tokens[-1])
+    return Reference(tokens, margins)

@@ -1,0 +1,51 @@
+"""cos/sin of every supported rope type equal transformers' rotary embedding for the same config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.rope import RotaryEmbedding
+from kernels.rope_scaling import RopeScaling, UnsupportedRopeError
+from services.engine.model.hf_config import rope_settings
+
+CASES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 512, "mscale": 1.0,
+                    "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tables_equal_transformers(case):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    raw = {"hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 2048, "rope_theta": 500000.0,
+           "rope_scaling": CASES[case]}
+    reference = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in raw.items() if v is not None}))
+    positions = torch.arange(0, 2048, 7)
+    cos_ref, sin_ref = reference(torch.zeros(1, 1, 64), positions[None])
+    theta, scaling = rope_settings({"model_type": "llama", **raw})
+    ours = RotaryEmbedding(64, 2048, theta, scaling=scaling)
+    cos, sin = ours.tables(positions, torch.float32)
+    torch.testing.assert_close(cos[:, 0], cos_ref[0, :, :32], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin[:, 0], sin_ref[0, :, :32], rtol=0, atol=1e-6)
+    if case != "default" and case != "dynamic":  # the scaling changes the tables: the check can fail
+        plain = RotaryEmbedding(64, 2048, theta)
+        assert not torch.allclose(plain.tables(positions, torch.float32)[0], cos, atol=1e-3)
+
+
+def test_an_unsupported_rope_type_is_refused_by_name():
+    from services.engine.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="longrope"):
+        rope_settings({"model_type": "llama", "max_position_embeddings": 4096,
+                       "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
+    with pytest.raises(UnsupportedRopeError, match="original_max_position"):
+        RopeScaling(rope_type="llama3", factor=8.0)
