@@ -26,9 +26,13 @@ $(STAMP): pyproject.toml protos/python/pyproject.toml
 protos: $(STAMP)
 	$(PYTHON) protos/generate.py
 
-# gateway (127.0.0.1:50051), prefill node, decode node, cache-store on loopback; Ctrl-C stops them all
+# gateway (127.0.0.1:50051), prefill node, decode node, cache-store on loopback; Ctrl-C stops them all.
+# MODEL=PATH (GGUF file or HF directory; default: the bundled SmolLM2-135M), SERVED_MODEL_NAME=id,
+# MAX_MODEL_LEN=n go to every process; RUN_ARGS for any other `python -m services.cluster` flag
 run: venv
-	$(PYTHON) -m services.cluster
+	$(PYTHON) -m services.cluster $(if $(MODEL),--model '$(MODEL)') \
+	    $(if $(SERVED_MODEL_NAME),--served-model-name '$(SERVED_MODEL_NAME)') \
+	    $(if $(MAX_MODEL_LEN),--max-model-len $(MAX_MODEL_LEN)) $(RUN_ARGS)
 
 # the mixed-mode engine alone (one process prefills and decodes), streaming a few generations
 run-mixed: venv

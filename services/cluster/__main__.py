@@ -1,5 +1,5 @@
 """``python -m services.cluster`` (``make run``): a gateway, prefill node(s), decode node(s) and a cache-store
-on loopback with the bundled model, until Ctrl-C."""
+on loopback, serving the bundled model or ``--model PATH`` (``make run MODEL=PATH``), until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import urllib.request
+from pathlib import Path
 
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
@@ -17,6 +18,7 @@ from services.cluster.local import ClusterSpec, start_cluster
 
 USAGE = """
 pdserve is up: gateway {gateway}
+  model: {model}
   OpenAI-compatible HTTP: {http}
   prefill: {prefill}
   decode:  {decode}
@@ -64,16 +66,26 @@ def http_usage(http_url: str) -> str:
     return HTTP_USAGE.format(http=http_url, model=model)
 
 
+def cluster_status(gateway: str) -> gateway_pb2.ClusterStatusResponse:
+    with grpc.insecure_channel(gateway) as channel:
+        return gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10)
+
+
+def model_line(gateway: str) -> str:
+    """``served name (model name, weights digest)``, from the gateway's ClusterStatus."""
+    status = cluster_status(gateway)
+    return f"{status.served_model_name} ({status.model_name}, weights {status.weights_digest[:12]})"
+
+
 def metrics_lines(gateway: str) -> str:
     """``role  url`` of every process, from the gateway's ClusterStatus."""
-    with grpc.insecure_channel(gateway) as channel:
-        status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10)
+    status = cluster_status(gateway)
     rows = [("gateway", status.gateway_metrics_url), *((n.role, n.metrics_url) for n in status.nodes)]
     return "\n".join(f"  {role:12s} {url}" for role, url in rows if url) or "  (none)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
+    parser = argparse.ArgumentParser(prog="python -m services.cluster", description=__doc__)
     parser.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port")
     parser.add_argument("--http", default="127.0.0.1:8000",
                         help="host:port of the gateway's OpenAI-compatible HTTP front; empty = off")
@@ -81,20 +93,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-nodes", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads per model node")
+    parser.add_argument("--model", default="", help="GGUF file or HF directory that the gateway (tokenizer, "
+                        "config) and every node (weights) load; default: the bundled SmolLM2-135M")
+    parser.add_argument("--served-model-name", default="",
+                        help="the model id of the HTTP front (/v1/models); default: the model file's name")
+    parser.add_argument("--max-model-len", type=int, default=0,
+                        help="context length of the gateway and every node; 0 = the model's")
     parser.add_argument("--no-store-prefixes", dest="store_prefixes", action="store_false",
                         help="prefill nodes do not share prompt blocks through the cache-store")
     args = parser.parse_args(argv)
-    spec = ClusterSpec(num_prefill=args.prefill_nodes, num_decode=args.decode_nodes, gateway_listen=args.gateway,
-                       http_listen=args.http,
+    if args.model and not Path(args.model).exists():
+        parser.error(f"--model {args.model}: no such file or directory")
+    if args.max_model_len < 0:
+        parser.error(f"--max-model-len must be >= 0, got {args.max_model_len}")
+    return ClusterSpec(num_prefill=args.prefill_nodes, num_decode=args.decode_nodes, gateway_listen=args.gateway,
+                       http_listen=args.http, model=str(Path(args.model).resolve()) if args.model else "",
+                       served_model_name=args.served_model_name, max_model_len=args.max_model_len,
                        engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
                        prefill_cache_store=args.store_prefixes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = parse_spec(argv)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    sys.stdout.write("starting the cluster (loading the model in each node)...\n")
+    model = spec.model or "the bundled SmolLM2-135M"
+    sys.stdout.write(f"starting the cluster (loading {model} in each node)...\n")
     with start_cluster(spec) as cluster:
         sys.stdout.write(USAGE.format(
-            gateway=cluster.address, http=cluster.http_url or "off", http_usage=http_usage(cluster.http_url),
+            gateway=cluster.address, model=model_line(cluster.address), http=cluster.http_url or "off",
+            http_usage=http_usage(cluster.http_url),
             prefill=", ".join(p.address for p in cluster.prefill),
             decode=", ".join(d.address for d in cluster.decode),
             store=cluster.cache_store.address if cluster.cache_store else "-", metrics=metrics_lines(cluster.address)))

@@ -25,6 +25,9 @@ class ClusterSpec:
     cache_store: bool = True
     gateway_listen: str = "127.0.0.1:0"
     http_listen: str = ""  # the gateway's OpenAI-compatible HTTP front (port 0 = ephemeral); empty = off
+    model: str = ""  # GGUF file or HF directory for the gateway and every node; empty = the bundled model
+    served_model_name: str = ""  # the gateway's model id (/v1/models); empty = from the model's file name
+    max_model_len: int = 0  # context length of the gateway and every node; 0 = the model's
     engine_args: tuple[str, ...] = ()  # passed to every prefill and decode node (e.g. --dtype float32)
     prefill_args: tuple[str, ...] = ()
     decode_args: tuple[str, ...] = ()
@@ -34,6 +37,19 @@ class ClusterSpec:
     startup_timeout_s: float = 120.0
     env: Mapping[str, str] = field(default_factory=dict)  # set in every process (OTEL_*, PDSERVE_*)
     cwd: Path | None = None  # run the services from another checkout (a benchmark's baseline)
+
+    def model_args(self) -> tuple[str, ...]:
+        """The flags every process that loads the model gets (gateway, prefill and decode nodes)."""
+        return ((("--model", self.model) if self.model else ())
+                + (("--max-model-len", str(self.max_model_len)) if self.max_model_len else ()))
+
+    def node_args(self, role: str) -> tuple[str, ...]:
+        """A prefill or decode node's flags, before the cache-store's."""
+        return (*self.model_args(), *self.engine_args, *(self.prefill_args if role == "prefill" else self.decode_args))
+
+    def gateway_model_args(self) -> tuple[str, ...]:
+        return (*self.model_args(), *(("--served-model-name", self.served_model_name)
+                                      if self.served_model_name else ()))
 
 
 @dataclass
@@ -58,16 +74,17 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                                               env=dict(spec.env), cwd=spec.cwd, stdout=stdout, stderr=stderr))
 
         store = start("services.cache_store") if spec.cache_store else None
-        decode_args = (*spec.engine_args, *spec.decode_args)
+        decode_args = spec.node_args("decode")
         if store is not None and spec.offload_to_cache_store:
             decode_args += ("--offload-cache-store", store.address)
         decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr)
-        prefill_args = (*spec.engine_args, *spec.prefill_args)
+        prefill_args = spec.node_args("prefill")
         if store is not None and spec.prefill_cache_store:
             prefill_args += ("--cache-store", store.address)
         prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr)
         gateway_args = ["--prefill", ",".join(p.address for p in prefill),
-                        "--decode", ",".join(d.address for d in decode), *spec.gateway_args]
+                        "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
+                        *spec.gateway_args]
         if store is not None:
             gateway_args += ["--cache-store", store.address]
         if spec.http_listen:

@@ -127,6 +127,8 @@ def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True
         handovers_in_total=engine.adoptions.stats.handovers_in_total, kv_layout_id=layout_id(kv_layout(engine)),
         store_breaker_trips_total=offload.breaker.trips_total
         + (engine.output_cache.breaker.trips_total if engine.output_cache is not None else 0),
+        model_name=str(engine.model_identity.get("model", "")),
+        weights_digest=str(engine.model_identity.get("weights", "")),
     )
 
 

@@ -11,10 +11,10 @@ The role of every address seen is remembered, so a late ``stub()`` for a dropped
 a decode node the prefill node reserved on just before it vanished) opens a fresh channel.
 
 Health. Every ``poll_interval_s`` (and on demand) each current node's ``NodeStatus`` rpc is called. An
-answer marks the node healthy (unless it says it is draining, or reports another role than configured);
-a failed call marks it unhealthy with zero counters, and the next poll tries again, so a restarted node
-rejoins by itself. A request that sees a node fail can ``mark_failed`` it at once so that new requests
-avoid it until a poll says otherwise.
+answer marks the node healthy (unless it says it is draining, reports another role than configured, or
+serves another model than the gateway's: ``model_check``); a failed call marks it unhealthy with zero
+counters, and the next poll tries again, so a restarted node rejoins by itself. A request that sees a
+node fail can ``mark_failed`` it at once so that new requests avoid it until a poll says otherwise.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from pdserve.v1 import cache_store_pb2_grpc, decode_pb2_grpc, gateway_pb2, node_
 from services.common.server import grpc_options
 from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
 from services.gateway.kv_compatibility import with_kv_compatibility
+from services.gateway.left_out import LeftOutLog
+from services.gateway.model_check import ModelIdentity, with_model_check
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL, STATUS_FIELDS, NodeInfo
 
 log = structlog.get_logger(__name__)
@@ -59,11 +61,13 @@ def node_info_from_status(address: str, role: str, status: gateway_pb2.NodeStatu
 class NodeDirectory:
     def __init__(self, nodes: Sequence[tuple[str, str]], *, poll_interval_s: float = 0.5,
                  status_timeout_s: float = 1.0, max_message_bytes: int | None = None,
-                 resolve_interval_s: float = 5.0, resolver: Resolver | None = None, linger_s: float = 10.0
-                 ) -> None:
+                 resolve_interval_s: float = 5.0, resolver: Resolver | None = None, linger_s: float = 10.0,
+                 model: ModelIdentity | None = None) -> None:
         """``nodes``: (entry, role) pairs, an entry being ``host:port`` or ``dns:///NAME:PORT``; an address
         may be current under one role only. ``resolver``: see ``discovery.Resolver`` (default: the
-        system's)."""
+        system's). ``model``: the gateway's own; model nodes that serve another are unhealthy (``None``:
+        not checked)."""
+        self.model = model
         self.poll_interval_s = poll_interval_s
         self.status_timeout_s = status_timeout_s
         self.resolve_interval_s = resolve_interval_s
@@ -73,7 +77,7 @@ class NodeDirectory:
         self._sources: dict[str, set[str]] = {}  # current address → the entries that list it
         self._info: dict[str, NodeInfo] = {}  # current and lingering nodes
         self._inflight: dict[str, int] = {}
-        self._incompatible: dict[str, str] = {}  # address → why its KV layout leaves it out (as last logged)
+        self._left_out = LeftOutLog()  # nodes left out for their model or KV layout, as last logged
         self._used: dict[str, float] = {}  # time.monotonic() a non-current node was last used
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
@@ -215,9 +219,10 @@ class NodeDirectory:
 
     def nodes(self, role: str | None = None) -> list[NodeInfo]:
         """Every current node (of ``role``) as last polled, with this gateway's in-flight counts; a model
-        node whose KV layout matches no healthy peer is unhealthy (``kv_compatibility``)."""
-        every = with_kv_compatibility([_with_inflight(self._info[a], self._inflight.get(a, 0))
-                                       for a in self._sources])
+        node that serves another model than ``model`` (``model_check``), or whose KV layout matches no
+        healthy peer (``kv_compatibility``), is unhealthy."""
+        every = with_kv_compatibility(with_model_check(
+            [_with_inflight(self._info[a], self._inflight.get(a, 0)) for a in self._sources], self.model))
         return [n for n in every if role is None or n.role == role]
 
     async def refresh(self) -> None:
@@ -244,18 +249,7 @@ class NodeDirectory:
     async def _poll_all(self) -> None:
         await asyncio.gather(*(self._poll(address) for address in list(self._sources)))
         self.last_refresh = time.monotonic()
-        self._log_incompatible()
-
-    def _log_incompatible(self) -> None:
-        """Log once each node that starts (or stops) being left out for its KV layout."""
-        nodes = self.nodes()
-        now = {n.address: n.error for n in nodes if not n.healthy and n.error.startswith("its KV layout")}
-        healthy = {n.address for n in nodes if n.healthy}
-        for address in now.keys() - self._incompatible.keys():
-            log.warning("node left out: its KV layout matches no peer", address=address, error=now[address])
-        for address in (self._incompatible.keys() - now.keys()) & healthy:  # not one that failed or left
-            log.info("node's KV layout matches its peers again", address=address)
-        self._incompatible = now
+        self._left_out.update(self.nodes())
 
     async def _poll(self, address: str) -> None:
         role = self._roles[address]

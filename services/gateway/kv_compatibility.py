@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from services.gateway.nodes import DECODE, PREFILL, NodeInfo
 
 _PEER_ROLE = {PREFILL: DECODE, DECODE: PREFILL}
+MISMATCH = "its KV layout"  # how the error of a node left out for its KV layout starts
 
 
 def compatible(a: NodeInfo, b: NodeInfo) -> bool:
@@ -33,7 +34,7 @@ def with_kv_compatibility(nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
         if node.healthy and node.kv_layout_id and peers and "" not in peers and node.kv_layout_id not in peers:
             other = _PEER_ROLE[node.role]
             node = dataclasses.replace(node, healthy=False, error=(
-                f"its KV layout {node.kv_layout_id} matches no healthy {other} node's ({', '.join(sorted(peers))}): "
+                f"{MISMATCH} {node.kv_layout_id} matches no healthy {other} node's ({', '.join(sorted(peers))}): "
                 f"another model, dtype or block size"))
         marked.append(node)
     return marked

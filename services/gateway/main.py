@@ -24,6 +24,7 @@ from services.gateway.core import CoreSettings, GatewayCore
 from services.gateway.directory import NodeDirectory
 from services.gateway.discovery import Resolver
 from services.gateway.metrics import gateway_registry
+from services.gateway.model_check import ModelIdentity, model_identity
 from services.gateway.openai.app import FrontSettings, FrontState, create_app, served_model_id
 from services.gateway.openai.server import HttpFront
 from services.gateway.servicer import GatewayServicer
@@ -78,13 +79,14 @@ class Gateway:
 
 
 def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, max_position: int,
-             resolver: Resolver | None = None) -> Gateway:
+             resolver: Resolver | None = None, model: ModelIdentity | None = None) -> Gateway:
     """Build the gateway inside the running event loop; nothing is started. ``resolver`` answers the
-    ``dns:///`` entries (default: the system's)."""
+    ``dns:///`` entries (default: the system's); ``model`` is the one ``tokenizer`` belongs to: model
+    nodes that serve another are left out (``None``: not checked)."""
     directory = NodeDirectory(config.nodes(), poll_interval_s=config.poll_interval_s,
                               status_timeout_s=config.status_timeout_s,
                               max_message_bytes=config.max_message_mib << 20,
-                              resolve_interval_s=config.resolve_interval_s, resolver=resolver)
+                              resolve_interval_s=config.resolve_interval_s, resolver=resolver, model=model)
     settings = CoreSettings(
         max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
@@ -95,12 +97,13 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)
     core.on_retry = lambda role: metrics.retries.labels(role).inc()
     servicer = GatewayServicer(core, metrics)
+    servicer.served_model_name = config.served_model_name or served_model_id(config.model or bundled_model_path())
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)
     http = None
     if config.http_listen:
         state = FrontState()
-        front = FrontSettings(config.served_model_name or served_model_id(config.model or bundled_model_path()),
+        front = FrontSettings(servicer.served_model_name,
                               max_body_bytes=int(config.http_max_body_mib * (1 << 20)),
                               body_timeout_s=config.http_body_timeout_s)
         http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s,
@@ -124,10 +127,13 @@ async def serve(config: GatewayConfig) -> None:
     path = config.model or bundled_model_path()
     model = load_model_config(path)
     tokenizer = Tokenizer.load(path, model.eos_token_ids)
-    gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position)
+    identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
+    gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
+                       model=identity)
     await gateway.start()
     log.info("gateway ready", address=gateway.server.address, http=gateway.http.url if gateway.http else "",
-             model=str(path),
+             model=str(path), served_model_name=gateway.servicer.served_model_name if gateway.servicer else "",
+             weights_digest=identity.weights_digest,
              max_model_len=gateway.core.settings.max_model_len, prefill=config.prefill_addresses,
              decode=config.decode_addresses, cache_store=config.cache_store_addresses,
              startup_s=round(time.perf_counter() - started, 2))

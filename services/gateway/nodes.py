@@ -67,6 +67,8 @@ class NodeInfo:
     disk_write_failures_total: int = 0
     store_breaker_trips_total: int = 0
     kv_layout_id: str = ""  # model nodes: whose KV they can exchange (equal ids); empty = not reported
+    model_name: str = ""  # model nodes: the model they serve, by name
+    weights_digest: str = ""  # ... and by its weight files' bytes; empty = not reported
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

@@ -60,6 +60,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.metrics = metrics
         self.metrics_url = ""  # the gateway's own /metrics, set once the server is bound
         self.http_url = ""  # the OpenAI-compatible HTTP front, set once it is bound (empty: off)
+        self.served_model_name = ""  # the model id of the HTTP front
 
     @grpc_errors
     @tracked
@@ -79,7 +80,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     @grpc_errors
     async def ClusterStatus(self, request: gateway_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
                             ) -> gateway_pb2.ClusterStatusResponse:
-        """Every configured node as of a poll at most ``status_max_age_s`` old."""
+        """Every configured node as of a poll at most ``status_max_age_s`` old, and the gateway's model."""
         nodes = await self.core.cluster_status()
-        return gateway_pb2.ClusterStatusResponse(nodes=[node_status_to_proto(n) for n in nodes],
-                                                 gateway_metrics_url=self.metrics_url, http_url=self.http_url)
+        model = self.core.directory.model
+        return gateway_pb2.ClusterStatusResponse(
+            nodes=[node_status_to_proto(n) for n in nodes], gateway_metrics_url=self.metrics_url,
+            http_url=self.http_url, served_model_name=self.served_model_name,
+            model_name=model.name if model else "", weights_digest=model.weights_digest if model else "")

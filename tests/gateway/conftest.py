@@ -11,6 +11,7 @@ from pdserve.v1 import gateway_pb2_grpc
 
 from services.gateway.config import GatewayConfig
 from services.gateway.main import Gateway, assemble
+from services.gateway.model_check import ModelIdentity
 from tests.gateway.fakes import FakeDecode, FakePrefill
 
 MAX_MODEL_LEN = 512
@@ -49,8 +50,8 @@ class Cluster:
         return self.decode[0]
 
 
-async def start_cluster(tokenizer, model_config, num_prefill: int = 1, num_decode: int = 1, **settings
-                        ) -> Cluster:
+async def start_cluster(tokenizer, model_config, num_prefill: int = 1, num_decode: int = 1,
+                        model: ModelIdentity | None = None, **settings) -> Cluster:
     prefill = [FakePrefill() for _ in range(num_prefill)]
     decode = [FakeDecode() for _ in range(num_decode)]
     for node in (*prefill, *decode):
@@ -62,7 +63,7 @@ async def start_cluster(tokenizer, model_config, num_prefill: int = 1, num_decod
     values.update(settings)
     config = GatewayConfig(**values)
     gateway = assemble(config, tokenizer, vocab_size=model_config.vocab_size,
-                       max_position=model_config.max_position)
+                       max_position=model_config.max_position, model=model)
     await gateway.start()
     channel = grpc.aio.insecure_channel(gateway.server.address)
     return Cluster(gateway, gateway_pb2_grpc.GatewayStub(channel), prefill, decode, channel)

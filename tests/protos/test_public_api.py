@@ -39,10 +39,11 @@ def test_gateway_service_and_messages():
     response = fields(gateway_pb2.GenerateResponse)
     assert {"request_id", "token_ids", "text", "finish_reason", "usage"} <= response
     assert {"prompt_tokens", "completion_tokens", "cached_tokens"} <= fields(gateway_pb2.Usage)
-    assert fields(gateway_pb2.ClusterStatusResponse) == {"nodes", "gateway_metrics_url", "http_url"}
+    assert fields(gateway_pb2.ClusterStatusResponse) == {"nodes", "gateway_metrics_url", "http_url",
+                                                         "served_model_name", "model_name", "weights_digest"}
     assert {"address", "role", "healthy", "blocks_total", "blocks_free", "blocks_reserved", "blocks_cached",
             "requests_running", "requests_waiting", "preemptions_total", "prefix_hit_tokens_total",
-            "prompt_tokens_total", "metrics_url"} <= fields(gateway_pb2.NodeStatus)
+            "prompt_tokens_total", "metrics_url", "model_name", "weights_digest"} <= fields(gateway_pb2.NodeStatus)
     assert gateway_pb2.NodeStatus.DESCRIPTOR.fields_by_name["role"].type == FieldDescriptor.TYPE_STRING
 
 
