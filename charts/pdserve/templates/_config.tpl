@@ -1,7 +1,7 @@
 {{/*
 A role's PDSERVE_* settings, as a YAML map of setting name → value; ctx: (list $ $role).
 Precedence: the role's `config`, then the global `config`, then what the chart derives (node addresses,
-the model path, the disk tier). listen, metrics_listen and advertise are container env (they must match
+the model path, served name and context length, the disk tier). listen, metrics_listen and advertise are container env (they must match
 the pod's ports), never settings here.
 */}}
 {{- define "pdserve.settings" -}}
@@ -27,6 +27,12 @@ the pod's ports), never settings here.
 {{- end -}}
 {{- if and $role.model (eq $root.Values.model.source "path") -}}
 {{- $_ := set $derived "model" (include "pdserve.modelPath" $root) -}}
+{{- end -}}
+{{- if and $role.model $root.Values.model.maxModelLen -}}
+{{- $_ := set $derived "max_model_len" (int $root.Values.model.maxModelLen) -}}
+{{- end -}}
+{{- if and (eq $role.key "gateway") $root.Values.model.servedModelName -}}
+{{- $_ := set $derived "served_model_name" $root.Values.model.servedModelName -}}
 {{- end -}}
 {{- $settings := merge (deepCopy (default (dict) $values.config)) (deepCopy (default (dict) $root.Values.config)) $derived -}}
 {{- toYaml $settings -}}

@@ -9,6 +9,8 @@ envFrom, plus the pod-specific ones below, which win over the ConfigMap).
 {{- $values := index $root.Values $role.key -}}
 {{- $settings := include "pdserve.settings" . | fromYaml -}}
 {{- $ports := $root.Values.ports -}}
+{{- $modelVolume := include "pdserve.modelVolume" . -}}
+{{- $modelInit := include "pdserve.modelInitEnabled" . -}}
 metadata:
   labels:
     {{- include "pdserve.labels" . | nindent 4 }}
@@ -36,6 +38,10 @@ spec:
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   terminationGracePeriodSeconds: {{ include "pdserve.terminationSeconds" . }}
+  {{- if $modelInit }}
+  initContainers:
+    {{- include "pdserve.modelInitContainer" . | nindent 4 }}
+  {{- end }}
   containers:
     - name: {{ $role.component }}
       image: {{ include "pdserve.image" $root | quote }}
@@ -79,7 +85,7 @@ spec:
         {{- toYaml $root.Values.securityContext | nindent 8 }}
       volumeMounts:
         - {name: tmp, mountPath: /tmp}
-        {{- if and $role.model (eq $root.Values.model.source "path") $root.Values.model.volume }}
+        {{- if $modelVolume }}
         - {name: model, mountPath: {{ $root.Values.model.mountPath | quote }}, readOnly: true}
         {{- end }}
         {{- if and (eq $role.key "cacheStore") $values.disk.enabled }}
@@ -88,9 +94,13 @@ spec:
   volumes:
     - name: tmp
       emptyDir: {sizeLimit: {{ $root.Values.tmpSizeLimit }}}
-    {{- if and $role.model (eq $root.Values.model.source "path") $root.Values.model.volume }}
+    {{- if $modelVolume }}
     - name: model
-      {{- toYaml $root.Values.model.volume | nindent 6 }}
+      {{- $modelVolume | nindent 6 }}
+    {{- end }}
+    {{- if and $modelInit $root.Values.model.init.fromClaim }}
+    - name: model-source
+      persistentVolumeClaim: {claimName: {{ $root.Values.model.init.fromClaim | quote }}, readOnly: true}
     {{- end }}
     {{- if and (eq $role.key "cacheStore") $values.disk.enabled (not $values.disk.persistence.enabled) }}
     - name: kv-disk
