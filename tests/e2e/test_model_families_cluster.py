@@ -1,0 +1,62 @@
+"""Each family's tiny checkpoint served by a real cluster (gateway, prefill node, decode node; float32) gives
+transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed, and
+requests the decode node preempts under a small pool (kept in host memory) and resumes. One cluster per
+family (Llama with llama3 rope); the checkpoints and references are those of tests/engine/test_model_families.py."""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from pdserve.v1 import gateway_pb2_grpc
+
+from services.cluster.local import ClusterSpec, start_cluster
+from tests.e2e.conftest import GATEWAY_ARGS, generate, greedy, model_nodes, wait_idle
+from tests.engine.test_model_families import NEW_TOKENS, _prompts, assert_matches
+from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_reference
+
+pytestmark = pytest.mark.slow
+
+ENGINE_ARGS = ("--dtype", "float32", "--threads", "1", "--max-num-batched-tokens", "64")
+# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~50: "none" admits
+# them anyway, so the decode node preempts
+PRESSURE_TOKENS = 40
+DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
+
+
+CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn"})  # one cluster per family: Llama runs as llama3
+
+
+@pytest.fixture(scope="module", params=CLUSTER_FAMILIES)
+def served(request, family_dir):
+    path = family_dir(request.param)
+    spec = ClusterSpec(model=str(path), cache_store=False, engine_args=ENGINE_ARGS, decode_args=DECODE_ARGS,
+                       prefill_args=("--num-kv-blocks", "64"), gateway_args=GATEWAY_ARGS)
+    with start_cluster(spec, stderr=subprocess.DEVNULL) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        yield request.param, path, gateway_pb2_grpc.GatewayStub(channel)
+
+
+def test_a_cluster_serves_the_family_with_transformers_tokens(served):
+    name, path, stub = served
+    reference = load_reference(path)
+    prompts = _prompts()
+    for label in ("one-token", "short", "long", "shared-prefix"):  # in order: "long" caches the shared prefix
+        expected = greedy_full_forward(reference, prompts[label], NEW_TOKENS)
+        tokens, _, last = generate(stub, token_ids=prompts[label], sampling=greedy(NEW_TOKENS))
+        assert_matches(f"{name}/{label}", expected, tokens)
+        if label == "shared-prefix":
+            assert last.usage.cached_tokens == 256, last.usage
+
+    pressure = [[(i * 31 + j * 7) % 49000 + 5 for j in range(24 + 5 * i)] for i in range(8)]
+    expected = [greedy_full_forward(reference, ids, PRESSURE_TOKENS) for ids in pressure]
+    with ThreadPoolExecutor(len(pressure)) as pool:
+        results = list(pool.map(lambda ids: generate(stub, timeout=300, token_ids=ids,
+                                                     sampling=greedy(PRESSURE_TOKENS))[0], pressure))
+    for i, (tokens, reference_tokens) in enumerate(zip(results, expected, strict=True)):
+        assert_matches(f"{name}/pressure-{i}", reference_tokens, tokens)
+    decode = [n for n in model_nodes(stub) if n.role == "decode"]
+    assert sum(n.preemptions_total for n in decode) > 0, decode
+    wait_idle(stub)
