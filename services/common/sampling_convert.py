@@ -12,6 +12,7 @@ validation names the field.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 
@@ -42,6 +43,11 @@ class SamplingFields:
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def with_defaults(self, defaults: dict[str, float | int]) -> SamplingFields:
+        """These fields, where unset taking ``defaults`` (a checkpoint's generation config)."""
+        given = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        return dataclasses.replace(self, **given) if given else self
 
     def resolve(self, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
                 ) -> SamplingParams:

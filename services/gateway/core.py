@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -53,6 +53,7 @@ class CoreSettings:
     abort_timeout_s: float = 2.0
     status_max_age_s: float = 1.0  # ClusterStatus polls again when the last poll is older
     retries_before_first_token: int = 1  # times a request whose node failed before its first token starts over
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)  # the model's generation config
 
 
 class GatewayCore:
@@ -91,7 +92,8 @@ class GatewayCore:
         ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages)
         cap = default_max_tokens(len(ids), self.settings.max_model_len,
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))
-        sampling = request.sampling.resolve(default_max_tokens=cap, default_seed=random_seed())
+        fields = request.sampling.with_defaults(self.settings.sampling_defaults)
+        sampling = fields.resolve(default_max_tokens=cap, default_seed=random_seed())
         self.validator.validate(ids, sampling)
         return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling)
 
