@@ -31,6 +31,10 @@ class GatewayConfig(ServerConfig):
                                        "default: the bundled SmolLM2-135M")
     max_model_len: int = setting(0, "context length; 0 = the model's")
     default_max_tokens: int = setting(256, "max_tokens when a request sets none (capped by the context)")
+    generation_config: str = setting("auto", "auto: the sampling fields of the model directory's "
+                                             "generation_config.json (temperature, top_p, top_k, min_p, "
+                                             "repetition_penalty) are the defaults of requests that leave them "
+                                             "unset, as vLLM does; none: pdserve's own defaults")
     request_timeout_s: float = setting(0.0, "deadline for calls that carry none; 0 = none")
     poll_interval_s: float = setting(0.5, "seconds between NodeStatus polls of every node")
     status_timeout_s: float = setting(1.0, "NodeStatus call timeout; no answer = unhealthy")
@@ -70,6 +74,8 @@ class GatewayConfig(ServerConfig):
             raise ValueError(f"resolve_interval_s must be > 0, got {self.resolve_interval_s}")
         if self.retries_before_first_token < 0:
             raise ValueError(f"retries_before_first_token must be >= 0, got {self.retries_before_first_token}")
+        if self.generation_config not in ("auto", "none"):
+            raise ValueError(f"generation_config must be auto or none, got {self.generation_config!r}")
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if min(self.poll_interval_s, self.status_timeout_s, self.abort_timeout_s) <= 0:

@@ -18,6 +18,7 @@ from services.common.server import NodeServer, ServiceBinding, run
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
+from services.engine.generation_defaults import generation_defaults
 from services.engine.weights import load_model_config
 from services.gateway.config import GatewayConfig
 from services.gateway.core import CoreSettings, GatewayCore
@@ -91,7 +92,9 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s,
-        retries_before_first_token=config.retries_before_first_token)
+        retries_before_first_token=config.retries_before_first_token,
+        sampling_defaults=generation_defaults(config.model) if config.model and config.generation_config == "auto"
+        else {})
     watchdog = LoopWatchdog()  # a call to a node that fails out of this gateway's own stall is said to be so
     core = GatewayCore(tokenizer, directory, settings, recent_stall=watchdog.recent_stall_s)
     registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)

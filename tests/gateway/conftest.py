@@ -51,7 +51,8 @@ class Cluster:
 
 
 async def start_cluster(tokenizer, model_config, num_prefill: int = 1, num_decode: int = 1,
-                        model: ModelIdentity | None = None, **settings) -> Cluster:
+                        model: ModelIdentity | None = None, model_path=None, **settings) -> Cluster:
+    """``model``: the identity nodes are checked against; ``model_path``: the gateway's ``--model``."""
     prefill = [FakePrefill() for _ in range(num_prefill)]
     decode = [FakeDecode() for _ in range(num_decode)]
     for node in (*prefill, *decode):
@@ -61,6 +62,8 @@ async def start_cluster(tokenizer, model_config, num_prefill: int = 1, num_decod
               "poll_interval_s": 0.1, "status_max_age_s": 0.0, "abort_timeout_s": 1.0, "grace_s": 0.5,
               "log_level": "warning"}
     values.update(settings)
+    if model_path is not None:
+        values["model"] = model_path
     config = GatewayConfig(**values)
     gateway = assemble(config, tokenizer, vocab_size=model_config.vocab_size,
                        max_position=model_config.max_position, model=model)

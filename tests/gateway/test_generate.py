@@ -314,3 +314,21 @@ async def test_a_request_past_max_request_mib_is_refused_before_it_is_parsed(tok
         assert cluster.p.requests == []
     finally:
         await stop_cluster(cluster)
+
+
+async def test_the_model_directory_generation_config_fills_unset_sampling_fields(tokenizer, model_config, tmp_path):
+    import json
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    for mode, expected in (("auto", (0.6, 0.95, 20)), ("none", (1.0, 1.0, 0))):
+        running = await start_cluster(tokenizer, model_config, model_path=tmp_path, generation_config=mode)
+        try:
+            script_tokens(running, tokenizer)
+            await collect(running, gateway_pb2.GenerateRequest(token_ids=[1, 2, 3]), timeout=30)
+            await collect(running, gateway_pb2.GenerateRequest(
+                token_ids=[1, 2, 3], sampling=gateway_pb2.SamplingParams(temperature=0.0, top_k=5)), timeout=30)
+            unset, given = (r.sampling for r in running.p.requests)
+            assert (unset.temperature, unset.top_p, unset.top_k) == pytest.approx(expected)
+            assert (given.temperature, given.top_p, given.top_k) == pytest.approx((0.0, expected[1], 5))
+        finally:
+            await stop_cluster(running)
