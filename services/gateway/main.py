@@ -16,9 +16,9 @@ from services.common.logging import setup_logging
 from services.common.loop_watchdog import LoopWatchdog
 from services.common.server import NodeServer, ServiceBinding, run
 from services.common.tracing import setup_tracing, shutdown_tracing
+from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
-from services.engine.generation_defaults import generation_defaults
 from services.engine.weights import load_model_config
 from services.gateway.config import GatewayConfig
 from services.gateway.core import CoreSettings, GatewayCore
