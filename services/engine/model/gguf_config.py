@@ -10,6 +10,9 @@ from typing import Any
 from kernels.rope_scaling import RopeScaling, UnsupportedRopeError
 from services.engine.errors import ModelLoadError
 
+# Set by the GGUF loader from the file's tensors: the embedding's rows, else the token count. Read when the
+# metadata lacks ``{arch}.vocab_size`` (llama.cpp's converters write it for some architectures only).
+DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
@@ -50,9 +53,10 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
     hidden, heads = int(f.key("embedding_length")), int(f.key("attention.head_count"))
     eos = fields.get("tokenizer.ggml.eos_token_id")
     bos = fields.get("tokenizer.ggml.bos_token_id")
-    vocab = f.get("vocab_size") or len(fields.get("tokenizer.ggml.tokens", [])) or fields.get("_vocab_size")
+    vocab = f.get("vocab_size") or fields.get(DERIVED_VOCAB_KEY) or len(fields.get("tokenizer.ggml.tokens", []))
     if not vocab:
-        raise ModelLoadError(f"GGUF metadata lacks {arch}.vocab_size")
+        raise ModelLoadError(f"GGUF metadata lacks {arch}.vocab_size, and the file has neither a token list nor "
+                             "token_embd.weight to count it from")
     return dict(
         architecture=arch,
         name=str(fields.get("general.name", arch)),

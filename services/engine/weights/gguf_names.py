@@ -1,0 +1,81 @@
+"""GGUF tensor names (llama.cpp's) → the Hugging Face names :class:`DecoderModel` takes.
+
+Every tensor of a file is accounted for: mapped to one HF name, split into one HF name per expert (the 3-D
+``ffn_{gate,up,down}_exps``), read as rope settings (``rope_freqs``), or known to be redundant and skipped
+(:data:`REDUNDANT`). Any other name is a :class:`ModelLoadError` naming it, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.engine.errors import ModelLoadError
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: per-dimension divisors of inv_freq (see gguf_loader)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",  # the MoE router
+}
+# [num_experts, out, in] in torch order (GGUF's ne is [in, out, num_experts]); slice j is expert j's weight
+_EXPERT_NAMES = {
+    "ffn_gate_exps.weight": "mlp.experts.{}.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
+}
+# Redundant tensors, skipped: ``attn_rot_embd`` is the rotary ``inv_freq`` buffer that old conversions
+# stored per layer; the rope tables are recomputed from the metadata (as for safetensors' rotary_emb.inv_freq).
+REDUNDANT = frozenset({"attn_rot_embd"})
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class TensorRole:
+    """What one GGUF tensor becomes: ``kind`` is ``"weight"`` (one HF tensor, ``hf_name``), ``"experts"``
+    (``hf_name`` is a pattern with ``{}`` for the expert index), ``"rope_freqs"`` or ``"redundant"``."""
+
+    kind: str
+    hf_name: str = ""
+
+    def expert_name(self, expert: int) -> str:
+        return self.hf_name.format(expert)
+
+
+def tensor_role(gguf_name: str) -> TensorRole:
+    """The role of ``gguf_name``; raises :class:`ModelLoadError` for a name this loader does not know."""
+    if gguf_name in _GLOBAL_NAMES:
+        return TensorRole("weight", _GLOBAL_NAMES[gguf_name])
+    if gguf_name == ROPE_FREQS:
+        return TensorRole("rope_freqs")
+    match = _LAYER_RE.match(gguf_name)
+    if match:
+        layer, rest = match.group(1), match.group(2)
+        prefix = f"model.layers.{layer}."
+        if rest in _LAYER_NAMES:
+            return TensorRole("weight", prefix + _LAYER_NAMES[rest])
+        if rest in _EXPERT_NAMES:
+            return TensorRole("experts", prefix + _EXPERT_NAMES[rest])
+        if rest in REDUNDANT:
+            return TensorRole("redundant")
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not one pdserve knows (a feature of another architecture "
+                         "or variant that it cannot serve exactly); refusing rather than ignoring it")

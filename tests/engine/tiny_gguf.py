@@ -1,0 +1,202 @@
+"""Tiny random-weight transformers models written as GGUF files the way llama.cpp's converter writes them
+(its tensor names from ``gguf.get_tensor_name_map``, its metadata keys, q/k rows permuted for ``llama`` only,
+experts stacked into one 3-D tensor per projection, Llama 3.1+'s ``rope_freqs``), and their HF twins whose
+weights are the file's dequantised values, so a float32 forward of both must agree."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from kernels.attention.metadata import AttentionMetadata
+from kernels.attention.registry import create_backend
+
+F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
+                              gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0,
+                              gguf.GGMLQuantizationType.Q4_1)
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
+
+
+def all_f32(name: str) -> gguf.GGMLQuantizationType:
+    return F32
+
+
+def mixed(name: str) -> gguf.GGMLQuantizationType:
+    """Norms, biases and the router in F32; attention Q8_0, MLP and experts Q4_1/Q4_0, the head F16."""
+    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "rope_freqs.weight")):
+        return F32
+    if name == "output.weight":
+        return F16
+    if "_exps" in name or name.endswith("ffn_down.weight"):
+        return Q4_0
+    if "ffn_" in name:
+        return Q4_1
+    return Q8_0
+
+
+def tiny_hf(model_type: str, seed: int = 0, **overrides):
+    """A float32 model from ``from_config`` with a fixed seed; norms and biases randomised too, so that a
+    misplaced one shows in the logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{**SHAPE, "bos_token_id": 1, "eos_token_id": 2, **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+    return model
+
+
+def llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute``: per head, rows (2, pair) become (pair, 2)."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2) \
+        .reshape(weight.shape)
+
+
+def llama3_rope_freqs(config) -> np.ndarray:
+    """llama.cpp's converter's ``rope_freqs`` for a Llama 3.1+ config (its ``generate_extra_tensors``)."""
+    s = config.rope_parameters
+    dim = config.head_dim
+    freqs = 1.0 / (s["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    low, high = s["original_max_position_embeddings"] / s["low_freq_factor"], \
+        s["original_max_position_embeddings"] / s["high_freq_factor"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high:
+            factors.append(1)
+        elif wavelen > low:
+            factors.append(s["factor"])
+        else:
+            smooth = (s["original_max_position_embeddings"] / wavelen - s["low_freq_factor"]) / \
+                (s["high_freq_factor"] - s["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / s["factor"] + smooth))
+    return torch.tensor(factors, dtype=torch.float32).numpy()
+
+
+def _hf_tensors(model) -> dict[str, np.ndarray]:
+    """The state dict with transformers 5's fused experts split back into per-projection stacks."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        array = tensor.detach().numpy().copy()
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = np.split(array, 2, axis=1)
+            out[name.replace("gate_up_proj", "gate_proj.weight")] = gate
+            out[name.replace("gate_up_proj", "up_proj.weight")] = up
+        elif name.endswith("mlp.experts.down_proj"):
+            out[name + ".weight"] = array
+        elif not name.endswith("rotary_emb.inv_freq"):
+            out[name] = array
+    if model.config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def _roundtrip(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray]:
+    """(what the file stores, its float32 dequantisation)."""
+    stored = gguf.quants.quantize(array.astype(np.float32), qtype)
+    return stored, np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
+
+
+def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict | None = None,
+               extra: dict[str, np.ndarray] | None = None, vocab_size: bool = True) -> Path:
+    """Write ``model`` as llama.cpp would, and load the file's dequantised values into ``model`` (its twin).
+
+    ``metadata`` adds or overrides ``{arch}.*`` keys (``None`` values drop one); ``extra`` adds raw tensors
+    under GGUF names (written as they are); ``vocab_size=False`` leaves ``{arch}.vocab_size`` out.
+    """
+    cfg = model.config
+    arch = GGUF_ARCH[cfg.model_type]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    keys = {
+        "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+        "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
+        "rope.freq_base": float(cfg.rope_parameters["rope_theta"]),
+        "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+        "attention.key_length": head_dim, "attention.value_length": head_dim, "rope.dimension_count": head_dim,
+    }
+    if vocab_size:
+        keys["vocab_size"] = cfg.vocab_size
+    if cfg.model_type == "qwen3_moe":
+        keys.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
+                     "expert_feed_forward_length": cfg.moe_intermediate_size})
+    keys.update(metadata or {})
+    writer.add_name(f"tiny-{arch}")
+    for key, value in keys.items():
+        if value is None:
+            continue
+        if isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", int(value))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+
+    twin = {}
+    for hf_name, array in _hf_tensors(model).items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        qtype = quant(name)
+        stored, twin[hf_name] = _roundtrip(array, qtype)
+        if cfg.model_type == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
+            # rows are quantised independently: permuting the stored rows permutes the weight's rows
+            heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads
+            stored = llama_permute(stored, heads)
+        writer.add_tensor(name, stored, raw_dtype=qtype if qtype not in (F32, F16) else None)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _load_twin(model, twin)
+    return path
+
+
+def _load_twin(model, twin: dict[str, np.ndarray]) -> None:
+    state = model.state_dict()
+    for name in list(state):
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = twin[name.replace("gate_up_proj", "gate_proj.weight")], \
+                twin[name.replace("gate_up_proj", "up_proj.weight")]
+            state[name] = torch.from_numpy(np.concatenate([gate, up], axis=1))
+        elif name.endswith("mlp.experts.down_proj"):
+            state[name] = torch.from_numpy(twin[name + ".weight"])
+        elif name in twin:
+            state[name] = torch.from_numpy(twin[name])
+    if model.config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state)
+
+
+def pdserve_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
+    """Float32 logits of every position of one full-prompt forward of a ``DecoderModel``."""
+    cfg = model.config
+    blocks = -(-len(ids) // block_size)
+    kv = torch.zeros(cfg.num_layers, blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
+    attention = create_backend("torch", "cpu")
+    attention.plan(AttentionMetadata.build([len(ids)], [len(ids)], [list(range(blocks))], block_size, "cpu"))
+    with torch.inference_mode():
+        return model.forward(torch.tensor(ids), torch.arange(len(ids)), list(kv.unbind(0)), attention,
+                             torch.arange(len(ids)))
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0].float()
