@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-pd bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -52,6 +52,10 @@ format: venv
 
 bench: venv
 	$(PYTHON) -m services.engine.bench
+
+# pdserve beside transformers on random Qwen3-0.6B- and Llama-3.2-1B-shaped bf16 checkpoints, with the bandwidth floor
+bench-families: venv
+	$(PYTHON) -m services.bench.families $(BENCH_FAMILIES_ARGS)
 
 bench-pd: venv
 	$(PYTHON) -m services.cluster.bench

@@ -23,10 +23,14 @@ import time
 
 import torch
 
+from services.engine.engine import LLMEngine
+from services.engine.sampling_params import SamplingParams
+
 PROMPT_TOKENS = 512
 
 
-def _prompt(seed: int, length: int) -> list[int]:
+def random_prompt(seed: int, length: int) -> list[int]:
+    """``length`` token ids drawn with ``seed`` from [100, 49000): valid in any vocabulary of 49k or more."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(100, 49000, (length,), generator=generator).tolist()
 
@@ -35,48 +39,52 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def engine_decode_ms(engine: LLMEngine, batch: int, context: int, steps: int, seed: int,
+                     penalized: bool = False) -> float:
+    """ms per engine step decoding ``batch`` greedy requests of ``context``-token prompts (``random_prompt(seed
+    * 1000 + i)``), prefill excluded; the requests are then run to completion."""
+    penalties = {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5} if penalized \
+        else {}
+    sampling = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True, **penalties)
+    for i in range(batch):
+        engine.add_request(sampling=sampling, token_ids=random_prompt(seed * 1000 + i, context))
+    while any(r.status.value != "running_decode" for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    elapsed = time.perf_counter() - started
+    while engine.has_unfinished():
+        engine.step()
+    return elapsed / steps * 1000
+
+
+def engine_prefill_s(engine: LLMEngine, seed: int, length: int = PROMPT_TOKENS) -> float:
+    """Seconds to the first token of one ``length``-token prompt (``random_prompt(seed)``)."""
+    engine.add_request(sampling=SamplingParams(max_tokens=1, temperature=0.0),
+                       token_ids=random_prompt(seed, length))
+    started = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - started
+
+
 def bench_pdserve(args: argparse.Namespace) -> dict[str, object]:
     from services.engine.config import EngineConfig
-    from services.engine.engine import LLMEngine
     from services.engine.model_files import bundled_model_path
-    from services.engine.sampling_params import SamplingParams
 
     config = EngineConfig(model_path=str(bundled_model_path()), dtype=args.dtype, max_num_batched_tokens=1024,
                           enable_prefix_caching=False, kv_cache_gib=1.0, int4_max_rows=args.int4_max_rows)
     engine = LLMEngine.from_config(config)
 
-    def decode_ms(batch: int, context: int, steps: int, seed: int, penalized: bool = False) -> float:
-        penalties = {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5} if penalized \
-            else {}
-        sampling = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True, **penalties)
-        for i in range(batch):
-            engine.add_request(sampling=sampling, token_ids=_prompt(seed * 1000 + i, context))
-        while any(r.status.value != "running_decode" for r in engine.scheduler.running) or engine.scheduler.waiting:
-            engine.step()
-        started = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        elapsed = time.perf_counter() - started
-        while engine.has_unfinished():
-            engine.step()
-        return elapsed / steps * 1000
-
-    def prefill_s(seed: int) -> float:
-        sampling = SamplingParams(max_tokens=1, temperature=0.0)
-        engine.add_request(sampling=sampling, token_ids=_prompt(seed, PROMPT_TOKENS))
-        started = time.perf_counter()
-        while engine.has_unfinished():
-            engine.step()
-        return time.perf_counter() - started
-
-    decode_ms(1, 32, 8, seed=99)  # warm-up
-    prefill_s(98)
-    b1 = [decode_ms(1, 32, 128, seed=r) for r in range(args.repeats)]
+    engine_decode_ms(engine, 1, 32, 8, seed=99)  # warm-up
+    engine_prefill_s(engine, 98)
+    b1 = [engine_decode_ms(engine, 1, 32, 128, seed=r) for r in range(args.repeats)]
     b32, b32_penalized = [], []
     for r in range(args.repeats):
-        b32.append(decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r))
-        b32_penalized.append(decode_ms(32, PROMPT_TOKENS, 16, seed=100 + r, penalized=True))
-    prefill = [prefill_s(200 + r) for r in range(args.repeats)]
+        b32.append(engine_decode_ms(engine, 32, PROMPT_TOKENS, 16, seed=100 + r))
+        b32_penalized.append(engine_decode_ms(engine, 32, PROMPT_TOKENS, 16, seed=100 + r, penalized=True))
+    prefill = [engine_prefill_s(engine, 200 + r) for r in range(args.repeats)]
     engine.check_integrity()
     weights = f"4-bit weights up to {engine.model.int4_max_rows} rows" if engine.model.int4_max_rows else "dense"
     return {
@@ -107,11 +115,11 @@ def bench_transformers(args: argparse.Namespace) -> dict[str, object]:
                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         return time.perf_counter() - started
 
-    run(_prompt(99, 32), 8)
-    prefill = [run(_prompt(200 + r, PROMPT_TOKENS), 1) for r in range(args.repeats)]
+    run(random_prompt(99, 32), 8)
+    prefill = [run(random_prompt(200 + r, PROMPT_TOKENS), 1) for r in range(args.repeats)]
     b1 = []
     for r in range(args.repeats):
-        prompt = _prompt(r, 32)
+        prompt = random_prompt(r, 32)
         b1.append((run(prompt, 129) - run(prompt, 1)) / 128 * 1000)
     return {
         "system": f"transformers ({args.hf_dtype})",

@@ -1,0 +1,51 @@
+"""``make bench-families``: its machinery runs end to end on tiny checkpoints of both families (the figures of
+such a run mean nothing), and its real shapes are the published models' (checked on the meta device)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.bench.families import SHAPES, SYSTEMS, floor_ms, main
+from services.engine.model.registry import config_from_hf
+from services.engine.random_llama import weight_bytes
+
+
+def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "families.json"
+    assert main(["--shapes", "tiny-qwen3", "tiny-llama", "--repeats", "2", "--b1-context", "8", "--b1-steps", "3",
+                 "--batch", "3", "--batch-context", "12", "--batch-steps", "2", "--prefill-tokens", "24",
+                 "--bandwidth-mib", "8", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["shape"] for r in results] == ["tiny-qwen3", "tiny-llama"]
+    for result in results:
+        runs = result["runs"]
+        assert len(runs["bandwidth_gbs"]) == 2 and min(runs["bandwidth_gbs"]) > 0
+        for system in SYSTEMS:
+            for key in ("b1_ms", "batch_step_ms", "prefill_s"):
+                assert len(runs[f"{system}.{key}"]) == 2 and min(runs[f"{system}.{key}"]) > 0
+        assert 0 < result["floor_b1_ms"] < result["floor_batch_step_ms"]
+    printed = capsys.readouterr().out
+    assert printed.count("| bandwidth floor |") == 2 and "pdserve ÷ transformers" in printed
+
+
+@pytest.mark.parametrize(("shape", "params", "architecture"),
+                         [("qwen3-0.6b", 596_049_920, "qwen3"), ("llama-3.2-1b", 1_235_814_400, "llama")])
+def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_every_matrix(
+        shape: str, params: int, architecture: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(SHAPES[shape])
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    cfg = config_from_hf(config.to_dict())
+    assert cfg.architecture == architecture and cfg.tie_word_embeddings
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # norms are vectors
+    assert weight_bytes(cfg, 2) == 2 * matrices
+    assert floor_ms(cfg, 1e9, 1, 0) == pytest.approx(2 * matrices / 1e6)
+    assert floor_ms(cfg, 1e9, 4, 10) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(40 * cfg.kv_bytes_per_token(2) / 1e6)
