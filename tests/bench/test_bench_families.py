@@ -28,6 +28,7 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_pa
             for key in ("b1_ms", "batch_step_ms", "prefill_s"):
                 assert len(runs[f"{system}.{key}"]) == 2 and min(runs[f"{system}.{key}"]) > 0
         assert 0 < result["floor_b1_ms"] < result["floor_batch_step_ms"]
+        assert result["seconds"] > 0 and "cpu_stall_share" in result
     printed = capsys.readouterr().out
     assert printed.count("| bandwidth floor |") == 2 and "pdserve ÷ transformers" in printed
 
