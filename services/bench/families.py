@@ -14,7 +14,7 @@ process with the same torch threads and the same token-id prompts, one measureme
 
 The floor of a decode step is the bytes it must read (every weight once, the tied LM head included, plus
 the KV of its context) over the memory bandwidth: a large bf16 copy between touched buffers, counting the
-bytes read and the bytes written (as ``services.cluster.bench_gpu_decode`` does on a GPU), measured before
+bytes read and the bytes written (as ``services.bench.gpu.decode`` does on a GPU), measured before
 every repeat; the median is used.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from services.engine.bench import engine_decode_ms, engine_prefill_s, random_prompt
+from services.bench.engine import engine_decode_ms, engine_prefill_s, random_prompt
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.model.config import ModelConfig

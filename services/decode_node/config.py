@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from services.common.config import setting
-from services.common.engine_node import EngineNodeConfig
+from services.engine_node.node_config import EngineNodeConfig
 from services.engine.config import EngineConfig
 
 

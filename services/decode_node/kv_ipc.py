@@ -28,7 +28,7 @@ from kvcache.cuda_ipc import (
     read_probe,
 )
 from kvcache.host_identity import HostIdentity, ipc_refusal
-from services.common.kv_ipc_wire import IpcAnswer, IpcOffer
+from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer
 
 log = structlog.get_logger(__name__)
 LAYOUT_FIELDS = ("dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "model_fingerprint",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
 from services.common.config import build_config
-from services.common.engine_serve import serve_engine_node
+from services.engine_node.serve import serve_engine_node
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.metrics import LoopCollector, labelled, new_registry
-from services.common.node_metrics import engine_node_families, kv_transfer_families
+from services.engine_node.metrics import engine_node_families, kv_transfer_families
 from services.decode_node.servicer import DecodeNodeServicer
 
 Snapshot = tuple[gateway_pb2.NodeStatus, KVTransferStats]

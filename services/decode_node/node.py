@@ -37,13 +37,13 @@ from services.decode_node.kv_ipc import IpcSessions
 from services.engine.adoption import AdoptionGrant
 from services.engine.engine import LLMEngine
 from services.engine.handover import HandedRequest
-from services.engine.kv_layout import kv_layout
+from services.engine_node.kv_layout import kv_layout
 from services.engine.logprobs import TokenLogprobs
 from services.engine.outputs import RequestOutput
 from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
-from services.engine.step_spans import trace_request
-from services.engine.worker import EngineWorker
+from services.engine_node.step_spans import trace_request
+from services.engine_node.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
 

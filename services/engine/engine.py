@@ -24,7 +24,7 @@ from services.engine.config import EngineConfig
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, UnknownRequestError
 from services.engine.handover import HandedRequest, Handovers
-from services.engine.kv_layout import kv_layout
+from services.engine_node.kv_layout import kv_layout
 from services.engine.kv_offload import KVOffload
 from services.engine.logprobs import TokenLogprobs
 from services.engine.model.decoder import DecoderModel, check_vocabulary
@@ -36,7 +36,7 @@ from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.step_batch import SchedulerConfig, StepBatch
-from services.engine.step_spans import end_request
+from services.engine_node.step_spans import end_request
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights

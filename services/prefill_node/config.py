@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import setting
-from services.common.engine_node import EngineNodeConfig
+from services.engine_node.node_config import EngineNodeConfig
 from services.prefill_node.prepare import PrepareSettings
 
 

@@ -25,7 +25,7 @@ from pdserve.v1 import node_pb2
 
 from kvcache.cuda_ipc import IpcError, export_tensor, gpu_uuid, make_probe, probe_digest, probe_pattern
 from kvcache.host_identity import read_host_identity
-from services.common.kv_ipc_wire import IpcAnswer, IpcOffer
+from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer
 
 log = structlog.get_logger(__name__)
 RETRY_AFTER_S = 300.0

@@ -13,7 +13,7 @@ from prometheus_client.core import Metric
 
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.metrics import LoopCollector, counter, new_registry
-from services.common.node_metrics import engine_node_families, kv_transfer_families
+from services.engine_node.metrics import engine_node_families, kv_transfer_families
 from services.prefill_node.servicer import PrefillNodeServicer
 
 Snapshot = tuple[gateway_pb2.NodeStatus, KVTransferStats]

@@ -27,15 +27,15 @@ from services.common.cancellation import uncancellable
 from services.common.channel_pool import ChannelPool
 from services.common.drain import drain_requests
 from services.common.errors import UnavailableError
-from services.common.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
+from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
-from services.engine.kv_layout import kv_layout
+from services.engine_node.kv_layout import kv_layout
 from services.engine.sampling_params import SamplingParams
-from services.engine.step_spans import trace_request
-from services.engine.worker import EngineWorker
+from services.engine_node.step_spans import trace_request
+from services.engine_node.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect
 from services.prefill_node.kv_ipc import IpcLinks, PoolExport, export_pool
 from services.prefill_node.kv_sender import IpcRoute, KVSender, granted_lease_s

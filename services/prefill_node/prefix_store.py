@@ -37,7 +37,7 @@ from services.cache_store.keys import store_keys
 from services.common import tracing
 from services.common.cancellation import uncancellable
 from services.engine.engine import LLMEngine
-from services.engine.worker import EngineWorker
+from services.engine_node.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
 

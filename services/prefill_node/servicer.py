@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 
-from services.common.engine_node import node_status
+from services.engine_node.node_config import node_status
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.logprobs_convert import logprob_to_proto
 from services.common.sampling_convert import sampling_from_proto

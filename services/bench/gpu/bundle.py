@@ -1,6 +1,6 @@
 """Wheels for running pdserve's GPU tests and ``bench-gpu`` on a machine that cannot reach a registry.
 
-    python -m services.cluster.gpu_bundle [--dest .whl] [--python 3.12] [--from DIR]
+    python -m services.bench.gpu.bundle [--dest .whl] [--python 3.12] [--from DIR]
 
 Downloads (``pip download --no-deps``, manylinux x86_64, for the target Python) flashinfer-python and what
 it needs that a CUDA+PyTorch image lacks (apache-tvm-ffi), plus pdserve's runtime dependencies that such
@@ -89,7 +89,7 @@ def main() -> None:
         if untrimmed:
             trim_flashinfer(wheel)
     if not args.no_prebuild:
-        from services.cluster.flashinfer_prebuild import PrebuildError, prebuild
+        from services.bench.gpu.flashinfer_prebuild import PrebuildError, prebuild
 
         try:
             print(f"FlashInfer AOT modules in the wheel: {len(prebuild(args.dest))}")

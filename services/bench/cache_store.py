@@ -189,7 +189,7 @@ def _table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.cache_store.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m services.bench.cache_store", description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=256, help="blocks per put / get")
     parser.add_argument("--block-bytes", type=int, default=368_640, help="bytes per block (bundled model, bf16)")
     parser.add_argument("--repeats", type=int, default=5)

@@ -35,7 +35,7 @@ from services.common import tracing
 from services.engine.engine import LLMEngine
 from services.engine.errors import EngineStoppedError
 from services.engine.outputs import RequestOutput
-from services.engine.step_spans import record_step
+from services.engine_node.step_spans import record_step
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -9,7 +9,7 @@ most of the pool) is sent. Reported: its latency under that load, how many small
 it waited, and its latency on the idle cluster afterwards. Baseline and this checkout alternate within
 each repeat; medians over ``--repeats``.
 
-    python -m services.cluster.bench_fairness --repeats 3
+    python -m services.bench.fairness --repeats 3
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import grpc
 import grpc.aio
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.cluster.bench_observability import baseline_checkout
+from services.bench.observability import baseline_checkout
 from services.cluster.local import ClusterSpec, start_cluster
 
 PARAGRAPH = ("The history of the lighthouse keepers along the northern coast is a long one. For generations, "
@@ -84,7 +84,7 @@ def run(cwd: Path | None, args: argparse.Namespace) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.cluster.bench_fairness",
+    parser = argparse.ArgumentParser(prog="python -m services.bench.fairness",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline-ref", default="703ba1d", help="the commit before reservation fairness")
     parser.add_argument("--decode-blocks", type=int, default=24)

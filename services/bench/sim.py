@@ -5,8 +5,8 @@ per_context × decode context tokens (+ per_swapped × tokens copied out or in)`
 closed-loop client keeps ``concurrency`` requests in the system (a new one arrives when one finishes).
 Compares admission policies at scale in seconds of wall time:
 
-    python -m services.engine.sim                       # FastDeploy's workload, a pool where memory binds
-    python -m services.engine.sim --requests 200 --num-blocks 4000 --policies new_token_ratio none
+    python -m services.bench.sim                       # FastDeploy's workload, a pool where memory binds
+    python -m services.bench.sim --requests 200 --num-blocks 4000 --policies new_token_ratio none
 
 Reported per policy: preemptions, recomputed tokens, makespan in steps and in simulated seconds, mean
 TPOT and mean TTFT (simulated ms). Control plane only: no torch, no gRPC.
@@ -140,7 +140,7 @@ def simulate(workload: list[tuple[list[int], int]], admission: AdmissionConfig, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.engine.sim", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m services.bench.sim", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--mean-input", type=int, default=1280)
     parser.add_argument("--mean-output", type=int, default=700)

@@ -1,6 +1,6 @@
 """Milliseconds per layer call of the paged attention backends (write + attend), on the shapes of SmolLM2-135M.
 
-    python -m kernels.attention.bench_attention [--layers 30] [--dtype bf16 fp32] [--backend torch cpu_native]
+    python -m services.bench.attention [--layers 30] [--dtype bf16 fp32] [--backend torch cpu_native]
         [--impl auto sdpa bag] [--settle]
 
 Each case plans one step, then times ``forward`` over ``--layers`` distinct layer caches (views into one

@@ -1,7 +1,7 @@
-"""``make bench-gpu`` / ``python -m services.cluster.bench_gpu``: pdserve's GPU path on one CUDA device.
+"""``make bench-gpu`` / ``python -m services.bench.gpu.suite``: pdserve's GPU path on one CUDA device.
 
 1. attention: FlashInfer vs the pure-torch backend, decode batches 1/32/128 and a 4096-token prefill
-   (``kernels.attention.bench_gpu``);
+   (``services.bench.gpu.attention``);
 2. transfer: the KV of a 4096-token prompt from a prefill node to a decode node on the same GPU, CUDA IPC
    vs the gRPC byte stream (``bench_gpu_transfer``);
 3. decode: engine steps of the bundled model (random weights of its shape when the GGUF is absent: the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from services.cluster.bench_gpu_decode import copy_bandwidth, decode_throughput
+from services.bench.gpu.decode import copy_bandwidth, decode_throughput
 from services.engine.errors import ModelLoadError
 from services.engine.random_llama import PRESETS, random_model, write_random_llama_dir
 
@@ -47,7 +47,7 @@ def bundled_or_random(workdir: Path) -> tuple[str, bool]:
 
 
 def section_transfer(model_path: str, tokens: int, repeats: int, device: str) -> dict[str, object]:
-    from services.cluster.bench_gpu_transfer import transfer
+    from services.bench.gpu.transfer import transfer
 
     result = transfer(model_path, tokens, repeats, device)
     gb = result.bytes / 1e9
@@ -126,7 +126,7 @@ def main() -> None:
             started = time.perf_counter()
             print(f"\n## {section}", flush=True)
             if section == "attention":
-                from kernels.attention.bench_gpu import run
+                from services.bench.gpu.attention import run
 
                 figures[section] = run(args.layers, args.repeats, args.device, args.smoke)
             elif section == "transfer":

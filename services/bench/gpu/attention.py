@@ -1,6 +1,6 @@
 """FlashInfer vs the pure-torch backend on one CUDA device: ms per layer call (append + attend), bf16.
 
-    python -m kernels.attention.bench_gpu [--layers 8] [--repeats 10] [--warmup-only]
+    python -m services.bench.gpu.attention [--layers 8] [--repeats 10] [--warmup-only]
 
 Shapes of the bundled SmolLM2-135M (9 query heads, 3 KV heads, head dim 64) and of a Llama-3.2-1B-like
 model (32, 8, 64); paged blocks of 16 on randomly permuted pages. Cases: decode batches of 1, 32 and 128

@@ -7,7 +7,7 @@ requests outgrow it). Reported per policy: preemptions on the decode node (KV ke
 resumed), makespan (wall seconds for the whole workload) and mean TPOT (client-side, from the first to the
 last token of each request). Policies alternate within each repeat; medians over ``--repeats``.
 
-    python -m services.cluster.bench_admission --repeats 3
+    python -m services.bench.admission --repeats 3
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run_policy(policy: str, workload: list[tuple[list[int], int]], args: argpars
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.cluster.bench_admission",
+    parser = argparse.ArgumentParser(prog="python -m services.bench.admission",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)

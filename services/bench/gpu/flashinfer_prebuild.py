@@ -1,9 +1,9 @@
 """FlashInfer modules compiled ahead of time for the GPU bundle.
 
-    python -m services.cluster.flashinfer_prebuild [--bundle .whl] [--arch 9.0a]
+    python -m services.bench.gpu.flashinfer_prebuild [--bundle .whl] [--arch 9.0a]
 
 Compiles here, with nvcc and no GPU, the FlashInfer modules pdserve runs
-(``services.cluster.flashinfer_aot_build``), for the lent GPU's architecture (sm_90a: H100 and H200), and
+(``services.bench.gpu.flashinfer_aot_build``), for the lent GPU's architecture (sm_90a: H100 and H200), and
 adds them to the bundle's flashinfer wheel as FlashInfer AOT modules
 (``flashinfer/data/aot/<name>/<name>.so``). FlashInfer loads such a module before it would compile one;
 if it does not load there, FlashInfer compiles it as before. This saves the GPU machine's JIT minutes, and
@@ -79,7 +79,7 @@ def compile_modules(wheel: Path, tvm_ffi: str, arch: str, scratch: Path) -> dict
            "CUDA_HOME": str(home), "LIBRARY_PATH": os.pathsep.join([str(stubs), str(home / "lib64")]),
            "CPATH": str(site / "nvidia" / "cu13" / "include"), "FLASHINFER_CUDA_ARCH_LIST": arch,
            "FLASHINFER_WORKSPACE_BASE": str(scratch / "ws"), "MAX_JOBS": str(os.cpu_count() or 2)}
-    subprocess.run([sys.executable, "-m", "services.cluster.flashinfer_aot_build", str(out)], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "services.bench.gpu.flashinfer_aot_build", str(out)], env=env, check=True,
                    cwd=scratch)
     return {name: Path(path) for name, path in json.loads(out.read_text()).items()}
 
@@ -109,7 +109,7 @@ def add_to_wheel(wheel: Path, modules: dict[str, Path]) -> None:
 def prebuild(bundle: Path, arch: str = "9.0a") -> list[str]:
     """Add the compiled modules to the flashinfer wheel in ``bundle``, unless it has them already.
     Returns the module names in the wheel; raises :class:`PrebuildError` when nothing could be compiled."""
-    from services.cluster.gpu_bundle import IMAGE_LACKS
+    from services.bench.gpu.bundle import IMAGE_LACKS
 
     wheel = next(bundle.glob("flashinfer_python-*.whl"), None)
     if wheel is None:

@@ -1,6 +1,6 @@
 """Where an engine decode step's time goes: the host's Python (cProfile) and the device's kernels.
 
-    python -m services.cluster.bench_gpu_profile [--preset smollm2-135m] [--batches 1 32] [--device cuda]
+    python -m services.bench.gpu.profile_step [--preset smollm2-135m] [--batches 1 32] [--device cuda]
 
 Random weights of a preset shape, ``batch`` greedy requests of 1024 random prompt tokens
 (``bench_gpu_decode.decoding_engine``). After 30 warm steps: the wall time of 20 steps, a cProfile of 20
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from services.cluster.bench_gpu_decode import decoding_engine
+from services.bench.gpu.decode import decoding_engine
 from services.engine.random_llama import PRESETS, random_model
 
 PROMPT_LEN = 1024

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("pdserve", rows) for rows in args.int4_max_rows]
     runs += [] if args.skip_transformers else [("transformers", 0)]
     for system, rows in runs:
-        cmd = [sys.executable, "-m", "services.engine.bench", "--only", system, "--dtype", args.dtype,
+        cmd = [sys.executable, "-m", "services.bench.engine", "--only", system, "--dtype", args.dtype,
                "--hf-dtype", args.hf_dtype, "--repeats", str(args.repeats), "--threads", str(args.threads),
                "--int4-max-rows", str(rows)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}

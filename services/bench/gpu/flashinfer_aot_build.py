@@ -1,7 +1,7 @@
 """Compile the FlashInfer JIT modules that pdserve runs, without a GPU (the child process of
 ``flashinfer_prebuild``; flashinfer must be importable and nvcc on the path).
 
-    python -m services.cluster.flashinfer_aot_build OUT.json
+    python -m services.bench.gpu.flashinfer_aot_build OUT.json
 
 Builds, for ``FLASHINFER_CUDA_ARCH_LIST`` (set by the caller), the page module (``append_paged_kv_cache``)
 and, per (dtype, head dim) in ``module_keys()``, the two fa2 batch-prefill modules that the tensor-core
@@ -23,8 +23,8 @@ import torch
 
 def module_keys() -> list[tuple[torch.dtype, int]]:
     """(dtype, head dim) of every FlashInfer module the backend runs: what the GPU bench and tests warm up
-    (``kernels.attention.bench_gpu``: bf16 for the benchmark shapes, plus ``TEST_KERNELS``)."""
-    from kernels.attention.bench_gpu import SHAPES, TEST_KERNELS
+    (``services.bench.gpu.attention``: bf16 for the benchmark shapes, plus ``TEST_KERNELS``)."""
+    from services.bench.gpu.attention import SHAPES, TEST_KERNELS
 
     keys = [(torch.bfloat16, shape.head_dim) for shape in SHAPES] + [(d, s.head_dim) for d, s in TEST_KERNELS]
     return list(dict.fromkeys(keys))
