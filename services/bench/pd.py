@@ -60,8 +60,8 @@ async def kv_stream_once(address: str, layout: node_pb2.KVLayout, seed: int, tok
 def bench_kv_stream(args: argparse.Namespace) -> dict[str, float]:
     from services.engine.config import EngineConfig
     from services.engine.engine import LLMEngine
-    from services.engine_node.kv_layout import kv_layout
     from services.engine.model_files import bundled_model_path
+    from services.engine_node.kv_layout import kv_layout
 
     engine = LLMEngine.from_config(EngineConfig(model_path=str(bundled_model_path()), dtype=args.dtype,
                                                 num_kv_blocks=8))

@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from services.common.config import setting
-from services.engine_node.node_config import EngineNodeConfig
 from services.engine.config import EngineConfig
+from services.engine_node.node_config import EngineNodeConfig
 
 
 @dataclass(frozen=True)

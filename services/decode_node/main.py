@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
 from services.common.config import build_config
-from services.engine_node.serve import serve_engine_node
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
@@ -16,6 +15,7 @@ from services.decode_node.config import DecodeNodeConfig
 from services.decode_node.metrics import decode_registry
 from services.decode_node.node import DecodeNode
 from services.decode_node.servicer import DecodeNodeServicer
+from services.engine_node.serve import serve_engine_node
 
 
 async def serve(config: DecodeNodeConfig) -> None:

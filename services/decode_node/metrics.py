@@ -13,8 +13,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.metrics import LoopCollector, labelled, new_registry
-from services.engine_node.metrics import engine_node_families, kv_transfer_families
 from services.decode_node.servicer import DecodeNodeServicer
+from services.engine_node.metrics import engine_node_families, kv_transfer_families
 
 Snapshot = tuple[gateway_pb2.NodeStatus, KVTransferStats]
 

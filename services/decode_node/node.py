@@ -37,11 +37,11 @@ from services.decode_node.kv_ipc import IpcSessions
 from services.engine.adoption import AdoptionGrant
 from services.engine.engine import LLMEngine
 from services.engine.handover import HandedRequest
-from services.engine_node.kv_layout import kv_layout
 from services.engine.logprobs import TokenLogprobs
 from services.engine.outputs import RequestOutput
 from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
+from services.engine_node.kv_layout import kv_layout
 from services.engine_node.step_spans import trace_request
 from services.engine_node.worker import EngineWorker
 

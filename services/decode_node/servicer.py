@@ -12,7 +12,6 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
 from kvcache.cuda_ipc import IpcError
 from services.common import tracing
-from services.engine_node.node_config import node_status
 from services.common.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -20,15 +19,16 @@ from services.common.errors import (
     mapped_errors,
     status_of,
 )
-from services.engine_node.kv_ipc_wire import answer_to_proto, offer_from_proto
 from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
 from services.decode_node.node import DecodeNode
 from services.engine.handover import HandedRequest
-from services.engine_node.kv_layout import kv_layout
 from services.engine.reservations import Refusal
+from services.engine_node.kv_ipc_wire import answer_to_proto, offer_from_proto
+from services.engine_node.kv_layout import kv_layout
+from services.engine_node.node_config import node_status
 
 
 class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):

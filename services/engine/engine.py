@@ -19,28 +19,30 @@ from kvcache.kv_bytes import bytes_per_block
 from kvcache.manager import KVCacheManager
 from services.cache_store.client import CacheStoreClient
 from services.engine.admission import make_policy
-from services.engine.adoption import AdoptionGrant, Adoptions
+from services.engine.adoption import Adoptions
 from services.engine.config import EngineConfig
+from services.engine.decode_role import DecodeRole
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, UnknownRequestError
-from services.engine.handover import HandedRequest, Handovers
-from services.engine_node.kv_layout import kv_layout
+from services.engine.handover import Handovers
 from services.engine.kv_offload import KVOffload
 from services.engine.logprobs import TokenLogprobs
 from services.engine.model.decoder import DecoderModel, check_vocabulary
 from services.engine.model_runner import ModelRunner, StepSamples
 from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
+from services.engine.prefill_role import PrefillRole
 from services.engine.request import Request, RequestStatus
-from services.engine.reservations import Refusal, Reservation, ReservationBook
+from services.engine.request_trace import end_trace
+from services.engine.reservations import ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.step_batch import SchedulerConfig, StepBatch
-from services.engine_node.step_spans import end_request
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
+from services.engine_node.kv_layout import kv_layout
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class PlannedStep:
     tables: dict[str, list[int]]
 
 
-class LLMEngine:
+class LLMEngine(PrefillRole, DecodeRole):
     def __init__(self, config: EngineConfig, model: DecoderModel, tokenizer: Tokenizer | None,
                  fingerprint_identity: dict[str, object] | None = None):
         self.config = config
@@ -171,73 +173,8 @@ class LLMEngine:
             return False
         return True
 
-    # ---- prefill role: KV held for transfer ---------------------------------------------------------
-    def release(self, request_id: str) -> bool:
-        """Free the blocks of a handed-off request (its KV reached the decode node, or never will)."""
-        if self.held.pop(request_id, None) is None:
-            return False
-        self.kv.free(request_id)
-        return True
-
-    def transferable_block_ids(self, request: Request) -> list[int]:
-        """Blocks whose KV is complete: full computed blocks, or every prompt block once handed off."""
-        block_size, blocks = self.kv.block_size, self.kv.block_ids(request.request_id)
-        if request.status is RequestStatus.FINISHED_HANDED_OFF:
-            return blocks[: -(-request.num_prompt_tokens // block_size)]
-        return blocks[: min(request.num_computed_tokens, request.num_prompt_tokens) // block_size]
-
-    # ---- decode role: reservations for a prefill node ---------------------------------------------
-    def reserve(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams,
-                lease_s: float) -> Reservation | Refusal:
-        """Grant KV blocks for a prompt that a prefill node will compute (see ``reservations.py``)."""
-        self._check_new_id(request_id)
-        ids = self.encode_prompt(token_ids=prompt_ids)
-        self.validator.validate(ids, sampling)
-        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids)
-        return self.reservations.reserve(request, lease_s)
-
-    def commit(self, request_id: str, first_token_id: int) -> Request:
-        """All of the prompt's blocks arrived: the request joins the decode batch after its first token."""
-        request = self.reservations.commit(request_id, first_token_id)
-        self._requests[request_id] = request
-        return request
-
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
-
-    # ---- decode role: preempted requests handed to another decode node, or adopted from one -------
-    def handovers_due(self, after_s: float) -> list[str]:
-        """Preempted requests whose KV has waited in the cache-store ``after_s`` or longer (handover.py)."""
-        return self.handovers.due(after_s)
-
-    def lend(self, request_id: str) -> HandedRequest | None:
-        """Take a due request out of the queue while it is offered to another node; None if not due."""
-        return self.handovers.lend(request_id)
-
-    def settle_handover(self, request_id: str, granted: bool) -> bool:
-        """End an offer: granted → the request leaves this node; refused → it waits here as before. False
-        if it was aborted meanwhile (then nothing is left of it here)."""
-        request = self.handovers.settle(request_id, granted)
-        if request is None:
-            return False
-        if granted:
-            end_request(request)
-            self._requests.pop(request_id, None)
-            self._detokenizers.pop(request_id, None)
-        return True
-
-    def adopt(self, handed: HandedRequest, lease_s: float) -> AdoptionGrant | Refusal:
-        """Blocks for a request another decode node hands over, if the admission policy leaves room; its
-        KV is then fetched into ``AdoptionGrant.block_ids`` and :meth:`complete_adoption` starts it."""
-        self._check_new_id(handed.request_id)
-        self.encode_prompt(token_ids=[*handed.prompt_token_ids, *handed.output_token_ids])  # vocabulary
-        self.validator.validate(handed.prompt_token_ids, handed.sampling)
-        return self.adoptions.adopt(handed, self.eos_token_ids, lease_s)
-
-    def complete_adoption(self, request_id: str, payload: bytes | memoryview) -> Request:
-        request = self.adoptions.complete(request_id, payload, self.runner.kv_cache)
-        self._requests[request_id] = request
-        return request
 
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -301,7 +238,7 @@ class LLMEngine:
                 # the token that reached max_tokens completed a stop string: a stop, as the gateway reports it
                 request.stop_reason = detok.matched_stop
                 request.transition(RequestStatus.FINISHED_STOPPED)
-        end_request(request)
+        end_trace(request)
         if request.status is RequestStatus.FINISHED_HANDED_OFF:
             self.held[request.request_id] = request
         if self.output_cache is not None:  # its blocks were just freed into the prefix index

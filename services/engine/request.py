@@ -85,7 +85,7 @@ class Request:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     prefill_only: bool = False  # prefill role: stop after the first token and keep the KV for transfer
-    trace: Any = None  # step_spans.RequestTrace when the node traces this request (tracing on)
+    trace: Any = None  # a request_trace.RequestTrace hook when the node traces this request (tracing on)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -13,15 +13,15 @@ from pdserve.v1 import gateway_pb2
 
 from services.common.config import setting
 from services.common.errors import map_error
-from services.engine_node.kv_ipc_wire import KV_IPC_MODES
 from services.common.server import ServerConfig
 from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.errors import EngineStoppedError, InvalidRequestError, ModelLoadError, UnknownRequestError
-from services.engine_node.kv_layout import kv_layout, layout_id
 from services.engine.model_files import bundled_model_path
 from services.engine.reservations import IncompleteTransferError
+from services.engine_node.kv_ipc_wire import KV_IPC_MODES
+from services.engine_node.kv_layout import kv_layout, layout_id
 
 map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
 map_error(UnknownRequestError, grpc.StatusCode.NOT_FOUND)

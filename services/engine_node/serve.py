@@ -10,10 +10,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from services.common.drain import drain_wait_s
-from services.engine_node.node_config import EngineNodeConfig
 from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding
 from services.engine.engine import LLMEngine
+from services.engine_node.node_config import EngineNodeConfig
 from services.engine_node.worker import single_threaded_main
 
 log = structlog.get_logger(__name__)

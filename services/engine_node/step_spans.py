@@ -35,6 +35,10 @@ class RequestTrace:
     chunks: int = 0
     decode: Any = None  # the open ``decode`` span
 
+    def finished(self, request: Request) -> None:
+        """The engine's hook (``services.engine.request_trace``): close the ``decode`` span."""
+        end_request(request)
+
 
 def trace_request(request: Request, parent: Any, queued: bool = False) -> None:
     """Have the engine thread record ``request``'s spans under ``parent`` (no-op when it is None)."""

@@ -77,22 +77,23 @@ class EngineWorker:
             await asyncio.to_thread(self._thread.join)
         self.engine.close()
 
-    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run ``fn(engine)`` under the engine lock (waiting at most for a step's bookkeeping, not for the
-        model); its result or exception comes back here. Wakes an idle engine thread. Raises
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(engine, *args)`` under the engine lock (waiting at most for a step's bookkeeping, not for
+        the model); its result or exception comes back here. ``fn`` is a named engine call, e.g.
+        ``await worker.call(LLMEngine.abort, request_id)``. Wakes an idle engine thread. Raises
         ``EngineStoppedError`` once the worker stopped or its thread failed: the node's calls fail
         ``UNAVAILABLE`` then, its ``NodeStatus`` too (the gateway counts it unhealthy)."""
         if self._stopping or self.failure is not None:
             raise EngineStoppedError(f"engine {'failed: ' + repr(self.failure) if self.failure else 'is stopped'}")
         with self.lock:
-            result = fn(self.engine)
+            result = fn(self.engine, *args)
         self._wake.set()
         return result
 
     async def released(self, request_id: str, poll_s: float = 0.005) -> None:
         """Return once the engine holds nothing under ``request_id`` (after an abort: at the end of the
         step that was running it, if any), so the id may be used again."""
-        while await self.call(lambda e: e.holds(request_id)):
+        while await self.call(LLMEngine.holds, request_id):
             await asyncio.sleep(poll_s)
 
     def _run(self) -> None:

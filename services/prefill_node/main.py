@@ -8,13 +8,13 @@ from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 
 from services.cache_store.client import AsyncCacheStoreClient
 from services.common.config import build_config
-from services.engine_node.serve import serve_engine_node
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.server import ServiceBinding, run
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.engine.engine import LLMEngine
 from services.engine_node.kv_layout import kv_layout
+from services.engine_node.serve import serve_engine_node
 from services.prefill_node.config import PrefillNodeConfig
 from services.prefill_node.metrics import prefill_registry
 from services.prefill_node.node import PrefillNode

@@ -27,13 +27,13 @@ from services.common.cancellation import uncancellable
 from services.common.channel_pool import ChannelPool
 from services.common.drain import drain_requests
 from services.common.errors import UnavailableError
-from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
 from services.engine.engine import LLMEngine
-from services.engine_node.kv_layout import kv_layout
 from services.engine.sampling_params import SamplingParams
+from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
+from services.engine_node.kv_layout import kv_layout
 from services.engine_node.step_spans import trace_request
 from services.engine_node.worker import EngineWorker
 from services.prefill_node.handoff import FirstToken, ReadyBlocks, Tracked, collect

@@ -22,11 +22,11 @@ import torch
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
 from kvcache.kv_bytes import read_blocks
-from services.engine_node.kv_ipc_wire import answer_from_proto, offer_to_proto
 from services.common.launch import launch
 from services.common.server import grpc_options
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
+from services.engine_node.kv_ipc_wire import answer_from_proto, offer_to_proto
 from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.kv_ipc import IpcLinks, export_pool
 from services.prefill_node.kv_sender import IpcRoute, KVSender
