@@ -51,38 +51,38 @@ format: venv
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 bench: venv
-	$(PYTHON) -m services.engine.bench
+	$(PYTHON) -m services.bench.engine
 
 # pdserve beside transformers on random Qwen3-0.6B- and Llama-3.2-1B-shaped bf16 checkpoints, with the bandwidth floor
 bench-families: venv
 	$(PYTHON) -m services.bench.families $(BENCH_FAMILIES_ARGS)
 
 bench-pd: venv
-	$(PYTHON) -m services.cluster.bench
+	$(PYTHON) -m services.bench.pd
 
 bench-sim: venv
-	$(PYTHON) -m services.engine.sim
+	$(PYTHON) -m services.bench.sim
 
 bench-admission: venv
-	$(PYTHON) -m services.cluster.bench_admission
+	$(PYTHON) -m services.bench.admission
 
 bench-fairness: venv
-	$(PYTHON) -m services.cluster.bench_fairness
+	$(PYTHON) -m services.bench.fairness
 
 bench-cache-store: venv
-	$(PYTHON) -m services.cache_store.bench
+	$(PYTHON) -m services.bench.cache_store
 
 bench-prefix: venv
-	$(PYTHON) -m services.cluster.bench_prefix_reuse
+	$(PYTHON) -m services.bench.prefix_reuse
 
 bench-observability: venv
-	$(PYTHON) -m services.cluster.bench_observability
+	$(PYTHON) -m services.bench.observability
 
 # pdserve's GPU path on one CUDA device: FlashInfer vs torch attention, KV by CUDA IPC vs the gRPC stream,
 # decode throughput vs the bandwidth floor. Needs a CUDA torch and flashinfer-python (the 'gpu' extra), so
 # no venv dependency: on a machine without .venv, `make bench-gpu PYTHON=python3` (kernels/README.md).
 bench-gpu:
-	$(PYTHON) -m services.cluster.bench_gpu $(BENCH_GPU_ARGS)
+	$(PYTHON) -m services.bench.gpu.suite $(BENCH_GPU_ARGS)
 
 # load generator (vllm bench serve style) against a running gateway (`make run`) or any OpenAI-compatible
 # server: BENCH_ARGS="--target http://127.0.0.1:8000 --max-concurrency 16 ..." (see services/bench/README.md)

@@ -42,7 +42,7 @@ torch.cuda.get_device_name())' 2>&1 | tail -3 | tee -a "$OUT/session.log"
 
 if wants warmup; then
     note "warmup (cap $(cap 200) s)"
-    timeout -k 5 "$(cap 200)" python3 -m kernels.attention.bench_gpu --warmup-only 2>&1 | tee "$OUT/warmup.log"
+    timeout -k 5 "$(cap 200)" python3 -m services.bench.gpu.attention --warmup-only 2>&1 | tee "$OUT/warmup.log"
     note "warmup rc=$?"
 fi
 
@@ -76,7 +76,7 @@ fi
 if wants bench; then
     note "bench $SECTIONS (cap $(cap 400) s)"
     # shellcheck disable=SC2086
-    timeout -k 5 "$(cap 400)" python3 -m services.cluster.bench_gpu --sections $SECTIONS \
+    timeout -k 5 "$(cap 400)" python3 -m services.bench.gpu.suite --sections $SECTIONS \
         --json "$OUT/$BENCH.json" 2>&1 | tee "$OUT/$BENCH.md"
     note "bench rc=$?"
 fi

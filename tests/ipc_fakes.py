@@ -12,7 +12,7 @@ from pdserve.v1 import node_pb2
 
 from kvcache.cuda_ipc import DTYPES, CudaIpcTensor, IpcError, make_probe
 from kvcache.host_identity import HostIdentity
-from services.common.kv_ipc_wire import IpcOffer
+from services.engine_node.kv_ipc_wire import IpcOffer
 from services.prefill_node.kv_ipc import PoolExport
 
 PREFILL_ID = HostIdentity(boot_id="b00t", ipc_namespace="ipc:[1]", pid_namespace="pid:[1]", pid=1000,

@@ -15,7 +15,7 @@ import torch
 
 from kernels.int4_linear import int4_supported
 from kvcache.hashing import model_fingerprint
-from kvcache.kv_bytes import bytes_per_block
+from kvcache.kv_bytes import bytes_per_block, read_blocks, write_blocks
 from kvcache.manager import KVCacheManager
 from services.cache_store.client import CacheStoreClient
 from services.engine.admission import make_policy
@@ -175,6 +175,27 @@ class LLMEngine(PrefillRole, DecodeRole):
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    # ---- the KV pool: bytes in and out of blocks a caller holds --------------------------------------
+    @property
+    def kv_pool(self) -> torch.Tensor:
+        """The KV cache tensor ``[layers, 2, blocks, block_size, kv_heads, head_dim]`` (its device, a CUDA
+        IPC export). Only blocks the caller holds may be read or written through it."""
+        return self.runner.kv_cache
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    def read_kv_blocks(self, block_ids: Sequence[int]) -> bytes:
+        """The KV bytes of ``block_ids`` in wire order. Needs no engine lock when the caller holds the
+        blocks (a held request's, a reservation's): nothing else writes them."""
+        return read_blocks(self.runner.kv_cache, block_ids)
+
+    def write_kv_blocks(self, block_ids: Sequence[int], payload: bytes | memoryview) -> None:
+        """Write ``payload`` (wire order, as :meth:`read_kv_blocks` gives it) into ``block_ids``, blocks the
+        caller holds; no engine lock needed then."""
+        write_blocks(self.runner.kv_cache, block_ids, payload)
 
     # ---- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

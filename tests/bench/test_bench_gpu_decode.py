@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from services.cluster.bench_gpu_decode import decode_step_ms, mean_context, prefill_steps
+from services.bench.gpu.decode import decode_step_ms, mean_context, prefill_steps
 from services.engine.random_llama import PRESETS, random_model
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.cluster.bench_gpu_profile import profile
+from services.bench.gpu.profile_step import profile
 
 
 def test_the_step_profile_runs_and_names_the_engine_step(capsys) -> None:

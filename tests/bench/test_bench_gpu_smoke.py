@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.cluster.bench_gpu import SMOKE
+from services.bench.gpu.suite import SMOKE
 from services.engine.random_llama import PRESETS
 
 
 def test_every_section_runs_on_a_cpu_and_writes_its_figures(tmp_path: Path) -> None:
     out = tmp_path / "bench-gpu.json"
-    done = subprocess.run([sys.executable, "-m", "services.cluster.bench_gpu", "--device", "cpu", "--smoke",
+    done = subprocess.run([sys.executable, "-m", "services.bench.gpu.suite", "--device", "cpu", "--smoke",
                            "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())

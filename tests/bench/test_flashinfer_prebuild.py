@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cluster.flashinfer_prebuild import AOT_PREFIX, PrebuildError, add_to_wheel, aot_modules, prebuild
+from services.bench.gpu.flashinfer_prebuild import AOT_PREFIX, PrebuildError, add_to_wheel, aot_modules, prebuild
 
 DIST_INFO = "flashinfer_python-0.0.1.dist-info"
 

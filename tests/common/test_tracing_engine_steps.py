@@ -9,7 +9,7 @@ from services.common import tracing
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
 from services.engine.step_batch import ScheduledRequest
-from services.engine.step_spans import end_request, record_step, trace_request
+from services.engine_node.step_spans import end_request, record_step, trace_request
 
 
 def _request(request_id: str, prompt_len: int) -> Request:

@@ -8,11 +8,11 @@ import pytest
 
 from kvcache.hashing import model_fingerprint
 from kvcache.manager import KVCacheManager
+from services.bench.sim import UnlimitedOffload, Workload, simulate
 from services.engine.admission import AdmissionConfig, FixedBlocks, NewTokenRatio, StepSignal, make_policy
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
-from services.engine.sim import UnlimitedOffload, Workload, simulate
 from services.engine.step_batch import SchedulerConfig
 
 BLOCK = 4

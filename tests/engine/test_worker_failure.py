@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-import services.common.engine_node  # noqa: F401  (maps the engine's errors to status codes)
+import services.engine_node.node_config  # noqa: F401  (maps the engine's errors to status codes)
 from services.common.errors import status_of
 from services.engine.errors import EngineStoppedError
-from services.engine.worker import EngineWorker
+from services.engine_node.worker import EngineWorker
 
 
 class Untouched:

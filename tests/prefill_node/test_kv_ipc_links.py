@@ -13,7 +13,7 @@ import torch
 from pdserve.v1 import node_pb2
 
 from kvcache.cuda_ipc import IpcError, probe_digest, probe_pattern
-from services.common.kv_ipc_wire import IpcAnswer, IpcOffer
+from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer
 from services.prefill_node.kv_ipc import IpcLinks, LinkState
 from tests.ipc_fakes import FakeIpc
 

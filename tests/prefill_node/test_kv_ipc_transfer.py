@@ -12,7 +12,7 @@ import pytest
 from kvcache.cuda_ipc import IpcError
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.node import DecodeNode
-from services.engine.kv_layout import kv_layout
+from services.engine_node.kv_layout import kv_layout
 from services.prefill_node import node as prefill_node_module
 from services.prefill_node.kv_ipc import IpcLinks, LinkState
 from services.prefill_node.node import PrefillNode
