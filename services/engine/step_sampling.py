@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.engine.logprobs import TokenLogprobs, token_logprobs
+from services.engine.logprob_compute import token_logprobs
+from services.engine.logprobs import TokenLogprobs
 from services.engine.request import Request
 from services.engine.sampler import make_generator, sample
 from services.engine.sampling_params import SamplingParams

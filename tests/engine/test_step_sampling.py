@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from services.engine.logprobs import token_logprobs
+from services.engine.logprob_compute import token_logprobs
 from services.engine.request import Request
 from services.engine.sampler import make_generator, sample
 from services.engine.sampling_params import SamplingParams
