@@ -6,11 +6,8 @@ from collections.abc import Sequence
 
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
-from services.common.config import build_config
-from services.common.keepalive import set_keepalive
-from services.common.logging import setup_logging
-from services.common.server import ServiceBinding, run
-from services.common.tracing import setup_tracing, shutdown_tracing
+from services.common.bootstrap import run_service
+from services.common.server import ServiceBinding
 from services.decode_node.config import DecodeNodeConfig
 from services.decode_node.metrics import decode_registry
 from services.decode_node.node import DecodeNode
@@ -32,12 +29,5 @@ async def serve(config: DecodeNodeConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = build_config(DecodeNodeConfig, argv, prog="python -m services.decode_node")
-    setup_logging(config.log_level, config.log_format)
-    set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
-    setup_tracing("pdserve-decode")  # OTEL_TRACES_EXPORTER unset: off
-    try:
-        run(serve(config))
-    finally:
-        shutdown_tracing()  # after the drain: the last requests' spans are exported
-    return 0
+    return run_service(DecodeNodeConfig, argv, module="services.decode_node", tracing_name="pdserve-decode",
+                       serve=serve)

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import structlog
 from prometheus_client import CollectorRegistry
 
+from services.common.bootstrap import serve_bound
 from services.common.drain import drain_wait_s
 from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding
@@ -16,7 +16,6 @@ from services.engine.engine import LLMEngine
 from services.engine_node.node_config import EngineNodeConfig
 from services.engine_node.worker import single_threaded_main
 
-log = structlog.get_logger(__name__)
 
 class EngineNode(Protocol):
     def start(self) -> None: ...
@@ -45,12 +44,5 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
 
     registry = make_registry(servicer, asyncio.get_running_loop()) if make_registry is not None else None
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
-    await server.start()
-    servicer.address = config.advertise or server.address
-    servicer.metrics_url = server.metrics_url(servicer.address)
-    log.info(f"{role} node ready", address=servicer.address, blocks=engine.kv.num_blocks, dtype=config.dtype,
-             metrics=servicer.metrics_url)
-    try:
-        await server.serve_until_signalled()
-    finally:
-        await node.stop()
+    await serve_bound(server, servicer, config.advertise, f"{role} node ready", stop=node.stop,
+                      blocks=engine.kv_pool.shape[1], dtype=config.dtype)  # [layers, blocks, 2, ...]

@@ -10,12 +10,9 @@ from dataclasses import dataclass
 import structlog
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.common.config import build_config
-from services.common.keepalive import set_keepalive
-from services.common.logging import setup_logging
+from services.common.bootstrap import run_service
 from services.common.loop_watchdog import LoopWatchdog
-from services.common.server import NodeServer, ServiceBinding, run
-from services.common.tracing import setup_tracing, shutdown_tracing
+from services.common.server import NodeServer, ServiceBinding
 from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
@@ -147,12 +144,4 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = build_config(GatewayConfig, argv, prog="python -m services.gateway")
-    setup_logging(config.log_level, config.log_format)
-    set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
-    setup_tracing("pdserve-gateway")  # OTEL_TRACES_EXPORTER unset: off
-    try:
-        run(serve(config))
-    finally:
-        shutdown_tracing()  # after the drain: the last requests' spans are exported
-    return 0
+    return run_service(GatewayConfig, argv, module="services.gateway", tracing_name="pdserve-gateway", serve=serve)

@@ -7,11 +7,8 @@ from collections.abc import Sequence
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 
 from services.cache_store.client import AsyncCacheStoreClient
-from services.common.config import build_config
-from services.common.keepalive import set_keepalive
-from services.common.logging import setup_logging
-from services.common.server import ServiceBinding, run
-from services.common.tracing import setup_tracing, shutdown_tracing
+from services.common.bootstrap import run_service
+from services.common.server import ServiceBinding
 from services.engine.engine import LLMEngine
 from services.engine_node.kv_layout import kv_layout
 from services.engine_node.serve import serve_engine_node
@@ -47,12 +44,5 @@ def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore |
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = build_config(PrefillNodeConfig, argv, prog="python -m services.prefill_node")
-    setup_logging(config.log_level, config.log_format)
-    set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
-    setup_tracing("pdserve-prefill")  # OTEL_TRACES_EXPORTER unset: off
-    try:
-        run(serve(config))
-    finally:
-        shutdown_tracing()  # after the drain: the last requests' spans are exported
-    return 0
+    return run_service(PrefillNodeConfig, argv, module="services.prefill_node", tracing_name="pdserve-prefill",
+                       serve=serve)
