@@ -18,16 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import grpc
-import grpc.aio
 import structlog
-from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
-from services.common import tracing
-from services.common.channel_pool import ChannelPool
-from services.common.sampling_convert import sampling_to_proto
-from services.common.server import grpc_options
-from services.engine.handover import HandedRequest
+from services.decode_node.peer_client import DecodePeers, Offer, PeerCallError
+from services.engine.decode_role import HandedRequest
+from services.engine.engine import LLMEngine
 
 if TYPE_CHECKING:
     from services.decode_node.node import DecodeNode
@@ -43,19 +38,6 @@ class Route:
     deadline_unix_ms: int = 0
 
 
-class PeerStubs:
-    """One channel per decode peer, opened on first use, closed once the peer is gone (ChannelPool)."""
-
-    def __init__(self) -> None:
-        self._pool = ChannelPool(grpc_options())
-
-    def stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
-        return self._pool.stub(address, decode_pb2_grpc.DecodeNodeStub)
-
-    async def close(self) -> None:
-        await self._pool.close()
-
-
 class HandoverAgent:
     def __init__(self, node: DecodeNode, after_s: float, cache_store: str, poll_s: float = 0.05,
                  rpc_timeout_s: float = 10.0, address: Callable[[], str] = str):
@@ -64,7 +46,7 @@ class HandoverAgent:
         self.cache_store = cache_store  # where this node's offloaded KV lives (the adopter reads it there)
         self.poll_s = poll_s
         self.rpc_timeout_s = rpc_timeout_s
-        self.peers = PeerStubs()
+        self.peers = DecodePeers(rpc_timeout_s)
         self._address = address
         self._offers: dict[str, asyncio.Task[None]] = {}
         self._loop: asyncio.Task[None] | None = None
@@ -92,7 +74,7 @@ class HandoverAgent:
             routes = self.node.routes
             if not any(r.peers for r in routes.values()):
                 continue
-            due = await self.node.worker.call(lambda e: e.handovers_due(self.after_s))
+            due = await self.node.worker.call(LLMEngine.handovers_due, self.after_s)
             for request_id in due:
                 route = routes.get(request_id)
                 if route is not None and route.peers and request_id not in self._offers:
@@ -101,7 +83,7 @@ class HandoverAgent:
                     task.add_done_callback(lambda _t, rid=request_id: self._offers.pop(rid, None))
 
     async def _offer(self, request_id: str, route: Route) -> None:
-        handed = await self.node.worker.call(lambda e: e.lend(request_id))
+        handed = await self.node.worker.call(LLMEngine.lend, request_id)
         if handed is None:
             return
         taker = None
@@ -111,7 +93,7 @@ class HandoverAgent:
                     taker = peer
                     break
         finally:
-            kept = await self.node.worker.call(lambda e: e.settle_handover(request_id, taker is not None))
+            kept = await self.node.worker.call(LLMEngine.settle_handover, request_id, taker is not None)
         if taker is None:
             return
         if not kept or not self.node.moved_to(request_id, taker):  # aborted here meanwhile: drop it there too
@@ -119,20 +101,13 @@ class HandoverAgent:
 
     async def _adopt(self, peer: str, handed: HandedRequest, route: Route) -> bool:
         me = self._address()
-        request = decode_pb2.AdoptRequest(
-            request_id=handed.request_id, prompt_token_ids=handed.prompt_token_ids,
-            output_token_ids=handed.output_token_ids, sampling=sampling_to_proto(handed.sampling),
-            model_fingerprint=self.node.engine.fingerprint, kv_keys=handed.kv_keys,
-            num_computed_tokens=handed.num_computed_tokens, cache_store=self.cache_store,
-            deadline_unix_ms=route.deadline_unix_ms, num_preemptions=handed.num_preemptions,
-            cached_tokens=handed.cached_tokens, from_node=me,
-            decode_peers=[p for p in (me, *route.peers) if p and p != peer])
+        offer = Offer(self.node.engine.fingerprint, self.cache_store, me,
+                      [p for p in (me, *route.peers) if p and p != peer], route.deadline_unix_ms)
         try:
-            answer = await self.peers.stub(peer).Adopt(request, timeout=self.rpc_timeout_s,
-                                                       metadata=tracing.outgoing(self._trace(handed.request_id)))
-        except grpc.aio.AioRpcError as error:
-            log.warning("handover failed", request_id=handed.request_id, peer=peer, code=error.code().name,
-                        details=error.details())
+            answer = await self.peers.adopt(peer, handed, offer, self._trace(handed.request_id))
+        except PeerCallError as error:
+            log.warning("handover failed", request_id=handed.request_id, peer=peer, code=error.code,
+                        details=error.details)
             return False
         if not answer.granted:
             log.info("handover refused", request_id=handed.request_id, peer=peer, reason=answer.reason)
@@ -150,8 +125,6 @@ class HandoverAgent:
         """Best-effort ``Abort`` of a request this node handed to ``peer``."""
         try:
             reason = "the decode node that handed it over: it was aborted there"
-            await self.peers.stub(peer).Abort(node_pb2.AbortRequest(request_id=request_id, reason=reason),
-                                              timeout=self.rpc_timeout_s)
-        except grpc.aio.AioRpcError as error:
-            log.warning("abort on the adopting node failed", request_id=request_id, peer=peer,
-                        code=error.code().name)
+            await self.peers.abort(peer, request_id, reason)
+        except PeerCallError as error:
+            log.warning("abort on the adopting node failed", request_id=request_id, peer=peer, code=error.code)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 import torch
-from pdserve.v1 import node_pb2
 
 from kvcache.cuda_ipc import (
     CudaIpcTensor,
@@ -35,6 +35,18 @@ LAYOUT_FIELDS = ("dtype", "block_size", "num_layers", "num_kv_heads", "head_dim"
                  "bytes_per_block")
 
 
+class KVLayout(Protocol):
+    """The layout fields an offer must match (``services.engine_node.kv_layout`` gives this node's)."""
+
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    model_fingerprint: bytes
+    bytes_per_block: int
+
+
 @dataclass
 class _Session:
     identity: HostIdentity
@@ -48,7 +60,7 @@ class IpcSessions:
     ``identity`` is None when this node does not take IPC (``kv_ipc`` off, or a CPU pool): every offer is
     then refused with that reason. ``opener`` and ``reader`` map and read tensors (tests pass fakes)."""
 
-    def __init__(self, pool: torch.Tensor, layout: node_pb2.KVLayout, identity: HostIdentity | None,
+    def __init__(self, pool: torch.Tensor, layout: KVLayout, identity: HostIdentity | None,
                  opener: Callable[[CudaIpcTensor, torch.device], torch.Tensor] = open_tensor,
                  reader: Callable[[torch.Tensor], bytes] = read_probe):
         self.pool = pool

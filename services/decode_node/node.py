@@ -20,29 +20,24 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-import grpc.aio
 import structlog
 
 from kvcache.cuda_ipc import IpcError, gpu_uuid
 from kvcache.host_identity import read_host_identity
-from kvcache.kv_bytes import write_blocks
-from services.cache_store.client import AsyncCacheStoreClient
 from services.common import tracing
 from services.common.drain import drain_requests
 from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.decode_node.handover import HandoverAgent, Route
 from services.decode_node.kv_ipc import IpcSessions
-from services.engine.adoption import AdoptionGrant
+from services.decode_node.kv_stores import KVStores
+from services.engine.decode_role import AdoptionGrant, HandedRequest, Refusal
 from services.engine.engine import LLMEngine
-from services.engine.handover import HandedRequest
 from services.engine.logprobs import TokenLogprobs
 from services.engine.outputs import RequestOutput
-from services.engine.reservations import Refusal, Reservation
 from services.engine.sampling_params import SamplingParams
 from services.engine_node.kv_layout import kv_layout
-from services.engine_node.step_spans import trace_request
+from services.engine_node.step_spans import RequestTrace
 from services.engine_node.worker import EngineWorker
 
 log = structlog.get_logger(__name__)
@@ -95,11 +90,11 @@ class DecodeNode:
         self.moved: dict[str, str] = {}  # handed over, moved_to not yet delivered: request id → adopter
         self.handover = HandoverAgent(self, handover_after_s, engine.config.offload_cache_store,
                                       address=lambda: self.address)
-        self._stores: dict[str, AsyncCacheStoreClient] = {}
         self.kv_received = KVTransferStats()
-        pool = engine.runner.kv_cache
+        layout, pool = kv_layout(engine), engine.kv_pool
+        self.stores = KVStores(layout)  # where adopted requests' KV is read
         identity = read_host_identity(gpu_uuid(pool.device)) if kv_ipc and pool.device.type == "cuda" else None
-        self.ipc = IpcSessions(pool, kv_layout(engine), identity)
+        self.ipc = IpcSessions(pool, layout, identity)
 
     def start(self) -> None:
         self.worker.start()
@@ -109,8 +104,7 @@ class DecodeNode:
         await self.handover.stop()
         await self.worker.stop()
         self.ipc.close()
-        for store in self._stores.values():
-            await store.close()
+        await self.stores.close()
 
     # ---- reservations and KV --------------------------------------------------------------------
     async def reserve(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
@@ -118,7 +112,7 @@ class DecodeNode:
         if self.draining:
             raise UnavailableError("decode node is draining")
         lease_s = min(lease_s or self.default_lease_s, self.default_lease_s)  # this node's setting caps it
-        result = await self.worker.call(lambda e: e.reserve(request_id, prompt_ids, sampling, lease_s))
+        result = await self.worker.call(LLMEngine.reserve, request_id, prompt_ids, sampling, lease_s)
         if isinstance(result, Refusal):
             return result
         self.streams[request_id] = TokenStream()
@@ -128,19 +122,18 @@ class DecodeNode:
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
         """Check and mark ``block_ids`` on the engine thread, then write their bytes. Returns the lease."""
         started = time.perf_counter()
-        reservation: Reservation = await self.worker.call(lambda e: e.reservations.receive(request_id, block_ids))
+        lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
         try:
-            write_blocks(self.engine.runner.kv_cache, block_ids, payload)
+            self.engine.write_kv_blocks(block_ids, payload)  # blocks this reservation holds: no lock
         except ValueError as exc:
             await self.abort(request_id, f"its KV did not fit this node's cache: {exc}")
             raise FailedPreconditionError(f"{request_id}: {exc}") from exc
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
-        return _unix_ms(reservation.lease_s)
+        return _unix_ms(lease_s)
 
     async def renew(self, request_id: str) -> int:
         """A keepalive from the prefill node: the lease holds on. Returns it."""
-        reservation: Reservation = await self.worker.call(lambda e: e.reservations.renew(request_id))
-        return _unix_ms(reservation.lease_s)
+        return _unix_ms(await self.worker.call(LLMEngine.renew_reservation, request_id))
 
     async def receive_by_reference(self, request_id: str, block_ids: list[int], source_ids: list[int],
                                    session_id: str) -> int:
@@ -148,26 +141,26 @@ class DecodeNode:
         prefill node's pool (IPC session ``session_id``) into them. Returns the lease. Raises
         ``IpcError`` when the copy fails; the blocks are then unmarked, so the bytes may follow."""
         started = time.perf_counter()
-        reservation: Reservation = await self.worker.call(lambda e: e.reservations.receive(request_id, block_ids))
+        lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
         try:
             self.ipc.copy(session_id, source_ids, block_ids)
         except IpcError:
-            await self.worker.call(lambda e: e.reservations.unreceive(request_id, block_ids))
+            await self.worker.call(LLMEngine.unreceive_blocks, request_id, block_ids)
             raise
         size = len(block_ids) * self.ipc.layout.bytes_per_block
         self.kv_received.add(size, len(block_ids), time.perf_counter() - started)
-        return _unix_ms(reservation.lease_s)
+        return _unix_ms(lease_s)
 
     async def commit(self, request_id: str, first_token_id: int) -> None:
         """The request joins the decode batch; its ``decode`` span (tracing on) goes under the gateway's
         Attach when that came first (the usual order), else under the commit."""
         stream = self.streams.get(request_id)
         parent = stream.trace if stream is not None and stream.trace is not None else tracing.current_context()
-        await self.worker.call(lambda e: trace_request(e.commit(request_id, first_token_id), parent))
+        await self.worker.call(LLMEngine.commit, request_id, first_token_id, _trace(parent))
 
     async def abort(self, request_id: str, reason: str = "aborted") -> bool:
         """Free everything the request holds here; an attached gateway hears ``reason``."""
-        found = await self.worker.call(lambda e: e.discard(request_id))
+        found = await self.worker.call(LLMEngine.discard, request_id)
         self.routes.pop(request_id, None)
         stream = self.streams.pop(request_id, None)
         if stream is not None:
@@ -185,19 +178,15 @@ class DecodeNode:
         if self.draining:
             raise UnavailableError("decode node is draining")
         rid = handed.request_id
-        grant: AdoptionGrant | Refusal = await self.worker.call(lambda e: e.adopt(handed, self.default_lease_s))
+        grant: AdoptionGrant | Refusal = await self.worker.call(LLMEngine.adopt, handed, self.default_lease_s)
         if isinstance(grant, Refusal):
             return grant
         adopted = False
         try:
+            payload = await self.stores.fetch(cache_store, grant.keys)
             try:
-                blocks = await self._store(cache_store).get(grant.keys, restore=True) if grant.keys else []
-            except grpc.aio.AioRpcError as error:
-                raise UnavailableError(f"cache-store {cache_store}: {error.code().name}: {error.details()}") from error
-            payload = b"".join(blocks)
-            try:
-                parent = tracing.current_context()  # the Adopt span
-                await self.worker.call(lambda e: trace_request(e.complete_adoption(rid, payload), parent))
+                trace = _trace(tracing.current_context())  # under the Adopt span
+                await self.worker.call(LLMEngine.complete_adoption, rid, payload, trace)
             except ValueError as error:  # the blocks the store returned do not fill the grant
                 raise UnavailableError(f"cache-store {cache_store}: {error}") from error
             self.streams[rid] = TokenStream()  # before any step of it can deliver (no await since)
@@ -205,7 +194,7 @@ class DecodeNode:
             adopted = True
         finally:
             if not adopted:  # refused midway, failed or cancelled: give back what was granted
-                await self.worker.call(lambda e: e.discard(rid))
+                await self.worker.call(LLMEngine.discard, rid)
         return None
 
     def moved_to(self, request_id: str, adopter: str) -> bool:
@@ -224,12 +213,6 @@ class DecodeNode:
             return
         peers = [p for p in dict.fromkeys(route.peers) if p and p != self.address]
         self.routes[request_id] = Route(peers, route.deadline_unix_ms)
-
-    def _store(self, address: str) -> AsyncCacheStoreClient:
-        store = self._stores.get(address)
-        if store is None:
-            store = self._stores[address] = AsyncCacheStoreClient(address, kv_layout(self.engine))
-        return store
 
     # ---- tokens to the gateway ------------------------------------------------------------------
     async def attach(self, request_id: str) -> AsyncIterator[TokenEvent]:
@@ -289,13 +272,18 @@ class DecodeNode:
 
     @staticmethod
     def _expire(engine: LLMEngine) -> tuple[str, list[str]] | None:
-        expired = engine.reservations.expire()
+        expired = engine.expire_reservations()
         return ("expired", expired) if expired else None
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Refuse new reservations; let running requests finish (up to ``timeout_s``), then abort the rest."""
         self.draining = True
         await drain_requests("decode", lambda: list(self.streams), self.abort, timeout_s)
+
+
+def _trace(parent: Any) -> RequestTrace | None:
+    """The engine's span hook for a request traced under ``parent`` (None: tracing off, no hook)."""
+    return RequestTrace(parent) if parent is not None else None
 
 
 def _unix_ms(after_s: float) -> int:

@@ -24,8 +24,7 @@ from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
 from services.decode_node.node import DecodeNode
-from services.engine.handover import HandedRequest
-from services.engine.reservations import Refusal
+from services.engine.decode_role import HandedRequest, Refusal
 from services.engine_node.kv_ipc_wire import answer_to_proto, offer_from_proto
 from services.engine_node.kv_layout import kv_layout
 from services.engine_node.node_config import node_status

@@ -2,21 +2,33 @@
 preempted requests handed to another decode node (``handover.py``) or adopted from one (``adoption.py``).
 
 A mixin of :class:`~services.engine.engine.LLMEngine`: the methods run under the engine lock (the node
-calls them through ``EngineWorker.call``); ``_check_new_id`` and ``encode_prompt`` are LLMEngine's.
+calls them through ``EngineWorker.call``, e.g. ``await worker.call(LLMEngine.receive_blocks, rid, ids)``);
+``_check_new_id``, ``encode_prompt`` and ``kv_pool`` are LLMEngine's. Node code uses these methods only,
+never the reservation book, the handover queue or the adoptions themselves.
+
+Life of a reservation here: :meth:`reserve` → :meth:`receive_blocks` per block batch (the node writes
+their bytes with ``LLMEngine.write_kv_blocks``; :meth:`unreceive_blocks` if that failed) and
+:meth:`renew_reservation` per keepalive → :meth:`commit`. :meth:`expire_reservations` frees those whose
+lease ran out. The lease calls return the lease's length in seconds (its deadline is now + that).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from services.engine.adoption import AdoptionGrant, Adoptions
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.handover import HandedRequest, Handovers
 from services.engine.request import Request
-from services.engine.request_trace import end_trace
+from services.engine.request_trace import RequestTrace, end_trace
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.validation import RequestValidator
+
+__all__ = ["AdoptionGrant", "DecodeRole", "HandedRequest", "Refusal", "Reservation"]
+"""The dataclasses the decode role's calls take and return, importable from here by the node."""
 
 
 class DecodeRole:
@@ -25,9 +37,11 @@ class DecodeRole:
     adoptions: Adoptions
     validator: RequestValidator
     eos_token_ids: tuple[int, ...]
+    kv_pool: torch.Tensor
     _requests: dict[str, Request]
     _detokenizers: dict[str, IncrementalDetokenizer]
 
+    # ---- reservations: KV a prefill node computes for this node -----------------------------------------
     def reserve(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams,
                 lease_s: float) -> Reservation | Refusal:
         """Grant KV blocks for a prompt that a prefill node will compute (see ``reservations.py``)."""
@@ -37,12 +51,33 @@ class DecodeRole:
         request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids)
         return self.reservations.reserve(request, lease_s)
 
-    def commit(self, request_id: str, first_token_id: int) -> Request:
-        """All of the prompt's blocks arrived: the request joins the decode batch after its first token."""
+    def receive_blocks(self, request_id: str, block_ids: list[int]) -> float:
+        """Check that ``block_ids`` are the reservation's granted, uncached blocks not sent before; mark
+        them received and renew the lease. The caller then writes their bytes (no lock needed). Raises
+        ``LeaseExpiredError`` (no such reservation) or ``InvalidRequestError`` (a block not allowed)."""
+        return self.reservations.receive(request_id, block_ids).lease_s
+
+    def unreceive_blocks(self, request_id: str, block_ids: list[int]) -> None:
+        """Undo :meth:`receive_blocks` for blocks whose bytes never arrived (they may be sent again)."""
+        self.reservations.unreceive(request_id, block_ids)
+
+    def renew_reservation(self, request_id: str) -> float:
+        """A keepalive from the prefill node: the lease holds on. Raises ``LeaseExpiredError``."""
+        return self.reservations.renew(request_id).lease_s
+
+    def expire_reservations(self) -> list[str]:
+        """Free the reservations whose lease passed without traffic; their request ids."""
+        return self.reservations.expire()
+
+    def commit(self, request_id: str, first_token_id: int, trace: RequestTrace | None = None) -> Request:
+        """All of the prompt's blocks arrived: the request joins the decode batch after its first token.
+        ``trace``: the node's span hook for the request (``request_trace.py``), if it traces it."""
         request = self.reservations.commit(request_id, first_token_id)
+        request.trace = trace if trace is not None else request.trace
         self._requests[request_id] = request
         return request
 
+    # ---- handover: the sending side -----------------------------------------------------------------
     def handovers_due(self, after_s: float) -> list[str]:
         """Preempted requests whose KV has waited in the cache-store ``after_s`` or longer (handover.py)."""
         return self.handovers.due(after_s)
@@ -63,6 +98,7 @@ class DecodeRole:
             self._detokenizers.pop(request_id, None)
         return True
 
+    # ---- handover: the receiving side (adoption) ----------------------------------------------------
     def adopt(self, handed: HandedRequest, lease_s: float) -> AdoptionGrant | Refusal:
         """Blocks for a request another decode node hands over, if the admission policy leaves room; its
         KV is then fetched into ``AdoptionGrant.block_ids`` and :meth:`complete_adoption` starts it."""
@@ -71,7 +107,12 @@ class DecodeRole:
         self.validator.validate(handed.prompt_token_ids, handed.sampling)
         return self.adoptions.adopt(handed, self.eos_token_ids, lease_s)
 
-    def complete_adoption(self, request_id: str, payload: bytes | memoryview) -> Request:
-        request = self.adoptions.complete(request_id, payload, self.runner.kv_cache)
+    def complete_adoption(self, request_id: str, payload: bytes | memoryview,
+                          trace: RequestTrace | None = None) -> Request:
+        """Write the fetched KV (``payload``, wire order) into the grant's blocks and start decoding;
+        ``trace`` as for :meth:`commit`. Raises ``LeaseExpiredError`` if the grant is gone and
+        ``ValueError`` (the grant freed) if ``payload`` does not fill it."""
+        request = self.adoptions.complete(request_id, payload, self.kv_pool)
+        request.trace = trace if trace is not None else request.trace
         self._requests[request_id] = request
         return request

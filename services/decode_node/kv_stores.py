@@ -1,0 +1,44 @@
+"""The decode node as a client of cache-stores: the KV of a request it adopts is read from the store the
+handing node names (``Adopt.cache_store``). One client per store address, opened on first use.
+
+A failed read becomes ``UnavailableError`` naming the store, so node logic sees no gRPC errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc.aio
+
+from services.cache_store.client import AsyncCacheStoreClient
+from services.common.errors import UnavailableError
+
+
+class KVStores:
+    def __init__(self, layout: Any):
+        """``layout``: this node's KV layout (``services.engine_node.kv_layout``), which the stores check."""
+        self.layout = layout
+        self._clients: dict[str, AsyncCacheStoreClient] = {}
+
+    async def fetch(self, address: str, keys: Sequence[bytes]) -> bytes:
+        """The blocks under ``keys`` (restored to the store's memory tier), joined in order. Raises
+        ``UnavailableError`` when the store cannot serve them."""
+        if not keys:
+            return b""
+        try:
+            blocks = await self._client(address).get(keys, restore=True)
+        except grpc.aio.AioRpcError as error:
+            raise UnavailableError(f"cache-store {address}: {error.code().name}: {error.details()}") from error
+        return b"".join(blocks)
+
+    def _client(self, address: str) -> AsyncCacheStoreClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = AsyncCacheStoreClient(address, self.layout)
+        return client
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
