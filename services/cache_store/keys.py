@@ -1,37 +1,22 @@
 """Cache-store keys: ``model fingerprint (16 bytes) ‖ block id (16 bytes)``, and the checks of a call's keys.
 
-The block id is normally the block's chained hash (:mod:`kvcache.hashing`), which already names the same
-KV on every node; the fingerprint prefix lets the store tell whose KV a key is, so a node serving another
-model or dtype is refused rather than served foreign bytes.
+The key scheme itself lives in :mod:`kvcache.store_keys` (the engine builds keys without importing the
+cache-store); it is re-exported here with the checks the store makes of every call's keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from kvcache.hashing import DIGEST_SIZE
+from kvcache.store_keys import BLOCK_ID_BYTES, FINGERPRINT_BYTES, KEY_BYTES, fingerprint_of, store_key, store_keys
 from services.cache_store.errors import InvalidKeyError
 
-FINGERPRINT_BYTES = DIGEST_SIZE
-BLOCK_ID_BYTES = DIGEST_SIZE
-KEY_BYTES = FINGERPRINT_BYTES + BLOCK_ID_BYTES
+__all__ = ["BLOCK_ID_BYTES", "FINGERPRINT_BYTES", "KEY_BYTES", "MAX_KEYS_PER_CALL", "check_key_count", "check_keys",
+           "fingerprint_of", "store_key", "store_keys"]
+
 # keys in one Get, Lookup or Delete: 1M tokens at 16 a block (the bundled model's context is 512 blocks); without
 # a bound, a call of a million keys held the event loop for ~0.4 s while they were read and checked
 MAX_KEYS_PER_CALL = 65536
-
-
-def store_key(fingerprint: bytes, block_id: bytes) -> bytes:
-    assert len(fingerprint) == FINGERPRINT_BYTES, f"fingerprint must be {FINGERPRINT_BYTES} bytes"
-    assert len(block_id) == BLOCK_ID_BYTES, f"block id must be {BLOCK_ID_BYTES} bytes"
-    return fingerprint + block_id
-
-
-def store_keys(fingerprint: bytes, block_ids: Iterable[bytes]) -> list[bytes]:
-    return [store_key(fingerprint, block_id) for block_id in block_ids]
-
-
-def fingerprint_of(key: bytes) -> bytes:
-    return key[:FINGERPRINT_BYTES]
 
 
 def check_key_count(count: int) -> None:

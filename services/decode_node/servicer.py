@@ -25,9 +25,10 @@ from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
 from services.decode_node.node import DecodeNode
 from services.engine.decode_role import HandedRequest, Refusal
+from services.engine.engine import LLMEngine
 from services.engine_node.kv_ipc_wire import answer_to_proto, offer_from_proto
 from services.engine_node.kv_layout import kv_layout
-from services.engine_node.node_config import node_status
+from services.engine_node.status import node_status
 
 
 class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
@@ -201,7 +202,8 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
 
     async def status(self) -> gateway_pb2.NodeStatus:
         """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
-        status = await self.node.worker.call(lambda e: node_status(e, "decode", self.address, not self.node.draining))
+        engine_stats = await self.node.worker.call(LLMEngine.stats)
+        status = node_status(engine_stats, "decode", self.address, not self.node.draining)
         status.metrics_url = self.metrics_url
         status.calls_in_flight = len(self.node.streams)
         return status

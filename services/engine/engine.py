@@ -17,7 +17,6 @@ from kernels.int4_linear import int4_supported
 from kvcache.hashing import model_fingerprint
 from kvcache.kv_bytes import bytes_per_block, read_blocks, write_blocks
 from kvcache.manager import KVCacheManager
-from services.cache_store.client import CacheStoreClient
 from services.engine.admission import make_policy
 from services.engine.adoption import Adoptions
 from services.engine.config import EngineConfig
@@ -25,6 +24,7 @@ from services.engine.decode_role import DecodeRole
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, UnknownRequestError
 from services.engine.handover import Handovers
+from services.engine.kv_layout_spec import KVLayoutSpec
 from services.engine.kv_offload import KVOffload
 from services.engine.logprobs import TokenLogprobs
 from services.engine.model.decoder import DecoderModel, check_vocabulary
@@ -32,17 +32,18 @@ from services.engine.model_runner import ModelRunner, StepSamples
 from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.prefill_role import PrefillRole
+from services.engine.remote_store import RemoteBlockStore, RemoteStoreFactory
 from services.engine.request import Request, RequestStatus
 from services.engine.request_trace import end_trace
 from services.engine.reservations import ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
+from services.engine.stats import EngineStats
 from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
-from services.engine_node.kv_layout import kv_layout
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,15 @@ class PlannedStep:
 
 
 class LLMEngine(PrefillRole, DecodeRole):
+    """``remote_store``: how the node reaches the cache-store at ``config.offload_cache_store`` (needed when
+    it is set): ``remote_store(address, self.kv_layout_spec())`` is called once for the KV offload and once
+    more for the output cache, each getting a store (and a breaker) of its own."""
+
     def __init__(self, config: EngineConfig, model: DecoderModel, tokenizer: Tokenizer | None,
-                 fingerprint_identity: dict[str, object] | None = None):
+                 fingerprint_identity: dict[str, object] | None = None, *,
+                 remote_store: RemoteStoreFactory | None = None):
+        if config.offload_cache_store and remote_store is None:
+            raise ValueError("offload_cache_store needs a remote_store factory (the node's cache-store client)")
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -71,7 +79,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
-        remote = CacheStoreClient(config.offload_cache_store, kv_layout(self)) if config.offload_cache_store else None
+        remote = self._remote_store(remote_store)
         block_bytes = bytes_per_block(self.runner.kv_cache)
         self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
                                  fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
@@ -90,13 +98,20 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.reservations = ReservationBook(self.kv, self.scheduler)
         self.handovers = Handovers(self.scheduler, self.offload)
         self.adoptions = Adoptions(self.kv, self.scheduler, self.reservations)
-        self.output_cache = OutputCache(remote, self.fingerprint, self.offload.bytes_per_block) \
-            if config.cache_outputs and remote is not None else None
+        output_remote = self._remote_store(remote_store) if config.cache_outputs else None
+        self.output_cache = OutputCache(output_remote, self.fingerprint, self.offload.bytes_per_block) \
+            if output_remote is not None else None
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
 
+    def _remote_store(self, factory: RemoteStoreFactory | None) -> RemoteBlockStore | None:
+        if not self.config.offload_cache_store or factory is None:
+            return None
+        return factory(self.config.offload_cache_store, self.kv_layout_spec())
+
     @classmethod
-    def from_config(cls, config: EngineConfig) -> LLMEngine:
+    def from_config(cls, config: EngineConfig, remote_store: RemoteStoreFactory | None = None) -> LLMEngine:
+        """Load the model at ``config.model_path`` and build the engine (``remote_store``: see the class)."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         weights = load_weights(config.model_path, keep_q4=config.int4_max_rows > 0
@@ -106,14 +121,15 @@ class LLMEngine(PrefillRole, DecodeRole):
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
         check_vocabulary(weights.config, tokenizer.vocab_size)
         identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}
-        return cls(config, model, tokenizer, identity)
+        return cls(config, model, tokenizer, identity, remote_store=remote_store)
 
     def close(self) -> None:
-        """Stop the offload's and the output cache's background threads and close the cache-store channel
-        (after the last step: the engine is not used again)."""
+        """Stop the offload's and the output cache's background threads and close their cache-store
+        connections (after the last step: the engine is not used again)."""
         self.offload.close()
         if self.output_cache is not None:
             self.output_cache.close()
+            self.output_cache.remote.close()
         if self.offload.remote is not None:
             self.offload.remote.close()
 
@@ -186,6 +202,13 @@ class LLMEngine(PrefillRole, DecodeRole):
     @property
     def block_size(self) -> int:
         return self.kv.block_size
+
+    def kv_layout_spec(self) -> KVLayoutSpec:
+        """The layout of this engine's KV blocks (fixed at construction: no engine lock needed)."""
+        cfg = self.model.config
+        return KVLayoutSpec(dtype=self.config.dtype, block_size=self.kv.block_size, num_layers=cfg.num_layers,
+                            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, model_fingerprint=self.fingerprint,
+                            bytes_per_block=bytes_per_block(self.runner.kv_cache))
 
     def read_kv_blocks(self, block_ids: Sequence[int]) -> bytes:
         """The KV bytes of ``block_ids`` in wire order. Needs no engine lock when the caller holds the
@@ -295,3 +318,35 @@ class LLMEngine(PrefillRole, DecodeRole):
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+
+    # ---- status -------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's counters and gauges (call under the engine lock: on its thread)."""
+        pool, sched, offload, policy = self.kv.pool, self.scheduler.stats, self.offload, self.scheduler.admission
+        cache = self.output_cache
+        return EngineStats(
+            requests_total=sched.requests_admitted_total, prompt_tokens_total=sched.prompt_tokens_total,
+            prefix_hit_requests_total=sched.prefix_hit_requests_total,
+            prefix_hit_tokens_total=sched.prefix_hit_tokens_total, preemptions_total=sched.preemptions_total,
+            offloads_total=sched.offloads_total, resumes_total=sched.resumes_total,
+            recomputes_total=sched.recomputes_total, requests_running=len(self.scheduler.running),
+            requests_waiting=len(self.scheduler.waiting),
+            kv_layout=self.kv_layout_spec(), block_size=self.kv.block_size, blocks_total=self.kv.num_blocks,
+            blocks_free=pool.num_free_blocks - pool.num_cached_blocks, blocks_cached=pool.num_cached_blocks,
+            blocks_reserved=self.reservations.num_reserved_blocks, evictions_total=pool.num_evictions,
+            kv_bytes_total=self.runner.kv_cache_bytes,
+            admission_policy=policy.name, admission_headroom_blocks=self.scheduler.headroom_blocks(),
+            new_token_ratio=getattr(policy, "ratio", 0.0),
+            offloaded_bytes_total=offload.stats.offloaded_bytes_total,
+            offloaded_remote_bytes_total=offload.stats.offloaded_remote_bytes_total,
+            offload_host_bytes_used=offload.host_bytes_held,
+            store_fetched_bytes_total=offload.stats.fetched_remote_bytes_total
+            + self.adoptions.stats.fetched_bytes_total,
+            store_written_blocks_total=cache.stats.written_blocks_total if cache is not None else 0,
+            store_breaker_trips_total=(offload.remote.trips_total if offload.remote is not None else 0)
+            + (cache.remote.trips_total if cache is not None else 0),
+            handovers_out_total=self.handovers.stats.handovers_out_total,
+            handovers_in_total=self.adoptions.stats.handovers_in_total,
+            model_name=str(self.model_identity.get("model", "")),
+            weights_digest=str(self.model_identity.get("weights", "")),
+        )

@@ -16,12 +16,13 @@ the cache-store holds (:meth:`remote_keys`) is what lets another decode node ado
 once the copy is read back or no longer wanted (:meth:`discard`: resumed, finished, aborted, handed over)
 its keys are deleted from the cache-store in the background (once its put ended, on a thread of their
 own), where they would only crowd out prefix blocks.
-Every cache-store call goes through a :class:`~services.cache_store.breaker.StoreBreaker`: once one fails
-for the store's sake, the calls queued behind it fail fast (their requests resume from host memory or are
-recomputed) and, for the breaker's cooldown, new victims' copies stay in host memory while the budget has
-room (even with ``remote_first``) and are recomputed past it. A delete is not lost to the breaker: it
-waits (on its own thread, holding nobody up) and goes once the store answers again; a copy whose put never
-reached the store has nothing to delete.
+The cache-store is a :class:`~services.engine.remote_store.RemoteBlockStore` the node injects, its calls
+behind a circuit breaker: once one fails for the store's sake (:class:`RemoteStoreFault`), the calls
+queued behind it fail fast (:class:`RemoteStoreUnavailable`; their requests resume from host memory or
+are recomputed) and, while the store is not :meth:`~RemoteBlockStore.available`, new victims' copies stay
+in host memory while the budget has room (even with ``remote_first``) and are recomputed past it. A delete
+is not lost to the breaker: it waits (on its own thread, holding nobody up) and goes once the store
+answers again; a copy whose put never reached the store has nothing to delete.
 
 Threads: ``claim``/``ready``/``prefetch``/``discard`` run under the engine lock; ``copy_out``/``copy_in``
 run on the engine thread during a step, for requests whose aborts the engine defers until it ends.
@@ -36,28 +37,18 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
-import grpc
 import structlog
 import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
-from services.cache_store.breaker import StoreBreaker, StoreUnavailable, describe, is_store_fault
-from services.cache_store.keys import FINGERPRINT_BYTES, store_key
+from kvcache.store_keys import FINGERPRINT_BYTES, store_key
+from services.engine.remote_store import RemoteBlockStore, RemoteStoreError, RemoteStoreFault, RemoteStoreUnavailable
 from services.engine.step_batch import SwapIn, SwapOut
 
 log = structlog.get_logger(__name__)
 MAX_PARKED_DELETES = 4096  # deletes kept while the cache-store is failing; older ones are left to its LRU
 PARKED_RETRY_S = 1.0  # how often parked deletes are tried again while nothing else sends them
-
-
-class RemoteBlockStore(Protocol):
-    """The cache-store as the offload sees it (:class:`services.cache_store.client.CacheStoreClient`)."""
-
-    def put(self, blocks: Sequence[tuple[bytes, bytes | memoryview]]) -> object: ...
-    def get(self, keys: Sequence[bytes], *, restore: bool) -> list[bytes]: ...
-    def delete(self, keys: Sequence[bytes]) -> int: ...
 
 
 @dataclass
@@ -82,14 +73,13 @@ class OffloadStats:
 class KVOffload:
     def __init__(self, bytes_per_block: int, host_budget_bytes: int, remote: RemoteBlockStore | None = None,
                  fingerprint: bytes = bytes(FINGERPRINT_BYTES), remote_first: bool = False,
-                 staging_limit_bytes: int | None = None, breaker: StoreBreaker | None = None):
+                 staging_limit_bytes: int | None = None):
         self.bytes_per_block = bytes_per_block
         self.host_budget_bytes = host_budget_bytes
         self.staging_limit_bytes = staging_limit_bytes  # None: no limit
         self.remote = remote
         self.remote_first = remote_first and remote is not None  # every copy goes to the cache-store
         self.fingerprint = fingerprint  # the prefix of every cache-store key
-        self.breaker = breaker or StoreBreaker()  # every cache-store call goes through it
         self.host_bytes_used = 0  # claimed by host copies
         self.stats = OffloadStats()
         self._copies: dict[str, _Copy] = {}
@@ -106,7 +96,7 @@ class KVOffload:
     # ---- the scheduler's side (torch-free) ----------------------------------------------------------
     def claim(self, request_id: str, num_blocks: int) -> bool:
         size = num_blocks * self.bytes_per_block
-        store_down = self.remote is not None and self.breaker.is_open()
+        store_down = self.remote is not None and not self.remote.available()
         if (not self.remote_first or store_down) and self.host_bytes_used + size <= self.host_budget_bytes:
             self.host_bytes_used += size
             self._copies[request_id] = _Copy(num_blocks, remote=False)
@@ -165,7 +155,7 @@ class KVOffload:
         if copy is None or not copy.remote or copy.fetched is not None or copy.data is not None:
             return
         if copy.stored is not None and copy.stored.done():
-            copy.fetched = self._io.submit(self.breaker.call, self.remote.get, copy.keys, restore=True)
+            copy.fetched = self._io.submit(self.remote.get, copy.keys, restore=True)
 
     def remote_keys(self, request_id: str) -> list[bytes] | None:
         """The cache-store keys of the request's copy once stored there (None: no such copy, or not yet)."""
@@ -186,7 +176,7 @@ class KVOffload:
             copy.stored.add_done_callback(lambda put: self._submit_delete(request_id, keys, put))
 
     def _submit_delete(self, request_id: str, keys: list[bytes], put: Future) -> None:
-        if put.cancelled() or isinstance(put.exception(), StoreUnavailable):
+        if put.cancelled() or isinstance(put.exception(), RemoteStoreUnavailable):
             return  # the put never reached the store: nothing to delete
         with contextlib.suppress(RuntimeError):  # closed: the engine is going away
             self._deletes.submit(self._delete_remote, request_id, keys)
@@ -220,21 +210,18 @@ class KVOffload:
     def _send_parked(self) -> None:
         """On the delete thread: send the parked deletes in order, until the store fails again."""
         while self._parked:
-            if self.breaker.is_open():
+            if not self.remote.available():
                 self._retry_parked_later()
                 return
             rid, parked_keys = self._parked[0]
             try:
-                self.breaker.call(self.remote.delete, parked_keys)
-            except StoreUnavailable:  # it failed again meanwhile
-                self._retry_parked_later()
+                self.remote.delete(parked_keys)
+            except RemoteStoreFault:  # not tried (it failed again meanwhile), timed out or unreachable:
+                self._retry_parked_later()  # deleting again later is harmless
                 return
-            except (grpc.RpcError, ConnectionError, TimeoutError) as error:
-                if is_store_fault(error):  # timed out or unreachable: deleting again later is harmless
-                    self._retry_parked_later()
-                    return
+            except RemoteStoreError as error:
                 log.info("could not delete a preempted request's copy from the cache-store", request_id=rid,
-                         error=describe(error))  # the store refused it: its LRU ages the copy out
+                         error=str(error))  # the store refused it: its LRU ages the copy out
             del self._parked[0]
 
     def _retry_parked_later(self) -> None:
@@ -263,7 +250,7 @@ class KVOffload:
             copy.data = data
             self.stats.offloaded_bytes_total += len(data)
             if copy.remote:
-                copy.stored = self._io.submit(self.breaker.call, self._put_remote, copy, data)
+                copy.stored = self._io.submit(self._put_remote, copy, data)
 
     def _put_remote(self, copy: _Copy, data: bytes) -> None:
         """On the I/O thread. Counted once stored: a failed put's bytes stayed in host memory."""

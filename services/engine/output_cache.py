@@ -6,10 +6,10 @@ turn of the conversation (its prompt starts with this one's prompt and output).
 just freed into the prefix index, where every full block whose KV was computed is findable by its hash,
 and nothing has been allocated since. It copies their bytes out there (``read_blocks``) and a background
 thread puts them; the engine step never waits for the cache-store. Puts past ``max_inflight_bytes`` are
-dropped (counted). Only requests that finished normally (stop, length) are cached. Puts go through a
-:class:`~services.cache_store.breaker.StoreBreaker` of their own (a slow put of this best-effort cache
-does not make the KV offload give up its copies): while it is open, nothing is copied out and the
-request counts as failed.
+dropped (counted). Only requests that finished normally (stop, length) are cached. Puts go to a
+:class:`~services.engine.remote_store.RemoteBlockStore` of their own, with its own breaker (a slow put of
+this best-effort cache does not make the KV offload give up its copies): while the store is not
+available, nothing is copied out and the request counts as failed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import torch
 
 from kvcache.kv_bytes import read_blocks
 from kvcache.manager import KVCacheManager
-from services.cache_store.breaker import StoreBreaker
-from services.cache_store.keys import store_key
-from services.engine.kv_offload import RemoteBlockStore
+from kvcache.store_keys import store_key
+from services.engine.remote_store import RemoteBlockStore
 from services.engine.request import Request, RequestStatus
 
 log = structlog.get_logger(__name__)
@@ -40,9 +39,8 @@ class OutputCacheStats:
 
 class OutputCache:
     def __init__(self, remote: RemoteBlockStore, fingerprint: bytes, bytes_per_block: int,
-                 max_inflight_bytes: int = 256 << 20, breaker: StoreBreaker | None = None):
+                 max_inflight_bytes: int = 256 << 20):
         self.remote = remote
-        self.breaker = breaker or StoreBreaker()
         self.fingerprint = fingerprint
         self.bytes_per_block = bytes_per_block
         self.max_inflight_bytes = max_inflight_bytes
@@ -67,7 +65,7 @@ class OutputCache:
         match = kv.match_prefix(request.token_ids[: request.num_computed_tokens + 1])
         if not match.block_ids:
             return None
-        if self.breaker.is_open():  # the store failed moments ago (logged by the breaker)
+        if not self.remote.available():  # the store failed moments ago (logged by the node's breaker)
             self._stats.failed_total += 1
             return None
         if self.inflight_bytes + match.num_blocks * self.bytes_per_block > self.max_inflight_bytes:
@@ -77,7 +75,7 @@ class OutputCache:
         view, size = memoryview(data), self.bytes_per_block
         blocks = [(store_key(self.fingerprint, h), view[i * size:(i + 1) * size])
                   for i, h in enumerate(match.block_hashes)]
-        put = self._io.submit(self.breaker.call, self.remote.put, blocks)
+        put = self._io.submit(self.remote.put, blocks)
         self._inflight.append((put, len(blocks), request.request_id))
         return put
 

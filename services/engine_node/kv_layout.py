@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.v1 import node_pb2
 
-from kvcache.kv_bytes import bytes_per_block
+from services.engine.kv_layout_spec import KVLayoutSpec
 
 if TYPE_CHECKING:
     from services.engine.engine import LLMEngine
@@ -18,10 +18,10 @@ def layout_id(layout: node_pb2.KVLayout) -> str:
     return hashlib.blake2b(layout.SerializeToString(deterministic=True), digest_size=8).hexdigest()
 
 
-def kv_layout(engine: LLMEngine) -> node_pb2.KVLayout:
-    cfg = engine.model.config
+def kv_layout(source: KVLayoutSpec | LLMEngine) -> node_pb2.KVLayout:
+    """The proto of a layout, or of an engine's (:meth:`LLMEngine.kv_layout_spec`: no engine lock needed)."""
+    spec = source if isinstance(source, KVLayoutSpec) else source.kv_layout_spec()
     return node_pb2.KVLayout(
-        dtype=engine.config.dtype, block_size=engine.kv.block_size, num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, model_fingerprint=engine.fingerprint,
-        bytes_per_block=bytes_per_block(engine.runner.kv_cache),
+        dtype=spec.dtype, block_size=spec.block_size, num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim, model_fingerprint=spec.model_fingerprint, bytes_per_block=spec.bytes_per_block,
     )

@@ -1,33 +1,19 @@
-"""What the prefill and decode nodes share: engine settings, engine construction, error mapping, status.
-
-(``services.common`` otherwise imports nothing of the engine; this module and ``sampling_convert`` are
-the two bridges, kept here so both node packages use one definition.)
+"""The settings the prefill and decode nodes share: :class:`EngineNodeConfig`, which makes the engine's
+:class:`~services.engine.config.EngineConfig`. Importing it registers the engine's errors' status codes
+(``errors.py``); the node's status is ``status.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-from pdserve.v1 import gateway_pb2
-
+import services.engine_node.errors  # noqa: F401  (the engine's errors as status codes)
 from services.common.config import setting
-from services.common.errors import map_error
 from services.common.server import ServerConfig
 from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
-from services.engine.engine import LLMEngine
-from services.engine.errors import EngineStoppedError, InvalidRequestError, ModelLoadError, UnknownRequestError
 from services.engine.model_files import bundled_model_path
-from services.engine.reservations import IncompleteTransferError
 from services.engine_node.kv_ipc_wire import KV_IPC_MODES
-from services.engine_node.kv_layout import kv_layout, layout_id
-
-map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
-map_error(UnknownRequestError, grpc.StatusCode.NOT_FOUND)
-map_error(EngineStoppedError, grpc.StatusCode.UNAVAILABLE)
-map_error(IncompleteTransferError, grpc.StatusCode.FAILED_PRECONDITION)
-map_error(ModelLoadError, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 @dataclass(frozen=True)
@@ -98,39 +84,3 @@ class EngineNodeConfig(ServerConfig):
             # threads: the EngineWorker sets them on its thread
         )
 
-
-def node_status(engine: LLMEngine, role: str, address: str, healthy: bool = True) -> gateway_pb2.NodeStatus:
-    """The engine's counters as a ``NodeStatus`` (call on the engine thread)."""
-    pool, stats = engine.kv.pool, engine.scheduler.stats
-    reserved = engine.reservations.num_reserved_blocks
-    offload, policy = engine.offload, engine.scheduler.admission
-    written = engine.output_cache.stats.written_blocks_total if engine.output_cache is not None else 0
-    return gateway_pb2.NodeStatus(
-        requests_total=stats.requests_admitted_total, prefix_hit_requests_total=stats.prefix_hit_requests_total,
-        prefix_hit_rate_tokens=_rate(stats.prefix_hit_tokens_total, stats.prompt_tokens_total),
-        prefix_hit_rate_requests=_rate(stats.prefix_hit_requests_total, stats.requests_admitted_total),
-        offloads_total=stats.offloads_total, offloaded_bytes_total=offload.stats.offloaded_bytes_total,
-        offloaded_remote_bytes_total=offload.stats.offloaded_remote_bytes_total, resumes_total=stats.resumes_total,
-        recomputes_total=stats.recomputes_total, offload_host_bytes_used=offload.host_bytes_held,
-        admission_policy=policy.name, admission_headroom_blocks=engine.scheduler.headroom_blocks(),
-        new_token_ratio=getattr(policy, "ratio", 0.0),
-        address=address, role=role, healthy=healthy, block_size=engine.kv.block_size,
-        blocks_total=engine.kv.num_blocks,
-        blocks_free=pool.num_free_blocks - pool.num_cached_blocks,
-        blocks_reserved=reserved, blocks_cached=pool.num_cached_blocks,
-        requests_running=len(engine.scheduler.running), requests_waiting=len(engine.scheduler.waiting),
-        preemptions_total=stats.preemptions_total, prefix_hit_tokens_total=stats.prefix_hit_tokens_total,
-        prompt_tokens_total=stats.prompt_tokens_total, evictions_total=pool.num_evictions,
-        bytes_total=engine.runner.kv_cache_bytes,
-        store_fetched_bytes_total=offload.stats.fetched_remote_bytes_total + engine.adoptions.stats.fetched_bytes_total,
-        store_written_blocks_total=written, handovers_out_total=engine.handovers.stats.handovers_out_total,
-        handovers_in_total=engine.adoptions.stats.handovers_in_total, kv_layout_id=layout_id(kv_layout(engine)),
-        store_breaker_trips_total=offload.breaker.trips_total
-        + (engine.output_cache.breaker.trips_total if engine.output_cache is not None else 0),
-        model_name=str(engine.model_identity.get("model", "")),
-        weights_digest=str(engine.model_identity.get("weights", "")),
-    )
-
-
-def _rate(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0

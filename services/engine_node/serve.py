@@ -14,6 +14,7 @@ from services.common.malloc import tune_malloc
 from services.common.server import NodeServer, ServiceBinding
 from services.engine.engine import LLMEngine
 from services.engine_node.node_config import EngineNodeConfig
+from services.engine_node.remote_store import connect_remote_store
 from services.engine_node.worker import single_threaded_main
 
 
@@ -34,7 +35,7 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
     served at ``config.metrics_listen``."""
     single_threaded_main()
     tune_malloc()  # KV blocks move through this process (prefill → decode, cache-store fetches)
-    engine = LLMEngine.from_config(config.engine_config())
+    engine = LLMEngine.from_config(config.engine_config(), remote_store=connect_remote_store)
     node = make_node(engine)
     node.start()
     binding, servicer = make_binding(node)

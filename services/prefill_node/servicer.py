@@ -13,7 +13,8 @@ from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.logprobs_convert import logprob_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
-from services.engine_node.node_config import node_status
+from services.engine.engine import LLMEngine
+from services.engine_node.status import node_status
 from services.prefill_node.handoff import FirstToken
 from services.prefill_node.node import Done, PrefillNode, Refused, Reserved
 
@@ -52,7 +53,8 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
 
     async def status(self) -> gateway_pb2.NodeStatus:
         """What ``NodeStatus`` answers (also read by ``/metrics``; on the event loop)."""
-        status = await self.node.worker.call(lambda e: node_status(e, "prefill", self.address, not self.node.draining))
+        engine_stats = await self.node.worker.call(LLMEngine.stats)
+        status = node_status(engine_stats, "prefill", self.address, not self.node.draining)
         status.metrics_url = self.metrics_url
         status.requests_waiting += self.node.preparing
         status.calls_in_flight = len(self.node.live)
