@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 import grpc.aio
 import structlog
-from pdserve.v1 import node_pb2
 
 from services.common import tracing
 from services.common.errors import UnavailableError
@@ -32,6 +31,7 @@ from services.common.sampling_convert import default_max_tokens, random_seed
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
+from services.gateway import node_client
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.nodes import NodeInfo
@@ -179,9 +179,8 @@ class GatewayCore:
     async def abort(self, role: str, address: str, request_id: str, reason: str) -> None:
         """Best-effort ``Abort`` on one node, bounded by ``abort_timeout_s``; failures are logged."""
         try:
-            reply = await self.directory.stub(address).Abort(
-                node_pb2.AbortRequest(request_id=request_id, reason=reason), timeout=self.settings.abort_timeout_s,
-                metadata=tracing.outgoing())
+            found = await node_client.abort(self.directory.stub(address), request_id, reason,
+                                            timeout=self.settings.abort_timeout_s, metadata=tracing.outgoing())
         except grpc.aio.AioRpcError as error:
             log.warning("abort failed", node=address, role=role, request_id=request_id,
                         code=error.code().name, details=error.details())
@@ -191,7 +190,7 @@ class GatewayCore:
                 while len(self._unanswered) > MAX_UNANSWERED:
                     self._unanswered.popitem(last=False)
             return
-        log.debug("aborted", node=address, role=role, request_id=request_id, found=reply.found)
+        log.debug("aborted", node=address, role=role, request_id=request_id, found=found)
 
     def _abort_unanswered(self, request_id: str) -> bool:
         """An ``Abort`` of ``request_id`` got no answer lately: the node may still act on the old request."""

@@ -29,33 +29,29 @@ from typing import Any
 import grpc
 import grpc.aio
 import structlog
-from pdserve.v1 import cache_store_pb2_grpc, decode_pb2_grpc, gateway_pb2, node_pb2, prefill_pb2_grpc
 
 from services.common.server import grpc_options
+from services.gateway import node_client
 from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
 from services.gateway.kv_compatibility import with_kv_compatibility
 from services.gateway.left_out import LeftOutLog
 from services.gateway.model_check import ModelIdentity, with_model_check
-from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL, STATUS_FIELDS, NodeInfo
+from services.gateway.nodes import NodeInfo
 
 log = structlog.get_logger(__name__)
 
-_STUBS: dict[str, Any] = {
-    PREFILL: prefill_pb2_grpc.PrefillNodeStub,
-    DECODE: decode_pb2_grpc.DecodeNodeStub,
-    CACHE_STORE: cache_store_pb2_grpc.CacheStoreStub,
-}
 _STATIC = "static"  # the source of the host:port entries
 
 
-def node_info_from_status(address: str, role: str, status: gateway_pb2.NodeStatus, polled_at: float) -> NodeInfo:
-    values = {name: getattr(status, name) for name in STATUS_FIELDS}
-    error = ""
-    if status.role and status.role != role:
-        values["healthy"], error = False, f"reports role {status.role!r}, configured as {role!r}"
-    elif not status.healthy:
+def node_info_from_status(role: str, reported: NodeInfo, polled_at: float) -> NodeInfo:
+    """The node configured as ``role`` as of a poll it answered with ``reported`` (itself as it reports
+    itself): unhealthy when it reports another role, or says it is (draining?)."""
+    healthy, error = reported.healthy, ""
+    if reported.role and reported.role != role:
+        healthy, error = False, f"reports role {reported.role!r}, configured as {role!r}"
+    elif not reported.healthy:
         error = "reports itself unhealthy (draining?)"
-    return NodeInfo(address=address, role=role, error=error, polled_at=polled_at, **values)
+    return dataclasses.replace(reported, role=role, healthy=healthy, error=error, polled_at=polled_at)
 
 
 class NodeDirectory:
@@ -83,7 +79,7 @@ class NodeDirectory:
         self._stubs: dict[str, Any] = {}
         dns: list[DnsEntry] = []
         for entry, role in nodes:
-            assert role in _STUBS, f"unknown role {role!r}"
+            assert role in node_client.ROLES_WITH_STUBS, f"unknown role {role!r}"
             parsed = parse_entry(entry, role)
             if isinstance(parsed, DnsEntry):
                 dns.append(parsed)
@@ -212,7 +208,7 @@ class NodeDirectory:
         stub = self._stubs.get(address)
         if stub is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address, options=self._options)
-            stub = self._stubs[address] = _STUBS[self._roles[address]](channel)
+            stub = self._stubs[address] = node_client.stub_for(self._roles[address], channel)
         return stub
 
     # --- status ---
@@ -254,13 +250,12 @@ class NodeDirectory:
     async def _poll(self, address: str) -> None:
         role = self._roles[address]
         try:
-            status = await self.stub(address).NodeStatus(node_pb2.NodeStatusRequest(),
-                                                         timeout=self.status_timeout_s)
+            reported = await node_client.node_status(self.stub(address), address, self.status_timeout_s)
         except grpc.aio.AioRpcError as error:
             self._set(NodeInfo(address=address, role=role, polled_at=time.monotonic(),
                                error=f"{error.code().name}: {error.details()}"))
             return
-        self._set(node_info_from_status(address, role, status, time.monotonic()))
+        self._set(node_info_from_status(role, reported, time.monotonic()))
 
     def _set(self, info: NodeInfo) -> None:
         was = self._info.get(info.address)

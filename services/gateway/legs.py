@@ -26,7 +26,7 @@ STREAM_END = object()  # a leg's stream ended normally
 class Leg:
     role: str
     address: str
-    call: Any  # grpc.aio.UnaryStreamCall
+    call: Any  # node_client.NodeStream: the call's events; cancel() cancels it
     request_id: str  # the request's id on that node (a retried request's attempt has an id of its own)
     pump: asyncio.Task[None] | None = None  # set once started
     finished: bool = False  # the node is done with the request: nothing to abort there
@@ -36,8 +36,8 @@ class Leg:
 
 
 LegEvent = tuple[Leg | None, Any]
-"""``(leg, item)``: a message of the leg's stream, an exception it failed with, or ``STREAM_END``; a
-``None`` leg is a wake-up (the flow was cancelled)."""
+"""``(leg, item)``: an event of the leg's stream (``node_events``), an exception it failed with, or
+``STREAM_END``; a ``None`` leg is a wake-up (the flow was cancelled)."""
 
 
 async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
@@ -47,10 +47,10 @@ async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
     it in the request's handler, maybe much later: a slow client paces it), with ``recent_stall()`` as it
     was when the call failed. ``on_moved(leg, address)`` is called on a ``moved_to`` as it arrives."""
     try:
-        async for message in leg.call:
-            queue.put_nowait((leg, message))
-            if on_moved is not None and message.moved_to:  # on_moved: decode legs only
-                on_moved(leg, message.moved_to)
+        async for event in leg.call:
+            queue.put_nowait((leg, event))
+            if on_moved is not None and event.moved_to:  # on_moved: decode legs only (TokenEvent)
+                on_moved(leg, event.moved_to)
     except Exception as error:  # not swallowed: queued for the relay
         leg.stalled_s = recent_stall()
         queue.put_nowait((leg, error))

@@ -1,7 +1,8 @@
 """The gateway's ``/metrics``: per-request latency histograms and counts (it sees every token), requests in
 flight, and the nodes it knows by role and health.
 
-A ``Generate`` call is tracked around the whole handler (:func:`tracked`, or :meth:`GatewayMetrics.track`):
+A ``Generate`` call is tracked around the whole handler (:func:`tracked`, or :meth:`GatewayMetrics.track`),
+which sees every ``GenerateChunk`` it sends:
 
 - ``pdserve_request_ttft_seconds``: call start → first token out;
 - ``pdserve_request_tpot_seconds``: (last token − first token) / (completion tokens − 1), requests with ≥ 2;
@@ -23,13 +24,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from pdserve.v1 import gateway_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from services.common.errors import mapped_errors, status_of
 from services.common.metrics import LoopCollector, new_registry
 from services.common.request_parsing import RAISES_UNPARSABLE, UnparsableRequest
+from services.gateway.generation import GenerateChunk
 from services.gateway.nodes import DECODE, PREFILL, ROLES, NodeInfo
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -85,7 +86,7 @@ class RequestTracker:
         self.metrics.in_flight.inc()
         return self
 
-    def sent(self, chunk: gateway_pb2.GenerateResponse) -> None:
+    def sent(self, chunk: GenerateChunk) -> None:
         """``chunk`` is about to go to the client."""
         now = self.clock()
         m = self.metrics
@@ -97,8 +98,7 @@ class RequestTracker:
         self.outcome = chunk.finish_reason
         m.requests.labels(chunk.finish_reason).inc()
         m.e2e.observe(now - self.started)
-        if chunk.HasField("usage"):
-            usage = chunk.usage
+        if (usage := chunk.usage) is not None:
             m.prompt_tokens.inc(usage.prompt_tokens)
             m.cached_tokens.inc(usage.cached_tokens)
             m.generation_tokens.inc(usage.completion_tokens)
@@ -113,39 +113,39 @@ class RequestTracker:
             self.metrics.requests.labels(self.outcome).inc()
 
 
-Generate = Callable[[Any, gateway_pb2.GenerateRequest, Any], AsyncIterator[gateway_pb2.GenerateResponse]]
+Generate = Callable[[Any, Any, Any], AsyncIterator[GenerateChunk]]
+Encoded = Callable[[Any, Any, Any], AsyncIterator[Any]]
 
 
-def tracked(method: Generate) -> Generate:
-    """Decorate the servicer's ``Generate`` (under ``@grpc_errors``) so ``self.metrics`` (a
-    :class:`GatewayMetrics`, or None for no metrics) sees every call and every response it sends."""
+def tracked(encode: Callable[[GenerateChunk], Any]) -> Callable[[Generate], Encoded]:
+    """Decorate the servicer's ``Generate`` (under ``@grpc_errors``), written as yielding ``GenerateChunk`` items,
+    so ``self.metrics`` (a :class:`GatewayMetrics`, or None for no metrics) sees every call and every chunk
+    it sends; what the call yields is ``encode(chunk)``."""
 
-    @functools.wraps(method)
-    async def generate(self: Any, request: gateway_pb2.GenerateRequest, context: Any
-                       ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
-        metrics: GatewayMetrics | None = self.metrics
-        if isinstance(request, UnparsableRequest):  # counted as the refusal it is
-            with metrics.track() if metrics is not None else contextlib.nullcontext():
-                raise request.refusal()
-        if metrics is None:
-            async with contextlib.aclosing(method(self, request, context)) as responses:
-                async for response in responses:
-                    yield response
-            return
-        with metrics.track() as tracker:
-            try:
-                async with contextlib.aclosing(method(self, request, context)) as responses:
-                    async for response in responses:
-                        tracker.sent(response)
-                        yield response
-            except (asyncio.CancelledError, GeneratorExit):
-                if tracker.outcome is None and _deadline_passed(context):
-                    tracker.outcome = "deadline_exceeded"  # gRPC cancels the call when its deadline passes
-                    metrics.requests.labels(tracker.outcome).inc()
-                raise
+    def decorate(method: Generate) -> Encoded:
+        @functools.wraps(method)
+        async def generate(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            metrics: GatewayMetrics | None = self.metrics
+            if isinstance(request, UnparsableRequest):  # counted as the refusal it is
+                with metrics.track() if metrics is not None else contextlib.nullcontext():
+                    raise request.refusal()
+            with metrics.track() if metrics is not None else contextlib.nullcontext() as tracker:
+                try:
+                    async with contextlib.aclosing(method(self, request, context)) as chunks:
+                        async for chunk in chunks:
+                            if tracker is not None:
+                                tracker.sent(chunk)
+                            yield encode(chunk)
+                except (asyncio.CancelledError, GeneratorExit):
+                    if tracker is not None and tracker.outcome is None and _deadline_passed(context):
+                        tracker.outcome = "deadline_exceeded"  # gRPC cancels the call when its deadline passes
+                        tracker.metrics.requests.labels(tracker.outcome).inc()
+                    raise
 
-    setattr(generate, RAISES_UNPARSABLE, True)
-    return generate
+        setattr(generate, RAISES_UNPARSABLE, True)
+        return generate
+
+    return decorate
 
 
 def _deadline_passed(context: Any) -> bool:

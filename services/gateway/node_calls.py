@@ -4,7 +4,8 @@ decode legs opened on handovers that the relay has not reached yet (``Leg.succes
 :class:`NodeCalls` opens them (claiming the node in the directory, starting a pump that reads the call
 into the request's queue), ends them (releasing the claim, cancelling the call when asked) and sends
 ``Abort`` to the nodes of unfinished ones. Every call runs under the current attempt's id on the nodes
-(``attempts.py``) and carries the request's remaining time and trace context. A decode leg whose pump
+(``attempts.py``) and carries the request's remaining time and trace context; its stream yields the
+gateway's events (``node_events``), translated from the protos in ``node_client``. A decode leg whose pump
 sees ``moved_to`` opens its successor on the adopter at once (:meth:`open_successor`), whether or not the
 relay — paced by the client's reading — got there: an adopter that finishes with nobody attached keeps
 the tokens only for a while.
@@ -17,12 +18,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
-from pdserve.v1 import decode_pb2, prefill_pb2
 
 from services.common import tracing
 from services.common.errors import UnavailableError
+from services.gateway import node_client
 from services.gateway.directory import NodeDirectory
 from services.gateway.legs import Leg, LegEvent, pump_events
+from services.gateway.node_events import PrefillCall
 from services.gateway.nodes import DECODE, PREFILL
 
 Aborter = Callable[[str, str, str, str], Awaitable[None]]
@@ -61,9 +63,9 @@ class NodeCalls:
 
     # --- opening ---
 
-    def open_prefill(self, address: str, request: prefill_pb2.PrefillRequest) -> Leg:
-        call = self.directory.stub(address).Prefill(request, timeout=self._timeout(),
-                                                    metadata=tracing.outgoing(self._trace))
+    def open_prefill(self, address: str, request: PrefillCall) -> Leg:
+        call = node_client.open_prefill(self.directory.stub(address), request, self._timeout(),
+                                        tracing.outgoing(self._trace))
         self.prefill = self._start(PREFILL, address, call)
         return self.prefill
 
@@ -84,11 +86,11 @@ class NodeCalls:
         leg.successor = self._attach(address)
 
     def _attach(self, address: str) -> Leg:
-        call = self.directory.stub(address).Attach(decode_pb2.AttachRequest(request_id=self._attempt_id()),
-                                                   timeout=self._timeout(), metadata=tracing.outgoing(self._trace))
+        call = node_client.open_attach(self.directory.stub(address), self._attempt_id(), self._timeout(),
+                                       tracing.outgoing(self._trace))
         return self._start(DECODE, address, call)
 
-    def _start(self, role: str, address: str, call: Any) -> Leg:
+    def _start(self, role: str, address: str, call: node_client.NodeStream[Any]) -> Leg:
         self.directory.claim(address)
         leg = Leg(role, address, call, self._attempt_id())
         moved = self.open_successor if role == DECODE else None

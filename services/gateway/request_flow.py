@@ -31,12 +31,9 @@ import grpc
 import grpc.aio
 import structlog
 from opentelemetry.trace import Span
-from pdserve.v1 import prefill_pb2
 
 from services.common import tracing
 from services.common.errors import UnavailableError, mapped_errors, status_of
-from services.common.logprobs_convert import logprob_from_proto, logprobs_from_proto
-from services.common.sampling_convert import sampling_to_proto
 from services.engine.logprobs import TokenLogprobs
 from services.engine.tokenizer import Tokenizer
 from services.gateway.attempts import Attempts
@@ -45,6 +42,7 @@ from services.gateway.directory import NodeDirectory
 from services.gateway.generation import GenerateChunk, PreparedRequest
 from services.gateway.legs import STREAM_END, Leg, LegEvent, leg_failure
 from services.gateway.node_calls import Aborter, NodeCalls
+from services.gateway.node_events import FirstToken, PrefillCall, PrefillDone, Refused, Reserved
 from services.gateway.nodes import DECODE, PREFILL
 from services.gateway.router import NoHealthyNodeError, Router
 
@@ -154,10 +152,8 @@ class RequestFlow:
     def _start_prefill(self, address: str, candidates: tuple[str, ...]) -> None:
         # Stop strings are the gateway's (it detokenizes); the nodes get the token-level settings only.
         sampling = dataclasses.replace(self.request.sampling, stop=())
-        request = prefill_pb2.PrefillRequest(
-            request_id=self._attempts.attempt_id, prompt_token_ids=self.request.prompt_ids,
-            sampling=sampling_to_proto(sampling), decode_candidates=candidates,
-            deadline_unix_ms=self._deadline_unix_ms())
+        request = PrefillCall(self._attempts.attempt_id, self.request.prompt_ids, sampling, candidates,
+                              deadline_unix_ms=self._deadline_unix_ms())
         self.log.debug("prefill", node=address, candidates=candidates)
         self._calls.open_prefill(address, request)
 
@@ -275,28 +271,29 @@ class RequestFlow:
             self._calls.end(leg, cancel=False)
             leg.finished = True
             return None
-        kind = item.WhichOneof("event")
-        if kind == "refused":
-            self.log.info("decode node refused", node=item.refused.decode_address, reason=item.refused.reason)
-        elif kind == "reserved":
-            self._attach(item.reserved.decode_address)
-        elif kind == "done":
+        if isinstance(item, Refused):
+            self.log.info("decode node refused", node=item.decode_address, reason=item.reason)
+        elif isinstance(item, Reserved):
+            self._attach(item.decode_address)
+        elif isinstance(item, PrefillDone):
             leg.finished = True
-        elif kind == "first_token" and not self._first_sent:
-            first = item.first_token
-            self._text.cached_tokens = first.cached_tokens
-            if first.finish_reason:
-                # The prefill node ends the request itself, its reservation on the decode node included.
-                leg.finished = True
-                if (decode := self._calls.decode) is not None:
-                    decode.finished = True
-                    self._calls.end(decode, cancel=True)
-            elif self._calls.decode is None:
-                raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
-            self._first_sent = True
-            logprobs = [logprob_from_proto(first.logprob)] if first.HasField("logprob") else []
-            return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs)
+        elif isinstance(item, FirstToken) and not self._first_sent:
+            return await self._on_first_token(leg, item)
         return None
+
+    async def _on_first_token(self, leg: Leg, first: FirstToken) -> GenerateChunk | None:
+        self._text.cached_tokens = first.cached_tokens
+        if first.finish_reason:
+            # The prefill node ends the request itself, its reservation on the decode node included.
+            leg.finished = True
+            if (decode := self._calls.decode) is not None:
+                decode.finished = True
+                self._calls.end(decode, cancel=True)
+        elif self._calls.decode is None:
+            raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
+        self._first_sent = True
+        logprobs = [first.logprob] if first.logprob is not None else []
+        return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs)
 
     async def _on_decode(self, leg: Leg, item: Any) -> GenerateChunk | None:
         if item is STREAM_END:
@@ -304,8 +301,7 @@ class RequestFlow:
             raise UnavailableError(f"decode node {leg.address} failed: its stream ended without a finish reason")
         if item.moved_to:
             self._move(leg, item.moved_to)
-            return await self._chunk(list(item.token_ids), "", logprobs=logprobs_from_proto(item.logprobs)) \
-                if item.token_ids else None
+            return await self._chunk(item.token_ids, "", logprobs=item.logprobs) if item.token_ids else None
         if item.finish_reason == "abort":  # the node gave up on it (lease expired, aborted by its prefill node)
             leg.finished = True
             raise UnavailableError(f"decode node {leg.address} aborted the request: "
@@ -314,7 +310,7 @@ class RequestFlow:
             leg.finished = True
             if self._calls.prefill is not None:
                 self._calls.prefill.finished = True  # the decode node had the KV committed: prefill's part is over
-        return await self._chunk(list(item.token_ids), item.finish_reason, logprobs=logprobs_from_proto(item.logprobs))
+        return await self._chunk(item.token_ids, item.finish_reason, logprobs=item.logprobs)
 
     async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False,
                      logprobs: Sequence[TokenLogprobs] = ()) -> GenerateChunk | None:

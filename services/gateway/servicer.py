@@ -63,10 +63,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.served_model_name = ""  # the model id of the HTTP front
 
     @grpc_errors
-    @tracked
+    @tracked(chunk_to_proto)
     @traced_rpc("Generate", root=True)
-    async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-                       ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    async def Generate(self, request: gateway_pb2.GenerateRequest,  # type: ignore[override]
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[GenerateChunk]:
         """Stream a completion (see gateway.proto). Bad input fails before any node is called; cancelling
         the call, or its deadline passing, aborts the request on its prefill and decode nodes. The root
         span of the request's trace (or a child of the caller's ``traceparent``)."""
@@ -75,7 +75,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         context.add_done_callback(lambda _: flow.cancel("client cancelled or deadline passed"))
         async with contextlib.aclosing(flow.run()) as chunks:
             async for chunk in chunks:
-                yield chunk_to_proto(chunk)
+                yield chunk  # encoded by @tracked, which counts it first
 
     @grpc_errors
     async def ClusterStatus(self, request: gateway_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext

@@ -12,6 +12,7 @@ from pdserve.v1 import gateway_pb2, prefill_pb2
 from prometheus_client import CollectorRegistry
 
 from services.common.errors import UnavailableError
+from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.metrics import GatewayMetrics, RequestTracker, outcome_of
 from tests.common.test_metrics_endpoint import scrape, value
 from tests.gateway.test_generate import collect, request, script_tokens, stall_after
@@ -25,11 +26,9 @@ class Clock:
         return self.now
 
 
-def response(tokens: int, finish_reason: str = "", completion: int = 0) -> gateway_pb2.GenerateResponse:
-    message = gateway_pb2.GenerateResponse(token_ids=list(range(tokens)), finish_reason=finish_reason)
-    if finish_reason:
-        message.usage.CopyFrom(gateway_pb2.Usage(prompt_tokens=30, completion_tokens=completion, cached_tokens=16))
-    return message
+def response(tokens: int, finish_reason: str = "", completion: int = 0) -> GenerateChunk:
+    usage = Usage(prompt_tokens=30, completion_tokens=completion, cached_tokens=16) if finish_reason else None
+    return GenerateChunk("", tuple(range(tokens)), "", finish_reason, usage)
 
 
 def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:

@@ -29,7 +29,6 @@ from services.gateway.core import GatewayCore
 from services.gateway.generation import GenerateChunk, GenerateInput
 from services.gateway.metrics import GatewayMetrics, RequestTracker
 from services.gateway.request_flow import RequestFlow
-from services.gateway.servicer import chunk_to_proto
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +126,7 @@ class RunningRequest:
         try:
             async for chunk in self.flow.run():
                 if self._tracker is not None:
-                    self._tracker.sent(chunk_to_proto(chunk))
+                    self._tracker.sent(chunk)
                 yield chunk
         except BaseException as raised:
             error = raised
