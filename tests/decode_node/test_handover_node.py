@@ -238,6 +238,6 @@ async def test_an_adoption_whose_kv_cannot_be_fetched_or_is_cancelled_leaves_not
     finally:
         silent.close()
         await node.stop()
-        for client in node._stores.values():
+        for client in node.stores.clients.values():
             with contextlib.suppress(grpc.aio.UsageError):
                 await client.close()
