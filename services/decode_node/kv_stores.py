@@ -19,7 +19,7 @@ class KVStores:
     def __init__(self, layout: Any):
         """``layout``: this node's KV layout (``services.engine_node.kv_layout``), which the stores check."""
         self.layout = layout
-        self._clients: dict[str, AsyncCacheStoreClient] = {}
+        self.clients: dict[str, AsyncCacheStoreClient] = {}  # by store address
 
     async def fetch(self, address: str, keys: Sequence[bytes]) -> bytes:
         """The blocks under ``keys`` (restored to the store's memory tier), joined in order. Raises
@@ -33,12 +33,12 @@ class KVStores:
         return b"".join(blocks)
 
     def _client(self, address: str) -> AsyncCacheStoreClient:
-        client = self._clients.get(address)
+        client = self.clients.get(address)
         if client is None:
-            client = self._clients[address] = AsyncCacheStoreClient(address, self.layout)
+            client = self.clients[address] = AsyncCacheStoreClient(address, self.layout)
         return client
 
     async def close(self) -> None:
-        for client in self._clients.values():
+        for client in self.clients.values():
             await client.close()
-        self._clients.clear()
+        self.clients.clear()
