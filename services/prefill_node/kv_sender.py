@@ -36,14 +36,6 @@ class IpcRoute:
     on_failure: Callable[[str], None]
 
 
-def granted_lease_s(grant: decode_pb2.ReserveResponse, asked_ms: int) -> float:
-    """How long the decode node's lease holds without traffic: its ``lease_ms``; from a node that does not
-    say (older), the lease asked, bounded by the deadline it named (read on this node's clock)."""
-    if grant.lease_ms:
-        return grant.lease_ms / 1000
-    return max(0.0, min(asked_ms / 1000, grant.lease_deadline_unix_ms / 1000 - time.time()))
-
-
 class KVSender:
     """Sends to ``TransferKV``. Every message is acknowledged in order; an error ack or a broken stream
     raises :class:`UnavailableError` (naming the decode node) from the next call. With ``ipc``, blocks

@@ -7,13 +7,13 @@ Per request, before it is queued in the engine (``PrefillNode.prefill``):
    in the cache-store (keys: model fingerprint ‖ chained block hash, ``services.cache_store.keys``) and
    get the longest stored run. Runs concurrently with the reservation on a decode node. Any store
    failure is logged and counted, never the request's failure: the blocks are then computed.
-2. :func:`claim_blocks` / write / :func:`publish_blocks` — the fetched KV goes into blocks owned by a
-   hold of the request (``<request id>#store``), allocated under the engine lock, written outside it,
-   then published in the prefix index, so the request's own admission finds them as prefix hits (its
-   ``cached_tokens`` counts them) and nothing can evict them before it runs. :func:`release_hold` frees
-   the hold when the request ends here (the blocks stay cached).
+2. :func:`import_fetched` — the fetched KV goes into blocks claimed for the request
+   (``LLMEngine.claim_prefix_blocks``, ``services/engine/prefix_claims.py``) under the engine lock,
+   written outside it, then published in the prefix index (``LLMEngine.publish_prefix_claim``), so the
+   request's own admission finds them as prefix hits (its ``cached_tokens`` counts them) and nothing can
+   evict them before it runs. The claim is freed when the request ends here (the blocks stay cached).
 3. :meth:`PrefixStore.write_back` — when the request ends here, the full prompt blocks it computed are
-   read out (engine lock held, before they can be reused) and put in the background, with a cap on the
+   read out (``LLMEngine.end_prefill``, before they can be reused) and put in the background, with a cap on the
    bytes in flight (past it a write-back is dropped and counted). Off with ``--no-cache-store-write-through``.
 
 Every call goes through a :class:`~services.cache_store.breaker.StoreBreaker`: once one times out or cannot
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import grpc.aio
 import structlog
 
-from kvcache.kv_bytes import read_blocks, write_blocks
 from services.cache_store.breaker import StoreBreaker, StoreUnavailable, describe
 from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.errors import CorruptBlockError
@@ -62,20 +61,6 @@ class FetchedBlocks:
     @property
     def end_block(self) -> int:
         return self.first_block + len(self.payloads)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Blocks ``first_block .. end_block`` of the prompt, allocated under the hold ``owner``, to be written."""
-
-    owner: str
-    first_block: int
-    end_block: int
-    block_ids: list[int]
-
-
-def hold_id(request_id: str) -> str:
-    return f"{request_id}#store"
 
 
 def fetchable_blocks(num_prompt_tokens: int, block_size: int) -> int:
@@ -167,70 +152,26 @@ class PrefixStore:
         await self.client.close()
 
 
-# ---- engine side (call under the engine lock, i.e. through EngineWorker.call) --------------------------
-
-def local_prefix_blocks(engine: LLMEngine, prompt_ids: list[int]) -> int:
-    return engine.kv.match_prefix(prompt_ids).num_blocks
-
-
-def claim_blocks(engine: LLMEngine, request_id: str, prompt_ids: list[int], fetched: FetchedBlocks) -> Claim | None:
-    """Allocate blocks for the fetched ones that are still needed, held by the request's store hold.
-    None when they no longer chain onto the local prefix (it shrank since the lookup), when the local
-    cache now has them all, or when the pool has no room (the prompt is then computed)."""
-    kv = engine.kv
-    match = kv.match_prefix(prompt_ids)
-    start = match.num_blocks
-    if start >= fetched.end_block or start < fetched.first_block:
-        return None
-    owner = hold_id(request_id)
-    if kv.has_request(owner) or kv.allocate(owner, fetched.end_block * kv.block_size, match) is None:
-        return None
-    return Claim(owner, start, fetched.end_block, kv.block_ids(owner)[start:])
-
-
-def publish_blocks(engine: LLMEngine, claim: Claim, prompt_ids: list[int]) -> None:
-    """The claimed blocks hold their KV now: index them (they stay held until :func:`release_hold`)."""
-    engine.kv.cache_computed(claim.owner, prompt_ids, claim.end_block * engine.kv.block_size)
-
-
-def release_hold(engine: LLMEngine, request_id: str) -> None:
-    owner = hold_id(request_id)
-    if engine.kv.has_request(owner):
-        engine.kv.free(owner)
-
-
-def computed_prompt_blocks(engine: LLMEngine, request_id: str) -> tuple[int, bytes] | None:
-    """``(first block, KV bytes)`` of the full prompt blocks this request computed here (not those it
-    found cached), or None. Call before its blocks are released."""
-    request = engine.held.get(request_id)
-    if request is None or not engine.kv.has_request(request_id):
-        return None
-    first = request.num_cached_tokens // engine.kv.block_size
-    end = request.num_prompt_tokens // engine.kv.block_size
-    if end <= first:
-        return None
-    return first, read_blocks(engine.runner.kv_cache, engine.kv.block_ids(request_id)[first:end])
-
-
 async def import_fetched(worker: EngineWorker, store: PrefixStore, request_id: str, prompt_ids: list[int],
                          fetched: FetchedBlocks | None) -> None:
     """Put fetched prefix blocks into the node's cache (held for the request) before it is queued."""
     if fetched is None:
         return
-    claim = await worker.call(lambda e: claim_blocks(e, request_id, prompt_ids, fetched))
+    claim = await worker.call(LLMEngine.claim_prefix_blocks, request_id, prompt_ids, fetched.first_block,
+                              fetched.end_block)
     if claim is None:
         return
     payload = b"".join(fetched.payloads[claim.first_block - fetched.first_block:])
-    write = asyncio.get_running_loop().run_in_executor(None, write_blocks, worker.engine.runner.kv_cache,
-                                                       claim.block_ids, payload)
+    write = asyncio.get_running_loop().run_in_executor(None, worker.engine.write_kv_blocks, claim.block_ids,
+                                                       payload)  # the claim holds these blocks: no lock
     try:
         await asyncio.shield(write)
     except asyncio.CancelledError:
-        await uncancellable(asyncio.wait([write]))  # the hold is freed only once no thread writes its blocks
+        await uncancellable(asyncio.wait([write]))  # the claim is freed only once no thread writes its blocks
         raise
     except ValueError as error:  # the store's blocks do not fit this layout: compute instead
         log.warning("cache-store blocks rejected", request_id=request_id, error=str(error))
-        await worker.call(lambda e: release_hold(e, request_id))
+        await worker.call(LLMEngine.release_prefix_claim, request_id)
         return
-    await worker.call(lambda e: publish_blocks(e, claim, prompt_ids))
+    await worker.call(LLMEngine.publish_prefix_claim, claim, prompt_ids)
     store.count_import(claim.end_block - claim.first_block)

@@ -48,7 +48,7 @@ _AMBIGUOUS = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class Answer(Protocol):
-    """What a decode node answers to ``Reserve`` (``decode_pb2.ReserveResponse`` is one)."""
+    """What a decode node answers to ``Reserve`` (``decode_client.Grant`` is one)."""
 
     granted: bool
     reason: str

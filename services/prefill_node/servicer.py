@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 import grpc.aio
 from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 
+import services.engine_node.errors  # noqa: F401  (the engine's errors as status codes)
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.logprobs_convert import logprob_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.engine.engine import LLMEngine
 from services.engine_node.status import node_status
-from services.prefill_node.handoff import FirstToken
-from services.prefill_node.node import Done, PrefillNode, Refused, Reserved
+from services.prefill_node.node import Done, FirstToken, PrefillNode, Refused, Reserved
 
 
 class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):

@@ -13,8 +13,7 @@ from services.common.server import NodeServer, ServiceBinding
 from services.decode_node.node import DecodeNode
 from services.decode_node.servicer import DecodeNodeServicer
 from services.engine.sampling_params import SamplingParams
-from services.prefill_node.handoff import FirstToken
-from services.prefill_node.node import Done, PrefillNode
+from services.prefill_node.node import Done, FirstToken, PrefillNode
 from tests.conftest import make_engine
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

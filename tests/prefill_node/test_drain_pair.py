@@ -11,8 +11,7 @@ import pytest
 
 from services.common.drain import drain_wait_s
 from services.common.errors import UnavailableError
-from services.prefill_node.handoff import FirstToken
-from services.prefill_node.node import Reserved
+from services.prefill_node.node import FirstToken, Reserved
 from tests.prefill_node.node_pair import GREEDY, PROMPT, idle, pair, slow_steps
 
 LEASE_S = 30.0  # nothing here is freed by a lease

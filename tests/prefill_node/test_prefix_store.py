@@ -13,15 +13,8 @@ from pdserve.v1 import node_pb2
 from kvcache.hashing import hash_token_blocks
 from kvcache.kv_bytes import bytes_per_block, read_blocks, write_blocks
 from services.engine.sampling_params import SamplingParams
-from services.prefill_node.prefix_store import (
-    FetchedBlocks,
-    PrefixStore,
-    claim_blocks,
-    computed_prompt_blocks,
-    hold_id,
-    publish_blocks,
-    release_hold,
-)
+from services.engine.prefix_claims import hold_id
+from services.prefill_node.prefix_store import FetchedBlocks, PrefixStore
 from tests.conftest import make_engine
 from tests.engine.prompts import long_text
 
@@ -45,11 +38,15 @@ def source(fp32_model, bundled_tokenizer, prompt):
     return result.token_ids, [data[i * size:(i + 1) * size] for i in range(match.num_blocks)]
 
 
+def _claim(engine, request_id, prompt, fetched):
+    return engine.claim_prefix_blocks(request_id, prompt, fetched.first_block, fetched.end_block)
+
+
 def _import(engine, request_id, prompt, fetched):
-    claim = claim_blocks(engine, request_id, prompt, fetched)
+    claim = _claim(engine, request_id, prompt, fetched)
     assert claim is not None
     write_blocks(engine.runner.kv_cache, claim.block_ids, b"".join(fetched.payloads[claim.first_block:]))
-    publish_blocks(engine, claim, prompt)
+    engine.publish_prefix_claim(claim, prompt)
     return claim
 
 
@@ -66,7 +63,7 @@ def test_imported_blocks_are_prefix_hits_with_the_same_output(fp32_model, bundle
     assert request.output_token_ids == want
     assert request.num_cached_tokens == len(payloads) * engine.kv.block_size
 
-    release_hold(engine, "r1")
+    engine.release_prefix_claim("r1")
     engine.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks  # nothing held; the imported blocks stay cached
     assert engine.kv.match_prefix(prompt).num_blocks == len(payloads)
@@ -76,15 +73,15 @@ def test_claim_only_takes_what_is_missing_and_never_leaks(fp32_model, bundled_to
     _, payloads = source
     engine = make_engine(fp32_model, bundled_tokenizer)
     _import(engine, "a", prompt, FetchedBlocks(0, payloads[:2]))
-    release_hold(engine, "a")
+    engine.release_prefix_claim("a")
     # Blocks 0-1 are local now: a fetch of 0.. claims only 2..; a fetch starting past the local prefix
     # (a gap) or covered by it claims nothing.
-    claim = claim_blocks(engine, "b", prompt, FetchedBlocks(0, payloads))
+    claim = _claim(engine, "b", prompt, FetchedBlocks(0, payloads))
     assert (claim.first_block, claim.end_block) == (2, len(payloads))
     assert len(claim.block_ids) == len(payloads) - 2
-    release_hold(engine, "b")  # never written nor published: the blocks go back as plain free blocks
-    assert claim_blocks(engine, "c", prompt, FetchedBlocks(3, payloads[3:])) is None
-    assert claim_blocks(engine, "d", prompt, FetchedBlocks(0, payloads[:2])) is None
+    engine.release_prefix_claim("b")  # never written nor published: the blocks go back as plain free blocks
+    assert _claim(engine, "c", prompt, FetchedBlocks(3, payloads[3:])) is None
+    assert _claim(engine, "d", prompt, FetchedBlocks(0, payloads[:2])) is None
     assert not engine.kv.has_request(hold_id("c")) and not engine.kv.has_request(hold_id("d"))
     engine.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
@@ -94,7 +91,7 @@ def test_claim_only_takes_what_is_missing_and_never_leaks(fp32_model, bundled_to
 def test_claim_is_refused_when_the_pool_is_full(fp32_model, bundled_tokenizer, prompt, source):
     _, payloads = source
     engine = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=len(payloads) - 1)
-    assert claim_blocks(engine, "r", prompt, FetchedBlocks(0, payloads)) is None
+    assert _claim(engine, "r", prompt, FetchedBlocks(0, payloads)) is None
     engine.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
@@ -106,11 +103,11 @@ def test_computed_prompt_blocks_skips_the_cached_ones(fp32_model, bundled_tokeni
     engine.add_request(sampling=GREEDY, token_ids=prompt, request_id="r", prefill_only=True)
     while engine.has_unfinished():
         engine.step()
-    first, data = computed_prompt_blocks(engine, "r")
+    first, data = engine.computed_prompt_blocks("r")
     size = bytes_per_block(engine.runner.kv_cache)
     assert first == 2 and len(data) == (len(prompt) // engine.kv.block_size - 2) * size
     assert data[:size * (len(payloads) - 2)] == b"".join(payloads[2:])  # fp32: the same KV bit for bit
-    assert computed_prompt_blocks(engine, "unknown") is None
+    assert engine.computed_prompt_blocks("unknown") is None
 
 
 class _Client:
