@@ -48,15 +48,16 @@ def fp32_model(bundled_weights):
     return DecoderModel(bundled_weights.config, bundled_weights.tensors, torch.float32)
 
 
-def make_engine(model, tokenizer, **overrides):
-    """An engine over an already-loaded model (fresh KV pool and scheduler each time)."""
+def make_engine(model, tokenizer, remote_store=None, **overrides):
+    """An engine over an already-loaded model (fresh KV pool and scheduler each time); ``remote_store``: the
+    engine's cache-store factory (``offload_cache_store`` needs one)."""
     from services.engine.config import EngineConfig
     from services.engine.engine import LLMEngine
 
     settings = {"model_path": "<preloaded>", "dtype": "float32" if model.dtype == torch.float32 else "bfloat16",
                 "num_kv_blocks": 512, "max_num_batched_tokens": 256}
     settings.update(overrides)
-    return LLMEngine(EngineConfig(**settings), model, tokenizer)
+    return LLMEngine(EngineConfig(**settings), model, tokenizer, remote_store=remote_store)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from services.decode_node.servicer import DecodeNodeServicer
 from services.engine.admission import AdmissionConfig
 from services.engine.handover import HandedRequest
 from services.engine.sampling_params import SamplingParams
+from services.engine_node.remote_store import connect_remote_store
 from tests.conftest import make_engine
 from tests.engine.prompts import STORY
 
@@ -84,7 +85,7 @@ async def _node_a(model, tokenizer, store, prompts, peer: FakePeer):
     """Node A (6 blocks, admission none, KV always to the cache-store) running both prompts, with the
     fake peer as their only decode peer; yields (node, peer address)."""
     engine = make_engine(model, tokenizer, num_kv_blocks=6, admission=AdmissionConfig(policy="none"),
-                         offload_cache_store=store, offload_remote="always")
+                         offload_cache_store=store, offload_remote="always", remote_store=connect_remote_store)
     node = DecodeNode(engine, num_threads=2, handover_after_s=0.05)
     peer_server, a_server = await _serve(peer), None
     try:

@@ -13,6 +13,7 @@ import pytest
 from services.engine.admission import AdmissionConfig
 from services.engine.request import RequestStatus
 from services.engine.sampling_params import SamplingParams
+from services.engine_node.remote_store import BreakerRemoteStore
 from tests.conftest import make_engine
 from tests.engine.prompts import STORY
 
@@ -55,11 +56,10 @@ def test_a_request_arriving_while_a_victims_kv_is_fetched_is_served_around_it(fp
 
     # room for both prompts but not both outputs: 6 blocks of 16 tokens, every victim to the cache-store
     assert all(len(p) + GREEDY.max_tokens > 3 * 16 for p in prompts)
-    engine = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=6, admission=AdmissionConfig(policy="none"),
-                         offload_cache_store="127.0.0.1:1", offload_remote="always")
     store = GatedStore()
-    engine.offload.remote.close()  # the client never connects: the fake answers instead
-    engine.offload.remote = store
+    engine = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=6, admission=AdmissionConfig(policy="none"),
+                         offload_cache_store="127.0.0.1:1", offload_remote="always",
+                         remote_store=lambda address, layout: BreakerRemoteStore(store))  # the fake answers
     try:
         first, victim = (engine.add_request(sampling=GREEDY, token_ids=p, request_id=f"r{i}")
                          for i, p in enumerate(prompts))

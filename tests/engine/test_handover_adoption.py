@@ -19,6 +19,7 @@ from services.engine.errors import UnknownRequestError
 from services.engine.request import RequestStatus
 from services.engine.reservations import Refusal
 from services.engine.sampling_params import SamplingParams
+from services.engine_node.remote_store import BreakerRemoteStore
 from tests.conftest import make_engine
 from tests.engine.prompts import STORY
 
@@ -64,8 +65,8 @@ def _engine_a(model, tokenizer, store, prompts):
     """Room for both prompts but not both outputs: 6 blocks of 16 tokens, admission ``none``."""
     assert all(len(p) + NEW_TOKENS > 3 * 16 for p in prompts), "each request must outgrow half the pool"
     engine = make_engine(model, tokenizer, num_kv_blocks=6, admission=AdmissionConfig(policy="none"),
-                         offload_cache_store="127.0.0.1:1", offload_remote="always")
-    engine.offload.remote = store  # the client never connects: the fake answers instead
+                         offload_cache_store="127.0.0.1:1", offload_remote="always",
+                         remote_store=lambda address, layout: BreakerRemoteStore(store))  # the fake answers
     return engine
 
 
@@ -211,8 +212,8 @@ def test_aborts_at_every_stage_of_a_handover_leak_nothing(fp32_model, bundled_to
 
 def test_finished_requests_full_blocks_are_written_under_content_keys(fp32_model, bundled_tokenizer, prompts):
     store = FakeStore()
-    engine = make_engine(fp32_model, bundled_tokenizer, offload_cache_store="127.0.0.1:1", cache_outputs=True)
-    engine.output_cache.remote = store
+    engine = make_engine(fp32_model, bundled_tokenizer, offload_cache_store="127.0.0.1:1", cache_outputs=True,
+                         remote_store=lambda address, layout: BreakerRemoteStore(store))  # the fake answers
     done = engine.generate(prompts[:1], GREEDY)[0]
     all_ids = [*prompts[0], *done.token_ids]
     computed = len(all_ids) - 1  # the last token was sampled, never fed
@@ -223,5 +224,6 @@ def test_finished_requests_full_blocks_are_written_under_content_keys(fp32_model
         time.sleep(0.01)
     assert engine.output_cache.stats.written_blocks_total == len(keys)
     assert set(store.blocks) == set(keys) and all(len(k) == 2 * DIGEST_SIZE for k in keys)
-    off = make_engine(fp32_model, bundled_tokenizer, offload_cache_store="127.0.0.1:1")
+    off = make_engine(fp32_model, bundled_tokenizer, offload_cache_store="127.0.0.1:1",
+                      remote_store=lambda address, layout: BreakerRemoteStore(store))
     assert off.output_cache is None

@@ -11,6 +11,7 @@ import torch
 from kvcache.kv_bytes import bytes_per_block
 from services.engine.kv_offload import KVOffload
 from services.engine.step_batch import SwapIn, SwapOut
+from services.engine_node.remote_store import BreakerRemoteStore
 
 
 class HungStore:
@@ -36,7 +37,7 @@ def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_hos
     kv_cache = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)  # 2 layers, 8 blocks of 4
     block = bytes_per_block(kv_cache)
     store = HungStore()
-    offload = KVOffload(block, host_budget_bytes=0, remote=store, remote_first=True,
+    offload = KVOffload(block, host_budget_bytes=0, remote=BreakerRemoteStore(store), remote_first=True,
                         staging_limit_bytes=5 * block)
     try:
         assert offload.claim("a", 3) and offload.host_bytes_held == 3 * block  # claimed: counted at once
@@ -58,7 +59,7 @@ def test_copies_staged_for_a_hung_store_are_counted_bounded_and_resumed_from_hos
     offload.wait_io()
     # a's put failed (it may have landed): its delete waits for the store to answer again; b's put was
     # refused by the breaker without reaching the store: nothing to delete
-    assert store.deleted == [] and offload.breaker.is_open()
+    assert store.deleted == [] and offload.remote.breaker.is_open()
     assert offload.stats.offloaded_remote_bytes_total == 0  # nothing reached the store
     assert offload.stats.offloaded_bytes_total == 5 * block
     offload.close()  # a's parked delete is retried on a timer while the breaker is open: stopped here
@@ -83,7 +84,8 @@ def test_a_stored_copy_no_longer_wanted_is_deleted_from_the_store():
     """An aborted or finished request's copy (discarded without a resume) leaves nothing in the store."""
     kv_cache = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)
     store = MemoryStore()
-    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True)
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=BreakerRemoteStore(store),
+                        remote_first=True)
     assert offload.claim("aborted", 2)
     offload.copy_out(kv_cache, [SwapOut("aborted", (1, 2))])
     offload.wait_io()
@@ -105,7 +107,8 @@ def test_close_stops_the_offload_threads_and_a_later_discard_is_harmless():
     kv_cache = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)
     store = HungStore()
     before = _offload_threads()
-    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True)
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=BreakerRemoteStore(store),
+                        remote_first=True)
     assert offload.claim("a", 2)
     offload.copy_out(kv_cache, [SwapOut("a", (1, 2))])
     started = _offload_threads() - before  # its put's thread (other tests' offloads may be collected meanwhile)

@@ -15,6 +15,7 @@ from kvcache.kv_bytes import bytes_per_block
 from services.cache_store.breaker import StoreBreaker, StoreUnavailable
 from services.engine.kv_offload import KVOffload
 from services.engine.step_batch import SwapOut
+from services.engine_node.remote_store import BreakerRemoteStore
 
 
 class Clock:
@@ -71,8 +72,8 @@ def test_calls_queued_behind_a_hung_store_fail_fast_and_victims_stay_home_until_
     kv_cache = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4)
     block = bytes_per_block(kv_cache)
     store, clock = FlakyStore(), Clock()
-    offload = KVOffload(block, host_budget_bytes=2 * block, remote=store, remote_first=True,
-                        breaker=StoreBreaker(cooldown_s=10.0, clock=clock))
+    offload = KVOffload(block, host_budget_bytes=2 * block, remote_first=True,
+                        remote=BreakerRemoteStore(store, StoreBreaker(cooldown_s=10.0, clock=clock)))
     try:
         assert offload.claim("stored", 2)
         offload.copy_out(kv_cache, [SwapOut("stored", (0, 1))])
@@ -92,7 +93,7 @@ def test_calls_queued_behind_a_hung_store_fail_fast_and_victims_stay_home_until_
         assert offload.ready("stored") is None  # its fetch failed fast: the request is recomputed
         assert offload.stats.lost_total == 1
         assert all(offload.ready(name) for name in "abc")  # failed puts: their bytes are still here
-        assert offload.breaker.trips_total == 1
+        assert offload.remote.breaker.trips_total == 1
 
         assert offload.claim("d", 2) and offload.remote_keys("d") is None  # the host budget has room: kept
         assert offload.host_bytes_used == 2 * block
@@ -205,8 +206,8 @@ def test_parked_deletes_go_once_the_store_answers_though_nothing_else_is_sent(mo
     monkeypatch.setattr("services.engine.kv_offload.PARKED_RETRY_S", 0.05)
     kv_cache = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4)
     store = FlakyStore()
-    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True,
-                        breaker=StoreBreaker(cooldown_s=0.2))
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote_first=True,
+                        remote=BreakerRemoteStore(store, StoreBreaker(cooldown_s=0.2)))
     try:
         for name, blocks in (("early", (0, 1)), ("late", (2, 3))):
             assert offload.claim(name, 2)
@@ -218,7 +219,7 @@ def test_parked_deletes_go_once_the_store_answers_though_nothing_else_is_sent(mo
         store.down.set()
         offload.discard("early")  # in flight when the store fails: its delete times out
         offload.wait_io()
-        assert offload.breaker.is_open() and store.blocks.keys() >= set(keys["early"])
+        assert offload.remote.breaker.is_open() and store.blocks.keys() >= set(keys["early"])
         offload.discard("late")  # the breaker is open: parked
         offload.wait_io()
         store.down.clear()
@@ -237,8 +238,8 @@ def test_the_retry_timer_rearms_until_the_store_answers_and_stops_at_close(monke
     monkeypatch.setattr("services.engine.kv_offload.PARKED_RETRY_S", 0.01)
     kv_cache = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4)
     store, clock = FlakyStore(), Clock()
-    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote=store, remote_first=True,
-                        breaker=StoreBreaker(cooldown_s=10.0, clock=clock))
+    offload = KVOffload(bytes_per_block(kv_cache), host_budget_bytes=0, remote_first=True,
+                        remote=BreakerRemoteStore(store, StoreBreaker(cooldown_s=10.0, clock=clock)))
     assert offload.claim("a", 2)
     offload.copy_out(kv_cache, [SwapOut("a", (0, 1))])
     offload.wait_io()
