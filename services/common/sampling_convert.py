@@ -8,92 +8,111 @@ samples the same stream; a node reading resolved params uses ``sampling_from_pro
 
 ``top_k``: the proto's -1 ("no limit") becomes the engine's 0. Other negatives pass through so that
 validation names the field.
+
+One definition: ``SamplingFields`` and both conversions are derived from the fields of the engine's
+``SamplingParams`` (which of them a client may leave unset, and their defaults, are declared there); the
+proto's field of each has the same name (a map is a tuple of (key, value) pairs here, a repeated field a
+tuple). A new sampling field is declared in ``SamplingParams`` and the proto, and the OpenAI body if the
+HTTP API takes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-from dataclasses import dataclass
+from typing import Any
 
 from pdserve.v1 import gateway_pb2
 
-from services.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from services.engine.sampling_params import (
+    DEFAULT_MAX_TOKENS,
+    SamplingParams,
+    client_fields,
+    takes_default_when_unset,
+)
 
 DEFAULT_MAX_TOKENS_CAP = 256
 SEED_BITS = 63
+_WIRE = gateway_pb2.SamplingParams.DESCRIPTOR.fields_by_name  # the proto field of each SamplingParams field
 
 
-@dataclass(frozen=True)
-class SamplingFields:
-    """A request's sampling settings as given; ``None`` = not set."""
+def _unset_type(annotation: Any) -> Any:
+    """``annotation | None`` (annotations are strings under ``from __future__ import annotations``)."""
+    if not isinstance(annotation, str):
+        return annotation | None
+    return annotation if annotation.replace(" ", "").endswith("|None") else f"{annotation} | None"
 
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_p: float | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
 
-    def with_defaults(self, defaults: dict[str, float | int]) -> SamplingFields:
-        """These fields, where unset taking ``defaults`` (a checkpoint's generation config)."""
-        given = {name: value for name, value in defaults.items() if getattr(self, name) is None}
-        return dataclasses.replace(self, **given) if given else self
+def _fields_spec() -> list[tuple[str, Any, dataclasses.Field[Any]]]:
+    """``SamplingParams``' client fields: ``T | None = None`` where a client may leave one unset, the same
+    type and default otherwise."""
+    spec = []
+    for f in client_fields():
+        if takes_default_when_unset(f):
+            spec.append((f.name, _unset_type(f.type), dataclasses.field(default=None)))
+        elif f.default_factory is not dataclasses.MISSING:
+            spec.append((f.name, f.type, dataclasses.field(default_factory=f.default_factory)))
+        else:
+            spec.append((f.name, f.type, dataclasses.field(default=f.default)))
+    return spec
 
-    def resolve(self, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
-                ) -> SamplingParams:
-        """Engine params with the defaults filled in (temperature 1, top_p 1, top_k 0 = off, penalties and
-        min_p off)."""
-        top_k = self.top_k if self.top_k is not None else 0
-        return SamplingParams(
-            max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
-            temperature=self.temperature if self.temperature is not None else 1.0,
-            top_p=self.top_p if self.top_p is not None else 1.0,
-            top_k=0 if top_k == -1 else top_k,
-            seed=self.seed if self.seed is not None else default_seed,
-            stop=self.stop,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
-            min_tokens=self.min_tokens,
-            logprobs=self.logprobs,
-            presence_penalty=self.presence_penalty if self.presence_penalty is not None else 0.0,
-            frequency_penalty=self.frequency_penalty if self.frequency_penalty is not None else 0.0,
-            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
-            min_p=self.min_p if self.min_p is not None else 0.0,
-            logit_bias=self.logit_bias,
-        )
+
+def with_defaults(self: SamplingFields, defaults: dict[str, float | int]) -> SamplingFields:
+    """These fields, where unset taking ``defaults`` (a checkpoint's generation config)."""
+    given = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+    return dataclasses.replace(self, **given) if given else self
+
+
+def resolve(self: SamplingFields, *, default_max_tokens: int = DEFAULT_MAX_TOKENS, default_seed: int | None = None
+            ) -> SamplingParams:
+    """Engine params with the defaults filled in: ``default_max_tokens``, ``default_seed``, and for every
+    other unset field ``SamplingParams``' default (temperature 1, top_p 1, top_k 0 = off, penalties and
+    min_p off)."""
+    server = {"max_tokens": default_max_tokens, "seed": default_seed}
+    values = {}
+    for f in client_fields():
+        value = getattr(self, f.name)
+        if value is None and takes_default_when_unset(f):
+            value = server.get(f.name, f.default)
+        values[f.name] = value
+    if values["top_k"] == -1:
+        values["top_k"] = 0
+    return SamplingParams(**values)
+
+
+SamplingFields = dataclasses.make_dataclass(
+    "SamplingFields", _fields_spec(), frozen=True,
+    namespace={"with_defaults": with_defaults, "resolve": resolve, "__doc__": (
+        "A request's sampling settings as given; ``None`` = not set. Generated from ``SamplingParams``' "
+        "fields (``services.engine.sampling_params``): each one a client may leave unset is ``T | None = None`` "
+        "here, every other has its type and default.")})
+SamplingFields.__module__ = __name__  # make_dataclass's ``module=`` is Python 3.12's
+
+
+def _is_map(wire: Any) -> bool:
+    return wire.message_type is not None and wire.message_type.GetOptions().map_entry
+
+
+def _is_repeated(wire: Any) -> bool:
+    repeated = getattr(wire, "is_repeated", None)  # protobuf >= 5.29; ``label`` is gone in 7
+    return repeated if repeated is not None else wire.label == wire.LABEL_REPEATED
 
 
 def fields_from_proto(message: gateway_pb2.SamplingParams) -> SamplingFields:
-    def given(name: str) -> object | None:
-        return getattr(message, name) if message.HasField(name) else None
-
-    return SamplingFields(
-        max_tokens=given("max_tokens"),  # type: ignore[arg-type]
-        temperature=given("temperature"),  # type: ignore[arg-type]
-        top_p=given("top_p"),  # type: ignore[arg-type]
-        top_k=given("top_k"),  # type: ignore[arg-type]
-        seed=given("seed"),  # type: ignore[arg-type]
-        stop=tuple(message.stop),
-        stop_token_ids=tuple(message.stop_token_ids),
-        ignore_eos=message.ignore_eos,
-        min_tokens=message.min_tokens,
-        logprobs=given("logprobs"),  # type: ignore[arg-type]
-        presence_penalty=given("presence_penalty"),  # type: ignore[arg-type]
-        frequency_penalty=given("frequency_penalty"),  # type: ignore[arg-type]
-        repetition_penalty=given("repetition_penalty"),  # type: ignore[arg-type]
-        min_p=given("min_p"),  # type: ignore[arg-type]
-        logit_bias=tuple(sorted(message.logit_bias.items())),
-    )
+    """What the client gave: an unset ``optional`` field is None; a map becomes its (key, value) pairs in
+    key order, a repeated field a tuple."""
+    values: dict[str, Any] = {}
+    for f in client_fields():
+        wire = _WIRE[f.name]
+        if takes_default_when_unset(f):
+            values[f.name] = getattr(message, f.name) if message.HasField(f.name) else None
+        elif _is_map(wire):
+            values[f.name] = tuple(sorted(getattr(message, f.name).items()))
+        elif _is_repeated(wire):
+            values[f.name] = tuple(getattr(message, f.name))
+        else:
+            values[f.name] = getattr(message, f.name)
+    return SamplingFields(**values)
 
 
 def sampling_from_proto(message: gateway_pb2.SamplingParams, *, default_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -103,27 +122,16 @@ def sampling_from_proto(message: gateway_pb2.SamplingParams, *, default_max_toke
 
 
 def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
-    """Every scalar set explicitly (``seed`` only when there is one), so the receiver needs no defaults."""
-    message = gateway_pb2.SamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        stop=list(params.stop),
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        min_tokens=params.min_tokens,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        min_p=params.min_p,
-        logit_bias=dict(params.logit_bias),
-    )
-    if params.seed is not None:
-        message.seed = params.seed
-    if params.logprobs is not None:
-        message.logprobs = params.logprobs
-    return message
+    """Every scalar set explicitly (``seed`` and ``logprobs`` only when there is one), so the receiver needs
+    no defaults."""
+    values: dict[str, Any] = {}
+    for f in client_fields():
+        value = getattr(params, f.name)
+        if value is None:
+            continue
+        wire = _WIRE[f.name]
+        values[f.name] = dict(value) if _is_map(wire) else list(value) if _is_repeated(wire) else value
+    return gateway_pb2.SamplingParams(**values)
 
 
 def default_max_tokens(prompt_len: int, max_model_len: int, cap: int = DEFAULT_MAX_TOKENS_CAP) -> int:

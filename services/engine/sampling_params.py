@@ -1,10 +1,19 @@
-"""Per-request sampling settings and their validation."""
+"""Per-request sampling settings and their validation.
+
+``SamplingParams`` is the one declaration of the sampling fields: the gateway's ``SamplingFields`` (what a
+client gave) and the proto conversions (``services.common.sampling_convert``) are derived from its fields.
+A field declared with ``unset_takes(default)`` is one a client may leave unset (``optional`` on the wire,
+``None`` in ``SamplingFields``); unset, it takes ``default``, the server's default, declared here once. The
+other client fields (lists, flags, counts) have no unset state: their default is what an absent one means.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.engine.errors import InvalidRequestError
 from services.engine.logprobs import MAX_LOGPROBS
@@ -23,6 +32,15 @@ MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range, as vLLM's
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 MAX_LOGIT_BIAS = 1024  # tokens biased by one request (applied to every new token: bounded, as stop ids)
 MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range
+
+
+UNSET_TAKES_DEFAULT = "unset_takes_default"  # field metadata: a client may leave it unset
+ENGINE_ONLY = "engine_only"  # field metadata: not a client setting (not on the wire, not in SamplingFields)
+
+
+def unset_takes(default: Any) -> Any:
+    """A sampling field a client may leave unset: unset, it is ``default`` (the server's default)."""
+    return field(default=default, metadata={UNSET_TAKES_DEFAULT: True})
 
 
 def as_float32(value: float) -> float:
@@ -61,22 +79,22 @@ class SamplingParams:
     penalties: -100 all but bans a token, +100 all but forces it. Logprobs stay those of the raw distribution.
     """
 
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    max_tokens: int = unset_takes(DEFAULT_MAX_TOKENS)  # the gateway's default depends on the prompt
+    temperature: float = unset_takes(1.0)
+    top_p: float = unset_takes(1.0)
+    top_k: int = unset_takes(0)
+    seed: int | None = unset_takes(None)  # the gateway draws a random one
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
-    logprobs: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_p: float = 0.0
+    logprobs: int | None = unset_takes(None)
+    presence_penalty: float = unset_takes(0.0)
+    frequency_penalty: float = unset_takes(0.0)
+    repetition_penalty: float = unset_takes(1.0)
+    min_p: float = unset_takes(0.0)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
-    extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
+    extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False, metadata={ENGINE_ONLY: True})
 
     @property
     def greedy(self) -> bool:
@@ -140,3 +158,13 @@ class SamplingParams:
                                               f"{len(longest)}")
         for stop in self.stop:
             require_utf8("stop", stop)
+
+
+def client_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of ``SamplingParams`` a client sets (all but the engine-only ones), in declaration order."""
+    return tuple(f for f in dataclasses.fields(SamplingParams) if not f.metadata.get(ENGINE_ONLY))
+
+
+def takes_default_when_unset(f: dataclasses.Field[Any]) -> bool:
+    """Whether a client may leave field ``f`` unset (declared with ``unset_takes``)."""
+    return bool(f.metadata.get(UNSET_TAKES_DEFAULT))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pdserve.v1 import gateway_pb2
 
@@ -14,7 +16,7 @@ from services.common.sampling_convert import (
     sampling_to_proto,
 )
 from services.engine.errors import InvalidRequestError
-from services.engine.sampling_params import SamplingParams
+from services.engine.sampling_params import SamplingParams, client_fields, takes_default_when_unset
 
 
 def test_unset_fields_take_the_defaults():
@@ -83,3 +85,39 @@ def test_default_max_tokens_is_capped_by_the_context():
 def test_random_seeds_are_63_bit_and_differ():
     seeds = {random_seed() for _ in range(8)}
     assert len(seeds) == 8 and all(0 <= s < 1 << 63 for s in seeds)
+
+
+# A value unlike the default for each annotation of a SamplingParams field (a field of a new type: add one).
+_NON_DEFAULT = {"int": 7, "float": 0.5, "bool": True, "int | None": 5, "tuple[str, ...]": ("END", "\n"),
+                "tuple[int, ...]": (3, 9), "tuple[tuple[int, float], ...]": ((3, -100.0), (11, 0.5))}
+
+
+def _non_default_params() -> SamplingParams:
+    values = {f.name: _NON_DEFAULT[str(f.type)] for f in client_fields()}
+    assert all(values[f.name] != f.default for f in client_fields())
+    return SamplingParams(**values)
+
+
+def test_sampling_fields_has_every_field_of_sampling_params():
+    fields = {f.name: f for f in dataclasses.fields(SamplingFields)}
+    assert list(fields) == [f.name for f in client_fields()]
+    for f in client_fields():
+        unset = fields[f.name].default
+        assert unset is None if takes_default_when_unset(f) else unset == f.default, f.name
+
+
+def test_every_field_round_trips_proto_fields_params():
+    """A field added to SamplingParams (and the proto) flows through the conversions with no more code."""
+    params = _non_default_params()
+    message = gateway_pb2.SamplingParams.FromString(sampling_to_proto(params).SerializeToString())
+    fields = fields_from_proto(message)
+    assert all(getattr(fields, f.name) == getattr(params, f.name) for f in client_fields())
+    assert fields.resolve(default_max_tokens=1, default_seed=1) == params
+
+
+def test_the_wire_marks_unset_where_sampling_params_says_a_client_may_leave_it():
+    wire = gateway_pb2.SamplingParams.DESCRIPTOR.fields_by_name
+    assert {f.name: takes_default_when_unset(f) for f in client_fields()} == \
+        {f.name: wire[f.name].has_presence for f in client_fields()}
+    unset = fields_from_proto(gateway_pb2.SamplingParams())
+    assert all(getattr(unset, f.name) is None for f in client_fields() if takes_default_when_unset(f))

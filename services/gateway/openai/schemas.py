@@ -26,9 +26,11 @@ def _token_ids(value: list[Any]) -> bool:
 
 
 def _default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
-    """``null`` for a field that has a default means that default (as OpenAI's API reads it)."""
+    """``null`` for a field that has a default means that default (as OpenAI's API reads it); for a
+    required field it stays ``null`` (and is refused)."""
     assert info.field_name is not None
-    return model.model_fields[info.field_name].default if value is None else value
+    field = model.model_fields[info.field_name]
+    return field.default if value is None and not field.is_required() else value
 
 
 class StreamOptions(BaseModel):
@@ -67,8 +69,7 @@ class GenerationBody(BaseModel):
     min_p: float | None = Field(None, ge=0, le=1)
     logit_bias: dict[str, float] | None = None
 
-    @field_validator("n", "stream", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
-                     "echo", "logprobs", mode="before", check_fields=False)  # echo, logprobs: the endpoints'
+    @field_validator("*", mode="before")  # the endpoints' fields too
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         return _default_of(cls, value, info)

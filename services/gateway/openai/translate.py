@@ -26,14 +26,17 @@ from services.gateway.openai import responses as out
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 
+# Sampling fields a body does not carry as SamplingFields has them: the endpoints' (max_tokens, logprobs) and
+# the reshaped ones; every other field of SamplingFields the body declares is taken by name.
+_NOT_BY_NAME = ("max_tokens", "logprobs", "stop", "stop_token_ids", "logit_bias")
+_BY_NAME = tuple(f.name for f in dataclasses.fields(SamplingFields)
+                 if f.name in GenerationBody.model_fields and f.name not in _NOT_BY_NAME)
+
 
 def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | None = None) -> SamplingFields:
-    return SamplingFields(max_tokens=max_tokens, logprobs=logprobs, temperature=body.temperature, top_p=body.top_p,
-                          top_k=body.top_k, seed=body.seed, stop=tuple(body.stop or ()),
-                          stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                          min_tokens=body.min_tokens, presence_penalty=body.presence_penalty,
-                          frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                          min_p=body.min_p,
+    return SamplingFields(**{name: getattr(body, name) for name in _BY_NAME},
+                          max_tokens=max_tokens, logprobs=logprobs, stop=tuple(body.stop or ()),
+                          stop_token_ids=tuple(body.stop_token_ids or ()),
                           logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
