@@ -12,8 +12,8 @@ from pdserve.v1 import node_pb2
 
 from kvcache.hashing import hash_token_blocks
 from kvcache.kv_bytes import bytes_per_block, read_blocks, write_blocks
-from services.engine.sampling_params import SamplingParams
 from services.engine.prefix_claims import hold_id
+from services.engine.sampling_params import SamplingParams
 from services.prefill_node.prefix_store import FetchedBlocks, PrefixStore
 from tests.conftest import make_engine
 from tests.engine.prompts import long_text
