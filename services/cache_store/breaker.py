@@ -2,7 +2,9 @@
 fail fast instead of each waiting out its own timeout.
 
 The cache-store is an optimisation everywhere it is used: a decode node keeps preempted KV there
-(``services/engine/kv_offload.py``) and caches finished requests' blocks (``output_cache.py``); a prefill
+(``services/engine/kv_offload.py``) and caches finished requests' blocks (``output_cache.py``), each through
+an adapter with a breaker of its own (``services/engine_node/remote_store.py``, which turns the errors into
+the engine's ``RemoteStore*`` ones); a prefill
 node fetches prompt blocks from it and writes its own back (``services/prefill_node/prefix_store.py``).
 Each call is bounded by its client's timeout, but a store that stops answering (a hung process, a
 partition) would cost that timeout again and again: a preempted request's fetch queued behind ten hung
