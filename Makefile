@@ -44,8 +44,10 @@ test: venv lint
 test-fast: venv
 	$(PYTHON) -m pytest -q -ra -m "not slow"
 
+# ruff, then the import rules of .importlinter (the engine a leaf, layers without cycles, protos at the edges)
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 format: venv
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .

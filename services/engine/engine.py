@@ -31,6 +31,7 @@ from services.engine.model.decoder import DecoderModel, check_vocabulary
 from services.engine.model_runner import ModelRunner, StepSamples
 from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
+from services.engine.prefill_handoff import Handoff
 from services.engine.prefill_role import PrefillRole
 from services.engine.remote_store import RemoteBlockStore, RemoteStoreFactory
 from services.engine.request import Request, RequestStatus
@@ -102,6 +103,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.output_cache = OutputCache(output_remote, self.fingerprint, self.offload.bytes_per_block) \
             if output_remote is not None else None
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._handoffs: dict[str, Handoff] = {}  # prefill role (prefill_role.py)
         self._ids = itertools.count()
 
     def _remote_store(self, factory: RemoteStoreFactory | None) -> RemoteBlockStore | None:
@@ -195,9 +197,14 @@ class LLMEngine(PrefillRole, DecodeRole):
     # ---- the KV pool: bytes in and out of blocks a caller holds --------------------------------------
     @property
     def kv_pool(self) -> torch.Tensor:
-        """The KV cache tensor ``[layers, 2, blocks, block_size, kv_heads, head_dim]`` (its device, a CUDA
+        """The KV cache tensor ``[layers, blocks, 2, block_size, kv_heads, head_dim]`` (its device, a CUDA
         IPC export). Only blocks the caller holds may be read or written through it."""
         return self.runner.kv_cache
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the pool."""
+        return self.kv.num_blocks
 
     @property
     def block_size(self) -> int:

@@ -38,16 +38,9 @@ __all__ = ["FirstToken", "HandoffPlan", "PrefillRole", "PrefixClaim", "ReadyBloc
 class PrefillRole:
     kv: KVCacheManager
     held: dict[str, Request]  # handed off, KV blocks kept until released
+    _handoffs: dict[str, Handoff]  # admitted prefill-only requests (until abort_prefill), in admission order
     validator: RequestValidator
     kv_pool: torch.Tensor
-
-    @property
-    def _handoffs(self) -> dict[str, Handoff]:
-        """The admitted prefill-only requests (until :meth:`abort_prefill`), in admission order."""
-        handoffs = self.__dict__.get("_prefill_handoffs")
-        if handoffs is None:  # created on first use: LLMEngine.__init__ knows nothing of the role's state
-            handoffs = self.__dict__["_prefill_handoffs"] = {}
-        return handoffs
 
     # ---- one prefill-only request -------------------------------------------------------------------
     def check_prefill(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[bytes]:

@@ -46,4 +46,4 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
     registry = make_registry(servicer, asyncio.get_running_loop()) if make_registry is not None else None
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
     await serve_bound(server, servicer, config.advertise, f"{role} node ready", stop=node.stop,
-                      blocks=engine.kv_pool.shape[1], dtype=config.dtype)  # [layers, blocks, 2, ...]
+                      blocks=engine.num_blocks, dtype=config.dtype)
