@@ -1,4 +1,4 @@
-"""``bench_gpu_decode``: the decode harness times full batches even when the batch's prompts take many
+"""``gpu.decode``: the decode harness times full batches even when the batch's prompts take many
 prefill steps (the requests prefilled first decode meanwhile and must not finish before the timed steps
 end: on the H200, batch 128 of 1024-token prompts took 16 prefill steps and 8 requests ran out)."""
 

@@ -1,4 +1,4 @@
-"""``bench_gpu_profile`` runs on a CPU with a tiny model (so that it works when a GPU session comes)."""
+"""``gpu.profile_step`` runs on a CPU with a tiny model (so that it works when a GPU session comes)."""
 
 from __future__ import annotations
 

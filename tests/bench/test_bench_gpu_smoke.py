@@ -1,4 +1,4 @@
-"""``bench_gpu --smoke --device cpu``: the GPU benchmark's harness runs end to end on a CPU (tiny sizes, a
+"""``gpu.suite --smoke --device cpu``: the GPU benchmark's harness runs end to end on a CPU (tiny sizes, a
 tiny random model, a real decode-node process for the transfer section), so that it works when a session
 with a GPU comes. Only the harness is checked here: the figures of a CPU smoke run mean nothing."""
 

@@ -1,5 +1,5 @@
 """The GPU bundle's prebuilt FlashInfer modules: how they go into the flashinfer wheel (the compile itself
-needs nvcc and the 62 MB wheel, so it runs in ``gpu_bundle``, not here)."""
+needs nvcc and the 62 MB wheel, so it runs in ``gpu.bundle``, not here)."""
 
 from __future__ import annotations
 

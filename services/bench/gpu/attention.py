@@ -10,7 +10,7 @@ median over repeats, per layer), and the whole step with its plan. FlashInfer's 
 kernels (JIT, cached under ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``): that time is reported
 once. ``--warmup-only`` just compiles, the GPU tests' kernels too (they then find them built).
 ``run(..., device="cpu", smoke=True)`` runs the same harness on a CPU with tiny cases and the CPU's
-``auto`` backend in FlashInfer's place (``bench_gpu --smoke``; the figures mean nothing there).
+``auto`` backend in FlashInfer's place (``gpu.suite --smoke``; the figures mean nothing there).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode throughput of the engine on one GPU against the memory-bandwidth floor (see ``bench_gpu``).
+"""Decode throughput of the engine on one GPU against the memory-bandwidth floor (see ``gpu.suite``).
 
 A decode step must read every weight once and the KV of every sequence in the batch, so it cannot take
 less than ``(weight bytes + KV bytes read) / memory bandwidth``; the bandwidth is measured here as a

@@ -9,7 +9,7 @@ adds them to the bundle's flashinfer wheel as FlashInfer AOT modules
 if it does not load there, FlashInfer compiles it as before. This saves the GPU machine's JIT minutes, and
 it shows here, before any device time is spent, that the trimmed wheel's sources compile.
 
-``gpu_bundle`` calls this when nvcc is found. Needs gcc (a link-only libcuda stub: the modules load the
+``gpu.bundle`` calls this when nvcc is found. Needs gcc (a link-only libcuda stub: the modules load the
 real driver on the GPU machine) and a registry for what flashinfer imports here (pip, into a scratch
 folder; nothing is installed into the environment).
 """

@@ -3,7 +3,7 @@
     python -m services.bench.gpu.profile_step [--preset smollm2-135m] [--batches 1 32] [--device cuda]
 
 Random weights of a preset shape, ``batch`` greedy requests of 1024 random prompt tokens
-(``bench_gpu_decode.decoding_engine``). After 30 warm steps: the wall time of 20 steps, a cProfile of 20
+(``gpu.decode.decoding_engine``). After 30 warm steps: the wall time of 20 steps, a cProfile of 20
 more (the top functions by cumulative time), and on CUDA a torch-profiler table of 5 more (kernels by
 device time). On the H200 the SmolLM2 shape at batch 1 ran 1.6 ms of kernels per 12.8 ms step: the step
 is host-bound (``docs/benchmarks.md``, GPU path).

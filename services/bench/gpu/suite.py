@@ -3,10 +3,10 @@
 1. attention: FlashInfer vs the pure-torch backend, decode batches 1/32/128 and a 4096-token prefill
    (``services.bench.gpu.attention``);
 2. transfer: the KV of a 4096-token prompt from a prefill node to a decode node on the same GPU, CUDA IPC
-   vs the gRPC byte stream (``bench_gpu_transfer``);
+   vs the gRPC byte stream (``gpu.transfer``);
 3. decode: engine steps of the bundled model (random weights of its shape when the GGUF is absent: the
    speed is the same) and of a random ~1B Llama at batch 1/32/128, against the memory-bandwidth floor
-   (``bench_gpu_decode``).
+   (``gpu.decode``).
 
 Markdown tables on stdout; ``--json`` writes every figure. Sections run in that order; ``--sections``
 picks some. ``--smoke`` runs every section with tiny sizes and a tiny random model, on any ``--device``
@@ -108,7 +108,7 @@ def main() -> None:
     if args.smoke:
         vars(args).update(SMOKE)
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench_gpu needs a CUDA device (--device cpu --smoke checks the harness on a CPU)")
+        raise SystemExit("gpu.suite needs a CUDA device (--device cpu --smoke checks the harness on a CPU)")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"# pdserve GPU bench: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"flashinfer {_flashinfer_version() if args.device == 'cuda' else 'not used on a CPU'}")

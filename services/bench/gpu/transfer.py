@@ -1,5 +1,5 @@
 """KV transfer of one prompt from a prefill node to a decode node on the same GPU: CUDA IPC vs the gRPC
-byte stream (see ``bench_gpu``).
+byte stream (see ``gpu.suite``).
 
 This process plays the prefill node: an engine of the same model on the GPU gives the KV pool and layout,
 and the prefill node's own ``KVSender`` sends to a real decode-node process (``--device cuda``). Per run:
