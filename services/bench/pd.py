@@ -65,7 +65,7 @@ def bench_kv_stream(args: argparse.Namespace) -> dict[str, float]:
 
     engine = LLMEngine.from_config(EngineConfig(model_path=str(bundled_model_path()), dtype=args.dtype,
                                                 num_kv_blocks=8))
-    layout = kv_layout(engine)
+    layout = kv_layout(engine.kv_layout_spec())
     del engine
     node_args = ("--dtype", args.dtype, "--threads", "1", "--num-kv-blocks", "1024")
     with launch("services.decode_node", *node_args, startup_timeout_s=120, stderr=subprocess.DEVNULL) as decode:

@@ -7,16 +7,17 @@ A failed read becomes ``UnavailableError`` naming the store, so node logic sees 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import grpc.aio
 
 from services.cache_store.client import AsyncCacheStoreClient
 from services.common.errors import UnavailableError
+from services.engine.kv_layout_spec import KVLayoutSpec
+from services.engine_node.kv_layout import kv_layout
 
 
 class KVStores:
-    def __init__(self, layout: Any):
+    def __init__(self, layout: KVLayoutSpec):
         """``layout``: this node's KV layout (``services.engine_node.kv_layout``), which the stores check."""
         self.layout = layout
         self.clients: dict[str, AsyncCacheStoreClient] = {}  # by store address
@@ -35,7 +36,7 @@ class KVStores:
     def _client(self, address: str) -> AsyncCacheStoreClient:
         client = self.clients.get(address)
         if client is None:
-            client = self.clients[address] = AsyncCacheStoreClient(address, self.layout)
+            client = self.clients[address] = AsyncCacheStoreClient(address, kv_layout(self.layout))
         return client
 
     async def close(self) -> None:

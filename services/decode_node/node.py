@@ -36,7 +36,6 @@ from services.engine.engine import LLMEngine
 from services.engine.logprobs import TokenLogprobs
 from services.engine.outputs import RequestOutput
 from services.engine.sampling_params import SamplingParams
-from services.engine_node.kv_layout import kv_layout
 from services.engine_node.step_spans import RequestTrace
 from services.engine_node.worker import EngineWorker
 
@@ -91,7 +90,7 @@ class DecodeNode:
         self.handover = HandoverAgent(self, handover_after_s, engine.config.offload_cache_store,
                                       address=lambda: self.address)
         self.kv_received = KVTransferStats()
-        layout, pool = kv_layout(engine), engine.kv_pool
+        layout, pool = engine.kv_layout_spec(), engine.kv_pool
         self.stores = KVStores(layout)  # where adopted requests' KV is read
         identity = read_host_identity(gpu_uuid(pool.device)) if kv_ipc and pool.device.type == "cuda" else None
         self.ipc = IpcSessions(pool, layout, identity)

@@ -34,7 +34,7 @@ from services.engine_node.status import node_status
 class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     def __init__(self, node: DecodeNode):
         self.node = node
-        self.layout = kv_layout(node.engine)
+        self.layout = kv_layout(node.engine.kv_layout_spec())
         self.metrics_url = ""  # set once the server is bound
 
     @property

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.v1 import decode_pb2, node_pb2
+from pdserve.v1 import decode_pb2
 
 from kvcache.cuda_ipc import CudaIpcTensor
 from kvcache.host_identity import HostIdentity
+from services.engine.kv_layout_spec import KVLayoutSpec
+from services.engine_node.kv_layout import kv_layout, layout_from_proto
 
 KV_IPC_MODES = ("auto", "off")
 """The ``kv_ipc`` setting of prefill and decode nodes: ``auto`` uses CUDA IPC with any peer that shares
@@ -23,7 +25,7 @@ this host and GPU and passes the probe (bytes otherwise); ``off`` always streams
 class IpcOffer:
     session_id: str
     identity: HostIdentity
-    layout: node_pb2.KVLayout
+    layout: KVLayoutSpec
     pool: CudaIpcTensor
     probe: CudaIpcTensor
     probe_nonce: bytes
@@ -67,13 +69,13 @@ def tensor_from_proto(message: decode_pb2.CudaIpcTensor) -> CudaIpcTensor:
 
 def offer_to_proto(offer: IpcOffer) -> decode_pb2.KVIpcOffer:
     return decode_pb2.KVIpcOffer(session_id=offer.session_id, identity=identity_to_proto(offer.identity),
-                                 layout=offer.layout, pool=tensor_to_proto(offer.pool),
+                                 layout=kv_layout(offer.layout), pool=tensor_to_proto(offer.pool),
                                  probe=tensor_to_proto(offer.probe), probe_nonce=offer.probe_nonce)
 
 
 def offer_from_proto(message: decode_pb2.KVIpcOffer) -> IpcOffer:
     return IpcOffer(session_id=message.session_id, identity=identity_from_proto(message.identity),
-                    layout=message.layout, pool=tensor_from_proto(message.pool),
+                    layout=layout_from_proto(message.layout), pool=tensor_from_proto(message.pool),
                     probe=tensor_from_proto(message.probe), probe_nonce=message.probe_nonce)
 
 

@@ -22,8 +22,10 @@ from services.common.channel_pool import ChannelPool
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import grpc_options
+from services.engine.kv_layout_spec import KVLayoutSpec
 from services.engine.sampling_params import SamplingParams
 from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
+from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.kv_sender import KVSender
 
 
@@ -67,11 +69,12 @@ def _grant(answer: decode_pb2.ReserveResponse) -> Grant:
 
 
 class DecodeClients:
-    """One prefill node's calls to its decode nodes. ``layout``: this node's ``KVLayout`` (named in every
-    ``Reserve``, IPC offer and KV stream header)."""
+    """One prefill node's calls to its decode nodes. ``layout``: this node's KV layout (named in every
+    ``Reserve``, IPC offer and KV stream header; made a proto here, where it goes on the wire)."""
 
-    def __init__(self, layout: node_pb2.KVLayout):
+    def __init__(self, layout: KVLayoutSpec):
         self.layout = layout
+        self._wire_layout = kv_layout(layout)
         self._channels = ChannelPool(grpc_options())
 
     def stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
@@ -82,10 +85,11 @@ class DecodeClients:
 
     def reserve_call(self, ask: ReserveAsk) -> Callable[[str, float], Awaitable[Grant]]:
         """``call(address, rpc_timeout_s)``: one ``Reserve`` of ``ask`` on that node (``prepare.ReserveCall``)."""
+        layout = self.layout
         message = decode_pb2.ReserveRequest(
             request_id=ask.request_id, prompt_token_ids=ask.prompt_ids, max_tokens=ask.sampling.max_tokens,
             block_hashes=ask.block_hashes, lease_ms=ask.lease_ms, sampling=sampling_to_proto(ask.sampling),
-            model_fingerprint=self.layout.model_fingerprint, layout=self.layout, decode_peers=ask.decode_peers)
+            model_fingerprint=layout.model_fingerprint, layout=self._wire_layout, decode_peers=ask.decode_peers)
 
         async def call(address: str, rpc_timeout_s: float) -> Grant:
             answer = await self.stub(address).Reserve(message, timeout=rpc_timeout_s, metadata=tracing.outgoing())
@@ -109,4 +113,4 @@ class DecodeClients:
 
     def kv_sender(self, address: str, request_id: str, grant: Grant, stats: KVTransferStats) -> KVSender:
         """The ``TransferKV`` stream of a granted request (opened by ``KVSender.open``)."""
-        return KVSender(self.stub(address), request_id, self.layout, list(grant.block_ids), address, stats)
+        return KVSender(self.stub(address), request_id, self._wire_layout, list(grant.block_ids), address, stats)

@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -25,10 +24,8 @@ import torch
 
 from kvcache.cuda_ipc import IpcError, export_tensor, gpu_uuid, make_probe, probe_digest, probe_pattern
 from kvcache.host_identity import read_host_identity
+from services.engine.kv_layout_spec import KVLayoutSpec
 from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer
-
-if TYPE_CHECKING:  # the layout only travels inside the offer (kv_ipc_wire.py turns it into the proto)
-    from pdserve.v1.node_pb2 import KVLayout
 
 log = structlog.get_logger(__name__)
 RETRY_AFTER_S = 300.0
@@ -58,7 +55,7 @@ class PoolExport:
     probe: torch.Tensor
 
 
-def export_pool(pool: torch.Tensor, layout: KVLayout) -> PoolExport:
+def export_pool(pool: torch.Tensor, layout: KVLayoutSpec) -> PoolExport:
     """Export a CUDA KV pool ``[layers, blocks, ...]`` and a fresh probe. Raises ``IpcError``."""
     if pool.device.type != "cuda":
         raise IpcError(f"only CUDA pools are exported, not one on {pool.device}")

@@ -37,7 +37,7 @@ async def serve(config: PrefillNodeConfig) -> None:
 def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore | None:
     if not config.cache_store:
         return None
-    return PrefixStore(AsyncCacheStoreClient(config.cache_store, kv_layout(engine),
+    return PrefixStore(AsyncCacheStoreClient(config.cache_store, kv_layout(engine.kv_layout_spec()),
                                              timeout_s=config.cache_store_timeout_ms / 1000),
                        write_through=config.cache_store_write_through,
                        writeback_max_bytes=config.cache_store_writeback_mib << 20)

@@ -29,7 +29,6 @@ from services.engine.engine import LLMEngine
 from services.engine.prefill_role import FirstToken, HandoffPlan, ReadyBlocks
 from services.engine.sampling_params import SamplingParams
 from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer
-from services.engine_node.kv_layout import kv_layout
 from services.engine_node.step_spans import RequestTrace
 from services.engine_node.worker import EngineWorker
 from services.prefill_node.decode_client import DecodeClients, Grant, ReserveAsk, granted_lease_s
@@ -71,7 +70,7 @@ class PrefillNode:
         self.prepare = prepare or PrepareQueues()
         self.prefix_store = prefix_store
         self.lease_ms = lease_ms
-        self.layout = kv_layout(engine)
+        self.layout = engine.kv_layout_spec()
         self.decode = DecodeClients(self.layout)  # decode nodes come and go (DNS discovery)
         self.handoffs: dict[str, Handoffs] = {}  # admitted requests' queues (event loop only)
         self.worker = EngineWorker(engine, self._deliver, on_step=LLMEngine.handoff_progress,

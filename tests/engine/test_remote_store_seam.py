@@ -87,5 +87,5 @@ def test_node_status_is_made_from_the_engines_stats_snapshot(fp32_model, bundled
     assert status.blocks_total == 64 and status.block_size == engine.block_size == stats.kv_layout.block_size
     assert status.requests_total == 2 and status.prompt_tokens_total == 10
     assert status.blocks_free + status.blocks_cached == 64
-    assert status.kv_layout_id == layout_id(kv_layout(engine)) != ""
+    assert status.kv_layout_id == layout_id(kv_layout(engine.kv_layout_spec())) != ""
     assert status.store_breaker_trips_total == 0 and status.model_name == str(engine.model_identity["model"])

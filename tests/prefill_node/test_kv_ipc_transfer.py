@@ -12,7 +12,6 @@ import pytest
 from kvcache.cuda_ipc import IpcError
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.node import DecodeNode
-from services.engine_node.kv_layout import kv_layout
 from services.prefill_node import node as prefill_node_module
 from services.prefill_node.kv_ipc import IpcLinks, LinkState
 from services.prefill_node.node import PrefillNode
@@ -26,7 +25,7 @@ async def pair(model, decode_takes_ipc: bool = True):
     decode = DecodeNode(engine(model))
     if decode_takes_ipc:
         pool = decode.engine.runner.kv_cache
-        decode.ipc = IpcSessions(pool, kv_layout(decode.engine), DECODE_ID, opener=ipc.open)
+        decode.ipc = IpcSessions(pool, decode.engine.kv_layout_spec(), DECODE_ID, opener=ipc.open)
     prefill = PrefillNode(engine(model), kv_ipc=True)
     assert prefill.ipc_links is None  # a CPU pool: no handshake at all, unless stood in for as here
     prefill.ipc_links = IpcLinks(lambda: ipc.pool_export(prefill.engine.runner.kv_cache, prefill.layout),

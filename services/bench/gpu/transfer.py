@@ -75,7 +75,7 @@ async def _move(stub: decode_pb2_grpc.DecodeNodeStub, address: str, layout: node
 
 
 async def _bench(address: str, engine: LLMEngine, tokens: int, repeats: int) -> TransferResult:
-    layout, pool = kv_layout(engine), engine.runner.kv_cache
+    layout, pool = kv_layout(engine.kv_layout_spec()), engine.kv_pool
     pool.normal_()  # bytes are bytes; random ones keep nothing compressible or cached
     gen = torch.Generator().manual_seed(0)
     async with grpc.aio.insecure_channel(address, options=grpc_options()) as channel:
