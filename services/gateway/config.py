@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,15 @@ class GatewayConfig(ServerConfig):
                                               "0 = no limit")
     http_body_timeout_s: float = setting(30.0, "seconds a client has to send its whole HTTP request body "
                                                "(then 408); 0 = no limit")
+    api_key: str = dataclasses.field(default="", repr=False, metadata={"help": (  # never in a repr or a log
+        "API keys callers must send (gRPC metadata / HTTP header 'authorization: Bearer KEY'), "
+        "comma-separated; prefer the variable or --api-key-file to a flag (a flag shows in ps); "
+        "empty and no --api-key-file = open")})
+    api_key_file: Path | None = setting(None, "file of API keys, one a line (blank lines and # comments "  # noqa: RUF009
+                                              "ignored), re-read when it changes; with --api-key, both count")
+    api_key_open_services: str = setting("health,reflection", "gRPC services served without a key when keys are "
+                                                              "set: health, reflection and/or full service "
+                                                              "names (e.g. pdserve.v1.Admin); empty = none")
     served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
                                          "name); empty = the model file's name without extension and "
                                          "quantization, e.g. SmolLM2-135M-Instruct")
@@ -89,6 +99,17 @@ class GatewayConfig(ServerConfig):
         if self.http_max_body_mib <= 0 or self.max_request_mib <= 0:
             raise ValueError(f"http_max_body_mib and max_request_mib must be > 0, got {self.http_max_body_mib} "
                              f"and {self.max_request_mib}")
+        if any(any(c.isspace() for c in key) for key in self.api_keys):
+            raise ValueError("api_key: a key must not contain whitespace")  # the key itself is not named
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The ``--api-key`` keys (``--api-key-file``'s are read by ``services.gateway.api_keys``)."""
+        return split_addresses(self.api_key)
+
+    @property
+    def open_services(self) -> tuple[str, ...]:
+        return split_addresses(self.api_key_open_services)
 
     @property
     def prefill_addresses(self) -> tuple[str, ...]:

@@ -12,11 +12,14 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.common.bootstrap import run_service
 from services.common.loop_watchdog import LoopWatchdog
+from services.common.metrics import MetricsEndpoint
 from services.common.server import NodeServer, ServiceBinding
 from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
 from services.engine.weights import load_model_config
+from services.gateway.api_keys import ApiKeys
+from services.gateway.auth_interceptor import ApiKeyInterceptor, open_services
 from services.gateway.config import GatewayConfig
 from services.gateway.core import CoreSettings, GatewayCore
 from services.gateway.directory import NodeDirectory
@@ -100,12 +103,13 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     servicer.served_model_name = config.served_model_name or served_model_id(config.model or bundled_model_path())
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)
+    keys = ApiKeys(config.api_keys, config.api_key_file)
     http = None
     if config.http_listen:
         state = FrontState()
         front = FrontSettings(servicer.served_model_name,
                               max_body_bytes=int(config.http_max_body_mib * (1 << 20)),
-                              body_timeout_s=config.http_body_timeout_s)
+                              body_timeout_s=config.http_body_timeout_s, api_keys=keys)
         http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s,
                          max_connections=config.http_max_connections or None)
 
@@ -116,9 +120,13 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         if http is not None:
             await http.stop()
 
-    server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
-                                    max_receive_bytes=int(config.max_request_mib * (1 << 20)),
-                                    watchdog=watchdog)
+    interceptors = [ApiKeyInterceptor(keys, open_services(config.open_services))] if keys.enabled else []
+    server = NodeServer([binding], listen=config.listen, drain=drain, grace_s=config.grace_s,
+                        drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
+                        max_message_bytes=config.max_message_mib << 20,
+                        max_receive_bytes=int(config.max_request_mib * (1 << 20)),
+                        metrics=MetricsEndpoint(registry, config.metrics_listen) if config.metrics_listen else None,
+                        interceptors=interceptors, watchdog=watchdog)
     return Gateway(config, core, directory, server, servicer, http)
 
 
@@ -136,6 +144,7 @@ async def serve(config: GatewayConfig) -> None:
              weights_digest=identity.weights_digest,
              max_model_len=gateway.core.settings.max_model_len, prefill=config.prefill_addresses,
              decode=config.decode_addresses, cache_store=config.cache_store_addresses,
+             api_keys="required" if config.api_key or config.api_key_file else "off",
              startup_s=round(time.perf_counter() - started, 2))
     try:
         await gateway.server.serve_until_signalled()

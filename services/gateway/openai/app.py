@@ -2,6 +2,9 @@
 ``POST /v1/chat/completions``, ``GET /health`` (200, or 503 while draining), and ``POST /tokenize`` /
 ``POST /detokenize`` (``tokenize.py``).
 
+Middlewares, outermost first: ``BodyLimit`` (framing and size, before any body is read), ``ApiKeyAuth``
+(``Authorization: Bearer`` on the API paths when keys are configured).
+
 Each generation request is checked (model, schema), translated to a ``GenerateInput`` whose request id is
 the response's ``id`` (``cmpl-…`` / ``chatcmpl-…``, also in the gateway's logs and the trace), opened on
 the gateway's core and answered by ``streaming.respond``.
@@ -23,10 +26,12 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from services.engine.errors import InvalidRequestError
+from services.gateway.api_keys import ApiKeys
 from services.gateway.core import GatewayCore
 from services.gateway.generation import GenerateInput
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai import errors
+from services.gateway.openai.auth import ApiKeyAuth
 from services.gateway.openai.body_limit import BodyLimit
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.responses import ModelCard, ModelList
@@ -61,6 +66,7 @@ class FrontSettings:
     model_name: str  # the id /v1/models lists and requests must name
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0  # 0 = no limit
+    api_keys: ApiKeys | None = None  # the keys /v1/*, /tokenize and /detokenize need (None: open)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -75,6 +81,8 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     app = FastAPI(title="pdserve", summary="OpenAI-compatible API of the pdserve gateway", docs_url=None,
                   redoc_url=None)
     errors.install(app)
+    if settings.api_keys is not None and settings.api_keys.enabled:
+        app.add_middleware(ApiKeyAuth, keys=settings.api_keys)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     card = ModelCard(id=settings.model_name, created=settings.created)
 

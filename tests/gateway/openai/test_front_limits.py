@@ -1,6 +1,7 @@
-"""Limits on what clients hold at the gateway's HTTP front: a body that never all arrives gets 408 (413
-when it declared more than the body limit) and frees its request; past ``http_max_connections`` a request
-gets 503, and the next gets in once the holders leave."""
+"""Limits on what clients hold at the gateway's HTTP front: a body that never all arrives gets 408 and
+frees its request; one declared past the body limit gets 413 at once; both Content-Length and
+Transfer-Encoding get 400; past ``http_max_connections`` a request gets 503, and the next gets in once the
+holders leave."""
 
 from __future__ import annotations
 
@@ -57,9 +58,22 @@ async def test_a_body_that_never_all_arrives_gets_408(limited):
     assert (await limited.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})).status_code == 200
 
 
-async def test_a_body_declared_past_the_limit_and_never_sent_gets_its_413_at_the_timeout(limited):
-    status, body = await answer(*await raw_request(limited.url, completions_head(64 << 20), b'{"prompt"'))
+async def test_a_body_declared_past_the_limit_gets_its_413_at_once_before_any_body_is_sent(front):
+    """The default body timeout (30 s) is not waited out: the headers alone are answered."""
+    started = asyncio.get_running_loop().time()
+    status, body = await answer(*await raw_request(front.url, completions_head(64 << 20), b""))
+    assert asyncio.get_running_loop().time() - started < 3
     assert status == b"HTTP/1.1 413 Request Entity Too Large" and body["error"]["code"] == "request_too_large"
+    assert front.cluster.p.requests == []
+
+
+async def test_a_request_with_both_content_length_and_transfer_encoding_gets_400(front):
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n")
+    status, body = await answer(*await raw_request(front.url, head, b"0\r\n\r\n"))
+    assert status.startswith(b"HTTP/1.1 400")
+    assert "both Content-Length and Transfer-Encoding" in body["error"]["message"]
+    assert front.cluster.p.requests == []
 
 
 async def until(check, timeout_s: float = 10.0):
