@@ -10,13 +10,17 @@ Adoption (``Adopt``, the receiving side of a handover): blocks granted as for a 
 fetched from the cache-store the sender names and written under the engine lock, the request added to
 the decode batch and its stream created — all before the grant is answered. Any failure on the way
 frees what was taken.
+
+Engine failure (an exception escaped the engine thread): :meth:`DecodeNode.fail_all` ends every token
+stream, attached or not, with ``UNAVAILABLE`` naming the failure, a later ``Attach`` fails the same way,
+and ``on_engine_failure`` (set by ``serve.py``: health, exit) is told.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +56,7 @@ class TokenEvent:
     moved_to: str = ""  # the request went on to this decode node: the stream's last event
     abort_reason: str = ""  # with finish_reason "abort": why this node gave up on the request
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
+    error: str = ""  # this node failed (its engine): the stream ends UNAVAILABLE with this
 
 
 @dataclass
@@ -81,7 +86,10 @@ class DecodeNode:
         self.engine = engine
         self.default_lease_s = default_lease_s
         self.unread_stream_s = max(default_lease_s, 10.0) if unread_stream_s is None else unread_stream_s
-        self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads)
+        self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads,
+                                   on_failure=self._engine_failed)
+        self.failure = ""  # why this node failed (its engine thread): every stream ends with it
+        self.on_engine_failure: Callable[[str], None] | None = None  # told the failure (serve.py)
         self.streams: dict[str, TokenStream] = {}
         self.draining = False
         self.address = ""  # as peers know this node; set once the server is bound
@@ -216,6 +224,8 @@ class DecodeNode:
     # ---- tokens to the gateway ------------------------------------------------------------------
     async def attach(self, request_id: str) -> AsyncIterator[TokenEvent]:
         stream = self.streams.get(request_id)
+        if stream is None and self.failure:
+            raise UnavailableError(self.failure)
         if stream is None or stream.attached:
             raise NotFoundError(f"decode node holds no request {request_id!r} to attach to")
         stream.attached = True
@@ -224,6 +234,8 @@ class DecodeNode:
         try:
             while True:
                 event = await stream.queue.get()
+                if event.error:
+                    raise UnavailableError(event.error)
                 finished = event.finish_reason is not None or bool(event.moved_to)
                 if finished:
                     log.debug("decode finished", finish_reason=event.finish_reason, moved_to=event.moved_to,
@@ -262,6 +274,22 @@ class DecodeNode:
                 event.prompt_tokens, event.completion_tokens = out.prompt_tokens, out.completion_tokens
                 event.cached_tokens = out.cached_tokens
             stream.queue.put_nowait(event)
+
+    def _engine_failed(self, error: BaseException) -> None:
+        reason = f"the engine failed: {error!r}"
+        self.fail_all(reason)
+        if self.on_engine_failure is not None:
+            self.on_engine_failure(reason)
+
+    def fail_all(self, reason: str) -> None:
+        """This node cannot go on: every token stream, attached or waiting for its ``Attach``, ends
+        ``UNAVAILABLE`` with ``reason``; so does every later ``Attach``. Nothing is aborted on the engine
+        (it is gone); requests handed over elsewhere run on there."""
+        self.failure = reason
+        self.routes.clear()
+        for stream in self.streams.values():
+            stream.queue.put_nowait(TokenEvent([], error=reason))
+        log.error("ended every token stream: the node failed", streams=len(self.streams), reason=reason)
 
     def _drop_unread(self, request_id: str, stream: TokenStream) -> None:
         if self.streams.get(request_id) is stream and not stream.attached:

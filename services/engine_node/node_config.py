@@ -47,11 +47,16 @@ class EngineNodeConfig(ServerConfig):
     fixed_decay_steps: int = setting(600, "fixed: quiet decode steps from initial to floor")
     offload_host_gib: float = setting(1.0, "host memory for preempted requests' KV (0: recompute them)")
     offload_cache_store: str = setting("", "cache-store host:port for preempted KV once the host budget is full")
+    engine_failure_exit_s: float = setting(2.0, "after an exception escapes the engine thread: health turns "
+                                                "NOT_SERVING and streams end at once, the process exits (code 70) "
+                                                "this many seconds later")
     offload_remote: str = setting("overflow", "when preempted KV goes to the offload cache-store: overflow (past the "
                                               "host budget) or always")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.engine_failure_exit_s < 0:
+            raise ValueError(f"engine_failure_exit_s must be >= 0, got {self.engine_failure_exit_s}")
         for name in ("num_kv_blocks", "max_model_len", "threads"):  # 0: the default
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: the default), got {getattr(self, name)}")

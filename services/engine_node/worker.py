@@ -12,6 +12,10 @@ became complete, for instance) and hands its result to ``deliver`` on the event 
 runs on every turn of the loop (lease expiry, say) and a truthy result is delivered the same way.
 With tracing on, each step's spans of traced requests are recorded (``step_spans.py``).
 
+An exception that escapes the engine thread is recorded (``failure``; every later :meth:`EngineWorker.call`
+raises ``EngineStoppedError`` naming it), logged, and handed to ``on_failure(exc)`` on the event loop: the
+node ends its streams with it and the process fails fast (``serve.py``).
+
 Threads: the model's torch ops run on the engine thread with ``num_threads`` OpenMP threads. The process's
 main thread should keep torch at one thread (:func:`single_threaded_main`): once two OpenMP thread pools
 exist on a machine with as many cores as one pool's threads, libgomp stops spinning between parallel
@@ -45,13 +49,14 @@ StepHook = Callable[[LLMEngine, list[RequestOutput]], Any]
 class EngineWorker:
     def __init__(self, engine: LLMEngine, deliver: Callable[[Any], None], on_step: StepHook | None = None,
                  tick_s: float = 0.05, on_tick: Callable[[LLMEngine], Any] | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, on_failure: Callable[[BaseException], None] | None = None):
         self.engine = engine
         self.num_threads = num_threads or os.cpu_count() or 1
         self.lock = threading.Lock()
         self._deliver = deliver
         self._on_step = on_step or (lambda _engine, outputs: outputs)
         self._on_tick = on_tick
+        self._on_failure = on_failure
         self._tick_s = tick_s
         self._wake = threading.Event()
         self._stopping = False
@@ -66,8 +71,8 @@ class EngineWorker:
 
     @property
     def stopped(self) -> bool:
-        """Stopping or stopped: :meth:`call` raises, the engine and what it held are going away."""
-        return self._stopping
+        """Stopping, stopped or failed: :meth:`call` raises, the engine and what it held are going away."""
+        return self._stopping or self.failure is not None
 
     async def stop(self) -> None:
         """Stop the engine thread, then close the engine (its background threads and channels)."""
@@ -117,9 +122,11 @@ class EngineWorker:
                         record_step(planned.batch.scheduled, started_ns, time.time_ns())
                     payload = self._on_step(engine, engine.end_step(planned, sampled))
                 self._post(self._deliver, payload)
-        except BaseException as exc:  # the engine is broken: later calls fail with it, and it is logged
+        except BaseException as exc:  # the engine is broken: later calls fail with it, the node is told
             self.failure = exc
             log.exception("engine thread failed")
+            if self._on_failure is not None:
+                self._post(self._on_failure, exc)
             raise
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:

@@ -7,6 +7,10 @@ engine step the blocks that became complete are read out on the engine thread an
 acknowledgements are read concurrently) → when the first token is sampled, the last blocks go out and
 ``KVCommit`` follows → once the commit is acknowledged the blocks are released here (they stay in this
 node's prefix cache). Cancellation or any failure aborts the request here and on the decode node.
+
+Engine failure (an exception escaped the engine thread): :meth:`PrefillNode.fail_all` ends every request
+(waiting for a decode node, its first token or its blocks) with ``UNAVAILABLE`` naming the failure; their
+reservations on decode nodes are aborted; ``on_engine_failure`` (set by ``serve.py``: health, exit) is told.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +30,7 @@ from services.common.drain import drain_requests
 from services.common.errors import UnavailableError
 from services.common.kv_transfer_stats import KVTransferStats
 from services.engine.engine import LLMEngine
+from services.engine.errors import EngineStoppedError
 from services.engine.prefill_role import FirstToken, HandoffPlan, ReadyBlocks
 from services.engine.sampling_params import SamplingParams
 from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer
@@ -74,7 +79,10 @@ class PrefillNode:
         self.decode = DecodeClients(self.layout)  # decode nodes come and go (DNS discovery)
         self.handoffs: dict[str, Handoffs] = {}  # admitted requests' queues (event loop only)
         self.worker = EngineWorker(engine, self._deliver, on_step=LLMEngine.handoff_progress,
-                                   num_threads=num_threads)
+                                   num_threads=num_threads, on_failure=self._engine_failed)
+        self.failure = ""  # why this node failed (its engine thread): every request ends with it
+        self.on_engine_failure: Callable[[str], None] | None = None  # told the failure (serve.py)
+        self._failing: asyncio.Task[None] | None = None
         self.preparing = 0  # requests looking for a decode node (the servicer counts them as waiting)
         self.live = LiveRequests()
         self.kv_sent = KVTransferStats()
@@ -117,6 +125,8 @@ class PrefillNode:
     async def prefill(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                       candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
         """One request, registered by id from start to the end of its cleanup (``live_requests.py``)."""
+        if self.failure:
+            raise UnavailableError(self.failure)
         if self.draining:
             raise UnavailableError("prefill node is draining")
         live = await self.live.enter(request_id)
@@ -222,9 +232,13 @@ class PrefillNode:
         await sender.close()
         store = self.prefix_store
         write_back = abort_reason is None and store is not None and store.write_through
-        computed = await self.worker.call(LLMEngine.end_prefill, request_id, write_back)
-        self.handoffs.pop(request_id, None)
-        await self.worker.released(request_id)
+        try:
+            computed = await self.worker.call(LLMEngine.end_prefill, request_id, write_back)
+            await self.worker.released(request_id)
+        except EngineStoppedError:  # the engine failed (or stopped): nothing of it is used again
+            computed = None
+        finally:
+            self.handoffs.pop(request_id, None)
         if computed is not None and store is not None:
             store.write_back(request_id, block_hashes, *computed)
         if abort_reason is not None:
@@ -247,6 +261,20 @@ class PrefillNode:
         found = await self.worker.call(LLMEngine.abort_prefill, request_id)
         self.handoffs.pop(request_id, None)
         return found or ended
+
+    def _engine_failed(self, error: BaseException) -> None:
+        reason = f"the engine failed: {error!r}"
+        self._failing = asyncio.ensure_future(self.fail_all(reason))
+        if self.on_engine_failure is not None:
+            self.on_engine_failure(reason)
+
+    async def fail_all(self, reason: str) -> None:
+        """This node cannot go on: every request in flight ends (its call fails ``UNAVAILABLE`` with
+        ``reason``, its reservation on a decode node is aborted), and so does every later one."""
+        self.failure = reason
+        ids = self.live.ids()
+        log.error("ending every request: the node failed", requests=len(ids), reason=reason)
+        await asyncio.gather(*(self.live.end(request_id, reason) for request_id in ids))
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests; let those in flight finish (up to ``timeout_s``), then end the rest: their
