@@ -1,5 +1,6 @@
 """``python -m services.cluster`` (``make run``): a gateway, prefill node(s), decode node(s) and a cache-store
-on loopback, serving the bundled model or ``--model PATH`` (``make run MODEL=PATH``), until Ctrl-C."""
+on loopback, serving the bundled model or ``--model PATH`` (``make run MODEL=PATH``), until Ctrl-C (exit 0) or
+until one of its processes exits (named on stderr with its exit code; the rest are stopped; exit 1)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.cluster.local import ClusterSpec, start_cluster
+from services.cluster.local import ClusterSpec, LocalCluster, start_cluster
 
 USAGE = """
 pdserve is up: gateway {gateway}
@@ -128,8 +129,20 @@ def main(argv: list[str] | None = None) -> int:
             decode=", ".join(d.address for d in cluster.decode),
             store=cluster.cache_store.address if cluster.cache_store else "-", metrics=metrics_lines(cluster.address)))
         sys.stdout.flush()
-        stop.wait()
+        code = run_until_stopped(cluster, stop)
         sys.stdout.write("stopping...\n")
+    return code
+
+
+def run_until_stopped(cluster: LocalCluster, stop: threading.Event, poll_s: float = 0.5) -> int:
+    """Wait for Ctrl-C/SIGTERM (0) or a lost process (1: each lost one named on stderr; the caller stops the
+    rest — a cluster does not run on without a process)."""
+    while not stop.wait(poll_s):
+        if lost := cluster.lost():
+            for line in lost:
+                sys.stderr.write(f"error: {line}; stopping the cluster\n")
+            sys.stderr.flush()
+            return 1
     return 0
 
 

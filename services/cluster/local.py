@@ -2,12 +2,14 @@
 
 Used by ``make run`` and by the end-to-end tests. Nodes that load the model start concurrently; each is
 waited for until its health check says SERVING. On exit every process gets SIGTERM (graceful drain),
-then SIGKILL if it lingers.
+then SIGKILL if it lingers. :meth:`LocalCluster.lost` names the processes that exited while the cluster
+ran (``make run`` stops the cluster then, instead of running on without them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +65,25 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.gateway.address
+
+    def processes(self) -> list[tuple[str, ServiceProcess]]:
+        """Every process with its name: ``gateway``, ``prefill node 1``, …, ``cache-store``."""
+        named = [("gateway", self.gateway), *((f"prefill node {i}", p) for i, p in enumerate(self.prefill, 1)),
+                 *((f"decode node {i}", d) for i, d in enumerate(self.decode, 1))]
+        return named + ([("cache-store", self.cache_store)] if self.cache_store is not None else [])
+
+    def lost(self) -> list[str]:
+        """The processes that exited (none should before the cluster is stopped), each as ``NAME (ADDRESS)
+        exited with code N`` (or ``was killed by SIGNAL``)."""
+        return [f"{name} ({process.address}) {_exit_status(code)}" for name, process in self.processes()
+                if (code := process.process.poll()) is not None]
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 @contextlib.contextmanager
