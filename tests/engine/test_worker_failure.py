@@ -38,3 +38,16 @@ async def test_a_failed_engine_thread_makes_the_worker_unhealthy_and_calls_fail_
         await worker.call(lambda engine: None)
     assert status_of(raised.value).name == "UNAVAILABLE"
     await worker.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_the_failure_is_handed_to_on_failure_on_the_event_loop():
+    loop = asyncio.get_running_loop()
+    told: asyncio.Future[tuple[BaseException, asyncio.AbstractEventLoop]] = loop.create_future()
+    worker = EngineWorker(Untouched(), deliver=lambda _: None, num_threads=-2,
+                          on_failure=lambda exc: told.set_result((exc, asyncio.get_running_loop())))
+    worker.start()
+    failure, on_loop = await asyncio.wait_for(told, 5)
+    assert failure is worker.failure and on_loop is loop
+    assert worker.stopped  # a failed worker counts as stopped: nobody waits on it
+    await worker.stop()
