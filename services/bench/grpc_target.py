@@ -1,7 +1,10 @@
 """pdserve's gateway over gRPC (``Gateway.Generate``, pdserve.v1): the prompt goes as token ids (a chat
-endpoint sends messages instead), token counts come from the stream, prompt length from ``usage``."""
+endpoint sends messages instead), token counts come from the stream, prompt length from ``usage``. The
+first key of ``PDSERVE_API_KEY``, when set, goes as ``authorization: Bearer``."""
 
 from __future__ import annotations
+
+import os
 
 import grpc.aio
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
@@ -16,6 +19,8 @@ class GrpcTarget:
         self.spec, self.sampling = spec, sampling
         self._channel = grpc.aio.insecure_channel(spec.address)
         self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+        key = next((k.strip() for k in os.environ.get("PDSERVE_API_KEY", "").split(",") if k.strip()), "")
+        self._metadata = (("authorization", f"Bearer {key}"),) if key else None  # a gateway run with API keys
 
     def request_message(self, request: BenchRequest) -> gateway_pb2.GenerateRequest:
         sampling = gateway_pb2.SamplingParams(max_tokens=request.output_len, temperature=self.sampling.temperature,
@@ -31,7 +36,8 @@ class GrpcTarget:
         timer = StreamTimer()
         prompt_len = request.prompt_len
         try:
-            async for response in self._stub.Generate(message, timeout=self.sampling.timeout_s):
+            async for response in self._stub.Generate(message, timeout=self.sampling.timeout_s,
+                                                      metadata=self._metadata):
                 timer.arrived(len(response.token_ids))
                 if response.finish_reason:
                     prompt_len = response.usage.prompt_tokens or prompt_len

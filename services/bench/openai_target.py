@@ -6,11 +6,14 @@ the server sends one, otherwise each content chunk counts as one token (llama-cp
 chunk per token and no usage). With ``ignore_eos`` the request carries vLLM's ``ignore_eos`` and
 ``min_tokens = max_tokens`` (what llama-cpp-python's server honours) so both kinds of server generate
 exactly ``max_tokens``; the outcome reports what was actually generated either way.
+
+An API key (``OPENAI_API_KEY``, else the first of ``PDSERVE_API_KEY``) goes as ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import httpx
@@ -27,7 +30,9 @@ class OpenAITarget:
     @classmethod
     async def open(cls, spec: TargetSpec, sampling: SamplingSpec) -> OpenAITarget:
         """Connect; without ``sampling.model`` ask ``/v1/models`` for the first model's id."""
+        key = os.environ.get("OPENAI_API_KEY") or os.environ.get("PDSERVE_API_KEY", "").split(",")[0].strip()
         client = httpx.AsyncClient(base_url=spec.url, timeout=httpx.Timeout(sampling.timeout_s, connect=10.0),
+                                   headers={"Authorization": f"Bearer {key}"} if key else None,
                                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
         model = sampling.model
         if not model:

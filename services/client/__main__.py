@@ -6,6 +6,7 @@ Uses only the generated client package (``pdserve.v1``, installable with ``pip i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import grpc
@@ -34,6 +35,12 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _env_key() -> str | None:
+    """The first key of ``PDSERVE_API_KEY`` (the gateway's own setting may list several)."""
+    keys = [k.strip() for k in os.environ.get("PDSERVE_API_KEY", "").split(",") if k.strip()]
+    return keys[0] if keys else None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("prompt", help="the prompt (a user message with --chat)")
@@ -51,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--min-tokens", type=_in_range(0, UINT32_MAX), default=0, help="no stop before this many")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    parser.add_argument("--api-key", default=_env_key(),
+                        help="the gateway's API key, sent as 'authorization: Bearer KEY' (default: the first key "
+                             "of $PDSERVE_API_KEY; none: send no key)")
     parser.add_argument("--timeout", type=_positive_seconds, default=120.0, help="deadline of the call in seconds")
     return parser.parse_args(argv)
 
@@ -72,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     with grpc.insecure_channel(args.address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         try:
-            for response in stub.Generate(build_request(args), timeout=args.timeout):
+            metadata = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else None
+            for response in stub.Generate(build_request(args), timeout=args.timeout, metadata=metadata):
                 sys.stdout.write(response.text)
                 sys.stdout.flush()
                 if response.finish_reason:

@@ -16,6 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pdserve.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
+from services.bench.datasets import BenchRequest
+from services.bench.grpc_target import GrpcTarget
+from services.bench.openai_target import OpenAITarget
+from services.bench.targets import SamplingSpec, TargetSpec
+from services.client.__main__ import main as client_main
 from services.common.launch import launch
 from services.gateway.api_keys import ApiKeys, bearer, parse_key_file
 from tests.gateway.openai.conftest import start_front, stop_front
@@ -149,3 +154,29 @@ def test_the_gateway_process_checks_keys_and_never_logs_them(tmp_path):
     output = log_path.read_text()
     assert "gateway ready" in output and "api_keys" in output  # the log was captured
     assert KEYS[0] not in output and WRONG not in output
+
+
+async def test_the_client_and_the_bench_targets_send_a_key(keyed, monkeypatch):
+    """``python -m services.client --api-key`` and the bench's gRPC and OpenAI targets (``PDSERVE_API_KEY``)."""
+    address = keyed.cluster.gateway.server.address
+    run = ["hi", "--address", address, "--max-tokens", "2", "--timeout", "5"]
+    assert await asyncio.to_thread(client_main, [*run, "--api-key", KEYS[0]]) == 0
+    assert await asyncio.to_thread(client_main, [*run, "--api-key", WRONG]) == 1
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("PDSERVE_API_KEY", f"{KEYS[1]},{KEYS[0]}")
+    request = BenchRequest(prompt="Hi", prompt_ids=(1, 2), output_len=2, system="", group=0)
+    grpc_target = GrpcTarget(TargetSpec.parse(f"grpc://{address}"), SamplingSpec())
+    openai_target = await OpenAITarget.open(TargetSpec.parse(keyed.url), SamplingSpec())
+    try:
+        for target in (grpc_target, openai_target):
+            outcome = await target.generate(request)
+            assert outcome.ok and outcome.output_tokens >= 1, outcome.error
+    finally:
+        await grpc_target.close()
+        await openai_target.close()
+    monkeypatch.delenv("PDSERVE_API_KEY")
+    keyless = GrpcTarget(TargetSpec.parse(f"grpc://{address}"), SamplingSpec())
+    try:
+        assert (await keyless.generate(request)).error.startswith("UNAUTHENTICATED")
+    finally:
+        await keyless.close()
