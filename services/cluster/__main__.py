@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ from pathlib import Path
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.cluster.local import ClusterSpec, LocalCluster, start_cluster
+from services.cluster.local import ClusterSpec, LocalCluster, key_metadata, start_cluster
 
 USAGE = """
 pdserve is up: gateway {gateway}
@@ -40,7 +41,7 @@ From Python (the generated client: pip install protos/python):
   for response in stub.Generate(request):
       print(response.text, end="", flush=True)
 
-{http_usage}
+{http_usage}{key_usage}
 Metrics (Prometheus text):
 {metrics}
 Drain one node as SIGTERM would: .venv/bin/grpcurl -plaintext -d '{{}}' <node address> pdserve.v1.Admin/Drain
@@ -59,28 +60,36 @@ HTTP_USAGE = """OpenAI-compatible HTTP (streaming: "stream": true):
 """
 
 
-def http_usage(http_url: str) -> str:
+KEY_USAGE = """
+API keys are required (health, reflection and /metrics stay open): export PDSERVE_API_KEY=<key> for
+services.client, add -H "authorization: Bearer $PDSERVE_API_KEY" to grpcurl and curl, api_key=<key> to OpenAI().
+"""
+
+
+def http_usage(http_url: str, api_key: str = "") -> str:
     if not http_url:
         return ""
-    with urllib.request.urlopen(f"{http_url}/v1/models", timeout=10) as reply:
+    request = urllib.request.Request(f"{http_url}/v1/models", headers=dict(key_metadata(api_key) or ()))
+    with urllib.request.urlopen(request, timeout=10) as reply:
         model = json.load(reply)["data"][0]["id"]
     return HTTP_USAGE.format(http=http_url, model=model)
 
 
-def cluster_status(gateway: str) -> gateway_pb2.ClusterStatusResponse:
+def cluster_status(gateway: str, api_key: str = "") -> gateway_pb2.ClusterStatusResponse:
     with grpc.insecure_channel(gateway) as channel:
-        return gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10)
+        return gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10,
+                                                                   metadata=key_metadata(api_key))
 
 
-def model_line(gateway: str) -> str:
+def model_line(gateway: str, api_key: str = "") -> str:
     """``served name (model name, weights digest)``, from the gateway's ClusterStatus."""
-    status = cluster_status(gateway)
+    status = cluster_status(gateway, api_key)
     return f"{status.served_model_name} ({status.model_name}, weights {status.weights_digest[:12]})"
 
 
-def metrics_lines(gateway: str) -> str:
+def metrics_lines(gateway: str, api_key: str = "") -> str:
     """``role  url`` of every process, from the gateway's ClusterStatus."""
-    status = cluster_status(gateway)
+    status = cluster_status(gateway, api_key)
     rows = [("gateway", status.gateway_metrics_url), *((n.role, n.metrics_url) for n in status.nodes)]
     return "\n".join(f"  {role:12s} {url}" for role, url in rows if url) or "  (none)"
 
@@ -100,6 +109,8 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
                         help="the model id of the HTTP front (/v1/models); default: the model file's name")
     parser.add_argument("--max-model-len", type=int, default=0,
                         help="context length of the gateway and every node; 0 = the model's")
+    parser.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY", ""),
+                        help="the gateway's API key(s), comma-separated (default: $PDSERVE_API_KEY); empty = open")
     parser.add_argument("--no-store-prefixes", dest="store_prefixes", action="store_false",
                         help="prefill nodes do not share prompt blocks through the cache-store")
     args = parser.parse_args(argv)
@@ -111,7 +122,7 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
                        http_listen=args.http, model=str(Path(args.model).resolve()) if args.model else "",
                        served_model_name=args.served_model_name, max_model_len=args.max_model_len,
                        engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
-                       prefill_cache_store=args.store_prefixes)
+                       prefill_cache_store=args.store_prefixes, api_key=args.api_key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,11 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(f"starting the cluster (loading {model} in each node)...\n")
     with start_cluster(spec) as cluster:
         sys.stdout.write(USAGE.format(
-            gateway=cluster.address, model=model_line(cluster.address), http=cluster.http_url or "off",
-            http_usage=http_usage(cluster.http_url),
+            gateway=cluster.address, model=model_line(cluster.address, spec.api_key), http=cluster.http_url or "off",
+            http_usage=http_usage(cluster.http_url, spec.api_key), key_usage=KEY_USAGE if spec.api_key else "",
             prefill=", ".join(p.address for p in cluster.prefill),
             decode=", ".join(d.address for d in cluster.decode),
-            store=cluster.cache_store.address if cluster.cache_store else "-", metrics=metrics_lines(cluster.address)))
+            store=cluster.cache_store.address if cluster.cache_store else "-",
+            metrics=metrics_lines(cluster.address, spec.api_key)))
         sys.stdout.flush()
         code = run_until_stopped(cluster, stop)
         sys.stdout.write("stopping...\n")

@@ -34,6 +34,7 @@ class ClusterSpec:
     prefill_args: tuple[str, ...] = ()
     decode_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
+    api_key: str = field(default="", repr=False)  # the gateway's API key(s), comma-separated (via its env); "" = open
     offload_to_cache_store: bool = False  # decode nodes keep preempted KV in the cache-store past their host budget
     prefill_cache_store: bool = False  # prefill nodes fetch prompt blocks from the cache-store and write theirs back
     startup_timeout_s: float = 120.0
@@ -90,9 +91,10 @@ def _exit_status(code: int) -> str:
 def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                   stderr: int | None = None) -> Iterator[LocalCluster]:
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str) -> ServiceProcess:
+        def start(module: str, *args: str, env: Mapping[str, str] | None = None) -> ServiceProcess:
             return stack.enter_context(launch(module, *args, startup_timeout_s=spec.startup_timeout_s,
-                                              env=dict(spec.env), cwd=spec.cwd, stdout=stdout, stderr=stderr))
+                                              env={**spec.env, **(env or {})}, cwd=spec.cwd, stdout=stdout,
+                                              stderr=stderr))
 
         store = start("services.cache_store") if spec.cache_store else None
         decode_args = spec.node_args("decode")
@@ -110,15 +112,23 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
             gateway_args += ["--cache-store", store.address]
         if spec.http_listen:
             gateway_args += ["--http-listen", spec.http_listen]
-        gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen)
-        http_url = _http_url(gateway.address) if spec.http_listen else ""
+        key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
+        gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
+        http_url = _http_url(gateway.address, spec.api_key) if spec.http_listen else ""
         yield LocalCluster(gateway, prefill, decode, store, http_url)
 
 
-def _http_url(gateway: str) -> str:
+def key_metadata(api_key: str) -> tuple[tuple[str, str], ...] | None:
+    """The gRPC metadata that carries the first of ``api_key``'s keys; None without one."""
+    first = next((k.strip() for k in api_key.split(",") if k.strip()), "")
+    return (("authorization", f"Bearer {first}"),) if first else None
+
+
+def _http_url(gateway: str, api_key: str = "") -> str:
     """The bound URL of the gateway's HTTP front (its port may be ephemeral), from ``ClusterStatus``."""
     with grpc.insecure_channel(gateway) as channel:
-        status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10)
+        status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10,
+                                                                     metadata=key_metadata(api_key))
     return status.http_url
 
 

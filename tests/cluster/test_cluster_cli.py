@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.cluster.__main__ import parse_spec
-from services.cluster.local import ClusterSpec
+from services.cluster.local import ClusterSpec, key_metadata
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,3 +64,13 @@ def test_make_run_passes_model_served_name_and_context_length():
         "-m services.cluster --model '/models/my model' --served-model-name 'mine' --max-model-len 512")
     assert run_line().endswith("-m services.cluster")
     assert run_line("RUN_ARGS=--decode-nodes 2").endswith("-m services.cluster --decode-nodes 2")
+
+
+def test_an_api_key_reaches_the_spec_from_the_flag_or_the_variable_and_stays_out_of_its_repr(monkeypatch):
+    monkeypatch.delenv("PDSERVE_API_KEY", raising=False)
+    assert parse_spec([]).api_key == ""
+    assert parse_spec(["--api-key", "sk-flag"]).api_key == "sk-flag"
+    monkeypatch.setenv("PDSERVE_API_KEY", "sk-env,sk-other")
+    spec = parse_spec([])
+    assert spec.api_key == "sk-env,sk-other" and "sk-env" not in repr(spec)
+    assert key_metadata(spec.api_key) == (("authorization", "Bearer sk-env"),) and key_metadata("") is None
