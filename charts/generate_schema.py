@@ -5,6 +5,7 @@ role's ``config`` map lists exactly the settings of that service's config datacl
 ``max_num_seq`` is refused, with its JSON type), and the global ``config`` the settings every service
 has. Settings the chart derives from the pod (``listen``, ``metrics_listen``, ``advertise``,
 ``port_file``, ``http_listen``) are left out: they come from container env, which wins over the ConfigMap.
+So is ``api_key``: a key belongs in a Secret (``gateway.apiKeySecret``), never in a ConfigMap.
 
 The schema follows the code: ``tests/charts`` fails when this file would write something else.
 """
@@ -22,7 +23,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "charts" / "pdserve" / "values.schema.json"
-POD_SETTINGS = frozenset({"listen", "metrics_listen", "advertise", "port_file", "http_listen"})
+POD_SETTINGS = frozenset({"listen", "metrics_listen", "advertise", "port_file", "http_listen",
+                          "api_key"})
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "string"}
 
 
@@ -113,7 +115,8 @@ def values_schema() -> dict[str, Any]:
             "metricsAnnotations": BOOLEAN,
             "gateway": role_schema(config_schema(roles["gateway"]), strategy=ANY_OBJECT, service=obj({
                 "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": ANY_OBJECT,
-                "http": obj({"enabled": BOOLEAN, "port": PORT})})),
+                "http": obj({"enabled": BOOLEAN, "port": PORT})}),
+                apiKeySecret=obj({"name": STRING, "key": {"type": "string", "minLength": 1}})),
             "prefill": role_schema(config_schema(roles["prefill"]), strategy=ANY_OBJECT, **gpu),
             "decode": role_schema(config_schema(roles["decode"]), strategy=ANY_OBJECT, **gpu),
             "cacheStore": _cache_store(roles),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import helm_python as helm
 import pytest
 
 from services.common.config import build_config, env_name
@@ -247,3 +248,22 @@ def test_the_gateway_serves_openai_http_on_its_named_port(values):
     assert (service_ports["http"]["port"], service_ports["http"]["targetPort"]) == (http["port"], "http")
     for component in set(COMPONENTS) - {"gateway"}:
         assert "PDSERVE_HTTP_LISTEN" not in rendered.settings(component)
+
+
+def test_an_api_key_secret_is_mounted_as_the_gateways_key_file_and_nothing_else_sees_it():
+    assert "PDSERVE_API_KEY_FILE" not in render().settings("gateway")  # no Secret named: open
+    rendered = render({"gateway": {"apiKeySecret": {"name": "my-keys", "key": "keys.txt"}}})
+    pod = rendered.workload("gateway")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"] == {"secretName": "my-keys", "items": [{"key": "keys.txt", "path": "keys"}]}
+    mount = next(m for m in rendered.container("gateway")["volumeMounts"] if m["name"] == "api-keys")
+    assert mount["readOnly"] and "subPath" not in mount  # a rotated key reaches the file
+    assert rendered.settings("gateway")["PDSERVE_API_KEY_FILE"] == f"{mount['mountPath']}/keys"
+    for component in set(COMPONENTS) - {"gateway"}:
+        assert "PDSERVE_API_KEY_FILE" not in rendered.settings(component)
+        assert all(m["name"] != "api-keys" for m in rendered.container(component).get("volumeMounts", []))
+
+
+def test_an_api_key_is_refused_in_a_configmap():
+    with pytest.raises(helm.HelmValuesError, match="'api_key' not allowed"):  # it belongs in apiKeySecret
+        render({"gateway": {"config": {"api_key": "sk-in-a-configmap"}}})

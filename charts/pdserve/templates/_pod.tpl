@@ -91,6 +91,9 @@ spec:
         {{- if and (eq $role.key "cacheStore") $values.disk.enabled }}
         - {name: kv-disk, mountPath: {{ $values.disk.mountPath | quote }}}
         {{- end }}
+        {{- if and (eq $role.key "gateway") $values.apiKeySecret.name }}
+        - {name: api-keys, mountPath: /etc/pdserve/api-keys, readOnly: true}  # no subPath: updates reach it
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir: {sizeLimit: {{ $root.Values.tmpSizeLimit }}}
@@ -101,6 +104,12 @@ spec:
     {{- if and $modelInit $root.Values.model.init.fromClaim }}
     - name: model-source
       persistentVolumeClaim: {claimName: {{ $root.Values.model.init.fromClaim | quote }}, readOnly: true}
+    {{- end }}
+    {{- if and (eq $role.key "gateway") $values.apiKeySecret.name }}
+    - name: api-keys
+      secret:
+        secretName: {{ $values.apiKeySecret.name | quote }}
+        items: [{key: {{ $values.apiKeySecret.key | quote }}, path: keys}]
     {{- end }}
     {{- if and (eq $role.key "cacheStore") $values.disk.enabled (not $values.disk.persistence.enabled) }}
     - name: kv-disk
@@ -136,6 +145,9 @@ spec:
 - {name: PDSERVE_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.grpc | int) | quote }}}
 - {name: PDSERVE_METRICS_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.metrics | int) | quote }}}
 - {name: PDSERVE_ADVERTISE, value: {{ printf "$(POD_IP):%d" ($ports.grpc | int) | quote }}}
+{{- if and (eq $role.key "gateway") $root.Values.gateway.apiKeySecret.name }}
+- {name: PDSERVE_API_KEY_FILE, value: /etc/pdserve/api-keys/keys}
+{{- end }}
 {{- if and (eq $role.key "gateway") $root.Values.gateway.service.http.enabled }}
 - {name: PDSERVE_HTTP_LISTEN, value: {{ printf "0.0.0.0:%d" ($root.Values.gateway.service.http.port | int) | quote }}}
 {{- end }}
