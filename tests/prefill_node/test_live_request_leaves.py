@@ -27,6 +27,7 @@ class Prepare:
 class Parts:
     def __init__(self) -> None:
         self.draining = False
+        self.failure = ""  # the engine has not failed
         self.live = LiveRequests(settle_timeout_s=1.0)
         self.prepare = Prepare()
 
