@@ -2,7 +2,7 @@
 
 A put stream is a sequence of (header | None, data) chunks: a header starts a block, data extends the
 current one. ``PutAssembler`` enforces the framing (no data before a header, no more bytes than
-announced, every block complete when the next starts or the stream ends), the header contract of
+announced, every block complete when the next starts or the stream ends, no key twice), the header contract of
 ``cache_store.proto`` (32-byte keys, a layout of the key's model) and the staging budget, and verifies
 each block's checksum as it completes; ``BlockStore.put`` then stores all blocks or none.
 """
@@ -70,10 +70,14 @@ class PutAssembler:
         self.staged_bytes = 0
         self._done: list[StoredBlock] = []
         self._current: _Pending | None = None
+        self._keys: set[bytes] = set()  # a key twice in one put is refused: which bytes would it store?
 
     def add(self, header: BlockHeader | None, data: bytes | memoryview) -> None:
         if header is not None:
             header.validate()
+            if header.key in self._keys:
+                raise MalformedPutError("key", f"block {header.key.hex()} comes twice in this put")
+            self._keys.add(header.key)
             self._close_current()
             if self.staged_bytes + header.total_length > self.max_bytes:
                 raise StoreFullError(f"put of more than {self.max_bytes} bytes (the store's capacity)")

@@ -158,12 +158,12 @@ class DecodeNode:
         self.kv_received.add(size, len(block_ids), time.perf_counter() - started)
         return _unix_ms(lease_s)
 
-    async def commit(self, request_id: str, first_token_id: int) -> None:
+    async def commit(self, request_id: str, first_token_id: int, num_computed_tokens: int = 0) -> None:
         """The request joins the decode batch; its ``decode`` span (tracing on) goes under the gateway's
         Attach when that came first (the usual order), else under the commit."""
         stream = self.streams.get(request_id)
         parent = stream.trace if stream is not None and stream.trace is not None else tracing.current_context()
-        await self.worker.call(LLMEngine.commit, request_id, first_token_id, _trace(parent))
+        await self.worker.call(LLMEngine.commit, request_id, first_token_id, _trace(parent), num_computed_tokens)
 
     async def abort(self, request_id: str, reason: str = "aborted") -> bool:
         """Free everything the request holds here; an attached gateway hears ``reason``."""

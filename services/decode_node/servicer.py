@@ -10,6 +10,7 @@ import grpc.aio
 from google.protobuf.message import DecodeError
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
+import services.engine_node.errors  # noqa: F401  (the engine's errors as status codes)
 from kvcache.cuda_ipc import IpcError
 from services.common import tracing
 from services.common.errors import (
@@ -19,10 +20,12 @@ from services.common.errors import (
     mapped_errors,
     status_of,
 )
+from services.common.field_checks import check_request_id
 from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.decode_node.handover import Route
+from services.decode_node.message_checks import check_adopt, check_batch, check_reserve
 from services.decode_node.node import DecodeNode
 from services.engine.decode_role import HandedRequest, Refusal
 from services.engine.engine import LLMEngine
@@ -49,12 +52,12 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @traced_rpc("Reserve")
     async def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.aio.ServicerContext
                       ) -> decode_pb2.ReserveResponse:
-        if not request.request_id:
-            raise InvalidArgumentError("request_id", "is required")
+        check_request_id(request.request_id)
         if request.HasField("layout"):
             self._check_layout(request.layout)
         elif request.model_fingerprint and request.model_fingerprint != self.layout.model_fingerprint:
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
+        check_reserve(request, self.layout.block_size if request.HasField("layout") else 0)
         sampling = sampling_from_proto(request.sampling, default_max_tokens=request.max_tokens or 16)
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         route = Route(list(request.decode_peers), request.deadline_unix_ms)
@@ -81,6 +84,11 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                     yield decode_pb2.KVAck(seq=message.seq)
                     continue
                 request_id = getattr(message, kind).request_id
+                try:
+                    check_request_id(request_id, f"{kind}.request_id")
+                except mapped_errors() as error:  # nothing to fail or abort under an id that is not one
+                    yield decode_pb2.KVAck(seq=message.seq, error=str(error), code=status_of(error).value[0])
+                    continue
                 if request_id in failed:
                     yield decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=failed[request_id].error,
                                            code=failed[request_id].code)
@@ -102,9 +110,12 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         if kind == "header":
             tracing.bind_request(request_id)
             self._check_layout(message.header.layout)
+            lease = await self.node.renew(request_id)  # NOT_FOUND unless the request is reserved here
             if message.header.ipc_session:
                 ipc_sessions[request_id] = message.header.ipc_session
-            return decode_pb2.KVAck(seq=message.seq, request_id=request_id)
+            return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
+        if kind == "blocks":
+            check_batch(message.blocks, self.layout.bytes_per_block)
         if kind == "blocks" and message.blocks.source_block_ids:
             return await self._receive_by_reference(message, request_id, ipc_sessions.get(request_id, ""))
         if kind == "keepalive":
@@ -114,16 +125,14 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             lease = await self.node.receive(request_id, list(message.blocks.block_ids), message.blocks.payload)
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
         with tracing.span("commit", request_id=request_id):
-            await self.node.commit(request_id, message.commit.first_token_id)
+            await self.node.commit(request_id, message.commit.first_token_id, message.commit.num_computed_tokens)
         return decode_pb2.KVAck(seq=message.seq, request_id=request_id, committed=True)
 
     async def _receive_by_reference(self, message: decode_pb2.KVTransferMessage, request_id: str,
                                     session_id: str) -> decode_pb2.KVAck:
         """A batch of source block ids: copied by CUDA IPC, or answered with ``ipc_error`` (nothing taken;
         the prefill node sends the bytes instead)."""
-        batch = message.blocks
-        if batch.payload or len(batch.source_block_ids) != len(batch.block_ids):
-            raise InvalidArgumentError("blocks", "source_block_ids come without payload, one per block id")
+        batch = message.blocks  # its form checked by check_batch
         try:
             if not session_id:
                 raise IpcError("the request's header named no IPC session")
@@ -139,8 +148,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                      "bytes_per_block"):
             theirs, ours = getattr(layout, name), getattr(mine, name)
             if theirs != ours:
-                if isinstance(theirs, bytes):  # a fingerprint: the same shapes, other weights or settings
-                    theirs, ours = theirs.hex(), ours.hex()
+                if isinstance(theirs, bytes):  # a fingerprint: never told (it identifies the model's weights)
+                    raise FailedPreconditionError(f"layout.{name}: the sender's differs from this node's: another "
+                                                  f"model, weights or settings (its KV cannot be used here)")
                 raise FailedPreconditionError(f"layout.{name}: sender has {theirs!r}, this node {ours!r} (its KV "
                                               f"cannot be used here)")
 
@@ -150,12 +160,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                     ) -> decode_pb2.AdoptResponse:
         """Take over a request another decode node preempted (its KV in ``request.cache_store``): granted
         means it runs here and its tokens wait for an ``Attach``; a refusal leaves nothing behind."""
-        if not request.request_id:
-            raise InvalidArgumentError("request_id", "is required")
         if request.model_fingerprint != self.layout.model_fingerprint:
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
-        if not request.cache_store and request.kv_keys:
-            raise InvalidArgumentError("cache_store", "is required to fetch kv_keys")
+        check_adopt(request, self.layout.model_fingerprint)
         sampling = sampling_from_proto(request.sampling)
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         handed = HandedRequest(
@@ -171,6 +178,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @traced_rpc("Attach")
     async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
+        check_request_id(request.request_id)
         async with contextlib.aclosing(self.node.attach(request.request_id)) as events:
             async for event in events:  # the stream is dropped (and the request aborted) when the call ends
                 message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
@@ -185,6 +193,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
+        check_request_id(request.request_id)
+        if len(request.reason) > 256 or not request.reason.isprintable():
+            raise InvalidArgumentError("reason", "is not at most 256 printable characters")
         reason = f"aborted by {request.reason or 'a caller'}"
         return node_pb2.AbortResponse(found=await self.node.abort(request.request_id, reason))
 

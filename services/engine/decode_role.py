@@ -20,6 +20,7 @@ import torch
 
 from services.engine.adoption import AdoptionGrant, Adoptions
 from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.errors import InvalidRequestError
 from services.engine.handover import HandedRequest, Handovers
 from services.engine.request import Request
 from services.engine.request_trace import RequestTrace, end_trace
@@ -69,9 +70,21 @@ class DecodeRole:
         """Free the reservations whose lease passed without traffic; their request ids."""
         return self.reservations.expire()
 
-    def commit(self, request_id: str, first_token_id: int, trace: RequestTrace | None = None) -> Request:
+    def commit(self, request_id: str, first_token_id: int, trace: RequestTrace | None = None,
+               num_computed_tokens: int = 0) -> Request:
         """All of the prompt's blocks arrived: the request joins the decode batch after its first token.
-        ``trace``: the node's span hook for the request (``request_trace.py``), if it traces it."""
+        ``trace``: the node's span hook for the request (``request_trace.py``), if it traces it.
+        ``num_computed_tokens`` (0 = not said): the prompt tokens the sender's blocks hold, which must be
+        the whole prompt. Raises ``InvalidRequestError`` (nothing changed) for a first token outside the
+        vocabulary (it would fail the next step, and with it the engine thread) or another length."""
+        reservation = self.reservations.get(request_id)
+        if not 0 <= first_token_id < self.validator.vocab_size:
+            raise InvalidRequestError("commit.first_token_id", f"token id {first_token_id} is outside the "
+                                                               f"vocabulary [0, {self.validator.vocab_size})")
+        prompt_tokens = reservation.request.num_prompt_tokens
+        if num_computed_tokens and num_computed_tokens != prompt_tokens:
+            raise InvalidRequestError("commit.num_computed_tokens", f"is {num_computed_tokens}, the prompt has "
+                                                                    f"{prompt_tokens} tokens")
         request = self.reservations.commit(request_id, first_token_id)
         request.trace = trace if trace is not None else request.trace
         self._requests[request_id] = request
@@ -103,6 +116,10 @@ class DecodeRole:
         """Blocks for a request another decode node hands over, if the admission policy leaves room; its
         KV is then fetched into ``AdoptionGrant.block_ids`` and :meth:`complete_adoption` starts it."""
         self._check_new_id(handed.request_id)
+        bad = next((t for t in handed.output_token_ids if not 0 <= t < self.validator.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError("output_token_ids", f"token id {bad} is outside the vocabulary "
+                                                          f"[0, {self.validator.vocab_size})")
         self.encode_prompt(token_ids=[*handed.prompt_token_ids, *handed.output_token_ids])  # vocabulary
         self.validator.validate(handed.prompt_token_ids, handed.sampling)
         return self.adoptions.adopt(handed, self.eos_token_ids, lease_s)

@@ -129,6 +129,8 @@ class ReservationBook:
         """Check that ``block_ids`` are granted, uncached and new; mark them received; renew the lease.
         The caller writes the bytes (outside the engine thread is fine: nothing else touches them)."""
         reservation = self.get(request_id)
+        if len(set(block_ids)) != len(block_ids):
+            raise InvalidRequestError("block_ids", f"a batch of {request_id!r} names a block twice")
         allowed = set(reservation.block_ids[reservation.num_cached_blocks:])
         for block_id in block_ids:
             if block_id not in allowed:

@@ -11,6 +11,7 @@ from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 
 import services.engine_node.errors  # noqa: F401  (the engine's errors as status codes)
 from services.common.errors import InvalidArgumentError, grpc_errors
+from services.common.field_checks import check_addresses, check_request_id
 from services.common.logprobs_convert import logprob_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
@@ -29,10 +30,10 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
     @traced_rpc("Prefill")
     async def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[prefill_pb2.PrefillEvent]:
-        if not request.request_id:
-            raise InvalidArgumentError("request_id", "is required")
+        check_request_id(request.request_id)
         if not request.decode_candidates:
             raise InvalidArgumentError("decode_candidates", "at least one decode node is required")
+        check_addresses(request.decode_candidates, "decode_candidates")
         sampling = sampling_from_proto(request.sampling)
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         events = self.node.prefill(request.request_id, list(request.prompt_token_ids), sampling,
@@ -44,6 +45,7 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
     @grpc_errors
     @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
+        check_request_id(request.request_id)
         return node_pb2.AbortResponse(found=await self.node.abort(request.request_id))
 
     @grpc_errors

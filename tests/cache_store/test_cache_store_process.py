@@ -90,6 +90,7 @@ def test_bad_puts_are_rejected_and_change_nothing(stub):
         (iter([no_layout]), code.INVALID_ARGUMENT, "layout: "),
         (iter([cache_store_pb2.PutChunk(data=b"orphan")]), code.INVALID_ARGUMENT, "key: data before"),
         (iter([no_algorithm]), code.INVALID_ARGUMENT, "checksum_algorithm"),
+        (put_stream([good, other, (key("good"), b"other bytes")]), code.INVALID_ARGUMENT, "key: block "),
         (put_stream([(key("huge"), bytes(65 * MIB))], chunk_bytes=8 * MIB), code.RESOURCE_EXHAUSTED, "capacity"),
     ]
     for stream, expected, message in cases:

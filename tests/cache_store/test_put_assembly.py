@@ -74,6 +74,14 @@ def test_malformed_stream_names_the_field(first, field):
         PutAssembler(max_bytes=100).add(*first)
 
 
+def test_a_key_twice_in_one_put_is_refused_by_name():
+    """Which of the two would be stored? Neither: the put fails (and stores nothing, as any bad put)."""
+    assembler = PutAssembler(max_bytes=100)
+    assembler.add(header("a", b"one"), b"one")
+    with pytest.raises(MalformedPutError, match=r"^key: block .* comes twice in this put"):
+        assembler.add(header("a", b"two"), b"two")
+
+
 def test_key_for_another_model_says_so():
     with pytest.raises(MalformedPutError, match="key for another model"):
         PutAssembler(max_bytes=100).add(bad(key_=key("k", OTHER_FP)), b"data")
