@@ -66,6 +66,8 @@ async def test_reserve_attach_abort_and_adopt_refuse_malformed_fields_by_name(mo
             await _refused(stub.Abort(node_pb2.AbortRequest(request_id=rid)), Code.INVALID_ARGUMENT, "request_id")
             attach = stub.Attach(decode_pb2.AttachRequest(request_id=rid))
             await _refused(attach.read(), Code.INVALID_ARGUMENT, "request_id")
+        answer = await stub.Abort(node_pb2.AbortRequest(request_id="unknown", reason="why\n" * 300))
+        assert not answer.found  # an abort is never refused for its (informative) reason
         await _refused(stub.Reserve(_reserve(prompt_token_ids=[*PROMPT[:-1], vocab])), Code.INVALID_ARGUMENT,
                        "token_ids")
         mine = kv_layout(decode.engine.kv_layout_spec())
