@@ -10,7 +10,8 @@ node's prefix cache). Cancellation or any failure aborts the request here and on
 
 Engine failure (an exception escaped the engine thread): :meth:`PrefillNode.fail_all` ends every request
 (waiting for a decode node, its first token or its blocks) with ``UNAVAILABLE`` naming the failure; their
-reservations on decode nodes are aborted; ``on_engine_failure`` (set by ``serve.py``: health, exit) is told.
+reservations on decode nodes are left to the gateway's abort and the lease; ``on_engine_failure`` (set by
+``serve.py``: health, exit) is told.
 """
 
 from __future__ import annotations
@@ -241,8 +242,12 @@ class PrefillNode:
             self.handoffs.pop(request_id, None)
         if computed is not None and store is not None:
             store.write_back(request_id, block_hashes, *computed)
-        if abort_reason is not None:
+        if abort_reason is not None and self.worker.failure is None:
             await self.decode.abort(sender.address, request_id, abort_reason)
+        # After an engine failure the decode reservation is left to the gateway, which aborts every leg of
+        # the failed attempt when it hears this node's UNAVAILABLE (and to the lease): aborted from here
+        # first, the decode leg's stream would end before that, and the gateway would blame the decode
+        # node and not retry the request on another prefill node.
 
     # ---- the cache-store (prefix_store.py) ------------------------------------------------------
     async def _start_fetch(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes]
@@ -270,7 +275,8 @@ class PrefillNode:
 
     async def fail_all(self, reason: str) -> None:
         """This node cannot go on: every request in flight ends (its call fails ``UNAVAILABLE`` with
-        ``reason``, its reservation on a decode node is aborted), and so does every later one."""
+        ``reason``; its reservation on a decode node is left to the gateway's abort and the lease), and so
+        does every later one."""
         self.failure = reason
         ids = self.live.ids()
         log.error("ending every request: the node failed", requests=len(ids), reason=reason)
