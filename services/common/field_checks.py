@@ -11,17 +11,18 @@ from collections.abc import Sequence
 from services.common.errors import InvalidArgumentError
 
 MAX_REQUEST_ID_CHARS = 256
+MAX_CLIENT_REQUEST_ID_CHARS = 224  # a client's id at the gateway: room for a retry's ``~retryN-xxxxxx`` suffix
 MAX_ADDRESS_CHARS = 256
 MAX_PEERS = 64  # decode candidates / peers one message may name
 
 
-def check_request_id(request_id: str, field: str = "request_id") -> None:
-    """Non-empty, at most :data:`MAX_REQUEST_ID_CHARS` characters, all printable (no control characters,
-    no newlines: ids go into logs and metric labels)."""
+def check_request_id(request_id: str, field: str = "request_id", max_chars: int = MAX_REQUEST_ID_CHARS) -> None:
+    """Non-empty, at most ``max_chars`` characters, all printable (no control characters, no newlines: ids
+    go into logs and metric labels)."""
     if not request_id:
         raise InvalidArgumentError(field, "is required")
-    if len(request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidArgumentError(field, f"is {len(request_id)} characters, at most {MAX_REQUEST_ID_CHARS}")
+    if len(request_id) > max_chars:
+        raise InvalidArgumentError(field, f"is {len(request_id)} characters, at most {max_chars}")
     if not request_id.isprintable():
         raise InvalidArgumentError(field, "has a non-printable character")
 

@@ -27,6 +27,7 @@ import structlog
 
 from services.common import tracing
 from services.common.errors import UnavailableError
+from services.common.field_checks import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
 from services.common.sampling_convert import default_max_tokens, random_seed
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
 from services.engine.tokenizer import ChatMessage, Tokenizer
@@ -88,7 +89,10 @@ class GatewayCore:
     # --- requests ---
 
     def prepare(self, request: GenerateInput) -> PreparedRequest:
-        """Tokenize and validate; raises ``InvalidRequestError`` naming the field. Changes nothing."""
+        """Tokenize and validate; raises ``InvalidRequestError`` (``InvalidArgumentError`` for a malformed
+        client request id) naming the field. Changes nothing."""
+        if request.request_id:  # the nodes refuse what is not an id (field_checks); say so before any work
+            check_request_id(request.request_id, max_chars=MAX_CLIENT_REQUEST_ID_CHARS)
         ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages)
         cap = default_max_tokens(len(ids), self.settings.max_model_len,
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))

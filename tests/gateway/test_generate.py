@@ -290,6 +290,8 @@ BAD_INPUT = {
     "messages past the context": (gateway_pb2.GenerateRequest(
         messages=[gateway_pb2.ChatMessage(role="user", content="")] * MAX_MODEL_LEN), "messages"),
     "max_tokens over the context": (request(max_tokens=MAX_MODEL_LEN), "max_tokens"),
+    "a 225-character request id": (gateway_pb2.GenerateRequest(request_id="r" * 225, prompt="a"), "request_id"),
+    "a request id with a newline": (gateway_pb2.GenerateRequest(request_id="a\nb", prompt="a"), "request_id"),
 }
 
 
