@@ -84,23 +84,34 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     if settings.api_keys is not None and settings.api_keys.enabled:
         app.add_middleware(ApiKeyAuth, keys=settings.api_keys)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
-    card = ModelCard(id=settings.model_name, created=settings.created)
+    _add_info_routes(app, settings, state)
+    _add_generation_routes(app, Generations(core, metrics, settings, state))
+    add_tokenize_routes(app, core, settings.model_name)
+    return app
 
-    def check(body: GenerationBody) -> None:
-        if state.draining:
+
+class Generations:
+    """What the completion routes share: the checks of a request and running its choices."""
+
+    def __init__(self, core: GatewayCore, metrics: GatewayMetrics | None, settings: FrontSettings,
+                 state: FrontState) -> None:
+        self.core, self.metrics, self.settings, self.state = core, metrics, settings, state
+
+    def check(self, body: GenerationBody) -> None:
+        if self.state.draining:
             raise errors.draining()
-        if body.model is not None and body.model != settings.model_name:
-            raise errors.model_not_found(body.model, settings.model_name)
+        if body.model is not None and body.model != self.settings.model_name:
+            raise errors.model_not_found(body.model, self.settings.model_name)
         refuse_unsupported(body.model_extra)
         if body.stream_options is not None:
             refuse_unsupported(body.stream_options.model_extra, prefix="stream_options.")
 
-    async def tokenized_once(prompts: list[GenerateInput]) -> list[GenerateInput]:
+    async def tokenized_once(self, prompts: list[GenerateInput]) -> list[GenerateInput]:
         """Each prompt as the token ids it templates and tokenizes to, so its ``n`` choices do not redo that;
         every prompt of a batch is checked before any request is opened (and counted). A single prompt
         that fails is left as it is: its first choice fails as a lone request would."""
         inputs = []
-        for p, prepared in enumerate(await core.prepare_each_off_loop(prompts)):
+        for p, prepared in enumerate(await self.core.prepare_each_off_loop(prompts)):
             if isinstance(prepared, InvalidRequestError):
                 if len(prompts) == 1:
                     return prompts
@@ -108,7 +119,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
             inputs.append(dataclasses.replace(prompts[p], prompt=None, messages=None, token_ids=prepared.prompt_ids))
         return inputs
 
-    async def run(request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
+    async def run(self, request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
                   body: GenerationBody) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
         renderer of choice ``i``."""
@@ -117,9 +128,9 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
 
         async def open_all(prompts: list[GenerateInput]) -> None:
             if len(prompts) > 1 or body.n > 1:
-                prompts = await tokenized_once(prompts)
+                prompts = await self.tokenized_once(prompts)
             for i, one in enumerate(choices_of(prompts, body.n)):
-                running = RunningRequest(core, metrics, one, request.headers.items(), group)
+                running = RunningRequest(self.core, self.metrics, one, request.headers.items(), group)
                 await running.open()
                 choices.append((running, renderer(i)))
 
@@ -138,6 +149,11 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         close_all(asyncio.CancelledError("client disconnected"))
         return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
 
+
+def _add_info_routes(app: FastAPI, settings: FrontSettings, state: FrontState) -> None:
+    """``/health`` and the model list."""
+    card = ModelCard(id=settings.model_name, created=settings.created)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         return JSONResponse({"status": "draining" if state.draining else "ok"}, status_code=503 if state.draining
@@ -153,28 +169,30 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
             raise errors.model_not_found(model, settings.model_name)
         return card
 
+
+def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
+    """``/v1/completions`` and ``/v1/chat/completions``."""
+    core, model_name = generations.core, generations.settings.model_name
+
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
-        check(body)
+        generations.check(body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        who = Identity.new(request_id, settings.model_name)
+        who = Identity.new(request_id, model_name)
 
         def renderer(index: int) -> Renderer:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
             return CompletionRenderer(who, logprobs, index)
 
-        return await run(request, completion_inputs(body, request_id), renderer, body)
+        return await generations.run(request, completion_inputs(body, request_id), renderer, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
-        check(body)
+        generations.check(body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        who = Identity.new(request_id, settings.model_name)
+        who = Identity.new(request_id, model_name)
 
         def renderer(index: int) -> Renderer:
             return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index)
 
-        return await run(request, [chat_input(body, request_id)], renderer, body)
-
-    add_tokenize_routes(app, core, settings.model_name)
-    return app
+        return await generations.run(request, [chat_input(body, request_id)], renderer, body)
