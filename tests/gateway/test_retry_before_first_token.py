@@ -264,13 +264,21 @@ async def test_a_request_ended_by_its_deadline_is_logged(cluster, tokenizer):
     ids = tokenizer.encode(TEXT)
     cluster.p.first_token = ids[0]
     stall_after(cluster, ids)
+
+    def ended() -> list[dict]:
+        return [line for line in logs if line["event"] in ("request cancelled", "request failed")]
+
     with structlog.testing.capture_logs() as logs:
         error = await failure(cluster, request(PROMPT, max_tokens=32), timeout=0.5)
         await cluster.gateway.core.wait_background()
+        # the client hears DEADLINE_EXCEEDED first; the server notices the deadline a moment later (under load,
+        # after wait_background returned): wait for the line inside the capture, then check there is one
+        await eventually(lambda: bool(ended()), what="the request's end logged")
+        await asyncio.sleep(0.1)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    ended = [line for line in logs if line["event"] in ("request cancelled", "request failed")]
-    assert len(ended) == 1 and ended[0]["request_id"]  # the gateway's handler cancelled, or a node call's
-    assert ended[0]["event"] == "request cancelled" or ended[0]["code"] == "DEADLINE_EXCEEDED"  # deadline first
+    lines = ended()
+    assert len(lines) == 1 and lines[0]["request_id"]  # the gateway's handler cancelled, or a node call's
+    assert lines[0]["event"] == "request cancelled" or lines[0]["code"] == "DEADLINE_EXCEEDED"  # deadline first
 
 
 def gateway_request(prompt: str, request_id: str):
