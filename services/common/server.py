@@ -175,7 +175,7 @@ class NodeServer:
     def from_config(
         cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None,
         registry: CollectorRegistry | None = None, max_receive_bytes: int | None = None,
-        watchdog: LoopWatchdog | None = None,
+        watchdog: LoopWatchdog | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> NodeServer:
         """``registry``: served at ``config.metrics_listen`` (none when that is empty)."""
         metrics = None
@@ -184,7 +184,7 @@ class NodeServer:
         return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
                    drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
                    max_message_bytes=config.max_message_mib << 20, max_receive_bytes=max_receive_bytes,
-                   metrics=metrics, watchdog=watchdog)
+                   metrics=metrics, watchdog=watchdog, interceptors=interceptors)
 
     @property
     def service_names(self) -> list[str]:

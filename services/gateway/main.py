@@ -12,7 +12,6 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.common.bootstrap import run_service
 from services.common.loop_watchdog import LoopWatchdog
-from services.common.metrics import MetricsEndpoint
 from services.common.server import NodeServer, ServiceBinding
 from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
@@ -121,12 +120,9 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
             await http.stop()
 
     interceptors = [ApiKeyInterceptor(keys, open_services(config.open_services))] if keys.enabled else []
-    server = NodeServer([binding], listen=config.listen, drain=drain, grace_s=config.grace_s,
-                        drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
-                        max_message_bytes=config.max_message_mib << 20,
-                        max_receive_bytes=int(config.max_request_mib * (1 << 20)),
-                        metrics=MetricsEndpoint(registry, config.metrics_listen) if config.metrics_listen else None,
-                        interceptors=interceptors, watchdog=watchdog)
+    server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
+                                    max_receive_bytes=int(config.max_request_mib * (1 << 20)),
+                                    watchdog=watchdog, interceptors=interceptors)
     return Gateway(config, core, directory, server, servicer, http)
 
 
