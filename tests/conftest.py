@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+
+def _cluster_certificates() -> None:
+    """The suite runs with internal mTLS on, as pdserve does by default: one CA for the session, a
+    certificate per role under it (every process a test starts finds its own through $PDSERVE_MTLS_DIR),
+    and this process holding every role (it plays gateway, prefill and decode nodes towards in-process
+    servers; tests of the role checks use single-role identities from ``tests.tls_identities``)."""
+    from services.common.tls.ca import ROLES, make_cluster_dir
+    from services.common.tls.channels import set_identity
+    from services.common.tls.identity import Identity
+
+    root = Path(tempfile.mkdtemp(prefix="pdserve-test-mtls-"))
+    atexit.register(shutil.rmtree, root, True)
+    make_cluster_dir(root, {**{role: (role,) for role in ROLES}, "test": ROLES})
+    os.environ["PDSERVE_MTLS_DIR"] = str(root)
+    set_identity(Identity(root / "test"))
+
+
+_cluster_certificates()
 
 
 def pytest_collection_modifyitems(config, items):

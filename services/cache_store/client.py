@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-import grpc.aio
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.cache_store.wire import Block, BlockAssembler, parse_get_frame, put_frames
 from services.common import tracing
 from services.common.server import grpc_options
+from services.common.tls.channels import open_channel, open_sync_channel
 
 _PUT = "/pdserve.v1.CacheStore/Put"
 _GET = "/pdserve.v1.CacheStore/Get"
@@ -41,7 +40,7 @@ class CacheStoreClient:
         self.address = address
         self.layout = layout
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=grpc_options())
+        self._channel = open_sync_channel(address, "cache-store", grpc_options())
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
         self._put = self._channel.stream_unary(_PUT, request_serializer=None,
                                                response_deserializer=cache_store_pb2.PutResponse.FromString)
@@ -84,7 +83,7 @@ class AsyncCacheStoreClient:
         self.address = address
         self.layout = layout
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=grpc_options())
+        self._channel = open_channel(address, "cache-store", grpc_options())
         self._stub = cache_store_pb2_grpc.CacheStoreStub(self._channel)
         self._put = self._channel.stream_unary(_PUT, request_serializer=None,
                                                response_deserializer=cache_store_pb2.PutResponse.FromString)

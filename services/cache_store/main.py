@@ -49,4 +49,4 @@ def _tune_malloc() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_service(CacheStoreConfig, argv, module="services.cache_store", tracing_name="pdserve-cache-store",
-                       serve=serve, before_serve=_tune_malloc)
+                       serve=serve, role="cache-store", before_serve=_tune_malloc)

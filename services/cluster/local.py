@@ -9,7 +9,9 @@ ran (``make run`` stops the cluster then, instead of running on without them).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,9 @@ from pathlib import Path
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.common.launch import ServiceProcess, launch
+from services.cluster.certificates import ClusterCertificates
+from services.common.launch import ROLE_OF_MODULE, ServiceProcess, launch
+from services.common.tls.identity import Identity
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,10 @@ class ClusterSpec:
     offload_to_cache_store: bool = False  # decode nodes keep preempted KV in the cache-store past their host budget
     prefill_cache_store: bool = False  # prefill nodes fetch prompt blocks from the cache-store and write theirs back
     startup_timeout_s: float = 120.0
+    insecure: bool = False  # internal ports and calls in plaintext (every process gets --insecure)
+    # the cluster's certificates (``certificates.ClusterCertificates``); None: $PDSERVE_MTLS_DIR, else a
+    # throwaway CA made at start
+    mtls_dir: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # set in every process (OTEL_*, PDSERVE_*)
     cwd: Path | None = None  # run the services from another checkout (a benchmark's baseline)
 
@@ -62,6 +70,7 @@ class LocalCluster:
     decode: list[ServiceProcess] = field(default_factory=list)
     cache_store: ServiceProcess | None = None
     http_url: str = ""  # http://HOST:PORT of the gateway's HTTP front (ClusterStatus.http_url); empty = off
+    identity: Identity | None = None  # the launcher's admin identity: calls the nodes (None: --insecure)
 
     @property
     def address(self) -> str:
@@ -91,20 +100,25 @@ def _exit_status(code: int) -> str:
 def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                   stderr: int | None = None) -> Iterator[LocalCluster]:
     with contextlib.ExitStack() as stack:
+        security = _Security.of(spec, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pdserve-"))))
+
         def start(module: str, *args: str, env: Mapping[str, str] | None = None) -> ServiceProcess:
-            return stack.enter_context(launch(module, *args, startup_timeout_s=spec.startup_timeout_s,
+            return stack.enter_context(launch(module, *args, *security.args(module, 1),
+                                              startup_timeout_s=spec.startup_timeout_s,
                                               env={**spec.env, **(env or {})}, cwd=spec.cwd, stdout=stdout,
-                                              stderr=stderr))
+                                              stderr=stderr, identity=security.identity))
 
         store = start("services.cache_store") if spec.cache_store else None
         decode_args = spec.node_args("decode")
         if store is not None and spec.offload_to_cache_store:
             decode_args += ("--offload-cache-store", store.address)
-        decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr)
+        decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr,
+                             security)
         prefill_args = spec.node_args("prefill")
         if store is not None and spec.prefill_cache_store:
             prefill_args += ("--cache-store", store.address)
-        prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr)
+        prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr,
+                              security)
         gateway_args = ["--prefill", ",".join(p.address for p in prefill),
                         "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
                         *spec.gateway_args]
@@ -115,7 +129,7 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
         key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
         gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
         http_url = _http_url(gateway.address, spec.api_key) if spec.http_listen else ""
-        yield LocalCluster(gateway, prefill, decode, store, http_url)
+        yield LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
 
 
 def key_metadata(api_key: str) -> tuple[tuple[str, str], ...] | None:
@@ -133,11 +147,35 @@ def _http_url(gateway: str, api_key: str = "") -> str:
 
 
 def _start_many(stack: contextlib.ExitStack, module: str, count: int, args: Sequence[str], spec: ClusterSpec,
-                stdout: int | None, stderr: int | None) -> list[ServiceProcess]:
+                stdout: int | None, stderr: int | None, security: _Security) -> list[ServiceProcess]:
     """Start ``count`` copies at once (model loading overlaps), then wait for all of them."""
-    managers = [launch(module, *args, startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env), cwd=spec.cwd,
-                       stdout=stdout, stderr=stderr, wait=False) for _ in range(count)]
+    managers = [launch(module, *args, *security.args(module, i), startup_timeout_s=spec.startup_timeout_s,
+                       env=dict(spec.env), cwd=spec.cwd, stdout=stdout, stderr=stderr, wait=False,
+                       identity=security.identity) for i in range(1, count + 1)]
     nodes = [stack.enter_context(manager) for manager in managers]
     for node in nodes:
         node.wait_serving(spec.startup_timeout_s)
     return nodes
+
+
+@dataclass
+class _Security:
+    """Each process's ``--mtls-dir`` (its own certificate) or ``--insecure``, and the launcher's identity."""
+
+    certificates: ClusterCertificates | None
+    identity: Identity | None
+
+    @classmethod
+    def of(cls, spec: ClusterSpec, scratch: Path) -> _Security:
+        if spec.insecure:
+            return cls(None, None)
+        given = spec.mtls_dir or (Path(os.environ["PDSERVE_MTLS_DIR"]) if os.environ.get("PDSERVE_MTLS_DIR")
+                                  else None)
+        certificates = ClusterCertificates.prepare(given, scratch)
+        return cls(certificates, certificates.admin())
+
+    def args(self, module: str, index: int) -> tuple[str, ...]:
+        if self.certificates is None:
+            return ("--insecure",)
+        role = ROLE_OF_MODULE.get(module, "gateway")
+        return ("--mtls-dir", str(self.certificates.directory(f"{role}-{index}", role)))

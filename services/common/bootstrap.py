@@ -11,6 +11,7 @@ servicer its address and ``/metrics`` URL, log the ready line, serve until signa
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -20,6 +21,7 @@ from services.common.config import build_config
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
 from services.common.server import NodeServer, ServerConfig, run
+from services.common.tls.channels import set_identity
 from services.common.tracing import setup_tracing, shutdown_tracing
 
 log = structlog.get_logger(__name__)
@@ -29,14 +31,23 @@ C = TypeVar("C", bound=ServerConfig)  # a service's config: the settings every s
 
 
 def run_service(config_type: type[C], argv: Sequence[str] | None, *, module: str, tracing_name: str,
-                serve: Callable[[C], Coroutine[Any, Any, None]],
+                serve: Callable[[C], Coroutine[Any, Any, None]], role: str,
                 before_serve: Callable[[], None] | None = None) -> int:
-    """``python -m <module>``: config → logging, keepalive, tracing (``tracing_name``: the service name its
-    spans carry; off unless ``OTEL_TRACES_EXPORTER`` is set) → ``before_serve()`` → ``serve(config)`` until
-    SIGTERM/SIGINT. Returns the exit code (0); failures exit through ``server.run``."""
+    """``python -m <module>``: config → logging, keepalive, the cluster identity of ``role`` (``--mtls-dir``;
+    none with ``--insecure``; a missing certificate is one ``error:`` line and exit 1), tracing
+    (``tracing_name``: the service name its spans carry; off unless ``OTEL_TRACES_EXPORTER`` is set) →
+    ``before_serve()`` → ``serve(config)`` until SIGTERM/SIGINT. Returns the exit code (0); failures exit
+    through ``server.run``."""
     config = build_config(config_type, argv, prog=f"python -m {module}")
     setup_logging(config.log_level, config.log_format)
     set_keepalive(config.keepalive_s, config.keepalive_timeout_s)
+    try:
+        set_identity(config.identity(role))
+    except (OSError, ValueError) as error:
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(1) from None
+    if config.insecure:
+        log.warning("insecure: internal ports and calls are plaintext, without mTLS (development only)")
     setup_tracing(tracing_name)
     if before_serve is not None:
         before_serve()

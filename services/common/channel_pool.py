@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from services.common.tls.channels import open_channel
+
 S = TypeVar("S")
 
 _CLOSABLE = (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.TRANSIENT_FAILURE)
@@ -33,8 +35,9 @@ class _Entry:
 
 
 class ChannelPool:
-    def __init__(self, options: Sequence[tuple[str, Any]] = (), *, idle_close_s: float = 300.0,
+    def __init__(self, role: str, options: Sequence[tuple[str, Any]] = (), *, idle_close_s: float = 300.0,
                  sweep_interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.role = role  # of the peers: their certificates are verified for it (tls.channels)
         self._options = list(options)
         self._entries: dict[str, _Entry] = {}
         self.idle_close_s = idle_close_s
@@ -50,7 +53,7 @@ class ChannelPool:
             self.sweep(now)
         entry = self._entries.get(address)
         if entry is None:
-            entry = self._entries[address] = _Entry(grpc.aio.insecure_channel(address, options=self._options), now)
+            entry = self._entries[address] = _Entry(open_channel(address, self.role, self._options), now)
         entry.last_used = now
         return stub_class(entry.channel)
 

@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.ports import wait_for_port_file, wait_until_serving
+from services.common.tls.identity import Identity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+ROLE_OF_MODULE = {"services.prefill_node": "prefill", "services.decode_node": "decode",
+                  "services.cache_store": "cache-store"}
 
 
 @dataclass
@@ -33,6 +36,12 @@ class ServiceProcess:
     address: str
     port_file: Path | None = None
     host: str = "127.0.0.1"
+    identity: Identity | bool | None = True  # how to call it: True = this process's identity; None = plaintext
+
+    @property
+    def role(self) -> str:
+        """Its role in the cluster (its certificate's); empty for the gateway, whose port is public."""
+        return ROLE_OF_MODULE.get(self.module, "")
 
     def wait_serving(self, timeout_s: float) -> str:
         """Wait for the port file and a SERVING health check; returns (and sets) the address."""
@@ -40,7 +49,8 @@ class ServiceProcess:
             assert self.port_file is not None, "no port file to read"
             port = wait_for_port_file(self.port_file, timeout_s, self.process)
             self.address = f"{self.host}:{port}"
-        wait_until_serving(self.address, timeout_s=timeout_s)
+        role = self.role if self.identity is not None else ""
+        wait_until_serving(self.address, timeout_s=timeout_s, role=role, identity=self.identity)
         return self.address
 
     def stop(self, timeout_s: float = 10.0) -> int:
@@ -66,17 +76,22 @@ def launch(
     stdout: int | None = None,
     stderr: int | None = None,
     wait: bool = True,
+    identity: Identity | bool | None = True,
 ) -> Iterator[ServiceProcess]:
     """Run ``python -m module --listen host:0 --port-file … *args``; yields once it is SERVING (at once
     with ``wait=False``: call ``node.wait_serving()`` later, so several processes can start together).
-    ``cwd`` runs the module from another checkout (``python -m`` imports from the working directory first)."""
+    ``cwd`` runs the module from another checkout (``python -m`` imports from the working directory first).
+    ``identity``: how this process calls it (health checks): True = this process's (``tls.channels``), None
+    = plaintext (also when ``--insecure`` is among ``args``)."""
     with tempfile.TemporaryDirectory(prefix="pdserve-launch-") as tmp:
         port_file = Path(tmp) / "port"
         command = [sys.executable, "-m", module, "--listen", f"{host}:0", "--port-file", str(port_file),
                    *args]
         process = subprocess.Popen(command, cwd=cwd or REPO_ROOT, env={**os.environ, **(env or {})},
                                    stdout=stdout, stderr=stderr)
-        node = ServiceProcess(module, process, address="", port_file=port_file, host=host)
+        plain = "--insecure" in args or (env or {}).get("PDSERVE_INSECURE", "").lower() in ("1", "true", "yes")
+        node = ServiceProcess(module, process, address="", port_file=port_file, host=host,
+                              identity=None if plain else identity)
         try:
             if wait:
                 node.wait_serving(startup_timeout_s)

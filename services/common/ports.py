@@ -15,6 +15,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.tls.channels import open_sync_channel
+from services.common.tls.identity import Identity
+
 POLL_S = 0.02
 
 
@@ -43,11 +46,15 @@ def wait_for_port_file(path: Path, timeout_s: float = 10.0, process: subprocess.
     raise StartupError(f"no port in {path} after {timeout_s:.1f}s")
 
 
-def wait_until_serving(address: str, service: str = "", timeout_s: float = 10.0) -> None:
-    """Poll the health service of ``address`` until ``service`` ("" = the whole node) is SERVING."""
+def wait_until_serving(address: str, service: str = "", timeout_s: float = 10.0, role: str = "",
+                       identity: Identity | bool | None = True) -> None:
+    """Poll the health service of ``address`` until ``service`` ("" = the whole node) is SERVING; ``role``:
+    the node's, to call it over mTLS with ``identity`` (True: this process's; see ``tls.channels``); empty:
+    plaintext (the gateway's public port)."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    with grpc.insecure_channel(address) as channel:
+    channel = open_sync_channel(address, role, identity=identity) if role else grpc.insecure_channel(address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:

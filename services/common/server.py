@@ -41,6 +41,11 @@ from services.common.logging import FORMATS, LEVELS
 from services.common.loop_watchdog import LoopWatchdog, StallCollector
 from services.common.metrics import MetricsEndpoint
 from services.common.request_parsing import TolerantParsing
+from services.common.side_ports import start_side_port
+from services.common.tls.callers import INTERNAL_POLICY
+from services.common.tls.channels import current_identity
+from services.common.tls.identity import Identity
+from services.common.tls.roles import RoleCheck
 from services.engine.errors import EngineError
 
 log = structlog.get_logger(__name__)
@@ -87,6 +92,12 @@ class ServerConfig:
                                               "UNAVAILABLE (a hung node)")
     metrics_listen: str = setting("127.0.0.1:0", "host:port of the Prometheus /metrics HTTP endpoint; "
                                                  "port 0 = ephemeral, empty = none")
+    mtls_dir: Path | None = setting(None, "cluster certificates (mTLS of every internal port and call): a "  # noqa: RUF009
+                                          "directory with ca.crt, tls.crt, tls.key (a cert-manager Secret), or "
+                                          "one with such a directory per role; required unless --insecure")
+    insecure: bool = setting(False, "internal ports and calls in plaintext, without mTLS (development only)")
+    health_listen: str = setting("", "host:port of a plaintext port serving only grpc.health.v1 (Kubernetes "
+                                     "probes cannot present certificates); empty = none")
 
     def __post_init__(self) -> None:
         check_host_port("listen", self.listen)
@@ -101,6 +112,19 @@ class ServerConfig:
         keepalive.Keepalive(self.keepalive_s, self.keepalive_timeout_s)  # raises naming both when out of range
         if self.metrics_listen:
             check_host_port("metrics_listen", self.metrics_listen, "host:port or empty")
+        if self.health_listen:
+            check_host_port("health_listen", self.health_listen, "host:port or empty")
+
+    def identity(self, role: str) -> Identity | None:
+        """This process's cluster identity (None with ``insecure``); ``ValueError`` when mTLS has no
+        certificates to use."""
+        if self.insecure:
+            return None
+        if self.mtls_dir is None:
+            raise ValueError("internal mTLS needs certificates: --mtls-dir DIR (ca.crt, tls.crt, tls.key, or a "
+                             "directory of them per role; `python -m services.cluster` makes a throwaway set), "
+                             "or --insecure for plaintext (development only)")
+        return Identity.load(self.mtls_dir, role)
 
 
 def check_host_port(name: str, value: str, expected: str = "host:port") -> None:
@@ -142,13 +166,32 @@ class NodeServer:
         metrics: MetricsEndpoint | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         watchdog: LoopWatchdog | None = None,
+        identity: Identity | bool | None = True,
+        public_credentials: grpc.ServerCredentials | bool | None = False,
+        health_listen: str = "",
+        admin_listen: str = "",
     ) -> None:
         """``metrics``: the Prometheus endpoint to serve from ``start()`` until the shutdown ends;
         ``max_receive_bytes``: the largest message a client may send, when less than ``max_message_bytes``
         (the gateway's requests are small: a larger one is refused before it is parsed); ``watchdog``:
         watches the event loop from ``start()`` until the shutdown ends (default: a new one), its counts on
-        the metrics endpoint."""
+        the metrics endpoint.
+
+        Ports (see ``side_ports``): the main port is internal — mTLS with ``identity`` (True: the process's,
+        ``tls.channels``; None: plaintext) and every call's caller role checked (``tls.callers``) — unless
+        ``public_credentials`` is given (the gateway: None = plaintext, or its public TLS): then it has no
+        role check and no ``Admin``, which ``admin_listen`` serves instead. ``health_listen``: a plaintext
+        health-only port."""
         self.bindings = list(bindings)
+        self.identity = current_identity() if identity is True else (identity or None)
+        self.public = public_credentials is not False
+        self._credentials = (public_credentials or None) if self.public else (
+            self.identity.server_credentials() if self.identity is not None else None)
+        self.health_listen = health_listen
+        self.admin_listen = admin_listen
+        self.health_port: int | None = None
+        self.admin_port: int | None = None
+        self._side_servers: list[grpc.aio.Server] = []
         self.metrics = metrics
         self.listen = listen
         self.grace_s = grace_s
@@ -165,8 +208,10 @@ class NodeServer:
         options = dict(grpc_options(max_message_bytes))
         if max_receive_bytes is not None:
             options["grpc.max_receive_message_length"] = min(max_receive_bytes, max_message_bytes)
-        self._server = grpc.aio.server(options=[*options.items(), ("grpc.so_reuseport", 0)],
-                                       interceptors=[TolerantParsing(), *interceptors])
+        self._options = list(options.items())
+        checks = [RoleCheck(INTERNAL_POLICY)] if self.identity is not None and not self.public else []
+        self._server = grpc.aio.server(options=[*self._options, ("grpc.so_reuseport", 0)],
+                                       interceptors=[*checks, TolerantParsing(), *interceptors])
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
         self._shutdown_task: asyncio.Task[None] | None = None
@@ -176,15 +221,19 @@ class NodeServer:
         cls, config: ServerConfig, bindings: Sequence[ServiceBinding], drain: DrainHook | None = None,
         registry: CollectorRegistry | None = None, max_receive_bytes: int | None = None,
         watchdog: LoopWatchdog | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        public_credentials: grpc.ServerCredentials | bool | None = False, admin_listen: str = "",
     ) -> NodeServer:
-        """``registry``: served at ``config.metrics_listen`` (none when that is empty)."""
+        """``registry``: served at ``config.metrics_listen`` (none when that is empty); the identity is the
+        process's (set by ``run_service`` from the config)."""
         metrics = None
         if registry is not None and config.metrics_listen:
             metrics = MetricsEndpoint(registry, config.metrics_listen)
         return cls(bindings, listen=config.listen, drain=drain, grace_s=config.grace_s,
                    drain_timeout_s=config.drain_timeout_s, port_file=config.port_file,
                    max_message_bytes=config.max_message_mib << 20, max_receive_bytes=max_receive_bytes,
-                   metrics=metrics, watchdog=watchdog, interceptors=interceptors)
+                   metrics=metrics, watchdog=watchdog, interceptors=interceptors,
+                   public_credentials=public_credentials, health_listen=config.health_listen,
+                   admin_listen=admin_listen)
 
     @property
     def service_names(self) -> list[str]:
@@ -211,12 +260,13 @@ class NodeServer:
         (a node still loading its model); call ``set_serving(True)`` when ready."""
         for binding in self.bindings:
             binding.add_to_server(binding.servicer, self._server)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.request_stop, lambda: self.stopping),
-                                                   self._server)
+        if not self.public:
+            self._add_admin(self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(self.service_names, self._server)
         try:
-            port = self._server.add_insecure_port(self.listen)
+            port = (self._server.add_secure_port(self.listen, self._credentials) if self._credentials is not None
+                    else self._server.add_insecure_port(self.listen))
         except RuntimeError as error:  # grpc raises on a failed bind (older versions returned 0)
             await self._server.stop(None)
             raise OSError(f"cannot bind {self.listen}: {error}") from error
@@ -225,11 +275,16 @@ class NodeServer:
             raise OSError(f"cannot bind {self.listen}")
         self.port = port
         await self._server.start()  # before the metrics endpoint: a started grpc.aio server stops cleanly
+        try:
+            await self._start_side_ports()
+        except OSError:
+            await self._stop_servers(None)
+            raise
         if self.metrics is not None:
             try:
                 self.metrics.start()
             except OSError as error:
-                await self._server.stop(None)
+                await self._stop_servers(None)
                 raise OSError(f"cannot bind the metrics endpoint {self.metrics.host}:{self.metrics.requested_port}: "
                               f"{error}") from error
         await self.set_serving(serving)
@@ -237,8 +292,30 @@ class NodeServer:
             write_port_file(self.port_file, port)
         self.watchdog.start()
         log.info("serving", address=self.address, services=[b.name for b in self.bindings],
-                 metrics=self.metrics_url())
+                 metrics=self.metrics_url(), mtls=self.identity is not None and not self.public,
+                 health_port=self.health_port, admin_port=self.admin_port)
         return port
+
+    def _add_admin(self, server: grpc.aio.Server) -> None:
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.request_stop, lambda: self.stopping), server)
+
+    async def _start_side_ports(self) -> None:
+        def add_health(server: grpc.aio.Server) -> None:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+
+        if self.health_listen:
+            server, self.health_port = await start_side_port(self.health_listen, [add_health], None)
+            self._side_servers.append(server)
+        if self.admin_listen and self.public:
+            credentials = self.identity.server_credentials() if self.identity is not None else None
+            checks = [RoleCheck(INTERNAL_POLICY)] if self.identity is not None else []
+            server, self.admin_port = await start_side_port(self.admin_listen, [self._add_admin, add_health],
+                                                            credentials, checks, self._options)
+            self._side_servers.append(server)
+
+    async def _stop_servers(self, grace: float | None) -> None:
+        for server in [self._server, *self._side_servers]:
+            await server.stop(grace)
 
     async def set_serving(self, serving: bool) -> None:
         """Overall ("") and per-service health; ignored once shutdown began."""
@@ -281,7 +358,7 @@ class NodeServer:
             if self._drain is not None:
                 await self._run_drain(self._drain)
         finally:
-            await self._server.stop(0 if self._force.is_set() else self.grace_s)
+            await self._stop_servers(0 if self._force.is_set() else self.grace_s)
             self.watchdog.stop()
             if self.metrics is not None:
                 await asyncio.to_thread(self.metrics.stop)

@@ -30,4 +30,4 @@ async def serve(config: DecodeNodeConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_service(DecodeNodeConfig, argv, module="services.decode_node", tracing_name="pdserve-decode",
-                       serve=serve)
+                       serve=serve, role="decode")

@@ -51,7 +51,7 @@ class PeerCallError(Exception):
 class DecodePeers:
     def __init__(self, rpc_timeout_s: float = 10.0):
         self.rpc_timeout_s = rpc_timeout_s
-        self._pool = ChannelPool(grpc_options())
+        self._pool = ChannelPool("decode", grpc_options())
 
     def _stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
         return self._pool.stub(address, decode_pb2_grpc.DecodeNodeStub)

@@ -44,6 +44,9 @@ class GatewayConfig(ServerConfig):
     retries_before_first_token: int = setting(1, "times a request whose prefill or decode node failed "
                                                  "(UNAVAILABLE: gone, hung, draining) before its first token "
                                                  "starts over on other nodes; 0 = never")
+    admin_listen: str = setting("", "host:port of the gateway's Admin port (Admin/Drain): mTLS, admin "
+                                    "certificates only; empty = none (SIGTERM drains). The public port never "
+                                    "serves Admin")
     http_listen: str = setting("", "host:port of the OpenAI-compatible HTTP front (/v1/completions, "
                                    "/v1/chat/completions, /v1/models); port 0 = ephemeral, empty = off")
     http_max_body_mib: float = setting(4.0, "largest HTTP request body; a larger one gets 413")
@@ -94,6 +97,8 @@ class GatewayConfig(ServerConfig):
             raise ValueError("max_model_len, request_timeout_s and status_max_age_s must be >= 0")
         if self.http_listen:
             check_host_port("http_listen", self.http_listen, "host:port or empty")
+        if self.admin_listen:
+            check_host_port("admin_listen", self.admin_listen, "host:port or empty")
         if min(self.http_max_connections, self.http_body_timeout_s) < 0:
             raise ValueError("http_max_connections and http_body_timeout_s must be >= 0 (0 = no limit)")
         if self.http_max_body_mib <= 0 or self.max_request_mib <= 0:

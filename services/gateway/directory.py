@@ -31,6 +31,7 @@ import grpc.aio
 import structlog
 
 from services.common.server import grpc_options
+from services.common.tls.channels import open_channel
 from services.gateway import node_client
 from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
 from services.gateway.kv_compatibility import with_kv_compatibility
@@ -207,7 +208,8 @@ class NodeDirectory:
             self._used[address] = time.monotonic()
         stub = self._stubs.get(address)
         if stub is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=self._options)
+            tls_role = self._roles[address].replace("_", "-")  # the certificate's role name: cache-store
+            channel = self._channels[address] = open_channel(address, tls_role, self._options)
             stub = self._stubs[address] = node_client.stub_for(self._roles[address], channel)
         return stub
 

@@ -122,7 +122,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     interceptors = [ApiKeyInterceptor(keys, open_services(config.open_services))] if keys.enabled else []
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
                                     max_receive_bytes=int(config.max_request_mib * (1 << 20)),
-                                    watchdog=watchdog, interceptors=interceptors)
+                                    watchdog=watchdog, interceptors=interceptors,
+                                    public_credentials=None, admin_listen=config.admin_listen)
     return Gateway(config, core, directory, server, servicer, http)
 
 
@@ -149,4 +150,5 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_service(GatewayConfig, argv, module="services.gateway", tracing_name="pdserve-gateway", serve=serve)
+    return run_service(GatewayConfig, argv, module="services.gateway", tracing_name="pdserve-gateway", serve=serve,
+                       role="gateway")

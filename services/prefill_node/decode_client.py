@@ -75,7 +75,7 @@ class DecodeClients:
     def __init__(self, layout: KVLayoutSpec):
         self.layout = layout
         self._wire_layout = kv_layout(layout)
-        self._channels = ChannelPool(grpc_options())
+        self._channels = ChannelPool("decode", grpc_options())
 
     def stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
         return self._channels.stub(address, decode_pb2_grpc.DecodeNodeStub)

@@ -45,4 +45,4 @@ def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore |
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_service(PrefillNodeConfig, argv, module="services.prefill_node", tracing_name="pdserve-prefill",
-                       serve=serve)
+                       serve=serve, role="prefill")
