@@ -50,7 +50,7 @@ async def wait_state(pool_channel: grpc.aio.Channel, states: tuple[grpc.ChannelC
 
 async def test_one_channel_per_address_and_a_gone_peer_is_closed_after_the_idle_time():
     clock = Clock()
-    pool = ChannelPool(idle_close_s=60, sweep_interval_s=1, clock=clock)
+    pool = ChannelPool("cache-store", idle_close_s=60, sweep_interval_s=1, clock=clock)
     servicer = SlowLookup()
     server = await serve(servicer)
     address = server.address
@@ -74,7 +74,7 @@ async def test_one_channel_per_address_and_a_gone_peer_is_closed_after_the_idle_
 
 async def test_a_channel_carrying_a_call_is_not_closed():
     clock = Clock()
-    pool = ChannelPool(idle_close_s=60, sweep_interval_s=1, clock=clock)
+    pool = ChannelPool("cache-store", idle_close_s=60, sweep_interval_s=1, clock=clock)
     servicer = SlowLookup()
     server = await serve(servicer)
     try:

@@ -13,6 +13,7 @@ from pdserve.v1 import admin_pb2, admin_pb2_grpc, cache_store_pb2, cache_store_p
 
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.server import NodeServer, ServiceBinding
+from services.common.tls.channels import open_channel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -50,7 +51,7 @@ async def test_serves_health_reflection_and_mapped_errors(tmp_path):
     try:
         assert port > 0 and server.address == f"127.0.0.1:{port}"
         assert (tmp_path / "port").read_text() == f"{port}\n"
-        async with grpc.aio.insecure_channel(server.address) as channel:
+        async with open_channel(server.address, "cache-store") as channel:
             assert await health_of(channel) == SERVING
             assert await health_of(channel, "pdserve.v1.CacheStore") == SERVING
             with pytest.raises(grpc.aio.AioRpcError) as unknown:
@@ -80,13 +81,13 @@ async def test_shutdown_marks_not_serving_then_drains_then_stops():
     server: NodeServer
 
     async def drain() -> None:
-        async with grpc.aio.insecure_channel(server.address) as probe:
+        async with open_channel(server.address, "cache-store") as probe:
             seen.append(await health_of(probe))
         store.release.set()  # let the in-flight call finish
 
     server = NodeServer([binding(store)], listen="127.0.0.1:0", drain=drain, grace_s=2.0)
     await server.start()
-    async with grpc.aio.insecure_channel(server.address) as channel:
+    async with open_channel(server.address, "cache-store") as channel:
         stub = cache_store_pb2_grpc.CacheStoreStub(channel)
         in_flight = asyncio.ensure_future(stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"slow", b"x"])))
         while store.calls == 0:
@@ -109,7 +110,7 @@ async def test_admin_drain_rpc_drains_like_sigterm():
     seen: list[int] = []
 
     async def drain() -> None:
-        async with grpc.aio.insecure_channel(server.address) as probe:
+        async with open_channel(server.address, "cache-store") as probe:
             seen.append(await health_of(probe))
             again = await admin_pb2_grpc.AdminStub(probe).Drain(admin_pb2.DrainRequest())
             assert again.already_draining
@@ -119,7 +120,7 @@ async def test_admin_drain_rpc_drains_like_sigterm():
     server = NodeServer([binding(store)], listen="127.0.0.1:0", drain=drain, grace_s=2.0)
     await server.start()
     serving = asyncio.ensure_future(server.serve_until_signalled())
-    async with grpc.aio.insecure_channel(server.address) as channel:
+    async with open_channel(server.address, "cache-store") as channel:
         stub = cache_store_pb2_grpc.CacheStoreStub(channel)
         in_flight = asyncio.ensure_future(stub.Lookup(cache_store_pb2.LookupRequest(keys=[b"slow"])))
         while store.calls == 0:
@@ -162,7 +163,7 @@ async def test_starts_not_serving_until_ready():
     server = NodeServer([binding(Store())], listen="127.0.0.1:0")
     await server.start(serving=False)
     try:
-        async with grpc.aio.insecure_channel(server.address) as channel:
+        async with open_channel(server.address, "cache-store") as channel:
             assert await health_of(channel) == NOT_SERVING
             await server.set_serving(True)
             assert await health_of(channel, "pdserve.v1.CacheStore") == SERVING

@@ -11,6 +11,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.common.errors import grpc_errors
 from services.common.server import NodeServer, ServiceBinding
+from services.common.tls.channels import open_channel
 
 CORRUPT = b"\xff\xff\xff\xff\xff"
 
@@ -42,7 +43,7 @@ async def server():
 
 async def test_only_handlers_that_refuse_unparsable_requests_are_given_them(server):
     node, servicer = server
-    async with grpc.aio.insecure_channel(node.address) as channel:
+    async with open_channel(node.address, "gateway") as channel:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await channel.unary_unary("/pdserve.v1.Gateway/ClusterStatus")(CORRUPT, timeout=5)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
