@@ -4,15 +4,16 @@ A put stream is a sequence of (header | None, data) chunks: a header starts a bl
 current one. ``PutAssembler`` enforces the framing (no data before a header, no more bytes than
 announced, every block complete when the next starts or the stream ends, no key twice), the header contract of
 ``cache_store.proto`` (32-byte keys, a layout of the key's model) and the staging budget, and verifies
-each block's checksum as it completes; ``BlockStore.put`` then stores all blocks or none.
+each block's checksum as it completes and takes the store's digest of it (``block.digest_of``, the cost spread
+over the stream); ``BlockStore.put`` then stores all blocks or none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from services.cache_store.block import CHECKSUMS, Layout, StoredBlock
+from services.cache_store.block import CHECKSUMS, Layout, StoredBlock, digest_of
 from services.cache_store.errors import CorruptBlockError, MalformedPutError, StoreFullError
 from services.cache_store.keys import FINGERPRINT_BYTES, KEY_BYTES, fingerprint_of
 
@@ -116,6 +117,7 @@ class PutAssembler:
         block = StoredBlock(header.key, data, header.checksum_algorithm, header.checksum,
                             header.layout.encoded if header.layout else b"")
         block.verify()
+        block = replace(block, digest=digest_of(data))
         self._done.append(block)
         if self.on_block is not None:
             self.on_block(block)

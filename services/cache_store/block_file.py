@@ -3,10 +3,13 @@
 Layout (big-endian)::
 
     magic "PDKV" | version u16 | key 32 | checksum algorithm u8 | checksum length u8 | checksum 16 (padded)
-    | layout length u32 | data length u64 | layout | data
+    | digest 32 | layout length u32 | writer length u16 | data length u64 | layout | writer (utf-8) | data
 
-A file is written under a ``.tmp`` name and renamed into place (``os.replace``), so a reader, or a
-restart after a crash, sees a whole file or none. Data is verified against its checksum on every read.
+``digest`` is the store's SHA-256 of the data taken at Put (``block.digest_of``), ``writer`` the caller
+that put the block (only it may delete the block, after a restart too). A file is written under a ``.tmp``
+name and renamed into place (``os.replace``), so a reader, or a restart after a crash, sees a whole file or
+none. Data is verified against its digest and its checksum on every read. Files of version 1 (no digest,
+no writer) are refused as unreadable: a restart deletes them (the blocks are fetched or recomputed again).
 """
 
 from __future__ import annotations
@@ -14,16 +17,16 @@ from __future__ import annotations
 import itertools
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from services.cache_store.block import CHECKSUM_IDS, MAX_CHECKSUM_BYTES, StoredBlock
+from services.cache_store.block import CHECKSUM_IDS, DIGEST_BYTES, MAX_CHECKSUM_BYTES, StoredBlock
 from services.cache_store.errors import CorruptBlockError
 from services.cache_store.keys import KEY_BYTES
 
 MAGIC = b"PDKV"
-VERSION = 1
-HEADER = struct.Struct(f">4sH{KEY_BYTES}sBB{MAX_CHECKSUM_BYTES}sIQ")
+VERSION = 2
+HEADER = struct.Struct(f">4sH{KEY_BYTES}sBB{MAX_CHECKSUM_BYTES}s{DIGEST_BYTES}sIHQ")
 TMP_SUFFIX = ".tmp"
 _ALGORITHMS = {number: name for name, number in CHECKSUM_IDS.items()}
 _tmp_ids = itertools.count()
@@ -34,12 +37,15 @@ class FileHeader:
     key: bytes
     checksum_algorithm: str
     checksum: bytes
+    digest: bytes
     layout_length: int
+    writer_length: int
     data_length: int
+    writer: str = ""  # read by read_header; decode_header leaves it empty
 
     @property
     def file_size(self) -> int:
-        return HEADER.size + self.layout_length + self.data_length
+        return HEADER.size + self.layout_length + self.writer_length + self.data_length
 
 
 def file_name(key: bytes) -> str:
@@ -56,21 +62,25 @@ def key_of(name: str) -> bytes | None:
         return None
 
 
-def encode_header(block: StoredBlock) -> bytes:
+def encode_header(block: StoredBlock, writer: bytes) -> bytes:
+    assert len(block.digest) == DIGEST_BYTES, f"block {block.key.hex()} has no digest (BlockStore.put seals it)"
     return HEADER.pack(MAGIC, VERSION, block.key, CHECKSUM_IDS[block.checksum_algorithm], len(block.checksum),
-                       block.checksum, len(block.layout), len(block.data))
+                       block.checksum, block.digest, len(block.layout), len(writer), len(block.data))
 
 
 def decode_header(raw: bytes) -> FileHeader:
     if len(raw) < HEADER.size:
         raise CorruptBlockError(f"short header: {len(raw)} of {HEADER.size} bytes")
-    magic, version, key, algorithm, checksum_length, checksum, layout_length, data_length = HEADER.unpack(
-        raw[:HEADER.size])
-    if magic != MAGIC or version != VERSION:
-        raise CorruptBlockError(f"not a block file (magic {magic!r}, version {version})")
+    magic, version, key, algorithm, checksum_length, checksum, digest, layout_length, writer_length, data_length \
+        = HEADER.unpack(raw[:HEADER.size])
+    if magic != MAGIC:
+        raise CorruptBlockError(f"not a block file (magic {magic!r})")
+    if version != VERSION:
+        raise CorruptBlockError(f"a block file of format version {version}, not {VERSION}")
     if algorithm not in _ALGORITHMS or checksum_length > MAX_CHECKSUM_BYTES:
         raise CorruptBlockError(f"unknown checksum algorithm {algorithm} (length {checksum_length})")
-    return FileHeader(key, _ALGORITHMS[algorithm], checksum[:checksum_length], layout_length, data_length)
+    return FileHeader(key, _ALGORITHMS[algorithm], checksum[:checksum_length], digest, layout_length,
+                      writer_length, data_length)
 
 
 def write_temp(directory: Path, block: StoredBlock) -> Path:
@@ -80,7 +90,8 @@ def write_temp(directory: Path, block: StoredBlock) -> Path:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            _write_all(fd, encode_header(block) + block.layout)
+            writer = block.writer.encode()
+            _write_all(fd, encode_header(block, writer) + block.layout + writer)
             _write_all(fd, block.data)
         finally:
             os.close(fd)
@@ -112,13 +123,22 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def read_header(path: Path) -> FileHeader:
-    """The header of a block file whose size matches it (``CorruptBlockError`` otherwise)."""
+    """The header of a block file whose size matches it (``CorruptBlockError`` otherwise), with its writer."""
     with open(path, "rb") as file:
         header = decode_header(file.read(HEADER.size))
         size = os.fstat(file.fileno()).st_size
+        file.seek(header.layout_length, os.SEEK_CUR)
+        writer = file.read(header.writer_length)
     if size != header.file_size:
         raise CorruptBlockError(f"{path.name}: {size} bytes, its header says {header.file_size}")
-    return header
+    return replace(header, writer=_writer_of(writer, path))
+
+
+def _writer_of(raw: bytes, path: Path) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise CorruptBlockError(f"{path.name}: its writer is not UTF-8") from None
 
 
 def read_block(path: Path, key: bytes) -> StoredBlock:
@@ -127,12 +147,17 @@ def read_block(path: Path, key: bytes) -> StoredBlock:
     with open(path, "rb", buffering=0) as file:
         header = decode_header(file.read(HEADER.size))
         layout = file.read(header.layout_length)
+        writer = file.read(header.writer_length)
         data = file.read(header.data_length)
         trailing = file.read(1)
     if header.key != key:
         raise CorruptBlockError(f"{path.name} holds block {header.key.hex()}")
-    if len(layout) != header.layout_length or len(data) != header.data_length or trailing:
+    if len(layout) != header.layout_length or len(writer) != header.writer_length \
+            or len(data) != header.data_length or trailing:
         raise CorruptBlockError(f"{path.name}: length does not match its header")
-    block = StoredBlock(key, data, header.checksum_algorithm, header.checksum, layout)
+    block = StoredBlock(key, data, header.checksum_algorithm, header.checksum, layout, header.digest,
+                        _writer_of(writer, path))
+    if not block.intact():
+        raise CorruptBlockError(f"{path.name}: its data no longer matches the digest taken at Put")
     block.verify()
     return block

@@ -4,7 +4,8 @@ On open the directory is re-indexed: leftover temp files and unreadable or short
 recency comes from the files' mtimes (a disk hit touches its file), and files past the capacity are
 evicted, least recent first. Capacity counts block data bytes, like the memory tier's; each file adds
 a header of about a hundred bytes. A file that turns out damaged or missing when read is dropped from
-the index (and deleted) and counted in ``corrupt_total``: the store then treats the block as missing.
+the index (and deleted) and counted in ``corrupt_total``: the store then treats the block as missing. A
+file is damaged when its data no longer matches the digest the store took at Put (``block_file``).
 """
 
 from __future__ import annotations
@@ -121,16 +122,18 @@ class DiskTier:
         self.touch([key])
         return block
 
-    def drop_if_damaged(self, key: bytes) -> None:
-        """Drop ``key``'s file, counted as a damaged read is, unless its header names the key and its size
-        matches the header (the data itself is verified on its next read). Its checksum may differ from a
-        new put's: KV recomputed for the same prefix need not be the same bits, and that is no damage."""
+    def stored_header(self, key: bytes) -> block_file.FileHeader | None:
+        """The header of ``key``'s file (its digest and writer: a put compares the digest, a delete the
+        writer), or None when the file is damaged or gone: it is then dropped, counted as a damaged read
+        is. The data itself is verified on its next read."""
         try:
             header = block_file.read_header(self.path(key))
             if header.key != key:
                 raise CorruptBlockError(f"{self.path(key).name} holds block {header.key.hex()}")
         except (CorruptBlockError, OSError) as error:
             self._drop_damaged(key, error)
+            return None
+        return header
 
     def _drop_damaged(self, key: bytes, error: Exception) -> None:
         log.warning("disk block unreadable, dropped", key=key.hex(), error=str(error))
@@ -206,17 +209,19 @@ class DiskTier:
 
 class PutStaging:
     """The files of a write-through put, written under temporary names as its blocks arrive, so that
-    ``put`` only renames them; a put that fails or is cut leaves none (a restart deletes any a kill left)."""
+    ``put`` only renames them; a put that fails or is cut leaves none (a restart deletes any a kill left).
+    The files name ``writer``, the caller of the put."""
 
-    def __init__(self, disk: DiskTier | None) -> None:  # None: no write-through, nothing to stage
+    def __init__(self, disk: DiskTier | None, writer: str = "") -> None:  # None: no write-through
         self.disk = disk
+        self.writer = writer
         self.files: dict[bytes, Path] = {}
 
     def add(self, block: StoredBlock) -> None:
         if self.disk is None or block.key in self.files or block.key in self.disk:
             return
         try:
-            self.files[block.key] = self.disk.stage(block)
+            self.files[block.key] = self.disk.stage(block.sealed(self.writer))
         except OSError as error:
             raise DiskWriteError(f"write-through to {self.disk.directory} failed: {error}") from error
 

@@ -41,3 +41,8 @@ class DiskWriteError(StoreError):
 
 class MissingBlockError(StoreError):
     """A requested key is not stored (maps to ``NOT_FOUND``)."""
+
+
+class ForeignBlockError(StoreError):
+    """A Delete names a block another caller wrote: nothing of the request is deleted
+    (maps to ``PERMISSION_DENIED``)."""

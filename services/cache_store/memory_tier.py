@@ -12,6 +12,7 @@ class MemoryTier:
     def __init__(self, capacity_bytes: int) -> None:
         self.index = LruIndex(capacity_bytes)
         self.evictions_total = 0
+        self.corrupt_total = 0  # blocks dropped because their bytes no longer matched their digest
         self._blocks: dict[bytes, StoredBlock] = {}
 
     def __len__(self) -> int:
@@ -35,7 +36,9 @@ class MemoryTier:
         return self.index.victims(nbytes, keep)
 
     def add(self, block: StoredBlock) -> None:
-        """Insert as the most recent; the caller made room (see :meth:`victims`)."""
+        """Insert as the most recent; the caller made room (see :meth:`victims`). ``block`` is sealed (has
+        its digest: :meth:`StoredBlock.sealed`)."""
+        assert block.digest, f"block {block.key.hex()} is not sealed"
         self.index.add(block.key, len(block.data))
         self._blocks[block.key] = block
         assert self.index.used_bytes <= self.capacity_bytes, "memory tier over capacity"
@@ -49,6 +52,11 @@ class MemoryTier:
         """Drop ``key`` at its owner's request (not an eviction)."""
         self.index.remove(key)
         del self._blocks[key]
+
+    def drop_corrupt(self, key: bytes) -> None:
+        """Drop ``key``, found not to match its digest (counted in ``corrupt_total``)."""
+        self.remove(key)
+        self.corrupt_total += 1
 
     def touch(self, keys: Sequence[bytes]) -> None:
         self.index.touch(keys)

@@ -1,27 +1,54 @@
 """The cache-store's ``/metrics``: bytes, blocks and capacity per tier, hits per tier, misses, evictions
-per tier, calls in flight. Read at scrape time on the store's event loop."""
+per tier, calls in flight, and the integrity counters (corrupt blocks dropped per tier, re-puts of other
+bytes kept out, Deletes refused for another writer's blocks). Read at scrape time on the store's event
+loop."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from pdserve.v1 import gateway_pb2
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.cache_store.servicer import CacheStoreServicer
+from services.cache_store.store import StoreStats
 from services.common.metrics import LoopCollector, counter, gauge, labelled, new_registry
 
 
 def cache_store_registry(servicer: CacheStoreServicer, loop: asyncio.AbstractEventLoop) -> CollectorRegistry:
     registry = new_registry("cache_store")
 
-    async def read() -> gateway_pb2.NodeStatus:
-        return servicer.status()
+    async def read() -> Reading:
+        return Reading(servicer.status(), servicer.store.stats())
 
-    registry.register(LoopCollector(loop, read, render))
+    registry.register(LoopCollector(loop, read, render_reading))
     return registry
+
+
+@dataclass(frozen=True)
+class Reading:
+    status: gateway_pb2.NodeStatus
+    stats: StoreStats
+
+
+def render_reading(reading: Reading) -> Iterator[Metric]:
+    yield from render(reading.status)
+    yield from render_integrity(reading.stats)
+
+
+def render_integrity(s: StoreStats) -> Iterator[Metric]:
+    """First writer wins, writer-bound deletes, digests checked on read (store.py)."""
+    yield labelled(CounterMetricFamily("pdserve_cache_store_corrupt_blocks", "Blocks dropped because their "
+                                       "bytes no longer matched the digest taken at Put (or their disk file was "
+                                       "unreadable), by tier", labels=["tier"]),
+                   "tier", [("memory", s.memory_corrupt_total), ("disk", s.disk_corrupt_total)])
+    yield counter("pdserve_cache_store_kept_existing_total", "Blocks put again with other bytes than stored: the "
+                  "stored block was kept (first writer wins)", s.kept_existing_total)
+    yield counter("pdserve_cache_store_foreign_deletes_total", "Deletes refused because a key was put by another "
+                  "caller", s.foreign_deletes_total)
 
 
 def render(s: gateway_pb2.NodeStatus) -> Iterator[Metric]:

@@ -22,6 +22,7 @@ from services.cache_store.block import Layout, StoredBlock
 from services.cache_store.errors import (
     CorruptBlockError,
     DiskWriteError,
+    ForeignBlockError,
     InvalidKeyError,
     MalformedPutError,
     MissingBlockError,
@@ -30,6 +31,7 @@ from services.cache_store.errors import (
 from services.cache_store.keys import check_key_count
 from services.cache_store.store import BlockStore
 from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
+from services.cache_store.writers import caller_of
 from services.common.errors import UnavailableError, grpc_errors, map_error
 from services.common.tracing import traced_rpc
 
@@ -39,6 +41,7 @@ map_error(DiskWriteError, grpc.StatusCode.UNAVAILABLE)
 map_error(CorruptBlockError, grpc.StatusCode.DATA_LOSS)
 map_error(StoreFullError, grpc.StatusCode.RESOURCE_EXHAUSTED)
 map_error(MissingBlockError, grpc.StatusCode.NOT_FOUND)
+map_error(ForeignBlockError, grpc.StatusCode.PERMISSION_DENIED)
 
 SERVICE = "pdserve.v1.CacheStore"
 Algorithm = cache_store_pb2.ChecksumAlgorithm
@@ -140,7 +143,8 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     ) -> cache_store_pb2.PutResponse:
         """Store the stream's blocks, all or none (see cache_store.proto)."""
         with self._work():
-            staging = self.store.staging()
+            writer = caller_of(context)
+            staging = self.store.staging(writer)
             try:
                 assembler = PutAssembler(max_bytes=self.store.capacity_bytes, on_block=staging.add)
                 try:
@@ -150,11 +154,11 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
                 except DecodeError as error:  # a frame whose header is not a PutChunk
                     raise MalformedPutError("request", f"a message of the stream is not a valid PutChunk "
                                                         f"frame ({error})") from None
-                result = self.store.put(assembler.finish(), verified=True, staging=staging)
+                result = self.store.put(assembler.finish(), verified=True, staging=staging, writer=writer)
             finally:
                 staging.discard()
         return cache_store_pb2.PutResponse(num_stored=result.stored, num_existing=result.existing,
-                                           num_evicted=result.evicted)
+                                           num_evicted=result.evicted, num_kept_existing=result.kept_existing)
 
     @grpc_errors
     @traced_rpc("Get")
@@ -197,7 +201,8 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     async def Delete(
         self, request: cache_store_pb2.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> cache_store_pb2.DeleteResponse:
-        deleted = self.store.delete(_keys_of(request), request.model_fingerprint)
+        """Only blocks the caller put (see cache_store.proto); PERMISSION_DENIED deletes nothing."""
+        deleted = self.store.delete(_keys_of(request), request.model_fingerprint, caller=caller_of(context))
         return cache_store_pb2.DeleteResponse(deleted=deleted)
 
     @grpc_errors

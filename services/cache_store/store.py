@@ -20,6 +20,21 @@ skips pinned blocks, and a put that cannot make room because of them is refused.
 Delete: a decode node removes its preempted requests' copies (request-scoped keys) once it read them back
 or no longer wants them, so they do not crowd out prefix blocks; a block a Get is streaming is kept.
 
+A key, once stored, never changes bytes:
+
+- First writer wins: a put of a stored key keeps the stored block (bytes, layout, writer) and only
+  refreshes it. When the put's bytes differ (the store's SHA-256 digest, :mod:`services.cache_store.block`)
+  the put still succeeds, the rest of it stored as usual, and the key counts in ``PutResult.kept_existing``:
+  KV computed for the same prefix by two prefill nodes may legitimately differ in the last bits (bf16 batch
+  nondeterminism), so the second writer must not fail its request, and whoever wrote first is served.
+- Writer-bound deletes: every block records its writer (the caller's identity,
+  :mod:`services.cache_store.writers`, kept in the disk file too); a delete naming any stored key another
+  caller wrote raises ``ForeignBlockError`` and deletes nothing of its keys (atomic, like a put). So one
+  node's identity can neither remove nor, by deleting and putting again, replace another's block.
+- Checked on read: a Get re-checks each block's digest before it is sent (memory and disk alike); a block
+  whose bytes no longer match is dropped (``memory_corrupt_total`` / ``disk_corrupt_total``, logged) and
+  treated as missing — NOT_FOUND, or the shorter prefix with ``allow_partial``.
+
 Counters: ``hits_total`` blocks served by Get, ``disk_hits_total`` of those read from disk,
 ``misses_total`` keys not served: for a Get every requested key past the blocks it served, for a Lookup
 at most one per call (its first key not stored; a prefill node looks a whole prompt up before it gets
@@ -40,6 +55,7 @@ from services.cache_store.block import CHECKSUMS, StoredBlock, checksum
 from services.cache_store.disk_tier import DiskTier, PutStaging
 from services.cache_store.errors import (
     DiskWriteError,
+    ForeignBlockError,
     MissingBlockError,
     StoreFullError,
 )
@@ -57,7 +73,8 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True)
 class PutResult:
     stored: int
-    existing: int
+    existing: int  # keys already stored: refreshed, never replaced
+    kept_existing: int  # of those, stored with other bytes than this put's: the stored block was kept
     evicted: int  # blocks dropped from memory to make room (written to disk first when there is one)
 
 
@@ -79,6 +96,17 @@ class StoreStats:
     disk_corrupt_total: int  # of those, damaged or missing files
     disk_write_failures_total: int  # blocks evicted from memory that could not be written to disk
     leases: int
+    memory_corrupt_total: int = 0  # memory blocks dropped because their bytes no longer matched their digest
+    kept_existing_total: int = 0  # blocks put again with other bytes: the first writer's kept
+    foreign_deletes_total: int = 0  # Deletes refused: a key of theirs was written by another caller
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """What the store knows of a stored block without reading its data."""
+
+    digest: bytes
+    writer: str
 
 
 class BlockStore:
@@ -96,6 +124,10 @@ class BlockStore:
         self.disk_write_failures_total = 0
         self._disk_failing = False  # the last spill failed: log the next success, not each failure
         self.deleted_total = 0
+        self.kept_existing_total = 0
+        self.foreign_deletes_total = 0
+        self._logged_kept: set[str] = set()  # writers whose differing re-puts were logged
+        self._logged_foreign: set[tuple[str, str]] = set()  # (caller, writer) refusals logged
 
     @property
     def capacity_bytes(self) -> int:
@@ -146,10 +178,13 @@ class BlockStore:
         with self.open_get(keys, allow_partial, restore=restore) as reader:
             return list(reader)
 
-    def delete(self, keys: Sequence[bytes], fingerprint: bytes = b"") -> int:
+    def delete(self, keys: Sequence[bytes], fingerprint: bytes = b"", caller: str = "") -> int:
         """Remove ``keys`` from every tier; returns how many were stored. Keys not stored are skipped, and
-        so are blocks a Get is streaming (leased): they age out as usual."""
+        so are blocks a Get is streaming (leased): they age out as usual. Only a block's writer may delete
+        it: if any stored key was put by another caller than ``caller``, ``ForeignBlockError`` naming it and
+        nothing is deleted."""
         check_keys(keys, fingerprint)
+        self._check_writer(keys, caller)
         pinned = self.leases.pinned()
         deleted = 0
         for key in dict.fromkeys(keys):
@@ -164,34 +199,62 @@ class BlockStore:
         self.deleted_total += deleted
         return deleted
 
-    def staging(self) -> PutStaging:
-        """Where a put's stream leaves its blocks' files as they arrive (write-through only); pass it to
-        :meth:`put`, and :meth:`PutStaging.discard` it when the put ends either way."""
-        return PutStaging(self.disk if self.write_through else None)
+    def _check_writer(self, keys: Sequence[bytes], caller: str) -> None:
+        for i, key in enumerate(keys):
+            record = self._stored(key)
+            if record is None or record.writer == caller:
+                continue
+            self.foreign_deletes_total += 1
+            if (caller, record.writer) not in self._logged_foreign:  # once per pair, not per call
+                self._logged_foreign.add((caller, record.writer))
+                log.warning("Delete of a block another caller put refused", caller=caller, writer=record.writer,
+                            key=key.hex())
+            raise ForeignBlockError(
+                f"keys[{i}] = {key.hex()} was put by another caller: a block may be deleted only by the "
+                f"caller that put it (nothing of this Delete was deleted)")
 
-    def put(self, blocks: Sequence[StoredBlock], *, verified: bool = False, staging: PutStaging | None = None
-            ) -> PutResult:
-        """Store ``blocks`` atomically: checksums (unless ``verified``) and room in every tier are checked
-        first, and on any error nothing changes (but a damaged disk file found on the way is dropped). Keys
-        already stored are refreshed, not replaced."""
+    def _stored(self, key: bytes) -> StoredRecord | None:
+        """The digest and writer of ``key`` if stored (a damaged disk-only file is dropped: not stored)."""
+        block = self.memory.get(key)
+        if block is not None:
+            return StoredRecord(block.digest, block.writer)
+        if self.disk is None or key not in self.disk:
+            return None
+        header = self.disk.stored_header(key)
+        return StoredRecord(header.digest, header.writer) if header is not None else None
+
+    def staging(self, writer: str = "") -> PutStaging:
+        """Where a put by ``writer`` leaves its blocks' files as they arrive (write-through only); pass it
+        to :meth:`put` (same writer), and :meth:`PutStaging.discard` it when the put ends either way."""
+        return PutStaging(self.disk if self.write_through else None, writer)
+
+    def put(self, blocks: Sequence[StoredBlock], *, verified: bool = False, staging: PutStaging | None = None,
+            writer: str = "") -> PutResult:
+        """Store ``blocks`` as written by ``writer``, atomically: checksums (unless ``verified``) and room in
+        every tier are checked first, and on any error nothing changes (but a damaged disk file found on the
+        way is dropped). Keys already stored are refreshed, never replaced (first writer wins; those whose
+        stored bytes differ from this put's count in ``kept_existing``)."""
+        assert staging is None or staging.writer == writer, "a put's staging names another writer"
         unique: dict[bytes, StoredBlock] = {}
         for block in blocks:
             if not verified:
                 block.verify()
-            unique.setdefault(block.key, block)
-        for key in unique:  # a disk-only copy whose file is damaged is replaced, not kept
-            if key not in self.memory and self.disk is not None and key in self.disk:
-                self.disk.drop_if_damaged(key)
+            if block.key not in unique:
+                unique[block.key] = block.sealed(writer)
+        kept = self._count_differing(unique, writer)
         new = [block for key, block in unique.items() if key not in self]
+        new_keys = {block.key for block in new}
         pinned = self.leases.pinned()
         keep = pinned | unique.keys()
         victims = self._plan(self.memory, sum(len(b.data) for b in new), unique.keys(), pinned)
         if self.write_through:
             assert self.disk is not None
-            to_disk = [block for key, block in unique.items() if key not in self.disk]
+            # a key stored in memory only goes to disk with its stored bytes, not this put's
+            to_disk = [self.memory.get(key) or block for key, block in unique.items() if key not in self.disk]
             disk_victims = self._plan(self.disk, sum(len(b.data) for b in to_disk), unique.keys(), pinned)
+            staged = {key: path for key, path in staging.files.items() if key in new_keys} if staging else None
             try:
-                self.disk.write_all(to_disk, disk_victims, staging.files if staging else None)
+                self.disk.write_all(to_disk, disk_victims, staged)
             except OSError as error:
                 raise DiskWriteError(f"write-through to {self.disk.directory} failed: {error}") from error
         for key in victims:
@@ -202,7 +265,22 @@ class BlockStore:
         self.memory.touch(keys)
         if self.disk is not None:
             self.disk.touch([key for key in keys if key not in self.memory])
-        return PutResult(stored=len(new), existing=len(unique) - len(new), evicted=len(victims))
+        self.kept_existing_total += kept
+        return PutResult(stored=len(new), existing=len(unique) - len(new), kept_existing=kept,
+                         evicted=len(victims))
+
+    def _count_differing(self, unique: dict[bytes, StoredBlock], writer: str) -> int:
+        """How many of ``unique`` are stored with other bytes (logged once per writer)."""
+        differing = []
+        for key, block in unique.items():
+            record = self._stored(key)
+            if record is not None and record.digest != block.digest:
+                differing.append(key)
+        if differing and writer not in self._logged_kept:
+            self._logged_kept.add(writer)
+            log.info("a put of stored keys with other bytes keeps the stored blocks (first writer wins; "
+                     "kept_existing_total counts them)", writer=writer, key=differing[0].hex(), blocks=len(differing))
+        return len(differing)
 
     def stats(self) -> StoreStats:
         disk = self.disk  # an empty DiskTier is falsy (len 0): test against None
@@ -224,6 +302,9 @@ class BlockStore:
             disk_corrupt_total=corrupt,
             disk_write_failures_total=self.disk_write_failures_total,
             leases=len(self.leases),
+            memory_corrupt_total=self.memory.corrupt_total,
+            kept_existing_total=self.kept_existing_total,
+            foreign_deletes_total=self.foreign_deletes_total,
         )
 
     def check_integrity(self) -> None:
@@ -277,8 +358,13 @@ class BlockStore:
             self._disk_failing = False
 
     def fetch(self, key: bytes, restore: bool = False) -> StoredBlock | None:
-        """The block of ``key`` for a reader: from memory, else read from disk (verified) and promoted."""
+        """The block of ``key`` for a reader, its digest checked: from memory, else read from disk (verified)
+        and promoted. A memory copy whose bytes changed is dropped (a disk copy may still serve)."""
         block = self.memory.get(key)
+        if block is not None and not block.intact():
+            log.warning("memory block no longer matches its digest, dropped", key=key.hex())
+            self.memory.drop_corrupt(key)
+            block = None
         if block is None:
             if self.disk is None or key not in self.disk:
                 return None  # gone since the Get began (its lease expired)

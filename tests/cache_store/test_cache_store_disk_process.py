@@ -15,6 +15,7 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.cache_store.client import CacheStoreClient
 from services.common.launch import launch
+from services.common.tls.channels import open_sync_channel
 from tests.cache_store.helpers import key, layout, put_stream
 
 BLOCK = 64 << 10
@@ -83,7 +84,7 @@ def test_kill_9_during_write_through_puts_loses_only_unfinished_puts(tmp_path):
         client.close()
 
     with start(tmp_path, "--disk-write-through") as node:
-        channel = grpc.insecure_channel(node.address)
+        channel = open_sync_channel(node.address, "cache-store")
         hung = cache_store_pb2_grpc.CacheStoreStub(channel).Put.future(unfinished_put(), timeout=30)
         putter = threading.Thread(target=put_continuously, args=(node.address,))
         putter.start()
@@ -133,7 +134,7 @@ def test_a_damaged_disk_file_is_a_missing_block_over_grpc(tmp_path):
 
 
 def test_cut_put_stream_over_grpc_stores_nothing(tmp_path):
-    with start(tmp_path, "--disk-write-through") as node, grpc.insecure_channel(node.address) as channel:
+    with start(tmp_path, "--disk-write-through") as node, open_sync_channel(node.address, "cache-store") as channel:
         stub = cache_store_pb2_grpc.CacheStoreStub(channel)
         before = stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
         with pytest.raises(grpc.RpcError) as cut:

@@ -12,6 +12,7 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 from services.cache_store.servicer import CacheStoreServicer
 from services.cache_store.store import BlockStore
 from services.common.server import NodeServer, ServiceBinding
+from services.common.tls.channels import open_channel
 from tests.cache_store.helpers import CRC32, crc, key, layout
 
 
@@ -35,7 +36,7 @@ async def test_drain_refuses_new_work_and_finishes_in_flight():
         await release.wait()
         yield cache_store_pb2.PutChunk(data=data)
 
-    async with grpc.aio.insecure_channel(server.address) as channel:
+    async with open_channel(server.address, "cache-store") as channel:
         stub = cache_store_pb2_grpc.CacheStoreStub(channel)
         in_flight = asyncio.ensure_future(stub.Put(slow_put()))
         while servicer.in_flight == 0:

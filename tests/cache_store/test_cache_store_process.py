@@ -18,7 +18,9 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 from services.cache_store.keys import MAX_KEYS_PER_CALL
 from services.common.launch import ServiceProcess, launch
 from services.common.server import grpc_options
+from services.common.tls.channels import open_sync_channel
 from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
+from tests.tls_identities import session_root
 
 MIB = 1 << 20
 SERVICES = {"pdserve.v1.CacheStore", "pdserve.v1.Admin", "grpc.health.v1.Health",
@@ -34,7 +36,7 @@ def node() -> Iterator[ServiceProcess]:
 
 @pytest.fixture
 def stub(node: ServiceProcess) -> Iterator[cache_store_pb2_grpc.CacheStoreStub]:
-    with grpc.insecure_channel(node.address, options=grpc_options()) as channel:
+    with open_sync_channel(node.address, "cache-store", grpc_options()) as channel:
         yield cache_store_pb2_grpc.CacheStoreStub(channel)
 
 
@@ -177,7 +179,7 @@ def test_delete_removes_stored_keys_skips_absent_ones_and_checks_the_fingerprint
 
 
 def test_reflection_lists_every_service(node):
-    with grpc.insecure_channel(node.address) as channel:
+    with open_sync_channel(node.address, "cache-store") as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         assert {s.name for r in replies for s in r.list_services_response.service} == SERVICES
@@ -189,7 +191,11 @@ def grpcurl_binary() -> str:
 
 
 def grpcurl(*args: str) -> str:
-    done = subprocess.run([grpcurl_binary(), "-plaintext", *args], capture_output=True, text=True, timeout=10)
+    """grpcurl over mTLS with the session's admin certificate (the runbook's line)."""
+    d = session_root() / "admin"
+    tls = ["-cacert", str(d / "ca.crt"), "-cert", str(d / "tls.crt"), "-key", str(d / "tls.key"),
+           "-servername", "cache-store.pdserve.internal"]
+    done = subprocess.run([grpcurl_binary(), *tls, *args], capture_output=True, text=True, timeout=10)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -204,7 +210,7 @@ def test_grpcurl_lists_services_and_checks_health(node):
 
 def test_sigterm_drains_and_exits_cleanly():
     with launch("services.cache_store", "--log-level", "warning") as process:
-        with grpc.insecure_channel(process.address) as channel:
+        with open_sync_channel(process.address, "cache-store") as channel:
             stub = cache_store_pb2_grpc.CacheStoreStub(channel)
             stub.Put(put_stream([(key("k"), b"v" * 100)]), timeout=5)
         started = time.monotonic()

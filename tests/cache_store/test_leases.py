@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc.aio
 import pytest
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc
 
@@ -15,6 +14,7 @@ from services.cache_store.disk_tier import DiskTier
 from services.cache_store.servicer import CacheStoreServicer, add_to_server
 from services.cache_store.store import BlockStore
 from services.common.server import NodeServer, ServiceBinding
+from services.common.tls.channels import open_channel
 from tests.cache_store.helpers import block, blocks, key, keys, names
 
 
@@ -95,7 +95,7 @@ async def test_a_cancelled_get_stream_releases_its_lease():
                                         add_to_server)], listen="127.0.0.1:0", grace_s=0)
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(server.address) as channel:
+        async with open_channel(server.address, "cache-store") as channel:
             call = cache_store_pb2_grpc.CacheStoreStub(channel).Get(
                 cache_store_pb2.GetRequest(keys=[key(f"b{i}") for i in range(8)]))
             first = await call.read()

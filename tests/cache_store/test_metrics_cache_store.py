@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import grpc
 import pytest
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.common.launch import ServiceProcess, launch
 from services.common.server import grpc_options
+from services.common.tls.channels import open_sync_channel
 from tests.cache_store.helpers import FP, key, put_stream
 from tests.common.test_metrics_endpoint import scrape, value
 
@@ -27,7 +27,7 @@ def node(tmp_path_factory) -> Iterator[ServiceProcess]:
 
 
 def test_tier_series_move_with_puts_disk_spills_hits_and_misses(node):
-    with grpc.insecure_channel(node.address, options=grpc_options()) as channel:
+    with open_sync_channel(node.address, "cache-store", grpc_options()) as channel:
         stub = cache_store_pb2_grpc.CacheStoreStub(channel)
         url = stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=5).metrics_url
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")

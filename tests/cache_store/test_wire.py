@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import grpc
 import pytest
 from google.protobuf.message import DecodeError
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc
@@ -22,6 +21,7 @@ from services.cache_store.wire import (
     split_data,
 )
 from services.common.server import NodeServer, ServiceBinding
+from services.common.tls.channels import open_channel
 from tests.cache_store.helpers import key, layout
 
 
@@ -76,7 +76,7 @@ async def test_both_bindings_serve_the_clients_and_the_generated_stub(adder):
         assert await client.get([key("big"), key("small")]) == [data for _, data in blocks]
         assert await client.lookup([key("small"), key("nope")]) == 1
         await client.close()
-        async with grpc.aio.insecure_channel(server.address) as channel:
+        async with open_channel(server.address, "cache-store") as channel:
             stub = cache_store_pb2_grpc.CacheStoreStub(channel)
             chunks = [c async for c in stub.Get(cache_store_pb2.GetRequest(keys=[key("big")]))]
             assert [len(c.data) for c in chunks] == [1 << 20] * 3 and chunks[0].layout == layout()
