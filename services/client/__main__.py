@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
@@ -33,6 +34,16 @@ def _positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
     return value
+
+
+def _pem_file(text: str) -> bytes:
+    try:
+        data = Path(text).read_bytes()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {error.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise argparse.ArgumentTypeError(f"{text} holds no PEM certificate")
+    return data
 
 
 def _env_key() -> str | None:
@@ -61,6 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--api-key", default=_env_key(),
                         help="the gateway's API key, sent as 'authorization: Bearer KEY' (default: the first key "
                              "of $PDSERVE_API_KEY; none: send no key)")
+    parser.add_argument("--tls-ca", type=_pem_file, metavar="FILE",
+                        help="connect with TLS, verifying the gateway's certificate against this CA (PEM) — a "
+                             "gateway started with --tls-cert/--tls-key")
+    parser.add_argument("--tls", action="store_true",
+                        help="connect with TLS, verifying the gateway's certificate against the system's roots")
     parser.add_argument("--timeout", type=_positive_seconds, default=120.0, help="deadline of the call in seconds")
     return parser.parse_args(argv)
 
@@ -77,9 +93,16 @@ def build_request(args: argparse.Namespace) -> gateway_pb2.GenerateRequest:
     return gateway_pb2.GenerateRequest(prompt=args.prompt, sampling=sampling)
 
 
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext (the default: ``make run``'s gateway), or TLS with ``--tls-ca`` / ``--tls``."""
+    if args.tls_ca is not None or args.tls:
+        return grpc.secure_channel(args.address, grpc.ssl_channel_credentials(root_certificates=args.tls_ca))
+    return grpc.insecure_channel(args.address)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with grpc.insecure_channel(args.address) as channel:
+    with open_channel(args) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         try:
             metadata = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else None

@@ -17,6 +17,7 @@ import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.cluster.local import ClusterSpec, LocalCluster, key_metadata, start_cluster
+from services.common.tls.ca import role_dns
 
 USAGE = """
 pdserve is up: gateway {gateway}
@@ -44,8 +45,7 @@ From Python (the generated client: pip install protos/python):
 {http_usage}{key_usage}
 Metrics (Prometheus text):
 {metrics}
-Drain one node as SIGTERM would: .venv/bin/grpcurl -plaintext -d '{{}}' <node address> pdserve.v1.Admin/Drain
-
+{internal_usage}
 Ctrl-C stops everything.
 """
 
@@ -60,10 +60,43 @@ HTTP_USAGE = """OpenAI-compatible HTTP (streaming: "stream": true):
 """
 
 
+MTLS_USAGE = """
+The internal nodes speak mTLS, each with its own certificate of the cluster's CA (made for this run and
+removed with it, unless --mtls-dir names ready ones). Call them as the launcher does, with its admin
+certificate, naming the role the node's certificate must hold (-servername):
+  .venv/bin/grpcurl {grpcurl_prefill} {prefill} pdserve.v1.PrefillNode/NodeStatus
+  .venv/bin/grpcurl {grpcurl_decode} {decode} pdserve.v1.DecodeNode/NodeStatus
+Drain one node as SIGTERM would (admin only):
+  .venv/bin/grpcurl {grpcurl_decode} -d '{{}}' {decode} pdserve.v1.Admin/Drain
+"""
+
+INSECURE_USAGE = """
+The internal nodes are plaintext (--insecure):
+  .venv/bin/grpcurl -plaintext {decode} pdserve.v1.DecodeNode/NodeStatus
+Drain one node as SIGTERM would: .venv/bin/grpcurl -plaintext -d '{{}}' {decode} pdserve.v1.Admin/Drain
+"""
+
+
 KEY_USAGE = """
 API keys are required (health, reflection and /metrics stay open): export PDSERVE_API_KEY=<key> for
 services.client, add -H "authorization: Bearer $PDSERVE_API_KEY" to grpcurl and curl, api_key=<key> to OpenAI().
 """
+
+
+def grpcurl_tls(certs: Path, role: str) -> str:
+    """grpcurl's flags to call a node of ``role`` with the certificate in ``certs``."""
+    return (f"-cacert {certs}/ca.crt -cert {certs}/tls.crt -key {certs}/tls.key "
+            f"-servername {role_dns(role)}")
+
+
+def internal_usage(cluster: LocalCluster) -> str:
+    """grpcurl lines for the internal nodes: mTLS with the launcher's admin certificate, or plaintext."""
+    prefill, decode = cluster.prefill[0].address, cluster.decode[0].address
+    if cluster.identity is None:
+        return INSECURE_USAGE.format(decode=decode)
+    certs = cluster.identity.directory
+    return MTLS_USAGE.format(prefill=prefill, decode=decode, grpcurl_prefill=grpcurl_tls(certs, "prefill"),
+                             grpcurl_decode=grpcurl_tls(certs, "decode"))
 
 
 def http_usage(http_url: str, api_key: str = "") -> str:
@@ -111,6 +144,12 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
                         help="context length of the gateway and every node; 0 = the model's")
     parser.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY", ""),
                         help="the gateway's API key(s), comma-separated (default: $PDSERVE_API_KEY); empty = open")
+    parser.add_argument("--insecure", action="store_true",
+                        help="internal ports and calls in plaintext, without mTLS (development only)")
+    parser.add_argument("--mtls-dir", type=Path, default=None,
+                        help="the cluster's certificates: a directory with ca/ca.key (its CA signs a certificate "
+                             "per process) or one directory of ca.crt, tls.crt, tls.key per role; default: "
+                             "$PDSERVE_MTLS_DIR, else a throwaway CA made at start")
     parser.add_argument("--no-store-prefixes", dest="store_prefixes", action="store_false",
                         help="prefill nodes do not share prompt blocks through the cache-store")
     args = parser.parse_args(argv)
@@ -118,11 +157,16 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
         parser.error(f"--model {args.model}: no such file or directory")
     if args.max_model_len < 0:
         parser.error(f"--max-model-len must be >= 0, got {args.max_model_len}")
+    if args.insecure and args.mtls_dir is not None:
+        parser.error("--insecure and --mtls-dir: choose one (plaintext, or mTLS with these certificates)")
+    if args.mtls_dir is not None and not args.mtls_dir.is_dir():
+        parser.error(f"--mtls-dir {args.mtls_dir}: no such directory")
     return ClusterSpec(num_prefill=args.prefill_nodes, num_decode=args.decode_nodes, gateway_listen=args.gateway,
                        http_listen=args.http, model=str(Path(args.model).resolve()) if args.model else "",
                        served_model_name=args.served_model_name, max_model_len=args.max_model_len,
                        engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
-                       prefill_cache_store=args.store_prefixes, api_key=args.api_key)
+                       prefill_cache_store=args.store_prefixes, api_key=args.api_key, insecure=args.insecure,
+                       mtls_dir=args.mtls_dir.resolve() if args.mtls_dir is not None else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             prefill=", ".join(p.address for p in cluster.prefill),
             decode=", ".join(d.address for d in cluster.decode),
             store=cluster.cache_store.address if cluster.cache_store else "-",
-            metrics=metrics_lines(cluster.address, spec.api_key)))
+            metrics=metrics_lines(cluster.address, spec.api_key),
+            internal_usage=internal_usage(cluster)))
         sys.stdout.flush()
         code = run_until_stopped(cluster, stop)
         sys.stdout.write("stopping...\n")

@@ -1,7 +1,8 @@
 """gRPC API-key check of the gateway's port: ``authorization: Bearer <key>`` metadata on every call.
 
 Services named open (default: ``grpc.health.v1.Health`` and server reflection, so probes and ``grpcurl
-list`` work without a key) pass unchecked; everything else, the gateway's ``Admin`` included, needs a key.
+list`` work without a key) pass unchecked; everything else needs a key. ``Admin`` is not on this port at all
+(a call there is ``UNIMPLEMENTED``): the gateway serves it on ``--admin-listen``, to admin certificates only.
 A call without one ends ``UNAUTHENTICATED`` "missing API key", one with a key that is not configured
 "invalid API key" — before its request is read, and without echoing what was sent.
 """

@@ -65,6 +65,10 @@ class GatewayConfig(ServerConfig):
     api_key_open_services: str = setting("health,reflection", "gRPC services served without a key when keys are "
                                                               "set: health, reflection and/or full service "
                                                               "names (e.g. pdserve.v1.Admin); empty = none")
+    tls_cert: Path | None = setting(None, "PEM certificate (chain) of the gateway's public gRPC and HTTP ports: "  # noqa: RUF009
+                                          "they serve TLS with it (no client certificate asked for), re-read "
+                                          "when it changes; with --tls-key; unset = plaintext")
+    tls_key: Path | None = setting(None, "PEM private key of --tls-cert, re-read when it changes")  # noqa: RUF009
     served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
                                          "name); empty = the model file's name without extension and "
                                          "quantization, e.g. SmolLM2-135M-Instruct")
@@ -104,6 +108,9 @@ class GatewayConfig(ServerConfig):
         if self.http_max_body_mib <= 0 or self.max_request_mib <= 0:
             raise ValueError(f"http_max_body_mib and max_request_mib must be > 0, got {self.http_max_body_mib} "
                              f"and {self.max_request_mib}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key: give both (the public ports' certificate and its key) or "
+                             f"neither, got tls_cert={self.tls_cert} and tls_key={self.tls_key}")
         if any(any(c.isspace() for c in key) for key in self.api_keys):
             raise ValueError("api_key: a key must not contain whitespace")  # the key itself is not named
 

@@ -27,6 +27,7 @@ from services.gateway.metrics import gateway_registry
 from services.gateway.model_check import ModelIdentity, model_identity
 from services.gateway.openai.app import FrontSettings, FrontState, create_app, served_model_id
 from services.gateway.openai.server import HttpFront
+from services.gateway.public_tls import PublicTls
 from services.gateway.servicer import GatewayServicer
 
 log = structlog.get_logger(__name__)
@@ -103,6 +104,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,
                              gateway_pb2_grpc.add_GatewayServicer_to_server)
     keys = ApiKeys(config.api_keys, config.api_key_file)
+    tls = PublicTls(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None
     http = None
     if config.http_listen:
         state = FrontState()
@@ -110,7 +112,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
                               max_body_bytes=int(config.http_max_body_mib * (1 << 20)),
                               body_timeout_s=config.http_body_timeout_s, api_keys=keys)
         http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s,
-                         max_connections=config.http_max_connections or None)
+                         max_connections=config.http_max_connections or None,
+                         ssl_context=tls.ssl_context() if tls is not None else None)
 
     async def drain() -> None:
         if http is not None:
@@ -123,7 +126,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry,
                                     max_receive_bytes=int(config.max_request_mib * (1 << 20)),
                                     watchdog=watchdog, interceptors=interceptors,
-                                    public_credentials=None, admin_listen=config.admin_listen)
+                                    public_credentials=tls.grpc_credentials() if tls is not None else None,
+                                    admin_listen=config.admin_listen)
     return Gateway(config, core, directory, server, servicer, http)
 
 
@@ -142,6 +146,7 @@ async def serve(config: GatewayConfig) -> None:
              max_model_len=gateway.core.settings.max_model_len, prefill=config.prefill_addresses,
              decode=config.decode_addresses, cache_store=config.cache_store_addresses,
              api_keys="required" if config.api_key or config.api_key_file else "off",
+             public_tls=str(config.tls_cert) if config.tls_cert else "off",
              startup_s=round(time.perf_counter() - started, 2))
     try:
         await gateway.server.serve_until_signalled()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Iterator
 
 import structlog
@@ -38,10 +39,12 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 class HttpFront:
     def __init__(self, app: FastAPI, listen: str, state: FrontState, grace_s: float = 5.0,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         """``max_connections``: connections and requests at once (uvicorn's ``limit_concurrency``: a request
-        beyond it gets 503); None = no limit."""
+        beyond it gets 503); None = no limit. ``ssl_context``: serve HTTPS with it (``PublicTls``'s, which
+        takes a rotated certificate at the next handshake); None = plain HTTP."""
         self.app = app
+        self.ssl_context = ssl_context
         self.max_connections = max_connections
         self.listen = listen
         self.state = state
@@ -52,11 +55,11 @@ class HttpFront:
 
     @property
     def url(self) -> str:
-        """``http://HOST:PORT`` (a bracketed IPv6 host); empty before ``start()``."""
+        """``http://HOST:PORT`` (``https://`` with TLS; a bracketed IPv6 host); empty before ``start()``."""
         if self.port is None:
             return ""
         host = self.listen.rpartition(":")[0]
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.ssl_context is not None else 'http'}://{host}:{self.port}"
 
     async def start(self) -> None:
         host, port = split_listen(self.listen)
@@ -73,6 +76,8 @@ class HttpFront:
         config = uvicorn.Config(self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=max(self.grace_s, 0.1), timeout_keep_alive=30,
                                 limit_concurrency=self.max_connections)
+        config.load()
+        config.ssl = self.ssl_context  # ours, not one uvicorn builds from file names (it could not reload them)
         server = self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="http-front")
         while not server.started and not self._task.done():
