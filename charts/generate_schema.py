@@ -4,8 +4,10 @@ The chart's values are checked by this JSON schema on every ``helm install/upgra
 role's ``config`` map lists exactly the settings of that service's config dataclass (a typo such as
 ``max_num_seq`` is refused, with its JSON type), and the global ``config`` the settings every service
 has. Settings the chart derives from the pod (``listen``, ``metrics_listen``, ``advertise``,
-``port_file``, ``http_listen``) are left out: they come from container env, which wins over the ConfigMap.
-So is ``api_key``: a key belongs in a Secret (``gateway.apiKeySecret``), never in a ConfigMap.
+``port_file``, ``http_listen``, ``health_listen``, ``admin_listen``) and from its Secrets (``mtls_dir``,
+``insecure``: ``tls.internal``; ``tls_cert``, ``tls_key``: ``gateway.tls``) are left out: they come from
+container env, which wins over the ConfigMap. So is ``api_key``: a key belongs in a Secret
+(``gateway.apiKeySecret``), never in a ConfigMap.
 
 The schema follows the code: ``tests/charts`` fails when this file would write something else.
 """
@@ -24,6 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "charts" / "pdserve" / "values.schema.json"
 POD_SETTINGS = frozenset({"listen", "metrics_listen", "advertise", "port_file", "http_listen",
+                          "health_listen", "admin_listen", "mtls_dir", "insecure", "tls_cert", "tls_key",
                           "api_key"})
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "string"}
 
@@ -99,7 +102,8 @@ def values_schema() -> dict[str, Any]:
                           "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}),
             "imagePullSecrets": LIST, "nameOverride": STRING, "fullnameOverride": STRING, "clusterDomain": STRING,
             "serviceAccount": obj({"create": BOOLEAN, "name": STRING, "annotations": ANY_OBJECT}),
-            "ports": obj({"grpc": PORT, "metrics": PORT}),
+            "ports": obj({"grpc": PORT, "health": PORT, "metrics": PORT, "admin": PORT}),
+            "tls": _tls(),
             "model": obj({"source": {"enum": ["bundled", "path"]}, "path": STRING, "mountPath": STRING,
                           "volume": ANY_OBJECT, "servedModelName": STRING, "maxModelLen": COUNT,
                           "init": obj({"enabled": BOOLEAN, "image": STRING,
@@ -116,12 +120,21 @@ def values_schema() -> dict[str, Any]:
             "gateway": role_schema(config_schema(roles["gateway"]), strategy=ANY_OBJECT, service=obj({
                 "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": ANY_OBJECT,
                 "http": obj({"enabled": BOOLEAN, "port": PORT})}),
-                apiKeySecret=obj({"name": STRING, "key": {"type": "string", "minLength": 1}})),
+                apiKeySecret=obj({"name": STRING, "key": {"type": "string", "minLength": 1}}),
+                tls=obj({"secretName": STRING})),
             "prefill": role_schema(config_schema(roles["prefill"]), strategy=ANY_OBJECT, **gpu),
             "decode": role_schema(config_schema(roles["decode"]), strategy=ANY_OBJECT, **gpu),
             "cacheStore": _cache_store(roles),
         }),
     }
+
+
+def _tls() -> dict[str, Any]:
+    secret_names = obj({key: STRING for key in ("gateway", "prefill", "decode", "cacheStore")})
+    issuer = obj({"name": STRING, "kind": {"enum": ["Issuer", "ClusterIssuer"]}, "group": STRING})
+    cert_manager = obj({"enabled": BOOLEAN, "issuerRef": issuer, "duration": STRING, "renewBefore": STRING,
+                        "admin": BOOLEAN})
+    return obj({"internal": obj({"enabled": BOOLEAN, "secretNames": secret_names, "certManager": cert_manager})})
 
 
 def _cache_store(roles: dict[str, dict[str, list[str]]]) -> dict[str, Any]:

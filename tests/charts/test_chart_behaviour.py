@@ -72,14 +72,19 @@ def test_nodes_reach_cache_store_pod_zero_by_its_stable_name():
 
 
 @pytest.mark.parametrize("values", CLUSTER)
-def test_probes_are_grpc_health_checks_on_the_serving_port(values):
+def test_probes_are_grpc_health_checks_on_the_plaintext_health_port(values):
+    """A kubelet gRPC probe presents no certificate: the probes target the health-only port
+    (--health-listen), never the mTLS gRPC port."""
     rendered = render(values_named(values))
     for component in COMPONENTS:
         container = rendered.container(component)
         (grpc_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
+        (health_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "health"]
         assert rendered.settings(component)["PDSERVE_LISTEN"] == f"0.0.0.0:{grpc_port}"
+        assert rendered.settings(component)["PDSERVE_HEALTH_LISTEN"] == f"0.0.0.0:{health_port}"
+        assert health_port != grpc_port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": grpc_port}, (component, probe)
+            assert container[probe]["grpc"] == {"port": health_port}, (component, probe)
         metrics_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
         assert rendered.settings(component)["PDSERVE_METRICS_LISTEN"] == f"0.0.0.0:{metrics_port}"
         annotations = rendered.workload(component)["spec"]["template"]["metadata"]["annotations"]

@@ -94,3 +94,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-0.%s:%d" (include "pdserve.componentName" (list . $role)) (include "pdserve.headlessHost" (list . $role)) (int .Values.ports.grpc) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret (ca.crt, tls.crt, tls.key) of a role's internal mTLS certificate; ctx: (list $ $role) */}}
+{{- define "pdserve.mtlsSecret" -}}
+{{- $root := index . 0 -}}
+{{- $name := index (default (dict) $root.Values.tls.internal.secretNames) (index . 1).key -}}
+{{- default (printf "%s-mtls" (include "pdserve.componentName" .)) $name -}}
+{{- end -}}

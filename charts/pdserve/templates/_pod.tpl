@@ -11,6 +11,8 @@ envFrom, plus the pod-specific ones below, which win over the ConfigMap).
 {{- $ports := $root.Values.ports -}}
 {{- $modelVolume := include "pdserve.modelVolume" . -}}
 {{- $modelInit := include "pdserve.modelInitEnabled" . -}}
+{{- $mtls := $root.Values.tls.internal.enabled -}}
+{{- $publicTLS := and (eq $role.key "gateway") $root.Values.gateway.tls.secretName -}}
 metadata:
   labels:
     {{- include "pdserve.labels" . | nindent 4 }}
@@ -54,24 +56,29 @@ spec:
         {{- include "pdserve.env" . | nindent 8 }}
       ports:
         - {name: grpc, containerPort: {{ $ports.grpc | int }}, protocol: TCP}
+        - {name: health, containerPort: {{ $ports.health | int }}, protocol: TCP}
         - {name: metrics, containerPort: {{ $ports.metrics | int }}, protocol: TCP}
+        {{- if and (eq $role.key "gateway") $mtls }}
+        - {name: admin, containerPort: {{ $ports.admin | int }}, protocol: TCP}
+        {{- end }}
         {{- if and (eq $role.key "gateway") $values.service.http.enabled }}
         - {name: http, containerPort: {{ $values.service.http.port | int }}, protocol: TCP}
         {{- end }}
-      # grpc.health.v1.Health: NOT_SERVING while draining (and engine nodes bind only once the model
-      # is loaded, hence the startup probe). Liveness tolerates a whole drain.
+      # grpc.health.v1.Health on the plaintext health port (a probe presents no certificate; the gRPC
+      # port is mTLS): NOT_SERVING while draining (and engine nodes bind only once the model is loaded,
+      # hence the startup probe). Liveness tolerates a whole drain.
       startupProbe:
-        grpc: {port: {{ $ports.grpc | int }}}
+        grpc: {port: {{ $ports.health | int }}}
         periodSeconds: {{ $values.startupProbe.periodSeconds | int }}
         failureThreshold: {{ $values.startupProbe.failureThreshold | int }}
         timeoutSeconds: 3
       readinessProbe:
-        grpc: {port: {{ $ports.grpc | int }}}
+        grpc: {port: {{ $ports.health | int }}}
         periodSeconds: 5
         timeoutSeconds: 3
         failureThreshold: 2
       livenessProbe:
-        grpc: {port: {{ $ports.grpc | int }}}
+        grpc: {port: {{ $ports.health | int }}}
         periodSeconds: 10
         timeoutSeconds: 5
         failureThreshold: {{ include "pdserve.livenessFailures" . }}
@@ -94,6 +101,12 @@ spec:
         {{- if and (eq $role.key "gateway") $values.apiKeySecret.name }}
         - {name: api-keys, mountPath: /etc/pdserve/api-keys, readOnly: true}  # no subPath: updates reach it
         {{- end }}
+        {{- if $mtls }}
+        - {name: mtls, mountPath: /etc/pdserve/mtls, readOnly: true}  # no subPath: a renewed Secret reaches it
+        {{- end }}
+        {{- if $publicTLS }}
+        - {name: public-tls, mountPath: /etc/pdserve/public-tls, readOnly: true}
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir: {sizeLimit: {{ $root.Values.tmpSizeLimit }}}
@@ -110,6 +123,18 @@ spec:
       secret:
         secretName: {{ $values.apiKeySecret.name | quote }}
         items: [{key: {{ $values.apiKeySecret.key | quote }}, path: keys}]
+    {{- end }}
+    {{- if $mtls }}
+    - name: mtls
+      secret:
+        secretName: {{ include "pdserve.mtlsSecret" . | quote }}
+        items: [{key: ca.crt, path: ca.crt}, {key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
+    {{- end }}
+    {{- if $publicTLS }}
+    - name: public-tls
+      secret:
+        secretName: {{ $root.Values.gateway.tls.secretName | quote }}
+        items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
     {{- end }}
     {{- if and (eq $role.key "cacheStore") $values.disk.enabled (not $values.disk.persistence.enabled) }}
     - name: kv-disk
@@ -145,6 +170,19 @@ spec:
 - {name: PDSERVE_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.grpc | int) | quote }}}
 - {name: PDSERVE_METRICS_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.metrics | int) | quote }}}
 - {name: PDSERVE_ADVERTISE, value: {{ printf "$(POD_IP):%d" ($ports.grpc | int) | quote }}}
+- {name: PDSERVE_HEALTH_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.health | int) | quote }}}
+{{- if $root.Values.tls.internal.enabled }}
+- {name: PDSERVE_MTLS_DIR, value: /etc/pdserve/mtls}
+{{- if eq $role.key "gateway" }}
+- {name: PDSERVE_ADMIN_LISTEN, value: {{ printf "0.0.0.0:%d" ($ports.admin | int) | quote }}}
+{{- end }}
+{{- else }}
+- {name: PDSERVE_INSECURE, value: "true"}
+{{- end }}
+{{- if and (eq $role.key "gateway") $root.Values.gateway.tls.secretName }}
+- {name: PDSERVE_TLS_CERT, value: /etc/pdserve/public-tls/tls.crt}
+- {name: PDSERVE_TLS_KEY, value: /etc/pdserve/public-tls/tls.key}
+{{- end }}
 {{- if and (eq $role.key "gateway") $root.Values.gateway.apiKeySecret.name }}
 - {name: PDSERVE_API_KEY_FILE, value: /etc/pdserve/api-keys/keys}
 {{- end }}
