@@ -5,6 +5,8 @@ gateway from a Secret."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from helm_python import HelmRenderError, HelmValuesError
 
@@ -108,7 +110,7 @@ def test_cert_manager_issues_each_role_the_secret_its_pods_mount(values):
 
 
 def test_given_secret_names_are_mounted_and_issued_and_a_missing_store_gets_none():
-    values = {**CERT_MANAGER, "cacheStore": {"enabled": False}}
+    values = {**copy.deepcopy(CERT_MANAGER), "cacheStore": {"enabled": False}}
     values["tls"]["internal"]["secretNames"] = {"decode": "my-decode-cert"}
     values["tls"]["internal"]["certManager"]["admin"] = False
     rendered = render(values)
