@@ -18,6 +18,12 @@ class DecodeNodeConfig(EngineNodeConfig):
     lease_ms: int = setting(10_000, "how long a reservation holds without KV traffic (caps what prefill asks)")
     handover_after_ms: int = setting(300, "hand a preempted request whose KV is in the cache-store to another decode "
                                           "node once it waited this long here (0: never)")
+    max_reservations_per_caller: int = setting(256, "live reservations (granted, not yet committed, aborted or "
+                                                    "expired) one caller (certificate common name) may hold; "
+                                                    "past it Reserve is refused RESOURCE_EXHAUSTED")
+    max_reserved_blocks_per_caller_fraction: float = setting(0.5, "fraction of the KV pool one caller may hold in "
+                                                                  "live reservations; past it Reserve is refused "
+                                                                  "RESOURCE_EXHAUSTED")
     cache_outputs: bool = setting(False, "write finished requests' full KV blocks (prompt and output) to the "
                                          "offload cache-store under their content keys")
 
@@ -27,6 +33,11 @@ class DecodeNodeConfig(EngineNodeConfig):
             raise ValueError(f"lease_ms must be >= 1, got {self.lease_ms}")
         if self.handover_after_ms < 0:
             raise ValueError(f"handover_after_ms must be >= 0, got {self.handover_after_ms}")
+        if self.max_reservations_per_caller < 1:
+            raise ValueError(f"max_reservations_per_caller must be >= 1, got {self.max_reservations_per_caller}")
+        if not 0 < self.max_reserved_blocks_per_caller_fraction <= 1:
+            raise ValueError("max_reserved_blocks_per_caller_fraction must be in (0, 1], got "
+                             f"{self.max_reserved_blocks_per_caller_fraction}")
         if self.cache_outputs and not self.offload_cache_store:
             raise ValueError("cache_outputs needs --offload-cache-store")
 

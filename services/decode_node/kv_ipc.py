@@ -52,6 +52,8 @@ class _Session:
     identity: HostIdentity
     pool: torch.Tensor
     """The prefill node's pool, mapped into this process."""
+    owner: str = ""
+    """The caller that offered it (``caller_identity.py``): only its KV headers may name the session."""
 
 
 class IpcSessions:
@@ -71,9 +73,10 @@ class IpcSessions:
         self._read = reader
         self._stream = torch.cuda.Stream(pool.device) if pool.device.type == "cuda" else None
 
-    def open(self, offer: IpcOffer) -> IpcAnswer:
-        """Check, map and probe an offer. A refusal is an answer with the reason (logged), not an error."""
-        checked = self._check(offer)
+    def open(self, offer: IpcOffer, owner: str = "") -> IpcAnswer:
+        """Check, map and probe an offer of caller ``owner``. A refusal is an answer with the reason
+        (logged), not an error."""
+        checked = self._check(offer, owner)
         if isinstance(checked, str):
             log.info("kv ipc refused", session=offer.session_id, peer_pid=offer.identity.pid, reason=checked)
             return IpcAnswer(accepted=False, reason=checked)
@@ -86,7 +89,12 @@ class IpcSessions:
                  peer_blocks=session.pool.shape[1])
         return IpcAnswer(accepted=True, probe_digest=digest)
 
-    def _check(self, offer: IpcOffer) -> tuple[_Session, bytes] | str:
+    def owner_of(self, session_id: str) -> str | None:
+        """The caller that opened ``session_id``; None when this node holds no such session."""
+        session = self.sessions.get(session_id)
+        return None if session is None else session.owner
+
+    def _check(self, offer: IpcOffer, owner: str) -> tuple[_Session, bytes] | str:
         """The mapped session and the probe's digest, or why the offer is refused."""
         if self.identity is None:
             return "this decode node takes no CUDA IPC (kv_ipc off or a CPU pool)"
@@ -104,7 +112,7 @@ class IpcSessions:
             return str(exc)
         if not read or read != probe_pattern(offer.probe_nonce, len(read)):
             return "the probe read back other bytes than its pattern"
-        return _Session(offer.identity, pool), probe_digest(read)
+        return _Session(offer.identity, pool, owner), probe_digest(read)
 
     def copy(self, session_id: str, source_ids: Sequence[int], block_ids: Sequence[int]) -> None:
         """Blocks ``source_ids`` of the session's pool into ``block_ids`` of this node's pool, complete on

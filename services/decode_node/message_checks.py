@@ -18,11 +18,19 @@ from services.common.field_checks import check_addresses, check_request_id
 MAX_BLOCK_HASH_BYTES = 64  # the chained hashes are 16 bytes; anything far past that is not one
 
 
-def check_reserve(request: Any, block_size: int) -> None:
+def check_reserve(request: Any, block_size: int, now_unix_ms: int) -> None:
     """After the layout check: ``block_size`` is the sender's (= this node's), 0 when it sent no layout
-    (then the hashes' count is not checked: they are the sender's blocks, of a size not known here)."""
+    (then the hashes' count is not checked: they are the sender's blocks, of a size not known here).
+    A ``deadline_unix_ms`` already past (on this node's clock) is refused: the request could only be
+    aborted here. ``lease_ms`` is not refused: over this node's ``--lease-ms`` it is clamped to it (the
+    grant says the lease it got), so no caller holds blocks longer without traffic than the node allows."""
     check_request_id(request.request_id)
     check_addresses(request.decode_peers, "decode_peers")
+    if request.deadline_unix_ms < 0:
+        raise InvalidArgumentError("deadline_unix_ms", f"is {request.deadline_unix_ms}: 0 (none) or a time")
+    if 0 < request.deadline_unix_ms <= now_unix_ms:
+        raise InvalidArgumentError("deadline_unix_ms", f"is {now_unix_ms - request.deadline_unix_ms} ms in the "
+                                                       f"past: the request's deadline passed")
     full_blocks = len(request.prompt_token_ids) // block_size if block_size else len(request.prompt_token_ids)
     if len(request.block_hashes) > full_blocks:
         raise InvalidArgumentError("block_hashes", f"{len(request.block_hashes)} hashes for a prompt of "

@@ -30,8 +30,14 @@ from kvcache.cuda_ipc import IpcError, gpu_uuid
 from kvcache.host_identity import read_host_identity
 from services.common import tracing
 from services.common.drain import drain_requests
-from services.common.errors import FailedPreconditionError, NotFoundError, UnavailableError
+from services.common.errors import (
+    FailedPreconditionError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from services.common.kv_transfer_stats import KVTransferStats
+from services.decode_node.grants import CallerBounds, Grants
 from services.decode_node.handover import HandoverAgent, Route
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.kv_stores import KVStores
@@ -72,17 +78,21 @@ class Grant:
     num_cached_blocks: int
     lease_deadline_unix_ms: int
     lease_s: float
+    token: bytes = b""  # the grant's capability (grants.py): every later message of the request presents it
 
 
 class DecodeNode:
     def __init__(self, engine: LLMEngine, default_lease_s: float = 10.0, num_threads: int | None = None,
-                 handover_after_s: float = 0.0, kv_ipc: bool = False, unread_stream_s: float | None = None):
+                 handover_after_s: float = 0.0, kv_ipc: bool = False, unread_stream_s: float | None = None,
+                 max_reservations_per_caller: int = 256, max_reserved_blocks_fraction: float = 0.5):
         """``handover_after_s``: hand preempted requests whose KV is in the cache-store (the engine's
         ``offload_cache_store``) to a peer after waiting that long; 0 = never. ``kv_ipc``: take KV by CUDA
         IPC from prefill nodes on this host and GPU (a CPU pool never does). ``unread_stream_s`` (default:
         the lease, at least 10 s): how long the token stream of a request that finished with nobody
         attached is kept (the gateway attaches as soon as the reservation is made, so it went away and its
-        ``Abort`` was lost); then it is dropped, and nothing of the request is left here."""
+        ``Abort`` was lost); then it is dropped, and nothing of the request is left here.
+        ``max_reservations_per_caller`` and ``max_reserved_blocks_fraction`` (of the pool): what one caller
+        may hold in live grants (``grants.py``)."""
         self.engine = engine
         self.default_lease_s = default_lease_s
         self.unread_stream_s = max(default_lease_s, 10.0) if unread_stream_s is None else unread_stream_s
@@ -102,6 +112,8 @@ class DecodeNode:
         self.stores = KVStores(layout)  # where adopted requests' KV is read
         identity = read_host_identity(gpu_uuid(pool.device)) if kv_ipc and pool.device.type == "cuda" else None
         self.ipc = IpcSessions(pool, layout, identity)
+        max_blocks = max(1, int(max_reserved_blocks_fraction * engine.kv.num_blocks))
+        self.grants = Grants(CallerBounds(max_reservations_per_caller, max_blocks))
 
     def start(self) -> None:
         self.worker.start()
@@ -115,16 +127,30 @@ class DecodeNode:
 
     # ---- reservations and KV --------------------------------------------------------------------
     async def reserve(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                      lease_s: float | None, route: Route | None = None) -> Grant | Refusal:
+                      lease_s: float | None, route: Route | None = None, caller: str = "") -> Grant | Refusal:
+        """Grant blocks for a prompt ``caller`` will send, with a fresh token. Refused (nothing held, the
+        request not remembered as a waiter) when ``caller`` is at its bounds (``grants.py``)."""
         if self.draining:
             raise UnavailableError("decode node is draining")
         lease_s = min(lease_s or self.default_lease_s, self.default_lease_s)  # this node's setting caps it
-        result = await self.worker.call(LLMEngine.reserve, request_id, prompt_ids, sampling, lease_s)
+        try:
+            record = self.grants.hold(request_id, caller, -(-len(prompt_ids) // self.engine.kv.block_size))
+        except ResourceExhaustedError as bound:
+            return Refusal(str(bound))
+        try:  # the engine call is queued before any await: an abort's discard runs after it
+            result = await self.worker.call(LLMEngine.reserve, request_id, prompt_ids, sampling, lease_s)
+        except BaseException:
+            self.grants.release(request_id, record)
+            raise
         if isinstance(result, Refusal):
+            self.grants.release(request_id, record)
             return result
+        token = self.grants.grant(request_id, record, len(result.block_ids))
+        if token is None:  # aborted while the engine decided: that abort's discard freed the blocks
+            return Refusal("the request was aborted while it was being reserved")
         self.streams[request_id] = TokenStream()
         self._set_route(request_id, route)
-        return Grant(list(result.block_ids), result.num_cached_blocks, _unix_ms(lease_s), lease_s)
+        return Grant(list(result.block_ids), result.num_cached_blocks, _unix_ms(lease_s), lease_s, token)
 
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
         """Check and mark ``block_ids`` on the engine thread, then write their bytes. Returns the lease."""
@@ -164,9 +190,11 @@ class DecodeNode:
         stream = self.streams.get(request_id)
         parent = stream.trace if stream is not None and stream.trace is not None else tracing.current_context()
         await self.worker.call(LLMEngine.commit, request_id, first_token_id, _trace(parent), num_computed_tokens)
+        self.grants.release(request_id)  # it runs now: no prefill node may touch it again
 
     async def abort(self, request_id: str, reason: str = "aborted") -> bool:
         """Free everything the request holds here; an attached gateway hears ``reason``."""
+        self.grants.release(request_id)
         found = await self.worker.call(LLMEngine.discard, request_id)
         self.routes.pop(request_id, None)
         stream = self.streams.pop(request_id, None)
@@ -254,6 +282,7 @@ class DecodeNode:
         if isinstance(payload, tuple):  # leases that expired
             for request_id in payload[1]:
                 log.warning("reservation lease expired", request_id=request_id)
+                self.grants.release(request_id)
                 self.routes.pop(request_id, None)
                 stream = self.streams.pop(request_id, None)
                 if stream is not None:

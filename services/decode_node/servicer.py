@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -23,9 +24,11 @@ from services.common.field_checks import check_request_id
 from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
+from services.decode_node.caller_identity import caller_of, needs_grant_token
 from services.decode_node.handover import Route
 from services.decode_node.message_checks import check_adopt, check_batch, check_reserve
 from services.decode_node.node import DecodeNode
+from services.decode_node.transfer_gate import TransferGate
 from services.engine.decode_role import HandedRequest, Refusal
 from services.engine.engine import LLMEngine
 from services.engine_node.kv_ipc_wire import answer_to_proto, offer_from_proto
@@ -56,48 +59,52 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             self._check_layout(request.layout)
         elif request.model_fingerprint and request.model_fingerprint != self.layout.model_fingerprint:
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
-        check_reserve(request, self.layout.block_size if request.HasField("layout") else 0)
+        check_reserve(request, self.layout.block_size if request.HasField("layout") else 0, int(time.time() * 1000))
         sampling = sampling_from_proto(request.sampling, default_max_tokens=request.max_tokens or 16)
         sampling = dataclasses.replace(sampling, stop=())  # stop strings are the gateway's
         route = Route(list(request.decode_peers), request.deadline_unix_ms)
         result = await self.node.reserve(request.request_id, list(request.prompt_token_ids), sampling,
-                                         request.lease_ms / 1000 if request.lease_ms else None, route)
+                                         request.lease_ms / 1000 if request.lease_ms else None, route,
+                                         caller=caller_of(context))
         if isinstance(result, Refusal):
             return decode_pb2.ReserveResponse(granted=False, reason=result.reason, block_size=self.layout.block_size,
                                               retry_after_ms=50)
         return decode_pb2.ReserveResponse(
             granted=True, block_ids=result.block_ids, num_cached_blocks=result.num_cached_blocks,
             lease_deadline_unix_ms=result.lease_deadline_unix_ms, block_size=self.layout.block_size,
-            lease_ms=round(result.lease_s * 1000),
+            lease_ms=round(result.lease_s * 1000), grant_token=result.token,
         )
 
     @traced_rpc("TransferKV")
     async def TransferKV(self, request_iterator: AsyncIterator[decode_pb2.KVTransferMessage],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[decode_pb2.KVAck]:
+        """Each message passes the stream's gate (seq, grant token, IPC session: a refusal there changes
+        nothing), then acts on its request; a failure after the gate is the grant holder's own and fails
+        its request (its blocks freed, later messages of it answered with the same error)."""
         failed: dict[str, decode_pb2.KVAck] = {}
-        ipc_sessions: dict[str, str] = {}  # request id → the IPC session its header named
+        gate = TransferGate(self.node.grants, self.node.ipc, caller_of(context))
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
-                if kind is None:  # a kind this node does not know (a newer prefill node): nothing to do
-                    yield decode_pb2.KVAck(seq=message.seq)
-                    continue
-                request_id = getattr(message, kind).request_id
+                request_id = getattr(message, kind).request_id if kind is not None else ""
                 try:
+                    gate.check_seq(message.seq)
+                    if kind is None:  # a kind this node does not know (a newer prefill node): nothing to do
+                        yield decode_pb2.KVAck(seq=message.seq)
+                        continue
                     check_request_id(request_id, f"{kind}.request_id")
-                except mapped_errors() as error:  # nothing to fail or abort under an id that is not one
-                    yield decode_pb2.KVAck(seq=message.seq, error=str(error), code=status_of(error).value[0])
-                    continue
-                if request_id in failed:
-                    yield decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=failed[request_id].error,
-                                           code=failed[request_id].code)
+                    if request_id in failed:
+                        yield decode_pb2.KVAck(seq=message.seq, request_id=request_id,
+                                               error=failed[request_id].error, code=failed[request_id].code)
+                        continue
+                    gate.admit(message, kind, request_id)
+                except mapped_errors() as error:  # refused before touching anything: nothing to fail or abort
+                    yield _error_ack(message.seq, request_id if kind else "", error)
                     continue
                 try:
-                    yield await self._handle(message, kind, request_id, ipc_sessions)
+                    yield await self._handle(message, kind, request_id, gate.ipc_sessions)
                 except mapped_errors() as error:
-                    ack = decode_pb2.KVAck(seq=message.seq, request_id=request_id, error=str(error),
-                                           code=status_of(error).value[0])
-                    failed[request_id] = ack
+                    ack = failed[request_id] = _error_ack(message.seq, request_id, error)
                     await self.node.abort(request_id, f"its KV transfer failed: {error}")
                     yield ack
         except DecodeError as error:  # a message that is not a KVTransferMessage (the stream's own bytes)
@@ -110,8 +117,6 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             tracing.bind_request(request_id)
             self._check_layout(message.header.layout)
             lease = await self.node.renew(request_id)  # NOT_FOUND unless the request is reserved here
-            if message.header.ipc_session:
-                ipc_sessions[request_id] = message.header.ipc_session
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
         if kind == "blocks":
             check_batch(message.blocks, self.layout.bytes_per_block)
@@ -192,7 +197,14 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     @traced_rpc("Abort")
     async def Abort(self, request: node_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> node_pb2.AbortResponse:
+        """A prefill-only caller must present the request's live grant token (``PERMISSION_DENIED``
+        otherwise, nothing freed); a request without a live grant is not its to abort (``found = false``,
+        untouched). Gateways and decode nodes abort any request."""
         check_request_id(request.request_id)
+        if needs_grant_token(context):
+            if not self.node.grants.live(request.request_id):
+                return node_pb2.AbortResponse(found=False)
+            self.node.grants.check(request.request_id, request.grant_token)
         said = "".join(c if c.isprintable() else " " for c in request.reason[:256])  # informative only: never refused
         reason = f"aborted by {said or 'a caller'}"
         return node_pb2.AbortResponse(found=await self.node.abort(request.request_id, reason))
@@ -202,7 +214,7 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     async def OpenKVIpc(self, request: decode_pb2.KVIpcOffer, context: grpc.aio.ServicerContext
                         ) -> decode_pb2.KVIpcAnswer:
         """Map a prefill node's KV pool by CUDA IPC if it shares this host and GPU (refusal = an answer)."""
-        return answer_to_proto(self.node.ipc.open(offer_from_proto(request)))
+        return answer_to_proto(self.node.ipc.open(offer_from_proto(request), owner=caller_of(context)))
 
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
@@ -218,3 +230,5 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         return status
 
 
+def _error_ack(seq: int, request_id: str, error: Exception) -> decode_pb2.KVAck:
+    return decode_pb2.KVAck(seq=seq, request_id=request_id, error=str(error), code=status_of(error).value[0])

@@ -5,7 +5,11 @@ refused) → :meth:`receive` for each block batch the prefill node sends (renews
 :meth:`commit` once every block arrived: the request's prompt blocks enter the prefix index and it joins
 the decode batch. A lease that passes without traffic, or :meth:`cancel`, frees everything.
 A request refused for room is remembered (``reserve_waiters.py``): the blocks the oldest one still asking
-needs are kept from other grants and adoptions, so a large prompt is not starved by smaller later ones.
+needs are kept from other grants and adoptions, so a large prompt is not starved by smaller later ones —
+for at most ``max_protected_s`` (30 s, about how long a prefill node keeps asking for one request) after
+its first refusal: then it goes to the back of the line (forgotten; its next refusal records it anew), so a
+caller re-asking a large reservation, one that may never fit, holds blocks back no longer than a
+legitimate waiter would wait (the decode node also bounds what one caller may ask, ``grants.py``).
 All methods run on the engine thread (they touch the block pool and the scheduler).
 """
 
@@ -50,10 +54,12 @@ class Refusal:
 
 
 class ReservationBook:
-    def __init__(self, kv: KVCacheManager, scheduler: Scheduler, clock=time.monotonic):
+    def __init__(self, kv: KVCacheManager, scheduler: Scheduler, clock=time.monotonic,
+                 max_protected_s: float = 30.0):
         self.kv = kv
         self.scheduler = scheduler
         self.clock = clock
+        self.max_protected_s = max_protected_s
         self.reservations: dict[str, Reservation] = {}
         self.waiters = ReserveWaiters(clock=clock)
 
@@ -104,6 +110,9 @@ class ReservationBook:
         ``request_id``), are fewer than ``needed``."""
         free, keep = self.kv.num_free_blocks, self.kept_blocks()
         waiter = self.waiters.protected(request_id)
+        while waiter is not None and self.clock() - waiter.first_refused > self.max_protected_s:
+            self.waiters.forget(waiter.request_id)  # it had its turn's length: to the back of the line
+            waiter = self.waiters.protected(request_id)
         held = waiter.blocks_needed if waiter is not None else 0
         if free - keep - held >= needed:
             return None

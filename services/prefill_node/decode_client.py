@@ -4,6 +4,13 @@
 
 Channels are pooled per address (decode nodes come and go with DNS discovery). RPC errors surface as
 ``grpc.aio.AioRpcError``, which ``prepare.py`` reads (status codes) to tell a full node from a missing one.
+
+Grant tokens: a decode node's grant carries a token (``grant_token``) that every later message of the
+request presents — the KV stream's header, keepalives and commit (``kv_sender.py``) and the ``Abort`` of
+a grant this node gives up. :class:`DecodeClients` remembers each granted token by (address, request id)
+from the ``Reserve`` answer until the commit is acknowledged or the ``Abort`` is sent; tokens are never
+logged. A ``Reserve`` whose answer never arrived (an ambiguous error) leaves no token: its ``Abort`` is
+refused there and the grant's lease frees it.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
@@ -27,6 +34,9 @@ from services.engine.sampling_params import SamplingParams
 from services.engine_node.kv_ipc_wire import IpcAnswer, IpcOffer, answer_from_proto, offer_to_proto
 from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.kv_sender import KVSender
+
+MAX_TOKENS = 1 << 16
+"""Grant tokens remembered at most (a request holds one grant at a time)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Grant:
     num_cached_blocks: int = 0
     lease_deadline_unix_ms: int = 0  # wall clock
     lease_ms: int = 0  # the lease as a duration; 0 from an older node
+    token: bytes = field(default=b"", repr=False)  # the grant's capability: never logged
 
 
 def granted_lease_s(grant: Grant, asked_ms: int) -> float:
@@ -65,7 +76,8 @@ def granted_lease_s(grant: Grant, asked_ms: int) -> float:
 def _grant(answer: decode_pb2.ReserveResponse) -> Grant:
     return Grant(granted=answer.granted, reason=answer.reason, retry_after_ms=answer.retry_after_ms,
                  block_ids=tuple(answer.block_ids), num_cached_blocks=answer.num_cached_blocks,
-                 lease_deadline_unix_ms=answer.lease_deadline_unix_ms, lease_ms=answer.lease_ms)
+                 lease_deadline_unix_ms=answer.lease_deadline_unix_ms, lease_ms=answer.lease_ms,
+                 token=answer.grant_token)
 
 
 class DecodeClients:
@@ -76,6 +88,7 @@ class DecodeClients:
         self.layout = layout
         self._wire_layout = kv_layout(layout)
         self._channels = ChannelPool("decode", grpc_options())
+        self._tokens: dict[tuple[str, str], bytes] = {}  # (address, request id) → its live grant's token
 
     def stub(self, address: str) -> decode_pb2_grpc.DecodeNodeStub:
         return self._channels.stub(address, decode_pb2_grpc.DecodeNodeStub)
@@ -93,17 +106,26 @@ class DecodeClients:
 
         async def call(address: str, rpc_timeout_s: float) -> Grant:
             answer = await self.stub(address).Reserve(message, timeout=rpc_timeout_s, metadata=tracing.outgoing())
-            return _grant(answer)
+            grant = _grant(answer)
+            if grant.granted:
+                self._remember(address, ask.request_id, grant.token)
+            return grant
 
         return call
 
     async def abort(self, address: str, request_id: str, reason: str) -> None:
         """Abort the request on that decode node (``reason`` is prefixed "the prefill node: "); an
         unreachable node is let be (its lease frees the reservation)."""
+        token = self._tokens.pop((address, request_id), b"")
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
             await self.stub(address).Abort(
-                node_pb2.AbortRequest(request_id=request_id, reason=f"the prefill node: {reason}"),
+                node_pb2.AbortRequest(request_id=request_id, reason=f"the prefill node: {reason}", grant_token=token),
                 timeout=2.0, metadata=tracing.outgoing())
+
+    def _remember(self, address: str, request_id: str, token: bytes) -> None:
+        if len(self._tokens) >= MAX_TOKENS:  # only a leak could fill it (every grant is committed or aborted)
+            del self._tokens[next(iter(self._tokens))]
+        self._tokens[address, request_id] = token
 
     async def offer_ipc(self, address: str, offer: IpcOffer) -> IpcAnswer:
         """``OpenKVIpc``: offer this process's pool by CUDA IPC (``kv_ipc.py``)."""
@@ -113,4 +135,6 @@ class DecodeClients:
 
     def kv_sender(self, address: str, request_id: str, grant: Grant, stats: KVTransferStats) -> KVSender:
         """The ``TransferKV`` stream of a granted request (opened by ``KVSender.open``)."""
-        return KVSender(self.stub(address), request_id, self._wire_layout, list(grant.block_ids), address, stats)
+        token = grant.token or self._tokens.get((address, request_id), b"")
+        return KVSender(self.stub(address), request_id, self._wire_layout, list(grant.block_ids), address, stats,
+                        grant_token=token, on_committed=lambda: self._tokens.pop((address, request_id), None))

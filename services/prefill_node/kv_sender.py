@@ -44,13 +44,18 @@ class KVSender:
 
     def __init__(self, stub: decode_pb2_grpc.DecodeNodeStub, request_id: str, layout: node_pb2.KVLayout,
                  destination_ids: list[int], address: str, stats: KVTransferStats | None = None,
-                 ipc: IpcRoute | None = None):
-        """``stats``: the node's counters, advanced as each batch goes out."""
+                 ipc: IpcRoute | None = None, grant_token: bytes = b"",
+                 on_committed: Callable[[], None] | None = None):
+        """``stats``: the node's counters, advanced as each batch goes out. ``grant_token``: the decode
+        node's grant (presented by the header, keepalives and the commit; block batches ride on the
+        header's). ``on_committed``: told once the commit is acknowledged."""
         self.stub = stub
         self.request_id = request_id
         self.layout = layout
         self.destination_ids = destination_ids
         self.address = address
+        self.grant_token = grant_token
+        self.on_committed = on_committed
         self.bytes_sent = 0
         self.blocks_sent = 0
         self.stats = stats if stats is not None else KVTransferStats()
@@ -75,7 +80,8 @@ class KVSender:
         self._call = self.stub.TransferKV(metadata=metadata)
         self._reader = asyncio.create_task(self._read_acks())
         await self._send(decode_pb2.KVTransferMessage(header=decode_pb2.KVHeader(
-            request_id=self.request_id, layout=self.layout, ipc_session=self.ipc.session_id if self.ipc else "")))
+            request_id=self.request_id, layout=self.layout, ipc_session=self.ipc.session_id if self.ipc else "",
+            grant_token=self.grant_token)))
 
     def keep_alive(self, lease_s: float) -> None:
         """Until :meth:`commit` or :meth:`close`: a ``KVKeepAlive`` whenever nothing of the request went out
@@ -93,7 +99,7 @@ class KVSender:
                         await asyncio.wait_for(self._keepalive_stop.wait(), due)
                     continue
                 ack = await self._send(decode_pb2.KVTransferMessage(
-                    keepalive=decode_pb2.KVKeepAlive(request_id=self.request_id)))
+                    keepalive=decode_pb2.KVKeepAlive(request_id=self.request_id, grant_token=self.grant_token)))
                 ack.add_done_callback(lambda f: f.cancelled() or f.exception())  # failures surface elsewhere
 
     async def _stop_keepalive(self) -> None:
@@ -149,10 +155,13 @@ class KVSender:
             await asyncio.gather(*self._pending.values(), *self._resends)
         self._raise_if_failed()
         future = await self._send(decode_pb2.KVTransferMessage(commit=decode_pb2.KVCommit(
-            request_id=self.request_id, first_token_id=first_token_id, num_computed_tokens=num_computed_tokens)))
+            request_id=self.request_id, first_token_id=first_token_id, num_computed_tokens=num_computed_tokens,
+            grant_token=self.grant_token)))
         await asyncio.gather(*self._pending.values(), future)
         self.stats.add(0, 0, time.perf_counter() - started)
         self._raise_if_failed()
+        if self.on_committed is not None:
+            self.on_committed()
 
     async def close(self) -> None:
         await self._stop_keepalive()
@@ -193,6 +202,8 @@ class KVSender:
                 future = self._pending.pop(ack.seq, None)
                 batch = self._ipc_batches.pop(ack.seq, None)
                 if ack.error:
+                    if self.ipc is not None and ack.error.startswith("ipc_session"):
+                        self.ipc.on_failure(ack.error)  # the decode node lost the session (restarted): bytes next
                     self._fail(f"{_CODE_NAMES.get(ack.code, 'ERROR')}: {ack.error}")
                     return
                 if ack.ipc_error and batch is not None:

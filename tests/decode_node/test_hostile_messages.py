@@ -16,10 +16,14 @@ import torch
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
 from services.common.sampling_convert import sampling_to_proto
+from services.common.tls.channels import open_channel
 from services.decode_node.node import DecodeNode
 from services.engine.random_llama import PRESETS, random_model
 from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.node import PrefillNode
+from tests.decode_node.kv_messages import blocks as _blocks
+from tests.decode_node.kv_messages import commit, header, transfer
+from tests.decode_node.kv_messages import reserve as _reserve
 from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, generate, idle, serving
 
 Code = grpc.StatusCode
@@ -33,14 +37,8 @@ def model():
 @contextlib.asynccontextmanager
 async def node(model) -> AsyncIterator[tuple[decode_pb2_grpc.DecodeNodeStub, DecodeNode, PrefillNode]]:
     decode, prefill = DecodeNode(engine(model), default_lease_s=30), PrefillNode(engine(model))
-    async with serving(prefill, decode) as address, grpc.aio.insecure_channel(address) as channel:
+    async with serving(prefill, decode) as address, open_channel(address, "decode") as channel:
         yield decode_pb2_grpc.DecodeNodeStub(channel), decode, prefill
-
-
-def _reserve(rid: str = "good", **fields) -> decode_pb2.ReserveRequest:
-    values = dict(request_id=rid, prompt_token_ids=PROMPT, max_tokens=GREEDY.max_tokens,
-                  sampling=sampling_to_proto(GREEDY))
-    return decode_pb2.ReserveRequest(**{**values, **fields})
 
 
 async def _still_serves(decode: DecodeNode, prefill: PrefillNode, address: str, expected_len: int = 6) -> None:
@@ -99,26 +97,11 @@ async def test_reserve_attach_abort_and_adopt_refuse_malformed_fields_by_name(mo
         await _still_serves(decode, prefill, decode.address)
 
 
-async def _transfer(stub, *messages: decode_pb2.KVTransferMessage) -> list[decode_pb2.KVAck]:
-    async def send():
-        for seq, message in enumerate(messages, 1):
-            message.seq = seq
-            yield message
-
-    return [ack async for ack in stub.TransferKV(send())]
-
-
-def _blocks(rid: str, ids: list[int], payload: bytes) -> decode_pb2.KVTransferMessage:
-    return decode_pb2.KVTransferMessage(blocks=decode_pb2.KVBlockBatch(request_id=rid, block_ids=ids, payload=payload))
-
-
 async def test_transfer_messages_with_bad_fields_are_refused_by_name_and_free_the_reservation(model):
     async with node(model) as (stub, decode, prefill):
         layout = kv_layout(decode.engine.kv_layout_spec())
         size = layout.bytes_per_block
-        header = decode_pb2.KVTransferMessage(header=decode_pb2.KVHeader(request_id="never-reserved", layout=layout))
-        acks = await _transfer(stub, header, decode_pb2.KVTransferMessage(
-            header=decode_pb2.KVHeader(request_id="bad id\n", layout=layout)))
+        acks = await transfer(stub, header("never-reserved", layout), header("bad id\n", layout))
         assert grpc.StatusCode.NOT_FOUND.value[0] == acks[0].code and "never-reserved" in acks[0].error
         assert acks[1].code == Code.INVALID_ARGUMENT.value[0] and acks[1].error.startswith("header.request_id")
         cases = (
@@ -130,8 +113,10 @@ async def test_transfer_messages_with_bad_fields_are_refused_by_name_and_free_th
         for i, (pick, payload_size, field) in enumerate(cases):
             grant = await stub.Reserve(_reserve(f"r{i}"))
             assert grant.granted
-            acks = await _transfer(stub, _blocks(f"r{i}", pick(list(grant.block_ids)), bytes(payload_size(size))))
-            assert acks[0].code == Code.INVALID_ARGUMENT.value[0] and acks[0].error.startswith(field), acks[0]
+            acks = await transfer(stub, header(f"r{i}", layout, grant.grant_token),
+                                  _blocks(f"r{i}", pick(list(grant.block_ids)), bytes(payload_size(size))))
+            assert not acks[0].error
+            assert acks[1].code == Code.INVALID_ARGUMENT.value[0] and acks[1].error.startswith(field), acks[1]
             await idle(decode)  # the failed transfer's reservation is freed, nothing marked or leaked
         await _still_serves(decode, prefill, decode.address)
 
@@ -144,11 +129,11 @@ async def test_a_commit_with_a_first_token_outside_the_vocabulary_is_refused_and
                                              (1, len(PROMPT) - 1, "commit.num_computed_tokens")):
             grant = await stub.Reserve(_reserve("poison"))
             ids = list(grant.block_ids)[grant.num_cached_blocks:]
-            commit = decode_pb2.KVTransferMessage(commit=decode_pb2.KVCommit(
-                request_id="poison", first_token_id=first_token, num_computed_tokens=computed))
-            acks = await _transfer(stub, _blocks("poison", ids, bytes(len(ids) * layout.bytes_per_block)), commit)
-            assert not acks[0].error and not acks[1].committed
-            assert acks[1].code == Code.INVALID_ARGUMENT.value[0] and acks[1].error.startswith(field), acks[1]
+            acks = await transfer(stub, header("poison", layout, grant.grant_token),
+                                  _blocks("poison", ids, bytes(len(ids) * layout.bytes_per_block)),
+                                  commit("poison", grant.grant_token, first_token, computed))
+            assert not acks[0].error and not acks[1].error and not acks[2].committed
+            assert acks[2].code == Code.INVALID_ARGUMENT.value[0] and acks[2].error.startswith(field), acks[2]
             assert not decode.worker.stopped and not decode.failure
             await idle(decode)
         await _still_serves(decode, prefill, decode.address)

@@ -12,6 +12,7 @@ from pdserve.v1 import node_pb2, prefill_pb2, prefill_pb2_grpc
 
 from services.common.sampling_convert import sampling_to_proto
 from services.common.server import NodeServer, ServiceBinding
+from services.common.tls.channels import open_channel
 from services.decode_node.node import DecodeNode
 from services.prefill_node.node import PrefillNode
 from services.prefill_node.servicer import PrefillNodeServicer
@@ -25,7 +26,7 @@ async def test_malformed_prefill_and_abort_fields_are_refused_by_name(model, exp
     server = NodeServer([binding], listen="127.0.0.1:0", grace_s=0)
     await server.start()
     try:
-        async with serving(prefill, decode) as address, grpc.aio.insecure_channel(server.address) as channel:
+        async with serving(prefill, decode) as address, open_channel(server.address, "prefill") as channel:
             stub = prefill_pb2_grpc.PrefillNodeStub(channel)
             good = dict(request_id="r", prompt_token_ids=PROMPT, sampling=sampling_to_proto(GREEDY),
                         decode_candidates=[address])

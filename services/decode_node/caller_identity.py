@@ -1,0 +1,34 @@
+"""Who is calling, as the decode node's per-caller bounds and grants see it.
+
+A caller is the process behind the call: the common name of its verified certificate (one per process,
+e.g. ``cn:prefill-1``), else, on a plaintext port (``--insecure``), the peer's host (``host:10.0.0.7``; all
+processes of one host are then one caller). The prefixes keep a host from posing as a common name.
+"""
+
+from __future__ import annotations
+
+import grpc.aio
+
+from services.common.tls.roles import caller_roles
+
+TOKEN_FREE_ROLES = frozenset({"gateway", "decode"})
+"""Roles that may abort any request on a decode node without its grant token."""
+
+
+def caller_of(context: grpc.aio.ServicerContext) -> str:
+    auth = context.auth_context() or {}
+    names = auth.get("x509_common_name") or ()
+    if names:
+        return "cn:" + names[0].decode(errors="replace")
+    peer = context.peer() or ""  # "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555", "unix:/path"
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        rest = rest.rpartition(":")[0].strip("[]")
+    return "host:" + (rest or peer)
+
+
+def needs_grant_token(context: grpc.aio.ServicerContext) -> bool:
+    """A caller whose certificate names prefill and neither gateway nor decode: its ``Abort`` must carry the
+    request's grant token. On a plaintext port (no roles) nothing is required: there is no identity."""
+    roles = caller_roles(context)
+    return "prefill" in roles and not roles & TOKEN_FREE_ROLES
