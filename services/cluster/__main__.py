@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -84,9 +85,11 @@ services.client, add -H "authorization: Bearer $PDSERVE_API_KEY" to grpcurl and 
 
 
 def grpcurl_tls(certs: Path, role: str) -> str:
-    """grpcurl's flags to call a node of ``role`` with the certificate in ``certs``."""
-    return (f"-cacert {certs}/ca.crt -cert {certs}/tls.crt -key {certs}/tls.key "
-            f"-servername {role_dns(role)}")
+    """grpcurl's flags to call a node of ``role`` with the certificate in ``certs`` (a line break after the
+    files: the paths are long)."""
+    ca, cert, key = (shlex.quote(str(certs / name)) for name in ("ca.crt", "tls.crt", "tls.key"))
+    return (f"-cacert {ca} -cert {cert} -key {key} \\\n"
+            f"      -servername {role_dns(role)}")
 
 
 def internal_usage(cluster: LocalCluster) -> str:

@@ -65,9 +65,13 @@ async def test_grpc_calls_need_a_configured_key(keyed):
     assert replies[-1].finish_reason == "length"
 
 
-async def test_admin_needs_a_key_and_health_and_reflection_do_not(keyed):
+async def test_admin_is_not_on_the_public_port_and_health_and_reflection_need_no_key(keyed):
+    """Not even with a right key: the gateway serves ``Admin`` only on ``--admin-listen`` (test_admin_port)."""
     channel = keyed.cluster.channel
-    await refused(admin_pb2_grpc.AdminStub(channel).Drain(admin_pb2.DrainRequest(), timeout=5))
+    for metadata in (None, auth(KEYS[0])):
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await admin_pb2_grpc.AdminStub(channel).Drain(admin_pb2.DrainRequest(), timeout=5, metadata=metadata)
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert not keyed.cluster.gateway.server.stopping
     health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
