@@ -1,0 +1,134 @@
+"""The decode node's checks around grants: bounds per caller (live grants, blocks), seq order on a KV stream,
+a header's IPC session (accepted here, by the same caller), Reserve's deadline and lease, and who may
+abort a grant. Each refusal changes nothing and every pool ends idle. Real gRPC with mTLS on loopback:
+callers are the test identity (common name "test", every role) and single-role certificates of the
+session CA (common names "prefill", "gateway"). A tiny random model on the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+import pytest
+import torch
+from pdserve.v1 import decode_pb2_grpc, node_pb2
+
+from services.common.tls.channels import open_channel
+from services.decode_node.kv_ipc import _Session
+from services.decode_node.node import DecodeNode
+from services.engine.random_llama import PRESETS, random_model
+from services.engine_node.kv_layout import kv_layout
+from services.prefill_node.node import PrefillNode
+from tests.decode_node.kv_messages import header, keepalive, reserve, transfer
+from tests.prefill_node.node_pair import PROMPT, engine, idle, serving
+from tests.tls_identities import identity_of
+
+Code = grpc.StatusCode
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(PRESETS["tiny"], torch.float32)
+
+
+@contextlib.asynccontextmanager
+async def node(model, **settings) -> AsyncIterator[tuple[DecodeNode, dict[str, decode_pb2_grpc.DecodeNodeStub]]]:
+    """A decode node (64 blocks of 4 tokens) and stubs to it as "test" (every role), "prefill", "gateway"."""
+    decode, prefill = DecodeNode(engine(model), default_lease_s=30, **settings), PrefillNode(engine(model))
+    async with contextlib.AsyncExitStack() as stack:
+        address = await stack.enter_async_context(serving(prefill, decode))
+        stubs = {}
+        for name, identity in (("test", True), ("prefill", identity_of("prefill")),
+                               ("gateway", identity_of("gateway"))):
+            channel = await stack.enter_async_context(open_channel(address, "decode", identity=identity))
+            stubs[name] = decode_pb2_grpc.DecodeNodeStub(channel)
+        yield decode, stubs
+
+
+async def _abort_all(decode: DecodeNode, gateway: decode_pb2_grpc.DecodeNodeStub) -> None:
+    for rid in list(decode.grants.records):
+        assert (await gateway.Abort(node_pb2.AbortRequest(request_id=rid))).found  # no token from a gateway
+    await idle(decode)
+    assert not decode.grants.records
+
+
+async def test_each_caller_is_bounded_in_live_grants_and_blocks_and_others_still_get_grants(model):
+    """2 live grants per caller, 0.3 of the 64 blocks = 19: a 12-block prompt fits once, 2-block ones after."""
+    async with node(model, max_reservations_per_caller=2, max_reserved_blocks_fraction=0.3) as (decode, stubs):
+        a, b, short = stubs["prefill"], stubs["test"], PROMPT[:8]
+        first = await a.Reserve(reserve("a1"))
+        assert first.granted
+        refused = await a.Reserve(reserve("a2"))
+        assert not refused.granted and refused.reason.startswith("max_reserved_blocks_per_caller"), refused
+        assert (await a.Reserve(reserve("a3", prompt_token_ids=short))).granted
+        refused = await a.Reserve(reserve("a4", prompt_token_ids=short))
+        assert not refused.granted and refused.reason.startswith("max_reservations_per_caller"), refused
+        assert "a2" not in decode.engine.reservations.reservations and len(decode.engine.reservations.waiters) == 0
+        assert decode.grants.held_by("cn:prefill") == (2, 14)
+        assert (await b.Reserve(reserve("b1"))).granted  # another caller is not bound by a's grants
+        assert (await b.Reserve(reserve("b2", prompt_token_ids=short))).granted
+        assert (await a.Abort(node_pb2.AbortRequest(request_id="a1", grant_token=first.grant_token))).found
+        assert (await a.Reserve(reserve("a4", prompt_token_ids=short))).granted  # only live grants count
+        assert set(decode.engine.reservations.reservations) == {"a3", "a4", "b1", "b2"}
+        await _abort_all(decode, stubs["gateway"])
+
+
+async def test_a_seq_not_increasing_is_refused_and_changes_nothing(model):
+    async with node(model) as (decode, stubs):
+        grant = await stubs["test"].Reserve(reserve("r"))
+        layout, token = kv_layout(decode.engine.kv_layout_spec()), grant.grant_token
+        acks = await transfer(stubs["test"], header("r", layout, token), keepalive("r", token),
+                              keepalive("r", token), keepalive("r", token), seqs=[5, 5, 3, 6])
+        assert not acks[0].error and not acks[3].error
+        for ack in acks[1:3]:
+            assert ack.code == Code.INVALID_ARGUMENT.value[0] and ack.error.startswith("seq:"), ack
+        assert [ack.seq for ack in acks] == [5, 5, 3, 6]
+        assert decode.grants.live("r")  # the request was not failed by the stream's fault
+        await _abort_all(decode, stubs["gateway"])
+
+
+async def test_a_header_may_name_only_an_ipc_session_its_caller_opened_here(model):
+    async with node(model) as (decode, stubs):
+        grant = await stubs["test"].Reserve(reserve("r"))
+        layout, token, pool = kv_layout(decode.engine.kv_layout_spec()), grant.grant_token, decode.engine.kv_pool
+        decode.ipc.sessions["theirs"] = _Session(None, pool, owner="cn:prefill")  # as OpenKVIpc records them
+        decode.ipc.sessions["mine"] = _Session(None, pool, owner="cn:test")
+        acks = await transfer(stubs["test"], header("r", layout, token, ipc_session="unknown"),
+                              header("r", layout, token, ipc_session="theirs"),
+                              header("r", layout, token, ipc_session="mine"))
+        assert acks[0].code == Code.INVALID_ARGUMENT.value[0] and acks[0].error.startswith("ipc_session:"), acks[0]
+        assert acks[1].code == Code.PERMISSION_DENIED.value[0] and acks[1].error.startswith("ipc_session:"), acks[1]
+        assert not acks[2].error and decode.grants.live("r")
+        decode.ipc.close()
+        await _abort_all(decode, stubs["gateway"])
+
+
+async def test_reserve_refuses_a_past_deadline_and_clamps_a_long_lease(model):
+    async with node(model) as (decode, stubs):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stubs["test"].Reserve(reserve("late", deadline_unix_ms=int(time.time() * 1000) - 1000))
+        assert info.value.code() == Code.INVALID_ARGUMENT and info.value.details().startswith("deadline_unix_ms:")
+        assert not decode.grants.records and not decode.engine.reservations.reservations
+        grant = await stubs["test"].Reserve(reserve("long", lease_ms=4_000_000_000))
+        assert grant.granted and grant.lease_ms == 30_000  # the node's own lease
+        await _abort_all(decode, stubs["gateway"])
+
+
+async def test_a_prefill_caller_aborts_only_with_the_grant_token(model):
+    async with node(model) as (decode, stubs):
+        prefill = stubs["prefill"]
+        grant = await prefill.Reserve(reserve("r"))
+        for token in (b"", secrets.token_bytes(32)):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await prefill.Abort(node_pb2.AbortRequest(request_id="r", grant_token=token))
+            assert info.value.code() == Code.PERMISSION_DENIED and info.value.details().startswith("grant token:")
+        assert decode.grants.live("r") and "r" in decode.engine.reservations.reservations
+        assert not (await prefill.Abort(node_pb2.AbortRequest(request_id="unknown"))).found
+        assert (await prefill.Abort(node_pb2.AbortRequest(request_id="r", grant_token=grant.grant_token))).found
+        await idle(decode)
+        await prefill.Reserve(reserve("r2"))
+        await _abort_all(decode, stubs["gateway"])  # a gateway needs no token
