@@ -238,7 +238,8 @@ class NodeServer:
     @property
     def service_names(self) -> list[str]:
         """Every registered service, admin, health and reflection included (what reflection lists)."""
-        return [*(b.name for b in self.bindings), ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        admin = [] if self.public else [ADMIN_SERVICE]  # a public port serves no Admin (the admin port does)
+        return [*(b.name for b in self.bindings), *admin, health.SERVICE_NAME, reflection.SERVICE_NAME]
 
     @property
     def stopping(self) -> bool:
