@@ -31,7 +31,7 @@ import grpc.aio
 import structlog
 
 from services.common.server import grpc_options
-from services.common.tls.channels import open_channel
+from services.common.tls.channels import identity_generation, open_channel
 from services.gateway import node_client
 from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
 from services.gateway.kv_compatibility import with_kv_compatibility
@@ -40,6 +40,8 @@ from services.gateway.model_check import ModelIdentity, with_model_check
 from services.gateway.nodes import NodeInfo
 
 log = structlog.get_logger(__name__)
+
+ROTATED_CHANNEL_GRACE_S = 3600.0  # a stream begun before a rotation keeps its channel this long
 
 _STATIC = "static"  # the source of the host:port entries
 
@@ -90,6 +92,7 @@ class NodeDirectory:
         self._dns = DnsWatcher(dns, resolver, timeout_s=max(resolve_interval_s, 1.0)) if dns else None
         self._loops: set[asyncio.Task[None]] = set()  # polling and resolving
         self._closing: set[asyncio.Task[None]] = set()  # channels of dropped nodes being closed
+        self._generation = identity_generation()  # of this process's certificate files, when channels opened
         self._refreshing: asyncio.Future[None] | None = None
         self.last_refresh = 0.0  # time.monotonic() of the last completed refresh
 
@@ -207,11 +210,23 @@ class NodeDirectory:
         if address not in self._sources:  # a retired node still in use: keep its channel a while
             self._used[address] = time.monotonic()
         stub = self._stubs.get(address)
+        if stub is not None and self._generation != identity_generation():
+            self._renew_channels()
+            stub = None
         if stub is None:
             tls_role = self._roles[address].replace("_", "-")  # the certificate's role name: cache-store
             channel = self._channels[address] = open_channel(address, tls_role, self._options)
             stub = self._stubs[address] = node_client.stub_for(self._roles[address], channel)
         return stub
+
+    def _renew_channels(self) -> None:
+        """This process's certificate was rotated: new calls open new channels with it; calls in flight
+        finish on the old ones (closed with a long grace), whose certificate may soon expire."""
+        self._generation = identity_generation()
+        channels, self._channels, self._stubs = self._channels, {}, {}
+        log.info("certificate rotated: reopening node channels", channels=len(channels))
+        for address, channel in channels.items():
+            self._spawn(self._closing, channel.close(grace=ROTATED_CHANNEL_GRACE_S), f"close:{address}")
 
     # --- status ---
 

@@ -62,4 +62,7 @@ def open_sync_channel(address: str, role: str, options: Sequence[tuple[str, Any]
 
 def identity_generation() -> int:
     """Changes when this process's certificate files changed (a pool re-opens its channels then)."""
-    return _identity.generation if _identity is not None else 0
+    if _identity is None:
+        return 0
+    _identity.current()  # notices changed files (at most every RECHECK_S)
+    return _identity.generation
