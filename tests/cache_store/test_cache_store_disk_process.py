@@ -27,7 +27,7 @@ def start(directory: Path, *flags: str, capacity: int = 4 * BLOCK):
 
 
 def status(client: CacheStoreClient):
-    return client._stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
+    return client._calls().stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
 
 
 def data(name: str) -> bytes:
