@@ -25,7 +25,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -50,7 +50,7 @@ class CallerBounds:
 class GrantRecord:
     caller: str
     blocks: int  # the grant's block count (before the engine answered: the most it can be)
-    token: bytes = b""  # empty while the Reserve is pending
+    token: bytes = field(default=b"", repr=False)  # empty while the Reserve is pending; never logged
 
 
 class Grants:

@@ -78,7 +78,7 @@ class Grant:
     num_cached_blocks: int
     lease_deadline_unix_ms: int
     lease_s: float
-    token: bytes = b""  # the grant's capability (grants.py): every later message of the request presents it
+    token: bytes = field(default=b"", repr=False)  # the grant's capability (grants.py): never logged
 
 
 class DecodeNode:
