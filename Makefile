@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -61,6 +61,11 @@ bench-families: venv
 
 bench-pd: venv
 	$(PYTHON) -m services.bench.pd
+
+# internal mTLS vs plaintext, alternating in one run: KV stream P->D, TTFT of 512 tokens, output tokens/s at
+# concurrency 16 (BENCH_MTLS_ARGS="--repeats 9 --node-args '--device cuda'", see services/bench/mtls.py)
+bench-mtls: venv
+	$(PYTHON) -m services.bench.mtls $(BENCH_MTLS_ARGS)
 
 bench-sim: venv
 	$(PYTHON) -m services.bench.sim

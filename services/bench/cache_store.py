@@ -13,6 +13,7 @@
    are on disk, and a get of the previous run's blocks, which memory no longer holds (read from files
    the page cache most likely still holds, verified, promoted).
 
+The client calls as a prefill node does, over mTLS (certificates of a throwaway CA; ``--insecure``: plaintext).
 Medians of ``--repeats`` runs are printed as a Markdown table and written to ``--json``. CPU seconds of
 both processes per GB moved are reported alongside (on this 2-core machine the two share the cores).
 The server tunes its malloc (``services.common.malloc.tune_malloc``, as the prefill and decode nodes do);
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 
 from pdserve.v1 import node_pb2
 
+from services.bench.security import acting_as, bench_ca
 from services.cache_store.client import CacheStoreClient
 from services.common.launch import ServiceProcess, launch
 from services.common.malloc import tune_malloc
@@ -86,8 +88,11 @@ class Series:
 
 
 @contextmanager
-def _store(*flags: str) -> Iterator[tuple[ServiceProcess, CacheStoreClient]]:
-    with launch("services.cache_store", "--log-level", "warning", *flags) as node:
+def _store(args: argparse.Namespace, *flags: str) -> Iterator[tuple[ServiceProcess, CacheStoreClient]]:
+    """A cache-store process, and a client that calls it as a prefill node does: over mTLS with a certificate
+    of a throwaway CA (``--insecure``: plaintext on both sides)."""
+    with bench_ca(args.insecure) as ca, acting_as(ca.identity("prefill")), \
+            launch("services.cache_store", "--log-level", "warning", *ca.node_args("cache-store"), *flags) as node:
         client = CacheStoreClient(node.address, timeout_s=120)
         try:
             yield node, client
@@ -100,7 +105,7 @@ def bench_memory(args: argparse.Namespace, payload: bytes) -> dict[str, object]:
     run_bytes = size * args.blocks
     capacity = size * args.blocks * 2  # from the third run on, puts evict
     put, get = Series(), Series()
-    with _store("--capacity-bytes", str(capacity)) as (node, client):
+    with _store(args, "--capacity-bytes", str(capacity)) as (node, client):
         client.layout = _layout(size)
         pid = node.process.pid
         for run in range(args.repeats + 1):  # the first run warms up
@@ -130,7 +135,7 @@ def bench_overhead(args: argparse.Namespace, payload: bytes) -> dict[str, float]
     heap grows in steps, so single puts vary)."""
     size, batch, warm = args.block_bytes, args.blocks, 3
     count = max(args.overhead_blocks, (warm + 1) * batch)
-    with _store("--capacity-bytes", str(size * count * 2)) as (node, client):
+    with _store(args, "--capacity-bytes", str(size * count * 2)) as (node, client):
         client.layout = _layout(size)
         rss = [_rss_bytes(node.process.pid)]
         for start in range(0, count, batch):
@@ -150,7 +155,7 @@ def bench_disk(args: argparse.Namespace, payload: bytes) -> dict[str, object]:
     run_bytes = size * args.blocks
     put, get = Series(), Series()
     with tempfile.TemporaryDirectory(prefix="pdserve-bench-cs-", dir=args.disk_dir) as directory, _store(
-        "--capacity-bytes", str(run_bytes), "--disk-dir", directory, "--disk-write-through",
+        args, "--capacity-bytes", str(run_bytes), "--disk-dir", directory, "--disk-write-through",
         "--disk-capacity-bytes", str(run_bytes * (args.repeats + 3)),
     ) as (node, client):
         client.layout = _layout(size)
@@ -199,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="memory,overhead,disk", help="comma-separated parts to run")
     parser.add_argument("--tune-client-malloc", action="store_true",
                         help="tune this (the client's) process's malloc as the server tunes its own")
+    parser.add_argument("--insecure", action="store_true",
+                        help="plaintext store and client (default: mTLS, as a cluster runs)")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     if args.tune_client_malloc:

@@ -1,8 +1,9 @@
 """``make bench-pd``: the disaggregated path's own costs, on loopback with the bundled model (bf16).
 
 1. KV stream throughput: this process plays the prefill node's sender (the same ``KVSender`` the prefill
-   node uses) against a real decode-node process: reserve a 4096-token prompt, stream all its blocks in
-   4 MiB ``TransferKV`` messages, wait for every acknowledgement, abort; repeated.
+   node uses, over mTLS with a prefill certificate of a throwaway CA) against a real decode-node process:
+   reserve a 4096-token prompt, stream all its blocks in 4 MiB ``TransferKV`` messages, wait for every
+   acknowledgement, abort; repeated. (``make bench-mtls`` compares mTLS with plaintext: ``bench.mtls``.)
 2. TTFT of a 512-token prompt: through gateway → prefill → decode processes, versus the mixed engine in
    this process (same thread count), alternating, each prompt fresh (no prefix hits). The time to move
    that prompt's KV is measured alongside, since the prefill node streams it while computing.
@@ -24,19 +25,25 @@ import grpc
 import torch
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc, node_pb2
 
+from services.bench.security import bench_ca
 from services.cluster.local import ClusterSpec, start_cluster
 from services.common.launch import launch
 from services.common.server import grpc_options
+from services.common.tls.channels import open_channel
+from services.common.tls.identity import Identity
 
 
 def _prompt(seed: int, length: int) -> list[int]:
     return torch.randint(100, 49000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-async def kv_stream_once(address: str, layout: node_pb2.KVLayout, seed: int, tokens: int) -> tuple[int, float]:
+async def kv_stream_once(address: str, layout: node_pb2.KVLayout, seed: int, tokens: int,
+                         identity: Identity | None) -> tuple[int, float]:
+    """Reserve, stream and commit one prompt's KV on the decode node at ``address`` as a prefill node does,
+    calling with ``identity`` (a prefill certificate; None: plaintext); (bytes moved, seconds)."""
     from services.prefill_node.kv_sender import KVSender
 
-    async with grpc.aio.insecure_channel(address, options=grpc_options()) as channel:
+    async with open_channel(address, "decode", grpc_options(), identity=identity) as channel:
         stub = decode_pb2_grpc.DecodeNodeStub(channel)
         request_id = f"bench-{seed}"
         grant = await stub.Reserve(decode_pb2.ReserveRequest(
@@ -46,31 +53,37 @@ async def kv_stream_once(address: str, layout: node_pb2.KVLayout, seed: int, tok
         assert grant.granted, grant.reason
         count = len(grant.block_ids)
         payload = os.urandom(layout.bytes_per_block * count)
-        sender = KVSender(stub, request_id, layout, list(grant.block_ids), address)
+        sender = KVSender(stub, request_id, layout, list(grant.block_ids), address, grant_token=grant.grant_token)
         started = time.perf_counter()
         await sender.open()
         await sender.send_blocks(0, count, payload, 4 << 20)
         await sender.commit(first_token_id=0, num_computed_tokens=tokens)
         elapsed = time.perf_counter() - started
         await sender.close()
-        await stub.Abort(node_pb2.AbortRequest(request_id=request_id))
+        await stub.Abort(node_pb2.AbortRequest(request_id=request_id, grant_token=grant.grant_token))
         return len(payload), elapsed
 
 
-def bench_kv_stream(args: argparse.Namespace) -> dict[str, float]:
+def kv_layout_of(dtype: str) -> node_pb2.KVLayout:
+    """The bundled model's KV layout in ``dtype`` (what a decode node of it expects)."""
     from services.engine.config import EngineConfig
     from services.engine.engine import LLMEngine
     from services.engine.model_files import bundled_model_path
     from services.engine_node.kv_layout import kv_layout
 
-    engine = LLMEngine.from_config(EngineConfig(model_path=str(bundled_model_path()), dtype=args.dtype,
-                                                num_kv_blocks=8))
-    layout = kv_layout(engine.kv_layout_spec())
-    del engine
+    engine = LLMEngine.from_config(EngineConfig(model_path=str(bundled_model_path()), dtype=dtype, num_kv_blocks=8))
+    return kv_layout(engine.kv_layout_spec())
+
+
+def bench_kv_stream(args: argparse.Namespace) -> dict[str, float]:
+    layout = kv_layout_of(args.dtype)
     node_args = ("--dtype", args.dtype, "--threads", "1", "--num-kv-blocks", "1024")
-    with launch("services.decode_node", *node_args, startup_timeout_s=120, stderr=subprocess.DEVNULL) as decode:
-        asyncio.run(kv_stream_once(decode.address, layout, 0, 1024))  # warm-up
-        runs = [asyncio.run(kv_stream_once(decode.address, layout, seed, 4096)) for seed in range(1, args.repeats + 1)]
+    with bench_ca() as ca, launch("services.decode_node", *node_args, *ca.node_args("decode"), startup_timeout_s=120,
+                                  stderr=subprocess.DEVNULL, identity=ca.identity("prefill")) as decode:
+        prefill = ca.identity("prefill")  # this process streams as a prefill node does (mTLS, the default)
+        asyncio.run(kv_stream_once(decode.address, layout, 0, 1024, prefill))  # warm-up
+        runs = [asyncio.run(kv_stream_once(decode.address, layout, seed, 4096, prefill))
+                for seed in range(1, args.repeats + 1)]
     rates = [size / seconds / 1e9 for size, seconds in runs]
     return {"kv_bytes_per_run": runs[0][0], "kv_stream_gb_per_s": statistics.median(rates),
             "kv_seconds_per_4k_prompt": statistics.median(s for _, s in runs), "runs_gb_per_s": rates}

@@ -37,11 +37,12 @@ class ServiceProcess:
     port_file: Path | None = None
     host: str = "127.0.0.1"
     identity: Identity | bool | None = True  # how to call it: True = this process's identity; None = plaintext
+    given_role: str = ""  # its role where the module is none of ROLE_OF_MODULE's (a test's wrapper of a node)
 
     @property
     def role(self) -> str:
         """Its role in the cluster (its certificate's); empty for the gateway, whose port is public."""
-        return ROLE_OF_MODULE.get(self.module, "")
+        return self.given_role or ROLE_OF_MODULE.get(self.module, "")
 
     def wait_serving(self, timeout_s: float) -> str:
         """Wait for the port file and a SERVING health check; returns (and sets) the address."""
@@ -77,12 +78,14 @@ def launch(
     stderr: int | None = None,
     wait: bool = True,
     identity: Identity | bool | None = True,
+    role: str = "",
 ) -> Iterator[ServiceProcess]:
     """Run ``python -m module --listen host:0 --port-file … *args``; yields once it is SERVING (at once
     with ``wait=False``: call ``node.wait_serving()`` later, so several processes can start together).
     ``cwd`` runs the module from another checkout (``python -m`` imports from the working directory first).
     ``identity``: how this process calls it (health checks): True = this process's (``tls.channels``), None
-    = plaintext (also when ``--insecure`` is among ``args``)."""
+    = plaintext (also when ``--insecure`` is among ``args``). ``role``: the process's cluster role, for a module
+    that is none of ``ROLE_OF_MODULE``'s (a test's wrapper around a node's main)."""
     with tempfile.TemporaryDirectory(prefix="pdserve-launch-") as tmp:
         port_file = Path(tmp) / "port"
         command = [sys.executable, "-m", module, "--listen", f"{host}:0", "--port-file", str(port_file),
@@ -91,7 +94,7 @@ def launch(
                                    stdout=stdout, stderr=stderr)
         plain = "--insecure" in args or (env or {}).get("PDSERVE_INSECURE", "").lower() in ("1", "true", "yes")
         node = ServiceProcess(module, process, address="", port_file=port_file, host=host,
-                              identity=None if plain else identity)
+                              identity=None if plain else identity, given_role=role)
         try:
             if wait:
                 node.wait_serving(startup_timeout_s)

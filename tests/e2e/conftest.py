@@ -10,6 +10,8 @@ import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.cluster.local import ClusterSpec, start_cluster
+from services.common.tls.ca import role_dns
+from tests.tls_identities import session_root
 
 # float32 so outputs can be compared token for token with the mixed engine; one torch thread per node
 # (several model processes share this machine's two cores); a small KV pool.
@@ -28,6 +30,17 @@ def cluster():
 def stub(cluster):
     with grpc.insecure_channel(cluster.address) as channel:
         yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+def grpcurl_security(role: str, holder: str = "test") -> list[str]:
+    """grpcurl's flags to reach a node of ``role`` over mTLS as ``holder`` (a directory of the session CA,
+    ``tests/conftest.py``; "test" holds every role, admin included); the gateway's public port (role
+    "gateway" here) is plaintext."""
+    if role == "gateway":
+        return ["-plaintext"]
+    held = session_root() / holder
+    return ["-cacert", str(held / "ca.crt"), "-cert", str(held / "tls.crt"), "-key", str(held / "tls.key"),
+            "-servername", role_dns(role)]
 
 
 def generate(stub, timeout: float = 120.0, **fields) -> tuple[list[int], str, gateway_pb2.GenerateResponse]:

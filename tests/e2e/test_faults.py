@@ -14,6 +14,7 @@ import pytest
 from pdserve.v1 import decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc, node_pb2, prefill_pb2, prefill_pb2_grpc
 
 from services.common.launch import launch
+from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy
 
 pytestmark = pytest.mark.slow
@@ -36,11 +37,11 @@ class Nodes:
         return self.stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL))
 
     def decode_status(self) -> gateway_pb2.NodeStatus:
-        with grpc.insecure_channel(self.decode.address) as channel:
+        with open_sync_channel(self.decode.address, "decode") as channel:
             return decode_pb2_grpc.DecodeNodeStub(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
 
     def prefill_status(self) -> gateway_pb2.NodeStatus:
-        with grpc.insecure_channel(self.prefill.address) as channel:
+        with open_sync_channel(self.prefill.address, "prefill") as channel:
             return prefill_pb2_grpc.PrefillNodeStub(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
 
     def healthy(self, role: str) -> bool:
@@ -150,7 +151,7 @@ def test_prefill_node_killed_after_reserving_lets_the_lease_expire(nodes, bundle
     request = prefill_pb2.PrefillRequest(request_id="doomed", prompt_token_ids=prompt_ids,
                                          sampling=gateway_pb2.SamplingParams(max_tokens=4, temperature=0, seed=1),
                                          decode_candidates=[nodes.decode.address])
-    with grpc.insecure_channel(nodes.prefill.address) as channel:
+    with open_sync_channel(nodes.prefill.address, "prefill") as channel:
         events = prefill_pb2_grpc.PrefillNodeStub(channel).Prefill(request, timeout=60)
         assert next(events).HasField("reserved")
         assert nodes.decode_status().blocks_reserved > 0

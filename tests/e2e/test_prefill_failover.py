@@ -15,6 +15,7 @@ import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc, node_pb2, prefill_pb2_grpc
 
 from services.common.launch import launch
+from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, wait_idle
 from tests.e2e.test_faults import KEEPALIVE_ARGS, stopped
 
@@ -38,7 +39,7 @@ def cluster():
 
 
 def running(process) -> int:
-    with grpc.insecure_channel(process.address) as channel:
+    with open_sync_channel(process.address, "prefill") as channel:
         status = prefill_pb2_grpc.PrefillNodeStub(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
     return status.requests_running
 

@@ -18,6 +18,7 @@ import pytest
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 
 from services.common.launch import launch
+from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import ENGINE_ARGS, is_idle
 
 pytestmark = pytest.mark.slow
@@ -58,7 +59,7 @@ def prefill(address: str, request_id: str, candidates: list[str], timeout_s: flo
     request = prefill_pb2.PrefillRequest(
         request_id=request_id, prompt_token_ids=fresh_prompt(length), decode_candidates=candidates,
         sampling=gateway_pb2.SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
-    with grpc.insecure_channel(address) as channel:
+    with open_sync_channel(address, "prefill") as channel:
         started = time.monotonic()
         ttft, events = float("nan"), []
         for event in prefill_pb2_grpc.PrefillNodeStub(channel).Prefill(request, timeout=timeout_s):
@@ -69,7 +70,8 @@ def prefill(address: str, request_id: str, candidates: list[str], timeout_s: flo
 
 
 def status(address: str, stub_class=decode_pb2_grpc.DecodeNodeStub) -> gateway_pb2.NodeStatus:
-    with grpc.insecure_channel(address) as channel:
+    role = "prefill" if stub_class is prefill_pb2_grpc.PrefillNodeStub else "decode"
+    with open_sync_channel(address, role) as channel:
         return stub_class(channel).NodeStatus(node_pb2.NodeStatusRequest(), timeout=5)
 
 
@@ -84,7 +86,7 @@ def stuck_request(address: str, full: str, i: int) -> tuple[grpc.StatusCode | No
 
 def test_requests_waiting_for_a_full_decode_node_do_not_slow_the_others(nodes):
     p, free, full = nodes
-    with grpc.insecure_channel(full) as channel:
+    with open_sync_channel(full, "decode") as channel:
         full_stub = decode_pb2_grpc.DecodeNodeStub(channel)
         filler = full_stub.Reserve(decode_pb2.ReserveRequest(
             request_id="filler", prompt_token_ids=fresh_prompt(FULL_BLOCKS * 16 - 8), max_tokens=1,

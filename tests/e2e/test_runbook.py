@@ -1,9 +1,10 @@
 """The README's runbook, run as written against a live cluster (1 prefill, 2 decode nodes, cache-store).
 
 The commands come from the README block between ``<!-- runbook:start -->`` and ``<!-- runbook:end -->``;
-the test sets ``G`` (the gateway) and ``N`` (a node) and runs each line with bash. Draining a decode node
-with ``Admin/Drain`` while it generates: the request finishes in full, the node exits 0, the gateway sees
-it go and serves the next request on the other decode node.
+the test sets ``G`` (the gateway), ``N`` (a node) and ``D`` (a certificate directory of the cluster's CA
+holding the ``admin`` role: ``ca.crt``, ``tls.crt``, ``tls.key``; the nodes' ports are mTLS) and runs each line
+with bash. Draining a decode node with ``Admin/Drain`` while it generates: the request finishes in full, the
+node exits 0, the gateway sees it go and serves the next request on the other decode node.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.cluster.local import ClusterSpec, start_cluster
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, greedy
+from tests.tls_identities import session_root
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +50,9 @@ def command_for(rpc: str, target: str) -> str:
 
 
 def run(command: str, **env: str) -> str:
-    done = subprocess.run(["bash", "-c", command], cwd=REPO, env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=120)
+    admin = {"D": str(session_root() / "admin")}  # the session CA's admin certificate (tests/conftest.py)
+    done = subprocess.run(["bash", "-c", command], cwd=REPO, env={**os.environ, **admin, **env},
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{command}\n{done.stderr}"
     return done.stdout
 
@@ -77,7 +80,8 @@ def test_runbook_against_a_live_cluster():
             grpc.insecure_channel(cluster.address) as channel:
         G = cluster.address
         listed = set(run(command_for("list", "$G"), G=G).split())
-        assert {"pdserve.v1.Gateway", "pdserve.v1.Admin", "grpc.health.v1.Health"} <= listed
+        assert {"pdserve.v1.Gateway", "grpc.health.v1.Health"} <= listed
+        assert "pdserve.v1.Admin" not in listed  # not on the public port (only on --admin-listen, mTLS)
         assert json.loads(run(command_for("grpc.health.v1.Health/Check", "$G"), G=G)) == {"status": "SERVING"}
 
         status = json.loads(run(command_for("pdserve.v1.Gateway/ClusterStatus", "$G"), G=G))

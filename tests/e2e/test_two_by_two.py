@@ -11,6 +11,7 @@ import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 
 from services.cluster.local import ClusterSpec, start_cluster
+from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, wait_idle
 from tests.engine.prompts import long_text
 
@@ -62,7 +63,7 @@ def test_a_full_decode_node_refuses_at_once_and_the_next_candidate_takes_the_req
     request = prefill_pb2.PrefillRequest(request_id="routed", prompt_token_ids=prompt_ids,
                                          sampling=gateway_pb2.SamplingParams(max_tokens=8, temperature=0, seed=3),
                                          decode_candidates=[full, other])
-    with grpc.insecure_channel(cluster.prefill[0].address) as channel:
+    with open_sync_channel(cluster.prefill[0].address, "prefill") as channel:
         events = list(prefill_pb2_grpc.PrefillNodeStub(channel).Prefill(request, timeout=120))
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds == ["refused", "reserved", "first_token", "done"], kinds

@@ -7,6 +7,7 @@ import grpc
 import pytest
 from pdserve.v1 import admin_pb2, cache_store_pb2, decode_pb2, gateway_pb2, prefill_pb2
 
+from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import generate, greedy, wait_idle
 
 CORRUPT = b"\xff\xff\xff\xff\xff"  # a tag that is not a varint: "wire format was corrupt" for any message
@@ -18,6 +19,15 @@ SERVICES = {
     "cache_store": cache_store_pb2.DESCRIPTOR.services_by_name["CacheStore"],
 }
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+CERTIFICATE_ROLE = {"prefill": "prefill", "decode": "decode", "cache_store": "cache-store"}
+
+
+def channel_to(role: str, address: str) -> grpc.Channel:
+    """The gateway's public port in plaintext; a node over mTLS with the test identity (every role, admin
+    included: the role check passes, so what is refused is the bytes)."""
+    if role == "gateway":
+        return grpc.insecure_channel(address)
+    return open_sync_channel(address, CERTIFICATE_ROLE[role])
 
 
 def call_with(channel: grpc.Channel, method, payload: bytes) -> grpc.RpcError:
@@ -39,8 +49,9 @@ def test_every_method_refuses_bytes_that_do_not_parse(cluster, stub):
     nodes.add(("gateway", cluster.address))
     assert {role for role, _ in nodes} == set(SERVICES)
     for role, address in sorted(nodes):
-        with grpc.insecure_channel(address) as channel:
-            for method in [*SERVICES[role].methods, *ADMIN.methods]:
+        admin = [] if role == "gateway" else ADMIN.methods  # the gateway's Admin is on its --admin-listen only
+        with channel_to(role, address) as channel:
+            for method in [*SERVICES[role].methods, *admin]:
                 error = call_with(channel, method, CORRUPT)
                 where = f"{role} {method.full_name}"
                 assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, f"{where}: {error}"

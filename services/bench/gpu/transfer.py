@@ -1,8 +1,9 @@
 """KV transfer of one prompt from a prefill node to a decode node on the same GPU: CUDA IPC vs the gRPC
 byte stream (see ``gpu.suite``).
 
-This process plays the prefill node: an engine of the same model on the GPU gives the KV pool and layout,
-and the prefill node's own ``KVSender`` sends to a real decode-node process (``--device cuda``). Per run:
+This process plays the prefill node (over mTLS, with a prefill certificate of a throwaway CA): an engine of
+the same model on the GPU gives the KV pool and layout, and the prefill node's own ``KVSender`` sends to a
+real decode-node process (``--device cuda``). Per run:
 reserve a prompt of ``tokens`` tokens, move all its blocks, commit, wait for every acknowledgement, abort.
 The byte stream's time includes reading the blocks out of the GPU pool (what the prefill node does per
 chunk); the IPC time includes the decode node's device-to-device copies and their acknowledgements. The
@@ -17,13 +18,15 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-import grpc.aio
 import torch
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2
 
 from kvcache.kv_bytes import read_blocks
+from services.bench.security import bench_ca
 from services.common.launch import launch
 from services.common.server import grpc_options
+from services.common.tls.channels import open_channel
+from services.common.tls.identity import Identity
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine_node.kv_ipc_wire import answer_from_proto, offer_to_proto
@@ -58,7 +61,8 @@ async def _move(stub: decode_pb2_grpc.DecodeNodeStub, address: str, layout: node
     assert grant.num_cached_blocks == 0, "a fresh prompt should not hit the decode node's prefix cache"
     count = len(grant.block_ids)
     source = list(range(count))
-    sender = KVSender(stub, request_id, layout, list(grant.block_ids), address, ipc=ipc)
+    sender = KVSender(stub, request_id, layout, list(grant.block_ids), address, ipc=ipc,
+                      grant_token=grant.grant_token)
     if pool.is_cuda:
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -70,15 +74,16 @@ async def _move(stub: decode_pb2_grpc.DecodeNodeStub, address: str, layout: node
     await sender.commit(first_token_id=0, num_computed_tokens=len(prompt))
     elapsed = time.perf_counter() - started
     await sender.close()
-    await stub.Abort(node_pb2.AbortRequest(request_id=request_id))
+    await stub.Abort(node_pb2.AbortRequest(request_id=request_id, grant_token=grant.grant_token))
     return elapsed * 1e3, ipc is not None and sender.blocks_by_ipc == count
 
 
-async def _bench(address: str, engine: LLMEngine, tokens: int, repeats: int) -> TransferResult:
+async def _bench(address: str, engine: LLMEngine, tokens: int, repeats: int, identity: Identity | None
+                 ) -> TransferResult:
     layout, pool = kv_layout(engine.kv_layout_spec()), engine.kv_pool
     pool.normal_()  # bytes are bytes; random ones keep nothing compressible or cached
     gen = torch.Generator().manual_seed(0)
-    async with grpc.aio.insecure_channel(address, options=grpc_options()) as channel:
+    async with open_channel(address, "decode", grpc_options(), identity=identity) as channel:
         stub = decode_pb2_grpc.DecodeNodeStub(channel)
 
         async def offer(peer: str, ipc_offer):
@@ -112,5 +117,6 @@ def transfer(model_path: str, tokens: int = 4096, repeats: int = 5, device: str 
             "--kv-ipc", "auto", "--max-num-batched-tokens", "4096")
     engine = LLMEngine.from_config(EngineConfig(model_path=model_path, dtype="bfloat16", device=device,
                                                 num_kv_blocks=int(blocks)))
-    with launch("services.decode_node", *args, startup_timeout_s=300, stderr=subprocess.DEVNULL) as node:
-        return asyncio.run(_bench(node.address, engine, tokens, repeats))
+    with bench_ca() as ca, launch("services.decode_node", *args, *ca.node_args("decode"), startup_timeout_s=300,
+                                  stderr=subprocess.DEVNULL, identity=ca.identity("prefill")) as node:
+        return asyncio.run(_bench(node.address, engine, tokens, repeats, ca.identity("prefill")))
