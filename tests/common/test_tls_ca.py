@@ -100,14 +100,8 @@ def test_files_are_looked_at_no_more_than_once_per_recheck_interval(ca, tmp_path
     assert identity.current().cert == (holder / "tls.crt").read_bytes() and identity.generation == 1
 
 
-MISSING_FILE_BUG = pytest.mark.xfail(
-    strict=True, raises=FileNotFoundError,
-    reason="Identity.current() stats the files outside its try: a file missing mid-rotation raises "
-           "FileNotFoundError instead of keeping the last good pair (services/common/tls/identity.py, the lead's)")
-
-
 @pytest.mark.parametrize("damage", ["truncated certificate", "garbage certificate", "certificate without role",
-                                    pytest.param("missing key", marks=MISSING_FILE_BUG)])
+                                    "missing key"])
 def test_a_half_written_or_bad_file_keeps_the_last_good_pair(ca, tmp_path, recheck_now, damage):
     holder = ca.issue(tmp_path / "node", ("cache-store",))
     identity = Identity(holder)

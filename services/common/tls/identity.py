@@ -85,7 +85,10 @@ class Identity:
         with self._lock:
             if now - self._checked >= RECHECK_S:
                 self._checked = now
-                stamp = self._file_stamp()
+                try:
+                    stamp = self._file_stamp()
+                except OSError:  # a file missing mid-rotation: keep the last good pair, look again later
+                    return self._pair
                 if stamp != self._stamp:
                     self._reload(stamp)
             return self._pair
