@@ -77,8 +77,9 @@ async def _measure(address: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(cwd: Path | None, args: argparse.Namespace) -> dict[str, float]:
+    # plaintext inside (insecure): this measures scheduling, and the baseline predates internal mTLS
     spec = ClusterSpec(cache_store=False, engine_args=("--dtype", "float32", "--threads", "1"),
-                       decode_args=("--num-kv-blocks", str(args.decode_blocks)), cwd=cwd)
+                       decode_args=("--num-kv-blocks", str(args.decode_blocks)), cwd=cwd, insecure=True)
     with start_cluster(spec, stderr=subprocess.DEVNULL) as cluster:
         return asyncio.run(_measure(cluster.address, args))
 
