@@ -78,7 +78,7 @@ async def test_with_tracing_off_calls_carry_no_trace_metadata(store):
     tracing.shutdown_tracing()
     with tracing.tracer().start_as_current_span("caller"):
         await client.lookup([key("a")])
-    stub = cache_store_pb2_grpc.CacheStoreStub(client._channel)
+    stub = cache_store_pb2_grpc.CacheStoreStub(client._calls().channel)  # the channel the client calls on
     await stub.Lookup(cache_store_pb2.LookupRequest(keys=[key("a")]), metadata=(("x-probe", "1"),))
     assert len(spy.keys) == 2
     assert "traceparent" not in spy.keys[0]
