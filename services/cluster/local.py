@@ -42,7 +42,7 @@ class ClusterSpec:
     offload_to_cache_store: bool = False  # decode nodes keep preempted KV in the cache-store past their host budget
     prefill_cache_store: bool = False  # prefill nodes fetch prompt blocks from the cache-store and write theirs back
     startup_timeout_s: float = 120.0
-    insecure: bool = False  # internal ports and calls in plaintext (every process gets --insecure)
+    insecure: bool = False  # internal ports and calls in plaintext (every process gets PDSERVE_INSECURE=true)
     # the cluster's certificates (``certificates.ClusterCertificates``); None: $PDSERVE_MTLS_DIR, else a
     # throwaway CA made at start
     mtls_dir: Path | None = None
@@ -105,8 +105,8 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
         def start(module: str, *args: str, env: Mapping[str, str] | None = None) -> ServiceProcess:
             return stack.enter_context(launch(module, *args, *security.args(module, 1),
                                               startup_timeout_s=spec.startup_timeout_s,
-                                              env={**spec.env, **(env or {})}, cwd=spec.cwd, stdout=stdout,
-                                              stderr=stderr, identity=security.identity))
+                                              env={**spec.env, **security.env, **(env or {})}, cwd=spec.cwd,
+                                              stdout=stdout, stderr=stderr, identity=security.identity))
 
         store = start("services.cache_store") if spec.cache_store else None
         decode_args = spec.node_args("decode")
@@ -150,7 +150,7 @@ def _start_many(stack: contextlib.ExitStack, module: str, count: int, args: Sequ
                 stdout: int | None, stderr: int | None, security: _Security) -> list[ServiceProcess]:
     """Start ``count`` copies at once (model loading overlaps), then wait for all of them."""
     managers = [launch(module, *args, *security.args(module, i), startup_timeout_s=spec.startup_timeout_s,
-                       env=dict(spec.env), cwd=spec.cwd, stdout=stdout, stderr=stderr, wait=False,
+                       env={**spec.env, **security.env}, cwd=spec.cwd, stdout=stdout, stderr=stderr, wait=False,
                        identity=security.identity) for i in range(1, count + 1)]
     nodes = [stack.enter_context(manager) for manager in managers]
     for node in nodes:
@@ -174,8 +174,12 @@ class _Security:
         certificates = ClusterCertificates.prepare(given, scratch)
         return cls(certificates, certificates.admin())
 
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PDSERVE_INSECURE": "true"} if self.certificates is None else {}
+
     def args(self, module: str, index: int) -> tuple[str, ...]:
         if self.certificates is None:
-            return ("--insecure",)
+            return ()  # PDSERVE_INSECURE instead (env): a baseline checkout from before mTLS ignores it
         role = ROLE_OF_MODULE.get(module, "gateway")
         return ("--mtls-dir", str(self.certificates.directory(f"{role}-{index}", role)))
