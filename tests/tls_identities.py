@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from services.common.tls.ca import make_cluster_dir
+from services.common.tls.ca import ClusterCA, make_cluster_dir
+from services.common.tls.channels import current_identity, set_identity
 from services.common.tls.identity import Identity
 
 
@@ -27,3 +30,18 @@ def foreign_identity(role: str) -> Identity:
     root = Path(tempfile.mkdtemp(prefix="pdserve-foreign-ca-"))
     make_cluster_dir(root)
     return Identity(root / role)
+
+
+@contextlib.contextmanager
+def own_rotatable_identity(directory: Path, role: str) -> Iterator[tuple[ClusterCA, Path]]:
+    """This process holds a certificate of ``role`` in ``directory`` (issued by the session CA; re-issue it
+    with ``ca.issue(directory, (role,))`` to rotate it); the previous identity is restored afterwards.
+    Set ``services.common.tls.identity.RECHECK_S`` to 0 to see a rotation at once."""
+    ca = ClusterCA.load(session_root() / "ca")
+    ca.issue(directory, (role,))
+    previous = current_identity()
+    set_identity(Identity(directory))
+    try:
+        yield ca, directory
+    finally:
+        set_identity(previous)

@@ -5,8 +5,10 @@ DNS discovery those addresses come and go with pods, so a pool that only ever op
 one (and its reconnect attempts) per address ever seen. A channel is closed when it has not been asked for
 in ``idle_close_s`` and is either ``IDLE`` (gRPC's own state for "no call for a while") or
 ``TRANSIENT_FAILURE`` (the peer does not answer; calls on it fail anyway). A channel that carries a call
-is ``READY`` or ``CONNECTING`` and is never closed here. Sweeps run from ``stub()``, at most once per
-``sweep_interval_s``.
+is ``READY`` or ``CONNECTING`` and is never closed here — except after this process's certificate was
+rotated: the next ``stub()`` for a peer opens a new channel that presents the new certificate, and the old
+one closes once its calls are done (at most ``ROTATED_CHANNEL_GRACE_S``). Sweeps run from ``stub()``, at
+most once per ``sweep_interval_s``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from services.common.tls.channels import open_channel
+from services.common.tls.channels import identity_generation, open_channel
 
 S = TypeVar("S")
 
 _CLOSABLE = (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.TRANSIENT_FAILURE)
+ROTATED_CHANNEL_GRACE_S = 3600.0  # calls begun before a certificate rotation keep their old channel this long
 _PENDING: set[asyncio.Task[None]] = set()  # keeps the background closes alive until they finish
 
 
@@ -32,6 +35,7 @@ _PENDING: set[asyncio.Task[None]] = set()  # keeps the background closes alive u
 class _Entry:
     channel: grpc.aio.Channel
     last_used: float
+    generation: int = 0  # of this process's certificate files when the channel was opened
 
 
 class ChannelPool:
@@ -52,8 +56,13 @@ class ChannelPool:
         if now - self._last_sweep >= self.sweep_interval_s:
             self.sweep(now)
         entry = self._entries.get(address)
+        if entry is not None and entry.generation != identity_generation():
+            del self._entries[address]  # this process's certificate was rotated: a new channel presents it
+            _close_soon(entry.channel, ROTATED_CHANNEL_GRACE_S)
+            entry = None
         if entry is None:
-            entry = self._entries[address] = _Entry(open_channel(address, self.role, self._options), now)
+            entry = self._entries[address] = _Entry(open_channel(address, self.role, self._options), now,
+                                                    identity_generation())
         entry.last_used = now
         return stub_class(entry.channel)
 
@@ -79,8 +88,8 @@ class ChannelPool:
             await entry.channel.close()
 
 
-def _close_soon(channel: grpc.aio.Channel) -> None:
-    task = asyncio.get_running_loop().create_task(channel.close())
+def _close_soon(channel: grpc.aio.Channel, grace: float | None = None) -> None:
+    task = asyncio.get_running_loop().create_task(channel.close(grace))
     _PENDING.add(task)
     task.add_done_callback(_PENDING.discard)
 

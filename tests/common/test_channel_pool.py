@@ -93,3 +93,25 @@ async def test_a_channel_carrying_a_call_is_not_closed():
     finally:
         await pool.close()
         await server.shutdown()
+
+
+async def test_a_rotated_certificate_opens_a_new_channel_and_closes_the_old(tmp_path, monkeypatch):
+    from services.common.tls import identity as identity_module
+    from tests.tls_identities import own_rotatable_identity
+
+    monkeypatch.setattr(identity_module, "RECHECK_S", 0.0)
+    with own_rotatable_identity(tmp_path / "node", "prefill") as (ca, holder):
+        pool = ChannelPool("decode")
+        stub = pool.stub("127.0.0.1:1", cache_store_pb2_grpc.CacheStoreStub)
+        old = pool._entries["127.0.0.1:1"].channel
+        assert pool.stub("127.0.0.1:1", cache_store_pb2_grpc.CacheStoreStub) is not stub  # a stub per call
+        assert pool._entries["127.0.0.1:1"].channel is old  # but one channel while the files are unchanged
+        ca.issue(holder, ("prefill",))
+        pool.stub("127.0.0.1:1", cache_store_pb2_grpc.CacheStoreStub)
+        assert pool._entries["127.0.0.1:1"].channel is not old
+        for _ in range(100):  # the old one closes in the background (no call on it)
+            if old.get_state() == grpc.ChannelConnectivity.SHUTDOWN:
+                break
+            await asyncio.sleep(0.01)
+        assert old.get_state() == grpc.ChannelConnectivity.SHUTDOWN
+        await pool.close()
