@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import setting
-from services.common.server import ServerConfig
+from services.common.server_config import ServerConfig
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -20,7 +20,8 @@ import structlog
 from services.common.config import build_config
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
-from services.common.server import NodeServer, ServerConfig, run
+from services.common.server import NodeServer, run
+from services.common.server_config import ServerConfig
 from services.common.tls.channels import set_identity
 from services.common.tracing import setup_tracing, shutdown_tracing
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import services.engine_node.errors  # noqa: F401  (the engine's errors as status codes)
 from services.common.config import setting
-from services.common.server import ServerConfig
+from services.common.server_config import ServerConfig
 from services.engine.admission import AdmissionConfig
 from services.engine.config import EngineConfig
 from services.engine.model_files import bundled_model_path

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import setting
-from services.common.server import ServerConfig, check_host_port
+from services.common.server_config import ServerConfig, check_host_port
 from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 

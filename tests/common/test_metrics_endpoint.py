@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.kv_transfer_stats import KVTransferStats
 from services.common.metrics import LoopCollector, MetricsEndpoint, advertised_host, gauge, new_registry
-from services.common.server import NodeServer, ServerConfig
+from services.common.server import NodeServer
+from services.common.server_config import ServerConfig
 from services.engine_node.metrics import engine_node_families, kv_transfer_families
 from tests.common.test_node_server import Store, binding
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.common.config import build_config, setting
-from services.common.server import ServerConfig
+from services.common.server_config import ServerConfig
 from services.decode_node.config import DecodeNodeConfig
 from services.gateway.config import GatewayConfig
 
