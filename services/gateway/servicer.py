@@ -19,6 +19,7 @@ from services.gateway.core import GatewayCore
 from services.gateway.generation import GenerateChunk, GenerateInput
 from services.gateway.metrics import GatewayMetrics, tracked
 from services.gateway.nodes import STATUS_FIELDS, NodeInfo
+from services.gateway.redaction import redact_stream_errors
 
 map_error(InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT)
 
@@ -63,6 +64,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.served_model_name = ""  # the model id of the HTTP front
 
     @grpc_errors
+    @redact_stream_errors
     @tracked(chunk_to_proto)
     @traced_rpc("Generate", root=True)
     async def Generate(self, request: gateway_pb2.GenerateRequest,  # type: ignore[override]

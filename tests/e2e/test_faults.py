@@ -116,7 +116,8 @@ def _hang_mid_request(nodes: Nodes, role: str) -> None:
                 pass
         assert time.monotonic() - started < 15
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
-    assert node.address in info.value.details()
+    assert f"{role} node [internal]" in info.value.details()  # the role, never the address, to a client
+    assert node.address not in info.value.details()
     _wait(lambda: _idle(nodes.decode_status()) and _idle(nodes.prefill_status()), 20, "both nodes to be idle")
     _wait(lambda: nodes.healthy(role), 20, f"the {role} node to be healthy again")
     _, text, last = generate(nodes.stub, prompt="The capital of France is", sampling=greedy(5))

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from services.common.errors import ServiceError, status_of
 from services.engine.errors import InvalidRequestError
 from services.gateway.openai.responses import ErrorBody, ErrorDetail
+from services.gateway.redaction import redact_addresses
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +65,7 @@ def from_gateway(error: ServiceError | InvalidRequestError) -> OpenAIError:
         param = _PARAMS.get(error.field, error.field)
         return OpenAIError(400, f"{param}: {error.message}", param=param)
     status, kind, code = _BY_STATUS.get(status_of(error), _UPSTREAM)
-    return OpenAIError(status, str(error), kind, code=code)
+    return OpenAIError(status, redact_addresses(str(error)), kind, code=code)
 
 
 def model_not_found(model: str, served: str) -> OpenAIError:

@@ -1,0 +1,35 @@
+"""Client-facing error texts: internal addresses replaced, everything else kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import UnavailableError
+from services.gateway.openai.errors import from_gateway
+from services.gateway.redaction import redact_addresses
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("decode node 10.0.3.7:50051 failed: UNAVAILABLE: ipv4:10.0.3.7:50051: Connection refused",
+     "decode node [internal] failed: UNAVAILABLE: [internal]: Connection refused"),
+    ("prefill node [fd00::1]:7000: stream ended", "prefill node [internal]: stream ended"),
+    ("decode-0.decode.pdserve.svc.cluster.local:50051 refused", "[internal] refused"),
+    ("dns:///decode.pdserve:50051 and localhost:1234", "[internal] and [internal]"),
+])
+def test_addresses_are_replaced(text, expected):
+    assert redact_addresses(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "max_tokens: 16 is larger than max_model_len - prompt (12)",
+    "request_id: at most 224 printable characters",
+    "the engine failed: RuntimeError: boom at step 3",
+    "prompt: 4097 tokens > 4096",
+])
+def test_other_texts_are_unchanged(text):
+    assert redact_addresses(text) == text
+
+
+def test_the_http_front_redacts_too():
+    error = from_gateway(UnavailableError("decode node 127.0.0.1:40001 failed: UNAVAILABLE"))
+    assert error.detail.message == "decode node [internal] failed: UNAVAILABLE"
