@@ -20,10 +20,10 @@ class DecodeNodeConfig(EngineNodeConfig):
                                           "node once it waited this long here (0: never)")
     max_reservations_per_caller: int = setting(256, "live reservations (granted, not yet committed, aborted or "
                                                     "expired) one caller (certificate common name) may hold; "
-                                                    "past it Reserve is refused RESOURCE_EXHAUSTED")
+                                                    "past it Reserve answers granted=false naming the bound")
     max_reserved_blocks_per_caller_fraction: float = setting(0.5, "fraction of the KV pool one caller may hold in "
-                                                                  "live reservations; past it Reserve is refused "
-                                                                  "RESOURCE_EXHAUSTED")
+                                                                  "live reservations; past it Reserve answers "
+                                                                  "granted=false naming the bound")
     cache_outputs: bool = setting(False, "write finished requests' full KV blocks (prompt and output) to the "
                                          "offload cache-store under their content keys")
 
