@@ -117,7 +117,7 @@ class PutAssembler:
         block = StoredBlock(header.key, data, header.checksum_algorithm, header.checksum,
                             header.layout.encoded if header.layout else b"")
         block.verify()
-        block = replace(block, digest=digest_of(data))
+        block = replace(block, digest=digest_of(block.checksum_algorithm, block.checksum))  # verified above
         self._done.append(block)
         if self.on_block is not None:
             self.on_block(block)

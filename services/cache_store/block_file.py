@@ -5,7 +5,7 @@ Layout (big-endian)::
     magic "PDKV" | version u16 | key 32 | checksum algorithm u8 | checksum length u8 | checksum 16 (padded)
     | digest 32 | layout length u32 | writer length u16 | data length u64 | layout | writer (utf-8) | data
 
-``digest`` is the store's SHA-256 of the data taken at Put (``block.digest_of``), ``writer`` the caller
+``digest`` is the store's seal taken at Put (``block.digest_of``), ``writer`` the caller
 that put the block (only it may delete the block, after a restart too). A file is written under a ``.tmp``
 name and renamed into place (``os.replace``), so a reader, or a restart after a crash, sees a whole file or
 none. Data is verified against its digest and its checksum on every read. Files of version 1 (no digest,
@@ -157,7 +157,6 @@ def read_block(path: Path, key: bytes) -> StoredBlock:
         raise CorruptBlockError(f"{path.name}: length does not match its header")
     block = StoredBlock(key, data, header.checksum_algorithm, header.checksum, layout, header.digest,
                         _writer_of(writer, path))
-    if not block.intact():
+    if not block.intact():  # also checks the data against its checksum: intact() computes it
         raise CorruptBlockError(f"{path.name}: its data no longer matches the digest taken at Put")
-    block.verify()
     return block

@@ -23,7 +23,7 @@ or no longer wants them, so they do not crowd out prefix blocks; a block a Get i
 A key, once stored, never changes bytes:
 
 - First writer wins: a put of a stored key keeps the stored block (bytes, layout, writer) and only
-  refreshes it. When the put's bytes differ (the store's SHA-256 digest, :mod:`services.cache_store.block`)
+  refreshes it. When the put's bytes differ (the store's digest, :mod:`services.cache_store.block`)
   the put still succeeds, the rest of it stored as usual, and the key counts in ``PutResult.kept_existing``:
   KV computed for the same prefix by two prefill nodes may legitimately differ in the last bits (bf16 batch
   nondeterminism), so the second writer must not fail its request, and whoever wrote first is served.

@@ -123,8 +123,7 @@ def test_a_memory_block_that_changed_is_served_from_its_intact_disk_copy(tmp_pat
 
 
 def test_a_disk_file_whose_data_and_checksum_were_both_rewritten_is_caught_by_the_digest(tmp_path):
-    """Rewriting a block's data and the crc32 beside it is easy; the store's SHA-256 taken at Put still
-    tells."""
+    """Rewriting a block's data and the crc32 beside it is easy; the seal taken at Put still tells."""
     store = open_store(tmp_path, memory=10)
     store.put([block("a")], writer=A)
     store.put([block("b")], writer=A)  # a spills to disk: disk only
@@ -134,7 +133,7 @@ def test_a_disk_file_whose_data_and_checksum_were_both_rewritten_is_caught_by_th
                          header.digest, A)  # the old digest, new bytes and a matching crc32
     path.unlink()
     block_file.write_block(tmp_path, forged)
-    assert digest_of(b"z" * 10) != header.digest
+    assert digest_of("crc32", checksum("crc32", b"z" * 10)) != header.digest
     assert store.get_prefix(keys("a"), allow_partial=True) == []
     assert key("a") not in store and store.stats().disk_corrupt_total == 1
     store.check_integrity()
