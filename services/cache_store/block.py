@@ -12,7 +12,7 @@ the store adds when it accepts the block:
   (memory or a disk file) are never served. It is also how a Put of a stored key tells the same bytes
   from different ones (first writer wins: :meth:`BlockStore.put`; the stored block is kept either way, so
   a crafted crc32 collision changes only what the answer counts).
-- ``writer``: who put it (:mod:`services.cache_store.writers`); only that caller may delete it.
+- ``writer``: who put it (``services.common.tls.roles.caller_name``); only that caller may delete it.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class StoredBlock:
     checksum: bytes
     layout: bytes = b""  # opaque (a serialized KVLayout); returned as given
     digest: bytes = b""  # digest_of(data), set when the store accepts the block (BlockStore.put)
-    writer: str = ""  # the caller that put it first (services.cache_store.writers); "" = in-process
+    writer: str = ""  # the caller that put it first (tls.roles.caller_name); "" = in-process
 
     def sealed(self, writer: str) -> StoredBlock:
         """This block as the store keeps it: with its digest (unless set: its checksum verified, then

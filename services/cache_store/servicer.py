@@ -31,8 +31,8 @@ from services.cache_store.errors import (
 from services.cache_store.keys import check_key_count
 from services.cache_store.store import BlockStore
 from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
-from services.cache_store.writers import caller_of
 from services.common.errors import UnavailableError, grpc_errors, map_error
+from services.common.tls.roles import caller_name as caller_of
 from services.common.tracing import traced_rpc
 
 map_error(MalformedPutError, grpc.StatusCode.INVALID_ARGUMENT)

@@ -28,7 +28,7 @@ A key, once stored, never changes bytes:
   KV computed for the same prefix by two prefill nodes may legitimately differ in the last bits (bf16 batch
   nondeterminism), so the second writer must not fail its request, and whoever wrote first is served.
 - Writer-bound deletes: every block records its writer (the caller's identity,
-  :mod:`services.cache_store.writers`, kept in the disk file too); a delete naming any stored key another
+  ``services.common.tls.roles.caller_name``, kept in the disk file too); a delete naming any stored key another
   caller wrote raises ``ForeignBlockError`` and deletes nothing of its keys (atomic, like a put). So one
   node's identity can neither remove nor, by deleting and putting again, replace another's block.
 - Checked on read: a Get re-checks each block's digest before it is sent (memory and disk alike); a block

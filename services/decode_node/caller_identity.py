@@ -1,4 +1,5 @@
-"""Who is calling, as the decode node's per-caller bounds and grants see it.
+"""Who is calling, as the decode node's per-caller bounds and grants see it (``caller_of`` is
+``services.common.tls.roles.caller_name``), and which callers need a grant token to abort.
 
 A caller is the process behind the call: the common name of its verified certificate (one per process,
 e.g. ``cn:prefill-1``), else, on a plaintext port (``--insecure``), the peer's host (``host:10.0.0.7``; all
@@ -13,18 +14,6 @@ from services.common.tls.roles import caller_roles
 
 TOKEN_FREE_ROLES = frozenset({"gateway", "decode"})
 """Roles that may abort any request on a decode node without its grant token."""
-
-
-def caller_of(context: grpc.aio.ServicerContext) -> str:
-    auth = context.auth_context() or {}
-    names = auth.get("x509_common_name") or ()
-    if names:
-        return "cn:" + names[0].decode(errors="replace")
-    peer = context.peer() or ""  # "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555", "unix:/path"
-    kind, _, rest = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        rest = rest.rpartition(":")[0].strip("[]")
-    return "host:" + (rest or peer)
 
 
 def needs_grant_token(context: grpc.aio.ServicerContext) -> bool:

@@ -23,8 +23,9 @@ from services.common.errors import (
 from services.common.field_checks import check_request_id
 from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
+from services.common.tls.roles import caller_name as caller_of
 from services.common.tracing import traced_rpc
-from services.decode_node.caller_identity import caller_of, needs_grant_token
+from services.decode_node.caller_identity import needs_grant_token
 from services.decode_node.handover import Route
 from services.decode_node.message_checks import check_adopt, check_batch, check_reserve
 from services.decode_node.node import DecodeNode

@@ -197,7 +197,7 @@ async def test_a_caller_without_a_cluster_certificate_fails_the_handshake(server
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def test_each_refusal_is_logged_once_per_roles_and_method(server):
+async def test_each_refusal_is_logged_once_per_caller_and_method(server):
     with structlog.testing.capture_logs() as logs:
         for role in ("admin", "admin", "admin", "cache-store"):
             channel, stub = stub_as(server, identity_of(role))
@@ -215,3 +215,5 @@ async def test_each_refusal_is_logged_once_per_roles_and_method(server):
         ("pdserve.v1.CacheStore/Put", ("cache-store",), "PERMISSION_DENIED"),
     ]
     assert all(e["log_level"] == "warning" and e["peer"] for e in logs if e["event"] == "caller refused")
+    # the caller: its certificate's common name (one certificate per role here, named after it)
+    assert {e["caller"] for e in logs if e["event"] == "caller refused"} == {"cn:admin", "cn:cache-store"}

@@ -9,7 +9,8 @@ is closed until someone says who may call it.
 - a certificate that names no pdserve role → ``UNAUTHENTICATED``;
 - a role the method does not accept → ``PERMISSION_DENIED`` naming the method, the caller's roles and
   the accepted ones;
-- each (peer roles, method) refusal is logged once, not per call.
+- each (caller, method) refusal is logged once (``caller_name``: the certificate's common name, or the
+  peer's host), not per call.
 
 A caller without a certificate never gets this far: the mTLS handshake fails (it sees ``UNAVAILABLE``).
 """
@@ -31,6 +32,7 @@ from services.common.tls.ca import ROLES, SPIFFE_PREFIX
 log = structlog.get_logger(__name__)
 
 ANY_ROLE = ROLES
+MAX_LOGGED_REFUSALS = 4096  # distinct (caller, method) refusals logged; past it, no more lines (a flood)
 ADMIN_SERVICE = "pdserve.v1.Admin"
 # what every pdserve server accepts besides its own services
 COMMON_CALLERS: dict[str, tuple[str, ...]] = {
@@ -46,6 +48,30 @@ def caller_roles(context: grpc.aio.ServicerContext) -> frozenset[str]:
     auth = context.auth_context() or {}
     uris = [u.decode(errors="replace") for u in auth.get("peer_uri", ())]
     return frozenset(u.removeprefix(SPIFFE_PREFIX) for u in uris if u.startswith(SPIFFE_PREFIX))
+
+
+def caller_name(context: grpc.aio.ServicerContext) -> str:
+    """Who is calling: the process behind the call, for per-caller bounds, a block's writer and logs.
+
+    On an mTLS port, the common name of the caller's verified certificate — one per process (``prefill-1``,
+    ``decode-2``: ``services.cluster`` issues them so), stable across rotation and restarts — as
+    ``cn:<name>``. On a plaintext port (``--insecure``) the peer's host, ``host:<address>`` (every process
+    of one host is then one caller). The prefixes keep a host from posing as a common name; processes that
+    share a certificate are one caller."""
+    auth = context.auth_context() or {}
+    names = auth.get("x509_common_name") or ()
+    if names:
+        return "cn:" + names[0].decode(errors="replace")
+    return "host:" + peer_host(context.peer() or "")
+
+
+def peer_host(peer: str) -> str:
+    """``ipv4:127.0.0.1:5000`` → ``127.0.0.1``, ``ipv6:[::1]:5000`` → ``[::1]``; others (``unix:...``)
+    whole."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return address.rpartition(":")[0] or address
+    return peer
 
 
 class RolePolicy:
@@ -69,7 +95,7 @@ class RolePolicy:
 class RoleCheck(grpc.aio.ServerInterceptor):
     def __init__(self, policy: RolePolicy) -> None:
         self.policy = policy
-        self._logged: set[tuple[frozenset[str], str]] = set()
+        self._logged: set[tuple[str, str]] = set()  # (caller, method) refusals already logged
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
@@ -93,9 +119,10 @@ class RoleCheck(grpc.aio.ServerInterceptor):
             refusal = (grpc.StatusCode.PERMISSION_DENIED,
                        f"{method}: a caller with role {'/'.join(sorted(roles))} may not call it "
                        f"(accepted: {', '.join(sorted(accepted)) or 'none'})")
-        if (roles, method) not in self._logged:
-            self._logged.add((roles, method))
-            log.warning("caller refused", method=method, roles=sorted(roles), peer=context.peer(),
+        caller = caller_name(context)
+        if (caller, method) not in self._logged and len(self._logged) < MAX_LOGGED_REFUSALS:
+            self._logged.add((caller, method))
+            log.warning("caller refused", method=method, caller=caller, roles=sorted(roles), peer=context.peer(),
                         code=refusal[0].name)
         return refusal
 
