@@ -30,10 +30,12 @@ from services.engine.sampling_params import (
     client_fields,
     takes_default_when_unset,
 )
+from services.engine.structured_spec import StructuredSpec
 
 DEFAULT_MAX_TOKENS_CAP = 256
 SEED_BITS = 63
 _WIRE = gateway_pb2.SamplingParams.DESCRIPTOR.fields_by_name  # the proto field of each SamplingParams field
+STRUCTURED = "structured"  # a message on the wire, a StructuredSpec here
 
 
 def _unset_type(annotation: Any) -> Any:
@@ -104,7 +106,9 @@ def fields_from_proto(message: gateway_pb2.SamplingParams) -> SamplingFields:
     values: dict[str, Any] = {}
     for f in client_fields():
         wire = _WIRE[f.name]
-        if takes_default_when_unset(f):
+        if f.name == STRUCTURED:
+            values[f.name] = structured_from_proto(message.structured) if message.HasField(f.name) else None
+        elif takes_default_when_unset(f):
             values[f.name] = getattr(message, f.name) if message.HasField(f.name) else None
         elif _is_map(wire):
             values[f.name] = tuple(sorted(getattr(message, f.name).items()))
@@ -130,8 +134,29 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
         if value is None:
             continue
         wire = _WIRE[f.name]
+        if f.name == STRUCTURED:
+            values[f.name] = structured_to_proto(value)
+            continue
         values[f.name] = dict(value) if _is_map(wire) else list(value) if _is_repeated(wire) else value
     return gateway_pb2.SamplingParams(**values)
+
+
+def structured_from_proto(message: gateway_pb2.StructuredOutput) -> StructuredSpec:
+    """The spec of a set ``StructuredOutput`` (no kind set: kind "" — refused by ``check_shape``)."""
+    kind = message.WhichOneof("kind") or ""
+    if kind == "choice":
+        return StructuredSpec("choice", choices=tuple(message.choice.choices))
+    if kind == "json_object":
+        return StructuredSpec("json_object")
+    return StructuredSpec(kind, text=getattr(message, kind) if kind else "")
+
+
+def structured_to_proto(spec: StructuredSpec) -> gateway_pb2.StructuredOutput:
+    if spec.kind == "choice":
+        return gateway_pb2.StructuredOutput(choice=gateway_pb2.StructuredChoice(choices=list(spec.choices)))
+    if spec.kind == "json_object":
+        return gateway_pb2.StructuredOutput(json_object=True)
+    return gateway_pb2.StructuredOutput(**{spec.kind: spec.text})
 
 
 def default_max_tokens(prompt_len: int, max_model_len: int, cap: int = DEFAULT_MAX_TOKENS_CAP) -> int:

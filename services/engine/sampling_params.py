@@ -17,6 +17,7 @@ from typing import Any
 
 from services.engine.errors import InvalidRequestError
 from services.engine.logprobs import MAX_LOGPROBS
+from services.engine.structured_spec import StructuredSpec
 
 DEFAULT_MAX_TOKENS = 16
 GREEDY_BELOW_TEMPERATURE = 1e-5  # as vLLM: dividing logits by less overflows float32 to inf, softmax to NaN
@@ -94,6 +95,7 @@ class SamplingParams:
     repetition_penalty: float = unset_takes(1.0)
     min_p: float = unset_takes(0.0)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    structured: StructuredSpec | None = None  # constrained output (structured_spec.py); None = free
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False, metadata={ENGINE_ONLY: True})
 
     @property
@@ -158,6 +160,8 @@ class SamplingParams:
                                               f"{len(longest)}")
         for stop in self.stop:
             require_utf8("stop", stop)
+        if self.structured is not None:
+            self.structured.check_shape()
 
 
 def client_fields() -> tuple[dataclasses.Field[Any], ...]:

@@ -28,7 +28,8 @@ from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, 
 
 # Sampling fields a body does not carry as SamplingFields has them: the endpoints' (max_tokens, logprobs) and
 # the reshaped ones; every other field of SamplingFields the body declares is taken by name.
-_NOT_BY_NAME = ("max_tokens", "logprobs", "stop", "stop_token_ids", "logit_bias")
+_NOT_BY_NAME = ("max_tokens", "logprobs", "stop", "stop_token_ids", "logit_bias",
+                "structured")  # structured: from response_format / guided_* (not read from the body yet)
 _BY_NAME = tuple(f.name for f in dataclasses.fields(SamplingFields)
                  if f.name in GenerationBody.model_fields and f.name not in _NOT_BY_NAME)
 
