@@ -38,6 +38,7 @@ from services.gateway.openai.responses import ModelCard, ModelList
 from services.gateway.openai.running import RequestGroup, RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 from services.gateway.openai.streaming import respond
+from services.gateway.openai.structured import renamed_error
 from services.gateway.openai.tokenize import add_tokenize_routes
 from services.gateway.openai.translate import (
     ChatRenderer,
@@ -144,7 +145,10 @@ class Generations:
                 return await respond(choices, body.stream, body.include_usage, body.n)
         except BaseException as error:
             close_all(error)
-            raise
+            renamed = renamed_error(body, error)  # the gateway refused the constraint: named as the body has it
+            if renamed is None:
+                raise
+            raise renamed from error
         log.info("HTTP client disconnected before its request was opened")
         close_all(asyncio.CancelledError("client disconnected"))
         return Response(status_code=499)  # nobody reads it (nginx's "client closed request")

@@ -1,9 +1,10 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
 
-What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` past
-16, ``best_of`` > 1, ``echo`` and ``suffix`` here; the undeclared fields that would change the output
-(``response_format``, ``tools``, …) in ``unsupported.py``. Other fields (``user``, ``metadata``, …) are
-ignored. An explicit ``null`` means the default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 =
+What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` past 16,
+``best_of`` > 1, ``echo`` and ``suffix`` here; the undeclared fields that would change the output (``tools``,
+…) in ``unsupported.py``. The output constraints (``response_format``, ``guided_*``, ``structured_outputs``)
+are undeclared too, read from the extra fields by ``structured.py``. Other fields (``user``, ``metadata``, …)
+are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 =
 off), ``min_p`` (0 = off), ``repetition_penalty`` (1 = off), ``stop_token_ids``, ``ignore_eos``,
 ``min_tokens``.
 """

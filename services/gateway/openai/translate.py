@@ -25,11 +25,12 @@ from services.gateway.generation import GenerateChunk, GenerateInput, Usage
 from services.gateway.openai import responses as out
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
+from services.gateway.openai.structured import structured_of
 
 # Sampling fields a body does not carry as SamplingFields has them: the endpoints' (max_tokens, logprobs) and
 # the reshaped ones; every other field of SamplingFields the body declares is taken by name.
 _NOT_BY_NAME = ("max_tokens", "logprobs", "stop", "stop_token_ids", "logit_bias",
-                "structured")  # structured: from response_format / guided_* (not read from the body yet)
+                "structured")  # structured: from response_format, guided_*, structured_outputs (structured.py)
 _BY_NAME = tuple(f.name for f in dataclasses.fields(SamplingFields)
                  if f.name in GenerationBody.model_fields and f.name not in _NOT_BY_NAME)
 
@@ -38,7 +39,8 @@ def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | No
     return SamplingFields(**{name: getattr(body, name) for name in _BY_NAME},
                           max_tokens=max_tokens, logprobs=logprobs, stop=tuple(body.stop or ()),
                           stop_token_ids=tuple(body.stop_token_ids or ()),
-                          logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
+                          logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()),
+                          structured=structured_of(body))
 
 
 def completion_inputs(body: CompletionBody, request_id: str) -> list[GenerateInput]:

@@ -1,6 +1,7 @@
-"""Request fields that OpenAI or vLLM define, that would change what a request returns, and that pdserve
-does not honour: a request that sets one to anything but its neutral value is refused with a 400 naming
-it, never answered as if it had not been set. Fields that change nothing in the output (``user``,
+"""Request fields that OpenAI or vLLM define, that would change what a request returns, and that pdserve does
+not honour (the output constraints, ``response_format`` and vLLM's ``guided_*`` and ``structured_outputs``,
+are read by ``structured.py``): a request that sets one to anything but its neutral value is refused with a
+400 naming it, never answered as if it had not been set. Fields that change nothing in the output (``user``,
 ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls``, …) stay ignored.
 """
 
@@ -24,18 +25,9 @@ def _one_of(*neutral: Any) -> Callable[[Any], bool]:
     return lambda value: value is None or any(value == n and type(value) is type(n) for n in neutral)
 
 
-def _text_format(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and value.get("type") == "text")
-
-
 # field → (is its value neutral?, what it asks for)
 _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "response_format": (_text_format, "structured output (json_object, json_schema)"),
-    "guided_json": (_unset, "guided decoding"),
-    "guided_regex": (_unset, "guided decoding"),
-    "guided_choice": (_unset, "guided decoding"),
-    "guided_grammar": (_unset, "guided decoding"),
-    "structured_outputs": (_unset, "structured output"),
+    "guided_whitespace_pattern": (_unset, "another whitespace in guided JSON"),
     "tools": (_empty, "tool calling"),
     "tool_choice": (_one_of("none", "auto"), "tool calling"),
     "functions": (_empty, "function calling"),
