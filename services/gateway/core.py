@@ -38,6 +38,7 @@ from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.nodes import NodeInfo
 from services.gateway.request_flow import RequestFlow
 from services.gateway.router import Router
+from services.gateway.structured_check import StructuredChecks, engine_compiler
 from services.gateway.tokenizing import INLINE_TOKENS, TokenizerThreads, all_tokenize_inline, tokenizes_inline
 
 log = structlog.get_logger(__name__)
@@ -59,9 +60,12 @@ class CoreSettings:
 
 class GatewayCore:
     def __init__(self, tokenizer: Tokenizer, directory: NodeDirectory, settings: CoreSettings,
-                 router: Router | None = None, recent_stall: Callable[[], float] = lambda: 0.0) -> None:
+                 router: Router | None = None, recent_stall: Callable[[], float] = lambda: 0.0,
+                 structured: StructuredChecks | None = None) -> None:
         """``recent_stall()``: seconds of a stall of this process's event loop that just ended (see
-        ``LoopWatchdog.recent_stall_s``), so that a node call failing out of it is not blamed on the node."""
+        ``LoopWatchdog.recent_stall_s``), so that a node call failing out of it is not blamed on the node.
+        ``structured``: the content check of structured-output specs (default: the engine's compiler over
+        ``tokenizer``)."""
         self.tokenizer = tokenizer
         self.recent_stall = recent_stall
         self.directory = directory
@@ -76,6 +80,7 @@ class GatewayCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tokenizer_threads = TokenizerThreads()
+        self.structured = structured or StructuredChecks(lambda: engine_compiler(tokenizer, settings.vocab_size))
         self.on_retry: Callable[[str], None] = lambda role: None  # the metrics count the retries, by failed role
 
     @property
@@ -111,7 +116,8 @@ class GatewayCore:
     async def prepare_each_off_loop(self, requests: Sequence[GenerateInput]
                                     ) -> list[PreparedRequest | InvalidRequestError]:
         """``prepare`` of each request up to the first that fails, whose error is then the last item (a
-        batch's prompts: on one worker thread when they are long together)."""
+        batch's prompts: on one worker thread when they are long together); then the structured-output spec
+        of each is compiled (``structured_check``: off the loop), again up to the first that fails."""
         def prepare_each() -> list[PreparedRequest | InvalidRequestError]:
             results: list[PreparedRequest | InvalidRequestError] = []
             for request in requests:
@@ -124,7 +130,19 @@ class GatewayCore:
 
         with tracing.span("tokenize"):
             inline = all_tokenize_inline((r.prompt, r.messages) for r in requests)
-            return await self._tokenizer_threads.run(prepare_each, inline=inline)
+            results = await self._tokenizer_threads.run(prepare_each, inline=inline)
+        return await self._check_structured(results)
+
+    async def _check_structured(self, results: list[PreparedRequest | InvalidRequestError]
+                                ) -> list[PreparedRequest | InvalidRequestError]:
+        for i, prepared in enumerate(results):
+            if isinstance(prepared, PreparedRequest) and prepared.sampling.structured is not None:
+                try:
+                    with tracing.span("structured_check"):
+                        await self.structured.check(prepared.sampling.structured)
+                except InvalidRequestError as error:
+                    return [*results[:i], error]
+        return results
 
     async def encode_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> list[int]:
         """The validator's ``encode_prompt`` of a text or chat messages, on a worker thread when long."""
@@ -230,6 +248,7 @@ class GatewayCore:
     def close(self) -> None:
         """After the fronts stopped: the tokenizing threads go (anything later tokenizes on the loop)."""
         self._tokenizer_threads.close()
+        self.structured.close()
 
     async def wait_background(self) -> None:
         """Wait for the aborts sent so far (each is bounded by ``abort_timeout_s``)."""

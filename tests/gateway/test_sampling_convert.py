@@ -8,6 +8,7 @@ import pytest
 from pdserve.v1 import gateway_pb2
 
 from services.common.sampling_convert import (
+    STRUCTURED,
     SamplingFields,
     default_max_tokens,
     fields_from_proto,
@@ -17,6 +18,7 @@ from services.common.sampling_convert import (
 )
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams, client_fields, takes_default_when_unset
+from services.engine.structured_spec import StructuredSpec
 
 
 def test_unset_fields_take_the_defaults():
@@ -89,7 +91,8 @@ def test_random_seeds_are_63_bit_and_differ():
 
 # A value unlike the default for each annotation of a SamplingParams field (a field of a new type: add one).
 _NON_DEFAULT = {"int": 7, "float": 0.5, "bool": True, "int | None": 5, "tuple[str, ...]": ("END", "\n"),
-                "tuple[int, ...]": (3, 9), "tuple[tuple[int, float], ...]": ((3, -100.0), (11, 0.5))}
+                "tuple[int, ...]": (3, 9), "tuple[tuple[int, float], ...]": ((3, -100.0), (11, 0.5)),
+                "StructuredSpec | None": StructuredSpec("regex", "[0-9]+")}
 
 
 def _non_default_params() -> SamplingParams:
@@ -117,7 +120,37 @@ def test_every_field_round_trips_proto_fields_params():
 
 def test_the_wire_marks_unset_where_sampling_params_says_a_client_may_leave_it():
     wire = gateway_pb2.SamplingParams.DESCRIPTOR.fields_by_name
-    assert {f.name: takes_default_when_unset(f) for f in client_fields()} == \
-        {f.name: wire[f.name].has_presence for f in client_fields()}
+    scalars = [f for f in client_fields() if f.name != STRUCTURED]  # a message: unset = no constraint, no default
+    assert {f.name: takes_default_when_unset(f) for f in scalars} == \
+        {f.name: wire[f.name].has_presence for f in scalars}
     unset = fields_from_proto(gateway_pb2.SamplingParams())
     assert all(getattr(unset, f.name) is None for f in client_fields() if takes_default_when_unset(f))
+
+
+SPECS = [StructuredSpec("json_schema", '{"type": "object"}'), StructuredSpec("json_object"),
+         StructuredSpec("regex", "[a-z]+"), StructuredSpec("choice", choices=("yes", "no", "")),
+         StructuredSpec("grammar", 'start: "a" | "b"')]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
+def test_a_structured_spec_survives_every_hop_of_the_cluster(spec):
+    """gateway → PrefillRequest, prefill → ReserveRequest, decode → AdoptRequest: each hop is a
+    ``sampling_to_proto`` read back by ``sampling_from_proto`` (through the bytes of the wire)."""
+    params = SamplingParams(max_tokens=9, temperature=0.7, seed=3, stop=("x",), structured=spec)
+    for _ in range(3):
+        wire = gateway_pb2.SamplingParams.FromString(sampling_to_proto(params).SerializeToString())
+        params = sampling_from_proto(wire)
+    assert params.structured == spec and params.max_tokens == 9 and params.stop == ("x",)
+
+
+def test_a_structured_output_with_no_kind_is_refused_naming_the_field():
+    message = gateway_pb2.SamplingParams(max_tokens=4, structured=gateway_pb2.StructuredOutput())
+    fields = fields_from_proto(message)
+    assert fields.structured == StructuredSpec("")
+    with pytest.raises(InvalidRequestError, match="structured_output: kind must be one of"):
+        fields.resolve().validate(vocab_size=100)
+
+
+def test_no_structured_output_is_none_and_stays_off_the_wire():
+    assert fields_from_proto(gateway_pb2.SamplingParams()).structured is None
+    assert not sampling_to_proto(SamplingParams()).HasField("structured")
