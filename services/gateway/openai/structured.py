@@ -11,17 +11,20 @@ The forms taken, one at a time (two given: a 400 naming both):
   ``disable_additional_properties`` (as strict below) and ``disable_fallback`` (no effect: nothing falls
   back here).
 
-``strict``: ``json_schema.strict = true`` gives OpenAI's strict semantics for the objects a schema
-describes: every object schema that does not say otherwise gets ``additionalProperties: false`` (OpenAI
-requires it of a strict schema; here it is filled in), so the output has no key the schema does not name.
-``required`` is taken as given (the ``openai`` package's ``parse`` already marks every property required).
-``strict = false`` (the default, and ``guided_json``) compiles the schema as JSON Schema reads it: an object
-without ``additionalProperties`` may have other keys.
+``strict``: the engine's compiler gives every schema OpenAI's strict semantics for objects: an object schema
+that lists ``properties`` and says nothing of others (no ``additionalProperties``, ``patternProperties``,
+``unevaluatedProperties``) allows no others. ``json_schema.strict = true`` (what the ``openai`` package's
+``parse`` sends) and ``structured_outputs.disable_additional_properties`` pass the schema as given (closed
+by the compiler).
+``strict = false`` (OpenAI's default), ``guided_json`` and ``structured_outputs.json`` keep JSON Schema's
+meaning, as vLLM does: each such object gets an explicit ``additionalProperties: true``, so the output may
+have keys the schema does not name. Either way ``required`` is as written, and every output validates
+against the schema as the client wrote it.
 
 The schema's text is its JSON with the keys in the order given: the order of ``properties`` is the order the
 output's keys are generated in, so sorting keys (for a cache key independent of it) would change the output.
 A shape error is a 400 naming the param (``response_format.json_schema.schema``); whether a schema, regex or
-grammar compiles is checked by the gateway (``structured_output`` errors renamed by :func:`constraint_param`).
+grammar compiles is checked by the gateway (its ``structured_output`` errors renamed by :func:`renamed_error`).
 """
 
 from __future__ import annotations
@@ -44,29 +47,31 @@ _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "con
               "additionalItems", "unevaluatedProperties", "unevaluatedItems")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")  # say what else may come
 
 
 def _bad(param: str, message: str) -> OpenAIError:
     return OpenAIError(400, f"{param}: {message}", param=param)
 
 
-def closed_objects(schema: Any) -> Any:
-    """``schema`` with ``additionalProperties: false`` on every object schema that does not set it (a copy;
+def opened_objects(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: true`` on every object schema that lists ``properties`` and
+    says nothing of others (a copy; JSON Schema's default made explicit, so the compiler does not close it;
     what is not a schema is left as it is)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
+    if "properties" in out and not any(key in out for key in _OPEN_KEYS):
+        out["additionalProperties"] = True
     for key in _SUBSCHEMA:
         if isinstance(out.get(key), dict):
-            out[key] = closed_objects(out[key])
+            out[key] = opened_objects(out[key])
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [closed_objects(s) for s in out[key]]
+            out[key] = [opened_objects(s) for s in out[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
+            out[key] = {name: opened_objects(s) for name, s in out[key].items()}
     return out
 
 
@@ -80,7 +85,7 @@ def _schema_spec(param: str, schema: Any, strict: bool) -> StructuredSpec:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise _bad(param, f"a JSON schema must be an object, got {type(schema).__name__}")
-    text = json.dumps(closed_objects(schema) if strict else schema, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(schema if strict else opened_objects(schema), ensure_ascii=False, separators=(",", ":"))
     return StructuredSpec("json_schema", text)
 
 

@@ -13,13 +13,13 @@ from services.engine.structured_spec import MAX_SPEC_CHARS, StructuredSpec
 from services.gateway.openai import translate
 from services.gateway.openai.errors import OpenAIError
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody
-from services.gateway.openai.structured import closed_objects, constraint_param, renamed_error
+from services.gateway.openai.structured import constraint_param, opened_objects, renamed_error
 
 CHAT = [{"role": "user", "content": "Hi"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
 SCHEMA_TEXT = json.dumps(SCHEMA, separators=(",", ":"))
-CLOSED_TEXT = json.dumps({**SCHEMA, "additionalProperties": False}, separators=(",", ":"))
+OPEN_TEXT = json.dumps({**SCHEMA, "additionalProperties": True}, separators=(",", ":"))  # not strict
 
 
 def json_schema(strict: bool | None = None, schema=SCHEMA) -> dict:
@@ -30,17 +30,17 @@ def json_schema(strict: bool | None = None, schema=SCHEMA) -> dict:
 FORMS = [
     ({"response_format": {"type": "text"}}, None),
     ({"response_format": {"type": "json_object"}}, StructuredSpec("json_object")),
-    ({"response_format": json_schema()}, StructuredSpec("json_schema", SCHEMA_TEXT)),
-    ({"response_format": json_schema(strict=False)}, StructuredSpec("json_schema", SCHEMA_TEXT)),
-    ({"response_format": json_schema(strict=True)}, StructuredSpec("json_schema", CLOSED_TEXT)),
-    ({"guided_json": SCHEMA}, StructuredSpec("json_schema", SCHEMA_TEXT)),
-    ({"guided_json": json.dumps(SCHEMA, indent=2)}, StructuredSpec("json_schema", SCHEMA_TEXT)),
+    ({"response_format": json_schema()}, StructuredSpec("json_schema", OPEN_TEXT)),
+    ({"response_format": json_schema(strict=False)}, StructuredSpec("json_schema", OPEN_TEXT)),
+    ({"response_format": json_schema(strict=True)}, StructuredSpec("json_schema", SCHEMA_TEXT)),
+    ({"guided_json": SCHEMA}, StructuredSpec("json_schema", OPEN_TEXT)),
+    ({"guided_json": json.dumps(SCHEMA, indent=2)}, StructuredSpec("json_schema", OPEN_TEXT)),
     ({"guided_regex": r"\d{3}-[a-z]+"}, StructuredSpec("regex", r"\d{3}-[a-z]+")),
     ({"guided_choice": ["yes", "no"]}, StructuredSpec("choice", choices=("yes", "no"))),
     ({"guided_grammar": 'start: "a" | "b"'}, StructuredSpec("grammar", 'start: "a" | "b"')),
-    ({"structured_outputs": {"json": SCHEMA}}, StructuredSpec("json_schema", SCHEMA_TEXT)),
+    ({"structured_outputs": {"json": SCHEMA}}, StructuredSpec("json_schema", OPEN_TEXT)),
     ({"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}},
-     StructuredSpec("json_schema", CLOSED_TEXT)),
+     StructuredSpec("json_schema", SCHEMA_TEXT)),
     ({"structured_outputs": {"regex": "a+"}}, StructuredSpec("regex", "a+")),
     ({"structured_outputs": {"choice": ["x"]}}, StructuredSpec("choice", choices=("x",))),
     ({"structured_outputs": {"grammar": 'start: "a"'}}, StructuredSpec("grammar", 'start: "a"')),
@@ -69,18 +69,24 @@ def test_the_schema_keeps_its_key_order():
                                                                                           ).sampling.structured.key
 
 
-def test_strict_closes_every_object_schema_that_does_not_say_otherwise():
+def test_not_strict_keeps_objects_open_where_the_schema_is_silent():
+    """The compiler closes an object that lists ``properties`` and says nothing of others (strict); a schema
+    that is not strict says so explicitly where it is silent, and only there."""
     schema = {"type": "object", "$defs": {"Pet": {"type": "object", "properties": {"kind": {"type": "string"}}}},
               "properties": {"pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}},
-                             "meta": {"type": "object", "additionalProperties": {"type": "integer"}},
+                             "meta": {"type": "object", "properties": {}, "additionalProperties": False},
+                             "tags": {"properties": {}, "patternProperties": {"^x": {"type": "string"}}},
                              "either": {"anyOf": [{"type": "object", "properties": {}}, {"type": "null"}]},
-                             "enum": {"enum": [{"type": "object"}]}}}
-    closed = closed_objects(schema)
-    assert closed["additionalProperties"] is False
-    assert closed["$defs"]["Pet"]["additionalProperties"] is False
-    assert closed["properties"]["meta"]["additionalProperties"] == {"type": "integer"}  # said otherwise: kept
-    assert closed["properties"]["either"]["anyOf"][0]["additionalProperties"] is False
-    assert closed["properties"]["enum"]["enum"] == [{"type": "object"}]  # a value, not a schema
+                             "bare": {"type": "object"},
+                             "enum": {"enum": [{"properties": {}}]}}}
+    opened = opened_objects(schema)
+    assert opened["additionalProperties"] is True
+    assert opened["$defs"]["Pet"]["additionalProperties"] is True
+    assert opened["properties"]["meta"]["additionalProperties"] is False  # said otherwise: kept
+    assert "additionalProperties" not in opened["properties"]["tags"]
+    assert opened["properties"]["either"]["anyOf"][0]["additionalProperties"] is True
+    assert opened["properties"]["bare"] == {"type": "object"}  # no properties: the compiler leaves it open
+    assert opened["properties"]["enum"]["enum"] == [{"properties": {}}]  # a value, not a schema
     assert "additionalProperties" not in schema  # the body's schema is not changed
 
 

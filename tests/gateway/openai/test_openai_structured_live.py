@@ -1,0 +1,129 @@
+"""Structured outputs through the HTTP front on one live cluster (real processes, the bundled model, float32
+greedy), with the official ``openai`` package unchanged: ``parse`` with a pydantic model, ``json_schema``
+strict (streamed and not: the same text), ``json_object``, vLLM's ``guided_choice``, ``guided_regex`` and
+``guided_grammar``; a schema, regex or grammar the compiler refuses is a 400 naming the param, and the
+cluster is idle and serving afterwards."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from typing import Literal
+
+import grpc
+import jsonschema
+import openai
+import pytest
+from pdserve.v1 import gateway_pb2_grpc
+from pydantic import BaseModel, Field
+
+from services.cluster.local import ClusterSpec, start_cluster
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, wait_idle
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+GREEDY = {"temperature": 0.0, "max_tokens": 160}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "likes": {"type": "array", "items": {"enum": ["tea", "cats", "rain"]},
+                                                     "maxItems": 3}},
+          "required": ["name", "age", "likes"]}
+
+
+def ask(what: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": what}]
+
+
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    country: Literal["France", "Italy", "Spain", "Other"]
+    capital: bool
+
+
+@pytest.fixture(scope="module")
+def http_cluster():
+    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, http_listen="127.0.0.1:0")
+    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(http_cluster):
+    with openai.OpenAI(base_url=f"{http_cluster.http_url}/v1", api_key="unused", max_retries=0,
+                       timeout=300) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def stub(http_cluster):
+    with grpc.insecure_channel(http_cluster.address) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+def test_parse_returns_the_pydantic_object(client):
+    completion = client.chat.completions.parse(model=MODEL, messages=ask("Describe Paris as JSON."),
+                                               response_format=City, **GREEDY)
+    (choice,) = completion.choices
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, City)
+    assert City.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_strict_json_schema_streamed_and_not(client):
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    whole = client.chat.completions.create(model=MODEL, messages=ask("Invent a person."),
+                                           response_format=response_format, **GREEDY)
+    text = whole.choices[0].message.content
+    assert whole.choices[0].finish_reason == "stop"
+    person = json.loads(text)
+    jsonschema.validate(person, {**PERSON, "additionalProperties": False})
+    stream = client.chat.completions.create(model=MODEL, messages=ask("Invent a person."), stream=True,
+                                            response_format=response_format, **GREEDY)
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_json_object_on_both_endpoints(client):
+    chat = client.chat.completions.create(model=MODEL, messages=ask("Give me a JSON object about cats."),
+                                          response_format={"type": "json_object"}, **GREEDY)
+    assert chat.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    completion = client.completions.create(model=MODEL, prompt="A JSON object:", extra_body={
+        "response_format": {"type": "json_object"}}, **GREEDY)
+    assert completion.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(completion.choices[0].text), dict)
+
+
+def test_guided_choice_regex_and_grammar(client):
+    choices = ["sunny", "rainy", "foggy"]
+    chat = client.chat.completions.create(model=MODEL, messages=ask("Weather in London?"),
+                                          extra_body={"guided_choice": choices}, **GREEDY)
+    assert chat.choices[0].message.content in choices
+    pattern = r"[A-Z][a-z]{2,8}-\d{3}"
+    regex = client.completions.create(model=MODEL, prompt="A product code:", extra_body={"guided_regex": pattern},
+                                      **GREEDY)
+    assert re.fullmatch(pattern, regex.choices[0].text), regex.choices[0].text
+    grammar = 'start: "(" item ("," item)* ")"\nitem: "a" | "b" | "c"\n'
+    lark = client.completions.create(model=MODEL, prompt="A list:", **{**GREEDY, "max_tokens": 24}, extra_body={
+        "structured_outputs": {"grammar": grammar}})
+    text, finish = lark.choices[0].text, lark.choices[0].finish_reason
+    assert re.fullmatch(r"\([abc](,[abc])*\)" if finish == "stop" else r"\([abc](,[abc])*,?", text), text
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wibble"}}}},
+     "response_format"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_grammar": "start: ???"}, "guided_grammar"),
+    ({"structured_outputs": {"json": {"$ref": "#/$defs/missing"}}}, "structured_outputs.json"),
+])
+def test_what_the_compiler_refuses_is_a_400_naming_the_param(client, stub, body, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=ask("Hi"), extra_body=body, **GREEDY)
+    error = raised.value.body
+    assert error["param"] == param and error["message"].startswith(f"{param}:"), error
+    wait_idle(stub)
+    assert client.chat.completions.create(model=MODEL, messages=ask("Hi"), max_tokens=2).choices[0].message.content
