@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-structured bench-sim bench-admission bench-fairness bench-prefix bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -66,6 +66,12 @@ bench-pd: venv
 # concurrency 16 (BENCH_MTLS_ARGS="--repeats 9 --node-args '--device cuda'", see services/bench/mtls.py)
 bench-mtls: venv
 	$(PYTHON) -m services.bench.mtls $(BENCH_MTLS_ARGS)
+
+# structured outputs (issue 26): output tokens/s at concurrency 16 with a JSON schema vs unconstrained,
+# alternating in one run, and schema compile time cold and cached (BENCH_STRUCTURED_ARGS, see
+# services/bench/structured.py)
+bench-structured: venv
+	$(PYTHON) -m services.bench.structured $(BENCH_STRUCTURED_ARGS)
 
 bench-sim: venv
 	$(PYTHON) -m services.bench.sim
