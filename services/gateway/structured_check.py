@@ -43,7 +43,7 @@ class Compiler(Protocol):
 def engine_compiler(tokenizer: Any, vocab_size: int) -> Compiler:
     """The engine's compiler (imported here: it loads the grammar library, which a gateway that never sees a
     constrained request does not need)."""
-    from services.engine.structured import StructuredCompiler
+    from services.engine.structured.compiler import StructuredCompiler
 
     return StructuredCompiler(tokenizer, vocab_size)
 
@@ -85,12 +85,14 @@ class StructuredChecks:
             compiler.check(spec)
 
         work = loop.run_in_executor(self._pool, contextvars.copy_context().run, take, spec)
-        try:
-            began = await asyncio.wait_for(asyncio.shield(started), self.queue_timeout_s)
-        except TimeoutError:
+        await asyncio.wait([started, work], timeout=self.queue_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():  # done, or failed before the compile began (the compiler could not be built)
+            work.result()
+        elif not started.done():
             work.cancel()  # not taken by a thread yet: it never runs
             raise UnavailableError(f"the gateway is busy compiling structured outputs (waited over "
-                                   f"{self.queue_timeout_s:g}s for a thread); retry later") from None
+                                   f"{self.queue_timeout_s:g}s for a thread); retry later")
+        began = started.result() if started.done() else time.monotonic()
         try:
             await asyncio.wait_for(asyncio.shield(work), max(0.0, began + self.compile_timeout_s - time.monotonic()))
         except TimeoutError:  # the thread finishes it and drops it: nothing of it is kept

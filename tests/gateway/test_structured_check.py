@@ -124,7 +124,7 @@ async def test_a_compile_past_its_time_limit_refuses_the_request_and_one_waiting
                                             ("json_schema", "{not json"), ("regex", "(a"),
                                             ("grammar", "start: undefined_rule")])
 async def test_the_engine_compiler_refuses_bad_specs_naming_the_field(tokenizer, model_config, kind, text):
-    pytest.importorskip("services.engine.structured")
+    pytest.importorskip("services.engine.structured.compiler")
     from services.gateway.structured_check import engine_compiler
 
     checks = StructuredChecks(lambda: engine_compiler(tokenizer, model_config.vocab_size))
@@ -133,5 +133,17 @@ async def test_the_engine_compiler_refuses_bad_specs_naming_the_field(tokenizer,
             await checks.check(StructuredSpec(kind, text))
         assert error.value.field.startswith("structured_output"), error.value
         await checks.check(StructuredSpec("json_schema", SCHEMA))
+    finally:
+        checks.close()
+
+
+async def test_a_compiler_that_cannot_be_built_fails_the_check_at_once():
+    def broken():
+        raise RuntimeError("no grammar library")
+
+    checks = StructuredChecks(broken, queue_timeout_s=30)
+    try:
+        with pytest.raises(RuntimeError, match="no grammar library"):
+            await asyncio.wait_for(checks.check(StructuredSpec("regex", "a")), 5)
     finally:
         checks.close()
