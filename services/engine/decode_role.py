@@ -14,7 +14,7 @@ lease ran out. The lease calls return the lease's length in seconds (its deadlin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -41,6 +41,7 @@ class DecodeRole:
     kv_pool: torch.Tensor
     _requests: dict[str, Request]
     _detokenizers: dict[str, IncrementalDetokenizer]
+    check_structured: Callable[..., None]
 
     # ---- reservations: KV a prefill node computes for this node -----------------------------------------
     def reserve(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams,
@@ -85,6 +86,9 @@ class DecodeRole:
         if num_computed_tokens and num_computed_tokens != prompt_tokens:
             raise InvalidRequestError("commit.num_computed_tokens", f"is {num_computed_tokens}, the prompt has "
                                                                     f"{prompt_tokens} tokens")
+        spec = reservation.request.sampling.structured
+        if spec is not None:  # the prefill node sampled it under the same grammar: anything else is a bug there
+            self.check_structured(spec, [first_token_id], "commit.first_token_id")
         request = self.reservations.commit(request_id, first_token_id)
         request.trace = trace if trace is not None else request.trace
         self._requests[request_id] = request
@@ -122,6 +126,8 @@ class DecodeRole:
                                                           f"[0, {self.validator.vocab_size})")
         self.encode_prompt(token_ids=[*handed.prompt_token_ids, *handed.output_token_ids])  # vocabulary
         self.validator.validate(handed.prompt_token_ids, handed.sampling)
+        if handed.sampling.structured is not None:  # its grammar state is rebuilt here from these tokens
+            self.check_structured(handed.sampling.structured, handed.output_token_ids, "output_token_ids")
         return self.adoptions.adopt(handed, self.eos_token_ids, lease_s)
 
     def complete_adoption(self, request_id: str, payload: bytes | memoryview,

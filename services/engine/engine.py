@@ -22,7 +22,7 @@ from services.engine.adoption import Adoptions
 from services.engine.config import EngineConfig
 from services.engine.decode_role import DecodeRole
 from services.engine.detokenizer import IncrementalDetokenizer
-from services.engine.errors import DuplicateRequestError, UnknownRequestError
+from services.engine.errors import DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from services.engine.handover import Handovers
 from services.engine.kv_layout_spec import KVLayoutSpec
 from services.engine.kv_offload import KVOffload
@@ -40,6 +40,10 @@ from services.engine.reservations import ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.stats import EngineStats
+from services.engine.structured.compiler import StructuredCompiler
+from services.engine.structured.masking import GrammarMasker
+from services.engine.structured.matcher import check_tokens
+from services.engine.structured_spec import StructuredSpec
 from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
@@ -90,8 +94,11 @@ class LLMEngine(PrefillRole, DecodeRole):
             admission=make_policy(config.admission), offloader=self.offload,
         )
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids
+        self.structured = StructuredCompiler(tokenizer, cfg.vocab_size) if tokenizer is not None else None
+        self.grammar_masks = GrammarMasker(self.structured, cfg.vocab_size)
         self.validator = RequestValidator(cfg.vocab_size, self.max_model_len, tokenizer,
-                                          kv_capacity_tokens=num_blocks * config.block_size)
+                                          kv_capacity_tokens=num_blocks * config.block_size,
+                                          structured_check=self.check_structured)
         self._requests: dict[str, Request] = {}
         self.held: dict[str, Request] = {}  # prefill role: handed off, KV blocks kept until released
         self._in_flight: set[str] = set()
@@ -128,6 +135,7 @@ class LLMEngine(PrefillRole, DecodeRole):
     def close(self) -> None:
         """Stop the offload's and the output cache's background threads and close their cache-store
         connections (after the last step: the engine is not used again)."""
+        self.grammar_masks.close()
         self.offload.close()
         if self.output_cache is not None:
             self.output_cache.close()
@@ -157,6 +165,17 @@ class LLMEngine(PrefillRole, DecodeRole):
                                                                           sampling.min_tokens)
         self.scheduler.add(request)
         return request
+
+    def check_structured(self, spec: StructuredSpec, token_ids: Sequence[int] = (), field: str = "") -> None:
+        """Raise :class:`InvalidRequestError` if ``spec`` does not compile here (``structured_output``), or
+        if its grammar refuses ``token_ids`` (tokens made elsewhere: a prefill node's first token, a handed
+        request's output; the error names ``field``). Compiled grammars are cached by the spec's key."""
+        if self.structured is None:
+            raise InvalidRequestError("structured_output", "this node has no tokenizer: constrained output "
+                                                           "needs one")
+        compiled = self.structured.compile(spec)
+        if token_ids:
+            check_tokens(compiled, token_ids, field)
 
     def holds(self, request_id: str) -> bool:
         """The id is in use here: a request queued, running (an abort of one in the running step takes effect
@@ -248,8 +267,9 @@ class LLMEngine(PrefillRole, DecodeRole):
     def execute_step(self, planned: PlannedStep) -> StepSamples:
         """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no
         control state: reservations, commits and aborts may happen meanwhile (from another thread, under
-        the caller's lock)."""
+        the caller's lock). The token masks of constrained requests are filled while the model runs."""
         batch = planned.batch
+        self.grammar_masks.start([s.request for s in batch.scheduled if s.samples])
         self.offload.copy_out(self.runner.kv_cache, batch.swap_out)  # before anything writes those blocks
         self.offload.copy_in(self.runner.kv_cache, batch.swap_in)
         if not batch.scheduled:
@@ -259,10 +279,12 @@ class LLMEngine(PrefillRole, DecodeRole):
     def end_step(self, planned: PlannedStep, sampled: StepSamples) -> list[RequestOutput]:
         self.scheduler.release_swapped(planned.batch)
         self.offload.reclaim()
+        for item in planned.batch.scheduled:  # finish as "stop" once nothing more may follow
+            item.request.grammar_complete = item.request.request_id in sampled.completed
         advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
         outputs = [self._output(request, sampled.logprobs.get(request.request_id)) for request in advanced]
-        deferred, self._deferred_aborts = self._deferred_aborts, set()
+        deferred, self._deferred_aborts = self._deferred_aborts | set(sampled.grammar_errors), set()
         for request_id in deferred:
             with contextlib.suppress(UnknownRequestError):
                 outputs.append(self.abort(request_id))

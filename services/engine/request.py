@@ -86,6 +86,10 @@ class Request:
     first_token_time: float | None = None
     prefill_only: bool = False  # prefill role: stop after the first token and keep the KV for transfer
     trace: Any = None  # a request_trace.RequestTrace hook when the node traces this request (tracing on)
+    # a constrained request's grammar state, opaque here (the engine's structured/matcher.py RequestGrammar):
+    # filled by the engine, rebuilt from the spec and the output tokens when missing or stale
+    structured: Any = None
+    grammar_complete: bool = False  # its grammar ended at the last token: it finishes ("stop")
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

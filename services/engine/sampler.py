@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from services.engine.penalties import History, apply_logit_bias, apply_min_p, apply_penalties
@@ -29,9 +30,13 @@ def make_generator(params: SamplingParams, position: int = 0) -> torch.Generator
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None],
            banned: Sequence[Sequence[int]] | None = None,
-           histories: Sequence[History | None] | None = None) -> list[int]:
+           histories: Sequence[History | None] | None = None,
+           allowed: Sequence[np.ndarray | None] | None = None) -> list[int]:
     """Pick one token per row of float32 ``logits [B, V]`` (changed in place); ``banned[i]`` lists ids row i
-    may not take; ``histories[i]`` (prompt and output ids) is needed where ``params[i]`` has a penalty."""
+    may not take; ``histories[i]`` (prompt and output ids) is needed where ``params[i]`` has a penalty;
+    ``allowed[i]`` (booleans over the vocabulary), where given, is the only ids row i may take (a grammar's
+    mask: applied after the bias and penalties, before temperature, min-p, top-k and top-p, so no setting
+    can bring a disallowed id back — every later step keeps ``-inf`` at ``-inf``)."""
     assert logits.shape[0] == len(params) == len(generators), "one params/generator per logits row"
     logits = logits.float()
     if any(p.logit_bias for p in params):
@@ -39,6 +44,10 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     if any(p.penalized for p in params):
         assert histories is not None, "penalized rows need their token histories"
         apply_penalties(logits, params, histories)
+    if allowed is not None:
+        for row, mask in enumerate(allowed):
+            if mask is not None:
+                logits[row].masked_fill_(~torch.from_numpy(mask[:logits.shape[1]]), float("-inf"))
     if banned is not None:
         for row, ids in enumerate(banned):
             if ids:

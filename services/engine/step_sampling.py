@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from services.engine.logprob_compute import token_logprobs
@@ -13,15 +14,20 @@ from services.engine.logprobs import TokenLogprobs
 from services.engine.request import Request
 from services.engine.sampler import make_generator, sample
 from services.engine.sampling_params import SamplingParams
+from services.engine.structured.masking import allowed_tokens
 
 
 @dataclass
 class StepSamples:
     """What a step sampled: a token per request that reached the end of its tokens, and the logprobs of
-    those whose requests ask for them."""
+    those whose requests ask for them. ``completed``: constrained requests whose grammar the token ended
+    (nothing more may follow); ``grammar_errors``: constrained requests whose grammar could not go on
+    (the message), aborted by the engine."""
 
     tokens: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    completed: set[str] = field(default_factory=set)
+    grammar_errors: dict[str, str] = field(default_factory=dict)
 
 
 def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSamples:
@@ -31,18 +37,24 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
     are, so only their ids cross to the host: on a GPU, a batch of 128 rows of a 128k vocabulary no longer
     copies 64 MB per step. The other rows' logits are copied to the host and go through :func:`sample`.
     Either way the token is the same: float32 holds every bf16/fp16 logit exactly, and ties go to the first
-    index on every device."""
+    index on every device.
+
+    A constrained row (``sampling.structured``) takes the host path: its grammar's mask (filled meanwhile
+    by ``structured.masking``) leaves only allowed tokens, after the bias and penalties and before
+    temperature, min-p, top-k and top-p, so nothing else can bring a disallowed token back. Its logprobs
+    are the model's raw distribution, as for any row. Where the grammar allows nothing but ids the request
+    bans (its EOS or stop tokens before ``min_tokens``), the grammar wins."""
     banned = [banned_ids(r) for r in requests]
     plain: list[int] = []
     rest: list[int] = []
     for i, request in enumerate(requests):
         (plain if _plain_greedy(request.sampling) and not banned[i] else rest).append(i)
+    samples = StepSamples()
     tokens = [0] * len(requests)
     if plain:
         ids = (logits if len(plain) == len(requests) else logits[plain]).argmax(dim=-1).tolist()
         for i, token in zip(plain, ids, strict=True):
             tokens[i] = token
-    samples = StepSamples()
     if rest:
         host = (logits if len(rest) == len(requests) else logits[rest]).cpu()
         others = [requests[i] for i in rest]
@@ -50,14 +62,47 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
         raw = host[wanted].clone() if wanted else None  # before sample() bans tokens in place
         generators = [make_generator(r.sampling, r.num_output_tokens) for r in others]
         histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in others]
-        picked = sample(host, [r.sampling for r in others], generators, [banned[i] for i in rest], histories)
+        bans = [banned[i] for i in rest]
+        masks = _grammar_masks(others, bans, samples)
+        picked = sample(host, [r.sampling for r in others], generators, bans, histories, masks)
         for i, token in zip(rest, picked, strict=True):
             tokens[i] = token
         if raw is not None:
             rows = token_logprobs(raw, [picked[j] for j in wanted], [others[j].sampling.logprobs for j in wanted])
             samples.logprobs = {others[j].request_id: row for j, row in zip(wanted, rows, strict=True)}
     samples.tokens = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+    _advance_grammars(requests, samples)
     return samples
+
+
+def _grammar_masks(requests: Sequence[Request], bans: list[tuple[int, ...]],
+                   samples: StepSamples) -> list[np.ndarray | None] | None:
+    """Each constrained row's allowed tokens (None for free rows); ``bans`` of a row whose grammar allows
+    nothing else are dropped. A row left without a mask is recorded in ``samples.grammar_errors``."""
+    if not any(r.sampling.structured is not None for r in requests):
+        return None
+    masks: list[np.ndarray | None] = []
+    for j, request in enumerate(requests):
+        allowed = allowed_tokens(request) if request.sampling.structured is not None else None
+        if isinstance(allowed, str):
+            samples.grammar_errors[request.request_id] = allowed
+            allowed = None
+        elif allowed is not None and bans[j] and not np.delete(allowed, list(bans[j])).any():
+            bans[j] = ()  # the grammar wins: e.g. it can only end, before min_tokens
+        masks.append(allowed)
+    return masks
+
+
+def _advance_grammars(requests: Sequence[Request], samples: StepSamples) -> None:
+    for request in requests:
+        rid = request.request_id
+        if request.sampling.structured is None or rid in samples.grammar_errors:
+            continue
+        state = request.structured
+        if not state.advance(samples.tokens[rid]):
+            samples.grammar_errors[rid] = f"the grammar refused the sampled token: {state.error}"
+        elif state.complete:
+            samples.completed.add(rid)
 
 
 def banned_ids(request: Request) -> tuple[int, ...]:
@@ -69,4 +114,5 @@ def banned_ids(request: Request) -> tuple[int, ...]:
 
 
 def _plain_greedy(params: SamplingParams) -> bool:
-    return params.greedy and not params.logit_bias and not params.penalized and params.logprobs is None
+    return (params.greedy and not params.logit_bias and not params.penalized and params.logprobs is None
+            and params.structured is None)

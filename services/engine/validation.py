@@ -6,11 +6,12 @@ Shared by the mixed engine and the gateway, so a bad request gets the same ``Inv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams, require_utf8
+from services.engine.structured_spec import StructuredSpec
 from services.engine.tokenizer import ChatMessage, Tokenizer
 
 
@@ -20,6 +21,9 @@ class RequestValidator:
     max_model_len: int
     tokenizer: Tokenizer | None = None
     kv_capacity_tokens: int | None = None  # a request must fit the KV pool on its own
+    # compiles a constrained request's spec, raising InvalidRequestError (the engine's check_structured, or
+    # StructuredCompiler(tokenizer, vocab_size).check); None: only the spec's shape is checked
+    structured_check: Callable[[StructuredSpec], None] | None = None
 
     def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                       messages: Sequence[ChatMessage] | None = None) -> list[int]:
@@ -90,3 +94,5 @@ class RequestValidator:
             raise InvalidRequestError(
                 "max_tokens", f"{n} prompt + {sampling.max_tokens} new tokens exceed the KV pool of {capacity} tokens"
             )
+        if sampling.structured is not None and self.structured_check is not None:  # last: the costliest check
+            self.structured_check(sampling.structured)

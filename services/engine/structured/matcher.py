@@ -1,0 +1,69 @@
+"""One constrained request's grammar state: its compiled grammar advanced by the request's output tokens.
+
+The state is rebuilt from the spec and the tokens so far whenever it is missing or stale — a new
+``Request`` object on a decode node after a commit (the first token came from the prefill node), after an
+adoption (a handover), or a state that consumed more tokens than the request holds — and catches up by
+replaying the tokens it has not consumed. So the mask of the next token is the same whichever node or
+path produced the tokens before it. The state lives in the request's opaque ``Request.structured`` slot
+(the control plane never looks inside it) and dies with the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from services.engine.errors import InvalidRequestError
+from services.engine.structured.compiler import CompiledGrammar
+
+
+class RequestGrammar:
+    """A matcher over ``compiled`` and how many of the request's output tokens it consumed."""
+
+    def __init__(self, compiled: CompiledGrammar):
+        self.key = compiled.key
+        self._matcher = compiled.new_matcher()
+        self.consumed = 0
+        self.pending = None  # the step's masks being filled (masking.PendingMasks), and this request's row
+        self.row = -1
+
+    def stale(self, key: str, output_ids: Sequence[int]) -> bool:
+        return key != self.key or self.consumed > len(output_ids)
+
+    def sync(self, output_ids: Sequence[int]) -> bool:
+        """Consume the output tokens not consumed yet; False if the grammar refuses one (an error state)."""
+        if self.consumed < len(output_ids):
+            self._matcher.consume_tokens(list(output_ids[self.consumed:]))
+            self.consumed = len(output_ids)
+        return not self._matcher.is_error()
+
+    def advance(self, token_id: int) -> bool:
+        """Consume the token just sampled; False if the grammar refuses it."""
+        ok = self._matcher.consume_token(token_id)
+        self.consumed += 1
+        return ok and not self._matcher.is_error()
+
+    def fill(self, row: np.ndarray) -> None:
+        """Write the next token's allowed set into ``row`` (int32 words, bit ``i % 32`` of word ``i // 32``)."""
+        assert row.dtype == np.int32 and row.flags.c_contiguous
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing more may follow (the grammar ended, or its EOS was consumed)."""
+        return self._matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error()
+
+
+def check_tokens(compiled: CompiledGrammar, token_ids: Sequence[int], field: str) -> None:
+    """Raise :class:`InvalidRequestError` naming ``field`` unless the grammar, from its start, accepts
+    ``token_ids`` (tokens made elsewhere: a prefill node's first token, a handed-over request's output)."""
+    matcher = compiled.new_matcher()
+    if not matcher.consume_tokens(list(token_ids)) or matcher.is_error():
+        accepted = compiled.new_matcher().validate_tokens(list(token_ids))
+        raise InvalidRequestError(field, f"token {accepted} (id {token_ids[min(accepted, len(token_ids) - 1)]}) "
+                                         f"is not allowed by the request's structured output grammar")
