@@ -196,7 +196,8 @@ def structured_of(body: GenerationBody) -> StructuredSpec | None:
     given = _given(body)
     if len(given) > 1:
         first, second = list(given)[:2]
-        raise OpenAIError(400, f"{first} and {second} both constrain the output: give one of them", param=second)
+        raise OpenAIError(400, f"{second}: {first} and {second} both constrain the output; give one of them",
+                          param=second)
     if not given:
         return None
     ((param, value),) = given.items()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pdserve.v1 import decode_pb2, gateway_pb2
 from pydantic import BaseModel
 
 from tests.gateway.openai.conftest import MODEL
@@ -21,8 +22,20 @@ class Person(BaseModel):
     age: int
 
 
+def script_stop(front, tokenizer, text: str) -> None:
+    """P answers the first token of ``text``; D the rest, ending with ``stop`` (the grammar was complete)."""
+    ids = tokenizer.encode(text)
+    front.cluster.p.first_token = ids[0]
+
+    async def attach(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:], finish_reason="stop",
+                                    usage=gateway_pb2.Usage(completion_tokens=len(ids)))
+
+    front.cluster.d.script = attach
+
+
 async def test_parse_sends_a_strict_schema_and_reads_the_answer(front, tokenizer):
-    script(front, tokenizer, text='{"name": "Ann", "age": 7}')
+    script_stop(front, tokenizer, '{"name": "Ann", "age": 7}')
     completion = await front.client.chat.completions.parse(model=MODEL, messages=CHAT, response_format=Person)
     assert completion.choices[0].message.parsed == Person(name="Ann", age=7)
 
@@ -68,11 +81,17 @@ async def test_no_constraint_sends_none(front, tokenizer):
      "response_format.json_schema.schema"),
     ({"guided_json": "{"}, "guided_json"),
     ({"structured_outputs": {"regex": "a", "grammar": "b"}}, "structured_outputs"),
+    # what the gateway's compile refuses (INVALID_ARGUMENT naming structured_output): named as the body has it
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"structured_outputs": {"json": {"type": "wibble"}}}, "structured_outputs.json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/none"}}}},
+     "response_format"),
 ])
 async def test_bad_constraints_are_400_and_call_no_node(front, tokenizer, body, param):
     for stream in (False, True):
         reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, "stream": stream, **body})
         error = error_of(reply, 400)
         assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+        assert error["message"].startswith(f"{param}") and "[internal]" not in error["message"], error
     assert front.cluster.p.requests == []
     await assert_serving(front, tokenizer)
