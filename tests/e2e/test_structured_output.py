@@ -81,12 +81,14 @@ def sampled(structured: gateway_pb2.StructuredOutput, seed: int, temperature: fl
                                       structured=structured)
 
 
-def run_schemas(stub, cases: list[tuple[dict, list[int], int]], timeout: float = 300) -> list[str]:
+def run_schemas(stub, cases: list[tuple[dict, list[int], int]], timeout: float = 300,
+                max_tokens: int = MAX_TOKENS) -> list[str]:
     """Run ``(schema, prompt ids, seed)`` cases concurrently at temperature 1; each answer ends with
     ``stop`` and validates against its schema. Returns the texts."""
     def one(case: tuple[dict, list[int], int]) -> str:
         schema, ids, seed = case
-        _, text, last = generate(stub, timeout=timeout, token_ids=ids, sampling=sampled(schema_output(schema), seed))
+        sampling = sampled(schema_output(schema), seed, max_tokens=max_tokens)
+        _, text, last = generate(stub, timeout=timeout, token_ids=ids, sampling=sampling)
         assert last.finish_reason == "stop", (last.finish_reason, text)
         jsonschema.validate(json.loads(text), schema)
         return text

@@ -21,6 +21,8 @@ from tests.e2e.test_structured_output import FAMILY, LONG_SCHEMA, TINY_ENGINE_AR
 
 pytestmark = pytest.mark.slow
 
+MAX_TOKENS = 200  # the answers take ~100; prompt + max_tokens fits the smallest pool (B: 16 blocks of 16)
+
 A_ARGS = ("--num-kv-blocks", "40", "--admission-policy", "none", "--offload-remote", "always",
           "--handover-after-ms", "200")
 B_ARGS = ("--num-kv-blocks", "16")
@@ -55,7 +57,8 @@ def cluster(family_dir):
 def test_constrained_requests_handed_over_to_another_decode_node_give_valid_json(cluster):
     stub, a, b = cluster
     prompts = [[(i * 53 + j * 13) % 49000 + 5 for j in range(40)] for i in range(6)]  # 3 blocks each on A
-    run_schemas(stub, [(LONG_SCHEMA, ids, 200 + i) for i, ids in enumerate(prompts)])
+    run_schemas(stub, [(LONG_SCHEMA, ids, 200 + i) for i, ids in enumerate(prompts)],
+                max_tokens=MAX_TOKENS)
     status = {n.address: n for n in wait_idle(stub, timeout_s=30)}
     assert status[a].preemptions_total >= 1 and status[a].handovers_out_total >= 1, status[a]
     assert status[b].handovers_in_total >= 1, status[b]

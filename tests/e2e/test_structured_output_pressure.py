@@ -18,6 +18,8 @@ from tests.e2e.test_structured_output import LONG_SCHEMA, SCHEMAS, prompts, run_
 
 pytestmark = pytest.mark.slow
 
+MAX_TOKENS = 200  # the answers take ~100; prompt + max_tokens fits the smallest pool (B: 16 blocks of 16)
+
 POOL = ("--num-kv-blocks", "24", "--admission-policy", "none")
 KINDS = {"recompute": ("--offload-host-gib", "0"), "kept": ("--offload-host-gib", "1")}
 
@@ -35,7 +37,7 @@ def pressured(request, family_dir):
 def test_preempted_constrained_requests_give_valid_json(pressured):
     kind, stub = pressured
     cases = [(LONG_SCHEMA if i % 4 else SCHEMAS[i // 4], ids, 100 + i) for i, ids in enumerate(prompts(8))]
-    run_schemas(stub, cases)
+    run_schemas(stub, cases, max_tokens=MAX_TOKENS)
     decode = next(n for n in wait_idle(stub, timeout_s=30) if n.role == "decode")
     assert decode.preemptions_total > 0, "the pool was meant to be too small"
     if kind == "recompute":
