@@ -87,8 +87,8 @@ def test_strict_json_schema_streamed_and_not(client):
 
 
 def test_json_object_on_both_endpoints(client):
-    chat = client.chat.completions.create(model=MODEL, messages=ask("Give me a JSON object about cats."),
-                                          response_format={"type": "json_object"}, **GREEDY)
+    cat = ask("Reply with a JSON object with keys name and colour for a cat.")
+    chat = client.chat.completions.create(model=MODEL, messages=cat, response_format={"type": "json_object"}, **GREEDY)
     assert chat.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(chat.choices[0].message.content), dict)
     completion = client.completions.create(model=MODEL, prompt="A JSON object:", extra_body={
