@@ -40,11 +40,11 @@ from services.engine.reservations import ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.stats import EngineStats
+from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.structured.compiler import StructuredCompiler
 from services.engine.structured.masking import GrammarMasker
 from services.engine.structured.matcher import check_tokens
 from services.engine.structured_spec import StructuredSpec
-from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
