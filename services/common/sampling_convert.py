@@ -24,15 +24,13 @@ from typing import Any
 
 from pdserve.v1 import gateway_pb2
 
-# StructuredSpec through sampling_params: common takes the engine's value types from sampling_params, errors
-# and logprobs only (.importlinter)
 from services.engine.sampling_params import (
     DEFAULT_MAX_TOKENS,
     SamplingParams,
-    StructuredSpec,
     client_fields,
     takes_default_when_unset,
 )
+from services.engine.structured_spec import StructuredSpec
 
 DEFAULT_MAX_TOKENS_CAP = 256
 SEED_BITS = 63
