@@ -17,7 +17,7 @@ from pdserve.v1 import gateway_pb2_grpc
 
 from services.common.launch import launch
 from tests.e2e.conftest import GATEWAY_ARGS, model_nodes, wait_idle
-from tests.e2e.test_structured_output import FAMILY, LONG_SCHEMA, TINY_ENGINE_ARGS, run_schemas
+from tests.e2e.test_structured_output_cluster import FAMILY, LONG_SCHEMA, TINY_ENGINE_ARGS, run_schemas
 
 pytestmark = pytest.mark.slow
 

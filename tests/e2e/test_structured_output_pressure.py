@@ -14,7 +14,7 @@ from pdserve.v1 import gateway_pb2_grpc
 
 from services.cluster.local import start_cluster
 from tests.e2e.conftest import wait_idle
-from tests.e2e.test_structured_output import LONG_SCHEMA, SCHEMAS, prompts, run_schemas, tiny_spec
+from tests.e2e.test_structured_output_cluster import LONG_SCHEMA, SCHEMAS, prompts, run_schemas, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ KINDS = {"recompute": ("--offload-host-gib", "0"), "kept": ("--offload-host-gib"
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
 def pressured(request, family_dir):
-    from tests.e2e.test_structured_output import FAMILY
+    from tests.e2e.test_structured_output_cluster import FAMILY
 
     spec = tiny_spec(family_dir(FAMILY), decode_args=(*POOL, *KINDS[request.param]))
     with start_cluster(spec, stderr=subprocess.DEVNULL) as running, \
