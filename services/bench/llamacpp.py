@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from services.common.launch import REPO_ROOT
+from services.common.ports import free_port
 
 DEFAULT_VENV = REPO_ROOT / ".venv-llamacpp"
 DEFAULT_LLAMA_SERVER = DEFAULT_VENV / "bin" / "llama-server"
@@ -37,12 +37,6 @@ class LlamaCppUnavailable(RuntimeError):
 class LlamaCppServer:
     url: str
     process: subprocess.Popen[bytes]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def python_of(venv: Path = DEFAULT_VENV) -> Path:

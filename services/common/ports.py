@@ -8,6 +8,7 @@ says it is ready (a model node loading its model, or a gateway binding its HTTP 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -30,6 +31,14 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"expected host:port, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (bound and released: another process may take it before the caller does;
+    for what cannot bind port 0 and report it, such as a side port or a third-party server)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def wait_for_port_file(path: Path, timeout_s: float = 10.0, process: subprocess.Popen | None = None) -> int:

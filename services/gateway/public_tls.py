@@ -24,6 +24,8 @@ from pathlib import Path
 import grpc
 import structlog
 
+from services.common.tls.reloading import following_credentials
+
 log = structlog.get_logger(__name__)
 
 RECHECK_S = 1.0
@@ -69,17 +71,9 @@ class PublicTls:
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         """Server credentials presenting the current pair; no client certificate asked for."""
-        issued = [self._loaded]
-
-        def fetch() -> grpc.ServerCertificateConfiguration | None:
-            loaded = self.current()
-            if loaded is issued[0]:
-                return None
-            issued[0] = loaded
-            return grpc.ssl_server_certificate_configuration([(loaded.key, loaded.cert)])
-
-        first = grpc.ssl_server_certificate_configuration([(self._loaded.key, self._loaded.cert)])
-        return grpc.dynamic_ssl_server_credentials(first, fetch, require_client_authentication=False)
+        return following_credentials(
+            self.current, lambda loaded: grpc.ssl_server_certificate_configuration([(loaded.key, loaded.cert)]),
+            require_client_auth=False)
 
     def ssl_context(self) -> ssl.SSLContext:
         """The context to serve HTTPS with: each handshake is moved onto the current pair's context."""

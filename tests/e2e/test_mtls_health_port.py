@@ -4,7 +4,6 @@ its certificate found through $PDSERVE_MTLS_DIR (the session CA, conftest)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 
 import grpc
@@ -13,15 +12,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.v1 import admin_pb2, admin_pb2_grpc, cache_store_pb2, cache_store_pb2_grpc
 
 from services.common.launch import launch
+from services.common.ports import free_port
 from tests.e2e.mtls_calls import health
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

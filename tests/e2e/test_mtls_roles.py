@@ -7,7 +7,6 @@ request is served. Tests run in file order: ``Admin/Drain`` by the admin role co
 from __future__ import annotations
 
 import datetime
-import socket
 import subprocess
 import time
 
@@ -26,6 +25,7 @@ from pdserve.v1 import (
 )
 
 from services.cluster.local import ClusterSpec, start_cluster
+from services.common.ports import free_port
 from services.common.tls.ca import ClusterCA
 from services.common.tls.channels import open_sync_channel
 from services.common.tls.identity import Identity
@@ -45,12 +45,6 @@ from tests.tls_identities import foreign_identity, identity_of, session_root
 
 pytestmark = pytest.mark.slow
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,18 @@ def _hand_off(prefill, decode, request, sampling, lease_s=30.0):
     return decode.commit(request.request_id, request.output_token_ids[0]), grant
 
 
+def _run_disaggregated(prefill, decode, prompts, sampling):
+    """Each of ``prompts`` (request id → token ids) prefilled on ``prefill``, handed off to ``decode`` and
+    decoded to the end there; the decode node's requests by id."""
+    handed = {}
+    for rid, ids in prompts.items():
+        first = _prefill(prefill, rid, ids, sampling)
+        handed[rid], _ = _hand_off(prefill, decode, first, sampling)
+    while decode.has_unfinished():
+        decode.step()
+    return handed
+
+
 def test_handoff_matches_mixed_and_frees_everything(fp32_model, bundled_tokenizer):
     sampling = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = {"a": bundled_tokenizer.encode(long_text(3)), "b": bundled_tokenizer.encode("Hello there, how")}
@@ -47,12 +59,7 @@ def test_handoff_matches_mixed_and_frees_everything(fp32_model, bundled_tokenize
                                                     strict=True)}
     prefill = make_engine(fp32_model, bundled_tokenizer, max_num_batched_tokens=64)
     decode = make_engine(fp32_model, bundled_tokenizer)
-    handed = {}
-    for rid, ids in prompts.items():
-        first = _prefill(prefill, rid, ids, sampling)
-        handed[rid], _ = _hand_off(prefill, decode, first, sampling)
-    while decode.has_unfinished():
-        decode.step()
+    handed = _run_disaggregated(prefill, decode, prompts, sampling)
     assert {rid: r.output_token_ids for rid, r in handed.items()} == expected
     for engine in (prefill, decode):
         engine.check_integrity()

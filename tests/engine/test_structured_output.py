@@ -19,7 +19,7 @@ from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams
 from services.engine.structured_spec import StructuredSpec
 from services.engine_node.remote_store import BreakerRemoteStore
-from tests.engine.test_disaggregated_handoff import _hand_off, _prefill
+from tests.engine.test_disaggregated_handoff import _run_disaggregated
 from tests.engine.test_handover_adoption import FakeStore, _hand_over, _run, _step_until_due
 
 SCHEMA = {"type": "object", "properties": {
@@ -140,12 +140,7 @@ def test_greedy_constrained_outputs_match_across_mixed_and_disaggregated(tiny):
     expected = {rid: r.token_ids for rid, r in zip(prompts, mixed.generate(list(prompts.values()), sampling),
                                                     strict=True)}
     prefill, decode = _engine(tiny), _engine(tiny)
-    handed = {}
-    for rid, ids in prompts.items():
-        first = _prefill(prefill, rid, ids, sampling)
-        handed[rid], _ = _hand_off(prefill, decode, first, sampling)
-    while decode.has_unfinished():
-        decode.step()
+    handed = _run_disaggregated(prefill, decode, prompts, sampling)
     assert {rid: r.output_token_ids for rid, r in handed.items()} == expected
     for request in handed.values():
         assert request.finish_reason == "stop"

@@ -21,6 +21,7 @@ import grpc
 from cryptography import x509
 
 from services.common.tls.ca import CA_FILE, CERT_FILE, KEY_FILE, ROLES, SPIFFE_PREFIX
+from services.common.tls.reloading import following_credentials
 
 RECHECK_S = 1.0
 
@@ -106,17 +107,8 @@ class Identity:
     def server_credentials(self, require_client_auth: bool = True) -> grpc.ServerCredentials:
         """Credentials for a server port that present the current certificate and (by default) accept only
         clients whose certificate the CA signed; new files take effect at the next handshake."""
-        issued: list[KeyPair] = [self._pair]
-
-        def fetch() -> grpc.ServerCertificateConfiguration | None:
-            pair = self.current()
-            if pair is issued[0]:
-                return None
-            issued[0] = pair
-            return _configuration(pair, require_client_auth)
-
-        return grpc.dynamic_ssl_server_credentials(_configuration(self._pair, require_client_auth), fetch,
-                                                   require_client_authentication=require_client_auth)
+        return following_credentials(self.current, lambda pair: _configuration(pair, require_client_auth),
+                                     require_client_auth)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Credentials for a new channel: the CA to verify servers with and the certificate to present."""
