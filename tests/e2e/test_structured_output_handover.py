@@ -1,9 +1,12 @@
 """Constrained requests handed over from one decode node to another still give valid output: the adopter
 rebuilds the matcher from the spec (``AdoptRequest.sampling``) and the tokens so far. Real processes: a
 cache-store, a prefill node, decode nodes A (40 blocks, admission ``none``, preempted KV always to the
-cache-store, offered to a peer after 200 ms) and B (16 blocks), a gateway; the tiny random model at
-temperature 1. As in ``test_decode_handover.py``: A has more blocks available, so it leads every candidate
-list and takes all six requests; their long answers outgrow its pool, it preempts, and hands victims to B."""
+cache-store, offered to a peer as soon as it is there) and B (16 blocks), a gateway; the tiny random model
+at temperature 1. As in ``test_decode_handover.py``: A has more blocks available, so it leads every
+candidate list and takes all six requests; their long answers outgrow its pool, it preempts, and hands
+victims to B. Unlike there, the answers end at different lengths (the schema, not ``ignore_eos``), so A
+may free room and resume a victim itself: with a 200 ms wait it did so once on CI and nothing was handed
+over; with 1 ms the offer goes out on the agent's next poll (50 ms)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 200  # the answers take ~100; prompt + max_tokens fits the smallest pool (B: 16 blocks of 16)
 
 A_ARGS = ("--num-kv-blocks", "40", "--admission-policy", "none", "--offload-remote", "always",
-          "--handover-after-ms", "200")
+          "--handover-after-ms", "1")
 B_ARGS = ("--num-kv-blocks", "16")
 
 
