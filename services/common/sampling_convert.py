@@ -144,19 +144,23 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
 def structured_from_proto(message: gateway_pb2.StructuredOutput) -> StructuredSpec:
     """The spec of a set ``StructuredOutput`` (no kind set: kind "" — refused by ``check_shape``)."""
     kind = message.WhichOneof("kind") or ""
+    after = message.starts_after_token_id if message.HasField("starts_after_token_id") else None
     if kind == "choice":
-        return StructuredSpec("choice", choices=tuple(message.choice.choices))
+        return StructuredSpec("choice", choices=tuple(message.choice.choices), starts_after_token_id=after)
     if kind == "json_object":
-        return StructuredSpec("json_object")
-    return StructuredSpec(kind, text=getattr(message, kind) if kind else "")
+        return StructuredSpec("json_object", starts_after_token_id=after)
+    return StructuredSpec(kind, text=getattr(message, kind) if kind else "", starts_after_token_id=after)
 
 
 def structured_to_proto(spec: StructuredSpec) -> gateway_pb2.StructuredOutput:
+    message = gateway_pb2.StructuredOutput(starts_after_token_id=spec.starts_after_token_id)
     if spec.kind == "choice":
-        return gateway_pb2.StructuredOutput(choice=gateway_pb2.StructuredChoice(choices=list(spec.choices)))
-    if spec.kind == "json_object":
-        return gateway_pb2.StructuredOutput(json_object=True)
-    return gateway_pb2.StructuredOutput(**{spec.kind: spec.text})
+        message.choice.choices.extend(spec.choices)
+    elif spec.kind == "json_object":
+        message.json_object = True
+    else:
+        setattr(message, spec.kind, spec.text)
+    return message
 
 
 def default_max_tokens(prompt_len: int, max_model_len: int, cap: int = DEFAULT_MAX_TOKENS_CAP) -> int:

@@ -173,9 +173,10 @@ class LLMEngine(PrefillRole, DecodeRole):
         if self.structured is None:
             raise InvalidRequestError("structured_output", "this node has no tokenizer: constrained output "
                                                            "needs one")
-        compiled = self.structured.compile(spec)
+        self.structured.check(spec)
+        compiled = self.structured.compile(spec)  # cached by check
         if token_ids:
-            check_tokens(compiled, token_ids, field)
+            check_tokens(compiled, token_ids, field, spec.starts_after_token_id)
 
     def holds(self, request_id: str) -> bool:
         """The id is in use here: a request queued, running (an abort of one in the running step takes effect

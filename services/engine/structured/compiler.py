@@ -86,7 +86,12 @@ class StructuredCompiler:
             return self._ll_tokenizer
 
     def check(self, spec: StructuredSpec) -> None:
-        """Raise :class:`InvalidRequestError` (field ``structured_output``) if ``spec`` does not compile."""
+        """Raise :class:`InvalidRequestError` (field ``structured_output``) if ``spec`` does not compile, or
+        its ``starts_after_token_id`` is not a token of the vocabulary."""
+        after = spec.starts_after_token_id
+        if after is not None and not 0 <= after < self.vocab_size:
+            raise InvalidRequestError("structured_output", f"starts_after_token_id {after} is outside the "
+                                                           f"vocabulary [0, {self.vocab_size})")
         self.compile(spec)
 
     def compile(self, spec: StructuredSpec) -> CompiledGrammar:

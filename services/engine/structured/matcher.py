@@ -6,6 +6,10 @@ adoption (a handover), or a state that consumed more tokens than the request hol
 replaying the tokens it has not consumed. So the mask of the next token is the same whichever node or
 path produced the tokens before it. The state lives in the request's opaque ``Request.structured`` slot
 (the control plane never looks inside it) and dies with the request.
+
+A spec with ``starts_after_token_id`` (a reasoning model's end of thinking) leaves the output free until
+that token: the grammar sees only the tokens after its first occurrence, and before it every token is
+allowed (the mask is all ones).
 """
 
 from __future__ import annotations
@@ -18,12 +22,26 @@ from services.engine.errors import InvalidRequestError
 from services.engine.structured.compiler import CompiledGrammar
 
 
-class RequestGrammar:
-    """A matcher over ``compiled`` and how many of the request's output tokens it consumed."""
+def constrained_start(output_ids: Sequence[int], starts_after: int | None) -> int | None:
+    """Where the constrained part of ``output_ids`` begins: 0 with no ``starts_after`` token, else just past
+    its first occurrence; None while it has not come."""
+    if starts_after is None:
+        return 0
+    for i, token in enumerate(output_ids):
+        if token == starts_after:
+            return i + 1
+    return None
 
-    def __init__(self, compiled: CompiledGrammar):
+
+class RequestGrammar:
+    """A matcher over ``compiled`` and how many of the request's output tokens it consumed (with
+    ``starts_after``: counting the free ones before that token)."""
+
+    def __init__(self, compiled: CompiledGrammar, starts_after: int | None = None):
         self.key = compiled.key
         self._matcher = compiled.new_matcher()
+        self._starts_after = starts_after
+        self._start: int | None = 0 if starts_after is None else None  # where the grammar's tokens begin
         self.consumed = 0
         self.pending = None  # the step's masks being filled (masking.PendingMasks), and this request's row
         self.row = -1
@@ -31,37 +49,61 @@ class RequestGrammar:
     def stale(self, key: str, output_ids: Sequence[int]) -> bool:
         return key != self.key or self.consumed > len(output_ids)
 
+    @property
+    def active(self) -> bool:
+        """The grammar applies to the next token (the ``starts_after`` token, if any, came)."""
+        return self._start is not None
+
     def sync(self, output_ids: Sequence[int]) -> bool:
         """Consume the output tokens not consumed yet; False if the grammar refuses one (an error state)."""
         if self.consumed < len(output_ids):
-            self._matcher.consume_tokens(list(output_ids[self.consumed:]))
+            if self._start is None:
+                found = constrained_start(output_ids[self.consumed:], self._starts_after)
+                self._start = None if found is None else self.consumed + found
+            if self._start is not None and self._start < len(output_ids):
+                self._matcher.consume_tokens(list(output_ids[max(self._start, self.consumed):]))
             self.consumed = len(output_ids)
         return not self._matcher.is_error()
 
     def advance(self, token_id: int) -> bool:
         """Consume the token just sampled; False if the grammar refuses it."""
-        ok = self._matcher.consume_token(token_id)
         self.consumed += 1
+        if self._start is None:
+            if token_id == self._starts_after:
+                self._start = self.consumed
+            return True
+        ok = self._matcher.consume_token(token_id)
         return ok and not self._matcher.is_error()
 
     def fill(self, row: np.ndarray) -> None:
         """Write the next token's allowed set into ``row`` (int32 words, bit ``i % 32`` of word ``i // 32``)."""
         assert row.dtype == np.int32 and row.flags.c_contiguous
+        if self._start is None:
+            row.fill(-1)  # free until the starts_after token: every bit set
+            return
         self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
     @property
     def complete(self) -> bool:
         """Nothing more may follow (the grammar ended, or its EOS was consumed)."""
-        return self._matcher.is_stopped()
+        return self._start is not None and self._matcher.is_stopped()
 
     @property
     def error(self) -> str:
         return self._matcher.get_error()
 
 
-def check_tokens(compiled: CompiledGrammar, token_ids: Sequence[int], field: str) -> None:
+def check_tokens(compiled: CompiledGrammar, token_ids: Sequence[int], field: str,
+                 starts_after: int | None = None) -> None:
     """Raise :class:`InvalidRequestError` naming ``field`` unless the grammar, from its start, accepts
-    ``token_ids`` (tokens made elsewhere: a prefill node's first token, a handed-over request's output)."""
+    ``token_ids`` (tokens made elsewhere: a prefill node's first token, a handed-over request's output) —
+    those after the first ``starts_after`` token, when the spec has one."""
+    start = constrained_start(token_ids, starts_after)
+    if start is None:
+        return
+    token_ids = token_ids[start:]
+    if not token_ids:
+        return
     matcher = compiled.new_matcher()
     if not matcher.consume_tokens(list(token_ids)) or matcher.is_error():
         accepted = compiled.new_matcher().validate_tokens(list(token_ids))
