@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import jinja2
 import tokenizers.decoders
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -25,9 +28,46 @@ TEMPLATE_ROLE = {"developer": "system"}  # OpenAI's new name for system instruct
 
 
 @dataclass(frozen=True)
+class ToolCallRecord:
+    """A tool call an assistant made earlier in the conversation (``arguments``: JSON text, as OpenAI sends
+    it; the template gets it parsed, as Hugging Face templates expect a mapping)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
+    """One message of a conversation. ``tool_calls``: an assistant's calls; ``tool_call_id`` and ``name``:
+    a ``tool`` message's answer to one of them."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as Hugging Face chat templates take it."""
+        out: dict[str, Any] = {"role": TEMPLATE_ROLE.get(self.role, self.role), "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": call.id, "type": "function",
+                                  "function": {"name": call.name, "arguments": _arguments(call.arguments)}}
+                                 for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments parsed (templates write them with ``tojson``); text that is not JSON stays text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def cache_dir() -> Path:
@@ -105,7 +145,22 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    @property
+    def chat_template(self) -> str:
+        """The chat template's source ("" when the tokenizer has none)."""
+        template = getattr(self.hf, "chat_template", None)
+        return template if isinstance(template, str) else ""
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders a ``tools`` list (Qwen2.5/3, Llama 3.1+, Mistral do; SmolLM2's does not:
+        the HTTP front then describes the tools in a system block)."""
+        return "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+        """``tools``: OpenAI tool definitions (``{"type": "function", "function": {...}}``), given to the
+        template as its ``tools``."""
         if not messages:
             raise InvalidRequestError("messages", "at least one message is required")
         for i, message in enumerate(messages):
@@ -113,9 +168,13 @@ class Tokenizer:
                 raise InvalidRequestError(
                     f"messages[{i}].role", f"unknown role {message.role!r} (expected one of {sorted(CHAT_ROLES)})"
                 )
-        rendered = self.hf.apply_chat_template(
-            [{"role": TEMPLATE_ROLE.get(m.role, m.role), "content": m.content} for m in messages],
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-        )
+        try:
+            rendered = self.hf.apply_chat_template(
+                [m.template_dict() for m in messages],
+                tools=[dict(tool) for tool in tools] or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except jinja2.TemplateError as error:  # e.g. raise_exception("roles must alternate ...")
+            raise InvalidRequestError("messages", f"the model's chat template refused them: {error}") from None
         return list(self.hf(rendered, add_special_tokens=False)["input_ids"])

@@ -11,6 +11,9 @@ from services.common.server_config import ServerConfig, check_host_port
 from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")  # services/gateway/openai/tools/
+REASONING_PARSERS = ("qwen3", "deepseek_r1")  # services/gateway/openai/reasoning/
+
 
 def split_addresses(text: str) -> tuple[str, ...]:
     """``"a:1, b:2"`` → ``("a:1", "b:2")``; empty → ``()``."""
@@ -69,6 +72,14 @@ class GatewayConfig(ServerConfig):
                                           "they serve TLS with it (no client certificate asked for), re-read "
                                           "when it changes; with --tls-key; unset = plaintext")
     tls_key: Path | None = setting(None, "PEM private key of --tls-cert, re-read when it changes")  # noqa: RUF009
+    tool_call_parser: str = setting("auto", "how the HTTP front reads tool calls in the output and forces them "
+                                            "(tool_choice required or named): hermes (<tool_call>{json}"
+                                            "</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json (Llama 3.1+), "
+                                            "mistral ([TOOL_CALLS][...]); auto: chosen from the chat template "
+                                            "(hermes when it has no tool section)")
+    reasoning_parser: str = setting("", "qwen3 or deepseek_r1: the HTTP front moves the output's <think>…</think> "
+                                        "into reasoning_content, and a response_format applies after it; "
+                                        "empty: none")
     served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
                                          "name); empty = the model file's name without extension and "
                                          "quantization, e.g. SmolLM2-135M-Instruct")
@@ -111,6 +122,12 @@ class GatewayConfig(ServerConfig):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the public ports' certificate and its key) or "
                              f"neither, got tls_cert={self.tls_cert} and tls_key={self.tls_key}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got "
+                             f"{self.tool_call_parser!r}")
+        if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)} or empty, got "
+                             f"{self.reasoning_parser!r}")
         if any(any(c.isspace() for c in key) for key in self.api_keys):
             raise ValueError("api_key: a key must not contain whitespace")  # the key itself is not named
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -24,6 +25,7 @@ class GenerateInput:
     token_ids: Sequence[int] | None = None
     messages: Sequence[ChatMessage] | None = None
     sampling: SamplingFields = field(default_factory=SamplingFields)
+    tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the chat template renders (messages only)
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         state = FrontState()
         front = FrontSettings(servicer.served_model_name,
                               max_body_bytes=int(config.http_max_body_mib * (1 << 20)),
-                              body_timeout_s=config.http_body_timeout_s, api_keys=keys)
+                              body_timeout_s=config.http_body_timeout_s, api_keys=keys,
+                              tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
         http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s,
                          max_connections=config.http_max_connections or None,
                          ssl_context=tls.ssl_context() if tls is not None else None)

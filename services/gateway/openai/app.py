@@ -68,6 +68,8 @@ class FrontSettings:
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0  # 0 = no limit
     api_keys: ApiKeys | None = None  # the keys /v1/*, /tokenize and /detokenize need (None: open)
+    tool_call_parser: str = "auto"  # --tool-call-parser (config.TOOL_CALL_PARSERS)
+    reasoning_parser: str = ""  # --reasoning-parser (config.REASONING_PARSERS; "": none)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
