@@ -98,3 +98,8 @@ class ToolCallParser(Protocol):
     def render_result(self, content: str, name: str | None) -> str:
         """A tool's result as a user-turn text (for templates without a tool section)."""
         ...
+
+    def new_call_id(self) -> str:
+        """A fresh id for a call the front returns (``call_`` + 24 hex; Mistral's templates need 9
+        alphanumerics)."""
+        ...
