@@ -7,8 +7,10 @@ Call ``setup_tracing("pdserve-<service>")`` once in ``main.py`` (next to ``setup
 
 - unset or ``none``: tracing is off. Nothing is installed; :func:`enabled` is False and every helper
   here returns at once (no span objects, no attribute dicts, no metadata on calls).
-- ``otlp``: OTLP over gRPC, batched; the exporter reads ``OTEL_EXPORTER_OTLP_ENDPOINT``,
-  ``OTEL_EXPORTER_OTLP_INSECURE`` and the rest itself; ``OTEL_BSP_*`` tune the batching.
+- ``otlp``: OTLP, batched, over the protocol ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` or
+  ``OTEL_EXPORTER_OTLP_PROTOCOL`` names: ``grpc`` (the default) or ``http/protobuf``; the exporter reads
+  ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_INSECURE`` and the rest itself; ``OTEL_BSP_*``
+  tune the batching.
 - ``console``: spans as JSON on stdout (debugging).
 
 The resource comes from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, with the service's own
@@ -44,6 +46,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 EXPORTERS = ("none", "otlp", "console")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 REQUEST_ID = "pdserve.request_id"
 
 _provider: TracerProvider | None = None
@@ -59,7 +62,7 @@ def setup_tracing(service_name: str, *, exporter: SpanExporter | None = None,
     if exporter is not None:
         processors = [SimpleSpanProcessor(exporter)]
     else:
-        processors = [BatchSpanProcessor(e) for e in _exporters(environ.get("OTEL_TRACES_EXPORTER", ""))]
+        processors = [BatchSpanProcessor(e) for e in _exporters(environ.get("OTEL_TRACES_EXPORTER", ""), environ)]
     shutdown_tracing()
     if not processors:
         return False
@@ -71,16 +74,27 @@ def setup_tracing(service_name: str, *, exporter: SpanExporter | None = None,
     return True
 
 
-def _exporters(setting: str) -> list[SpanExporter]:
+def _otlp_exporter(environ: Mapping[str, str]) -> SpanExporter:
+    """OTLP over the protocol the standard variables name (``grpc`` when none does)."""
+    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc").strip().lower()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    elif protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
+    else:
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: expected one of {OTLP_PROTOCOLS}, got {protocol!r}")
+    return OTLPSpanExporter()
+
+
+def _exporters(setting: str, environ: Mapping[str, str]) -> list[SpanExporter]:
     names = [n.strip().lower() for n in setting.split(",") if n.strip()]
     exporters: list[SpanExporter] = []
     for name in names:
         if name == "none":
             continue
         if name == "otlp":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-            exporters.append(OTLPSpanExporter())
+            exporters.append(_otlp_exporter(environ))
         elif name == "console":
             exporters.append(ConsoleSpanExporter())
         else:

@@ -57,6 +57,24 @@ def test_otlp_and_console_exporters_are_installed_and_shut_down():
         assert not tracing.enabled()
 
 
+@pytest.mark.parametrize(("variables", "module"), [
+    ({}, "grpc"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "http"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, "http"),
+])
+def test_the_otlp_protocol_is_the_one_the_standard_variables_name(variables, module):
+    (exporter,) = tracing._exporters("otlp", variables)
+    assert type(exporter).__module__ == f"opentelemetry.exporter.otlp.proto.{module}.trace_exporter"
+    exporter.shutdown()
+
+
+def test_an_unknown_otlp_protocol_is_a_configuration_error():
+    with pytest.raises(ValueError, match=r"OTEL_EXPORTER_OTLP_PROTOCOL.*http/json"):
+        tracing.setup_tracing("pdserve-test", environ={"OTEL_TRACES_EXPORTER": "otlp",
+                                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    assert not tracing.enabled()
+
+
 def test_service_name_defaults_to_ours_and_otel_service_name_wins(monkeypatch):
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
