@@ -15,7 +15,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 UINT32_MAX, UINT64_MAX = 2**32 - 1, 2**64 - 1  # what the fields carry (the gateway refuses seeds >= 2^63)
 INT32_MAX = 2**31 - 1
-OPTIONAL_FLOATS = ("top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+OPTIONAL_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 """Sampling fields sent only when their flag is given (unset on the wire means off); the gateway checks
 their ranges and names the field when one is out."""
 
@@ -52,13 +52,25 @@ def _env_key() -> str | None:
     return keys[0] if keys else None
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Names a flag's default in its help, unless it has none (unset: the gateway's default applies) or the
+    help says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=_DefaultsHelp)
     parser.add_argument("prompt", help="the prompt (a user message with --chat)")
     parser.add_argument("--address", default="127.0.0.1:50051", help="gateway host:port (make run's gateway)")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     parser.add_argument("--max-tokens", type=_in_range(1, UINT32_MAX), default=128, help="new tokens at most")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--temperature", type=float,
+                        help="0: greedy (default: the gateway's, as for gRPC and HTTP clients: the model's "
+                             "generation_config.json, else 1)")
     parser.add_argument("--seed", type=_in_range(0, UINT64_MAX), help="sampling seed (default: random)")
     parser.add_argument("--top-p", type=float, help="nucleus sampling, (0, 1]")
     parser.add_argument("--top-k", type=_in_range(-1, INT32_MAX), help="sample among the k likeliest (0/-1: all)")
@@ -82,8 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_request(args: argparse.Namespace) -> gateway_pb2.GenerateRequest:
-    sampling = gateway_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                          stop=args.stop, min_tokens=args.min_tokens, ignore_eos=args.ignore_eos)
+    sampling = gateway_pb2.SamplingParams(max_tokens=args.max_tokens, stop=args.stop, min_tokens=args.min_tokens,
+                                          ignore_eos=args.ignore_eos)
     for name in ("seed", "top_k", *OPTIONAL_FLOATS):
         if getattr(args, name) is not None:
             setattr(sampling, name, getattr(args, name))

@@ -43,5 +43,17 @@ def test_sampling_flags_reach_the_request_and_unset_ones_stay_unset():
     assert sampling.top_p == pytest.approx(0.9) and sampling.min_p == pytest.approx(0.05)
     assert sampling.repetition_penalty == pytest.approx(1.2)
     plain = build_request(parse_args(["hi"])).sampling
-    assert not any(plain.HasField(name) for name in ("seed", "top_p", "top_k", "min_p", "presence_penalty",
-                                                     "frequency_penalty", "repetition_penalty"))
+    assert not any(plain.HasField(name) for name in ("seed", "temperature", "top_p", "top_k", "min_p",
+                                                     "presence_penalty", "frequency_penalty", "repetition_penalty"))
+    assert sampling.temperature == pytest.approx(0.7)
+
+
+def test_help_names_defaults_only_where_the_flag_has_one(capsys):
+    """The temperature default is the gateway's, as for every other client (it was greedy here only), and an
+    unset flag's help no longer ends in "(default: None)"."""
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text
+    assert "sampling seed (default: random)" in text and "new tokens at most (default: 128)" in text
+    assert "default: the gateway's" in text

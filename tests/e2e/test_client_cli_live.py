@@ -21,7 +21,7 @@ def _client(cluster, *flags: str) -> subprocess.CompletedProcess:
 
 
 def test_penalties_from_the_cli_give_what_generate_gives(cluster, stub) -> None:
-    done = _client(cluster, "--repetition-penalty", "1.5", "--frequency-penalty", "0.5")
+    done = _client(cluster, "--temperature", "0", "--repetition-penalty", "1.5", "--frequency-penalty", "0.5")
     assert done.returncode == 0, done.stderr
     _, text, _ = generate(stub, prompt=PROMPT, sampling=gateway_pb2.SamplingParams(
         max_tokens=12, temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.5))
