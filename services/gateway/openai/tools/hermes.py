@@ -1,0 +1,111 @@
+"""The Hermes format of tool calls (Qwen2.5, Qwen3, NousResearch Hermes templates)::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Several calls are several blocks. A block whose JSON is an object with a string ``name`` and an object
+``arguments`` (or ``parameters``) is a call; any other block stays content, as does all text outside the
+blocks. An unclosed last block is a call if what follows its opening marker parses as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from services.gateway.openai.tools import grammar
+from services.gateway.openai.tools.scan import (
+    ContentEmitter,
+    arguments_value,
+    collect,
+    held_prefix_len,
+    hex_call_id,
+    only_call,
+)
+from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+
+
+class HermesStream:
+    """Content streams as it comes, except an end that may begin ``<tool_call>`` (held until known); a
+    block is held from its opening marker and released whole at ``</tool_call>`` — as a call, or as content
+    when its JSON is not one."""
+
+    def __init__(self) -> None:
+        self._content = ContentEmitter()
+        self._pending = ""
+        self._in_block = False
+
+    def feed(self, text: str) -> list[StreamPiece]:
+        self._pending += text
+        pieces: list[StreamPiece] = []
+        while True:
+            if self._in_block:
+                end = self._pending.find(CLOSE, len(OPEN))
+                if end < 0:
+                    return pieces
+                block, self._pending = self._pending[:end + len(CLOSE)], self._pending[end + len(CLOSE):]
+                self._in_block = False
+                pieces += self._release(block, only_call(block[len(OPEN):end]))
+                continue
+            start = self._pending.find(OPEN)
+            if start < 0:
+                keep = held_prefix_len(self._pending, OPEN)
+                ready, self._pending = self._pending[:len(self._pending) - keep], self._pending[
+                    len(self._pending) - keep:]
+                return pieces + self._content.emit(ready)
+            pieces += self._content.emit(self._pending[:start])
+            self._pending = self._pending[start:]
+            self._in_block = True
+
+    def finish(self) -> list[StreamPiece]:
+        rest, self._pending = self._pending, ""
+        call = only_call(rest[len(OPEN):]) if self._in_block else None
+        self._in_block = False
+        return self._release(rest, call)
+
+    def _release(self, block: str, call: ParsedToolCall | None) -> list[StreamPiece]:
+        return [StreamPiece(call=call)] if call is not None else self._content.emit(block)
+
+
+class HermesParser:
+    name = "hermes"
+
+    def parse(self, text: str) -> ParsedOutput:
+        return collect(self.stream(), text)
+
+    def stream(self) -> HermesStream:
+        return HermesStream()
+
+    def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:
+        return grammar.forced_grammar(tools, "arguments", parallel, open_=OPEN + "\n", close="\n" + CLOSE,
+                                      separator="\n")
+
+    def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
+        return (
+            "# Tools\n\n"
+            "You may call one or more of the functions below to help with the user's request. Each line "
+            "describes one function as JSON (its name, what it does, and the JSON schema of its "
+            "arguments):\n"
+            f"<tools>\n{grammar.tool_lines(tools)}\n</tools>\n\n"
+            "To call a function, write a JSON object with its name and arguments between <tool_call> and "
+            "</tool_call> tags, one block per call:\n"
+            f'{OPEN}\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n{CLOSE}\n'
+            "The results come back in <tool_response> blocks."
+        )
+
+    def render_calls(self, calls: Sequence[ParsedToolCall]) -> str:
+        return "\n".join(
+            f"{OPEN}\n"
+            + json.dumps({"name": call.name, "arguments": arguments_value(call.arguments)}, ensure_ascii=False)
+            + f"\n{CLOSE}"
+            for call in calls)
+
+    def render_result(self, content: str, name: str | None) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def new_call_id(self) -> str:
+        return hex_call_id()

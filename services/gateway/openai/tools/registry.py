@@ -1,0 +1,41 @@
+"""Choosing the tool-call parser: by name (``--tool-call-parser``), or ``auto`` from the chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.gateway.openai.tools.hermes import HermesParser
+from services.gateway.openai.tools.llama3_json import Llama3JsonParser
+from services.gateway.openai.tools.mistral import MistralParser
+from services.gateway.openai.tools.types import ToolCallParser
+
+PARSERS: dict[str, Callable[[], ToolCallParser]] = {
+    "hermes": HermesParser,
+    "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+}
+CHOICES = ("auto", *PARSERS)
+_LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
+
+
+def detect_family(chat_template: str) -> str:
+    """The family a chat template writes tool calls in: ``[TOOL_CALLS]`` → mistral; ``<tool_call>`` →
+    hermes; ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON hint →
+    llama3_json; anything else (a template with no tool section included) → hermes."""
+    if "[TOOL_CALLS]" in chat_template:
+        return "mistral"
+    if "<tool_call>" in chat_template:
+        return "hermes"
+    if any(hint in chat_template for hint in _LLAMA3_HINTS):
+        return "llama3_json"
+    return "hermes"
+
+
+def tool_call_parser(name: str, chat_template: str) -> ToolCallParser:
+    """The parser ``name`` (one of :data:`CHOICES`) — for ``auto``, the one ``chat_template``'s family
+    writes. Raises ValueError naming the choices for an unknown name."""
+    if name == "auto":
+        name = detect_family(chat_template)
+    if name not in PARSERS:
+        raise ValueError(f"tool call parser must be one of {', '.join(CHOICES)}, got {name!r}")
+    return PARSERS[name]()
