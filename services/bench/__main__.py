@@ -27,10 +27,20 @@ from services.bench.runner import BenchConfig, run_benchmark
 from services.bench.targets import ENDPOINTS, SamplingSpec, TargetSpec
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written; each flag's default in its help, unless it has none or says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if (action.default in (None, [], argparse.SUPPRESS) or "default" in (action.help or "")
+                or action.nargs == 0):  # a switch: its help says what it turns on or off
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", action="append", default=[], metavar="[NAME=]URL",
+    """The flags; vLLM's names (``vllm bench serve``) are aliases where they mean the same."""
+    p = argparse.ArgumentParser(prog="python -m services.bench", description=__doc__, formatter_class=_Help)
+    p.add_argument("--target", "--base-url", action="append", default=[], metavar="[NAME=]URL",
                    help="grpc://host:port (pdserve) or http://host:port (OpenAI API); repeat to compare "
                         "(default grpc://127.0.0.1:50051)")
     p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS,
@@ -38,31 +48,33 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="model name for OpenAI targets (default: the first listed)")
     p.add_argument("--tokenizer", type=Path, default=None, help="GGUF or tokenizer directory (default: bundled)")
     d = p.add_argument_group("dataset")
-    d.add_argument("--dataset-name", default="random", choices=DATASETS)
+    d.add_argument("--dataset-name", default="random", choices=DATASETS, help="the prompts")
     d.add_argument("--dataset-path", type=Path, help="ShareGPT-format JSON (sharegpt)")
-    d.add_argument("--num-prompts", type=int, default=100)
-    d.add_argument("--input-len", type=int, default=256, help="mean prompt tokens (random)")
-    d.add_argument("--output-len", type=int, default=128, help="mean output tokens (random, shared-prefix)")
-    d.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform on len × [1-r, 1+r] (random)")
+    d.add_argument("--num-prompts", type=int, default=100, help="measured requests per target and round")
+    d.add_argument("--input-len", "--random-input-len", type=int, default=256, help="mean prompt tokens (random)")
+    d.add_argument("--output-len", "--random-output-len", type=int, default=128,
+                   help="mean output tokens (random, shared-prefix)")
+    d.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0,
+                   help="lengths uniform on len × [1-r, 1+r] (random)")
     d.add_argument("--num-groups", type=int, default=4, help="distinct system prompts (shared-prefix)")
     d.add_argument("--prefix-len", type=int, default=1024, help="system prompt tokens (shared-prefix)")
     d.add_argument("--suffix-len", type=int, default=64, help="question tokens per request (shared-prefix)")
     d.add_argument("--sharegpt-output-len", type=int, help="fixed output tokens (sharegpt; default: the answer's)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="of the dataset and the arrivals")
     g = p.add_argument_group("load")
     g.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf = all)")
     g.add_argument("--max-concurrency", type=int, help="requests in flight at most")
     g.add_argument("--warmup", type=int, default=2, help="unmeasured requests per target first")
     g.add_argument("--alternate", type=int, default=1, metavar="ROUNDS", help="rounds, targets in turn")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=0.0, help="of every request (0: greedy)")
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let generations stop at EOS (default: generate exactly the output length)")
     g.add_argument("--timeout-s", type=float, default=600.0, help="per request")
     o = p.add_argument_group("output")
     o.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
-    o.add_argument("--json", type=Path, help="write the results here")
+    o.add_argument("--json", "--result-filename", type=Path, help="write the results here")
     o.add_argument("--plot", type=Path, help="write a PNG of latency CDFs and throughput here")
-    o.add_argument("--no-progress", dest="progress", action="store_false")
+    o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 
@@ -80,6 +92,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("targets need distinct names (use NAME=URL)")
     return BenchConfig(targets=targets, dataset=dataset, load=load, sampling=sampling, warmup=args.warmup,
                        rounds=args.alternate, slos=parse_slos(args.goodput))
+
+
+def workload_title(config: BenchConfig) -> str:
+    """What ran, for the plot: the dataset and its lengths, the load, the sampling."""
+    d, load = config.dataset, config.load
+    lengths = {"random": f"input {d.input_len}, output {d.output_len} tokens (±{d.range_ratio:.0%})",
+               "shared-prefix": f"{d.num_groups} prefixes of {d.prefix_len} + {d.suffix_len} tokens, output "
+                                f"{d.output_len}",
+               "sharegpt": f"ShareGPT, output {d.sharegpt_output_len or 'as answered'}"}.get(d.name, d.name)
+    concurrency = f"concurrency {load.max_concurrency}" if load.max_concurrency else "no concurrency cap"
+    rate = "all at once" if math.isinf(load.request_rate) else f"{load.request_rate:g} req/s"
+    return (f"{d.name}: {d.num_prompts} prompts, {lengths}; {concurrency}, {rate}; temperature "
+            f"{config.sampling.temperature:g}, {config.rounds} round(s)")
 
 
 def load_tokenizer(path: Path | None):
@@ -109,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from services.bench.plots import plot_runs
 
-        plot_runs(runs, args.plot, title=f"{args.dataset_name}, {args.num_prompts} prompts")
+        plot_runs(runs, args.plot, title=workload_title(config), slos=config.slos)
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from services.bench.__main__ import config_from_args, parser, workload_title
 from services.bench.datasets import DatasetSpec
 from services.bench.metrics import compute_metrics
 from services.bench.outcome import RequestOutcome
@@ -56,12 +57,32 @@ def test_table_has_one_column_per_target():
     assert "| Goodput (req/s) | 0.333 | 0.000 |" in lines
 
 
-def test_plot_writes_a_png(tmp_path):
+def test_plot_writes_a_png_with_the_slo_lines_and_the_workload(tmp_path, monkeypatch):
+    import matplotlib.figure
+
     from services.bench.plots import plot_runs
 
+    drawn: list[matplotlib.figure.Figure] = []
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: (drawn.append(self),
+                                                                                    save(self, *a, **k)))
     path = tmp_path / "bench.png"
-    plot_runs(RUNS, path, title="test")
+    plot_runs(RUNS, path, title=workload_title(CONFIG), slos=CONFIG.slos)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (figure,) = drawn
+    assert figure.get_suptitle().startswith("random: 2 prompts, input 256, output 128 tokens")
+    ttft = figure.axes[0]
+    assert [line.get_xdata()[0] for line in ttft.lines if line.get_linestyle() == "--"] == [250.0]
+    assert "SLO 250 ms" in [t.get_text() for t in ttft.get_legend().get_texts()]
+
+
+def test_vllm_flag_names_are_aliases():
+    ours = config_from_args(parser().parse_args(["--target", "http://127.0.0.1:8000", "--input-len", "300",
+                                                 "--output-len", "40", "--range-ratio", "0.1"]))
+    vllm = config_from_args(parser().parse_args(["--base-url", "http://127.0.0.1:8000", "--random-input-len",
+                                                 "300", "--random-output-len", "40", "--random-range-ratio",
+                                                 "0.1"]))
+    assert ours == vllm and ours.dataset.input_len == 300 and ours.targets[0].url == "http://127.0.0.1:8000"
 
 
 def test_target_specs():
