@@ -38,14 +38,16 @@ class HermesStream:
         self._content = ContentEmitter()
         self._pending = ""
         self._in_block = False
+        self._searched = 0  # in a block: where the search for its closing marker goes on from
 
     def feed(self, text: str) -> list[StreamPiece]:
         self._pending += text
         pieces: list[StreamPiece] = []
         while True:
             if self._in_block:
-                end = self._pending.find(CLOSE, len(OPEN))
+                end = self._pending.find(CLOSE, max(len(OPEN), self._searched))
                 if end < 0:
+                    self._searched = max(len(OPEN), len(self._pending) - len(CLOSE) + 1)
                     return pieces
                 block, self._pending = self._pending[:end + len(CLOSE)], self._pending[end + len(CLOSE):]
                 self._in_block = False
@@ -59,7 +61,7 @@ class HermesStream:
                 return pieces + self._content.emit(ready)
             pieces += self._content.emit(self._pending[:start])
             self._pending = self._pending[start:]
-            self._in_block = True
+            self._in_block, self._searched = True, 0
 
     def finish(self) -> list[StreamPiece]:
         rest, self._pending = self._pending, ""
