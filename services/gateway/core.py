@@ -158,7 +158,12 @@ class GatewayCore:
         """A flow for a valid request (``time_remaining``: the client's deadline, None = none)."""
         self._refuse_if_draining()
         deadline = self._deadline(time_remaining)  # from the call's start: tokenizing counts against it
-        prepared = await self.prepare_off_loop(request)
+        try:
+            prepared = await self.prepare_off_loop(request)
+        except InvalidRequestError as error:  # the field and the reason, never the body (it may be megabytes)
+            log.info("request rejected", request_id=request.request_id or None, field=error.field,
+                     reason=_clipped(error.message))
+            raise
         self._refuse_if_draining()  # the drain may have begun while a long prompt was tokenized
         if prepared.request_id in self._taken:
             raise DuplicateRequestError(prepared.request_id)
@@ -254,3 +259,7 @@ class GatewayCore:
         """Wait for the aborts sent so far (each is bounded by ``abort_timeout_s``)."""
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _clipped(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"

@@ -86,6 +86,8 @@ class RequestFlow:
         self._calls = NodeCalls(directory, self._queue, abort, lambda: self._attempts.attempt_id, self._timeout,
                                 self._trace, recent_stall, request.request_id)
         self._detokenize: Span | None = None  # from the first token to the end (not a span per token)
+        self._started = time.monotonic()  # the flow opens once the request is tokenized and valid
+        self._first_token_at: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -104,11 +106,12 @@ class RequestFlow:
         except Exception as error:
             if not self._closed:  # a cancelled request was logged as such
                 code = status_of(error).name if isinstance(error, mapped_errors()) else type(error).__name__
-                self.log.info("request failed", code=code, error=str(error))
+                self.log.info("request failed", code=code, error=str(error), duration_ms=self._elapsed_ms())
             raise
         except asyncio.CancelledError:  # the call was cancelled or its deadline passed
             if not self._closed:
-                self.log.info("request cancelled", reason="the client cancelled the call or its deadline passed")
+                self.log.info("request cancelled", reason="the client cancelled the call or its deadline passed",
+                              duration_ms=self._elapsed_ms())
             raise
         finally:
             self.close()
@@ -116,7 +119,7 @@ class RequestFlow:
     def cancel(self, reason: str) -> None:
         """Stop now (client gone, deadline passed, gateway draining). Safe at any time, repeatedly."""
         if not self._closed:
-            self.log.info("request cancelled", reason=reason)
+            self.log.info("request cancelled", reason=reason, duration_ms=self._elapsed_ms())
             self._cancel_reason = reason
             self._queue.put_nowait((None, reason))
             self.close()
@@ -292,6 +295,7 @@ class RequestFlow:
         elif self._calls.decode is None:
             raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
         self._first_sent = True
+        self._first_token_at = time.monotonic()
         logprobs = [first.logprob] if first.logprob is not None else []
         return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs)
 
@@ -348,9 +352,17 @@ class RequestFlow:
     def _log_finish(self, chunk: GenerateChunk) -> None:
         usage = chunk.usage
         assert usage is not None, "a final chunk carries usage"
+        now = time.monotonic()
+        first = self._first_token_at if self._first_token_at is not None else now
+        decoding_s = now - first
         self.log.info("request finished", finish_reason=chunk.finish_reason, prompt_tokens=usage.prompt_tokens,
                       completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-                      prefill_node=self._prefill_address, decode_node=self._decode_address)
+                      ttft_ms=round((first - self._started) * 1000, 1), duration_ms=self._elapsed_ms(),
+                      decode_tokens_per_s=round((usage.completion_tokens - 1) / decoding_s, 1) if decoding_s > 0
+                      else None, prefill_node=self._prefill_address, decode_node=self._decode_address)
+
+    def _elapsed_ms(self) -> float:
+        return round((time.monotonic() - self._started) * 1000, 1)
 
     def _check_open(self) -> None:
         if self._closed:
