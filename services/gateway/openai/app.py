@@ -34,12 +34,15 @@ from services.gateway.openai import errors
 from services.gateway.openai.auth import ApiKeyAuth
 from services.gateway.openai.body_limit import BodyLimit
 from services.gateway.openai.logprobs_render import LogprobsRender
+from services.gateway.openai.output_split import OutputSplit
+from services.gateway.openai.parsers import FrontParsers, resolve_parsers
 from services.gateway.openai.responses import ModelCard, ModelList
 from services.gateway.openai.running import RequestGroup, RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 from services.gateway.openai.streaming import respond
 from services.gateway.openai.structured import renamed_error
 from services.gateway.openai.tokenize import add_tokenize_routes
+from services.gateway.openai.tool_calling import tool_request_of
 from services.gateway.openai.translate import (
     ChatRenderer,
     CompletionRenderer,
@@ -80,7 +83,10 @@ class FrontState:
 
 def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: FrontSettings,
                state: FrontState | None = None) -> FastAPI:
+    """Raises ``ValueError`` naming ``--tool-call-parser`` / ``--reasoning-parser`` when that parser cannot
+    serve the model (a reasoning end marker that is not one token of its vocabulary)."""
     state = state or FrontState()
+    parsers = resolve_parsers(settings.tool_call_parser, settings.reasoning_parser, core.tokenizer)
     app = FastAPI(title="pdserve", summary="OpenAI-compatible API of the pdserve gateway", docs_url=None,
                   redoc_url=None)
     errors.install(app)
@@ -88,7 +94,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         app.add_middleware(ApiKeyAuth, keys=settings.api_keys)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     _add_info_routes(app, settings, state)
-    _add_generation_routes(app, Generations(core, metrics, settings, state))
+    _add_generation_routes(app, Generations(core, metrics, settings, state, parsers))
     add_tokenize_routes(app, core, settings.model_name)
     return app
 
@@ -97,8 +103,9 @@ class Generations:
     """What the completion routes share: the checks of a request and running its choices."""
 
     def __init__(self, core: GatewayCore, metrics: GatewayMetrics | None, settings: FrontSettings,
-                 state: FrontState) -> None:
+                 state: FrontState, parsers: FrontParsers) -> None:
         self.core, self.metrics, self.settings, self.state = core, metrics, settings, state
+        self.parsers = parsers
 
     def check(self, body: GenerationBody) -> None:
         if self.state.draining:
@@ -123,9 +130,10 @@ class Generations:
         return inputs
 
     async def run(self, request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
-                  body: GenerationBody) -> Response:
+                  body: GenerationBody, constraint_param: str | None = None) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
-        renderer of choice ``i``."""
+        renderer of choice ``i``; ``constraint_param``: what a refused constraint that is not the body's
+        ``response_format`` / ``guided_*`` is named (``tools``: a forced call's grammar)."""
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
 
@@ -147,7 +155,7 @@ class Generations:
                 return await respond(choices, body.stream, body.include_usage, body.n)
         except BaseException as error:
             close_all(error)
-            renamed = renamed_error(body, error)  # the gateway refused the constraint: named as the body has it
+            renamed = renamed_error(body, error, constraint_param)  # a refused constraint, named as the body has it
             if renamed is None:
                 raise
             raise renamed from error
@@ -178,7 +186,7 @@ def _add_info_routes(app: FastAPI, settings: FrontSettings, state: FrontState) -
 
 def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
     """``/v1/completions`` and ``/v1/chat/completions``."""
-    core, model_name = generations.core, generations.settings.model_name
+    core, model_name, parsers = generations.core, generations.settings.model_name, generations.parsers
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
@@ -190,7 +198,8 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
             return CompletionRenderer(who, logprobs, index)
 
-        return await generations.run(request, completion_inputs(body, request_id), renderer, body)
+        inputs = completion_inputs(body, request_id, parsers.reasoning_end_id)
+        return await generations.run(request, inputs, renderer, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
@@ -198,7 +207,11 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         who = Identity.new(request_id, model_name)
 
-        def renderer(index: int) -> Renderer:
-            return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index)
+        tools = tool_request_of(body)
+        generate = chat_input(body, request_id, parsers, tools)
+        split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None)
 
-        return await generations.run(request, [chat_input(body, request_id)], renderer, body)
+        def renderer(index: int) -> Renderer:
+            return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index, split)
+
+        return await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class PromptTokensDetails(BaseModel):
@@ -74,9 +74,42 @@ class Completion(BaseModel):
     usage: UsageBody | None = None
 
 
+class FunctionOut(BaseModel):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionOut
+
+
+class ToolCallDelta(ToolCallOut):
+    """A streamed call: sent whole (name and all its arguments) once it closes; ``index`` counts the
+    choice's calls from 0."""
+
+    index: int
+
+
 class ChatMessageOut(BaseModel):
+    """``content`` is null when there are calls and no other text; ``tool_calls`` only when there are
+    calls; ``reasoning_content`` (vLLM's extension) only when the server has a reasoning parser."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    has_reasoning: bool = Field(False, exclude=True)
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.tool_calls:
+            data.pop("tool_calls", None)
+        if not self.has_reasoning:
+            data.pop("reasoning_content", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -98,11 +131,14 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None  # the first chunk only
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
-    @model_serializer
-    def _given(self) -> dict[str, str]:
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Only what the chunk carries: the last one's delta is ``{}``."""
-        return {name: value for name, value in (("role", self.role), ("content", self.content)) if value is not None}
+        data: dict[str, Any] = handler(self)
+        return {name: value for name, value in data.items() if value is not None}
 
 
 class ChatChunkChoice(BaseModel):

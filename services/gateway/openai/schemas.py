@@ -1,25 +1,29 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic; a bad field is a 400 naming it).
 
 What OpenAI defines and pdserve does not do is refused by name rather than silently ignored: ``n`` past 16,
-``best_of`` > 1, ``echo`` and ``suffix`` here; the undeclared fields that would change the output (``tools``,
-…) in ``unsupported.py``. The output constraints (``response_format``, ``guided_*``, ``structured_outputs``)
-are undeclared too, read from the extra fields by ``structured.py``. Other fields (``user``, ``metadata``, …)
-are ignored. An explicit ``null`` means the default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 =
-off), ``min_p`` (0 = off), ``repetition_penalty`` (1 = off), ``stop_token_ids``, ``ignore_eos``,
-``min_tokens``.
+``best_of`` > 1, ``echo`` and ``suffix`` here; the undeclared fields that would change the output
+(``functions``, ``tools`` on completions, …) in ``unsupported.py``. Chat takes ``tools``, ``tool_choice``,
+``parallel_tool_calls`` and messages' ``tool_calls``, ``tool_call_id`` and ``name`` (shapes in
+``tool_schemas.py``; how they fit together is checked by ``tool_calling.py``). The output constraints
+(``response_format``, ``guided_*``, ``structured_outputs``) are undeclared, read from the extra fields by
+``structured.py``. Other fields (``user``, ``metadata``, …) are ignored. An explicit ``null`` means the
+default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 = off), ``min_p`` (0 = off),
+``repetition_penalty`` (1 = off), ``stop_token_ids``, ``ignore_eos``, ``min_tokens``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from services.engine.logprobs import MAX_LOGPROBS
 from services.engine.sampling_params import MAX_PENALTY, SEED_LIMIT
+from services.gateway.openai.tool_schemas import NamedToolChoice, ToolBody, ToolCallBody
 
 MAX_CHOICES = 16  # n: choices of one request (each runs as its own request on the nodes)
 MAX_PROMPT_CHOICES = 64  # a batch of completions prompts: prompts × n (each runs as its own request)
+TOOL_CHOICES = ("none", "auto", "required")
 
 
 def _token_ids(value: list[Any]) -> bool:
@@ -171,10 +175,13 @@ class CompletionBody(GenerationBody):
 class ChatMessageBody(BaseModel):
     """One message; ``content`` is a string or a list of ``{"type": "text", "text": ...}`` parts (joined)."""
 
-    model_config = ConfigDict(extra="ignore")  # name, tool_call_id, ... are ignored
+    model_config = ConfigDict(extra="ignore")  # other fields are ignored
 
     role: str
     content: str | list[dict[str, Any]] | None = Field(None, validate_default=True)  # absent: "" (tool calls)
+    tool_calls: list[ToolCallBody] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool's: the call it answers
+    name: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -204,6 +211,23 @@ class ChatCompletionBody(GenerationBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[ToolBody] | None = None
+    tool_choice: str | NamedToolChoice | None = None  # None: "auto" with tools, "none" without
+    parallel_tool_calls: bool = True
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        if value is None or value in TOOL_CHOICES:
+            return value
+        if isinstance(value, dict):
+            try:
+                return NamedToolChoice.model_validate(value)
+            except ValidationError as error:
+                raise ValueError(f"expected {{'type': 'function', 'function': {{'name': ...}}}}: "
+                                 f"{error.errors()[0]['msg']}") from None
+        raise ValueError(f"expected one of {', '.join(TOOL_CHOICES)} or {{'type': 'function', 'function': "
+                         f"{{'name': ...}}}}, got {value!r}"[:300])
 
     @field_validator("top_logprobs")
     @classmethod

@@ -177,13 +177,14 @@ def constraint_param(body: GenerationBody) -> str | None:
     return param
 
 
-def renamed_error(body: GenerationBody, error: BaseException) -> OpenAIError | None:
+def renamed_error(body: GenerationBody, error: BaseException, fallback: str | None = None) -> OpenAIError | None:
     """The gateway's refusal of the constraint (an ``InvalidRequestError`` naming ``structured_output``:
-    a schema, regex or grammar that does not compile, ...) as a 400 naming the body's param; None for any
+    a schema, regex or grammar that does not compile, ...) as a 400 naming the body's param (``fallback``
+    when the constraint is not one of the body's, e.g. ``tools`` for a forced call's grammar); None for any
     other error."""
     if not isinstance(error, InvalidRequestError) or not error.field.startswith(WIRE_FIELDS):
         return None
-    param = constraint_param(body)
+    param = constraint_param(body) or fallback
     if param is None:
         return None
     field = error.field

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -20,12 +21,16 @@ from pydantic import BaseModel
 from services.common.sampling_convert import SamplingFields
 from services.engine.logprobs import TokenLogprobs
 from services.engine.sampling_params import SEED_LIMIT
-from services.engine.tokenizer import ChatMessage
+from services.engine.structured_spec import StructuredSpec
 from services.gateway.generation import GenerateChunk, GenerateInput, Usage
 from services.gateway.openai import responses as out
 from services.gateway.openai.logprobs_render import LogprobsRender
+from services.gateway.openai.output_split import Delta, OutputSplit, StreamSplit
+from services.gateway.openai.parsers import FrontParsers
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 from services.gateway.openai.structured import structured_of
+from services.gateway.openai.tool_calling import ToolRequest, constraint_of, template_inputs, tool_request_of
+from services.gateway.openai.tools.types import ParsedToolCall, ToolCallParser
 
 # Sampling fields a body does not carry as SamplingFields has them: the endpoints' (max_tokens, logprobs) and
 # the reshaped ones; every other field of SamplingFields the body declares is taken by name.
@@ -35,26 +40,50 @@ _BY_NAME = tuple(f.name for f in dataclasses.fields(SamplingFields)
                  if f.name in GenerationBody.model_fields and f.name not in _NOT_BY_NAME)
 
 
-def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | None = None) -> SamplingFields:
+def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | None = None,
+                structured: StructuredSpec | EllipsisType | None = ...) -> SamplingFields:
+    """``structured``: the output constraint (``...``: the body's, :func:`structured_of`)."""
     return SamplingFields(**{name: getattr(body, name) for name in _BY_NAME},
                           max_tokens=max_tokens, logprobs=logprobs, stop=tuple(body.stop or ()),
                           stop_token_ids=tuple(body.stop_token_ids or ()),
                           logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()),
-                          structured=structured_of(body))
+                          structured=structured_of(body) if isinstance(structured, EllipsisType) else structured)
 
 
-def completion_inputs(body: CompletionBody, request_id: str) -> list[GenerateInput]:
+def after_reasoning(spec: StructuredSpec | None, end_id: int | None) -> StructuredSpec | None:
+    """With a reasoning parser (``end_id``: its end marker's token id), a constraint applies after the
+    thinking: the output is free until that token."""
+    return spec if spec is None or end_id is None else dataclasses.replace(spec, starts_after_token_id=end_id)
+
+
+def completion_inputs(body: CompletionBody, request_id: str, reasoning_end_id: int | None = None
+                      ) -> list[GenerateInput]:
     """One input per prompt of the body (a batch has several), each under ``request_id``."""
-    sampling = sampling_of(body, body.max_tokens, body.logprobs)
+    sampling = sampling_of(body, body.max_tokens, body.logprobs, after_reasoning(structured_of(body),
+                                                                                  reasoning_end_id))
     return [GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
                           token_ids=None if isinstance(prompt, str) else tuple(prompt), sampling=sampling)
             for prompt in body.prompt]
 
 
-def chat_input(body: ChatCompletionBody, request_id: str) -> GenerateInput:
+def chat_input(body: ChatCompletionBody, request_id: str, parsers: FrontParsers | None = None,
+               tools: ToolRequest | None = None) -> GenerateInput:
+    """``parsers``: the front's (None: no tool calling, no reasoning); ``tools``: the body's
+    (:func:`tool_request_of`, when the caller has it already)."""
+    tools = tools or tool_request_of(body)
+    parser = parsers.tools if parsers is not None else None
+    if parser is None:
+        if tools.offered:
+            raise ValueError("tools need the front's tool-call parser")
+        structured = structured_of(body)
+    else:
+        structured = constraint_of(body, tools, parser)
+    messages, tool_dicts = template_inputs(body, tools, parser, parsers is not None and parsers.template_takes_tools)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return GenerateInput(request_id=request_id, messages=tuple(ChatMessage(m.role, m.text) for m in body.messages),
-                         sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None))
+    structured = after_reasoning(structured, parsers.reasoning_end_id if parsers is not None else None)
+    return GenerateInput(request_id=request_id, messages=messages, tools=tool_dicts,
+                         sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
+                                              structured))
 
 
 def choices_of(prompts: Sequence[GenerateInput], n: int) -> list[GenerateInput]:
@@ -134,21 +163,51 @@ class CompletionRenderer:
                               usage=usage_body(usage))
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChatRenderer:
+    """One choice's chat bodies. ``split``: how its output splits into reasoning, content and calls; the
+    calls get ids from ``split.tools``. Streaming keeps state: one renderer per choice."""
+
     who: Identity
     logprobs: LogprobsRender | None = None  # the request asked for logprobs
     index: int = 0  # of the choice, among the request's n
+    split: OutputSplit = field(default_factory=OutputSplit)
+    _stream: StreamSplit | None = field(default=None, init=False, repr=False)
+    _calls_sent: int = field(default=0, init=False, repr=False)
 
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.ChatCompletionChunk | None:
-        if not chunk.text and not chunk.finish_reason and not first and not chunk.logprobs:
+        if self._stream is None:
+            self._stream = self.split.stream()
+        delta = self._stream.feed(chunk.text)
+        if chunk.finish_reason:
+            delta = delta.then(self._stream.finish())
+        if not delta and not chunk.finish_reason and not first and not chunk.logprobs:
             return None
-        delta = out.ChatDelta(role="assistant" if first else None,
-                              content=chunk.text if chunk.text or first else None)
-        choice = out.ChatChunkChoice(index=self.index, delta=delta, finish_reason=chunk.finish_reason or None,
+        calls = [out.ToolCallDelta(index=self._calls_sent + i, **self._call(call).model_dump())
+                 for i, call in enumerate(delta.calls)]
+        self._calls_sent += len(calls)
+        choice = out.ChatChunkChoice(index=self.index, delta=self._delta(delta, calls, first),
+                                     finish_reason=self._finish(chunk.finish_reason, self._calls_sent) or None,
                                      logprobs=self._logprobs(chunk.logprobs))
         return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model,
                                        choices=[choice])
+
+    def _delta(self, delta: Delta, calls: list[out.ToolCallDelta], first: bool) -> out.ChatDelta:
+        bare = first and not delta  # the first chunk says its role, with content "" when nothing else
+        return out.ChatDelta(role="assistant" if first else None,
+                             content=delta.content if delta.content or bare else None,
+                             reasoning_content=delta.reasoning or None, tool_calls=calls or None)
+
+    def _call(self, call: ParsedToolCall) -> out.ToolCallOut:
+        tools: ToolCallParser | None = self.split.tools
+        assert tools is not None, "calls come only from a tool-call parser"
+        return out.ToolCallOut(id=tools.new_call_id(), function=out.FunctionOut(name=call.name,
+                                                                               arguments=call.arguments))
+
+    @staticmethod
+    def _finish(finish_reason: str, calls: int) -> str:
+        """``tool_calls`` when the output had calls and ended as the model chose (not on a length)."""
+        return "tool_calls" if calls and finish_reason == "stop" else finish_reason
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> out.ChatLogprobs | None:
         return self.logprobs.chat(logprobs) if self.logprobs is not None else None
@@ -159,7 +218,13 @@ class ChatRenderer:
 
     def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
               ) -> out.ChatCompletion:
-        choice = out.ChatChoice(index=self.index, message=out.ChatMessageOut(content=text),
-                                finish_reason=finish_reason, logprobs=self._logprobs(logprobs))
+        split = self.split.whole(text)
+        calls = [self._call(call) for call in split.calls]
+        message = out.ChatMessageOut(content=split.content or (None if calls else ""), tool_calls=calls,
+                                     reasoning_content=split.reasoning or None,
+                                     has_reasoning=self.split.reasoning is not None)
+        choice = out.ChatChoice(index=self.index, message=message, finish_reason=self._finish(finish_reason,
+                                                                                              len(calls)),
+                                logprobs=self._logprobs(logprobs))
         return out.ChatCompletion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
                                   usage=usage_body(usage))

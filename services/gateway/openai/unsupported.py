@@ -1,8 +1,9 @@
 """Request fields that OpenAI or vLLM define, that would change what a request returns, and that pdserve does
 not honour (the output constraints, ``response_format`` and vLLM's ``guided_*`` and ``structured_outputs``,
-are read by ``structured.py``): a request that sets one to anything but its neutral value is refused with a
-400 naming it, never answered as if it had not been set. Fields that change nothing in the output (``user``,
-``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls``, …) stay ignored.
+are read by ``structured.py``; chat completions declare ``tools`` and ``tool_choice``, so these rules refuse
+them only on completions): a request that sets one to anything but its neutral value is refused with a 400
+naming it, never answered as if it had not been set. Fields that change nothing in the output (``user``,
+``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` on completions, …) stay ignored.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ def _one_of(*neutral: Any) -> Callable[[Any], bool]:
 # field → (is its value neutral?, what it asks for)
 _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "guided_whitespace_pattern": (_unset, "another whitespace in guided JSON"),
-    "tools": (_empty, "tool calling"),
-    "tool_choice": (_one_of("none", "auto"), "tool calling"),
+    "tools": (_empty, "tool calling on /v1/completions (/v1/chat/completions takes tools)"),
+    "tool_choice": (_one_of("none", "auto"), "tool calling on /v1/completions (/v1/chat/completions takes it)"),
     "functions": (_empty, "function calling"),
     "function_call": (_one_of("none", "auto"), "function calling"),
     "length_penalty": (_one_of(1, 1.0), "beam search"),

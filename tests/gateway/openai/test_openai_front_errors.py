@@ -98,6 +98,7 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "prompt_logprobs": 1}, "prompt_logprobs"),
     ({"prompt": "Hi", "max_completion_tokens": 3}, "max_completion_tokens"),  # chat's: it was ignored here
     ({"prompt": "Hi", "prompt_embeds": "AAAA"}, "prompt_embeds"),
+    ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # chat's
     ({"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
      "stream_options.continuous_usage_stats"),
     ({"prompt": "Hi", "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
@@ -115,8 +116,8 @@ BAD_CHATS = [
     ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": CHAT, "n": 17}, "n"),
     ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
-    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+    ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),  # and no tools
     ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
      "response_format.json_schema.name"),
     ({"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt"),
