@@ -356,6 +356,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         cache = self.output_cache
         return EngineStats(
             requests_total=sched.requests_admitted_total, prompt_tokens_total=sched.prompt_tokens_total,
+            generated_tokens_total=sched.generated_tokens_total,
             prefix_hit_requests_total=sched.prefix_hit_requests_total,
             prefix_hit_tokens_total=sched.prefix_hit_tokens_total, preemptions_total=sched.preemptions_total,
             offloads_total=sched.offloads_total, resumes_total=sched.resumes_total,

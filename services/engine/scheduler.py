@@ -287,6 +287,7 @@ class Scheduler:
             if not item.samples:
                 continue
             request.append_output(sampled[request.request_id])
+            self.stats.generated_tokens_total += 1
             if request.status is RequestStatus.RUNNING_PREFILL:
                 request.transition(RequestStatus.RUNNING_DECODE)
             advanced.append(request)

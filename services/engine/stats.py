@@ -16,6 +16,7 @@ class EngineStats:
     # requests and prompts (since start)
     requests_total: int  # admitted
     prompt_tokens_total: int
+    generated_tokens_total: int  # output tokens sampled by this engine
     prefix_hit_requests_total: int  # admitted with a prefix-cache hit
     prefix_hit_tokens_total: int
     preemptions_total: int

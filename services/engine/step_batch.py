@@ -73,6 +73,7 @@ class SchedulerStats:
     offloads_total: int = 0  # preemptions whose KV was kept
     resumes_total: int = 0  # preempted requests resumed from their kept KV
     recomputes_total: int = 0  # preempted requests readmitted by recomputing their KV
+    generated_tokens_total: int = 0  # output tokens sampled here
 
 
 @dataclass

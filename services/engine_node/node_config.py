@@ -50,11 +50,16 @@ class EngineNodeConfig(ServerConfig):
     engine_failure_exit_s: float = setting(2.0, "after an exception escapes the engine thread: health turns "
                                                 "NOT_SERVING and streams end at once, the process exits (code 70) "
                                                 "this many seconds later")
+    stats_log_interval_s: float = setting(10.0, "seconds between the node's 'engine stats' log lines (running, "
+                                                "waiting, KV usage, prompt and generation tokens/s), written "
+                                                "while it has work; 0: none")
     offload_remote: str = setting("overflow", "when preempted KV goes to the offload cache-store: overflow (past the "
                                               "host budget) or always")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.stats_log_interval_s < 0:
+            raise ValueError(f"stats_log_interval_s must be >= 0 (0: none), got {self.stats_log_interval_s}")
         if self.engine_failure_exit_s < 0:
             raise ValueError(f"engine_failure_exit_s must be >= 0, got {self.engine_failure_exit_s}")
         for name in ("num_kv_blocks", "max_model_len", "threads"):  # 0: the default

@@ -22,7 +22,8 @@ from services.common.server import NodeServer, ServiceBinding
 from services.engine.engine import LLMEngine
 from services.engine_node.node_config import EngineNodeConfig
 from services.engine_node.remote_store import connect_remote_store
-from services.engine_node.worker import single_threaded_main
+from services.engine_node.stats_log import periodic_stats
+from services.engine_node.worker import EngineWorker, single_threaded_main
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +33,7 @@ ENGINE_FAILED_EXIT_CODE = 70
 
 class EngineNode(Protocol):
     on_engine_failure: Callable[[str], None] | None
+    worker: EngineWorker
 
     def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -62,8 +64,9 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
     failed = node.on_engine_failure = _FailFast(server, config.engine_failure_exit_s)
     node.start()
-    await serve_bound(server, servicer, config.advertise, f"{role} node ready", stop=node.stop,
-                      blocks=engine.num_blocks, dtype=config.dtype)
+    async with periodic_stats(lambda: node.worker.call(LLMEngine.stats), config.stats_log_interval_s):
+        await serve_bound(server, servicer, config.advertise, f"{role} node ready", stop=node.stop,
+                          blocks=engine.num_blocks, dtype=config.dtype)
     if failed.reason:
         log.error(f"{role} node exits: its engine failed", reason=failed.reason, exit_code=ENGINE_FAILED_EXIT_CODE)
         raise SystemExit(ENGINE_FAILED_EXIT_CODE)
