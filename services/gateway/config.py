@@ -10,6 +10,7 @@ from services.common.config import setting
 from services.common.server_config import ServerConfig, check_host_port
 from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
+from services.gateway.router import ROUTING_POLICIES
 
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")  # services/gateway/openai/tools/
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # services/gateway/openai/reasoning/
@@ -72,6 +73,13 @@ class GatewayConfig(ServerConfig):
                                           "they serve TLS with it (no client certificate asked for), re-read "
                                           "when it changes; with --tls-key; unset = plaintext")
     tls_key: Path | None = setting(None, "PEM private key of --tls-cert, re-read when it changes")  # noqa: RUF009
+    routing: str = setting("cache_aware", "how a request's nodes are chosen: cache_aware (the prefill node holding "
+                                          "the longest prefix of the prompt, by the gateway's index of what it "
+                                          "routed, unless its load exceeds the least loaded's by more than "
+                                          "--routing-load-margin; decode candidates by held prefix, then free "
+                                          "blocks) or load (least loaded prefill node, decode by free blocks)")
+    routing_load_margin: int = setting(4, "cache_aware: requests (running + waiting) a node holding the prefix may "
+                                          "have beyond the least loaded node and still be chosen")
     tool_call_parser: str = setting("auto", "how the HTTP front reads tool calls in the output and forces them "
                                             "(tool_choice required or named): hermes (<tool_call>{json}"
                                             "</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json (Llama 3.1+), "
@@ -122,6 +130,10 @@ class GatewayConfig(ServerConfig):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the public ports' certificate and its key) or "
                              f"neither, got tls_cert={self.tls_cert} and tls_key={self.tls_key}")
+        if self.routing not in ROUTING_POLICIES:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
+        if self.routing_load_margin < 0:
+            raise ValueError(f"routing_load_margin must be >= 0, got {self.routing_load_margin}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got "
                              f"{self.tool_call_parser!r}")

@@ -28,6 +28,7 @@ from services.gateway.model_check import ModelIdentity, model_identity
 from services.gateway.openai.app import FrontSettings, FrontState, create_app, served_model_id
 from services.gateway.openai.server import HttpFront
 from services.gateway.public_tls import PublicTls
+from services.gateway.router import Router
 from services.gateway.servicer import GatewayServicer
 
 log = structlog.get_logger(__name__)
@@ -96,7 +97,8 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         sampling_defaults=generation_defaults(config.model) if config.model and config.generation_config == "auto"
         else {})
     watchdog = LoopWatchdog()  # a call to a node that fails out of this gateway's own stall is said to be so
-    core = GatewayCore(tokenizer, directory, settings, recent_stall=watchdog.recent_stall_s)
+    core = GatewayCore(tokenizer, directory, settings, recent_stall=watchdog.recent_stall_s,
+                       router=Router(config.routing, config.routing_load_margin))
     registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)
     core.on_retry = lambda role: metrics.retries.labels(role).inc()
     servicer = GatewayServicer(core, metrics)

@@ -149,7 +149,7 @@ class RequestFlow:
     def _pick(self, exclude: frozenset[str] = frozenset()) -> tuple[str, tuple[str, ...]]:
         prefill, decode = ([node for node in self.directory.nodes(role) if node.address not in exclude]
                            for role in (PREFILL, DECODE))
-        route = self.router.route(prefill, decode)
+        route = self.router.route(prefill, decode, self.request.prompt_ids)
         return route.prefill, route.decode_candidates
 
     def _start_prefill(self, address: str, candidates: tuple[str, ...]) -> None:
