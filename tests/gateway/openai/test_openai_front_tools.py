@@ -78,7 +78,7 @@ BAD = [  # (body, param)
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": HISTORY[2]["tool_calls"]}]},
      "messages[0].tool_calls"),
-    ({"messages": HISTORY[:3] + [{"role": "tool", "content": "sunny"}]}, "messages[3].tool_call_id"),
+    ({"messages": [*HISTORY[:3], {"role": "tool", "content": "sunny"}]}, "messages[3].tool_call_id"),
     ({"messages": [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
