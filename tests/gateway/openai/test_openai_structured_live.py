@@ -2,7 +2,9 @@
 greedy), with the official ``openai`` package unchanged: ``parse`` with a pydantic model, ``json_schema``
 strict (streamed and not: the same text), ``json_object``, vLLM's ``guided_choice``, ``guided_regex`` and
 ``guided_grammar``; a schema, regex or grammar the compiler refuses is a 400 naming the param, and the
-cluster is idle and serving afterwards."""
+cluster is idle and serving afterwards. Tools on a template with no tool section (SmolLM2's: the front
+describes them in a system block in the parser's format): ``tool_choice`` ``required`` gives a call whose
+arguments validate against the tool's parameters, ``auto`` an answer that is content or a call."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "likes": {"type": "array", "items": {"enum": ["tea", "cats", "rain"]},
                                                      "maxItems": 3}},
           "required": ["name", "age", "likes"]}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
 
 
 def ask(what: str) -> list[dict[str, str]]:
@@ -127,3 +134,27 @@ def test_what_the_compiler_refuses_is_a_400_naming_the_param(client, stub, body,
     assert error["param"] == param and error["message"].startswith(f"{param}:"), error
     wait_idle(stub)
     assert client.chat.completions.create(model=MODEL, messages=ask("Hi"), max_tokens=2).choices[0].message.content
+
+
+def test_required_tool_choice_gives_a_call_valid_against_its_parameters(client):
+    completion = client.chat.completions.create(model=MODEL, messages=ask("What is the weather in Paris?"),
+                                                tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                                                **GREEDY)
+    (choice,) = completion.choices
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id and call.function.name == "get_weather", call
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    assert not choice.message.content
+
+
+def test_auto_tool_choice_answers_with_content_or_a_call(client):
+    completion = client.chat.completions.create(model=MODEL, messages=ask("What is the weather in Paris?"),
+                                                tools=[WEATHER], tool_choice="auto", **GREEDY)
+    (choice,) = completion.choices
+    calls = choice.message.tool_calls or []
+    if calls:
+        assert choice.finish_reason == "tool_calls"
+        assert all(c.function.name and isinstance(json.loads(c.function.arguments), dict) for c in calls), calls
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.content, choice
