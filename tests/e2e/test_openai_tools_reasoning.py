@@ -1,0 +1,168 @@
+"""Tool calling and reasoning content through the HTTP front on one real disaggregated cluster (gateway with
+``--reasoning-parser qwen3``, a prefill node, a decode node) serving the tiny RANDOM-weight chat family
+(tests/engine/tiny_chat_family.py: Qwen3's markers and a template with a tool section), with the official
+``openai`` package unchanged: a tool-result round trip rendered by the template and answered; the reasoning
+split from the answer, a JSON schema applying after ``</think>``; an unknown named tool refused with a 400
+before any node works.
+
+With the reasoning parser on, a ``response_format`` (or a forced call) applies after ``</think>``: the output
+is free until that token. A random model does not end its thinking by itself, so the constrained request
+here raises the ``</think>`` token with ``logit_bias`` (the grammar masks it once it applies), moderately:
+a few random tokens of thought come first. The schema has no free text (a ``[a-z]`` pattern, integers), so
+the raised marker cannot land inside the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import jsonschema
+import openai
+import pytest
+from pdserve.v1 import gateway_pb2_grpc
+
+from services.cluster.local import ClusterSpec, start_cluster
+from services.engine.tokenizer import ChatMessage, Tokenizer, ToolCallRecord
+from tests.e2e.conftest import GATEWAY_ARGS, wait_idle
+from tests.engine.tiny_chat_family import build_chat_family
+
+pytestmark = pytest.mark.slow
+
+ENGINE_ARGS = ("--dtype", "float32", "--threads", "1", "--max-num-batched-tokens", "64")
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "a + b",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": -99, "maximum": 99},
+                                                    "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+                   "required": ["a", "b"], "additionalProperties": False}}}
+TOOLS = [WEATHER, ADD]
+ANSWER = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["word", "n"], "additionalProperties": False}
+MAX_TOKENS = 200
+
+
+def ask(what: str) -> list[dict]:
+    return [{"role": "user", "content": what}]
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory, bundled_tokenizer):
+    return build_chat_family(tmp_path_factory.mktemp("chat"), bundled_tokenizer.hf)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(chat_dir):
+    return Tokenizer.load(chat_dir)
+
+
+@pytest.fixture(scope="module")
+def served(chat_dir):
+    spec = ClusterSpec(model=str(chat_dir), cache_store=False, engine_args=ENGINE_ARGS, http_listen="127.0.0.1:0",
+                       prefill_args=("--num-kv-blocks", "128"), decode_args=("--num-kv-blocks", "256"),
+                       gateway_args=(*GATEWAY_ARGS, "--reasoning-parser", "qwen3"))
+    with start_cluster(spec, stderr=subprocess.DEVNULL) as running, \
+            grpc.insecure_channel(running.address) as channel, \
+            openai.OpenAI(base_url=f"{running.http_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        yield client, gateway_pb2_grpc.GatewayStub(channel)
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def stub(served):
+    return served[1]
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def end_bias(tokenizer):
+    """``logit_bias`` raising ``</think>`` by ``bias``."""
+    (end_id,) = tokenizer.hf.encode("</think>", add_special_tokens=False)
+    return lambda bias: {str(end_id): bias}
+
+
+def test_a_tool_result_round_trip_is_rendered_and_answered(client, model, tokenizer):
+    arguments = '{"city": "oslo", "unit": "c"}'
+    messages = [*ask("Weather in Oslo?"),
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    rendered = [ChatMessage("user", "Weather in Oslo?"),
+                ChatMessage("assistant", "", (ToolCallRecord("call_1", "get_weather", arguments),)),
+                ChatMessage("tool", "sunny, 21 C", tool_call_id="call_1")]
+    for tool_choice, offered in (("none", ()), ("auto", TOOLS)):
+        completion = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
+                                                    tool_choice=tool_choice, temperature=1.0, seed=3, max_tokens=12)
+        (choice,) = completion.choices
+        assert choice.finish_reason in ("stop", "length", "tool_calls"), choice
+        if tool_choice == "none":
+            assert not choice.message.tool_calls and isinstance(choice.message.content, str)
+        prompt = tokenizer.apply_chat_template(rendered, tools=offered)
+        assert completion.usage.prompt_tokens == len(prompt), tool_choice  # the call and result were rendered
+        text = tokenizer.decode(prompt, skip_special_tokens=False)
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "oslo", "unit": "c"}}' in text
+        assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
+
+
+def _raw_output(choice) -> str:
+    """The output as the model wrote it, from the per-token bytes of ``logprobs``."""
+    return b"".join(bytes(entry.bytes) for entry in choice.logprobs.content).decode(errors="replace")
+
+
+def test_reasoning_is_split_and_the_schema_applies_after_it(client, model, end_bias):
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+
+    def one(seed: int):
+        return client.chat.completions.create(
+            model=model, messages=ask(f"Think, then answer {seed} as JSON."), response_format=response_format,
+            temperature=1.0, seed=seed, max_tokens=MAX_TOKENS, logprobs=True, logit_bias=end_bias(10))
+
+    with ThreadPoolExecutor(8) as pool:
+        completions = list(pool.map(one, range(8)))
+    thoughts = 0
+    for completion in completions:
+        (choice,) = completion.choices
+        raw = _raw_output(choice)
+        message = choice.message
+        assert "</think>" in raw and choice.finish_reason == "stop", (raw, choice)
+        before, _, after = raw.partition("</think>")
+        assert (message.reasoning_content or "").replace("\ufffd", "") == before.replace("\ufffd", "")
+        assert message.content == after.lstrip("\r\n"), (message.content, after)
+        jsonschema.validate(json.loads(message.content), ANSWER)
+        thoughts += bool(before)
+    assert thoughts > 0, "some random thought comes before the marker"
+
+    free = client.chat.completions.create(model=model, messages=ask("Hi"), temperature=1.0, seed=1, max_tokens=16,
+                                          logprobs=True, logit_bias=end_bias(-100))
+    (choice,) = free.choices  # no </think>: the model did not think, all of it is content
+    assert not choice.message.reasoning_content
+    assert choice.message.content == _raw_output(choice) or "\ufffd" in choice.message.content
+
+
+def test_a_tool_choice_naming_an_unknown_tool_is_a_400_and_the_cluster_serves_after(client, model, stub):
+    before = {n.address: n.requests_total for n in wait_idle(stub)}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=model, messages=ask("Hi"), tools=TOOLS, max_tokens=4,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    error = raised.value.body
+    assert error["param"] == "tool_choice" and "get_time" in error["message"], error
+    nodes = wait_idle(stub)
+    assert {n.address: n.requests_total for n in nodes} == before, "no node saw the refused request"
+    again = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=3, temperature=0.0)
+    assert again.choices[0].finish_reason in ("stop", "length")
+    wait_idle(stub)
