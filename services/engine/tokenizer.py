@@ -102,6 +102,7 @@ class Tokenizer:
         if hf.eos_token_id is not None:
             eos.add(int(hf.eos_token_id))
         self.eos_token_ids = tuple(sorted(eos))
+        self._kept_special: frozenset[int] = frozenset()  # special tokens whose text decode keeps
 
     @classmethod
     def load(cls, path: str | Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
@@ -143,7 +144,24 @@ class Tokenizer:
         return list(self.hf(text)["input_ids"])
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        """The text of ``token_ids``; special tokens dropped (``skip_special_tokens``), except those
+        :meth:`keep_special_tokens` named."""
+        ids = list(token_ids)
+        if skip_special_tokens and self._kept_special and not self._kept_special.isdisjoint(ids):
+            dropped = set(self.hf.all_special_ids) - self._kept_special
+            return self.hf.decode([t for t in ids if t not in dropped], skip_special_tokens=False)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def keep_special_tokens(self, texts: Sequence[str]) -> tuple[str, ...]:
+        """Keep the text of these special tokens in decoded output (a tool-call or reasoning marker the
+        parsers read, e.g. Mistral's ``[TOOL_CALLS]``); texts that are not one special token of this
+        vocabulary are ignored. Returns those kept."""
+        special = set(self.hf.all_special_ids) | {i for i, t in self.hf.added_tokens_decoder.items() if t.special}
+        kept = {text: self.hf.convert_tokens_to_ids(text) for text in texts}
+        kept = {text: i for text, i in kept.items()
+                if isinstance(i, int) and i in special and self.hf.convert_ids_to_tokens(i) == text}  # not unk
+        self._kept_special = self._kept_special | frozenset(kept.values())
+        return tuple(kept)
 
     @property
     def chat_template(self) -> str:

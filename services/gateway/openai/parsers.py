@@ -33,6 +33,7 @@ def resolve_parsers(tool_parser_name: str, reasoning_parser_name: str, tokenizer
         tools = tool_call_parser(tool_parser_name, tokenizer.chat_template)
     except ValueError as error:
         raise _naming("--tool-call-parser", tool_parser_name, error) from error
+    tokenizer.keep_special_tokens(tools.markers)  # e.g. Mistral's [TOOL_CALLS]: the parser must see it
     if not reasoning_parser_name:
         return FrontParsers(tools, tokenizer.template_takes_tools)
     try:
@@ -40,4 +41,5 @@ def resolve_parsers(tool_parser_name: str, reasoning_parser_name: str, tokenizer
         end_id = end_token_id(reasoning, tokenizer)
     except ValueError as error:
         raise _naming("--reasoning-parser", reasoning_parser_name, error) from error
+    tokenizer.keep_special_tokens(reasoning.markers)
     return FrontParsers(tools, tokenizer.template_takes_tools, reasoning, end_id)

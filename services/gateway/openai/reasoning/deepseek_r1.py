@@ -17,6 +17,7 @@ from services.gateway.openai.reasoning.types import ReasoningSplit, ReasoningStr
 class DeepSeekR1ReasoningParser:
     name = "deepseek_r1"
     end_marker = THINK_END
+    markers = (THINK_START, THINK_END)
 
     def split(self, text: str) -> ReasoningSplit:
         if text.startswith(THINK_START):

@@ -22,6 +22,7 @@ from services.gateway.openai.reasoning.types import ReasoningSplit, ReasoningStr
 class Qwen3ReasoningParser:
     name = "qwen3"
     end_marker = THINK_END
+    markers = (THINK_START, THINK_END)
 
     def split(self, text: str) -> ReasoningSplit:
         before, found, after = text.partition(THINK_END)

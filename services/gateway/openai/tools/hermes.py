@@ -75,6 +75,7 @@ class HermesStream:
 
 class HermesParser:
     name = "hermes"
+    markers = (OPEN, CLOSE)
 
     def parse(self, text: str) -> ParsedOutput:
         return collect(self.stream(), text)

@@ -84,6 +84,7 @@ class Llama3JsonStream:
 
 class Llama3JsonParser:
     name = "llama3_json"
+    markers = (PYTHON_TAG,)
 
     def parse(self, text: str) -> ParsedOutput:
         return collect(self.stream(), text)

@@ -93,6 +93,7 @@ class MistralStream:
 
 class MistralParser:
     name = "mistral"
+    markers = (MARKER, ARGS)
 
     def parse(self, text: str) -> ParsedOutput:
         return collect(self.stream(), text)

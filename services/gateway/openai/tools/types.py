@@ -72,6 +72,7 @@ class ToolStream(Protocol):
 
 class ToolCallParser(Protocol):
     name: str  # as --tool-call-parser names it
+    markers: tuple[str, ...]  # the format's marker texts: kept in the decoded output where they are special tokens
 
     def parse(self, text: str) -> ParsedOutput:
         """Never raises: text with no well-formed call is all content. A call naming no tool of the request
