@@ -65,3 +65,34 @@ def test_the_engine_serves_it(chat_dir, chat_tokenizer):
     prompt = chat_tokenizer.apply_chat_template([ChatMessage("user", "Hi")], tools=TOOLS)
     (out,) = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert len(out.token_ids) == 6 and all(0 <= t < len(chat_tokenizer.hf) for t in out.token_ids)
+
+
+def test_a_forced_call_of_the_chat_family_writes_its_marker_tokens(chat_tokenizer):
+    """The family's ``<tool_call>`` is an added token that is not special (as Qwen's is): a grammar's text
+    ``<tool_call>`` may be written with it, and every random completion the masks allow parses as a call."""
+    import numpy as np
+
+    from services.engine.structured.compiler import StructuredCompiler
+    from services.engine.structured_spec import StructuredSpec
+    from services.gateway.openai.tools.hermes import HermesParser
+    from services.gateway.openai.tools.types import ToolSpec
+
+    tool = ToolSpec("add", "a + b", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    parser = HermesParser()
+    compiler = StructuredCompiler(chat_tokenizer, len(chat_tokenizer.hf))
+    grammar = compiler.compile(StructuredSpec("grammar", parser.forced_grammar([tool], parallel=False)))
+    (open_id,) = chat_tokenizer.hf.encode("<tool_call>", add_special_tokens=False)
+    rng = np.random.default_rng(0)
+    used_marker = False
+    for _ in range(8):
+        matcher, out = grammar.new_matcher(), []
+        while not matcher.is_stopped() and len(out) < 200:
+            mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+            allowed = np.nonzero(np.unpackbits(mask, bitorder="little")[:len(chat_tokenizer.hf)])[0]
+            token = int(rng.choice(allowed))
+            assert matcher.consume_token(token), matcher.get_error()
+            out.append(token)
+        used_marker |= open_id in out
+        (call,) = parser.parse(chat_tokenizer.decode(out)).calls
+        assert call.name == "add" and isinstance(json.loads(call.arguments)["a"], int)
+    assert used_marker

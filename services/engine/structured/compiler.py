@@ -33,7 +33,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.hf
 
 from services.engine.errors import InvalidRequestError
 from services.engine.structured.schema_tools import close_objects, locate_error, parse_schema
@@ -63,6 +62,24 @@ class CompiledGrammar:
         return self.prototype.deep_copy()
 
 
+class _Vocabulary:
+    """The tokenizer as llguidance's ``TokenizerWrapper`` takes it: every token's bytes, and as special only
+    the added tokens marked special. (``llguidance.hf.from_tokenizer`` makes EVERY added token special, so a
+    grammar's text ``<tool_call>`` could never be written with Qwen's added, non-special ``<tool_call>`` token:
+    the mask offered it and the matcher then refused it.)"""
+
+    def __init__(self, tokenizer: Tokenizer):
+        hf = tokenizer.hf
+        self.eos_token_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+        self.bos_token_id = hf.bos_token_id
+        self.tokens = [tokenizer.token_bytes(i) for i in range(len(hf))]
+        self.special_token_ids = [i for i, token in hf.added_tokens_decoder.items() if token.special]
+        self._hf = hf
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self._hf.encode(text, add_special_tokens=False))
+
+
 class StructuredCompiler:
     """Compiles specs for ``tokenizer``'s vocabulary as the model sees it (``vocab_size``: the model's, which
     may exceed the tokenizer's; ids past the tokenizer are never allowed). Thread-safe."""
@@ -81,8 +98,9 @@ class StructuredCompiler:
         """llguidance's view of the tokenizer, built on first use (~0.4 s for a 49k vocabulary)."""
         with self._lock:
             if self._ll_tokenizer is None:
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self.tokenizer.hf, n_vocab=self.vocab_size, eos_token=list(self.tokenizer.eos_token_ids))
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    llguidance.TokenizerWrapper(_Vocabulary(self.tokenizer)), n_vocab=self.vocab_size,
+                    eos_token=list(self.tokenizer.eos_token_ids))
             return self._ll_tokenizer
 
     def check(self, spec: StructuredSpec) -> None:
