@@ -1,15 +1,14 @@
 """Tool calling and reasoning content through the HTTP front on one real disaggregated cluster (gateway with
 ``--reasoning-parser qwen3``, a prefill node, a decode node) serving the tiny RANDOM-weight chat family
 (tests/engine/tiny_chat_family.py: Qwen3's markers and a template with a tool section), with the official
-``openai`` package unchanged: a tool-result round trip rendered by the template and answered; the reasoning
-split from the answer, a JSON schema applying after ``</think>``; an unknown named tool refused with a 400
-before any node works.
+``openai`` package unchanged. Nothing but the grammar can make a random model's calls valid.
 
-With the reasoning parser on, a ``response_format`` (or a forced call) applies after ``</think>``: the output
-is free until that token. A random model does not end its thinking by itself, so the constrained request
-here raises the ``</think>`` token with ``logit_bias`` (the grammar masks it once it applies), moderately:
-a few random tokens of thought come first. The schema has no free text (a ``[a-z]`` pattern, integers), so
-the raised marker cannot land inside the answer.
+With the reasoning parser on, a forced call or a ``response_format`` applies after ``</think>``: the output
+is free until that token. A random model does not end its thinking by itself, so each constrained request
+here raises the ``</think>`` token with ``logit_bias`` (the grammar masks it once it applies): strongly for
+the tool calls (the thought ends at once), moderately for the reasoning test (a few random tokens of
+thought first). The tools' arguments have no free text (enums, integers, ``[a-z]`` patterns), so the raised
+marker cannot land inside a call.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ ADD = {"type": "function", "function": {
                                                     "b": {"type": "integer", "minimum": 0, "maximum": 9}},
                    "required": ["a", "b"], "additionalProperties": False}}}
 TOOLS = [WEATHER, ADD]
+PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 ANSWER = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]{1,6}$"},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 99}},
           "required": ["word", "n"], "additionalProperties": False}
@@ -94,6 +94,67 @@ def end_bias(tokenizer):
     """``logit_bias`` raising ``</think>`` by ``bias``."""
     (end_id,) = tokenizer.hf.encode("</think>", add_special_tokens=False)
     return lambda bias: {str(end_id): bias}
+
+
+def assert_valid_call(call, names=tuple(PARAMETERS)) -> None:
+    assert call.type == "function" and call.id, call
+    assert call.function.name in names, call
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+def test_required_calls_of_a_random_model_always_validate(client, model, end_bias):
+    def one(seed: int):
+        return client.chat.completions.create(
+            model=model, messages=ask(f"Question {seed}: the weather, or a sum?"), tools=TOOLS,
+            tool_choice="required", parallel_tool_calls=seed % 2 == 0, temperature=1.0, seed=seed,
+            max_tokens=MAX_TOKENS, logit_bias=end_bias(30))
+
+    with ThreadPoolExecutor(10) as pool:
+        completions = list(pool.map(one, range(10)))
+    names = set()
+    for seed, completion in enumerate(completions):
+        (choice,) = completion.choices
+        assert choice.finish_reason == "tool_calls", choice
+        calls = choice.message.tool_calls
+        assert calls and (seed % 2 == 0 or len(calls) == 1), calls
+        for call in calls:
+            assert_valid_call(call)
+            names.add(call.function.name)
+        assert len({call.id for call in calls}) == len(calls)
+        assert "</think>" not in (choice.message.content or "") + (choice.message.reasoning_content or "")
+    assert names == set(PARAMETERS), "temperature 1 picks either tool"
+
+
+def test_a_named_tool_choice_calls_exactly_that_tool(client, model, end_bias):
+    for seed in range(3):
+        completion = client.chat.completions.create(
+            model=model, messages=ask("Add two numbers."), tools=TOOLS, temperature=1.0, seed=seed,
+            tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=MAX_TOKENS,
+            logit_bias=end_bias(30))
+        (choice,) = completion.choices
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert_valid_call(call, names=("add",))
+
+
+def test_a_streamed_required_call_accumulates_to_a_valid_call(client, model, end_bias):
+    stream = client.chat.completions.create(
+        model=model, messages=ask("Weather in Oslo?"), tools=TOOLS, tool_choice="required", stream=True,
+        parallel_tool_calls=False, temperature=1.0, seed=7, max_tokens=MAX_TOKENS, logit_bias=end_bias(30))
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or ():
+                into = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                into["id"] += delta.id or ""
+                into["name"] += delta.function.name or ""
+                into["arguments"] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls" and list(calls) == [0], calls
+    call = calls[0]
+    assert call["id"] and call["name"] in PARAMETERS, call
+    jsonschema.validate(json.loads(call["arguments"]), PARAMETERS[call["name"]])
 
 
 def test_a_tool_result_round_trip_is_rendered_and_answered(client, model, tokenizer):
