@@ -300,6 +300,7 @@ class DecodeNode:
                     asyncio.get_running_loop().call_later(self.unread_stream_s, self._drop_unread, out.request_id,
                                                           stream)
                 event.finish_reason = out.finish_reason
+                event.abort_reason = out.abort_reason
                 event.prompt_tokens, event.completion_tokens = out.prompt_tokens, out.completion_tokens
                 event.cached_tokens = out.cached_tokens
             stream.queue.put_nowait(event)

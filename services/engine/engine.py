@@ -288,7 +288,10 @@ class LLMEngine(PrefillRole, DecodeRole):
         deferred, self._deferred_aborts = self._deferred_aborts | set(sampled.grammar_errors), set()
         for request_id in deferred:
             with contextlib.suppress(UnknownRequestError):
-                outputs.append(self.abort(request_id))
+                aborted = self.abort(request_id)
+                if request_id in sampled.grammar_errors:
+                    aborted.abort_reason = f"structured output: {sampled.grammar_errors[request_id]}"
+                outputs.append(aborted)
         return outputs
 
     def _output(self, request: Request, logprobs: TokenLogprobs | None = None) -> RequestOutput:

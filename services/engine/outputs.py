@@ -17,6 +17,7 @@ class RequestOutput:
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length", "abort"
+    abort_reason: str = ""  # with "abort" by the engine itself: why (e.g. the grammar could not go on)
     stop_reason: int | str | None = None  # the eos/stop token id or stop string that ended it
     prompt_tokens: int = 0
     completion_tokens: int = 0

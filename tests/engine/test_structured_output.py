@@ -248,3 +248,21 @@ def test_the_bundled_model_writes_schema_valid_json(fp32_model, bundled_tokenize
     for result in engine.generate([bundled_tokenizer.encode(prompt)] * 3, sampling):
         assert result.finish_reason == "stop", result.text
         jsonschema.validate(json.loads(result.text), SCHEMA)
+
+
+def test_a_grammar_that_cannot_go_on_aborts_its_request_saying_why(tiny, monkeypatch):
+    """The engine's own abort names the grammar's error (the decode node passes it to the gateway, whose
+    client error then says more than 'no reason given')."""
+    from services.engine.structured.matcher import RequestGrammar
+
+    engine = _engine(tiny)
+    engine.add_request(sampling=SamplingParams(max_tokens=20, structured=SPECS["regex"]), token_ids=[5, 6, 7],
+                       request_id="r")
+    monkeypatch.setattr(RequestGrammar, "advance", lambda self, token: False)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    (aborted,) = [o for o in outputs if o.finish_reason == "abort"]
+    assert aborted.abort_reason.startswith("structured output: the grammar refused the sampled token")
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
