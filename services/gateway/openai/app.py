@@ -191,7 +191,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
         generations.check(body)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id, echo = request_id_of(request, "cmpl")
         who = Identity.new(request_id, model_name)
 
         def renderer(index: int) -> Renderer:
@@ -199,12 +199,12 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
             return CompletionRenderer(who, logprobs, index)
 
         inputs = completion_inputs(body, request_id, parsers.reasoning_end_id)
-        return await generations.run(request, inputs, renderer, body)
+        return echoed(await generations.run(request, inputs, renderer, body), echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
         generations.check(body)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id, echo = request_id_of(request, "chatcmpl")
         who = Identity.new(request_id, model_name)
 
         tools = tool_request_of(body)
@@ -214,4 +214,27 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         def renderer(index: int) -> Renderer:
             return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index, split)
 
-        return await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None)
+        return echoed(await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None),
+                      echo)
+
+
+MAX_HEADER_ID_CHARS = 128
+
+
+def request_id_of(request: Request, prefix: str) -> tuple[str, str]:
+    """The request's id (the response's ``id``, the gateway's and the nodes' request id) and the
+    ``X-Request-Id`` the response echoes: ``<prefix>-<X-Request-Id>`` when the client sent one (as vLLM
+    does), else ``<prefix>-<fresh hex>`` (echoed whole)."""
+    given = request.headers.get("x-request-id")
+    if given is None:
+        fresh = f"{prefix}-{uuid.uuid4().hex}"
+        return fresh, fresh
+    if not given or len(given) > MAX_HEADER_ID_CHARS or not given.isprintable():
+        raise errors.OpenAIError(400, f"X-Request-Id: must be 1 to {MAX_HEADER_ID_CHARS} printable characters",
+                                 param="X-Request-Id")
+    return f"{prefix}-{given}", given
+
+
+def echoed(response: Response, request_id: str) -> Response:
+    response.headers["X-Request-Id"] = request_id
+    return response
