@@ -5,6 +5,7 @@ until one of its processes exits (named on stderr with its exit code; the rest a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -69,6 +70,7 @@ certificate, naming the role the node's certificate must hold (-servername):
   .venv/bin/grpcurl {grpcurl_decode} {decode} pdserve.v1.DecodeNode/NodeStatus
 Drain one node as SIGTERM would (admin only):
   .venv/bin/grpcurl {grpcurl_decode} -d '{{}}' {decode} pdserve.v1.Admin/Drain
+The admin certificate is also at {admin_link} while the cluster runs (the README's runbook uses it).
 """
 
 INSECURE_USAGE = """
@@ -99,7 +101,32 @@ def internal_usage(cluster: LocalCluster) -> str:
         return INSECURE_USAGE.format(decode=decode)
     certs = cluster.identity.directory
     return MTLS_USAGE.format(prefill=prefill, decode=decode, grpcurl_prefill=grpcurl_tls(certs, "prefill"),
-                             grpcurl_decode=grpcurl_tls(certs, "decode"))
+                             grpcurl_decode=grpcurl_tls(certs, "decode"), admin_link=admin_link(cluster.address))
+
+
+def admin_link(gateway: str) -> Path:
+    """Where the launcher links its admin certificate directory: ``$PDSERVE_CACHE_DIR/run/<gateway port>/admin``
+    (default ``~/.cache/pdserve/run/50051/admin`` under ``make run``), a fixed path the runbook can name."""
+    from services.engine.tokenizer import cache_dir  # transformers: only once a cluster runs
+
+    return cache_dir() / "run" / gateway.rsplit(":", 1)[-1] / "admin"
+
+
+@contextlib.contextmanager
+def linked_admin_certificate(cluster: LocalCluster):
+    """:func:`admin_link` → the launcher's admin certificate directory while the cluster runs (none when
+    insecure); removed when it stops."""
+    if cluster.identity is None:
+        yield None
+        return
+    link = admin_link(cluster.address)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)  # a cluster on this port before that did not stop cleanly
+    link.symlink_to(cluster.identity.directory, target_is_directory=True)
+    try:
+        yield link
+    finally:
+        link.unlink(missing_ok=True)
 
 
 def http_usage(http_url: str, api_key: str = "") -> str:
@@ -179,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     model = spec.model or "the bundled SmolLM2-135M"
     sys.stdout.write(f"starting the cluster (loading {model} in each node)...\n")
-    with start_cluster(spec) as cluster:
+    with start_cluster(spec) as cluster, linked_admin_certificate(cluster):
         sys.stdout.write(USAGE.format(
             gateway=cluster.address, model=model_line(cluster.address, spec.api_key), http=cluster.http_url or "off",
             http_usage=http_usage(cluster.http_url, spec.api_key), key_usage=KEY_USAGE if spec.api_key else "",

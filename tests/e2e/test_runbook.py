@@ -29,17 +29,23 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def runbook_commands() -> list[str]:
-    """The runbook's command lines, without comments and without the ``G=``/``N=`` assignments."""
+def runbook_lines() -> list[str]:
+    """The runbook's lines, without comments."""
     readme = (REPO / "README.md").read_text()
     block = re.search(r"<!-- runbook:start -->\s*```bash\n(.*?)```\s*<!-- runbook:end -->", readme, re.S)
     assert block, "README.md has no runbook block"
-    commands = []
-    for line in block.group(1).splitlines():
-        command = re.sub(r"\s+#.*$", "", line).strip()
-        if command and not re.fullmatch(r"[A-Z]+=\S+", command):
-            commands.append(command)
-    return commands
+    lines = (re.sub(r"\s+#.*$", "", line).strip() for line in block.group(1).splitlines())
+    return [line for line in lines if line]
+
+
+def runbook_commands() -> list[str]:
+    """The runbook's command lines, without the ``G=``/``N=``/``D=`` assignments."""
+    return [line for line in runbook_lines() if not re.match(r"[A-Z]+=", line)]
+
+
+def assignment(name: str) -> str:
+    (line,) = [line for line in runbook_lines() if line.startswith(f"{name}=")]
+    return line
 
 
 def command_for(rpc: str, target: str) -> str:
@@ -92,6 +98,10 @@ def test_runbook_against_a_live_cluster():
         generated = json_messages(run(command_for("pdserve.v1.Gateway/Generate", "$G"), G=G))
         assert "".join(m.get("text", "") for m in generated).startswith(" Paris")
         assert generated[-1]["finish_reason"] in ("length", "stop")
+
+        # The runbook's N= line names a decode node of the cluster (from ClusterStatus: make run's ports vary)
+        named = run(f"{assignment('N')} && echo $N", G=G).strip()
+        assert named in {d.address for d in cluster.decode}, named
 
         # A long generation in flight on one decode node; drain that node with the runbook's commands.
         stub = gateway_pb2_grpc.GatewayStub(channel)
