@@ -21,14 +21,15 @@ import torch
 from services.engine.adoption import AdoptionGrant, Adoptions
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import InvalidRequestError
-from services.engine.handover import HandedRequest, Handovers
+from services.engine.handover import HandedRequest, Handovers, MigrationPoll
+from services.engine.kv_offload import KVOffload
 from services.engine.request import Request
 from services.engine.request_trace import RequestTrace, end_trace
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.validation import RequestValidator
 
-__all__ = ["AdoptionGrant", "DecodeRole", "HandedRequest", "Refusal", "Reservation"]
+__all__ = ["AdoptionGrant", "DecodeRole", "HandedRequest", "MigrationPoll", "Refusal", "Reservation"]
 """The dataclasses the decode role's calls take and return, importable from here by the node."""
 
 
@@ -39,6 +40,8 @@ class DecodeRole:
     validator: RequestValidator
     eos_token_ids: tuple[int, ...]
     kv_pool: torch.Tensor
+    offload: KVOffload
+    _in_flight: set[str]
     _requests: dict[str, Request]
     _detokenizers: dict[str, IncrementalDetokenizer]
     check_structured: Callable[..., None]
@@ -114,6 +117,30 @@ class DecodeRole:
             self._requests.pop(request_id, None)
             self._detokenizers.pop(request_id, None)
         return True
+
+    # ---- migration: a draining node moves its running requests (handover.py) ------------------------
+    def mark_for_migration(self, request_ids: Sequence[str]) -> list[str]:
+        """Migrate these requests: the next turn of the engine loop takes each that decodes out of the batch
+        with its KV copied to the cache-store (:meth:`evict_for_migration`). Returns the ids marked (those
+        this engine runs or queues; a reservation not yet committed is not)."""
+        requests = [self._requests[rid] for rid in request_ids if rid in self._requests]
+        self.handovers.mark(requests)
+        return [r.request_id for r in requests]
+
+    def evict_for_migration(self) -> list[str]:
+        """Between steps (the node's loop hook, nothing in flight): take the marked requests out of the
+        batch, their KV bound for the cache-store; their ids."""
+        if not self.handovers.marked:
+            return []
+        return self.handovers.evict_marked(lambda swap: self.offload.copy_out(self.kv_pool, [swap]), self._in_flight)
+
+    def migrations_ready(self) -> MigrationPoll:
+        """Lend the migrating requests whose copy is stored; offer each, then :meth:`settle_handover` it."""
+        return self.handovers.migrations_ready()
+
+    def end_migrations(self) -> list[str]:
+        """Stop migrating: what is still marked stays, what waits for its copy resumes here. Their ids."""
+        return self.handovers.end_migrations()
 
     # ---- handover: the receiving side (adoption) ----------------------------------------------------
     def adopt(self, handed: HandedRequest, lease_s: float) -> AdoptionGrant | Refusal:

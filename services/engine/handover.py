@@ -8,19 +8,29 @@ ends the loan: granted → the request leaves this node (its offload copy is for
 deleted: the adopter reads those keys); refused → it goes back to the head of the queue, exactly as it
 was. A request aborted while lent is gone when the loan is settled (``settle`` returns None).
 
+Migration (a draining node moves its *running* requests): :meth:`mark` names requests to move;
+:meth:`evict_marked`, between two steps (nothing in flight), takes each marked request that is decoding
+out of the batch as a preemption would, its KV copied out to the cache-store whatever the node's
+``--offload-remote`` setting, and holds it out of the queue (``migrating``); a marked request already
+waiting preempted with a stored copy is taken as it is. :meth:`migrations_ready` lends those whose copy
+is stored (``settle`` ends the loan as for a handover); :meth:`end_migrations` puts back at the head of
+the queue whatever is still held (its copy not stored yet, or never), to resume here.
+
 All methods run under the engine lock. Control plane: no torch, no gRPC.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
 
 from services.engine.kv_offload import KVOffload
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
+from services.engine.step_batch import SwapOut
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,15 @@ class HandoverStats:
     handovers_out_total: int = 0
 
 
+@dataclass(frozen=True)
+class MigrationPoll:
+    """What :meth:`Handovers.migrations_ready` found: the requests lent now (to be offered), and how many
+    are still marked or waiting for their copy to be stored."""
+
+    ready: list[HandedRequest] = field(default_factory=list)
+    pending: int = 0
+
+
 class Handovers:
     def __init__(self, scheduler: Scheduler, offload: KVOffload, clock: Callable[[], float] = time.monotonic):
         self.scheduler = scheduler
@@ -50,6 +69,8 @@ class Handovers:
         self.stats = HandoverStats()
         self.lent: dict[str, Request] = {}
         self._since: dict[str, tuple[int, float]] = {}  # request id → (num_preemptions, first seen stored)
+        self.marked: set[str] = set()  # to migrate once they decode (a draining node's)
+        self.migrating: dict[str, Request] = {}  # taken out of the batch, their copy on its way to the store
 
     def due(self, after_s: float) -> list[str]:
         """Waiting preempted requests whose cache-store copy has been there ``after_s`` or longer."""
@@ -74,12 +95,15 @@ class Handovers:
         keys = self.offload.remote_keys(request_id)
         if request is None or request.status is not RequestStatus.PREEMPTED or keys is None:
             return None
-        assert request.num_computed_tokens == request.num_tokens - 1, \
-            f"{request_id}: a preempted decode keeps all but its last token's KV"
         self.scheduler.waiting.remove(request)
-        self.lent[request_id] = request
+        return self._lend(request, keys)
+
+    def _lend(self, request: Request, keys: list[bytes]) -> HandedRequest:
+        assert request.num_computed_tokens == request.num_tokens - 1, \
+            f"{request.request_id}: a preempted decode keeps all but its last token's KV"
+        self.lent[request.request_id] = request
         return HandedRequest(
-            request_id, tuple(request.prompt_token_ids), tuple(request.output_token_ids), request.sampling,
+            request.request_id, tuple(request.prompt_token_ids), tuple(request.output_token_ids), request.sampling,
             request.num_computed_tokens, tuple(keys), request.num_preemptions, request.num_cached_tokens)
 
     def settle(self, request_id: str, granted: bool) -> Request | None:
@@ -96,3 +120,88 @@ class Handovers:
             self.scheduler.waiting.appendleft(request)
             self._since[request_id] = (request.num_preemptions, self.clock())  # wait again before the next offer
         return request
+
+    # ---- migration: a draining node moves its running requests -------------------------------------
+    def mark(self, requests: Iterable[Request]) -> None:
+        """Migrate these (unfinished) requests as soon as they can be: see :meth:`evict_marked`."""
+        self.marked.update(r.request_id for r in requests if not r.status.finished)
+
+    def evict_marked(self, copy_out: Callable[[SwapOut], None], busy: Collection[str] = ()) -> list[str]:
+        """Between steps: take each marked request that decodes (and is not in ``busy``, the running step)
+        out of the batch, its KV copied out by ``copy_out`` (the engine's offload, bound for the cache-store)
+        and its blocks freed; a marked request waiting preempted with a stored copy leaves the queue. Both
+        are held in ``migrating``. A request the cache-store cannot take now (down, staging full) stays
+        marked and decoding. Returns the ids taken."""
+        taken = []
+        waiting = {r.request_id: r for r in self.scheduler.waiting}
+        running = {r.request_id: r for r in self.scheduler.running}
+        for rid in list(self.marked):
+            request = running.get(rid) or waiting.get(rid)
+            if request is None:  # finished, aborted or lent meanwhile: nothing to move
+                if rid not in self.lent:
+                    self.marked.discard(rid)
+                continue
+            if rid in waiting:
+                if request.status is not RequestStatus.PREEMPTED or self.offload.remote_keys(rid) is None:
+                    continue  # it resumes first (or its copy is still on its way): taken once it decodes
+                self.scheduler.waiting.remove(request)
+            elif request.status is not RequestStatus.RUNNING_DECODE or rid in busy \
+                    or request.num_computed_tokens != request.num_tokens - 1 or not self._evict(request, copy_out):
+                continue
+            self.marked.discard(rid)
+            self.migrating[rid] = request
+            taken.append(rid)
+        return taken
+
+    def _evict(self, request: Request, copy_out: Callable[[SwapOut], None]) -> bool:
+        """Preempt a decoding request with its KV copied out for the cache-store; False if no copy could
+        be claimed there (nothing changed)."""
+        rid, kv = request.request_id, self.scheduler.kv
+        kv_blocks = kv.block_ids(rid)[: math.ceil(request.num_computed_tokens / kv.block_size)]
+        if not self._claim_remote(rid, len(kv_blocks)):
+            return False
+        self.scheduler.running.remove(request)
+        copy_out(SwapOut(rid, tuple(kv_blocks)))
+        kv.free(rid)
+        request.transition(RequestStatus.PREEMPTED)
+        return True
+
+    def _claim_remote(self, request_id: str, num_blocks: int) -> bool:
+        """Claim an offload copy in the cache-store (a peer reads it there), even where the node keeps
+        preempted KV in host memory first (``remote_first`` is forced for this claim only)."""
+        offload = self.offload
+        if offload.remote is None or not offload.remote.available():
+            return False
+        staged = offload.staged_bytes()
+        remote_first, offload.remote_first = offload.remote_first, True
+        try:
+            claimed = offload.claim(request_id, num_blocks)
+        finally:
+            offload.remote_first = remote_first
+        if claimed and offload.staged_bytes() == staged:  # the store failed meanwhile: a host copy, no use here
+            offload.discard(request_id)
+            return False
+        return claimed
+
+    def migrations_ready(self) -> MigrationPoll:
+        """Lend each migrating request whose copy the cache-store now holds (settle it with :meth:`settle`)."""
+        ready = []
+        for rid, request in list(self.migrating.items()):
+            if request.status.finished:  # aborted while its copy was stored
+                del self.migrating[rid]
+                continue
+            keys = self.offload.remote_keys(rid)
+            if keys is not None:
+                del self.migrating[rid]
+                ready.append(self._lend(request, keys))
+        return MigrationPoll(ready, len(self.marked) + len(self.migrating))
+
+    def end_migrations(self) -> list[str]:
+        """Stop migrating: nothing stays marked, and each request still held goes back to the head of the
+        queue (it resumes here from its copy, or is recomputed if the copy was lost). Their ids."""
+        self.marked.clear()
+        back = [r for r in self.migrating.values() if not r.status.finished]
+        self.migrating.clear()
+        for request in reversed(back):
+            self.scheduler.waiting.appendleft(request)
+        return [r.request_id for r in back]
