@@ -76,6 +76,29 @@ COUNT = {"type": "integer", "minimum": 0}
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 INT_OR_PERCENT = {"type": ["integer", "string"]}
 QUANTITY = {"type": ["string", "integer"]}
+TARGET = {"type": "number", "minimum": 0}
+DURATION = {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}
+
+
+def kubernetes_list(*required: str) -> dict[str, Any]:
+    """A list of Kubernetes objects (EnvVar, Volume, …): each an object with ``required`` keys, any others."""
+    return {"type": "array", "items": {"type": "object", "required": list(required)}}
+
+
+# Escape hatches, global and per role: Kubernetes-shaped objects, checked only for the keys they must have.
+EXTRAS = {"extraEnv": kubernetes_list("name"), "extraVolumes": kubernetes_list("name"),
+          "extraVolumeMounts": kubernetes_list("name", "mountPath")}
+PEERS = kubernetes_list()
+
+
+def autoscaling_schema(*targets: str) -> dict[str, Any]:
+    """A role's scaler (HPA or KEDA), its bounds and its targets (0 = not used)."""
+    replicas = {"type": "integer", "minimum": 1}
+    return obj({"hpa": obj({"enabled": BOOLEAN}), "keda": obj({"enabled": BOOLEAN}), "minReplicas": replicas,
+                "maxReplicas": replicas, "targets": obj({name: TARGET for name in targets}), "behavior": ANY_OBJECT})
+
+
+ENGINE_TARGETS = ("requestsWaiting", "kvUsage", "ttftSeconds", "cpuUtilization")
 
 
 def role_schema(config: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -83,9 +106,10 @@ def role_schema(config: dict[str, Any], **extra: Any) -> dict[str, Any]:
         "replicas": COUNT, "config": config, "resources": ANY_OBJECT, "preStopSleepSeconds": COUNT,
         "startupProbe": obj({"periodSeconds": {"type": "integer", "minimum": 1},
                              "failureThreshold": {"type": "integer", "minimum": 1}}),
-        "pdb": obj({"enabled": BOOLEAN, "minAvailable": INT_OR_PERCENT, "maxUnavailable": INT_OR_PERCENT}),
+        "pdb": obj({"enabled": BOOLEAN, "minAvailable": {"type": ["integer", "string", "null"]},
+                    "maxUnavailable": {"type": ["integer", "string", "null"]}}),
         "nodeSelector": ANY_OBJECT, "tolerations": LIST, "affinity": ANY_OBJECT, "topologySpreadConstraints": LIST,
-        "podAnnotations": ANY_OBJECT, "podLabels": ANY_OBJECT, **extra,
+        "podAnnotations": ANY_OBJECT, "podLabels": ANY_OBJECT, **EXTRAS, **extra,
     })
 
 
@@ -116,14 +140,22 @@ def values_schema() -> dict[str, Any]:
                             "samplerArg": STRING, "env": ANY_OBJECT}),
             "podAnnotations": ANY_OBJECT, "podLabels": ANY_OBJECT, "podSecurityContext": ANY_OBJECT,
             "securityContext": ANY_OBJECT, "tmpSizeLimit": QUANTITY, "terminationMarginSeconds": COUNT,
-            "metricsAnnotations": BOOLEAN,
+            "metricsAnnotations": BOOLEAN, **EXTRAS,
+            "serviceMonitor": obj({"enabled": BOOLEAN, "interval": DURATION, "scrapeTimeout": DURATION,
+                                   "labels": ANY_OBJECT}),
+            "autoscaling": _autoscaling(),
+            "networkPolicy": obj({"enabled": BOOLEAN, "gatewayFrom": PEERS, "adminFrom": PEERS,
+                                  "metricsFrom": PEERS, "extraIngress": PEERS}),
             "gateway": role_schema(config_schema(roles["gateway"]), strategy=ANY_OBJECT, service=obj({
                 "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": ANY_OBJECT,
                 "http": obj({"enabled": BOOLEAN, "port": PORT})}),
                 apiKeySecret=obj({"name": STRING, "key": {"type": "string", "minLength": 1}}),
-                tls=obj({"secretName": STRING})),
-            "prefill": role_schema(config_schema(roles["prefill"]), strategy=ANY_OBJECT, **gpu),
-            "decode": role_schema(config_schema(roles["decode"]), strategy=ANY_OBJECT, **gpu),
+                tls=obj({"secretName": STRING}),
+                autoscaling=autoscaling_schema("requestsInFlight", "cpuUtilization")),
+            "prefill": role_schema(config_schema(roles["prefill"]), strategy=ANY_OBJECT,
+                                   autoscaling=autoscaling_schema(*ENGINE_TARGETS), **gpu),
+            "decode": role_schema(config_schema(roles["decode"]), strategy=ANY_OBJECT,
+                                  autoscaling=autoscaling_schema(*ENGINE_TARGETS), **gpu),
             "cacheStore": _cache_store(roles),
         }),
     }
@@ -135,6 +167,13 @@ def _tls() -> dict[str, Any]:
     cert_manager = obj({"enabled": BOOLEAN, "issuerRef": issuer, "duration": STRING, "renewBefore": STRING,
                         "admin": BOOLEAN})
     return obj({"internal": obj({"enabled": BOOLEAN, "secretNames": secret_names, "certManager": cert_manager})})
+
+
+def _autoscaling() -> dict[str, Any]:
+    keda = obj({"serverAddress": STRING, "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": COUNT, "authenticationRef": STRING})
+    quantile = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+    return obj({"ttftQuantile": quantile, "ttftWindow": DURATION, "prometheusAdapterRules": BOOLEAN, "keda": keda})
 
 
 def _cache_store(roles: dict[str, dict[str, list[str]]]) -> dict[str, Any]:

@@ -54,6 +54,9 @@ spec:
             name: {{ include "pdserve.componentName" . }}
       env:
         {{- include "pdserve.env" . | nindent 8 }}
+        {{- with concat (default (list) $root.Values.extraEnv) (default (list) $values.extraEnv) }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       ports:
         - {name: grpc, containerPort: {{ $ports.grpc | int }}, protocol: TCP}
         - {name: health, containerPort: {{ $ports.health | int }}, protocol: TCP}
@@ -107,6 +110,9 @@ spec:
         {{- if $publicTLS }}
         - {name: public-tls, mountPath: /etc/pdserve/public-tls, readOnly: true}
         {{- end }}
+        {{- with concat (default (list) $root.Values.extraVolumeMounts) (default (list) $values.extraVolumeMounts) }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir: {sizeLimit: {{ $root.Values.tmpSizeLimit }}}
@@ -139,6 +145,9 @@ spec:
     {{- if and (eq $role.key "cacheStore") $values.disk.enabled (not $values.disk.persistence.enabled) }}
     - name: kv-disk
       emptyDir: {sizeLimit: {{ $values.disk.sizeLimit }}}
+    {{- end }}
+    {{- with concat (default (list) $root.Values.extraVolumes) (default (list) $values.extraVolumes) }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
   {{- with $values.nodeSelector }}
   nodeSelector:
