@@ -84,9 +84,13 @@ class HandoverAgent:
 
     async def _offer(self, request_id: str, route: Route) -> None:
         handed = await self.node.worker.call(LLMEngine.lend, request_id)
-        if handed is None:
-            return
-        taker = None
+        if handed is not None:
+            await self.place(handed, route)
+
+    async def place(self, handed: HandedRequest, route: Route) -> str | None:
+        """Offer a lent request to the route's peers in order and settle the loan: the peer that took it
+        (its stream here ends with ``moved_to``), or None (it waits here again, or was aborted here)."""
+        request_id, taker = handed.request_id, None
         try:
             for peer in route.peers:
                 if await self._adopt(peer, handed, route):
@@ -95,9 +99,11 @@ class HandoverAgent:
         finally:
             kept = await self.node.worker.call(LLMEngine.settle_handover, request_id, taker is not None)
         if taker is None:
-            return
+            return None
         if not kept or not self.node.moved_to(request_id, taker):  # aborted here meanwhile: drop it there too
             await self.abort_on(taker, request_id)
+            return None
+        return taker
 
     async def _adopt(self, peer: str, handed: HandedRequest, route: Route) -> bool:
         me = self._address()

@@ -41,6 +41,7 @@ from services.decode_node.grants import CallerBounds, Grants
 from services.decode_node.handover import HandoverAgent, Route
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.kv_stores import KVStores
+from services.decode_node.migration import Migrator
 from services.engine.decode_role import AdoptionGrant, HandedRequest, Refusal
 from services.engine.engine import LLMEngine
 from services.engine.logprobs import TokenLogprobs
@@ -107,6 +108,7 @@ class DecodeNode:
         self.moved: dict[str, str] = {}  # handed over, moved_to not yet delivered: request id → adopter
         self.handover = HandoverAgent(self, handover_after_s, engine.config.offload_cache_store,
                                       address=lambda: self.address)
+        self.migration = Migrator(self)  # a drain's: running requests to the peers (migration.py)
         self.kv_received = KVTransferStats()
         layout, pool = engine.kv_layout_spec(), engine.kv_pool
         self.stores = KVStores(layout)  # where adopted requests' KV is read
@@ -329,13 +331,20 @@ class DecodeNode:
 
     @staticmethod
     def _expire(engine: LLMEngine) -> tuple[str, list[str]] | None:
+        engine.evict_for_migration()  # a drain's marked requests, between steps (migration.py)
         expired = engine.expire_reservations()
         return ("expired", expired) if expired else None
 
     async def drain(self, timeout_s: float = 30.0) -> None:
-        """Refuse new reservations; let running requests finish (up to ``timeout_s``), then abort the rest."""
+        """Refuse new reservations and adoptions; hand running requests to peers (``migration.py``, when this
+        node offloads to a cache-store); let the rest finish here (up to ``timeout_s`` in all), then abort
+        what is left."""
         self.draining = True
-        await drain_requests("decode", lambda: list(self.streams), self.abort, timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self.migration.enabled:
+            await self.migration.migrate_all(timeout_s)
+        await drain_requests("decode", lambda: list(self.streams), self.abort, max(0.0, deadline - loop.time()))
 
 
 def _trace(parent: Any) -> RequestTrace | None:

@@ -6,6 +6,7 @@ from pdserve.v1 import gateway_pb2
 
 from services.common.kv_transfer_stats import KVTransferStats
 from services.decode_node.metrics import render
+from services.decode_node.migration import MigrationStats
 
 
 def test_decode_series_carry_handovers_and_the_kv_it_received():
@@ -15,7 +16,7 @@ def test_decode_series_carry_handovers_and_the_kv_it_received():
     received = KVTransferStats()
     received.add(737_280, 2, 0.02)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in render((status, received)) for s in f.samples}
+               for f in render((status, received, MigrationStats())) for s in f.samples}
     assert samples[("pdserve_handovers_total", (("direction", "out"),))] == 2
     assert samples[("pdserve_handovers_total", (("direction", "in"),))] == 1
     assert samples[("pdserve_kv_transfer_blocks_total", (("direction", "received"),))] == 2
