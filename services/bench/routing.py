@@ -67,7 +67,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def one_run(policy: str, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
-    spec = ClusterSpec(num_prefill=2, num_decode=2, cache_store=False, gateway_args=("--routing", policy),
+    gateway = ("--routing", policy, "--routing-load-margin", str(args.load_margin))
+    spec = ClusterSpec(num_prefill=2, num_decode=2, cache_store=False, gateway_args=gateway,
                        engine_args=("--dtype", args.dtype, "--max-num-batched-tokens", "512"),
                        prefill_args=("--threads", "1"), decode_args=("--threads", "1"))
     with start_cluster(spec, stderr=subprocess.DEVNULL) as cluster, grpc.insecure_channel(cluster.address) as ch:
@@ -104,7 +105,8 @@ def table(results: dict[str, dict], args: argparse.Namespace) -> str:
             ("TTFT p50 (ms)", "{:.0f}", "ttft_p50_ms"), ("TTFT p99 (ms)", "{:.0f}", "ttft_p99_ms")]
     lines = [f"{args.requests} calls at concurrency {args.concurrency}: {args.systems} system prompts of "
              f"{args.system_tokens} tokens + {args.question_tokens}-token questions, {args.output_tokens} output "
-             f"tokens; 2 prefill + 2 decode nodes; medians of {args.rounds} rounds", "",
+             f"tokens; 2 prefill + 2 decode nodes; --routing-load-margin {args.load_margin}; medians of "
+             f"{args.rounds} rounds", "",
              "| | load | cache_aware | cache_aware / load |", "|---|---|---|---|"]
     for label, form, key in rows:
         ratio = aware[key] / load[key] if load[key] else float("nan")
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="calls at once")
     parser.add_argument("--rounds", type=int, default=3, help="runs per policy (alternating)")
     parser.add_argument("--seed", type=int, default=0, help="of the calls' order")
+    parser.add_argument("--load-margin", type=int, default=16, help="the gateway's --routing-load-margin")
     parser.add_argument("--json", default="out/bench-routing.json")
     args = parser.parse_args(argv)
     results = measure(args)

@@ -78,7 +78,7 @@ class GatewayConfig(ServerConfig):
                                           "routed, unless its load exceeds the least loaded's by more than "
                                           "--routing-load-margin; decode candidates by held prefix, then free "
                                           "blocks) or load (least loaded prefill node, decode by free blocks)")
-    routing_load_margin: int = setting(4, "cache_aware: requests (running + waiting) a node holding the prefix may "
+    routing_load_margin: int = setting(16, "cache_aware: requests (running + waiting) a node holding the prefix may "
                                           "have beyond the least loaded node and still be chosen")
     tool_call_parser: str = setting("auto", "how the HTTP front reads tool calls in the output and forces them "
                                             "(tool_choice required or named): hermes (<tool_call>{json}"

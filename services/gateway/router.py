@@ -43,7 +43,7 @@ class Route:
 
 
 class Router:
-    def __init__(self, policy: str = "cache_aware", load_margin: int = 4) -> None:
+    def __init__(self, policy: str = "cache_aware", load_margin: int = 16) -> None:
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {policy!r}")
         self.policy = policy
