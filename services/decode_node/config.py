@@ -24,6 +24,9 @@ class DecodeNodeConfig(EngineNodeConfig):
     max_reserved_blocks_per_caller_fraction: float = setting(0.5, "fraction of the KV pool one caller may hold in "
                                                                   "live reservations; past it Reserve answers "
                                                                   "granted=false naming the bound")
+    reattach_grace_s: float = setting(30.0, "a request whose Attach call ended before it did (the gateway stood "
+                                            "still, its connection broke) runs on this long waiting for the "
+                                            "gateway to attach again and resume, then is aborted")
     cache_outputs: bool = setting(False, "write finished requests' full KV blocks (prompt and output) to the "
                                          "offload cache-store under their content keys")
 
@@ -38,6 +41,8 @@ class DecodeNodeConfig(EngineNodeConfig):
         if not 0 < self.max_reserved_blocks_per_caller_fraction <= 1:
             raise ValueError("max_reserved_blocks_per_caller_fraction must be in (0, 1], got "
                              f"{self.max_reserved_blocks_per_caller_fraction}")
+        if self.reattach_grace_s <= 0:
+            raise ValueError(f"reattach_grace_s must be > 0, got {self.reattach_grace_s}")
         if self.cache_outputs and not self.offload_cache_store:
             raise ValueError("cache_outputs needs --offload-cache-store")
 

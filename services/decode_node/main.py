@@ -26,7 +26,8 @@ async def serve(config: DecodeNodeConfig) -> None:
         lambda engine: DecodeNode(engine, default_lease_s=config.lease_ms / 1000, num_threads=config.threads or None,
                                   handover_after_s=config.handover_after_ms / 1000, kv_ipc=config.kv_ipc == "auto",
                                   max_reservations_per_caller=config.max_reservations_per_caller,
-                                  max_reserved_blocks_fraction=config.max_reserved_blocks_per_caller_fraction),
+                                  max_reserved_blocks_fraction=config.max_reserved_blocks_per_caller_fraction,
+                                  reattach_grace_s=config.reattach_grace_s),
         make_binding, decode_registry)
 
 

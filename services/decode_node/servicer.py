@@ -23,12 +23,14 @@ from services.common.errors import (
 from services.common.field_checks import check_request_id
 from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
+from services.common.stream_close import ATTACH_FINAL
 from services.common.tls.roles import caller_name as caller_of
 from services.common.tracing import traced_rpc
 from services.decode_node.caller_identity import needs_grant_token
 from services.decode_node.handover import Route
 from services.decode_node.message_checks import check_adopt, check_batch, check_reserve
 from services.decode_node.node import DecodeNode
+from services.decode_node.token_stream import TokenEvent
 from services.decode_node.transfer_gate import TransferGate
 from services.engine.decode_role import HandedRequest, Refusal
 from services.engine.engine import LLMEngine
@@ -183,17 +185,17 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @traced_rpc("Attach")
     async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
-        check_request_id(request.request_id)
-        async with contextlib.aclosing(self.node.attach(request.request_id)) as events:
-            async for event in events:  # the stream is dropped (and the request aborted) when the call ends
-                message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
-                                                moved_to=event.moved_to, abort_reason=event.abort_reason,
-                                                logprobs=logprobs_to_proto(event.logprobs))
-                if event.finish_reason is not None:
-                    message.usage.CopyFrom(gateway_pb2.Usage(
-                        prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                        cached_tokens=event.cached_tokens))
-                yield message
+        """The request's events after ``resume_after`` tokens (``DecodeNode.attach``). An error of the
+        node's own carries ``ATTACH_FINAL`` in the trailing metadata: the gateway does not attach again
+        (a broken call has no such metadata, and it does)."""
+        try:
+            check_request_id(request.request_id)
+            async with contextlib.aclosing(self.node.attach(request.request_id, request.resume_after)) as events:
+                async for event in events:  # a call that ends before the stream leaves it for a re-attach
+                    yield _token_event(event)
+        except mapped_errors():
+            context.set_trailing_metadata(((ATTACH_FINAL, "1"),))
+            raise
 
     @grpc_errors
     @traced_rpc("Abort")
@@ -229,6 +231,17 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
         status.metrics_url = self.metrics_url
         status.calls_in_flight = len(self.node.streams)
         return status
+
+
+def _token_event(event: TokenEvent) -> decode_pb2.TokenEvent:
+    message = decode_pb2.TokenEvent(token_ids=event.token_ids, finish_reason=event.finish_reason or "",
+                                    moved_to=event.moved_to, abort_reason=event.abort_reason,
+                                    logprobs=logprobs_to_proto(event.logprobs))
+    if event.finish_reason is not None:
+        message.usage.CopyFrom(gateway_pb2.Usage(prompt_tokens=event.prompt_tokens,
+                                                 completion_tokens=event.completion_tokens,
+                                                 cached_tokens=event.cached_tokens))
+    return message
 
 
 def _error_ack(seq: int, request_id: str, error: Exception) -> decode_pb2.KVAck:
