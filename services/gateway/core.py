@@ -17,7 +17,7 @@ import contextlib
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,9 +144,11 @@ class GatewayCore:
                     return [*results[:i], error]
         return results
 
-    async def encode_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> list[int]:
-        """The validator's ``encode_prompt`` of a text or chat messages, on a worker thread when long."""
-        return await self._tokenizer_threads.run(lambda: self.validator.encode_prompt(prompt, None, messages),
+    async def encode_prompt(self, prompt: str | None, messages: list[ChatMessage] | None,
+                            tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+        """The validator's ``encode_prompt`` of a text or chat messages (with ``tools`` for the template), on
+        a worker thread when long."""
+        return await self._tokenizer_threads.run(lambda: self.validator.encode_prompt(prompt, None, messages, tools),
                                                  inline=tokenizes_inline(prompt, messages))
 
     async def decode(self, token_ids: Sequence[int]) -> str:

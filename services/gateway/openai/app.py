@@ -95,7 +95,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     _add_info_routes(app, settings, state)
     _add_generation_routes(app, Generations(core, metrics, settings, state, parsers))
-    add_tokenize_routes(app, core, settings.model_name)
+    add_tokenize_routes(app, core, settings.model_name, parsers)
     return app
 
 

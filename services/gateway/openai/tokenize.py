@@ -2,20 +2,25 @@
 template, as the gateway applies them to a request, without running anything on the nodes.
 
 ``/tokenize`` takes a ``prompt`` or chat ``messages`` (templated with the generation prompt, as
-``/v1/chat/completions`` sends them) and answers ``count``, ``max_model_len`` and ``tokens`` (with
+``/v1/chat/completions`` sends them: with its ``tools`` and ``tool_choice``, tool calls and tool results
+included) and answers ``count``, ``max_model_len`` and ``tokens`` (with
 ``return_token_strs``, each token's string too). ``/detokenize`` takes ``tokens`` and answers ``prompt``.
 Bad input is a 400 naming the field, as on the other endpoints.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
-from services.engine.tokenizer import ChatMessage
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from services.gateway.core import GatewayCore
 from services.gateway.openai import errors
-from services.gateway.openai.schemas import ChatMessageBody
+from services.gateway.openai.parsers import FrontParsers
+from services.gateway.openai.schemas import ChatCompletionBody, ChatMessageBody
+from services.gateway.openai.translate import chat_input
 from services.gateway.openai.unsupported import refuse_unsupported
 
 
@@ -25,6 +30,8 @@ class TokenizeBody(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessageBody] | None = Field(None, min_length=1)
+    tools: list[Any] | None = None  # checked as chat completions check them
+    tool_choice: Any = None
     return_token_strs: bool = False
 
 
@@ -44,7 +51,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str) -> None:
+def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str, parsers: FrontParsers) -> None:
     def check_model(model: str | None) -> None:
         if model is not None and model != served_model:
             raise errors.model_not_found(model, served_model)
@@ -55,8 +62,16 @@ def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str) -> N
         refuse_unsupported(body.model_extra)
         if (body.prompt is None) == (body.messages is None):
             raise errors.OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
-        messages = None if body.messages is None else [ChatMessage(m.role, m.text) for m in body.messages]
-        ids = await core.encode_prompt(body.prompt, messages)  # InvalidRequestError: a 400 naming it
+        if body.messages is None:
+            ids = await core.encode_prompt(body.prompt, None)  # InvalidRequestError: a 400 naming it
+        else:
+            try:
+                chat = ChatCompletionBody.model_validate({"messages": body.messages, "tools": body.tools,
+                                                         "tool_choice": body.tool_choice})
+            except ValidationError as error:  # a 400 naming the param, as the request body's own
+                raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
+            templated = chat_input(chat, "tokenize", parsers)  # tool checks: a 400 naming the param
+            ids = await core.encode_prompt(None, list(templated.messages or ()), templated.tools)
         strings = core.tokenizer.hf.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=core.settings.max_model_len, tokens=ids,
                                 token_strs=strings)

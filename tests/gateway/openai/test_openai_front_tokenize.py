@@ -56,3 +56,29 @@ async def test_a_long_prompt_and_many_messages_tokenize_as_short_ones_do(front, 
     chat = (await front.http.post("/tokenize", json={"messages": [
         {"role": m.role, "content": m.content} for m in messages]})).json()
     assert chat["tokens"] == tokenizer.apply_chat_template(messages)
+
+
+async def test_tokenize_renders_tools_and_tool_turns_as_chat_completions_does(front, tokenizer):
+    """With ``tools`` and tool-call turns, ``/tokenize`` gives the ids a chat completion sends (the bundled
+    template has no tool section: the parser's system block and text, as the request gets them)."""
+    from tests.gateway.openai.test_openai_front_api import script
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    messages = [{"role": "user", "content": "Add one."},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                      "function": {"name": "add", "arguments": "{\"a\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"}]
+    script(front, tokenizer)
+    chat = await front.http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                               "tools": tools, "max_tokens": 2})
+    assert chat.status_code == 200, chat.text
+    sent = list(front.cluster.p.requests[-1].prompt_token_ids)
+    reply = await front.http.post("/tokenize", json={"model": MODEL, "messages": messages, "tools": tools})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["tokens"] == sent
+    plain = await front.http.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert plain.json()["tokens"] != sent  # the tools' system block is in the request's prompt
+    bad = await front.http.post("/tokenize", json={"model": MODEL, "messages": messages, "tools": tools,
+                                                   "tool_choice": {"type": "function", "function": {"name": "x"}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
