@@ -44,6 +44,10 @@ class LiveRequests:
     def ids(self) -> list[str]:
         return list(self._live)
 
+    def unended(self) -> list[str]:
+        """The requests neither finished, failed nor being ended here."""
+        return [rid for rid, live in self._live.items() if not live.ending]
+
     async def enter(self, request_id: str) -> LiveRequest:
         """Register the calling task's request; waits for an ending one with the same id to finish."""
         while (old := self._live.get(request_id)) is not None:  # again after a wait: another may have won

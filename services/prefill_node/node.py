@@ -283,10 +283,34 @@ class PrefillNode:
         await asyncio.gather(*(self.live.end(request_id, reason) for request_id in ids))
 
     async def drain(self, timeout_s: float) -> None:
-        """Refuse new requests; let those in flight finish (up to ``timeout_s``), then end the rest: their
-        calls fail ``UNAVAILABLE`` saying so, their reservations on decode nodes are aborted."""
+        """Refuse new requests; end at once those not started here (still finding a decode node, or queued
+        in the engine): their calls fail ``UNAVAILABLE`` saying the node is draining, so the gateway runs
+        them on another prefill node (it retries ``UNAVAILABLE`` before the first token). Let the others
+        finish (up to ``timeout_s``), then end the rest the same way; reservations on decode nodes are
+        aborted."""
         self.draining = True
+        queued = await self._not_started()
+        if queued:
+            log.info("drain: ending the requests not started here", requests=len(queued))
+            await asyncio.gather(*(self.abort(rid, DRAINING_QUEUED) for rid in queued))
         await drain_requests("prefill", self.live.ids, self.abort, timeout_s)
+
+    async def _not_started(self) -> list[str]:
+        """Live requests that have not started computing here: not yet admitted to the engine (finding a
+        decode node, fetching cached blocks), or admitted and still queued there (no KV blocks yet)."""
+        unended = self.live.unended()
+        admitted = [rid for rid in unended if rid in self.handoffs]
+        queued = set(await self.worker.call(_queued_in_engine, admitted))
+        return [rid for rid in unended if rid not in self.handoffs or rid in queued]
+
+
+DRAINING_QUEUED = "the prefill node is draining and had not started it; the gateway may run it elsewhere"
+
+
+def _queued_in_engine(engine: LLMEngine, request_ids: list[str]) -> list[str]:
+    """Of these admitted requests, those the engine holds but has not started: queued, no KV blocks yet
+    (under the engine lock)."""
+    return [rid for rid in request_ids if engine.holds(rid) and not engine.kv.has_request(rid)]
 
 
 async def _first_token(queue: Handoffs, sender: KVSender) -> FirstToken:
