@@ -8,19 +8,23 @@ before: an adopter that finishes with nobody attached keeps the tokens only for 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
+import structlog
 
 from services.common import keepalive
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import NodeCallError
 from services.gateway.nodes import PREFILL
 
+log = structlog.get_logger(__name__)
 STREAM_END = object()  # a leg's stream ended normally
+Reattach = Callable[["Leg", Exception], Awaitable[bool]]
+"""``(leg, error)``: True once ``leg.call`` resumes the broken stream (``reattach.Reattacher``)."""
 
 @dataclass(eq=False)  # legs are told apart by identity: a request may come back to a node it left
 class Leg:
@@ -33,6 +37,19 @@ class Leg:
     ended: bool = False  # no more reading: the stream ended or was cancelled, the claim released
     successor: Leg | None = None  # the decode leg opened on this one's ``moved_to``, before the relay got there
     stalled_s: float = 0.0  # the gateway's own event loop had just stood still this long when the call failed
+    tokens: int = 0  # token ids read from this node's streams (a re-attach resumes after them)
+    broken: Break | None = None  # the call broke and the leg is re-attaching (``reattach``); None once it flows
+
+
+@dataclass
+class Break:
+    """A decode leg's call broke: its first failure, when, and how the re-attaching goes."""
+
+    error: Exception
+    since: float  # time.monotonic()
+    gateway_stalled: bool  # this gateway had just stood still past the keepalive timeout
+    backoff_s: float
+    attempts: int = 0
 
 
 LegEvent = tuple[Leg | None, Any]
@@ -42,20 +59,33 @@ LegEvent = tuple[Leg | None, Any]
 
 async def pump_events(leg: Leg, queue: asyncio.Queue[LegEvent],
                       on_moved: Callable[[Leg, str], None] | None = None,
-                      recent_stall: Callable[[], float] = lambda: 0.0) -> None:
+                      recent_stall: Callable[[], float] = lambda: 0.0, reattach: Reattach | None = None) -> None:
     """Read the leg's call into ``queue`` until it ends; a failure is queued, not raised (the relay raises
     it in the request's handler, maybe much later: a slow client paces it), with ``recent_stall()`` as it
-    was when the call failed. ``on_moved(leg, address)`` is called on a ``moved_to`` as it arrives."""
-    try:
-        async for event in leg.call:
-            queue.put_nowait((leg, event))
-            if on_moved is not None and event.moved_to:  # on_moved: decode legs only (TokenEvent)
-                on_moved(leg, event.moved_to)
-    except Exception as error:  # not swallowed: queued for the relay
-        leg.stalled_s = recent_stall()
-        queue.put_nowait((leg, error))
+    was when the call failed. ``on_moved(leg, address)`` is called on a ``moved_to`` as it arrives. A
+    decode leg's ``reattach`` may replace a broken call with one that resumes it: the queue sees one
+    stream; when it gives up, the first failure is queued."""
+    while True:
+        try:
+            async for event in leg.call:
+                if leg.broken is not None:
+                    log.info("resumed the decode stream", node=leg.address, request_id=leg.request_id,
+                             resume_after=leg.tokens, attempts=leg.broken.attempts)
+                    leg.broken = None
+                if reattach is not None:  # decode legs (TokenEvent)
+                    leg.tokens += len(event.token_ids)
+                queue.put_nowait((leg, event))
+                if on_moved is not None and event.moved_to:  # on_moved: decode legs only (TokenEvent)
+                    on_moved(leg, event.moved_to)
+        except Exception as error:  # not swallowed: queued for the relay
+            if leg.broken is None:
+                leg.stalled_s = recent_stall()
+            if reattach is not None and await reattach(leg, error):
+                continue
+            queue.put_nowait((leg, leg.broken.error if leg.broken is not None else error))
+            return
+        queue.put_nowait((leg, STREAM_END))
         return
-    queue.put_nowait((leg, STREAM_END))
 
 
 def leg_failure(leg: Leg, error: grpc.aio.AioRpcError, directory: NodeDirectory) -> NodeCallError:

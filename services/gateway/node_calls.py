@@ -8,7 +8,7 @@ into the request's queue), ends them (releasing the claim, cancelling the call w
 gateway's events (``node_events``), translated from the protos in ``node_client``. A decode leg whose pump
 sees ``moved_to`` opens its successor on the adopter at once (:meth:`open_successor`), whether or not the
 relay — paced by the client's reading — got there: an adopter that finishes with nobody attached keeps
-the tokens only for a while.
+the tokens only for a while. A decode leg whose call broke attaches again and resumes (``reattach.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from services.gateway.directory import NodeDirectory
 from services.gateway.legs import Leg, LegEvent, pump_events
 from services.gateway.node_events import PrefillCall
 from services.gateway.nodes import DECODE, PREFILL
+from services.gateway.reattach import Reattacher
 
 Aborter = Callable[[str, str, str, str], Awaitable[None]]
 """``(role, address, request_id, reason)``: best-effort ``Abort`` of the request on that node."""
@@ -48,6 +49,7 @@ class NodeCalls:
         self.prefill: Leg | None = None
         self.decode: Leg | None = None
         self.closed = False  # no more legs are opened (the request ended)
+        self._reattach = Reattacher(directory.stub, timeout, lambda: tracing.outgoing(trace), name)
 
     def all(self) -> list[Leg]:
         """The prefill leg, the decode leg, and the decode legs opened on handovers not relayed yet."""
@@ -94,7 +96,8 @@ class NodeCalls:
         self.directory.claim(address)
         leg = Leg(role, address, call, self._attempt_id())
         moved = self.open_successor if role == DECODE else None
-        leg.pump = asyncio.create_task(pump_events(leg, self.queue, moved, self._recent_stall),
+        reattach = self._reattach if role == DECODE else None
+        leg.pump = asyncio.create_task(pump_events(leg, self.queue, moved, self._recent_stall, reattach),
                                        name=f"{role}:{self._name}")
         return leg
 

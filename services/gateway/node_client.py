@@ -106,10 +106,11 @@ def open_prefill(stub: Any, call: PrefillCall, timeout: float | None, metadata: 
                       prefill_event_from_proto)
 
 
-def open_attach(stub: Any, request_id: str, timeout: float | None, metadata: Metadata) -> NodeStream[TokenEvent]:
-    """``DecodeNode.Attach``: a decode leg's stream."""
-    return NodeStream(stub.Attach(decode_pb2.AttachRequest(request_id=request_id), timeout=timeout,
-                                  metadata=metadata), token_event_from_proto)
+def open_attach(stub: Any, request_id: str, timeout: float | None, metadata: Metadata,
+                resume_after: int = 0) -> NodeStream[TokenEvent]:
+    """``DecodeNode.Attach``: a decode leg's stream, after the first ``resume_after`` tokens of the node's."""
+    return NodeStream(stub.Attach(decode_pb2.AttachRequest(request_id=request_id, resume_after=resume_after),
+                                  timeout=timeout, metadata=metadata), token_event_from_proto)
 
 
 # --- the unary calls of every node ---
@@ -126,6 +127,8 @@ def node_info_from_proto(address: str, status: gateway_pb2.NodeStatus) -> NodeIn
     return NodeInfo(address=address, role=status.role, **{name: getattr(status, name) for name in STATUS_FIELDS})
 
 
-async def node_status(stub: Any, address: str, timeout: float) -> NodeInfo:
-    """``NodeStatus``: the node as it reports itself (see :func:`node_info_from_proto`); a failed call raises."""
-    return node_info_from_proto(address, await stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=timeout))
+async def node_status(stub: Any, address: str, timeout: float, wait_for_ready: bool = False) -> NodeInfo:
+    """``NodeStatus``: the node as it reports itself (see :func:`node_info_from_proto`); a failed call raises.
+    ``wait_for_ready``: wait (within ``timeout``) for a connection rather than fail while there is none."""
+    return node_info_from_proto(address, await stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=timeout,
+                                                               wait_for_ready=wait_for_ready))

@@ -14,6 +14,7 @@ import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 
 from services.common.server import NodeServer, ServiceBinding
+from services.common.stream_close import ATTACH_FINAL
 
 Script = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
 
@@ -106,6 +107,7 @@ class FakeDecode(FakeNode, decode_pb2_grpc.DecodeNodeServicer):
     def __init__(self, tokens: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.attaches: list[str] = []
+        self.resume_after: list[int] = []  # each Attach's
         self.tokens = tokens
         self.script: Script = self.well_behaved
         self.hold = asyncio.Event()  # scripts that stall wait on it
@@ -116,6 +118,10 @@ class FakeDecode(FakeNode, decode_pb2_grpc.DecodeNodeServicer):
     async def Attach(self, request: decode_pb2.AttachRequest, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[decode_pb2.TokenEvent]:
         self.attaches.append(request.request_id)
+        self.resume_after.append(request.resume_after)
+        # as a real decode node: an error it ends the call with is final (a script that breaks the call
+        # on purpose clears this)
+        context.set_trailing_metadata(((ATTACH_FINAL, "1"),))
         async for event in self._stream(self.script, request, context):
             yield event
 
