@@ -8,6 +8,13 @@ and GPU weights stay plain tensors with ``F.linear`` (float32 is the exact-parit
 A weight may also carry its 4-bit form (:mod:`kernels.int4_linear`, from a Q4 GGUF file): products of at
 most ``int4_max_rows`` rows (small decode batches, bound by streaming the weight from memory) use it,
 larger ones (prefill chunks, large batches, bound by arithmetic) use the dense weight.
+
+Row invariance (the deterministic mode): a row's result must not depend on how many rows share the
+product. Measured on this project's CPU (bf16, SmolLM2-135M's shapes, 1 and 2 threads): torch's int4 kernel
+gives every row the same bits at any row count (1..1024), while oneDNN's dense kernel does so only up to
+32 rows and switches kernel (and reduction order) above — by up to 0.03 in bf16 — and the switch between
+the two paths at ``int4_max_rows`` changes a row by up to 0.13. So ``int4_max_rows=INT4_ALL_ROWS`` gives
+one 4-bit path for every step, and ``row_block`` runs a dense product in blocks of at most that many rows.
 """
 
 from __future__ import annotations
@@ -18,6 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from kernels.int4_linear import GroupQuantized, Int4Weight, int4_linear, pack_int4
+
+INT4_ALL_ROWS = 2**62
+"""``int4_max_rows`` that sends every product to the 4-bit weight (the deterministic mode)."""
+INVARIANT_ROW_BLOCK = 32
+"""The most rows per dense product whose per-row result is that of the row alone (measured; the kernel
+test ``tests/kernels/test_linear_row_invariant.py`` checks it on the machine it runs on)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,7 @@ class LinearWeight:
     int4: Int4Weight | None = None
     int4_max_rows: int = 0
     bias: torch.Tensor | None = None  # added to every row (q/k/v biases of Qwen2)
+    row_block: int = 0  # > 0: dense products run in blocks of at most this many rows (row invariance)
 
 
 def _packing_supported(weight: torch.Tensor) -> bool:
@@ -39,17 +53,18 @@ def _packing_supported(weight: torch.Tensor) -> bool:
 
 
 def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized | None = None,
-                   int4_max_rows: int = 0, bias: torch.Tensor | None = None) -> LinearWeight:
+                   int4_max_rows: int = 0, bias: torch.Tensor | None = None, row_block: int = 0) -> LinearWeight:
     """``int4``: the same weight's 4-bit codes, used for products of at most ``int4_max_rows`` rows (the
-    caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype."""
+    caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype.
+    ``row_block``: see :class:`LinearWeight`."""
     packed_int4 = pack_int4(int4, weight.dtype) if int4 is not None and int4_max_rows > 0 else None
     if packed_int4 is not None:
         assert (packed_int4.out_features, packed_int4.in_features) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias)
-    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias)
+        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block)
+    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block)
 
 
 def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
@@ -57,6 +72,13 @@ def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     if weight.int4 is not None and x.shape[0] <= weight.int4_max_rows:
         out = int4_linear(x, weight.int4)
         return out if weight.bias is None else out + weight.bias
+    block = weight.row_block
+    if block and x.shape[0] > block:
+        return torch.cat([_dense(x[i:i + block], weight) for i in range(0, x.shape[0], block)])
+    return _dense(x, weight)
+
+
+def _dense(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     if weight.packed:
         return torch.ops.mkldnn._linear_pointwise(x, weight.weight, weight.bias, "none", [], "")
     return F.linear(x, weight.weight, weight.bias)

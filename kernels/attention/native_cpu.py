@@ -52,7 +52,7 @@ def _library() -> ctypes.CDLL:
         raise BackendUnavailableError(f"attention backend 'cpu_native' is unavailable: {exc}") from exc
     pointer, c_int = ctypes.c_void_p, ctypes.c_int
     for function in (library.paged_decode_bf16, library.paged_decode_f32):
-        function.argtypes = [pointer] * 7 + [c_int] * 6 + [ctypes.c_float, pointer, c_int]
+        function.argtypes = [pointer] * 7 + [c_int] * 6 + [ctypes.c_float, pointer, c_int, c_int]
         function.restype = c_int
     library.paged_decode_supports.argtypes = [c_int] * 4
     library.paged_decode_supports.restype = c_int
@@ -202,6 +202,7 @@ class NativeCpuAttention(AttentionBackend):
             scale,
             out.data_ptr(),
             torch.get_num_threads(),
+            0,
         )
         if status != 0:
             raise RuntimeError(

@@ -125,3 +125,4 @@ def _check_available(factory: BackendFactory) -> None:
 register_backend(TorchPagedAttention.name, TorchPagedAttention)
 register_backend("flashinfer", "kernels.attention.flashinfer:FlashInferBackend")
 register_backend("cpu_native", "kernels.attention.native_cpu:NativeCpuAttention")
+register_backend("cpu_fixed_order", "kernels.attention.fixed_order:FixedOrderCpuAttention")

@@ -32,6 +32,9 @@ class EngineConfig:
     offload_cache_store: str = ""  # cache-store address for preempted KV once the host budget is full
     offload_remote: str = "overflow"  # "always": preempted KV goes to the cache-store even with host room
     cache_outputs: bool = False  # finished requests' full blocks go to the cache-store (content keys)
+    # Batch-invariant numerics: a request's tokens do not depend on the load, its cache hits, its chunking or
+    # the path (one weight path for every step size, fixed-order attention; CPU only; see model/decoder.py).
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -77,13 +77,16 @@ class LLMEngine(PrefillRole, DecodeRole):
             1, int(config.kv_cache_gib * 2**30) // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size)
         )
         int4 = {"int4_max_rows": model.int4_max_rows} if model.int4_max_rows else {}
+        if config.deterministic:  # other numerics: its KV is not a default node's
+            int4["deterministic"] = True
         self.model_identity = dict(fingerprint_identity or {"model": cfg.name})  # NodeStatus reports it
         self.fingerprint = model_fingerprint(
             **self.model_identity, dtype=config.dtype, block_size=config.block_size,
             num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, **int4,
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
+                                  deterministic=config.deterministic)
         remote = self._remote_store(remote_store)
         block_bytes = bytes_per_block(self.runner.kv_cache)
         self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
@@ -126,7 +129,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         weights = load_weights(config.model_path, keep_q4=config.int4_max_rows > 0
                                and int4_supported(config.device, config.torch_dtype))
         model = DecoderModel(weights.config, weights.tensors, config.torch_dtype, config.device,
-                           quantized=weights.quantized, int4_max_rows=config.int4_max_rows)
+                           quantized=weights.quantized, int4_max_rows=config.int4_max_rows,
+                           deterministic=config.deterministic)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
         check_vocabulary(weights.config, tokenizer.vocab_size)
         identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}

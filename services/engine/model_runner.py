@@ -11,12 +11,24 @@ from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
 
+DETERMINISTIC_ATTENTION = "cpu_fixed_order"
+"""The attention backend of the deterministic mode: one reduction order per query, whatever its step."""
+
 
 class ModelRunner:
     """Owns the model, the KV cache tensor ``[layers, blocks, 2, block_size, kv_heads, head_dim]`` and
-    the attention backend; :meth:`execute` runs one step and returns the sampled token per request."""
+    the attention backend; :meth:`execute` runs one step and returns the sampled token per request.
 
-    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None):
+    ``deterministic``: attention through :data:`DETERMINISTIC_ATTENTION` (another named backend is refused
+    with ``ValueError``), so that with a ``deterministic`` model a row's logits do not depend on its step."""
+
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,
+                 deterministic: bool = False):
+        if deterministic:
+            if attention_backend not in (None, "auto", DETERMINISTIC_ATTENTION):
+                raise ValueError(f"the deterministic mode needs attention backend {DETERMINISTIC_ATTENTION!r}, "
+                                 f"not {attention_backend!r}")
+            attention_backend = DETERMINISTIC_ATTENTION
         cfg = model.config
         self.model = model
         self.block_size = block_size

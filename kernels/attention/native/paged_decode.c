@@ -428,7 +428,7 @@ int paged_decode_supports(int num_heads, int num_kv_heads, int head_dim, int blo
            (size_t)num_heads * head_dim <= MAX_STATE;
 }
 
-static int run(Ctx *c, void *out, int num_seqs, int num_threads) {
+static int run(Ctx *c, void *out, int num_seqs, int num_threads, int fixed_order) {
     if (!paged_decode_supports(c->num_heads, c->num_kv_heads, c->head_dim, c->block_size)) return PD_UNSUPPORTED;
     if (num_seqs <= 0) return PD_OK;
     if (num_threads < 1) num_threads = 1;
@@ -443,7 +443,7 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads) {
     for (int i = 0; i < num_seqs; i++) longest = c->seq_lens[i] > longest ? c->seq_lens[i] : longest;
     const int wanted = (2 * num_threads + num_seqs - 1) / num_seqs, cap = longest / MIN_SPLIT_TOKENS;
     c->splits = wanted < cap ? wanted : cap;
-    c->splits = c->splits < 1 ? 1 : c->splits;
+    c->splits = c->splits < 1 || fixed_order ? 1 : c->splits;
     const int items = num_seqs * c->splits;
     /* One state per item when splitting (merged afterwards), else one per thread. */
     State *states = aligned_alloc(64, sizeof(State) * (c->splits > 1 ? items : num_threads));
@@ -481,12 +481,13 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads) {
 #define DEFINE_DECODE(NAME, T, IS_BF16)                                                                         \
     int NAME(const T *q, const T *k_new, const T *v_new, const int64_t *new_rows, T *kv_cache,                   \
              const int32_t *block_tables, const int32_t *seq_lens, int num_seqs, int max_blocks, int num_heads,  \
-             int num_kv_heads, int head_dim, int block_size, float scale, T *out, int num_threads) {             \
+             int num_kv_heads, int head_dim, int block_size, float scale, T *out, int num_threads,               \
+             int fixed_order) {                                                                                  \
         Ctx c = {.q = q, .k_new = k_new, .v_new = v_new, .new_rows = new_rows, .kv = kv_cache,                   \
                  .block_tables = block_tables, .seq_lens = seq_lens,                                             \
                  .max_blocks = max_blocks, .num_heads = num_heads, .num_kv_heads = num_kv_heads,                 \
                  .head_dim = head_dim, .block_size = block_size, .is_bf16 = IS_BF16, .scale = scale};            \
-        return run(&c, out, num_seqs, num_threads);                                                             \
+        return run(&c, out, num_seqs, num_threads, fixed_order);                                                \
     }
 
 /* out[s, h, :] = softmax(scale * q[s, h] . K[s]) V[s] over the first seq_lens[s] >= 1 slots of sequence
@@ -495,7 +496,10 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads) {
  * [num_seqs, num_heads, head_dim], contiguous. Unless k_new is NULL, first stores each sequence's new
  * token (k_new[s], v_new[s]: [num_seqs, num_kv_heads, head_dim], contiguous) at K row new_rows[s] of
  * the cache viewed as [-1, num_kv_heads, head_dim] (its V row is block_size further); that slot must
- * be position seq_lens[s] - 1. Runs on up to num_threads OpenMP threads. Returns 0, or a negative code
+ * be position seq_lens[s] - 1. Runs on up to num_threads OpenMP threads. Unless fixed_order is 0, a
+ * sequence is never split across threads (split-KV): each query then sums its slots in one order, blocks
+ * and tiles ascending, whatever the number of sequences and threads (the deterministic mode; a step's
+ * prefill rows may be passed as sequences of their own, k_new NULL). Returns 0, or a negative code
  * having touched nothing: -1 unsupported shape (see paged_decode_supports), -2 out of memory. */
 DEFINE_DECODE(paged_decode_bf16, uint16_t, 1)
 DEFINE_DECODE(paged_decode_f32, float, 0)

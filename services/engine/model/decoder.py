@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.int4_linear import GroupQuantized, int4_supported
-from kernels.linear import LinearWeight, linear, prepare_linear
+from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, LinearWeight, linear, prepare_linear
 from kernels.norm import rms_norm
 from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
@@ -45,13 +45,21 @@ class DecoderModel:
     torch's int4 kernel runs (bf16 on CPU), projections of at most that many rows use them.
     ``self.int4_max_rows`` is what is in effect (0: every product is dense).
 
+    ``deterministic``: every row's numbers independent of the step's row count (see :mod:`kernels.linear`):
+    the 4-bit weights, where there are, serve every step size (``int4_max_rows`` becomes
+    :data:`INT4_ALL_ROWS`), and dense products run in blocks of :data:`INVARIANT_ROW_BLOCK` rows.
+
     Raises :class:`ModelLoadError` naming the tensor when one is missing, misshapen, not a float, or left
     over (a feature of the checkpoint this family does not have)."""
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
-                 int4_max_rows: int = 0):
+                 int4_max_rows: int = 0, deterministic: bool = False):
         self.config = config
+        self.deterministic = deterministic
+        self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0
+        if deterministic and int4_max_rows > 0:
+            int4_max_rows = INT4_ALL_ROWS
         self.dtype = dtype
         self.device = torch.device(device)
         usable = bool(quantized) and int4_max_rows > 0 and int4_supported(self.device, dtype)
@@ -62,9 +70,10 @@ class DecoderModel:
         self.embed = source.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         self.final_norm = source.take("model.norm.weight", (cfg.hidden_size,))
         if cfg.tie_word_embeddings:
-            self.lm_head = prepare_linear(self.embed)
+            self.lm_head = prepare_linear(self.embed, row_block=self._row_block)
         else:
-            self.lm_head = prepare_linear(source.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+            self.lm_head = prepare_linear(source.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)),
+                                          row_block=self._row_block)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
         source.check_all_taken()
         del self._source, self._quantized
@@ -82,9 +91,10 @@ class DecoderModel:
             biases = [take(n.removesuffix(".weight") + ".bias", (s[0],)) for n, s in parts]
             fused_bias = torch.cat(biases) if len(biases) > 1 else biases[0]
         if not all(name in self._quantized for name in names):
-            return prepare_linear(dense, bias=fused_bias)
+            return prepare_linear(dense, bias=fused_bias, row_block=self._row_block)
         codes = GroupQuantized.cat([self._quantized[name] for name in names])
-        return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows, bias=fused_bias)
+        return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows, bias=fused_bias,
+                              row_block=self._row_block)
 
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
@@ -115,12 +125,12 @@ class DecoderModel:
         moe, hidden = self.config.moe, self.config.hidden_size
         assert moe is not None
         inter, source = moe.intermediate_size, self._source
-        router = prepare_linear(source.take(p + "gate.weight", (moe.num_experts, hidden)))
+        router = prepare_linear(source.take(p + "gate.weight", (moe.num_experts, hidden)), row_block=self._row_block)
         if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
             gate_up = source.take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden))
             down = source.take(p + "experts.down_proj", (moe.num_experts, hidden, inter))
-            return MoEWeights(router, [prepare_linear(w) for w in gate_up.unbind(0)],
-                              [prepare_linear(w) for w in down.unbind(0)])
+            return MoEWeights(router, [prepare_linear(w, row_block=self._row_block) for w in gate_up.unbind(0)],
+                              [prepare_linear(w, row_block=self._row_block) for w in down.unbind(0)])
         e = p + "experts.{}."
         return MoEWeights(
             router,
