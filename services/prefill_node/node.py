@@ -189,7 +189,8 @@ class PrefillNode:
                 fetch.cancel()
             tracing.end(transfer, "not committed" if not finished else "", bytes=sender.bytes_sent,
                         blocks=sender.blocks_sent)
-            await uncancellable(self._clean_up(request_id, block_hashes, sender, None if finished else why))
+            await uncancellable(self._clean_up(request_id, block_hashes, sender, None if finished else why,
+                                               abort_decode=live.ended_by != DRAINING_QUEUED))
 
     async def _reserve(self, live: LiveRequest, ask: ReserveAsk, timeout_s: float | None, trace: Any,
                        fetch: asyncio.Task[FetchedBlocks | None] | None) -> Reservation[Grant]:
@@ -227,7 +228,7 @@ class PrefillNode:
         return queue
 
     async def _clean_up(self, request_id: str, block_hashes: list[bytes], sender: KVSender,
-                        abort_reason: str | None) -> None:
+                        abort_reason: str | None, abort_decode: bool = True) -> None:
         """Close the KV stream, free what the request holds here (once the engine let it go), write its
         computed blocks back, and abort it on its decode node (``abort_reason``) unless it was committed."""
         await sender.close()
@@ -242,12 +243,13 @@ class PrefillNode:
             self.handoffs.pop(request_id, None)
         if computed is not None and store is not None:
             store.write_back(request_id, block_hashes, *computed)
-        if abort_reason is not None and self.worker.failure is None:
+        if abort_reason is not None and self.worker.failure is None and abort_decode:
             await self.decode.abort(sender.address, request_id, abort_reason)
         # After an engine failure the decode reservation is left to the gateway, which aborts every leg of
         # the failed attempt when it hears this node's UNAVAILABLE (and to the lease): aborted from here
         # first, the decode leg's stream would end before that, and the gateway would blame the decode
-        # node and not retry the request on another prefill node.
+        # node and not retry the request on another prefill node. So is the reservation of a queued request
+        # a drain ended (``abort_decode`` False): the gateway aborts it as it runs the request elsewhere.
 
     # ---- the cache-store (prefix_store.py) ------------------------------------------------------
     async def _start_fetch(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes]

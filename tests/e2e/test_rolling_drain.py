@@ -38,7 +38,7 @@ from tests.engine.prompts import STORY
 pytestmark = pytest.mark.slow
 log = structlog.get_logger(__name__)
 
-STREAM_TOKENS = 120
+STREAM_TOKENS = 64
 QUEUED_TOKENS = 4
 DECODE_DRAIN_S = "3"  # shorter than the streams: without migration A would cut them
 
@@ -121,7 +121,7 @@ def _gateway_metric(stub, pattern: str) -> float:
 
 def test_a_prefill_node_drained_with_a_queue_sends_it_elsewhere_and_every_request_completes(cluster, reference):
     stub, p1, p2 = cluster["gateway"], cluster["p1"], cluster["p2"]
-    prompts = _prompts(reference, 12, "Queued")
+    prompts = _prompts(reference, 8, "Queued")
     expected = _expected(reference, prompts, QUEUED_TOKENS)
     with ThreadPoolExecutor(len(prompts)) as pool:
         calls = [pool.submit(_stream, stub, ids, QUEUED_TOKENS) for ids in prompts]
