@@ -376,11 +376,13 @@ class DecodeNode:
         node offloads to a cache-store); let the rest finish here (up to ``timeout_s`` in all), then abort
         what is left."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        wait_s = timeout_s
         if self.migration.enabled:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
             await self.migration.migrate_all(timeout_s)
-        await drain_requests("decode", lambda: list(self.streams), self.abort, max(0.0, deadline - loop.time()))
+            wait_s = round(max(0.0, deadline - loop.time()), 1)  # what is left of it
+        await drain_requests("decode", lambda: list(self.streams), self.abort, wait_s)
 
 
 def _trace(parent: Any) -> RequestTrace | None:

@@ -29,12 +29,39 @@ async def test_a_prefill_node_ends_a_request_still_prefilling_when_its_drain_run
 
         task = asyncio.ensure_future(call())
         await reserved.wait()
+        while not await prefill.worker.call(lambda engine: engine.kv.has_request("drained")):  # started here
+            await asyncio.sleep(0.01)
         await prefill.drain(0.2)
         ending = r"prefill node is draining and stopped waiting for the request after 0\.2 s"
         with pytest.raises(UnavailableError, match=ending):
             await task
         assert not prefill.engine.kv.has_request("drained") and len(prefill.live) == 0
         await idle(decode)  # its reservation there was aborted
+
+
+async def test_a_prefill_node_ends_a_request_not_started_at_once_and_leaves_its_reservation_to_the_gateway(model):
+    async with pair(model, 2.0) as (prefill, decode, address):
+        slow_steps(prefill, 0.5)
+        reserved = asyncio.Event()
+
+        async def call() -> None:
+            async for event in prefill.prefill("queued", PROMPT, GREEDY, [address], timeout_s=30):
+                if isinstance(event, Reserved):
+                    reserved.set()
+
+        task = asyncio.ensure_future(call())
+        await reserved.wait()  # not admitted to the engine yet, or queued there: not started
+        assert not await prefill.worker.call(lambda engine: engine.kv.has_request("queued"))
+        await prefill.drain(30.0)  # returns at once: nothing was left to wait for
+        with pytest.raises(UnavailableError, match="the prefill node is draining and had not started it"):
+            await task
+        assert len(prefill.live) == 0 and not prefill.engine.holds("queued")
+        assert "queued" in decode.engine.reservations.reservations, "left to the gateway, which aborts it"
+        for _ in range(500):  # no gateway here: the reservation's lease ends it
+            if not await decode.worker.call(lambda engine: bool(engine.reservations.reservations)):
+                break
+            await asyncio.sleep(0.02)
+        await idle(decode)
 
 
 async def test_a_decode_node_ends_a_request_still_decoding_when_its_drain_runs_out(model):
