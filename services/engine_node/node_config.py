@@ -36,6 +36,8 @@ class EngineNodeConfig(ServerConfig):
     threads: int = setting(0, "torch threads (0: torch's default)")
     int4_max_rows: int = setting(8, "bf16 on CPU: steps of at most this many tokens run a Q4 GGUF's own 4-bit "
                                     "weights (0: always the dense bf16 weights)")
+    deterministic: bool = setting(False, "batch-invariant numerics: a request's tokens do not depend on the load, "
+                                         "cache hits, chunking or path (CPU; slower prefill, see docs/benchmarks.md)")
     admission_policy: str = setting("new_token_ratio", "blocks kept for running requests: new_token_ratio, "
                                                        "fixed or none")
     init_new_token_ratio: float = setting(0.7, "new_token_ratio: starting ratio of remaining tokens expected")
@@ -91,6 +93,7 @@ class EngineNodeConfig(ServerConfig):
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or None, int4_max_rows=self.int4_max_rows,
+            deterministic=self.deterministic,
             # threads: the EngineWorker sets them on its thread
         )
 
