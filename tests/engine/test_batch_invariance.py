@@ -22,7 +22,7 @@ QUESTIONS = ["What is the capital of France?", "Name three colours.", "Why is th
              "Who wrote Hamlet?", "Give me a train pun.", "Summarise: " + STORY]
 PLAIN = ["Hello", "The", "def fib(n):", "1, 2, 3, 4,", "The quick brown fox", "Once upon a time",
          "import torch\n", "Dear Sir or Madam,", "In 1492,", "Paris is", "The recipe needs", "Q: why?\nA:",
-         STORY, SYSTEM + "When does the last train leave?", long_text(2), long_text(14), "Roses are red,",
+         STORY, SYSTEM + "When does the last train leave?", long_text(2), long_text(6), "Roses are red,",
          "SELECT * FROM", "The train to Lyon", "My favourite number is"]
 
 
@@ -45,7 +45,9 @@ def workload(bundled_tokenizer):
     params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True) if i % 2 else
               SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.9, top_k=40, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
-    assert len(prompts) >= 30 and min(map(len, prompts)) == 1 and max(map(len, prompts)) > 900
+    # up to ~400 tokens: the 4-bit prefill of the deterministic path is slow on 2 cores (a ~1000-token prompt
+    # cost the suite a minute); the issue's ~1000 is left for the benchmark
+    assert len(prompts) >= 30 and min(map(len, prompts)) == 1 and max(map(len, prompts)) > 400
     return prompts, params
 
 
@@ -70,7 +72,7 @@ def test_prefix_hits_of_several_lengths_and_other_chunks_change_nothing(model, b
     prompts, params = workload
     engine = _engine(model, bundled_tokenizer, max_num_batched_tokens=37)
     warm = SamplingParams(max_tokens=1, temperature=0.0)
-    for i, cut in ((0, 16), (1, 33), (2, 48), (len(prompts) - 1, 500), (len(prompts) - 3, 64)):
+    for i, cut in ((0, 16), (1, 33), (2, 48), (len(prompts) - 1, 200), (len(prompts) - 3, 64)):
         engine.generate([prompts[i][:cut]], warm)  # its prefix cached: the rest starts at another offset
     results = engine.generate(prompts, params)
     assert [r.token_ids for r in results] == alone
