@@ -126,6 +126,11 @@ class PrefillRole:
             return None
         return first, self.read_kv_blocks(self.kv.block_ids(request_id)[first:end])
 
+    def not_started(self, request_ids: Sequence[str]) -> list[str]:
+        """Of these request ids, those held here but not started: queued, with no KV blocks yet (a draining
+        prefill node ends them for the gateway to run elsewhere)."""
+        return [rid for rid in request_ids if self.holds(rid) and not self.kv.has_request(rid)]
+
     def release(self, request_id: str) -> bool:
         """Free the blocks of a handed-off request (its KV reached the decode node, or never will)."""
         if self.held.pop(request_id, None) is None:

@@ -302,17 +302,11 @@ class PrefillNode:
         decode node, fetching cached blocks), or admitted and still queued there (no KV blocks yet)."""
         unended = self.live.unended()
         admitted = [rid for rid in unended if rid in self.handoffs]
-        queued = set(await self.worker.call(_queued_in_engine, admitted))
+        queued = set(await self.worker.call(LLMEngine.not_started, admitted))
         return [rid for rid in unended if rid not in self.handoffs or rid in queued]
 
 
 DRAINING_QUEUED = "the prefill node is draining and had not started it; the gateway may run it elsewhere"
-
-
-def _queued_in_engine(engine: LLMEngine, request_ids: list[str]) -> list[str]:
-    """Of these admitted requests, those the engine holds but has not started: queued, no KV blocks yet
-    (under the engine lock)."""
-    return [rid for rid in request_ids if engine.holds(rid) and not engine.kv.has_request(rid)]
 
 
 async def _first_token(queue: Handoffs, sender: KVSender) -> FirstToken:
