@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-structured bench-sim bench-admission bench-fairness bench-prefix bench-routing bench-determinism bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-structured bench-sim bench-admission bench-fairness bench-prefix bench-routing bench-migration bench-determinism bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -87,6 +87,10 @@ bench-cache-store: venv
 
 bench-prefix: venv
 	$(PYTHON) -m services.bench.prefix_reuse
+
+# a draining decode node's running requests moved to its peer: seconds and bytes per request (issue 27)
+bench-migration: venv
+	$(PYTHON) -m services.bench.migration
 
 # the deterministic mode's price: decode at concurrency 1 and 16, prefill of 512 tokens (issue 28)
 bench-determinism: venv
