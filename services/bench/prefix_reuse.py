@@ -49,7 +49,8 @@ def _ttft(stub: gateway_pb2_grpc.GatewayStub, token_ids: list[int]) -> tuple[flo
 def run(args: argparse.Namespace) -> dict[str, object]:
     engine = ("--dtype", args.dtype, "--max-num-batched-tokens", "512")
     spec = ClusterSpec(num_prefill=2, engine_args=engine, prefill_args=("--threads", str(args.threads)),
-                       decode_args=("--threads", "1"), prefill_cache_store=True)
+                       decode_args=("--threads", "1"), prefill_cache_store=True,
+                       gateway_args=("--routing", "load"))  # the rotation below: cache-aware would stay on one node
     rows: dict[str, list[float]] = {"cold": [], "store_hit": [], "local_hit": []}
     cached: dict[str, list[int]] = {name: [] for name in rows}
     with start_cluster(spec, stderr=subprocess.DEVNULL) as cluster, grpc.insecure_channel(cluster.address) as ch:

@@ -62,6 +62,14 @@ class ChatMessage:
         return out
 
 
+def _template_dict(message: Any) -> dict[str, Any]:
+    """A :class:`ChatMessage`, or any message with ``role`` and ``content`` (the gRPC front passes its
+    ``pdserve.v1.ChatMessage`` protos uncopied), as a chat template takes it."""
+    if isinstance(message, ChatMessage):
+        return message.template_dict()
+    return {"role": TEMPLATE_ROLE.get(message.role, message.role), "content": message.content}
+
+
 def _arguments(text: str) -> Any:
     """A call's arguments parsed (templates write them with ``tojson``); text that is not JSON stays text."""
     try:
@@ -188,7 +196,7 @@ class Tokenizer:
                 )
         try:
             rendered = self.hf.apply_chat_template(
-                [m.template_dict() for m in messages],
+                [_template_dict(m) for m in messages],
                 tools=[dict(tool) for tool in tools] or None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,

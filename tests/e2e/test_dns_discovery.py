@@ -51,7 +51,8 @@ async def in_process_gateway(prefill: str, decode_port: int, dns: FakeDns) -> As
     model = load_model_config(path)
     config = GatewayConfig(listen="127.0.0.1:0", prefill=prefill, decode=f"dns:///{NAME}:{decode_port}",
                            resolve_interval_s=INTERVAL_S, poll_interval_s=INTERVAL_S, status_max_age_s=0.0,
-                           grace_s=1.0, log_level="warning")
+                           grace_s=1.0, log_level="warning",
+                           routing="load")  # ties rotate, so a joining node is served at once
     gateway = assemble(config, Tokenizer.load(path, model.eos_token_ids), vocab_size=model.vocab_size,
                        max_position=model.max_position, resolver=dns)
     await gateway.start()

@@ -24,7 +24,9 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def cluster():
-    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, prefill_cache_store=True)
+    # load routing: equally loaded prefill nodes rotate, so the second request is a cache-store hit elsewhere
+    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=(*GATEWAY_ARGS, "--routing", "load"),
+                       prefill_cache_store=True)
     with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
         yield running
 

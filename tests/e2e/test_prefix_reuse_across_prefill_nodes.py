@@ -23,7 +23,9 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def cluster():
-    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, prefill_cache_store=True)
+    # load routing: equally loaded prefill nodes rotate (cache-aware routing would keep the prefix on one node)
+    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=(*GATEWAY_ARGS, "--routing", "load"),
+                       prefill_cache_store=True)
     with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
         yield running
 
