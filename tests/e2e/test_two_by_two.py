@@ -4,6 +4,7 @@ no room refuses at once, so requests it cannot take go to the other without wait
 from __future__ import annotations
 
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -12,7 +13,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc, prefill_pb2, prefill_pb2_g
 
 from services.cluster.local import ClusterSpec, start_cluster
 from services.common.tls.channels import open_sync_channel
-from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, wait_idle
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, model_nodes, wait_idle
 from tests.engine.prompts import long_text
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,13 @@ def test_a_full_decode_node_refuses_at_once_and_the_next_candidate_takes_the_req
     hog = stub.Generate(gateway_pb2.GenerateRequest(prompt=long_text(14), sampling=greedy(3000)), timeout=300)
     full = next(hog).decode_node
     other = ({d.address for d in cluster.decode} - {full}).pop()
+    # the first token comes from the prefill node, maybe before the hog's KV is committed on the decode node;
+    # until then its blocks are a live reservation of its prefill node, and a second request from that node
+    # would be refused by the per-caller bound (max_reserved_blocks_per_caller), not for want of room
+    deadline = time.monotonic() + 60
+    while not any(n.address == full and n.requests_running >= 1 for n in model_nodes(stub)):
+        assert time.monotonic() < deadline, "the hog never started decoding"
+        time.sleep(0.05)
     # ~1200 tokens sharing no prefix with the hog's: more blocks than the full node can spare
     prompt_ids = bundled_tokenizer.encode(" ".join(f"item{i}" for i in range(350)))
     assert 1100 < len(prompt_ids) < 1400, len(prompt_ids)
