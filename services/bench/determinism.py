@@ -15,13 +15,12 @@ numbers written to ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 
 import torch
 
 from services.bench.engine import engine_decode_ms, engine_prefill_s
+from services.bench.report import write_json
 from services.engine.engine import LLMEngine
 
 MODES = ("default", "deterministic")
@@ -80,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     results = measure(args)
     print(table(results, args))
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as out:
-        json.dump({"args": vars(args), **results}, out, indent=2)
+    write_json(args.json, {"args": vars(args), **results})
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ import grpc
 from pdserve.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 from services.bench.pd import _prompt
+from services.bench.report import write_json
 from services.cluster.local import ClusterSpec, start_cluster
 from services.common.tls.channels import open_sync_channel
 
@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
           f"| {result['migrations']} | {result['seconds_per_request_p50']:.3f} "
           f"({result['seconds_per_request_max']:.3f}) | {result['mib_per_request_p50']:.1f} | "
           f"{result['drain_seconds_p50']:.2f} | {result['kept_total']} |")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as out:
-        json.dump({"args": vars(args), "summary": result, "rounds": rounds}, out, indent=2)
+    write_json(args.json, {"args": vars(args), "summary": result, "rounds": rounds})
     return 0
 
 

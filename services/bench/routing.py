@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
 import statistics
 import subprocess
@@ -29,6 +27,7 @@ import grpc.aio
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.bench.pd import _prompt
+from services.bench.report import write_json
 from services.cluster.local import ClusterSpec, start_cluster
 
 POLICIES = ("cache_aware", "load")
@@ -130,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = measure(args)
     print(table(results, args))
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as out:
-        json.dump({"args": vars(args), **results}, out, indent=2)
+    write_json(args.json, {"args": vars(args), **results})
     return 0
 
 

@@ -111,6 +111,7 @@ class Tokenizer:
             eos.add(int(hf.eos_token_id))
         self.eos_token_ids = tuple(sorted(eos))
         self._kept_special: frozenset[int] = frozenset()  # special tokens whose text decode keeps
+        self._dropped_special: frozenset[int] = frozenset()  # the other special tokens, once some are kept
 
     @classmethod
     def load(cls, path: str | Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
@@ -156,8 +157,7 @@ class Tokenizer:
         :meth:`keep_special_tokens` named."""
         ids = list(token_ids)
         if skip_special_tokens and self._kept_special and not self._kept_special.isdisjoint(ids):
-            dropped = set(self.hf.all_special_ids) - self._kept_special
-            return self.hf.decode([t for t in ids if t not in dropped], skip_special_tokens=False)
+            return self.hf.decode([t for t in ids if t not in self._dropped_special], skip_special_tokens=False)
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def keep_special_tokens(self, texts: Sequence[str]) -> tuple[str, ...]:
@@ -169,6 +169,7 @@ class Tokenizer:
         kept = {text: i for text, i in kept.items()
                 if isinstance(i, int) and i in special and self.hf.convert_ids_to_tokens(i) == text}  # not unk
         self._kept_special = self._kept_special | frozenset(kept.values())
+        self._dropped_special = frozenset(self.hf.all_special_ids) - self._kept_special  # once: decode is hot
         return tuple(kept)
 
     @property
