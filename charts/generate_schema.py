@@ -130,6 +130,7 @@ def values_schema() -> dict[str, Any]:
             "tls": _tls(),
             "model": obj({"source": {"enum": ["bundled", "path"]}, "path": STRING, "mountPath": STRING,
                           "volume": ANY_OBJECT, "servedModelName": STRING, "maxModelLen": COUNT,
+                          "deterministic": BOOLEAN,
                           "init": obj({"enabled": BOOLEAN, "image": STRING,
                                        "pullPolicy": {"enum": ["", "Always", "IfNotPresent", "Never"]},
                                        "fromPath": STRING, "fromClaim": STRING, "claimSubPath": STRING,

@@ -386,5 +386,5 @@ class LLMEngine(PrefillRole, DecodeRole):
             handovers_out_total=self.handovers.stats.handovers_out_total,
             handovers_in_total=self.adoptions.stats.handovers_in_total,
             model_name=str(self.model_identity.get("model", "")),
-            weights_digest=str(self.model_identity.get("weights", "")),
+            weights_digest=str(self.model_identity.get("weights", "")), deterministic=self.config.deterministic,
         )

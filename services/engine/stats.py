@@ -50,3 +50,4 @@ class EngineStats:
     # the model
     model_name: str
     weights_digest: str
+    deterministic: bool  # batch-invariant numerics (EngineConfig.deterministic)

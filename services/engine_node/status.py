@@ -28,7 +28,7 @@ def node_status(stats: EngineStats, role: str, address: str, healthy: bool = Tru
         store_written_blocks_total=stats.store_written_blocks_total, handovers_out_total=stats.handovers_out_total,
         handovers_in_total=stats.handovers_in_total, kv_layout_id=layout_id(kv_layout(stats.kv_layout)),
         store_breaker_trips_total=stats.store_breaker_trips_total,
-        model_name=stats.model_name, weights_digest=stats.weights_digest,
+        model_name=stats.model_name, weights_digest=stats.weights_digest, deterministic=stats.deterministic,
     )
 
 

@@ -35,6 +35,9 @@ class GatewayConfig(ServerConfig):
     model: Path | None = setting(None, "GGUF file or HF directory (tokenizer and config only); "  # noqa: RUF009
                                        "default: the bundled SmolLM2-135M")
     max_model_len: int = setting(0, "context length; 0 = the model's")
+    deterministic: bool = setting(False, "this cluster serves in batch-invariant mode: a prefill or decode node "
+                                         "whose --deterministic differs from this is left out (unhealthy, "
+                                         "never routed to); start the gateway and every node in one mode")
     default_max_tokens: int = setting(256, "max_tokens when a request sets none (capped by the context)")
     generation_config: str = setting("auto", "auto: the sampling fields of the model directory's "
                                              "generation_config.json (temperature, top_p, top_k, min_p, "

@@ -11,10 +11,11 @@ The role of every address seen is remembered, so a late ``stub()`` for a dropped
 a decode node the prefill node reserved on just before it vanished) opens a fresh channel.
 
 Health. Every ``poll_interval_s`` (and on demand) each current node's ``NodeStatus`` rpc is called. An
-answer marks the node healthy (unless it says it is draining, reports another role than configured, or
-serves another model than the gateway's: ``model_check``); a failed call marks it unhealthy with zero
-counters, and the next poll tries again, so a restarted node rejoins by itself. A request that sees a
-node fail can ``mark_failed`` it at once so that new requests avoid it until a poll says otherwise.
+answer marks the node healthy (unless it says it is draining, reports another role than configured,
+serves another model than the gateway's: ``model_check``, or runs in another mode: ``mode_check``); a
+failed call marks it unhealthy with zero counters, and the next poll tries again, so a restarted node
+rejoins by itself. A request that sees a node fail can ``mark_failed`` it at once so that new requests
+avoid it until a poll says otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from services.gateway import node_client
 from services.gateway.discovery import DnsEntry, DnsWatcher, Resolver, parse_entry
 from services.gateway.kv_compatibility import with_kv_compatibility
 from services.gateway.left_out import LeftOutLog
+from services.gateway.mode_check import with_mode_check
 from services.gateway.model_check import ModelIdentity, with_model_check
 from services.gateway.nodes import NodeInfo
 
@@ -61,12 +63,13 @@ class NodeDirectory:
     def __init__(self, nodes: Sequence[tuple[str, str]], *, poll_interval_s: float = 0.5,
                  status_timeout_s: float = 1.0, max_message_bytes: int | None = None,
                  resolve_interval_s: float = 5.0, resolver: Resolver | None = None, linger_s: float = 10.0,
-                 model: ModelIdentity | None = None) -> None:
+                 model: ModelIdentity | None = None, deterministic: bool = False) -> None:
         """``nodes``: (entry, role) pairs, an entry being ``host:port`` or ``dns:///NAME:PORT``; an address
         may be current under one role only. ``resolver``: see ``discovery.Resolver`` (default: the
         system's). ``model``: the gateway's own; model nodes that serve another are unhealthy (``None``:
-        not checked)."""
+        not checked). ``deterministic``: the gateway's mode; model nodes of the other are unhealthy."""
         self.model = model
+        self.deterministic = deterministic
         self.poll_interval_s = poll_interval_s
         self.status_timeout_s = status_timeout_s
         self.resolve_interval_s = resolve_interval_s
@@ -76,7 +79,7 @@ class NodeDirectory:
         self._sources: dict[str, set[str]] = {}  # current address → the entries that list it
         self._info: dict[str, NodeInfo] = {}  # current and lingering nodes
         self._inflight: dict[str, int] = {}
-        self._left_out = LeftOutLog()  # nodes left out for their model or KV layout, as last logged
+        self._left_out = LeftOutLog()  # nodes left out for their model, mode or KV layout, as last logged
         self._used: dict[str, float] = {}  # time.monotonic() a non-current node was last used
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
@@ -232,10 +235,11 @@ class NodeDirectory:
 
     def nodes(self, role: str | None = None) -> list[NodeInfo]:
         """Every current node (of ``role``) as last polled, with this gateway's in-flight counts; a model
-        node that serves another model than ``model`` (``model_check``), or whose KV layout matches no
-        healthy peer (``kv_compatibility``), is unhealthy."""
-        every = with_kv_compatibility(with_model_check(
-            [_with_inflight(self._info[a], self._inflight.get(a, 0)) for a in self._sources], self.model))
+        node that serves another model than ``model`` (``model_check``), runs in another mode than
+        ``deterministic`` (``mode_check``), or whose KV layout matches no healthy peer (``kv_compatibility``),
+        is unhealthy (the first reason that applies: a node of another model or mode has another layout too)."""
+        polled = [_with_inflight(self._info[a], self._inflight.get(a, 0)) for a in self._sources]
+        every = with_kv_compatibility(with_mode_check(with_model_check(polled, self.model), self.deterministic))
         return [n for n in every if role is None or n.role == role]
 
     async def refresh(self) -> None:

@@ -84,11 +84,13 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
              resolver: Resolver | None = None, model: ModelIdentity | None = None) -> Gateway:
     """Build the gateway inside the running event loop; nothing is started. ``resolver`` answers the
     ``dns:///`` entries (default: the system's); ``model`` is the one ``tokenizer`` belongs to: model
-    nodes that serve another are left out (``None``: not checked)."""
+    nodes that serve another are left out (``None``: not checked), as are those whose mode differs from
+    ``config.deterministic``."""
     directory = NodeDirectory(config.nodes(), poll_interval_s=config.poll_interval_s,
                               status_timeout_s=config.status_timeout_s,
                               max_message_bytes=config.max_message_mib << 20,
-                              resolve_interval_s=config.resolve_interval_s, resolver=resolver, model=model)
+                              resolve_interval_s=config.resolve_interval_s, resolver=resolver, model=model,
+                              deterministic=config.deterministic)
     settings = CoreSettings(
         max_model_len=min(config.max_model_len or max_position, max_position), vocab_size=vocab_size,
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
@@ -145,7 +147,7 @@ async def serve(config: GatewayConfig) -> None:
     await gateway.start()
     log.info("gateway ready", address=gateway.server.address, http=gateway.http.url if gateway.http else "",
              model=str(path), served_model_name=gateway.servicer.served_model_name if gateway.servicer else "",
-             weights_digest=identity.weights_digest,
+             weights_digest=identity.weights_digest, deterministic=config.deterministic,
              max_model_len=gateway.core.settings.max_model_len, prefill=config.prefill_addresses,
              decode=config.decode_addresses, cache_store=config.cache_store_addresses,
              api_keys="required" if config.api_key or config.api_key_file else "off",

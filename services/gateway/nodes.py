@@ -69,6 +69,7 @@ class NodeInfo:
     kv_layout_id: str = ""  # model nodes: whose KV they can exchange (equal ids); empty = not reported
     model_name: str = ""  # model nodes: the model they serve, by name
     weights_digest: str = ""  # ... and by its weight files' bytes; empty = not reported
+    deterministic: bool = False  # model nodes: batch-invariant mode (--deterministic)
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

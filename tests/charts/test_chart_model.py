@@ -48,6 +48,17 @@ def test_a_roles_own_config_wins_over_the_model_values():
     assert rendered.settings("prefill")["PDSERVE_MAX_MODEL_LEN"] == "4096"
 
 
+def test_model_deterministic_sets_the_mode_of_the_gateway_and_every_node_together():
+    classes = config_classes()
+    rendered = render({"model": {"deterministic": True}})
+    for component in MODEL_ROLES:
+        assert build_config(classes[component], [], env=rendered.settings(component)).deterministic is True
+    assert "PDSERVE_DETERMINISTIC" not in rendered.settings("cache-store")
+    default = render()
+    for component in MODEL_ROLES:
+        assert build_config(classes[component], [], env=default.settings(component)).deterministic is False
+
+
 def test_without_init_no_pod_has_an_init_container():
     for values in (None, {"model": OWN}):
         rendered = render(values if values is None else {"model": values["model"]})
@@ -107,6 +118,7 @@ def test_an_init_without_a_source_fails_the_render(model, complaint):
 @pytest.mark.parametrize(("model", "complaint"), [
     ({"init": {"enabled": True, "fromClame": "x"}}, "'fromClame' not allowed"),
     ({"maxModelLen": -1}, "maxModelLen"),
+    ({"deterministic": "yes"}, "deterministic"),
 ])
 def test_mistyped_model_values_fail_naming_the_key(model, complaint):
     with pytest.raises(helm.HelmValuesError, match=complaint):

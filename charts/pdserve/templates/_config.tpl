@@ -1,7 +1,7 @@
 {{/*
 A role's PDSERVE_* settings, as a YAML map of setting name → value; ctx: (list $ $role).
 Precedence: the role's `config`, then the global `config`, then what the chart derives (node addresses,
-the model path, served name and context length, the disk tier). listen, metrics_listen and advertise are container env (they must match
+the model path, served name, context length and deterministic mode, the disk tier). listen, metrics_listen and advertise are container env (they must match
 the pod's ports), never settings here.
 */}}
 {{- define "pdserve.settings" -}}
@@ -30,6 +30,9 @@ the pod's ports), never settings here.
 {{- end -}}
 {{- if and $role.model $root.Values.model.maxModelLen -}}
 {{- $_ := set $derived "max_model_len" (int $root.Values.model.maxModelLen) -}}
+{{- end -}}
+{{- if and $role.model $root.Values.model.deterministic -}}
+{{- $_ := set $derived "deterministic" true -}}
 {{- end -}}
 {{- if and (eq $role.key "gateway") $root.Values.model.servedModelName -}}
 {{- $_ := set $derived "served_model_name" $root.Values.model.servedModelName -}}
