@@ -11,6 +11,11 @@ headroom. :meth:`complete` writes the fetched bytes and adds the request to the 
 prompt and generated tokens: its next step feeds the last generated token, so max_tokens, stop tokens,
 usage and the seeded sampler's output position all continue where the other node stopped.
 
+A request handed as tokens only (:attr:`HandedRequest.recompute`: no KV computed, no keys — a node with no
+cache-store migrating it) is granted on the same room check but holds no blocks: :meth:`complete` puts it
+at the head of the queue as a preempted request whose KV is recomputed, prompt and generated tokens alike,
+before it decodes on (counted in ``recomputes_total``).
+
 Runs under the engine lock (``complete`` writes the blocks there, so an abort cannot free them mid-write).
 """
 
@@ -69,7 +74,9 @@ class Adoptions:
         refusal = self.book.no_room(rid, needed)  # the oldest refused prefill request's blocks kept too
         if refusal is not None:
             return refusal
-        if self.kv.allocate(rid, computed, prefix) is None:
+        if handed.recompute:
+            self.kv.allocate(rid, 0)  # an empty table: its blocks come when it is admitted to recompute
+        elif self.kv.allocate(rid, computed, prefix) is None:
             return Refusal(f"no room: {needed} blocks needed")
         block_ids = self.kv.block_ids(rid)
         self.book.reservations[rid] = Reservation(request, block_ids, prefix.num_blocks, lease_s,
@@ -88,8 +95,12 @@ class Adoptions:
             raise
         del self.book.reservations[request_id]
         request = reservation.request
-        self.kv.cache_computed(request_id, request.token_ids, request.num_computed_tokens)
-        self.scheduler.add_adopted(request)
+        if request.num_computed_tokens == 0:  # handed as tokens only
+            self.kv.free(request_id)
+            self.scheduler.add_to_recompute(request)
+        else:
+            self.kv.cache_computed(request_id, request.token_ids, request.num_computed_tokens)
+            self.scheduler.add_adopted(request)
         self.stats.handovers_in_total += 1
         self.stats.fetched_bytes_total += len(payload)
         return request
@@ -98,10 +109,10 @@ class Adoptions:
         prompt, output = handed.prompt_token_ids, handed.output_token_ids
         if not output:
             raise InvalidRequestError("output_token_ids", "a handed-over request has generated at least one token")
-        if handed.num_computed_tokens != len(prompt) + len(output) - 1:
+        if not handed.recompute and handed.num_computed_tokens != len(prompt) + len(output) - 1:
             raise InvalidRequestError("num_computed_tokens", f"must be len(prompt) + len(output) - 1 = "
-                                                             f"{len(prompt) + len(output) - 1}, got "
-                                                             f"{handed.num_computed_tokens}")
+                                                             f"{len(prompt) + len(output) - 1} (or 0 with no "
+                                                             f"kv_keys: recompute), got {handed.num_computed_tokens}")
         num_blocks = math.ceil(handed.num_computed_tokens / self.kv.block_size)
         if len(handed.kv_keys) != num_blocks:
             raise InvalidRequestError("kv_keys", f"{handed.num_computed_tokens} computed tokens fill {num_blocks} "

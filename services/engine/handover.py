@@ -14,7 +14,10 @@ out of the batch as a preemption would, its KV copied out to the cache-store wha
 ``--offload-remote`` setting, and holds it out of the queue (``migrating``); a marked request already
 waiting preempted with a stored copy is taken as it is. :meth:`migrations_ready` lends those whose copy
 is stored (``settle`` ends the loan as for a handover); :meth:`end_migrations` puts back at the head of
-the queue whatever is still held (its copy not stored yet, or never), to resume here.
+the queue whatever is still held (its copy not stored yet, or never), to resume here. A node with no
+cache-store at all migrates by recompute: the request leaves the batch with its blocks freed and no copy,
+and is lent at once as tokens only (``num_computed_tokens`` 0, no keys): its adopter recomputes its KV, and
+if no peer takes it, it is recomputed here.
 
 All methods run under the engine lock. Control plane: no torch, no gRPC.
 """
@@ -46,6 +49,11 @@ class HandedRequest:
     num_preemptions: int = 0
     cached_tokens: int = 0
 
+    @property
+    def recompute(self) -> bool:
+        """Handed as tokens only: the adopter computes its KV again (no copy to fetch)."""
+        return self.num_computed_tokens == 0 and not self.kv_keys
+
 
 @dataclass
 class HandoverStats:
@@ -71,6 +79,7 @@ class Handovers:
         self._since: dict[str, tuple[int, float]] = {}  # request id → (num_preemptions, first seen stored)
         self.marked: set[str] = set()  # to migrate once they decode (a draining node's)
         self.migrating: dict[str, Request] = {}  # taken out of the batch, their copy on its way to the store
+        self._recompute: set[str] = set()  # of those, ones with no copy at all (lent as tokens only)
 
     def due(self, after_s: float) -> list[str]:
         """Waiting preempted requests whose cache-store copy has been there ``after_s`` or longer."""
@@ -98,13 +107,17 @@ class Handovers:
         self.scheduler.waiting.remove(request)
         return self._lend(request, keys)
 
-    def _lend(self, request: Request, keys: list[bytes]) -> HandedRequest:
-        assert request.num_computed_tokens == request.num_tokens - 1, \
-            f"{request.request_id}: a preempted decode keeps all but its last token's KV"
+    def _lend(self, request: Request, keys: list[bytes] | None) -> HandedRequest:
+        """Lend with the keys of its stored copy, or (None) as tokens only, to be recomputed."""
+        if keys is None:
+            request.num_computed_tokens = 0  # nothing of it is kept: its KV is computed again, there or here
+        else:
+            assert request.num_computed_tokens == request.num_tokens - 1, \
+                f"{request.request_id}: a preempted decode keeps all but its last token's KV"
         self.lent[request.request_id] = request
         return HandedRequest(
             request.request_id, tuple(request.prompt_token_ids), tuple(request.output_token_ids), request.sampling,
-            request.num_computed_tokens, tuple(keys), request.num_preemptions, request.num_cached_tokens)
+            request.num_computed_tokens, tuple(keys or ()), request.num_preemptions, request.num_cached_tokens)
 
     def settle(self, request_id: str, granted: bool) -> Request | None:
         """End a loan. Returns the request if it was still here (not aborted meanwhile)."""
@@ -155,13 +168,17 @@ class Handovers:
 
     def _evict(self, request: Request, copy_out: Callable[[SwapOut], None]) -> bool:
         """Preempt a decoding request with its KV copied out for the cache-store; False if no copy could
-        be claimed there (nothing changed)."""
+        be claimed there (nothing changed). A node with no cache-store frees the blocks without a copy
+        (migration by recompute)."""
         rid, kv = request.request_id, self.scheduler.kv
         kv_blocks = kv.block_ids(rid)[: math.ceil(request.num_computed_tokens / kv.block_size)]
-        if not self._claim_remote(rid, len(kv_blocks)):
+        if self.offload.remote is None:
+            self._recompute.add(rid)
+        elif not self._claim_remote(rid, len(kv_blocks)):
             return False
         self.scheduler.running.remove(request)
-        copy_out(SwapOut(rid, tuple(kv_blocks)))
+        if rid not in self._recompute:
+            copy_out(SwapOut(rid, tuple(kv_blocks)))
         kv.free(rid)
         request.transition(RequestStatus.PREEMPTED)
         return True
@@ -189,6 +206,12 @@ class Handovers:
         for rid, request in list(self.migrating.items()):
             if request.status.finished:  # aborted while its copy was stored
                 del self.migrating[rid]
+                self._recompute.discard(rid)
+                continue
+            if rid in self._recompute:
+                del self.migrating[rid]
+                self._recompute.discard(rid)
+                ready.append(self._lend(request, None))
                 continue
             keys = self.offload.remote_keys(rid)
             if keys is not None:
@@ -202,6 +225,7 @@ class Handovers:
         self.marked.clear()
         back = [r for r in self.migrating.values() if not r.status.finished]
         self.migrating.clear()
+        self._recompute.clear()
         for request in reversed(back):
             self.scheduler.waiting.appendleft(request)
         return [r.request_id for r in back]

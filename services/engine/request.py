@@ -46,8 +46,9 @@ _FINISH_REASONS = {
 }
 _ALLOWED = {
     # WAITING -> RUNNING_DECODE: a decode node admits a request whose prompt KV a prefill node computed
+    # WAITING -> PREEMPTED: a request handed over as tokens only, queued to be recomputed
     RequestStatus.WAITING: {RequestStatus.RUNNING_PREFILL, RequestStatus.RUNNING_DECODE,
-                            RequestStatus.FINISHED_ABORTED},
+                            RequestStatus.PREEMPTED, RequestStatus.FINISHED_ABORTED},
     RequestStatus.RUNNING_PREFILL: {RequestStatus.RUNNING_DECODE, RequestStatus.PREEMPTED, *_FINISHED},
     RequestStatus.RUNNING_DECODE: {RequestStatus.PREEMPTED, *_FINISHED},
     RequestStatus.FINISHED_HANDED_OFF: {RequestStatus.FINISHED_ABORTED},

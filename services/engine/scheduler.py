@@ -96,6 +96,13 @@ class Scheduler:
         self.running.append(request)
         self._admitted_since_step = True
 
+    def add_to_recompute(self, request: Request) -> None:
+        """Queue first a request another decode node handed over as tokens only (no KV): it is admitted as a
+        preempted request whose KV is recomputed (``recomputes_total``), then decodes on."""
+        assert request.num_output_tokens >= 1 and request.num_computed_tokens == 0
+        request.transition(RequestStatus.PREEMPTED)
+        self.waiting.appendleft(request)
+
     def _count_admission(self, request: Request, cached_tokens: int) -> None:
         """Prompt and prefix-hit counters: once per request, at its first admission."""
         self.stats.requests_admitted_total += 1

@@ -4,8 +4,8 @@ Engine A decodes two requests with room to spare, and keeps preempted KV in host
 default ``offload_remote``). Marked for migration, each decoding request is taken out of A's batch with its
 KV copied to a (fake, in-memory) cache-store anyway, lent once stored, adopted by engine B, and let go by
 A: the outputs equal an uninterrupted run. A refused loan, or a migration ended before the copy was
-stored, resumes the request on A with the same output; an abort while migrating, and a node without a
-cache-store, leak nothing.
+stored, resumes the request on A with the same output; an abort while migrating leaks nothing. A node
+without a cache-store migrates by recompute: the adopter computes the KV again.
 """
 
 from __future__ import annotations
@@ -126,8 +126,7 @@ def test_a_refused_or_unstored_migration_resumes_here_with_the_same_output(fp32_
     assert not store.blocks
 
 
-def test_aborts_while_migrating_and_a_node_without_a_cache_store_leak_nothing(fp32_model, bundled_tokenizer, prompts,
-                                                                             expected):
+def test_aborts_while_migrating_leak_nothing(fp32_model, bundled_tokenizer, prompts):
     store = FakeStore()
     a = _engine(fp32_model, bundled_tokenizer, store)
     _decoding(a, prompts)
@@ -141,11 +140,50 @@ def test_aborts_while_migrating_and_a_node_without_a_cache_store_leak_nothing(fp
     _assert_whole(a)
     assert not store.blocks
 
-    plain = _engine(fp32_model, bundled_tokenizer)  # no cache-store: nothing moves, it decodes on
-    requests = _decoding(plain, prompts)
-    assert plain.mark_for_migration(["m0", "m1"]) == ["m0", "m1"]
-    assert plain.evict_for_migration() == [] and len(plain.scheduler.running) == 2
-    assert plain.end_migrations() == []
-    _run(plain)
-    assert [r.output_token_ids for r in requests] == expected
-    _assert_whole(plain)
+
+
+def test_a_node_without_a_cache_store_migrates_by_recompute(fp32_model, bundled_tokenizer, prompts, expected):
+    """No copy to hand: each marked request leaves the batch with its blocks freed and is lent at once as
+    tokens only. The adopter recomputes its KV and decodes on; one no peer took is recomputed here."""
+    a, b = _engine(fp32_model, bundled_tokenizer), _engine(fp32_model, bundled_tokenizer)
+    requests = _decoding(a, prompts)
+    assert a.mark_for_migration(["m0", "m1"]) == ["m0", "m1"]
+    assert sorted(a.evict_for_migration()) == ["m0", "m1"]
+    assert a.kv.num_free_blocks == a.kv.num_blocks, "their blocks are free at once"
+    poll = a.migrations_ready()
+    assert sorted(h.request_id for h in poll.ready) == ["m0", "m1"] and poll.pending == 0
+    handed = {h.request_id: h for h in poll.ready}
+    assert all(h.recompute and len(h.output_token_ids) == 5 for h in handed.values())
+    grant = b.adopt(handed["m0"], 30.0)
+    assert not isinstance(grant, Refusal) and grant.keys == () and grant.block_ids == ()
+    adopted = b.complete_adoption("m0", b"")
+    assert a.settle_handover("m0", granted=True)
+    assert a.settle_handover("m1", granted=False), "no peer took it: back in A's queue"
+    _run(a)
+    _run(b)
+    assert [adopted.output_token_ids, requests[1].output_token_ids] == expected
+    assert b.scheduler.stats.recomputes_total == 1 and a.scheduler.stats.recomputes_total == 1
+    assert b.adoptions.stats.handovers_in_total == 1 and a.handovers.stats.handovers_out_total == 1
+    _assert_whole(a, b)
+
+
+def test_a_recompute_adoption_is_refused_without_room_and_an_abort_before_completion_frees_it(
+        fp32_model, bundled_tokenizer, prompts):
+    a = _engine(fp32_model, bundled_tokenizer)
+    _decoding(a, prompts)
+    a.mark_for_migration(["m0", "m1"])
+    a.evict_for_migration()
+    handed = {h.request_id: h for h in a.migrations_ready().ready}
+    small = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=4, admission=AdmissionConfig(policy="none"))
+    small.add_request(sampling=GREEDY, token_ids=prompts[0], request_id="busy")
+    small.step()  # its prompt holds most of the blocks
+    refusal = small.adopt(handed["m1"], 30.0)  # another prompt: no prefix hit there
+    assert isinstance(refusal, Refusal), "no room for the recompute: refused, nothing held"
+    small.abort("busy")
+    b = _engine(fp32_model, bundled_tokenizer)
+    assert not isinstance(b.adopt(handed["m0"], 30.0), Refusal)
+    assert b.abort("m0"), "a granted adoption not yet completed is aborted like a reservation"
+    for rid in ("m0", "m1"):
+        a.abort(rid)
+        assert not a.settle_handover(rid, granted=False)
+    _assert_whole(a, b, small)

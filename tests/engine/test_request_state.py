@@ -24,7 +24,7 @@ def test_life_of_a_request():
 
 @pytest.mark.parametrize(("path", "bad"), [
     ((), S.FINISHED_STOPPED),
-    ((), S.PREEMPTED),
+    ((S.RUNNING_PREFILL, S.FINISHED_STOPPED), S.PREEMPTED),
     ((S.RUNNING_PREFILL, S.FINISHED_STOPPED), S.RUNNING_DECODE),
     ((S.RUNNING_PREFILL, S.RUNNING_DECODE), S.RUNNING_PREFILL),
     ((S.FINISHED_ABORTED,), S.RUNNING_PREFILL),

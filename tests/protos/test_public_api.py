@@ -50,9 +50,13 @@ def test_gateway_service_and_messages():
 def test_admin_service_is_part_of_the_contract():
     """The runbook and the Helm chart's docs call ``pdserve.v1.Admin/Drain`` by name."""
     v1 = "pdserve.v1."
-    assert methods(admin_pb2, "Admin") == {"Drain": (v1 + "DrainRequest", v1 + "DrainResponse", False, False)}
+    assert methods(admin_pb2, "Admin") == {"Drain": (v1 + "DrainRequest", v1 + "DrainResponse", False, False),
+                                           "Rebalance": (v1 + "RebalanceRequest", v1 + "RebalanceResponse", False,
+                                                         False)}
     assert fields(admin_pb2.DrainRequest) == {"reason"}
     assert fields(admin_pb2.DrainResponse) == {"already_draining"}
+    assert fields(admin_pb2.RebalanceRequest) == {"max_requests", "within_ms", "reason"}
+    assert fields(admin_pb2.RebalanceResponse) == {"moved", "kept"}
 
 
 def test_unset_sampling_fields_are_distinguishable_from_zero():
