@@ -35,7 +35,7 @@ from pdserve.v1 import admin_pb2, admin_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from services.common import keepalive
-from services.common.admin import AdminServicer
+from services.common.admin import AdminServicer, RebalanceHook
 from services.common.loop_watchdog import LoopWatchdog, StallCollector
 from services.common.metrics import MetricsEndpoint
 from services.common.request_parsing import TolerantParsing
@@ -132,6 +132,7 @@ class NodeServer:
             with contextlib.suppress(ValueError):  # a registry that already has them (a server built anew)
                 metrics.registry.register(StallCollector(self.watchdog))
         self._drain = drain
+        self.rebalance: RebalanceHook | None = None  # Admin/Rebalance (a decode node's; set before start())
         # No SO_REUSEPORT: a second node on a taken port must fail to bind, not silently share it.
         options = dict(grpc_options(max_message_bytes))
         if max_receive_bytes is not None:
@@ -238,7 +239,8 @@ class NodeServer:
         return port
 
     def _add_admin(self, server: grpc.aio.Server) -> None:
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.request_stop, lambda: self.stopping), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.request_stop, lambda: self.stopping, lambda: self.rebalance), server)
 
     async def _start_side_ports(self) -> None:
         def add_health(server: grpc.aio.Server) -> None:

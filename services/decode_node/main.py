@@ -28,7 +28,7 @@ async def serve(config: DecodeNodeConfig) -> None:
                                   max_reservations_per_caller=config.max_reservations_per_caller,
                                   max_reserved_blocks_fraction=config.max_reserved_blocks_per_caller_fraction,
                                   reattach_grace_s=config.reattach_grace_s),
-        make_binding, decode_registry)
+        make_binding, decode_registry, rebalance=lambda node: node.migration.rebalance)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,6 +44,7 @@ from services.decode_node.handover import HandoverAgent, Route
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.kv_stores import KVStores
 from services.decode_node.migration import Migrator
+from services.decode_node.peer_sightings import PeerSightings
 from services.decode_node.token_stream import Superseded, TokenEvent, TokenStream
 from services.engine.decode_role import AdoptionGrant, HandedRequest, Refusal
 from services.engine.engine import LLMEngine
@@ -96,7 +97,8 @@ class DecodeNode:
         self.moved: dict[str, str] = {}  # handed over, moved_to not yet delivered: request id → adopter
         self.handover = HandoverAgent(self, handover_after_s, engine.config.offload_cache_store,
                                       address=lambda: self.address)
-        self.migration = Migrator(self)  # a drain's: running requests to the peers (migration.py)
+        self.migration = Migrator(self)  # a drain's or a rebalance's: running requests to the peers
+        self.gateway_peers = PeerSightings()  # decode nodes the gateways' polls name healthy (migration targets)
         self.kv_received = KVTransferStats()
         layout, pool = engine.kv_layout_spec(), engine.kv_pool
         self.stores = KVStores(layout)  # where adopted requests' KV is read
@@ -372,16 +374,14 @@ class DecodeNode:
         return ("expired", expired) if expired else None
 
     async def drain(self, timeout_s: float = 30.0) -> None:
-        """Refuse new reservations and adoptions; hand running requests to peers (``migration.py``, when this
-        node offloads to a cache-store); let the rest finish here (up to ``timeout_s`` in all), then abort
-        what is left."""
+        """Refuse new reservations and adoptions; hand running requests to peers (``migration.py``: their KV
+        through the cache-store this node offloads to, else to be recomputed there); let the rest finish
+        here (up to ``timeout_s`` in all), then abort what is left."""
         self.draining = True
-        wait_s = timeout_s
-        if self.migration.enabled:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout_s
-            await self.migration.migrate_all(timeout_s)
-            wait_s = round(max(0.0, deadline - loop.time()), 1)  # what is left of it
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        await self.migration.migrate_all(timeout_s)
+        wait_s = round(max(0.0, deadline - loop.time()), 1)  # what is left of it
         await drain_requests("decode", lambda: list(self.streams), self.abort, wait_s)
 
 

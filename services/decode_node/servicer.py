@@ -20,11 +20,12 @@ from services.common.errors import (
     mapped_errors,
     status_of,
 )
-from services.common.field_checks import check_request_id
+from services.common.field_checks import check_addresses, check_request_id
 from services.common.logprobs_convert import logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.stream_close import ATTACH_FINAL
 from services.common.tls.roles import caller_name as caller_of
+from services.common.tls.roles import caller_roles
 from services.common.tracing import traced_rpc
 from services.decode_node.caller_identity import needs_grant_token
 from services.decode_node.handover import Route
@@ -222,6 +223,9 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
+        if request.decode_nodes and (not caller_roles(context) or "gateway" in caller_roles(context)):
+            check_addresses(request.decode_nodes, "decode_nodes")
+            self.node.gateway_peers.saw(request.decode_nodes)  # migration targets (peer_sightings.py)
         return await self.status()
 
     async def status(self) -> gateway_pb2.NodeStatus:

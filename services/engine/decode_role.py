@@ -23,7 +23,7 @@ from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import InvalidRequestError
 from services.engine.handover import HandedRequest, Handovers, MigrationPoll
 from services.engine.kv_offload import KVOffload
-from services.engine.request import Request
+from services.engine.request import Request, RequestStatus
 from services.engine.request_trace import RequestTrace, end_trace
 from services.engine.reservations import Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
@@ -126,6 +126,12 @@ class DecodeRole:
         requests = [self._requests[rid] for rid in request_ids if rid in self._requests]
         self.handovers.mark(requests)
         return [r.request_id for r in requests]
+
+    def newest_decoding(self, count: int) -> list[str]:
+        """The ``count`` most recently admitted decoding requests, newest first: those preemption would
+        take first (what a rebalance moves)."""
+        decoding = [r for r in self.scheduler.running if r.status is RequestStatus.RUNNING_DECODE]
+        return [r.request_id for r in sorted(decoding, key=lambda r: -r.admitted_seq)[:count]]
 
     def evict_for_migration(self) -> list[str]:
         """Between steps (the node's loop hook, nothing in flight): take the marked requests out of the

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import CollectorRegistry
 
+from services.common.admin import RebalanceHook
 from services.common.bootstrap import serve_bound
 from services.common.drain import drain_wait_s
 from services.common.malloc import tune_malloc
@@ -43,13 +44,13 @@ class EngineNode(Protocol):
 async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Callable[[LLMEngine], EngineNode],
                             make_binding: Callable[[EngineNode], tuple[ServiceBinding, Any]],
                             make_registry: Callable[[Any, asyncio.AbstractEventLoop], CollectorRegistry] | None = None,
-                            ) -> None:
+                            rebalance: Callable[[Any], RebalanceHook] | None = None) -> None:
     """Load the model, start the node's engine thread, serve until SIGTERM/SIGINT (drain), stop; or, once
     the engine thread failed, fail fast (above) and raise ``SystemExit(ENGINE_FAILED_EXIT_CODE)``.
 
     ``make_binding(node)`` returns the service binding and its servicer (whose ``address`` and
     ``metrics_url`` are set once the server is bound); ``make_registry(servicer, loop)`` the metrics
-    served at ``config.metrics_listen``."""
+    served at ``config.metrics_listen``; ``rebalance(node)`` what ``Admin/Rebalance`` runs (decode nodes)."""
     single_threaded_main()
     tune_malloc()  # KV blocks move through this process (prefill → decode, cache-store fetches)
     engine = LLMEngine.from_config(config.engine_config(), remote_store=connect_remote_store)
@@ -62,6 +63,7 @@ async def serve_engine_node(config: EngineNodeConfig, role: str, make_node: Call
 
     registry = make_registry(servicer, asyncio.get_running_loop()) if make_registry is not None else None
     server = NodeServer.from_config(config, [binding], drain=drain, registry=registry)
+    server.rebalance = rebalance(node) if rebalance is not None else None
     failed = node.on_engine_failure = _FailFast(server, config.engine_failure_exit_s)
     node.start()
     async with periodic_stats(lambda: node.worker.call(LLMEngine.stats), config.stats_log_interval_s):

@@ -39,7 +39,7 @@ from services.gateway.kv_compatibility import with_kv_compatibility
 from services.gateway.left_out import LeftOutLog
 from services.gateway.mode_check import with_mode_check
 from services.gateway.model_check import ModelIdentity, with_model_check
-from services.gateway.nodes import NodeInfo
+from services.gateway.nodes import DECODE, NodeInfo
 
 log = structlog.get_logger(__name__)
 
@@ -270,8 +270,11 @@ class NodeDirectory:
 
     async def _poll(self, address: str) -> None:
         role = self._roles[address]
+        peers = [n.address for n in self.nodes(DECODE) if n.healthy and n.address != address] if role == DECODE \
+            else []  # a decode node's migration targets (NodeStatusRequest.decode_nodes)
         try:
-            reported = await node_client.node_status(self.stub(address), address, self.status_timeout_s)
+            reported = await node_client.node_status(self.stub(address), address, self.status_timeout_s,
+                                                     decode_nodes=peers)
         except grpc.aio.AioRpcError as error:
             self._set(NodeInfo(address=address, role=role, polled_at=time.monotonic(),
                                error=f"{error.code().name}: {error.details()}"))

@@ -127,8 +127,11 @@ def node_info_from_proto(address: str, status: gateway_pb2.NodeStatus) -> NodeIn
     return NodeInfo(address=address, role=status.role, **{name: getattr(status, name) for name in STATUS_FIELDS})
 
 
-async def node_status(stub: Any, address: str, timeout: float, wait_for_ready: bool = False) -> NodeInfo:
+async def node_status(stub: Any, address: str, timeout: float, wait_for_ready: bool = False,
+                      decode_nodes: Sequence[str] = ()) -> NodeInfo:
     """``NodeStatus``: the node as it reports itself (see :func:`node_info_from_proto`); a failed call raises.
-    ``wait_for_ready``: wait (within ``timeout``) for a connection rather than fail while there is none."""
-    return node_info_from_proto(address, await stub.NodeStatus(node_pb2.NodeStatusRequest(), timeout=timeout,
+    ``wait_for_ready``: wait (within ``timeout``) for a connection rather than fail while there is none.
+    ``decode_nodes``: the healthy decode nodes, told to a decode node (its migration targets)."""
+    request = node_pb2.NodeStatusRequest(decode_nodes=list(decode_nodes))
+    return node_info_from_proto(address, await stub.NodeStatus(request, timeout=timeout,
                                                                wait_for_ready=wait_for_ready))

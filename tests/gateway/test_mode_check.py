@@ -65,7 +65,8 @@ def answered(monkeypatch) -> dict[str, gateway_pb2.NodeStatus]:
     for address, status in STATUSES.items():
         statuses[address].MergeFrom(status)
 
-    async def node_status(stub, address: str, timeout: float, wait_for_ready: bool = False) -> NodeInfo:
+    async def node_status(stub, address: str, timeout: float, wait_for_ready: bool = False,
+                          decode_nodes=()) -> NodeInfo:
         return node_client.node_info_from_proto(address, statuses[address])
 
     monkeypatch.setattr(node_client, "node_status", node_status)
