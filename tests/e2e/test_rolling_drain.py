@@ -1,15 +1,18 @@
 """Draining nodes under load costs no request — with real processes: a cache-store, prefill nodes P1 and
-P2, decode nodes A and B (both offload to the cache-store), a gateway.
+P2, decode nodes A, B and C (all offload to the cache-store), a gateway.
 
 - A prefill node drained with a queue: P1 takes prompts one small chunk at a time (one sequence, 16
   tokens a step), so a burst queues there; ``Admin/Drain`` ends its unstarted requests at once with
   ``UNAVAILABLE`` (draining), and the gateway runs them on P2 (its retry before the first token). Every
   request completes with the tokens of an undisturbed run; P1 exits 0.
-- A decode node drained under long streams: A has more blocks than B, so the gateway puts every stream
-  on A (it orders decode candidates by free blocks); A is drained with a drain timeout shorter than the
-  streams. A hands each running request to B (its KV through the cache-store, the gateway following
-  ``moved_to``): every stream completes on B with tokens identical to an undisturbed run, A exits 0 and
-  counts the migrations, and afterwards every node left is idle with no block leaked.
+- A rolling update of the decode nodes under long streams: A and B are the old nodes, C the new one (a
+  Deployment's surge pod). A has the most blocks, B fewer, C fewest, so the gateway puts every stream on A
+  and a migration prefers B. ``Admin/Rebalance`` on A moves its newest stream to B while A serves on
+  (on a prefill node it is ``FAILED_PRECONDITION``); then A is drained (drain timeout shorter than the
+  streams) and hands the rest to B; then B is drained and hands them all to C (their KV through the
+  cache-store, the gateway following ``moved_to``). Every stream completes on C with tokens identical to
+  an undisturbed run, A and B exit 0 and log each migration, and afterwards every node left is idle with
+  no block leaked.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from tests.engine.prompts import STORY
 pytestmark = pytest.mark.slow
 log = structlog.get_logger(__name__)
 
-STREAM_TOKENS = 64
+STREAM_TOKENS = 128
 QUEUED_TOKENS = 4
 DECODE_DRAIN_S = "3"  # shorter than the streams: without migration A would cut them
 
@@ -61,29 +64,32 @@ def _expected(reference, prompts, tokens: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    a_log = tmp_path_factory.mktemp("rolling") / "decode-a.log"
+    logs = tmp_path_factory.mktemp("rolling")
+    a_log, b_log = logs / "decode-a.log", logs / "decode-b.log"
     with contextlib.ExitStack() as stack:
         def start(module: str, *args: str, wait: bool = False, stderr=subprocess.DEVNULL):
             return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=stderr, wait=wait))
 
-        a_stderr = stack.enter_context(a_log.open("wb"))
+        a_stderr, b_stderr = stack.enter_context(a_log.open("wb")), stack.enter_context(b_log.open("wb"))
 
         store = start("services.cache_store", wait=True)
         offload = ("--offload-cache-store", store.address)
         a = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "400", "--drain-timeout-s",
                   DECODE_DRAIN_S, *offload, stderr=a_stderr)
-        b = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "200", *offload)
+        b = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "300", "--drain-timeout-s",
+                  DECODE_DRAIN_S, *offload, stderr=b_stderr)
+        c = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "200", *offload)
         p1 = start("services.prefill_node", *ENGINE_ARGS, "--max-num-seqs", "1", "--max-num-batched-tokens", "16")
         p2 = start("services.prefill_node", *ENGINE_ARGS)
-        for node in (a, b, p1, p2):
+        for node in (a, b, c, p1, p2):
             node.wait_serving(120)
         gateway = start("services.gateway", "--prefill", f"{p1.address},{p2.address}",
-                        "--decode", f"{a.address},{b.address}", "--cache-store", store.address, *GATEWAY_ARGS,
-                        wait=True)
+                        "--decode", f"{a.address},{b.address},{c.address}", "--cache-store", store.address,
+                        *GATEWAY_ARGS, wait=True)
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
-            _wait_for(lambda: sum(n.healthy for n in model_nodes(stub)) == 4, "all four model nodes healthy")
-            yield {"gateway": stub, "a": a, "b": b, "p1": p1, "p2": p2, "a_log": a_log}
+            _wait_for(lambda: sum(n.healthy for n in model_nodes(stub)) == 5, "all five model nodes healthy")
+            yield {"gateway": stub, "a": a, "b": b, "c": c, "p1": p1, "p2": p2, "a_log": a_log, "b_log": b_log}
 
 
 def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
@@ -137,8 +143,18 @@ def test_a_prefill_node_drained_with_a_queue_sends_it_elsewhere_and_every_reques
     assert _stream(stub, prompts[0], QUEUED_TOKENS)[1].prefill_node == p2.address
 
 
-def test_a_decode_node_drained_under_long_streams_hands_them_over_without_a_cut(cluster, reference):
-    stub, a, b = cluster["gateway"], cluster["a"], cluster["b"]
+def _rebalance(process, role: str, max_requests: int) -> admin_pb2.RebalanceResponse:
+    with open_sync_channel(process.address, role) as channel:
+        return admin_pb2_grpc.AdminStub(channel).Rebalance(
+            admin_pb2.RebalanceRequest(max_requests=max_requests, reason="test"), timeout=30)
+
+
+def _migrated(log_path) -> list[str]:
+    return [line for line in log_path.read_text().splitlines() if ": migrated" in line]
+
+
+def test_a_rolling_drain_of_the_decode_nodes_moves_every_stream_without_a_cut(cluster, reference):
+    stub, a, b, c = cluster["gateway"], cluster["a"], cluster["b"], cluster["c"]
     prompts = _prompts(reference, 6, "Stream")
     expected = _expected(reference, prompts, STREAM_TOKENS)
     started = time.monotonic()
@@ -146,26 +162,34 @@ def test_a_decode_node_drained_under_long_streams_hands_them_over_without_a_cut(
         calls = [pool.submit(_stream, stub, ids, STREAM_TOKENS) for ids in prompts]
         _wait_for(lambda: _node(stub, a.address).requests_running == len(prompts), "every stream decoding on A",
                   timeout_s=60)
+        with pytest.raises(grpc.RpcError) as not_decode:
+            _rebalance(cluster["p2"], "prefill", 1)
+        assert not_decode.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        rebalanced = _rebalance(a, "decode", 1)
+        assert len(rebalanced.moved) == 1 and not rebalanced.kept, "A's newest stream moved while A serves on"
         drained_at = time.monotonic()
         _drain(a, "decode")
+        _wait_for(lambda: _node(stub, b.address).requests_running == len(prompts), "every stream moved to B")
+        _drain(b, "decode")
         results = [call.result() for call in calls]
     finished = time.monotonic()
-    assert a.process.wait(timeout=60) == 0
-    migrated = [line for line in cluster["a_log"].read_text().splitlines() if "drain: migrated" in line]
-    assert len(migrated) == len(prompts), "A logs one line per migrated request"
-    for line in migrated:  # how long a migration takes (the chart's termination grace is sized from it)
+    assert a.process.wait(timeout=60) == 0 and b.process.wait(timeout=60) == 0
+    assert len(_migrated(cluster["a_log"])) == len(prompts), "A logs one line per migrated request"
+    assert len(_migrated(cluster["b_log"])) == len(prompts), "so does B"
+    for line in _migrated(cluster["a_log"]) + _migrated(cluster["b_log"]):  # sizes the chart's termination grace
         log.info("migration", line=line)
     assert [first.decode_node for _, first, _ in results] == [a.address] * len(prompts), "every stream starts on A"
     for (tokens, _, last), want in zip(results, expected, strict=True):
-        assert tokens == want, "a stream moved to B goes on exactly as an undisturbed run"
+        assert tokens == want, "a stream moved twice goes on exactly as an undisturbed run"
         assert last.finish_reason == "length" and last.usage.completion_tokens == STREAM_TOKENS
-    status_b = _node(stub, b.address)
-    assert status_b.handovers_in_total == len(prompts), "every stream was handed to B"
-    assert status_b.recomputes_total == 0
+    status_c = _node(stub, c.address)
+    assert status_c.handovers_in_total == len(prompts), "every stream ends on C"
+    assert status_c.recomputes_total == 0
     log.info("rolling drain", streams=len(prompts), seconds_before_drain=round(drained_at - started, 2),
              seconds_after_drain=round(finished - drained_at, 2))
-    _wait_for(lambda: not _node(stub, a.address).healthy, "the gateway sees A gone")
+    _wait_for(lambda: not _node(stub, a.address).healthy and not _node(stub, b.address).healthy,
+              "the gateway sees A and B gone")
     _wait_for(lambda: all(is_idle(n) for n in model_nodes(stub) if n.healthy), "every node left idle")
     left = [n for n in model_nodes(stub) if n.healthy]
-    assert {n.address for n in left} == {b.address, cluster["p2"].address}
+    assert {n.address for n in left} == {c.address, cluster["p2"].address}
     assert all(n.blocks_free + n.blocks_cached == n.blocks_total for n in left), "no block leaked"
