@@ -43,9 +43,10 @@ def render(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def migration_families(stats: MigrationStats) -> Iterator[Metric]:
-    """A drain's live migrations (``migration.py``)."""
-    yield labelled(CounterMetricFamily("pdserve_migrations", "Running requests a draining node handed to a peer "
-                                       "(moved) or finished itself (kept: no peer took them)", labels=["outcome"]),
+    """A drain's or a rebalance's live migrations (``migration.py``)."""
+    yield labelled(CounterMetricFamily("pdserve_migrations", "Running requests a draining or rebalancing node "
+                                       "handed to a peer with their KV (moved) or as tokens to recompute "
+                                       "(recomputed), or kept (no peer took them)", labels=["outcome"]),
                    "outcome", stats.outcomes())
     yield counter("pdserve_migrated_bytes_total", "KV bytes of the requests a draining node handed to peers",
                   stats.moved_bytes_total)

@@ -3,7 +3,8 @@
 The commands come from the README block between ``<!-- runbook:start -->`` and ``<!-- runbook:end -->``;
 the test sets ``G`` (the gateway), ``N`` (a node) and ``D`` (a certificate directory of the cluster's CA
 holding the ``admin`` role: ``ca.crt``, ``tls.crt``, ``tls.key``; the nodes' ports are mTLS) and runs each line
-with bash. Draining a decode node with ``Admin/Drain`` while it generates: the request finishes in full, the
+with bash. Rebalancing (its stream moves to the other decode node) then draining a decode node with
+``Admin/Drain`` while it generates: the request finishes in full, the
 node exits 0, the gateway sees it go and serves the next request on the other decode node.
 """
 
@@ -77,7 +78,8 @@ def json_messages(text: str) -> list[dict]:
 def test_every_runbook_command_is_checked_here():
     rpcs = sorted(c.rsplit(" ", 1)[-1] for c in runbook_commands())
     assert rpcs == sorted(["list", "grpc.health.v1.Health/Check", "pdserve.v1.Gateway/ClusterStatus",
-                           "pdserve.v1.Gateway/Generate", "grpc.health.v1.Health/Check", "pdserve.v1.Admin/Drain"])
+                           "pdserve.v1.Gateway/Generate", "grpc.health.v1.Health/Check", "pdserve.v1.Admin/Drain",
+                           "pdserve.v1.Admin/Rebalance"])
 
 
 def test_runbook_against_a_live_cluster():
@@ -111,6 +113,8 @@ def test_runbook_against_a_live_cluster():
         drained = next(d for d in cluster.decode if d.address == N)
         other = next(d for d in cluster.decode if d.address != N)
         assert json.loads(run(command_for("grpc.health.v1.Health/Check", "$N"), N=N)) == {"status": "SERVING"}
+        rebalanced = json.loads(run(command_for("pdserve.v1.Admin/Rebalance", "$N"), N=N))
+        assert len(rebalanced.get("moved", [])) == 1, f"the stream moves to the other decode node: {rebalanced}"
         reply = json.loads(run(command_for("pdserve.v1.Admin/Drain", "$N"), N=N))
         assert not reply.get("already_draining", reply.get("alreadyDraining", False))
 
