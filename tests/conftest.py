@@ -33,6 +33,18 @@ def _cluster_certificates() -> None:
 _cluster_certificates()
 
 
+def _weights_cache() -> None:
+    """The suite starts ~100 node processes of the bundled model: the first dequantises it, the others read
+    the float32 tensors from a session cache (``services/engine/weights/gguf_cache.py``), seconds each."""
+    if not os.environ.get("PDSERVE_WEIGHTS_CACHE_DIR"):
+        root = tempfile.mkdtemp(prefix="pdserve-test-weights-")
+        atexit.register(shutil.rmtree, root, True)
+        os.environ["PDSERVE_WEIGHTS_CACHE_DIR"] = root
+
+
+_weights_cache()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skipped (not failed) where torch sees no CUDA device."""
     if torch.cuda.is_available():

@@ -39,9 +39,10 @@ def load_weights(path: str | Path, keep_q4: bool = False) -> LoadedWeights:
     """``keep_q4``: also decode a GGUF file's Q4 tensors into ``quantized`` (a model that will use them)."""
     path = Path(path)
     if _model_kind(path) == "gguf":
+        from services.engine.weights.gguf_cache import cached
         from services.engine.weights.gguf_loader import load_gguf
 
-        return load_gguf(path, keep_q4)
+        return cached(path, keep_q4, lambda keep: load_gguf(path, keep))
     from services.engine.weights.safetensors_loader import load_safetensors_dir
 
     return load_safetensors_dir(path)
@@ -51,9 +52,10 @@ def load_model_config(path: str | Path) -> ModelConfig:
     """The model's configuration without its tensors (for processes that only tokenize and route)."""
     path = Path(path)
     if _model_kind(path) == "gguf":
+        from services.engine.weights.gguf_cache import cached_config
         from services.engine.weights.gguf_loader import read_gguf_config
 
-        return read_gguf_config(path)
+        return cached_config(path, lambda: read_gguf_config(path))
     from services.engine.weights.safetensors_loader import hf_dir_config
 
     return hf_dir_config(path)
