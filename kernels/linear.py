@@ -15,6 +15,12 @@ gives every row the same bits at any row count (1..1024), while oneDNN's dense k
 32 rows and switches kernel (and reduction order) above — by up to 0.03 in bf16 — and the switch between
 the two paths at ``int4_max_rows`` changes a row by up to 0.13. So ``int4_max_rows=INT4_ALL_ROWS`` gives
 one 4-bit path for every step, and ``row_block`` runs a dense product in blocks of at most that many rows.
+
+The deterministic mode's cheaper prefill (:class:`RowPaths`): the path is chosen per ROW by the kind of
+position it computes, not per step by the row count. A row of a prompt position always runs dense (in blocks
+of ``row_block`` rows), a row of an output position always runs 4-bit; a mixed step gathers each group, runs
+it on its path and scatters the results back. Each row then gets the bits it gets alone on its own path,
+whatever shares its step, and prefill chunks run at the dense kernel's speed.
 """
 
 from __future__ import annotations
@@ -67,11 +73,59 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
     return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block)
 
 
-def linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
-    """``x [T, in] @ W.T`` → ``[T, out]``."""
+@dataclass(frozen=True)
+class RowPaths:
+    """Which rows of a step take the dense path and which the 4-bit one (the deterministic mode), built once
+    per step by :meth:`of`. ``dense_rows``/``int4_rows``: the row indices of each group, both None when all
+    rows are of one kind (``all_dense`` says which); then :func:`linear` gathers nothing."""
+
+    all_dense: bool
+    dense_rows: torch.Tensor | None = None
+    int4_rows: torch.Tensor | None = None
+
+    @staticmethod
+    def of(dense: list[bool], device: torch.device | str = "cpu") -> RowPaths:
+        """``dense[i]``: row ``i`` runs dense (a prompt position), else 4-bit (an output position)."""
+        num_dense = sum(dense)
+        if num_dense in (0, len(dense)):
+            return RowPaths(all_dense=num_dense > 0)
+        rows = torch.arange(len(dense), device=device)
+        mask = torch.tensor(dense, dtype=torch.bool, device=device)
+        return RowPaths(False, rows[mask], rows[~mask])
+
+    @property
+    def mixed(self) -> bool:
+        return self.dense_rows is not None
+
+
+def linear(x: torch.Tensor, weight: LinearWeight, paths: RowPaths | None = None) -> torch.Tensor:
+    """``x [T, in] @ W.T`` → ``[T, out]``.
+
+    ``paths`` None: the 4-bit weight for at most ``int4_max_rows`` rows, else dense. ``paths`` given: each row
+    on the path it names (a weight without a 4-bit form runs every row dense); dense rows in blocks of
+    ``row_block``."""
+    if weight.int4 is not None and paths is not None:
+        return _by_row_paths(x, weight, paths)
     if weight.int4 is not None and x.shape[0] <= weight.int4_max_rows:
-        out = int4_linear(x, weight.int4)
-        return out if weight.bias is None else out + weight.bias
+        return _int4(x, weight)
+    return _dense_blocked(x, weight)
+
+
+def _by_row_paths(x: torch.Tensor, weight: LinearWeight, paths: RowPaths) -> torch.Tensor:
+    if not paths.mixed:
+        return _dense_blocked(x, weight) if paths.all_dense else _int4(x, weight)
+    out = x.new_empty(x.shape[0], weight.out_features)
+    out.index_copy_(0, paths.dense_rows, _dense_blocked(x.index_select(0, paths.dense_rows), weight))
+    out.index_copy_(0, paths.int4_rows, _int4(x.index_select(0, paths.int4_rows), weight))
+    return out
+
+
+def _int4(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    out = int4_linear(x, weight.int4)
+    return out if weight.bias is None else out + weight.bias
+
+
+def _dense_blocked(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     block = weight.row_block
     if block and x.shape[0] > block:
         return torch.cat([_dense(x[i:i + block], weight) for i in range(0, x.shape[0], block)])

@@ -7,6 +7,7 @@ import torch
 
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+from kernels.linear import RowPaths
 from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
@@ -20,7 +21,11 @@ class ModelRunner:
     the attention backend; :meth:`execute` runs one step and returns the sampled token per request.
 
     ``deterministic``: attention through :data:`DETERMINISTIC_ATTENTION` (another named backend is refused
-    with ``ValueError``), so that with a ``deterministic`` model a row's logits do not depend on its step."""
+    with ``ValueError``), so that with a ``deterministic`` model a row's logits do not depend on its step.
+    With a ``deterministic`` model each row's projections take the path of its position's kind
+    (:class:`RowPaths`): a prompt position (``< num_prompt_tokens``) dense, an output position 4-bit. A
+    position's kind depends on its request only, never on batching, chunking, prefix hits, the node or a
+    recompute."""
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,
                  deterministic: bool = False):
@@ -67,7 +72,18 @@ class ModelRunner:
             self.kv_layers,
             self.attention,
             torch.tensor(logits_indices, dtype=torch.long, device=device),
+            _row_paths(batch, device) if self.model.deterministic else None,
         )
         if not samplers:
             return StepSamples()
         return sample_step(logits, samplers)
+
+
+def _row_paths(batch: StepBatch, device: torch.device) -> RowPaths:
+    """Each row of the step dense if it computes a prompt position of its request, else 4-bit."""
+    dense: list[bool] = []
+    for item in batch.scheduled:
+        start, end = item.start, item.start + item.num_new_tokens
+        prompt_end = min(max(item.request.num_prompt_tokens, start), end)
+        dense += [True] * (prompt_end - start) + [False] * (end - prompt_end)
+    return RowPaths.of(dense, device)

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 6
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Why is the sky blue?", "Write a haiku.",
              "How many legs has a spider?", "Translate 'good morning' into French.", "What is 17 * 3?",
-             "Who wrote Hamlet?", "Give me a train pun.", "Summarise: " + STORY]
+             "Who wrote Hamlet?", "Give me a train pun.", "Summarise: " + STORY, "Summarise: " + long_text(13)]
 PLAIN = ["Hello", "The", "def fib(n):", "1, 2, 3, 4,", "The quick brown fox", "Once upon a time",
          "import torch\n", "Dear Sir or Madam,", "In 1492,", "Paris is", "The recipe needs", "Q: why?\nA:",
          STORY, SYSTEM + "When does the last train leave?", long_text(2), long_text(6), "Roses are red,",
-         "SELECT * FROM", "The train to Lyon", "My favourite number is"]
+         "SELECT * FROM", "The train to Lyon", "My favourite number is", long_text(14)]
 
 
 def _chat(text: str) -> str:
@@ -45,14 +45,14 @@ def workload(bundled_tokenizer):
     params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True) if i % 2 else
               SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.9, top_k=40, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
-    # up to ~400 tokens: the 4-bit prefill of the deterministic path is slow on 2 cores (a ~1000-token prompt
-    # cost the suite a minute); the issue's ~1000 is left for the benchmark
-    assert len(prompts) >= 30 and min(map(len, prompts)) == 1 and max(map(len, prompts)) > 400
+    # 1 to ~1000 tokens (a chat and a plain prompt of ~1000): prompt positions run dense, so they are cheap
+    lengths = sorted(map(len, prompts))
+    assert len(prompts) >= 30 and lengths[0] == 1 and lengths[-2] > 900 and lengths[-1] < 1100
     return prompts, params
 
 
 def _engine(model, tokenizer, **overrides):
-    return make_engine(model, tokenizer, deterministic=True, num_kv_blocks=256, **overrides)
+    return make_engine(model, tokenizer, deterministic=True, **{"num_kv_blocks": 256, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def alone(model, bundled_tokenizer, workload):
 
 
 def test_sixteen_concurrent_requests_get_their_tokens_alone(model, bundled_tokenizer, workload, alone):
-    engine = _engine(model, bundled_tokenizer, max_num_seqs=16, enable_prefix_caching=False)
+    engine = _engine(model, bundled_tokenizer, max_num_seqs=16, enable_prefix_caching=False, num_kv_blocks=512)
     assert [r.token_ids for r in engine.generate(*workload)] == alone
 
 
@@ -72,7 +72,7 @@ def test_prefix_hits_of_several_lengths_and_other_chunks_change_nothing(model, b
     prompts, params = workload
     engine = _engine(model, bundled_tokenizer, max_num_batched_tokens=37)
     warm = SamplingParams(max_tokens=1, temperature=0.0)
-    for i, cut in ((0, 16), (1, 33), (2, 48), (len(prompts) - 1, 200), (len(prompts) - 3, 64)):
+    for i, cut in ((0, 16), (1, 33), (2, 48), (len(prompts) - 1, 200), (len(prompts) - 6, 64), (10, 400)):
         engine.generate([prompts[i][:cut]], warm)  # its prefix cached: the rest starts at another offset
     results = engine.generate(prompts, params)
     assert [r.token_ids for r in results] == alone
@@ -90,7 +90,7 @@ def test_preempted_and_recomputed_requests_keep_their_tokens(model, bundled_toke
 
 def test_disaggregated_equals_mixed(model, bundled_tokenizer, workload, alone):
     prompts, params = workload
-    chosen = [0, 1, 9, 11, len(prompts) - 3, len(prompts) - 2]
+    chosen = [0, 1, 9, 10, 12, len(prompts) - 3, len(prompts) - 1]
     for sampling in {params[0], params[1]}:
         picked = [i for i in chosen if params[i] == sampling]
         assert picked

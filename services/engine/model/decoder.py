@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.int4_linear import GroupQuantized, int4_supported
-from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, LinearWeight, linear, prepare_linear
+from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, LinearWeight, RowPaths, linear, prepare_linear
 from kernels.norm import rms_norm
 from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
@@ -46,8 +46,10 @@ class DecoderModel:
     ``self.int4_max_rows`` is what is in effect (0: every product is dense).
 
     ``deterministic``: every row's numbers independent of the step's row count (see :mod:`kernels.linear`):
-    the 4-bit weights, where there are, serve every step size (``int4_max_rows`` becomes
-    :data:`INT4_ALL_ROWS`), and dense products run in blocks of :data:`INVARIANT_ROW_BLOCK` rows.
+    dense products run in blocks of :data:`INVARIANT_ROW_BLOCK` rows, and with :meth:`forward`'s ``paths``
+    (the model runner's: prompt positions dense, output positions 4-bit) each projection row takes the path
+    of its position's kind; without them the 4-bit weights, where there are, serve every step size
+    (``int4_max_rows`` becomes :data:`INT4_ALL_ROWS`).
 
     Raises :class:`ModelLoadError` naming the tensor when one is missing, misshapen, not a float, or left
     over (a feature of the checkpoint this family does not have)."""
@@ -140,9 +142,12 @@ class DecoderModel:
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attention: AttentionBackend, logits_indices: torch.Tensor) -> torch.Tensor:
+                attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                ) -> torch.Tensor:
         """Run one step over the concatenated new tokens of a batch (attention already planned).
 
+        ``paths``: the path of each row through the projections that have a 4-bit form (the deterministic
+        mode; None: by the step's row count). The experts of a sparse layer and the LM head ignore it.
         Returns float32 logits ``[len(logits_indices), vocab]`` for the token positions that sample.
         """
         cfg = self.config
@@ -151,7 +156,7 @@ class DecoderModel:
         num_tokens = input_ids.shape[0]
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = linear(x, layer.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
             k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             if layer.q_norm is not None:
@@ -161,13 +166,13 @@ class DecoderModel:
             k = RotaryEmbedding.apply(k, cos, sin)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale)
-            hidden = hidden + linear(attn.reshape(num_tokens, cfg.q_size), layer.o)
+            hidden = hidden + linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
             if layer.moe is not None:
                 hidden = hidden + moe_forward(x, layer.moe, cfg.moe)
             else:
-                gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
-                hidden = hidden + linear(F.silu(gate) * up, layer.down)
+                gate, up = linear(x, layer.gate_up, paths).chunk(2, dim=-1)
+                hidden = hidden + linear(F.silu(gate) * up, layer.down, paths)
         last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps)
         return linear(last, self.lm_head).float()
 
