@@ -28,6 +28,7 @@ from services.common.tls.roles import caller_name as caller_of
 from services.common.tls.roles import caller_roles
 from services.common.tracing import traced_rpc
 from services.decode_node.caller_identity import needs_grant_token
+from services.decode_node.grants import PermissionDeniedError
 from services.decode_node.handover import Route
 from services.decode_node.message_checks import check_adopt, check_batch, check_reserve
 from services.decode_node.node import DecodeNode
@@ -168,7 +169,13 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
                     ) -> decode_pb2.AdoptResponse:
         """Take over a request another decode node preempted (its KV in ``request.cache_store``): granted
         means it runs here and its tokens wait for an ``Attach``; a refusal leaves nothing behind."""
-        if request.model_fingerprint != self.layout.model_fingerprint:
+        recompute = request.num_computed_tokens == 0 and not request.kv_keys
+        roles = caller_roles(context)
+        if roles and "decode" not in roles and not recompute:  # a gateway resuming a request elsewhere
+            raise PermissionDeniedError("Adopt: a gateway hands a request over as tokens only (num_computed_tokens "
+                                        "0, no kv_keys)")
+        if request.model_fingerprint != self.layout.model_fingerprint and not (recompute and
+                                                                                not request.model_fingerprint):
             raise FailedPreconditionError("model_fingerprint: this decode node serves another model or KV layout")
         check_adopt(request, self.layout.model_fingerprint)
         sampling = sampling_from_proto(request.sampling)

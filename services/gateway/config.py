@@ -51,6 +51,9 @@ class GatewayConfig(ServerConfig):
     retries_before_first_token: int = setting(1, "times a request whose prefill or decode node failed "
                                                  "(UNAVAILABLE: gone, hung, draining) before its first token "
                                                  "starts over on other nodes; 0 = never")
+    resumes_after_first_token: int = setting(2, "times a request whose decode node failed (UNAVAILABLE: gone, "
+                                                "hung, draining past its timeout) after its first token goes "
+                                                "on, recomputed, on another decode node; 0 = never")
     admin_listen: str = setting("", "host:port of the gateway's Admin port (Admin/Drain): mTLS, admin "
                                     "certificates only; empty = none (SIGTERM drains). The public port never "
                                     "serves Admin")
@@ -113,6 +116,8 @@ class GatewayConfig(ServerConfig):
             raise ValueError(f"resolve_interval_s must be > 0, got {self.resolve_interval_s}")
         if self.retries_before_first_token < 0:
             raise ValueError(f"retries_before_first_token must be >= 0, got {self.retries_before_first_token}")
+        if self.resumes_after_first_token < 0:
+            raise ValueError(f"resumes_after_first_token must be >= 0, got {self.resumes_after_first_token}")
         if self.generation_config not in ("auto", "none"):
             raise ValueError(f"generation_config must be auto or none, got {self.generation_config!r}")
         if self.default_max_tokens < 1:

@@ -55,6 +55,7 @@ class CoreSettings:
     abort_timeout_s: float = 2.0
     status_max_age_s: float = 1.0  # ClusterStatus polls again when the last poll is older
     retries_before_first_token: int = 1  # times a request whose node failed before its first token starts over
+    resumes_after_first_token: int = 2  # times a request whose decode node failed after it goes on elsewhere
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)  # the model's generation config
 
 
@@ -172,7 +173,8 @@ class GatewayCore:
         flow = RequestFlow(prepared, directory=self.directory, router=self.router, tokenizer=self.tokenizer,
                            fresh_id=self._abort_unanswered(prepared.request_id),
                            deadline=deadline, abort=self.abort, on_close=self._closed, recent_stall=self.recent_stall,
-                           retries=self.settings.retries_before_first_token, on_retry=lambda role: self.on_retry(role))
+                           retries=self.settings.retries_before_first_token, on_retry=lambda role: self.on_retry(role),
+                           resumes=self.settings.resumes_after_first_token)
         self._taken.add(prepared.request_id)
         self._flows[prepared.request_id] = flow
         self._idle.clear()

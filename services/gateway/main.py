@@ -96,6 +96,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s,
         retries_before_first_token=config.retries_before_first_token,
+        resumes_after_first_token=config.resumes_after_first_token,
         sampling_defaults=generation_defaults(config.model) if config.model and config.generation_config == "auto"
         else {})
     watchdog = LoopWatchdog()  # a call to a node that fails out of this gateway's own stall is said to be so

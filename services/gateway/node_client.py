@@ -26,6 +26,7 @@ from pdserve.v1 import (
 
 from services.common.logprobs_convert import logprob_from_proto, logprobs_from_proto
 from services.common.sampling_convert import sampling_to_proto
+from services.engine.sampling_params import SamplingParams
 from services.gateway.node_events import (
     FirstToken,
     PrefillCall,
@@ -111,6 +112,17 @@ def open_attach(stub: Any, request_id: str, timeout: float | None, metadata: Met
     """``DecodeNode.Attach``: a decode leg's stream, after the first ``resume_after`` tokens of the node's."""
     return NodeStream(stub.Attach(decode_pb2.AttachRequest(request_id=request_id, resume_after=resume_after),
                                   timeout=timeout, metadata=metadata), token_event_from_proto)
+
+
+async def adopt_tokens(stub: Any, request_id: str, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                       sampling: SamplingParams, decode_peers: Sequence[str], deadline_unix_ms: int, timeout: float,
+                       metadata: Metadata) -> tuple[bool, str]:
+    """``DecodeNode.Adopt`` of a request as tokens only (the node recomputes its KV): (granted, reason)."""
+    reply = await stub.Adopt(decode_pb2.AdoptRequest(
+        request_id=request_id, prompt_token_ids=prompt_ids, output_token_ids=output_ids,
+        sampling=sampling_to_proto(sampling), num_computed_tokens=0, deadline_unix_ms=deadline_unix_ms,
+        from_node="gateway", decode_peers=decode_peers), timeout=timeout, metadata=metadata)
+    return reply.granted, reply.reason
 
 
 # --- the unary calls of every node ---

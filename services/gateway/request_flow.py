@@ -44,6 +44,7 @@ from services.gateway.legs import STREAM_END, Leg, LegEvent, leg_failure
 from services.gateway.node_calls import Aborter, NodeCalls
 from services.gateway.node_events import FirstToken, PrefillCall, PrefillDone, Refused, Reserved
 from services.gateway.nodes import DECODE, PREFILL
+from services.gateway.resume import DecodeAbortError, adopt_elsewhere, resumable
 from services.gateway.router import NoHealthyNodeError, Router
 
 log = structlog.get_logger(__name__)
@@ -58,12 +59,14 @@ class RequestFlow:
     def __init__(self, request: PreparedRequest, *, directory: NodeDirectory, router: Router,
                  tokenizer: Tokenizer, deadline: float | None, abort: Aborter, on_close: CloseHook,
                  recent_stall: Callable[[], float] = lambda: 0.0, retries: int = 0,
-                 on_retry: Callable[[str], None] = lambda role: None, fresh_id: bool = False) -> None:
+                 on_retry: Callable[[str], None] = lambda role: None, fresh_id: bool = False, resumes: int = 0) -> None:
         """``deadline``: the ``time.monotonic()`` by which the request must end (None = none);
         ``recent_stall()``: seconds of a stall of the gateway's own event loop that just ended;
         ``retries``: how many times the request may start over on other nodes when one fails before the
         first token (``on_retry(role of the failed node)`` is called each time); ``fresh_id``: run even the
-        first attempt under an id of its own on the nodes (``attempts.py``)."""
+        first attempt under an id of its own on the nodes (``attempts.py``); ``resumes``: how many times it
+        may go on, recomputed, on another decode node when its decode node fails after the first token
+        (``resume.py``)."""
         self.request = request
         self.directory = directory
         self.router = router
@@ -72,6 +75,8 @@ class RequestFlow:
         self._attempts = Attempts(request.request_id, retries, fresh_first=fresh_id)
         self._background_aborts: list[asyncio.Task[None]] = []  # failed attempts' aborts (awaited at close)
         self._on_retry = on_retry
+        self._resumes_left = resumes
+        self._generated: list[int] = []  # every token the nodes sent (a resume hands them over)
         self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
                                     request.sampling.min_tokens)
         self._queue: asyncio.Queue[LegEvent] = asyncio.Queue()
@@ -230,6 +235,33 @@ class RequestFlow:
         self._start_prefill(*route)
         return True
 
+    async def _resume(self, failed: Leg, failure: Exception) -> bool:
+        """The decode leg failed after the first token: go on, recomputed, on another decode node if a
+        resume is left and the failure may be the node's (``resume.py``); True once attached there."""
+        if not self._first_sent or failed.role != DECODE or self._resumes_left == 0 or self._timeout() == 0.0 \
+                or not resumable(failure):
+            return False
+        self._calls.end(failed, cancel=True)
+        if not failed.finished:  # it may hold the request still (hung, cut off): in the background
+            reason = f"the gateway: decode node {failed.address} failed; the request goes on elsewhere"
+            self._background_aborts.append(asyncio.ensure_future(self._calls.abort([failed], reason)))
+        self._resumes_left -= 1
+        tried = {failed.address, *self._attempts.failed_nodes}
+        self._attempts.failed_nodes |= {failed.address}
+        address = await adopt_elsewhere(self.directory, self._attempts.attempt_id, self.request, self._generated,
+                                        tried, self._deadline_unix_ms(), self._timeout() or 10.0,
+                                        tracing.outgoing(self._trace))
+        self._check_open()
+        if address is None:
+            self.log.warning("no other decode node took the request", failed_node=failed.address)
+            return False
+        self.log.warning("a decode node failed the request mid-stream; it goes on, recomputed, on another",
+                         failed_node=failed.address, decode_node=address, error=str(failure),
+                         tokens=len(self._generated))
+        self._on_retry(DECODE)
+        self._calls.open_decode(address, f"resumed on {address}")
+        return True
+
     # --- relaying ---
 
     async def _relay(self) -> AsyncIterator[GenerateChunk]:
@@ -250,6 +282,8 @@ class RequestFlow:
                 if await self._start_over(leg, failure):
                     early.clear()  # the failed attempt's decode events
                     continue
+                if await self._resume(leg, failure):
+                    continue
                 raise failure
             if leg.role == DECODE and not self._first_sent:
                 early.append((leg, item))
@@ -259,8 +293,13 @@ class RequestFlow:
                 event_leg, event = due.pop(0)
                 if event_leg.role == DECODE and event_leg is not self._calls.decode:
                     continue  # the request moved away from that decode node meanwhile
-                chunk = await (self._on_prefill(event_leg, event) if event_leg.role == PREFILL
-                               else self._on_decode(event_leg, event))
+                try:
+                    chunk = await (self._on_prefill(event_leg, event) if event_leg.role == PREFILL
+                                   else self._on_decode(event_leg, event))
+                except UnavailableError as failure:  # a decode node's stream ended early or it aborted
+                    if event_leg.role == DECODE and await self._resume(event_leg, failure):
+                        break
+                    raise
                 if chunk is not None:
                     yield chunk
                     if chunk.finish_reason:
@@ -306,10 +345,9 @@ class RequestFlow:
         if item.moved_to:
             self._move(leg, item.moved_to)
             return await self._chunk(item.token_ids, "", logprobs=item.logprobs) if item.token_ids else None
-        if item.finish_reason == "abort":  # the node gave up on it (lease expired, aborted by its prefill node)
+        if item.finish_reason == "abort":  # the node gave up on it (lease expired, draining, its prefill node's)
             leg.finished = True
-            raise UnavailableError(f"decode node {leg.address} aborted the request: "
-                                   f"{item.abort_reason or 'no reason given'}")
+            raise DecodeAbortError(leg.address, item.abort_reason)
         if item.finish_reason:
             leg.finished = True
             if self._calls.prefill is not None:
@@ -318,6 +356,7 @@ class RequestFlow:
 
     async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False,
                      logprobs: Sequence[TokenLogprobs] = ()) -> GenerateChunk | None:
+        self._generated.extend(token_ids)
         if first and self._trace is not None:
             self._detokenize = tracing.start_span("detokenize", self._trace, request_id=self.request_id)
         delta = self._text.add(token_ids, finish_reason)

@@ -111,7 +111,8 @@ def test_an_unknown_role_in_the_table_is_refused():
 @pytest.mark.parametrize(("method", "roles"), [
     ("pdserve.v1.DecodeNode/Reserve", {"prefill"}), ("pdserve.v1.DecodeNode/TransferKV", {"prefill"}),
     ("pdserve.v1.DecodeNode/OpenKVIpc", {"prefill"}), ("pdserve.v1.DecodeNode/Attach", {"gateway"}),
-    ("pdserve.v1.DecodeNode/Adopt", {"decode"}), ("pdserve.v1.CacheStore/Put", {"prefill", "decode"}),
+    ("pdserve.v1.DecodeNode/Adopt", {"decode", "gateway"}),  # a gateway: tokens only (the servicer checks)
+    ("pdserve.v1.CacheStore/Put", {"prefill", "decode"}),
     ("pdserve.v1.CacheStore/Delete", {"prefill", "decode"}), ("pdserve.v1.PrefillNode/Prefill", {"gateway"}),
 ])
 def test_the_cluster_table_says_what_the_issue_asks(method, roles):

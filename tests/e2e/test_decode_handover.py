@@ -13,12 +13,16 @@ How A comes under pressure: admission policy ``none`` grants every prompt that f
 to B (``Adopt``), which has room: B fetches the KV, decodes the rest, and the gateway follows the
 ``moved_to`` at the end of A's stream. Equal max_tokens keep A full until the end, so A cannot resume
 the victim itself first.
+
+Last, A is killed mid-stream: the gateway hands each of its streams, as tokens only, to B, which recomputes
+their KV and decodes on (``services/gateway/resume.py``) — the client sees the stream go on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -94,7 +98,8 @@ def cluster():
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             _wait_healthy(stub)
-            yield {"gateway": stub, "a": a.address, "b": b.address, "p": p.address, "store": store.address}
+            yield {"gateway": stub, "a": a.address, "b": b.address, "p": p.address, "store": store.address,
+                   "a_process": a}
 
 
 def _wait_healthy(stub, timeout_s: float = 30.0) -> None:
@@ -207,3 +212,38 @@ def _run_on(prefill: str, decode: str, request_id: str, prompt: list[int], max_t
         assert attach is not None and first
         rest = [t for event in attach for t in event.token_ids]
     return first + rest
+
+
+def test_a_decode_node_killed_mid_stream_its_streams_go_on_recomputed_on_the_other(cluster, reference, prompts):
+    """Runs last (it kills A). A greedy and a seeded sampled stream run on A; A is killed once the client
+    has 10 tokens of the first. Both complete, with the tokens of an undisturbed run (the seeded sampler
+    is keyed by output position), and B counts the two recomputes."""
+    stub, tokens = cluster["gateway"], 40
+    wait_idle(stub, timeout_s=30)
+    seeded = gateway_pb2.SamplingParams(max_tokens=tokens, temperature=0.8, top_k=50, seed=7, ignore_eos=True)
+    undisturbed, _, _ = generate(stub, token_ids=prompts[1], sampling=seeded)
+    want = reference.generate([prompts[0]], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+    recomputes_before = _by_address(stub)[cluster["b"]].recomputes_total
+    wait_idle(stub, timeout_s=30)
+    ten_tokens = threading.Event()
+
+    def stream(ids, sampling, signal: bool):
+        out, first, last = [], None, None
+        for response in stub.Generate(gateway_pb2.GenerateRequest(token_ids=ids, sampling=sampling), timeout=120):
+            first, last = first or response, response
+            out += response.token_ids
+            if signal and len(out) >= 10:
+                ten_tokens.set()
+        return out, first, last
+
+    with ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(stream, prompts[0], greedy(tokens), True), pool.submit(stream, prompts[1], seeded, False)]
+        assert ten_tokens.wait(60), "the greedy stream never got 10 tokens"
+        cluster["a_process"].process.kill()
+        (greedy_out, greedy_first, greedy_last), (seeded_out, seeded_first, seeded_last) = [c.result() for c in calls]
+    assert greedy_first.decode_node == seeded_first.decode_node == cluster["a"], "both started on A"
+    assert greedy_out == want[0].token_ids, "the greedy stream goes on exactly"
+    assert seeded_out == undisturbed, "so does the seeded one"
+    assert greedy_last.finish_reason == seeded_last.finish_reason == "length"
+    assert greedy_last.usage.completion_tokens == tokens
+    assert _by_address(stub)[cluster["b"]].recomputes_total - recomputes_before == 2, "B recomputed both"

@@ -134,6 +134,10 @@ def test_no_gateway_or_admin_identity_can_put_kv_into_a_decode_node(cluster, stu
                                                                 prompt_token_ids=list(range(1, 40)), max_tokens=4),
                                       timeout=10))
         denied(lambda: next(iter(decode.TransferKV(iter([decode_pb2.KVTransferMessage()]), timeout=10))))
+        # a gateway may hand a request over as tokens only (resume.py), never with KV keys to read
+        denied(lambda: decode.Adopt(decode_pb2.AdoptRequest(
+            request_id=f"adopt-{role}", prompt_token_ids=[1, 2, 3], output_token_ids=[4], num_computed_tokens=3,
+            kv_keys=[b"\x00" * 48], cache_store=cluster.cache_store.address), timeout=10))
     with open_sync_channel(cluster.cache_store.address, "cache-store", identity=identity_of(role)) as channel:
         store = cache_store_pb2_grpc.CacheStoreStub(channel)
         chunk = cache_store_pb2.PutChunk(key=b"\x00" * 48, total_length=4, data=b"evil")

@@ -2,7 +2,9 @@
 
 The roles follow the life of a request (DESIGN.md): the gateway starts and ends requests on the nodes; a
 prefill node reserves on a decode node and streams KV into the grant it got; a decode node hands running
-requests over to a peer (``Adopt``); both node kinds read and write the cache-store. ``NodeStatus``,
+requests over to a peer (``Adopt``), and so does a gateway whose decode node failed mid-stream (as tokens
+only, to be recomputed: the decode node refuses it anything else); both node kinds read and write the
+cache-store. ``NodeStatus``,
 health and reflection are read-only and open to every role; ``Admin`` only to ``admin``.
 """
 
@@ -22,7 +24,7 @@ CALLERS: dict[str, tuple[str, ...]] = {
     "pdserve.v1.DecodeNode/OpenKVIpc": PREFILL,
     "pdserve.v1.DecodeNode/Attach": GATEWAY,
     "pdserve.v1.DecodeNode/Abort": ("gateway", "prefill", "decode"),
-    "pdserve.v1.DecodeNode/Adopt": DECODE,
+    "pdserve.v1.DecodeNode/Adopt": ("decode", "gateway"),
     "pdserve.v1.DecodeNode/NodeStatus": ANY_ROLE,
     "pdserve.v1.CacheStore/Put": NODES,
     "pdserve.v1.CacheStore/Delete": NODES,
