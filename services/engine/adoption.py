@@ -69,7 +69,7 @@ class Adoptions:
         request.num_computed_tokens = computed  # once its blocks are written
         request.num_preemptions = handed.num_preemptions
         request.num_cached_tokens = handed.cached_tokens
-        prefix = self.kv.match_prefix(request.token_ids)  # full blocks within the computed tokens
+        prefix = self.kv.match_prefix(self.scheduler.prefix_tokens(request))  # full blocks, computed tokens
         needed = self.kv.blocks_needed(rid, request.num_tokens + 1, prefix)
         refusal = self.book.no_room(rid, needed)  # the oldest refused prefill request's blocks kept too
         if refusal is not None:
@@ -99,7 +99,7 @@ class Adoptions:
             self.kv.free(request_id)
             self.scheduler.add_to_recompute(request)
         else:
-            self.kv.cache_computed(request_id, request.token_ids, request.num_computed_tokens)
+            self.scheduler.publish(request)
             self.scheduler.add_adopted(request)
         self.stats.handovers_in_total += 1
         self.stats.fetched_bytes_total += len(payload)

@@ -57,6 +57,9 @@ class EngineConfig:
             raise ValueError(f"offload_remote must be one of {OFFLOAD_REMOTE}, got {self.offload_remote!r}")
         if self.cache_outputs and not self.offload_cache_store:
             raise ValueError("cache_outputs needs a cache-store (offload_cache_store)")
+        if self.cache_outputs and self.deterministic:
+            raise ValueError("cache_outputs serves blocks of output positions as later prompts' prefixes, which the "
+                             "deterministic mode never does (their numbers differ): use one or the other")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -93,7 +93,8 @@ class LLMEngine(PrefillRole, DecodeRole):
                                  fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
                                  staging_limit_bytes=num_blocks * block_bytes)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv,
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                            prompt_blocks_only=config.deterministic), self.kv,
             admission=make_policy(config.admission), offloader=self.offload,
         )
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids

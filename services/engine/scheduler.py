@@ -96,6 +96,23 @@ class Scheduler:
         self.running.append(request)
         self._admitted_since_step = True
 
+    def prefix_tokens(self, request: Request, limit: int | None = None) -> list[int]:
+        """The tokens (of the first ``limit``) whose full blocks the prefix cache may serve ``request``: in the
+        deterministic mode (``prompt_blocks_only``) its prompt's only — a block computed for output positions
+        ran another kernel path than the same tokens as a prompt do (``kernels.linear.RowPaths``), so a later
+        turn's prompt must not reuse it, nor a request its output positions computed as another's prompt."""
+        end = len(request.token_ids) if limit is None else limit
+        if self.config.prompt_blocks_only:
+            end = min(end, request.num_prompt_tokens)
+        return request.token_ids[:end]
+
+    def publish(self, request: Request) -> None:
+        """Make the request's newly full computed blocks findable (prompt blocks only, deterministic)."""
+        computed = request.num_computed_tokens
+        if self.config.prompt_blocks_only:
+            computed = min(computed, request.num_prompt_tokens)
+        self.kv.cache_computed(request.request_id, request.token_ids, computed)
+
     def add_to_recompute(self, request: Request) -> None:
         """Queue first a request another decode node handed over as tokens only (no KV): it is admitted as a
         preempted request whose KV is recomputed (``recomputes_total``), then decodes on."""
@@ -225,7 +242,7 @@ class Scheduler:
                 if not self._resume(request, batch, owed):
                     break
             else:
-                prefix = self.kv.match_prefix(request.token_ids)
+                prefix = self.kv.match_prefix(self.prefix_tokens(request))
                 needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
                 keep = owed if request.status is RequestStatus.PREEMPTED else owed + headroom
                 if self.kv.num_free_blocks - keep < needed:
@@ -262,7 +279,7 @@ class Scheduler:
     def _room_to_resume(self, request: Request, owed: int) -> PrefixMatch | None:
         """The prefix cache's share of a preempted request's kept KV if the free blocks (less ``owed``) can
         take the rest and its next token; None if they cannot."""
-        prefix = self.kv.match_prefix(request.token_ids[: request.num_computed_tokens + 1])  # full kept blocks
+        prefix = self.kv.match_prefix(self.prefix_tokens(request, request.num_computed_tokens + 1))  # kept blocks
         needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
         return prefix if self.kv.num_free_blocks - owed >= needed else None
 
@@ -290,7 +307,7 @@ class Scheduler:
         for item in batch.scheduled:
             request = item.request
             request.num_computed_tokens = item.start + item.num_new_tokens
-            self.kv.cache_computed(request.request_id, request.token_ids, request.num_computed_tokens)
+            self.publish(request)
             if not item.samples:
                 continue
             request.append_output(sampled[request.request_id])

@@ -14,6 +14,7 @@ class SchedulerConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 1024
     max_model_len: int = 8192
+    prompt_blocks_only: bool = False  # deterministic: the prefix cache publishes and serves prompt blocks only
 
 
 @dataclass(frozen=True)

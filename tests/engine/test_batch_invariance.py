@@ -100,16 +100,16 @@ def test_disaggregated_equals_mixed(model, bundled_tokenizer, workload, alone):
         assert {int(rid): r.output_token_ids for rid, r in handed.items()} == {i: alone[i] for i in picked}
 
 
-@pytest.mark.xfail(strict=True, reason="prefix blocks holding another request's OUTPUT positions (computed 4-bit) "
-                   "serve this request's PROMPT positions (dense alone); the prefix index must not publish them "
-                   "in the deterministic mode (kvcache/scheduler, outside this change)")
 def test_a_prompt_through_another_requests_output_gets_its_numbers_alone(model, bundled_tokenizer):
+    """A multi-turn prompt runs through the first turn's reply: those positions were output positions there
+    (4-bit) and are prompt positions here (dense), so the prefix cache serves only the first turn's prompt
+    blocks (``prompt_blocks_only``) and the rest is computed as a prompt — the numbers it gets alone."""
     first = bundled_tokenizer.encode(_chat("Summarise: " + STORY))
     engine = _engine(model, bundled_tokenizer)
     reply = engine.generate([first], SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))[0].token_ids
     second = first + reply + bundled_tokenizer.encode("<|im_end|>\n<|im_start|>user\nShorter?<|im_end|>\n")
     probe = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
     after = engine.generate([second], probe)[0]
-    assert after.cached_tokens > len(first)  # the multi-turn hit: blocks of the first turn's reply
+    assert after.cached_tokens == len(first) // 16 * 16, "the first turn's full prompt blocks, no more"
     alone = _engine(model, bundled_tokenizer, enable_prefix_caching=False).generate([second], probe)[0]
     assert [lp.logprob for lp in after.logprobs] == [lp.logprob for lp in alone.logprobs]
