@@ -22,6 +22,6 @@ def test_output_caching_is_refused_in_the_deterministic_mode():
     """Cached outputs would serve blocks of output positions as a later prompt's prefix (other numbers)."""
     from services.engine.config import EngineConfig
 
-    with pytest.raises(ValueError, match="cache_outputs .* deterministic mode"):
+    with pytest.raises(ValueError, match=r"cache_outputs .* deterministic mode"):
         EngineConfig(model_path="m.gguf", offload_cache_store="127.0.0.1:1", cache_outputs=True, deterministic=True)
     assert EngineConfig(model_path="m.gguf", offload_cache_store="127.0.0.1:1", cache_outputs=True).cache_outputs
