@@ -63,6 +63,14 @@ def bundled_model_path():
 
 
 @pytest.fixture(scope="session")
+def hf_bundled_model(bundled_model_path):
+    """transformers' own load of the bundled GGUF, float32 (~20 s: loaded once for the session's references)."""
+    from tests.engine.hf_reference import load_hf_model
+
+    return load_hf_model(bundled_model_path)
+
+
+@pytest.fixture(scope="session")
 def bundled_weights(bundled_model_path):
     from services.engine.weights import load_weights
 

@@ -41,7 +41,7 @@ from tests.engine.prompts import STORY
 pytestmark = pytest.mark.slow
 log = structlog.get_logger(__name__)
 
-STREAM_TOKENS = 128
+STREAM_TOKENS = 96
 QUEUED_TOKENS = 4
 DECODE_DRAIN_S = "3"  # shorter than the streams: without migration A would cut them
 

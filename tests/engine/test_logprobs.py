@@ -12,7 +12,6 @@ import torch
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
-from tests.engine.hf_reference import load_hf_model
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +40,8 @@ def test_each_token_has_its_logprob_and_the_k_most_likely_most_likely_first(gree
         assert sum(math.exp(v) for v in values) <= 1 + 1e-5
 
 
-def test_logprobs_equal_transformers_log_softmax_on_the_same_file(greedy, bundled_model_path):
-    model = load_hf_model(bundled_model_path)
+def test_logprobs_equal_transformers_log_softmax_on_the_same_file(greedy, hf_bundled_model):
+    model = hf_bundled_model
     ids = greedy.prompt_token_ids + greedy.token_ids
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([ids])).logits[0].float()

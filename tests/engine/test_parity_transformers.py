@@ -9,7 +9,7 @@ import pytest
 from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage
 from tests.conftest import make_engine
-from tests.engine.hf_reference import MARGIN_TOLERANCE, first_divergence, greedy_reference, load_hf_model
+from tests.engine.hf_reference import MARGIN_TOLERANCE, first_divergence, greedy_reference
 from tests.engine.prompts import SYSTEM, long_text
 
 pytestmark = pytest.mark.slow
@@ -38,9 +38,8 @@ def prompts(bundled_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def references(bundled_model_path, prompts):
-    model = load_hf_model(bundled_model_path)
-    return {name: greedy_reference(model, ids, NEW_TOKENS) for name, ids in prompts.items()}
+def references(hf_bundled_model, prompts):
+    return {name: greedy_reference(hf_bundled_model, ids, NEW_TOKENS) for name, ids in prompts.items()}
 
 
 def test_greedy_parity_with_transformers_concurrent_chunked_prefix(fp32_model, bundled_tokenizer, prompts,
