@@ -230,7 +230,8 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
     @grpc_errors
     async def NodeStatus(self, request: node_pb2.NodeStatusRequest, context: grpc.aio.ServicerContext
                          ) -> gateway_pb2.NodeStatus:
-        if request.decode_nodes and (not caller_roles(context) or "gateway" in caller_roles(context)):
+        roles = caller_roles(context)
+        if request.decode_nodes and (not roles or "gateway" in roles):
             check_addresses(request.decode_nodes, "decode_nodes")
             self.node.gateway_peers.saw(request.decode_nodes)  # migration targets (peer_sightings.py)
         return await self.status()

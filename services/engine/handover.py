@@ -79,7 +79,6 @@ class Handovers:
         self._since: dict[str, tuple[int, float]] = {}  # request id → (num_preemptions, first seen stored)
         self.marked: set[str] = set()  # to migrate once they decode (a draining node's)
         self.migrating: dict[str, Request] = {}  # taken out of the batch, their copy on its way to the store
-        self._recompute: set[str] = set()  # of those, ones with no copy at all (lent as tokens only)
 
     def due(self, after_s: float) -> list[str]:
         """Waiting preempted requests whose cache-store copy has been there ``after_s`` or longer."""
@@ -172,16 +171,19 @@ class Handovers:
         (migration by recompute)."""
         rid, kv = request.request_id, self.scheduler.kv
         kv_blocks = kv.block_ids(rid)[: math.ceil(request.num_computed_tokens / kv.block_size)]
-        if self.offload.remote is None:
-            self._recompute.add(rid)
-        elif not self._claim_remote(rid, len(kv_blocks)):
+        if not self.by_recompute and not self._claim_remote(rid, len(kv_blocks)):
             return False
         self.scheduler.running.remove(request)
-        if rid not in self._recompute:
+        if not self.by_recompute:
             copy_out(SwapOut(rid, tuple(kv_blocks)))
         kv.free(rid)
         request.transition(RequestStatus.PREEMPTED)
         return True
+
+    @property
+    def by_recompute(self) -> bool:
+        """A node with no cache-store migrates by recompute (nothing to copy its KV to)."""
+        return self.offload.remote is None
 
     def _claim_remote(self, request_id: str, num_blocks: int) -> bool:
         """Claim an offload copy in the cache-store (a peer reads it there), even where the node keeps
@@ -206,11 +208,9 @@ class Handovers:
         for rid, request in list(self.migrating.items()):
             if request.status.finished:  # aborted while its copy was stored
                 del self.migrating[rid]
-                self._recompute.discard(rid)
                 continue
-            if rid in self._recompute:
+            if self.by_recompute:
                 del self.migrating[rid]
-                self._recompute.discard(rid)
                 ready.append(self._lend(request, None))
                 continue
             keys = self.offload.remote_keys(rid)
@@ -225,7 +225,6 @@ class Handovers:
         self.marked.clear()
         back = [r for r in self.migrating.values() if not r.status.finished]
         self.migrating.clear()
-        self._recompute.clear()
         for request in reversed(back):
             self.scheduler.waiting.appendleft(request)
         return [r.request_id for r in back]

@@ -26,6 +26,11 @@ import grpc
 from services.common.errors import mapped_errors, status_of
 
 
+def node_failure(failure: Exception) -> bool:
+    """``failure`` may be the node's fault (``UNAVAILABLE``: gone, hung, draining, its stream cut)."""
+    return isinstance(failure, mapped_errors()) and status_of(failure) == grpc.StatusCode.UNAVAILABLE
+
+
 class Attempts:
     def __init__(self, request_id: str, retries: int, fresh_first: bool = False) -> None:
         """``fresh_first``: the first attempt too runs under an id of its own (an earlier request with
@@ -39,8 +44,7 @@ class Attempts:
 
     def may_retry(self, failure: Exception) -> bool:
         """A retry is left and ``failure`` (a node's, before the first token) may be the node's fault."""
-        return self.retries_left > 0 and isinstance(failure, mapped_errors()) \
-            and status_of(failure) == grpc.StatusCode.UNAVAILABLE
+        return self.retries_left > 0 and node_failure(failure)
 
     def next_attempt(self, failed_node: str) -> str:
         """Count a retry away from ``failed_node`` (not chosen again for this request); the new attempt id."""

@@ -246,10 +246,9 @@ class RequestFlow:
             reason = f"the gateway: decode node {failed.address} failed; the request goes on elsewhere"
             self._background_aborts.append(asyncio.ensure_future(self._calls.abort([failed], reason)))
         self._resumes_left -= 1
-        tried = {failed.address, *self._attempts.failed_nodes}
         self._attempts.failed_nodes |= {failed.address}
         address = await adopt_elsewhere(self.directory, self._attempts.attempt_id, self.request, self._generated,
-                                        tried, self._deadline_unix_ms(), self._timeout() or 10.0,
+                                        self._attempts.failed_nodes, self._deadline_unix_ms(), self._timeout() or 10.0,
                                         tracing.outgoing(self._trace))
         self._check_open()
         if address is None:

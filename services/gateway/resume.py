@@ -21,12 +21,12 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-import grpc
 import grpc.aio
 import structlog
 
-from services.common.errors import UnavailableError, mapped_errors, status_of
+from services.common.errors import UnavailableError
 from services.gateway import node_client
+from services.gateway.attempts import node_failure
 from services.gateway.directory import NodeDirectory
 from services.gateway.generation import PreparedRequest
 from services.gateway.nodes import DECODE
@@ -48,8 +48,7 @@ class DecodeAbortError(UnavailableError):
 
 def resumable(failure: Exception) -> bool:
     """A failure of the node's (``UNAVAILABLE``), not of the request's."""
-    return isinstance(failure, mapped_errors()) and status_of(failure) == grpc.StatusCode.UNAVAILABLE \
-        and getattr(failure, "resumable", True)
+    return node_failure(failure) and getattr(failure, "resumable", True)
 
 
 async def adopt_elsewhere(directory: NodeDirectory, request_id: str, request: PreparedRequest,

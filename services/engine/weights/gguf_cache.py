@@ -3,7 +3,7 @@ loaded reads the float32 tensors, the 4-bit codes and the configuration from one
 of parsing the GGUF metadata and dequantising again (seconds per process for the bundled 135M model).
 
 Off unless ``PDSERVE_WEIGHTS_CACHE_DIR`` names a directory (the test suite sets one for its session: it
-starts ~100 node processes of the same model). An entry is ``<sha256 of the file>-v<version>.safetensors``
+starts ~100 node processes of the same model). An entry is ``<weights digest of the file>-v<version>.safetensors``
 — float32 weights take 4 bytes a parameter, eight times a Q4 file, so the cache is for small models and
 development, not a default. Entries are written to a temporary file and renamed (processes starting at
 once may each write one; the last rename wins, all equal). A corrupt or unreadable entry is ignored and
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import tempfile
@@ -30,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from kernels.int4_linear import GroupQuantized
 from kernels.rope_scaling import RopeScaling
 from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.weights.digest import weights_digest
 from services.engine.weights.loader import LoadedWeights
 
 log = structlog.get_logger(__name__)
@@ -45,10 +45,8 @@ def cache_dir() -> Path | None:
 
 
 def entry_path(directory: Path, path: Path) -> Path:
-    """Named by the file's bytes (a file rewritten in place gets a new entry; ~0.2 s for 100 MB)."""
-    with open(path, "rb") as file:
-        digest = hashlib.file_digest(file, "sha256").hexdigest()[:32]
-    return directory / f"{digest}-v{VERSION}.safetensors"
+    """Named by the file's bytes (:func:`weights_digest`: a file rewritten in place gets a new entry)."""
+    return directory / f"{weights_digest(path)}-v{VERSION}.safetensors"
 
 
 def cached(path: Path, keep_q4: bool, load: Callable[[bool], LoadedWeights]) -> LoadedWeights:
