@@ -40,6 +40,7 @@ from tests.decode_node.test_handover_node import (
     prompts,
     store,
 )
+from tests.tls_identities import identity_of
 
 pytestmark = pytest.mark.slow
 __all__ = ["expected", "prompts", "store"]  # the fixtures, shared with the handover tests
@@ -156,6 +157,10 @@ async def test_a_refused_request_is_offered_again_to_a_peer_only_a_gateway_named
             with pytest.raises(grpc.aio.AioRpcError) as bad:
                 await stub.NodeStatus(node_pb2.NodeStatusRequest(decode_nodes=["no port"]), timeout=10)
             assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "decode_nodes" in bad.value.details()
+            async with open_channel(node.address, "decode", identity=identity_of("prefill")) as prefill_channel:
+                await decode_pb2_grpc.DecodeNodeStub(prefill_channel).NodeStatus(
+                    node_pb2.NodeStatusRequest(decode_nodes=[address]), timeout=10)
+            assert node.migration.peers_of("r0").peers == [], "only a gateway's poll names migration targets"
             await stub.NodeStatus(node_pb2.NodeStatusRequest(decode_nodes=[address, node.address]), timeout=10)
         assert node.migration.peers_of("r0").peers == [address], "the gateway's node, this one left out"
         await node.drain(30.0)
