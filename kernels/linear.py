@@ -17,10 +17,16 @@ the two paths at ``int4_max_rows`` changes a row by up to 0.13. So ``int4_max_ro
 one 4-bit path for every step, and ``row_block`` runs a dense product in blocks of at most that many rows.
 
 The deterministic mode's cheaper prefill (:class:`RowPaths`): the path is chosen per ROW by the kind of
-position it computes, not per step by the row count. A row of a prompt position always runs dense (in blocks
-of ``row_block`` rows), a row of an output position always runs 4-bit; a mixed step gathers each group, runs
-it on its path and scatters the results back. Each row then gets the bits it gets alone on its own path,
-whatever shares its step, and prefill chunks run at the dense kernel's speed.
+position it computes, not per step by the row count. A row of a prompt position always runs dense, in
+zero-padded blocks of exactly :data:`PROMPT_ROW_BLOCK` rows; a row of an output position runs 4-bit (or,
+for a weight without a 4-bit form, dense in blocks of at most ``row_block`` rows). A mixed step gathers each
+group, runs it on its path and scatters the results back. A product of a fixed shape gives a row the same
+bits wherever it sits among the block's rows and whatever the others hold (measured on this project's CPU
+for 32..512-row blocks: oneDNN's kernel and reduction order depend on the shape, not on the contents), so
+each row gets the bits it gets alone on its own path, whatever shares its step or where its chunk starts.
+Blocks of 128 rows run a 512-row prefill's projections at the unblocked kernel's speed (blocks of 32 took
+twice as long: each product too small to keep the matrix units busy); the price is a short prompt chunk's
+padding (a 1-row chunk costs a 128-row product).
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ INT4_ALL_ROWS = 2**62
 INVARIANT_ROW_BLOCK = 32
 """The most rows per dense product whose per-row result is that of the row alone (measured; the kernel
 test ``tests/kernels/test_linear_row_invariant.py`` checks it on the machine it runs on)."""
+PROMPT_ROW_BLOCK = 128
+"""Rows of every dense product of prompt rows under :class:`RowPaths` (zero-padded): one fixed shape, so a
+row's bits do not depend on its neighbours or its place (checked by the same test)."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +110,10 @@ class RowPaths:
 def linear(x: torch.Tensor, weight: LinearWeight, paths: RowPaths | None = None) -> torch.Tensor:
     """``x [T, in] @ W.T`` → ``[T, out]``.
 
-    ``paths`` None: the 4-bit weight for at most ``int4_max_rows`` rows, else dense. ``paths`` given: each row
-    on the path it names (a weight without a 4-bit form runs every row dense); dense rows in blocks of
-    ``row_block``."""
-    if weight.int4 is not None and paths is not None:
+    ``paths`` None: the 4-bit weight for at most ``int4_max_rows`` rows, else dense in blocks of at most
+    ``row_block`` rows. ``paths`` given: prompt rows dense in padded blocks of :data:`PROMPT_ROW_BLOCK`,
+    output rows 4-bit (a weight without a 4-bit form: dense in blocks of at most ``row_block``)."""
+    if paths is not None:
         return _by_row_paths(x, weight, paths)
     if weight.int4 is not None and x.shape[0] <= weight.int4_max_rows:
         return _int4(x, weight)
@@ -112,11 +121,12 @@ def linear(x: torch.Tensor, weight: LinearWeight, paths: RowPaths | None = None)
 
 
 def _by_row_paths(x: torch.Tensor, weight: LinearWeight, paths: RowPaths) -> torch.Tensor:
+    output_path = _int4 if weight.int4 is not None else _dense_blocked
     if not paths.mixed:
-        return _dense_blocked(x, weight) if paths.all_dense else _int4(x, weight)
+        return _dense_padded(x, weight) if paths.all_dense else output_path(x, weight)
     out = x.new_empty(x.shape[0], weight.out_features)
-    out.index_copy_(0, paths.dense_rows, _dense_blocked(x.index_select(0, paths.dense_rows), weight))
-    out.index_copy_(0, paths.int4_rows, _int4(x.index_select(0, paths.int4_rows), weight))
+    out.index_copy_(0, paths.dense_rows, _dense_padded(x.index_select(0, paths.dense_rows), weight))
+    out.index_copy_(0, paths.int4_rows, output_path(x.index_select(0, paths.int4_rows), weight))
     return out
 
 
@@ -130,6 +140,17 @@ def _dense_blocked(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     if block and x.shape[0] > block:
         return torch.cat([_dense(x[i:i + block], weight) for i in range(0, x.shape[0], block)])
     return _dense(x, weight)
+
+
+def _dense_padded(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    """Products of exactly :data:`PROMPT_ROW_BLOCK` rows; a last partial block is padded with zero rows."""
+    rows, block = x.shape[0], PROMPT_ROW_BLOCK
+    outs = [_dense(x[i:i + block], weight) for i in range(0, rows - rows % block, block)]
+    if rows % block:
+        tail = x.new_zeros(block, x.shape[1])
+        tail[:rows % block] = x[rows - rows % block:]
+        outs.append(_dense(tail, weight)[:rows % block])
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _dense(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:

@@ -32,6 +32,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     block_size: int
     host_block_tables: torch.Tensor | None = None
+    prompt_lens: list[int] | None = None
+    """Optional: each sequence's prompt tokens. The deterministic backend runs a query row of a position
+    below it (a prompt position) through its prompt kernel, every other row through its output kernel."""
     query_starts: list[int] = field(init=False)
     """``num_seqs + 1`` offsets: sequence i's query tokens are ``query_starts[i]:query_starts[i+1]``."""
     context_lens: list[int] = field(init=False)
@@ -65,6 +68,8 @@ class AttentionMetadata:
         if host is not None and (host.device.type != "cpu" or host.shape != self.block_tables.shape):
             raise ValueError(f"host_block_tables must be a CPU copy of block_tables {list(self.block_tables.shape)}, "
                              f"got {list(host.shape)} on {host.device}")
+        if self.prompt_lens is not None and len(self.prompt_lens) != num_seqs:
+            raise ValueError(f"{num_seqs} sequences but {len(self.prompt_lens)} prompt_lens")
         starts = [0]
         for q in self.query_lens:
             starts.append(starts[-1] + q)
@@ -104,6 +109,7 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device | str,
+        prompt_lens: list[int] | None = None,
     ) -> AttentionMetadata:
         """Pad the per-sequence block tables into an int32 tensor and derive the slot mapping.
 
@@ -136,4 +142,5 @@ class AttentionMetadata:
             slot_mapping=slots.to(device),
             block_size=block_size,
             host_block_tables=tables,
+            prompt_lens=None if prompt_lens is None else list(prompt_lens),
         )

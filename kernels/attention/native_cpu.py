@@ -56,6 +56,11 @@ def _library() -> ctypes.CDLL:
         function.restype = c_int
     library.paged_decode_supports.argtypes = [c_int] * 4
     library.paged_decode_supports.restype = c_int
+    for function in (library.prefill_fixed_bf16, library.prefill_fixed_f32):
+        function.argtypes = [pointer] * 5 + [c_int] * 6 + [ctypes.c_float, pointer, c_int]
+        function.restype = c_int
+    library.prefill_fixed_supports.argtypes = [c_int] * 4
+    library.prefill_fixed_supports.restype = c_int
     return library
 
 

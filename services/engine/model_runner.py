@@ -51,7 +51,7 @@ class ModelRunner:
     def execute(self, batch: StepBatch, block_tables: dict[str, list[int]]) -> StepSamples:
         input_ids: list[int] = []
         positions: list[int] = []
-        query_lens, seq_lens, tables, logits_indices, samplers = [], [], [], [], []
+        query_lens, seq_lens, tables, logits_indices, samplers, prompt_lens = [], [], [], [], [], []
         for item in batch.scheduled:
             request = item.request
             end = item.start + item.num_new_tokens
@@ -59,12 +59,14 @@ class ModelRunner:
             positions.extend(range(item.start, end))
             query_lens.append(item.num_new_tokens)
             seq_lens.append(end)
+            prompt_lens.append(request.num_prompt_tokens)
             tables.append(block_tables[request.request_id])
             if item.samples:
                 logits_indices.append(len(input_ids) - 1)
                 samplers.append(request)
         device = self.model.device
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device,
+                                       prompt_lens if self.model.deterministic else None)
         self.attention.plan(meta)
         logits = self.model.forward(
             torch.tensor(input_ids, dtype=torch.long, device=device),

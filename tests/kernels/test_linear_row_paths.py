@@ -1,6 +1,6 @@
 """Per-row paths of the deterministic mode (``RowPaths``, kernels/linear.py): in a step that mixes prompt rows
-(dense, in blocks of ``INVARIANT_ROW_BLOCK``) and output rows (4-bit), each row gets the bits it gets alone
-on its own path, at every row count and mix; a step of one kind gathers nothing."""
+(dense, in padded blocks of ``PROMPT_ROW_BLOCK``) and output rows (4-bit), each row gets the bits it gets
+alone on its own path, at every row count, mix and chunk start; a step of one kind gathers nothing."""
 
 from __future__ import annotations
 
@@ -57,9 +57,29 @@ def test_each_row_gets_its_bits_alone_on_its_own_path_at_any_mix(weight, rows_al
             assert torch.equal(linear(x[:rows], weight, paths), expected), (rows, mix, mask)
 
 
-def test_a_step_of_one_kind_builds_no_index_and_a_weight_without_4_bits_runs_dense():
+def test_a_step_of_one_kind_builds_no_index():
     assert not RowPaths.of([True] * 5).mixed and not RowPaths.of([False] * 5).mixed
     assert RowPaths.of([True, False]).mixed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_prompt_rows_get_their_bits_alone_at_any_chunk_start_and_length(dtype):
+    """The prompt path's fixed-shape products: a row's bits do not depend on where its chunk starts (a prefix
+    hit), how long the chunk is (past one padded block too) or what else it holds."""
+    torch.manual_seed(1)
+    weight = prepare_linear((torch.randn(960, 576) * 0.05).to(dtype), row_block=INVARIANT_ROW_BLOCK)
+    x = torch.randn(300, 576).to(dtype)
+    alone = torch.cat([linear(x[i:i + 1], weight, RowPaths.of([True])) for i in range(300)])
+    for start, rows in [(0, 300), (0, 128), (0, 129), (1, 127), (17, 200), (100, 33), (255, 45), (299, 1)]:
+        chunk = linear(x[start:start + rows], weight, RowPaths.of([True] * rows))
+        assert torch.equal(chunk, alone[start:start + rows]), (start, rows)
+
+
+def test_a_weight_without_4_bits_runs_output_rows_dense_each_with_its_bits_alone():
     dense_only = prepare_linear(torch.randn(64, 128).bfloat16(), row_block=INVARIANT_ROW_BLOCK)
     x = torch.randn(40, 128).bfloat16()
-    assert torch.equal(linear(x, dense_only, RowPaths.of([i % 3 == 0 for i in range(40)])), linear(x, dense_only))
+    mask = [i % 3 == 0 for i in range(40)]
+    prompt_alone = torch.cat([linear(x[i:i + 1], dense_only, RowPaths.of([True])) for i in range(40)])
+    output_alone = torch.cat([linear(x[i:i + 1], dense_only, RowPaths.of([False])) for i in range(40)])
+    expected = torch.where(torch.tensor(mask)[:, None], prompt_alone, output_alone)
+    assert torch.equal(linear(x, dense_only, RowPaths.of(mask)), expected)

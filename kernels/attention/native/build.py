@@ -1,5 +1,5 @@
-"""Compiles ``paged_decode.c`` once per (source, compiler, flags, CPU) into a cached shared library and
-loads it with ctypes.
+"""Compiles the attention kernels (``SOURCES``, ``HEADERS``) once per (sources, compiler, flags, CPU) into
+one cached shared library and loads it with ctypes.
 
 The library lives in ``$PDSERVE_CACHE_DIR/native`` (default ``~/.cache/pdserve/native``) under a name
 that hashes everything that shapes the binary, so an edited source or another CPU gets its own file.
@@ -18,7 +18,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.c", "prefill_fixed.c",
+                                                                    "prefill_fp32.c", "prefill_bf16.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("numerics.h", "prefill_fixed.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 LIBS = ("-lm",)
 COMPILE_TIMEOUT_S = 120
@@ -58,10 +60,13 @@ def _cpu_signature() -> str:
 
 @functools.cache
 def _source_digest() -> bytes:
-    try:
-        return hashlib.sha256(SOURCE.read_bytes()).digest()
-    except OSError as exc:
-        raise NativeBuildError(f"kernel source {SOURCE} is unreadable: {exc}") from exc
+    digest = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        try:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        except OSError as exc:
+            raise NativeBuildError(f"kernel source {path} is unreadable: {exc}") from exc
+    return digest.digest()
 
 
 def library_path(compiler: str) -> Path:
@@ -70,7 +75,7 @@ def library_path(compiler: str) -> Path:
     digest = hashlib.sha256(_source_digest())
     for part in (os.path.realpath(compiler), " ".join(FLAGS + LIBS), _cpu_signature()):
         digest.update(b"\0" + part.encode())
-    return cache_dir() / f"{SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+    return cache_dir() / f"attention-{digest.hexdigest()[:16]}.so"
 
 
 def compile_library(compiler: str, target: Path) -> None:
@@ -81,7 +86,7 @@ def compile_library(compiler: str, target: Path) -> None:
         os.close(fd)
     except OSError as exc:
         raise NativeBuildError(f"cannot write into the kernel cache {target.parent}: {exc}") from exc
-    command = [compiler, *FLAGS, "-o", temp, str(SOURCE), *LIBS]
+    command = [compiler, *FLAGS, "-o", temp, *map(str, SOURCES), *LIBS]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if result.returncode != 0:

@@ -28,13 +28,14 @@
 #include <omp.h>
 #endif
 
+#include "numerics.h"
+
 #define TILE 16              /* slots scored at once; also the lanes of a partial sum */
 #define MAX_HEAD_DIM 512
 #define MAX_GROUP 64         /* query heads per KV head */
 #define MAX_HEADS 256        /* query heads */
 #define MAX_STATE 16384      /* num_heads * head_dim */
 #define MIN_SPLIT_TOKENS 128 /* a split-KV range holds at least this many slots */
-#define LOG2E 1.4426950408889634f
 
 enum { PD_OK = 0, PD_UNSUPPORTED = -1, PD_NO_MEMORY = -2 };
 
@@ -58,21 +59,6 @@ typedef struct { /* online-softmax state of every query head of one item, not no
     float max[MAX_HEADS];
 } State;
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 static inline float load_f32(const void *base, size_t index, int is_bf16) {
     return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[index]) : ((const float *)base)[index];
 }
@@ -81,25 +67,6 @@ static inline float lane_total(const float *lanes) {
     float total = 0.0f;
     for (int i = 0; i < TILE; i++) total += lanes[i];
     return total;
-}
-
-/* 2^x for x <= 0: Cephes exp2f polynomial on [-0.5, 0.5] (relative error < 2e-7). */
-#pragma omp declare simd notinbranch
-static inline float exp2_nonpos(float x) {
-    x = x < -126.0f ? -126.0f : x;
-    int32_t biased = (int32_t)(x + 127.5f); /* round(x) + 127; x + 127.5 > 0, so truncation floors */
-    float f = x - (float)(biased - 127);
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    uint32_t bits = (uint32_t)biased << 23;
-    float power;
-    memcpy(&power, &bits, sizeof power);
-    return p * power;
 }
 
 /* Portable tile: q_scaled holds the group's query rows in fp32, already multiplied by c->scale. */
@@ -197,20 +164,6 @@ static inline __m512 max_all_lanes(__m512 x) {
     x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
     x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4E));
     return _mm512_max_ps(x, _mm512_permute_ps(x, 0xB1));
-}
-
-static inline __m512 exp2_512(__m512 x) { /* x <= 0 where it matters; -inf gives 2^-126; NaN stays NaN */
-    x = _mm512_max_ps(_mm512_set1_ps(-126.0f), x);
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* Scores of one query head against the tile's slots, unscaled: q_raw is the head's row as stored. */

@@ -1,0 +1,49 @@
+/* The prompt kernel's shared definitions (prefill_fixed.c: the driver; prefill_fp32.c, prefill_bf16.c:
+ * the inner loops). */
+#ifndef PDSERVE_PREFILL_FIXED_H
+#define PDSERVE_PREFILL_FIXED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "numerics.h"
+
+#define PF_TILE 16          /* slots per tile: the lanes of a query head's scores */
+#define PF_QUERIES 32       /* queries of one sequence per work item */
+#define PF_MAX_HEAD_DIM 256
+#define PF_MAX_GROUP 64     /* query heads per KV head */
+
+enum { PF_OK = 0, PF_UNSUPPORTED = -1, PF_NO_MEMORY = -2 };
+
+typedef struct {
+    const void *q, *kv;
+    const int32_t *tables;    /* [num_seqs, max_blocks] */
+    const int32_t *query_seq; /* [n]: the row of tables each query reads */
+    const int32_t *query_len; /* [n]: slots each query attends (its position + 1) */
+    int max_blocks, num_heads, num_kv_heads, head_dim, block_size, group, is_bf16;
+    size_t row_stride;        /* elements from one slot of a block to the next */
+    float scale;              /* softmax scale * log2(e) */
+} PCtx;
+
+typedef struct { /* one thread's working memory; a "row" is one query head of one query of the item */
+    float kt[PF_MAX_HEAD_DIM * PF_TILE] __attribute__((aligned(64))); /* fp32 path: the tile's K, [dim][slot] */
+    float v[PF_TILE * PF_MAX_HEAD_DIM] __attribute__((aligned(64)));  /* fp32 path: the tile's V, [slot][dim] */
+    int stride;                     /* rows of the arrays below: the item's rows rounded up, plus 16 */
+    float *q, *acc;                 /* [stride][dim]: the query scaled, the unnormalised output */
+    float *scores;                  /* [stride][PF_TILE]: scores, then softmax weights */
+    float *max, *sum, *alpha;       /* [stride] */
+    int *valid;                     /* [stride]: the tile's slots the row attends */
+} Scratch;
+/* The bf16 path's views of the same memory: the K tile as bf16 pairs [slot][dim / 2] (kt), the V tile as
+ * pairs of slots [PF_TILE / 2][dim] (v), the queries as pairs [dim / 2][stride] (q), the softmax weights
+ * as bf16 pairs of slots [PF_TILE / 2][stride] (scores). */
+
+void prefill_item_fp32(const PCtx *c, Scratch *s, int first, int count, void *out);
+int prefill_bf16_serves(const PCtx *c);
+void prefill_item_bf16(const PCtx *c, Scratch *s, int first, int count, void *out);
+
+static inline float load_elem(const void *base, size_t index, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[index]) : ((const float *)base)[index];
+}
+
+#endif
