@@ -104,9 +104,11 @@ def test_forward_contract_and_refusals():
         backend.forward(q, k, v, seqs.cache[:1], 0.25)
 
 
-@pytest.mark.parametrize("extra_flags", [("-mno-avx512f",), ("-mno-avx512bf16",)], ids=["portable", "no-bf16-dot"])
+@pytest.mark.parametrize("extra_flags", [("-mno-avx512f", "-mno-amx-tile"), ("-mno-avx512bf16", "-mno-amx-tile"),
+                                         ("-mno-amx-tile",)], ids=["portable", "no-bf16-dot", "no-amx"])
 def test_other_builds_of_the_kernels(extra_flags, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The loops a CPU without AVX-512 (or without AVX512-BF16) compiles: accurate, and row-invariant."""
+    """The loops a CPU without AVX-512, without AVX512-BF16 or without AMX compiles: accurate, and
+    row-invariant."""
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "FLAGS", build.FLAGS + extra_flags)
     build._loaded.clear()

@@ -50,6 +50,7 @@ static int run(PCtx *c, void *out, int n, int num_threads) {
             starts[items++] = i;
     starts[items] = n;
     const int bf16 = prefill_bf16_serves(c);
+    c->amx = bf16 && prefill_amx_ready();
     const size_t rows = ((size_t)PF_QUERIES * c->group + 15) / 16 * 16 + 16, state = rows * c->head_dim;
     const size_t floats = 2 * state + rows * PF_TILE + 3 * rows; /* a multiple of 16: 64-byte aligned parts */
     Scratch *scratch = aligned_alloc(64, sizeof(Scratch) * (size_t)num_threads);

@@ -21,6 +21,7 @@ typedef struct {
     const int32_t *query_seq; /* [n]: the row of tables each query reads */
     const int32_t *query_len; /* [n]: slots each query attends (its position + 1) */
     int max_blocks, num_heads, num_kv_heads, head_dim, block_size, group, is_bf16;
+    int amx;                  /* the bf16 path's products on AMX tiles (prefill_amx_ready) */
     size_t row_stride;        /* elements from one slot of a block to the next */
     float scale;              /* softmax scale * log2(e) */
 } PCtx;
@@ -40,6 +41,7 @@ typedef struct { /* one thread's working memory; a "row" is one query head of on
 
 void prefill_item_fp32(const PCtx *c, Scratch *s, int first, int count, void *out);
 int prefill_bf16_serves(const PCtx *c);
+int prefill_amx_ready(void);
 void prefill_item_bf16(const PCtx *c, Scratch *s, int first, int count, void *out);
 
 static inline float load_elem(const void *base, size_t index, int is_bf16) {
