@@ -17,16 +17,15 @@ the two paths at ``int4_max_rows`` changes a row by up to 0.13. So ``int4_max_ro
 one 4-bit path for every step, and ``row_block`` runs a dense product in blocks of at most that many rows.
 
 The deterministic mode's cheaper prefill (:class:`RowPaths`): the path is chosen per ROW by the kind of
-position it computes, not per step by the row count. A row of a prompt position always runs dense, in
-zero-padded blocks of exactly :data:`PROMPT_ROW_BLOCK` rows; a row of an output position runs 4-bit (or,
-for a weight without a 4-bit form, dense in blocks of at most ``row_block`` rows). A mixed step gathers each
-group, runs it on its path and scatters the results back. A product of a fixed shape gives a row the same
-bits wherever it sits among the block's rows and whatever the others hold (measured on this project's CPU
-for 32..512-row blocks: oneDNN's kernel and reduction order depend on the shape, not on the contents), so
+position it computes, not per step by the row count. A row of a prompt position always runs dense: on a CPU
+with AMX through :mod:`kernels.amx_linear` (each output summed in one order at any row count; faster than
+oneDNN here at 1, 32 and 512 rows), elsewhere in zero-padded oneDNN products of exactly
+:data:`PROMPT_ROW_BLOCK` rows (a product of a fixed shape gives a row the same bits wherever it sits among
+the block's rows and whatever the others hold: measured for 32..512-row blocks; 128 rows run a 512-row
+prefill near the unblocked speed, 32 took twice as long; the price is a short chunk's padding). A row of an
+output position runs 4-bit (or, for a weight without a 4-bit form, dense in blocks of at most
+``row_block`` rows). A mixed step gathers each group, runs it on its path and scatters the results back, so
 each row gets the bits it gets alone on its own path, whatever shares its step or where its chunk starts.
-Blocks of 128 rows run a 512-row prefill's projections at the unblocked kernel's speed (blocks of 32 took
-twice as long: each product too small to keep the matrix units busy); the price is a short prompt chunk's
-padding (a 1-row chunk costs a 128-row product).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.amx_linear import AmxWeight, amx_linear, pack_amx
 from kernels.int4_linear import GroupQuantized, Int4Weight, int4_linear, pack_int4
 
 INT4_ALL_ROWS = 2**62
@@ -60,6 +60,7 @@ class LinearWeight:
     int4_max_rows: int = 0
     bias: torch.Tensor | None = None  # added to every row (q/k/v biases of Qwen2)
     row_block: int = 0  # > 0: dense products run in blocks of at most this many rows (row invariance)
+    amx: AmxWeight | None = None  # the prompt rows' products where AMX serves them (row invariance)
 
 
 def _packing_supported(weight: torch.Tensor) -> bool:
@@ -71,15 +72,17 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
                    int4_max_rows: int = 0, bias: torch.Tensor | None = None, row_block: int = 0) -> LinearWeight:
     """``int4``: the same weight's 4-bit codes, used for products of at most ``int4_max_rows`` rows (the
     caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype.
-    ``row_block``: see :class:`LinearWeight`."""
+    ``row_block``: see :class:`LinearWeight`; with ``row_block`` a bf16 CPU weight is also packed for
+    :mod:`kernels.amx_linear` where the CPU has AMX (the prompt rows' path; as many bytes again)."""
     packed_int4 = pack_int4(int4, weight.dtype) if int4 is not None and int4_max_rows > 0 else None
     if packed_int4 is not None:
         assert (packed_int4.out_features, packed_int4.in_features) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
+    amx = pack_amx(weight, bias) if row_block else None
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block)
-    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block)
+        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx)
+    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx)
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,10 @@ def _dense_blocked(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
 
 
 def _dense_padded(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
-    """Products of exactly :data:`PROMPT_ROW_BLOCK` rows; a last partial block is padded with zero rows."""
+    """The AMX kernel where it serves the weight (any row count); else products of exactly
+    :data:`PROMPT_ROW_BLOCK` rows, a last partial block padded with zero rows."""
+    if weight.amx is not None:
+        return amx_linear(x, weight.amx)
     rows, block = x.shape[0], PROMPT_ROW_BLOCK
     outs = [_dense(x[i:i + block], weight) for i in range(0, rows - rows % block, block)]
     if rows % block:

@@ -4,6 +4,7 @@ alone on its own path, at every row count, mix and chunk start; a step of one ki
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -15,16 +16,19 @@ from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, RowPaths, linear,
 pytestmark = pytest.mark.skipif(not int4_supported("cpu", torch.bfloat16), reason="no int4 CPU kernel")
 
 
-@pytest.fixture(scope="module")
-def weight():
+@pytest.fixture(scope="module", params=["amx_where_there", "padded_blocks"])
+def weight(request):
+    """The prompt path as this CPU runs it (AMX where it has it), and oneDNN's padded blocks (the path of a CPU
+    without AMX) forced."""
     torch.manual_seed(0)
     out_features, in_features, group = 192, 256, 32
     codes = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8)
     scales = torch.rand(out_features, in_features // group) * 0.02
     quantized = GroupQuantized(codes, scales, -8 * scales, group)
     bias = torch.randn(out_features).bfloat16()
-    return prepare_linear(quantized.dequantize().bfloat16(), int4=quantized, int4_max_rows=INT4_ALL_ROWS,
-                          bias=bias, row_block=INVARIANT_ROW_BLOCK)
+    prepared = prepare_linear(quantized.dequantize().bfloat16(), int4=quantized, int4_max_rows=INT4_ALL_ROWS,
+                              bias=bias, row_block=INVARIANT_ROW_BLOCK)
+    return prepared if request.param == "amx_where_there" else dataclasses.replace(prepared, amx=None)
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +66,14 @@ def test_a_step_of_one_kind_builds_no_index():
     assert RowPaths.of([True, False]).mixed
 
 
+@pytest.mark.parametrize("amx", [True, False], ids=["amx_where_there", "padded_blocks"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_prompt_rows_get_their_bits_alone_at_any_chunk_start_and_length(dtype):
-    """The prompt path's fixed-shape products: a row's bits do not depend on where its chunk starts (a prefix
-    hit), how long the chunk is (past one padded block too) or what else it holds."""
+def test_prompt_rows_get_their_bits_alone_at_any_chunk_start_and_length(dtype, amx):
+    """The prompt path: a row's bits do not depend on where its chunk starts (a prefix hit), how long the
+    chunk is (past one padded block too) or what else it holds."""
     torch.manual_seed(1)
     weight = prepare_linear((torch.randn(960, 576) * 0.05).to(dtype), row_block=INVARIANT_ROW_BLOCK)
+    weight = weight if amx else dataclasses.replace(weight, amx=None)
     x = torch.randn(300, 576).to(dtype)
     alone = torch.cat([linear(x[i:i + 1], weight, RowPaths.of([True])) for i in range(300)])
     for start, rows in [(0, 300), (0, 128), (0, 129), (1, 127), (17, 200), (100, 33), (255, 45), (299, 1)]:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.c", "prefill_fixed.c",
-                                                                    "prefill_fp32.c", "prefill_bf16.c"))
+                                                                    "prefill_fp32.c", "prefill_bf16.c", "gemm_amx.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("numerics.h", "prefill_fixed.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 LIBS = ("-lm",)
