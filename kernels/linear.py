@@ -69,16 +69,18 @@ def _packing_supported(weight: torch.Tensor) -> bool:
 
 
 def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized | None = None,
-                   int4_max_rows: int = 0, bias: torch.Tensor | None = None, row_block: int = 0) -> LinearWeight:
+                   int4_max_rows: int = 0, bias: torch.Tensor | None = None, row_block: int = 0,
+                   prompt_rows: bool = False) -> LinearWeight:
     """``int4``: the same weight's 4-bit codes, used for products of at most ``int4_max_rows`` rows (the
     caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype.
-    ``row_block``: see :class:`LinearWeight`; with ``row_block`` a bf16 CPU weight is also packed for
-    :mod:`kernels.amx_linear` where the CPU has AMX (the prompt rows' path; as many bytes again)."""
+    ``row_block``: see :class:`LinearWeight`. ``prompt_rows`` (a weight the model runs with :class:`RowPaths`)
+    and ``row_block``: a bf16 CPU weight is also packed for :mod:`kernels.amx_linear` where the CPU has AMX
+    (the prompt rows' path; as many bytes again)."""
     packed_int4 = pack_int4(int4, weight.dtype) if int4 is not None and int4_max_rows > 0 else None
     if packed_int4 is not None:
         assert (packed_int4.out_features, packed_int4.in_features) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
-    amx = pack_amx(weight, bias) if row_block else None
+    amx = pack_amx(weight, bias) if row_block and prompt_rows else None
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
         return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx)

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from kernels.amx_linear import amx_supported
 from kernels.int4_linear import GroupQuantized, int4_supported
 from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, RowPaths, linear, prepare_linear
 
@@ -27,7 +28,8 @@ def weight(request):
     quantized = GroupQuantized(codes, scales, -8 * scales, group)
     bias = torch.randn(out_features).bfloat16()
     prepared = prepare_linear(quantized.dequantize().bfloat16(), int4=quantized, int4_max_rows=INT4_ALL_ROWS,
-                              bias=bias, row_block=INVARIANT_ROW_BLOCK)
+                              bias=bias, row_block=INVARIANT_ROW_BLOCK, prompt_rows=True)
+    assert (prepared.amx is not None) == amx_supported()
     return prepared if request.param == "amx_where_there" else dataclasses.replace(prepared, amx=None)
 
 
@@ -72,7 +74,8 @@ def test_prompt_rows_get_their_bits_alone_at_any_chunk_start_and_length(dtype, a
     """The prompt path: a row's bits do not depend on where its chunk starts (a prefix hit), how long the
     chunk is (past one padded block too) or what else it holds."""
     torch.manual_seed(1)
-    weight = prepare_linear((torch.randn(960, 576) * 0.05).to(dtype), row_block=INVARIANT_ROW_BLOCK)
+    weight = prepare_linear((torch.randn(960, 576) * 0.05).to(dtype), row_block=INVARIANT_ROW_BLOCK,
+                            prompt_rows=True)
     weight = weight if amx else dataclasses.replace(weight, amx=None)
     x = torch.randn(300, 576).to(dtype)
     alone = torch.cat([linear(x[i:i + 1], weight, RowPaths.of([True])) for i in range(300)])

@@ -82,9 +82,11 @@ class DecoderModel:
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling)
         self.scale = cfg.head_dim**-0.5
 
-    def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False) -> LinearWeight:
+    def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,
+                    by_row_kind: bool = True) -> LinearWeight:
         """The fused projection of ``parts`` (stacked along output rows), with its 4-bit form when every
-        part has one (the codes are packed, not kept), and its fused bias."""
+        part has one (the codes are packed, not kept), and its fused bias. ``by_row_kind``: :meth:`forward`
+        runs it with the step's ``paths`` (not the experts of a sparse layer)."""
         take = self._source.take
         names = [name for name, _ in parts]
         dense = torch.cat([take(n, s) for n, s in parts]) if len(parts) > 1 else take(*parts[0])
@@ -93,10 +95,10 @@ class DecoderModel:
             biases = [take(n.removesuffix(".weight") + ".bias", (s[0],)) for n, s in parts]
             fused_bias = torch.cat(biases) if len(biases) > 1 else biases[0]
         if not all(name in self._quantized for name in names):
-            return prepare_linear(dense, bias=fused_bias, row_block=self._row_block)
+            return prepare_linear(dense, bias=fused_bias, row_block=self._row_block, prompt_rows=by_row_kind)
         codes = GroupQuantized.cat([self._quantized[name] for name in names])
         return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows, bias=fused_bias,
-                              row_block=self._row_block)
+                              row_block=self._row_block, prompt_rows=by_row_kind)
 
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
@@ -137,8 +139,10 @@ class DecoderModel:
         return MoEWeights(
             router,
             [self._projection([(e.format(j) + "gate_proj.weight", (inter, hidden)),
-                               (e.format(j) + "up_proj.weight", (inter, hidden))]) for j in range(moe.num_experts)],
-            [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))]) for j in range(moe.num_experts)],
+                               (e.format(j) + "up_proj.weight", (inter, hidden))], by_row_kind=False)
+             for j in range(moe.num_experts)],
+            [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))], by_row_kind=False)
+             for j in range(moe.num_experts)],
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
