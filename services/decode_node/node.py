@@ -4,7 +4,8 @@ Control calls run on the engine thread through :class:`EngineWorker`; KV bytes a
 blocks from the event loop (no step touches a block before its request is committed). Each request has
 a :class:`TokenStream` from its reservation (or adoption) on: decoded tokens are buffered there until the
 gateway attaches, and the stream ends with the finish reason and usage — or with ``moved_to`` once the
-request was handed to another decode node (``handover.py``).
+request was handed to another decode node (``handover.py``). Filling the streams and serving ``Attach``
+is ``stream_delivery.py``'s.
 
 Adoption (``Adopt``, the receiving side of a handover): blocks granted as for a reservation, the KV
 fetched from the cache-store the sender names and written under the engine lock, the request added to
@@ -32,23 +33,20 @@ from services.common import tracing
 from services.common.drain import drain_requests
 from services.common.errors import (
     FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
 from services.common.kv_transfer_stats import KVTransferStats
-from services.decode_node.ended_streams import EndedStreams
 from services.decode_node.grants import CallerBounds, Grants
 from services.decode_node.handover import HandoverAgent, Route
 from services.decode_node.kv_ipc import IpcSessions
 from services.decode_node.kv_stores import KVStores
 from services.decode_node.migration import Migrator
 from services.decode_node.peer_sightings import PeerSightings
-from services.decode_node.token_stream import Superseded, TokenEvent, TokenStream
+from services.decode_node.stream_delivery import StreamDelivery
+from services.decode_node.token_stream import TokenEvent, TokenStream
 from services.engine.decode_role import AdoptionGrant, HandedRequest, Refusal
 from services.engine.engine import LLMEngine
-from services.engine.outputs import RequestOutput
 from services.engine.sampling_params import SamplingParams
 from services.engine_node.step_spans import RequestTrace
 from services.engine_node.worker import EngineWorker
@@ -82,15 +80,13 @@ class DecodeNode:
         again (then it is aborted), and how long the stream of one that ended is kept for such a re-attach."""
         self.engine = engine
         self.default_lease_s = default_lease_s
-        self.unread_stream_s = max(default_lease_s, 10.0) if unread_stream_s is None else unread_stream_s
-        self.worker = EngineWorker(engine, self._deliver, on_tick=self._expire, num_threads=num_threads,
+        unread_s = max(default_lease_s, 10.0) if unread_stream_s is None else unread_stream_s
+        self.delivery = StreamDelivery(self, unread_s, reattach_grace_s)  # fills the streams, serves Attach
+        self.worker = EngineWorker(engine, self.delivery.deliver, on_tick=self._expire, num_threads=num_threads,
                                    on_failure=self._engine_failed)
         self.failure = ""  # why this node failed (its engine thread): every stream ends with it
         self.on_engine_failure: Callable[[str], None] | None = None  # told the failure (serve.py)
         self.streams: dict[str, TokenStream] = {}
-        self.reattach_grace_s = reattach_grace_s
-        self.ended_streams = EndedStreams(reattach_grace_s)  # read to the end, kept for a re-attach
-        self._grace_aborts: set[asyncio.Task[None]] = set()
         self.draining = False
         self.address = ""  # as peers know this node; set once the server is bound
         self.routes: dict[str, Route] = {}  # where each request may be handed over to
@@ -241,109 +237,14 @@ class DecodeNode:
         peers = [p for p in dict.fromkeys(route.peers) if p and p != self.address]
         self.routes[request_id] = Route(peers, route.deadline_unix_ms)
 
-    # ---- tokens to the gateway ------------------------------------------------------------------
-    async def attach(self, request_id: str, resume_after: int = 0) -> AsyncIterator[TokenEvent]:
+    # ---- tokens to the gateway (stream_delivery.py) ----------------------------------------------
+    def attach(self, request_id: str, resume_after: int = 0) -> AsyncIterator[TokenEvent]:
         """The request's events after the first ``resume_after`` tokens this node's streams of it hold
         (``token_stream.py``), then the live ones. A newer ``attach`` of the same request takes over
         (this one ends ``FAILED_PRECONDITION``). When the reader goes away before the stream ended (the
         gateway's call broke or was cancelled), the request runs on for ``reattach_grace_s`` waiting for
         a re-attach, then is aborted; an ``Abort`` still aborts it at once."""
-        stream = self.streams.get(request_id) or self.ended_streams.get(request_id)
-        if stream is None and self.failure:
-            raise UnavailableError(self.failure)
-        if stream is None:
-            raise NotFoundError(f"decode node holds no request {request_id!r} to attach to")
-        if resume_after > len(stream.queue.tokens):
-            raise InvalidArgumentError("resume_after", f"{resume_after} tokens, but this node has decoded only "
-                                                       f"{len(stream.queue.tokens)} of request {request_id!r}")
-        if stream.was_attached:
-            log.info("re-attached", request_id=request_id, resume_after=resume_after,
-                     took_over=stream.attached, tokens_here=len(stream.queue.tokens))
-        reader = stream.take_over()
-        stream.trace = tracing.current_context()
-        ended = False
-        try:
-            async for event in stream.queue.read(resume_after, lambda: stream.reader is reader):
-                if event.error:
-                    raise UnavailableError(event.error)
-                ended = event.ends
-                if ended:
-                    log.debug("decode finished", finish_reason=event.finish_reason, moved_to=event.moved_to,
-                              completion_tokens=event.completion_tokens)
-                yield event
-                if event.moved_to:  # delivered: the gateway follows the request there
-                    self.moved.pop(request_id, None)
-        except Superseded:
-            raise FailedPreconditionError(f"a newer Attach of request {request_id!r} took over its stream") from None
-        finally:
-            stream.let_go(reader)
-            self._after_read(request_id, stream, ended)
-
-    def _after_read(self, request_id: str, stream: TokenStream, ended: bool) -> None:
-        """An Attach of ``stream`` stopped reading it: keep an ended stream for a re-attach, or wait the
-        grace for one (``ended``: its last event was taken; then it is no longer a running request)."""
-        if stream.attached:
-            return  # a newer Attach reads it now
-        failed = stream.queue.end is not None and bool(stream.queue.end.error)  # this node failed: no retry
-        if ended or failed:
-            if self.streams.get(request_id) is stream:
-                del self.streams[request_id]
-            if ended:
-                self.ended_streams.keep(request_id, stream)
-            return
-        if self.streams.get(request_id) is not stream or self.worker.stopped:
-            return  # aborted meanwhile (its stream is gone), or the node stops
-        log.info("the Attach call ended before the request did: waiting for a re-attach", request_id=request_id,
-                 grace_s=self.reattach_grace_s, tokens_here=len(stream.queue.tokens))
-        asyncio.get_running_loop().call_later(self.reattach_grace_s, self._grace_over, request_id, stream)
-
-    def _grace_over(self, request_id: str, stream: TokenStream) -> None:
-        """Nobody re-attached within the grace: a finished stream is dropped, a running request aborted."""
-        if self.streams.get(request_id) is not stream or stream.attached:
-            return
-        if stream.finished:
-            self._drop_unread(request_id, stream)
-            return
-        log.warning("nobody re-attached within the grace: aborting the request", request_id=request_id,
-                    grace_s=self.reattach_grace_s)
-        task = asyncio.ensure_future(self._abort_unattached(request_id))
-        self._grace_aborts.add(task)
-        task.add_done_callback(self._grace_aborts.discard)
-
-    async def _abort_unattached(self, request_id: str) -> None:
-        try:
-            await self.abort(request_id, f"nobody attached to it for {self.reattach_grace_s:g} s after its "
-                                         "Attach call ended")
-        except Exception as error:  # the node stops meanwhile: nothing is left to free
-            log.warning("could not abort a request nobody re-attached to", request_id=request_id, error=repr(error))
-
-    def _deliver(self, payload: list[RequestOutput] | tuple[str, list[str]]) -> None:
-        if isinstance(payload, tuple):  # leases that expired
-            for request_id in payload[1]:
-                log.warning("reservation lease expired", request_id=request_id)
-                self.grants.release(request_id)
-                self.routes.pop(request_id, None)
-                stream = self.streams.pop(request_id, None)
-                if stream is not None:
-                    stream.queue.put_nowait(TokenEvent([], finish_reason="abort", abort_reason=(
-                        "its reservation lease expired: the prefill node sent nothing for it for the lease's length")))
-            return
-        for out in payload:
-            stream = self.streams.get(out.request_id)
-            if stream is None:
-                continue
-            event = TokenEvent(list(out.new_token_ids), logprobs=list(out.new_logprobs))
-            if out.finished:
-                self.routes.pop(out.request_id, None)
-                if not stream.attached:  # one a lost call left waits for its re-attach at least the grace
-                    keep_s = max(self.unread_stream_s, self.reattach_grace_s) if stream.was_attached \
-                        else self.unread_stream_s
-                    asyncio.get_running_loop().call_later(keep_s, self._drop_unread, out.request_id, stream)
-                event.finish_reason = out.finish_reason
-                event.abort_reason = out.abort_reason
-                event.prompt_tokens, event.completion_tokens = out.prompt_tokens, out.completion_tokens
-                event.cached_tokens = out.cached_tokens
-            stream.queue.put_nowait(event)
+        return self.delivery.attach(request_id, resume_after)
 
     def _engine_failed(self, error: BaseException) -> None:
         reason = f"the engine failed: {error!r}"
@@ -360,12 +261,6 @@ class DecodeNode:
         for stream in self.streams.values():
             stream.queue.put_nowait(TokenEvent([], error=reason))
         log.error("ended every token stream: the node failed", streams=len(self.streams), reason=reason)
-
-    def _drop_unread(self, request_id: str, stream: TokenStream) -> None:
-        if self.streams.get(request_id) is stream and not stream.attached:
-            log.warning("dropped the tokens of a request that finished with nobody attached", request_id=request_id,
-                        attached_before=stream.was_attached)
-            del self.streams[request_id]
 
     @staticmethod
     def _expire(engine: LLMEngine) -> tuple[str, list[str]] | None:
