@@ -23,23 +23,32 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
-/* Tiles 0-1: two blocks of 16 rows x 32 inputs of x; 2-3: two tiles of 32 inputs x 16 outputs of W;
- * 4-7: the four 16 x 16 fp32 sums. */
-static void configure(void) {
+/* Tiles 0-1: two blocks of up to 16 rows x 32 inputs of x (as many rows as the row block has: a block of one
+ * row moves one row through the tiles); 2-3: two tiles of 32 inputs x 16 outputs of W; 4-7: the four sums,
+ * rows as tiles 0 and 1. Loaded when a block's row count differs from the last one's (`*configured`). */
+static void configure(int rows, int *configured) {
+    if (rows == *configured) return;
     struct __attribute__((packed)) {
         uint8_t palette, start_row, reserved[14];
         uint16_t colsb[16];
         uint8_t rows[16];
     } config = {.palette = 1};
-    for (int t = 0; t < 8; t++) config.colsb[t] = 64, config.rows[t] = 16;
+    const int first = rows < 16 ? rows : 16, second = rows > 16 ? rows - 16 : first;
+    for (int t = 0; t < 8; t++) config.colsb[t] = 64;
+    config.rows[0] = config.rows[4] = config.rows[5] = (uint8_t)first;
+    config.rows[1] = config.rows[6] = config.rows[7] = (uint8_t)second;
+    config.rows[2] = config.rows[3] = 16;
     _tile_loadconfig(&config);
+    *configured = rows;
 }
 
-/* Rows [0, 32) of `rows` (a row block, row stride `ld` elements) times the column pair starting at output
- * column block nb (16 outputs each; `pair` 1 or 2 blocks), into out. */
+/* Rows [0, real_rows) of `rows` (a row block of at most 32, row stride `ld` elements) times the column pair
+ * starting at output column block nb (16 outputs each; `pair` 1 or 2 blocks), into out. A block of at most
+ * 16 rows uses one row tile; each row's sums are the same either way. */
 static inline void block(const uint16_t *rows, size_t ld, int real_rows, int k, const uint32_t *w, int nb, int pair,
-                         const float *bias, uint16_t *out, int n, float *sums) {
-    const int kb = k / 32;
+                         const float *bias, uint16_t *out, int n, float *sums, int *configured) {
+    const int kb = k / 32, two = real_rows > 16;
+    configure(real_rows, configured);
     _tile_zero(4);
     _tile_zero(5);
     _tile_zero(6);
@@ -47,20 +56,22 @@ static inline void block(const uint16_t *rows, size_t ld, int real_rows, int k, 
     const uint32_t *w0 = w + (size_t)nb * kb * 256, *w1 = w0 + (size_t)kb * 256;
     for (int b = 0; b < kb; b++) {
         _tile_loadd(0, rows + (size_t)b * 32, ld * 2);
-        _tile_loadd(1, rows + 16 * ld + (size_t)b * 32, ld * 2);
         _tile_loadd(2, w0 + (size_t)b * 256, 64);
         _tile_dpbf16ps(4, 0, 2);
-        _tile_dpbf16ps(6, 1, 2);
+        if (two) {
+            _tile_loadd(1, rows + 16 * ld + (size_t)b * 32, ld * 2);
+            _tile_dpbf16ps(6, 1, 2);
+        }
         if (pair == 2) {
             _tile_loadd(3, w1 + (size_t)b * 256, 64);
             _tile_dpbf16ps(5, 0, 3);
-            _tile_dpbf16ps(7, 1, 3);
+            if (two) _tile_dpbf16ps(7, 1, 3);
         }
     }
     _tile_stored(4, sums, 128);
-    _tile_stored(6, sums + 16 * 32, 128);
-    if (pair == 2) {
-        _tile_stored(5, sums + 16, 128);
+    _tile_stored(5, sums + 16, 128);
+    if (two) {
+        _tile_stored(6, sums + 16 * 32, 128);
         _tile_stored(7, sums + 16 * 32 + 16, 128);
     }
     for (int r = 0; r < real_rows; r++)
@@ -80,7 +91,7 @@ int gemm_amx_bf16(const uint16_t *x, int m, int k, const uint32_t *w, int n, con
     if (num_threads < 1) num_threads = 1;
     const int pairs = (n / 16 + 1) / 2, full = m / 32, tail = m % 32;
     uint16_t *padded = NULL;
-    if (tail) {
+    if (tail) { /* the tiles read 16 or 32 rows' worth of stride: a copy, so that none is read past x */
         padded = calloc((size_t)32 * k, sizeof(uint16_t));
         if (!padded) return -2;
         memcpy(padded, x + (size_t)full * 32 * k, (size_t)tail * k * sizeof(uint16_t));
@@ -88,15 +99,17 @@ int gemm_amx_bf16(const uint16_t *x, int m, int k, const uint32_t *w, int n, con
 #pragma omp parallel num_threads(num_threads) if (pairs > 1)
     {
         float sums[32 * 32] __attribute__((aligned(64)));
-        configure();
+        int configured = 0;
 #pragma omp for schedule(static)
         for (int p = 0; p < pairs; p++) {
             const int nb = 2 * p, pair = nb + 1 < n / 16 ? 2 : 1;
             for (int b = 0; b < full; b++)
-                block(x + (size_t)b * 32 * k, (size_t)k, 32, k, w, nb, pair, bias, out + (size_t)b * 32 * n, n, sums);
-            if (tail) block(padded, (size_t)k, tail, k, w, nb, pair, bias, out + (size_t)full * 32 * n, n, sums);
+                block(x + (size_t)b * 32 * k, (size_t)k, 32, k, w, nb, pair, bias, out + (size_t)b * 32 * n, n, sums,
+                      &configured);
+            if (tail)
+                block(padded, (size_t)k, tail, k, w, nb, pair, bias, out + (size_t)full * 32 * n, n, sums, &configured);
         }
-        _tile_release();
+        if (configured) _tile_release();
     }
     free(padded);
     return 0;
