@@ -92,9 +92,11 @@ bench-prefix: venv
 bench-migration: venv
 	$(PYTHON) -m services.bench.migration
 
-# the deterministic mode's price: decode at concurrency 1 and 16, prefill of 512 tokens (issue 28)
+# the deterministic mode's price: decode at concurrency 1 and 16, prefill of 512 and 32 tokens (issue 28),
+# then its prompt-row kernels beside the default's
 bench-determinism: venv
 	$(PYTHON) -m services.bench.determinism
+	$(PYTHON) -m services.bench.determinism_kernels
 
 # cache-aware vs load-only routing: prompt tokens computed, prefix hits, TTFT (2 prefill + 2 decode nodes)
 bench-routing: venv
