@@ -112,13 +112,7 @@ static inline __attribute__((always_inline)) void pv_block(Scratch *s, int r, co
     const __m512i keep_even = valid % 2 ? _mm512_set1_epi32(0xffff) : _mm512_set1_epi32(-1);
     for (int d = 0; d < dim; d += 64) {
         __m512 a[4][4];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                if (i < n)
-                    a[i][k] = _mm512_mul_ps(_mm512_loadu_ps(s->acc + (size_t)(r + i) * dim + d + 16 * k),
-                                            _mm512_set1_ps(s->alpha[r + i]));
+        acc_load_scaled(s, r, n, d, dim, a);
         for (int j = 0; j < pairs; j++) {
             const uint32_t *vj = v2 + (size_t)j * dim + d;
             __m512i v[4];
@@ -135,11 +129,7 @@ static inline __attribute__((always_inline)) void pv_block(Scratch *s, int r, co
                     for (int k = 0; k < 4; k++) a[i][k] = _mm512_dpbf16_ps(a[i][k], w, (__m512bh)v[k]);
                 }
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                if (i < n) _mm512_storeu_ps(s->acc + (size_t)(r + i) * dim + d + 16 * k, a[i][k]);
+        acc_store(s, r, n, d, dim, a);
     }
 }
 

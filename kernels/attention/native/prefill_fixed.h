@@ -39,6 +39,32 @@ typedef struct { /* one thread's working memory; a "row" is one query head of on
  * pairs of slots [PF_TILE / 2][dim] (v), the queries as pairs [dim / 2][stride] (q), the softmax weights
  * as bf16 pairs of slots [PF_TILE / 2][stride] (scores). */
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The accumulators of rows [r, r + n), n <= 4, dims [d, d + 64), times each row's alpha, into registers. */
+static inline __attribute__((always_inline)) void acc_load_scaled(const Scratch *s, int r, const int n, int d,
+                                                                  const int dim, __m512 a[4][4]) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            if (i < n)
+                a[i][k] = _mm512_mul_ps(_mm512_loadu_ps(s->acc + (size_t)(r + i) * dim + d + 16 * k),
+                                        _mm512_set1_ps(s->alpha[r + i]));
+}
+
+/* ... and back. */
+static inline __attribute__((always_inline)) void acc_store(Scratch *s, int r, const int n, int d, const int dim,
+                                                            __m512 a[4][4]) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            if (i < n) _mm512_storeu_ps(s->acc + (size_t)(r + i) * dim + d + 16 * k, a[i][k]);
+}
+#endif
+
 void prefill_item_fp32(const PCtx *c, Scratch *s, int first, int count, void *out);
 int prefill_bf16_serves(const PCtx *c);
 int prefill_amx_ready(void);

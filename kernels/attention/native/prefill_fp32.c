@@ -59,13 +59,7 @@ static inline __attribute__((always_inline)) void scores_block(Scratch *s, int r
 static inline __attribute__((always_inline)) void pv_block(Scratch *s, int r, const int n, int valid, const int dim) {
     for (int d = 0; d < dim; d += 64) {
         __m512 a[4][4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                if (j < n)
-                    a[j][k] = _mm512_mul_ps(_mm512_loadu_ps(s->acc + (size_t)(r + j) * dim + d + 16 * k),
-                                            _mm512_set1_ps(s->alpha[r + j]));
+        acc_load_scaled(s, r, n, d, dim, a);
         for (int t = 0; t < valid; t++) {
             const float *vt = s->v + (size_t)t * dim + d;
             const __m512 v0 = _mm512_load_ps(vt), v1 = _mm512_load_ps(vt + 16), v2 = _mm512_load_ps(vt + 32),
@@ -80,11 +74,7 @@ static inline __attribute__((always_inline)) void pv_block(Scratch *s, int r, co
                     a[j][3] = _mm512_fmadd_ps(w, v3, a[j][3]);
                 }
         }
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                if (j < n) _mm512_storeu_ps(s->acc + (size_t)(r + j) * dim + d + 16 * k, a[j][k]);
+        acc_store(s, r, n, d, dim, a);
     }
 }
 #endif
