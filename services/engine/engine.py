@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.int4_linear import int4_supported
+from kernels.signature import deterministic_kernels
 from kvcache.hashing import model_fingerprint
 from kvcache.kv_bytes import bytes_per_block, read_blocks, write_blocks
 from kvcache.manager import KVCacheManager
@@ -77,8 +78,8 @@ class LLMEngine(PrefillRole, DecodeRole):
             1, int(config.kv_cache_gib * 2**30) // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size)
         )
         int4 = {"int4_max_rows": model.int4_max_rows} if model.int4_max_rows else {}
-        if config.deterministic:  # other numerics: its KV is not a default node's
-            int4["deterministic"] = True
+        if config.deterministic:  # other numerics: its KV is not a default node's, nor one of other kernels'
+            int4["deterministic"] = deterministic_kernels(model.device)
         self.model_identity = dict(fingerprint_identity or {"model": cfg.name})  # NodeStatus reports it
         self.fingerprint = model_fingerprint(
             **self.model_identity, dtype=config.dtype, block_size=config.block_size,
