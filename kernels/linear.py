@@ -116,8 +116,9 @@ def linear(x: torch.Tensor, weight: LinearWeight, paths: RowPaths | None = None)
     """``x [T, in] @ W.T`` → ``[T, out]``.
 
     ``paths`` None: the 4-bit weight for at most ``int4_max_rows`` rows, else dense in blocks of at most
-    ``row_block`` rows. ``paths`` given: prompt rows dense in padded blocks of :data:`PROMPT_ROW_BLOCK`,
-    output rows 4-bit (a weight without a 4-bit form: dense in blocks of at most ``row_block``)."""
+    ``row_block`` rows. ``paths`` given: prompt rows dense (the AMX kernel, else padded blocks of
+    :data:`PROMPT_ROW_BLOCK`), output rows 4-bit (a weight without a 4-bit form: dense in blocks of at most
+    ``row_block``)."""
     if paths is not None:
         return _by_row_paths(x, weight, paths)
     if weight.int4 is not None and x.shape[0] <= weight.int4_max_rows:

@@ -6,9 +6,9 @@ prefill rows with torch's ``scaled_dot_product_attention`` (another kernel, anot
 changes with the chunk and with a prefix hit). This backend instead writes the step's K/V into the cache
 first, then runs each query row by the kind of position it computes (``AttentionMetadata.prompt_lens``):
 
-- a prompt position through ``prefill_fixed.c``: tiles of 16 slots from slot 0, fp32 scores and online
-  softmax, up to 16 consecutive rows of a prompt sharing each tile's K/V, with no row's operations
-  depending on the others, the chunk's start or the thread;
+- a prompt position through ``prefill_fixed.c``: tiles of 16 slots from slot 0, fp32 sums and online
+  softmax (on AMX tiles where the CPU has them), up to 32 consecutive rows of a prompt sharing each tile's
+  K/V, with no row's operations depending on the others, the chunk's start or the thread;
 - an output position (every row when ``prompt_lens`` is not given) through the decode kernel as a
   sequence of its own (length = its position + 1) without split-KV: blocks and tiles ascending.
 

@@ -22,6 +22,11 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stay
     return (uint16_t)(u >> 16);
 }
 
+/* Element `index` of a bf16 or fp32 array, as fp32. */
+static inline float load_f32(const void *base, size_t index, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[index]) : ((const float *)base)[index];
+}
+
 /* 2^x for x <= 0: Cephes exp2f polynomial on [-0.5, 0.5] (relative error < 2e-7). */
 #pragma omp declare simd notinbranch
 static inline float exp2_nonpos(float x) {

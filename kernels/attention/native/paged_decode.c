@@ -59,10 +59,6 @@ typedef struct { /* online-softmax state of every query head of one item, not no
     float max[MAX_HEADS];
 } State;
 
-static inline float load_f32(const void *base, size_t index, int is_bf16) {
-    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[index]) : ((const float *)base)[index];
-}
-
 static inline float lane_total(const float *lanes) {
     float total = 0.0f;
     for (int i = 0; i < TILE; i++) total += lanes[i];

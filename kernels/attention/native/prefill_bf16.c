@@ -29,10 +29,7 @@ int prefill_bf16_serves(const PCtx *c) { return c->is_bf16 && c->head_dim % 64 =
 static const uint16_t zero_row[PF_MAX_HEAD_DIM] __attribute__((aligned(64)));
 
 static inline const uint16_t *cache_row(const PCtx *c, const int32_t *table, int h, int pos, int is_v) {
-    const int bs = c->block_size;
-    const size_t at = ((size_t)table[pos / bs] * 2 * bs + pos % bs + (size_t)is_v * bs) * c->row_stride +
-                      (size_t)h * c->head_dim;
-    return (const uint16_t *)c->kv + at;
+    return (const uint16_t *)c->kv + cache_index(c, table, h, pos, is_v);
 }
 
 /* The tile's K rows as pairs of dims [slot][dim / 2], and its V as pairs of slots [PAIRS][dim]: element d of
@@ -228,8 +225,7 @@ static inline __attribute__((always_inline)) void attend_item(const PCtx *c, Scr
     const int group = c->group, rows = count * group;
     const int32_t *table = c->tables + (size_t)c->query_seq[first] * c->max_blocks;
     uint32_t *q2 = (uint32_t *)s->q;
-    int longest = 0;
-    for (int i = 0; i < count; i++) longest = c->query_len[first + i] > longest ? c->query_len[first + i] : longest;
+    const int longest = item_longest(c, first, count);
     for (int r = rows; r < s->stride; r++) s->valid[r] = 0; /* lanes past the item's rows */
     if (amx) amx_configure();
     for (int h = 0; h < c->num_kv_heads; h++) {
@@ -244,12 +240,7 @@ static inline __attribute__((always_inline)) void attend_item(const PCtx *c, Scr
         for (int r = 0; r < s->stride; r++) s->max[r] = -INFINITY, s->sum[r] = 0.0f;
         for (int t0 = 0; t0 < longest; t0 += PF_TILE) {
             load_tile(c, s, table, h, t0, longest - t0 < PF_TILE ? longest - t0 : PF_TILE, dim);
-            int active = 0; /* the first query still attending this tile */
-            while (c->query_len[first + active] <= t0) active++;
-            for (int i = active; i < count; i++) {
-                const int len = c->query_len[first + i], valid = len - t0 < PF_TILE ? len - t0 : PF_TILE;
-                for (int g = 0; g < group; g++) s->valid[i * group + g] = valid;
-            }
+            const int active = mark_tile(c, s, first, count, t0);
             if (amx) {
                 for (int r = active * group; r < rows; r += 16) {
                     __m512 score[PF_TILE];

@@ -70,8 +70,29 @@ int prefill_bf16_serves(const PCtx *c);
 int prefill_amx_ready(void);
 void prefill_item_bf16(const PCtx *c, Scratch *s, int first, int count, void *out);
 
-static inline float load_elem(const void *base, size_t index, int is_bf16) {
-    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[index]) : ((const float *)base)[index];
+/* Element index of slot `pos`'s K (is_v 0) or V (is_v 1) row of KV head h in the cache, through `table`. */
+static inline size_t cache_index(const PCtx *c, const int32_t *table, int h, int pos, int is_v) {
+    const int bs = c->block_size;
+    return ((size_t)table[pos / bs] * 2 * bs + pos % bs + (size_t)is_v * bs) * c->row_stride + (size_t)h * c->head_dim;
+}
+
+/* The longest of queries [first, first + count): how far the item's tiles go. */
+static inline int item_longest(const PCtx *c, int first, int count) {
+    int longest = 0;
+    for (int i = 0; i < count; i++) longest = c->query_len[first + i] > longest ? c->query_len[first + i] : longest;
+    return longest;
+}
+
+/* Sets the valid slots of the tile at t0 for each row of the queries still attending it, and returns the
+ * first such query (the queries are in position order, so those are a suffix of the item). */
+static inline int mark_tile(const PCtx *c, Scratch *s, int first, int count, int t0) {
+    int active = 0;
+    while (c->query_len[first + active] <= t0) active++;
+    for (int i = active; i < count; i++) {
+        const int len = c->query_len[first + i], valid = len - t0 < PF_TILE ? len - t0 : PF_TILE;
+        for (int g = 0; g < c->group; g++) s->valid[i * c->group + g] = valid;
+    }
+    return active;
 }
 
 #endif

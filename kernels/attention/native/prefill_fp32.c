@@ -127,15 +127,13 @@ static inline __attribute__((always_inline)) void tile_rows(Scratch *s, int r0, 
 /* The tile of slots [t0, t0 + slots) of KV head h into the scratch (zeros past slots). */
 static inline __attribute__((always_inline)) void load_tile(const PCtx *c, Scratch *s, const int32_t *table,
                                                             int h, int t0, int slots, const int dim) {
-    const int bs = c->block_size;
     for (int t = 0; t < PF_TILE; t++) {
         if (t < slots) {
             const int pos = t0 + t;
-            const size_t k_at = ((size_t)table[pos / bs] * 2 * bs + pos % bs) * c->row_stride + (size_t)h * dim;
-            const size_t v_at = k_at + (size_t)bs * c->row_stride;
-            for (int d = 0; d < dim; d++) s->kt[(size_t)d * PF_TILE + t] = load_elem(c->kv, k_at + d, c->is_bf16);
+            const size_t k_at = cache_index(c, table, h, pos, 0), v_at = cache_index(c, table, h, pos, 1);
+            for (int d = 0; d < dim; d++) s->kt[(size_t)d * PF_TILE + t] = load_f32(c->kv, k_at + d, c->is_bf16);
 #pragma omp simd
-            for (int d = 0; d < dim; d++) s->v[(size_t)t * dim + d] = load_elem(c->kv, v_at + d, c->is_bf16);
+            for (int d = 0; d < dim; d++) s->v[(size_t)t * dim + d] = load_f32(c->kv, v_at + d, c->is_bf16);
         } else {
             for (int d = 0; d < dim; d++) s->kt[(size_t)d * PF_TILE + t] = 0.0f;
 #pragma omp simd
@@ -151,15 +149,14 @@ static inline __attribute__((always_inline)) void attend_item(const PCtx *c, Scr
                                                               void *out, const int dim) {
     const int group = c->group;
     const int32_t *table = c->tables + (size_t)c->query_seq[first] * c->max_blocks;
-    int longest = 0;
-    for (int i = 0; i < count; i++) longest = c->query_len[first + i] > longest ? c->query_len[first + i] : longest;
+    const int longest = item_longest(c, first, count);
     for (int h = 0; h < c->num_kv_heads; h++) {
         for (int i = 0; i < count; i++)
             for (int g = 0; g < group; g++) {
                 const size_t at = ((size_t)(first + i) * c->num_heads + (size_t)h * group + g) * dim;
                 const size_t own = ((size_t)i * group + g) * dim;
                 for (int d = 0; d < dim; d++) {
-                    s->q[own + d] = load_elem(c->q, at + d, c->is_bf16) * c->scale;
+                    s->q[own + d] = load_f32(c->q, at + d, c->is_bf16) * c->scale;
                     s->acc[own + d] = 0.0f;
                 }
                 s->max[i * group + g] = -INFINITY;
@@ -167,12 +164,7 @@ static inline __attribute__((always_inline)) void attend_item(const PCtx *c, Scr
             }
         for (int t0 = 0; t0 < longest; t0 += PF_TILE) {
             load_tile(c, s, table, h, t0, longest - t0 < PF_TILE ? longest - t0 : PF_TILE, dim);
-            int active = 0; /* the first query still attending this tile */
-            while (c->query_len[first + active] <= t0) active++;
-            for (int i = active; i < count; i++) {
-                const int len = c->query_len[first + i], valid = len - t0 < PF_TILE ? len - t0 : PF_TILE;
-                for (int g = 0; g < group; g++) s->valid[i * group + g] = valid;
-            }
+            const int active = mark_tile(c, s, first, count, t0);
             tile_rows(s, active * group, count * group, dim);
         }
         for (int i = 0; i < count; i++)
