@@ -23,9 +23,11 @@ oneDNN here at 1, 32 and 512 rows), elsewhere in zero-padded oneDNN products of 
 :data:`PROMPT_ROW_BLOCK` rows (a product of a fixed shape gives a row the same bits wherever it sits among
 the block's rows and whatever the others hold: measured for 32..512-row blocks; 128 rows run a 512-row
 prefill near the unblocked speed, 32 took twice as long; the price is a short chunk's padding). A row of an
-output position runs 4-bit (or, for a weight without a 4-bit form, dense in blocks of at most
-``row_block`` rows). A mixed step gathers each group, runs it on its path and scatters the results back, so
-each row gets the bits it gets alone on its own path, whatever shares its step or where its chunk starts.
+output position runs 4-bit: through :mod:`kernels.int4_fixed` where it runs (AVX512-BF16/VNNI: one set of
+bits at every row count and faster than torch's kernel at 1-32 rows here), else torch's int4 kernel (or,
+for a weight without a 4-bit form, dense in blocks of at most ``row_block`` rows). A mixed step gathers each
+group, runs it on its path and scatters the results back, so each row gets the bits it gets alone on its own
+path, whatever shares its step or where its chunk starts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.amx_linear import AmxWeight, amx_linear, pack_amx
+from kernels.int4_fixed import Int4FixedWeight, int4_fixed_linear, pack_int4_fixed
 from kernels.int4_linear import GroupQuantized, Int4Weight, int4_linear, pack_int4
 
 INT4_ALL_ROWS = 2**62
@@ -61,6 +64,11 @@ class LinearWeight:
     bias: torch.Tensor | None = None  # added to every row (q/k/v biases of Qwen2)
     row_block: int = 0  # > 0: dense products run in blocks of at most this many rows (row invariance)
     amx: AmxWeight | None = None  # the prompt rows' products where AMX serves them (row invariance)
+    int4_fixed: Int4FixedWeight | None = None  # the 4-bit products under row invariance, where it runs
+
+    @property
+    def has_int4(self) -> bool:
+        return self.int4 is not None or self.int4_fixed is not None
 
 
 def _packing_supported(weight: torch.Tensor) -> bool:
@@ -75,16 +83,20 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
     caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype.
     ``row_block``: see :class:`LinearWeight`. ``prompt_rows`` (a weight the model runs with :class:`RowPaths`)
     and ``row_block``: a bf16 CPU weight is also packed for :mod:`kernels.amx_linear` where the CPU has AMX
-    (the prompt rows' path; as many bytes again)."""
-    packed_int4 = pack_int4(int4, weight.dtype) if int4 is not None and int4_max_rows > 0 else None
+    (the prompt rows' path; as many bytes again). ``int4`` with ``row_block``: the 4-bit codes are packed for
+    :mod:`kernels.int4_fixed` where it runs (then not for torch's kernel)."""
+    use_int4 = int4 is not None and int4_max_rows > 0
+    fixed = pack_int4_fixed(int4, bias) if use_int4 and row_block and weight.dtype == torch.bfloat16 else None
+    packed_int4 = pack_int4(int4, weight.dtype) if use_int4 and fixed is None else None
     if packed_int4 is not None:
         assert (packed_int4.out_features, packed_int4.in_features) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
     amx = pack_amx(weight, bias) if row_block and prompt_rows else None
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx)
-    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx)
+        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx, fixed)
+    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx,
+                        fixed)
 
 
 @dataclass(frozen=True)
@@ -121,13 +133,13 @@ def linear(x: torch.Tensor, weight: LinearWeight, paths: RowPaths | None = None)
     ``row_block``)."""
     if paths is not None:
         return _by_row_paths(x, weight, paths)
-    if weight.int4 is not None and x.shape[0] <= weight.int4_max_rows:
+    if weight.has_int4 and x.shape[0] <= weight.int4_max_rows:
         return _int4(x, weight)
     return _dense_blocked(x, weight)
 
 
 def _by_row_paths(x: torch.Tensor, weight: LinearWeight, paths: RowPaths) -> torch.Tensor:
-    output_path = _int4 if weight.int4 is not None else _dense_blocked
+    output_path = _int4 if weight.has_int4 else _dense_blocked
     if not paths.mixed:
         return _dense_padded(x, weight) if paths.all_dense else output_path(x, weight)
     out = x.new_empty(x.shape[0], weight.out_features)
@@ -137,6 +149,8 @@ def _by_row_paths(x: torch.Tensor, weight: LinearWeight, paths: RowPaths) -> tor
 
 
 def _int4(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    if weight.int4_fixed is not None:
+        return int4_fixed_linear(x, weight.int4_fixed)  # the bias added inside, before the one rounding
     out = int4_linear(x, weight.int4)
     return out if weight.bias is None else out + weight.bias
 

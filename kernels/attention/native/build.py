@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.c", "prefill_fixed.c",
-                                                                    "prefill_fp32.c", "prefill_bf16.c", "gemm_amx.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("numerics.h", "prefill_fixed.h"))
+                                                                    "prefill_fp32.c", "prefill_bf16.c", "gemm_amx.c",
+                                                                    "gemm_int4.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("numerics.h", "prefill_fixed.h", "gemm_int4_amx.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 LIBS = ("-lm",)
 COMPILE_TIMEOUT_S = 120

@@ -1,0 +1,103 @@
+/* The AMX path of gemm_int4.c, included there only where the compiler targets AMX (not a header of its own:
+ * it uses that file's Int4Weight, Grid, codes_pair, accumulate and store_row).
+ *
+ * Per pair of output blocks (32 outputs) a thread turns the codes of every group into bf16 tiles once
+ * (`strip`), then runs the rows 32 at a time: per group one TDPBF16PS of the rows' grid inputs with the
+ * codes (a fresh sum tile per group: the group's exact dot D), stored into `panel`; then per row and output
+ * the groups in ascending order through `accumulate`, as the AVX path does. A block of at most 16 rows
+ * alternates two sets of sum tiles, so that a group's products need not wait for the last one's store. */
+
+/* Per thread: the strip [2][k / 32][16 x 16 pairs] and the panel [k / 32][32 rows][32 outputs]. */
+#define AMX_SCRATCH(k) ((size_t)2 * ((k) / 32) * 1024 + (size_t)((k) / 32) * 32 * 32 * sizeof(float))
+
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} Int4TileConfig;
+
+/* A weight tile's codes as the tiles' bf16 integers 0..15 (a table lookup per pair of inputs). */
+static inline void codes_to_bf16(const uint16_t *codes, __m512i *tile) {
+    const __m512i integers = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
+                                              0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080,
+                                              0x4040, 0x4000, 0x3f80, 0x0000); /* bf16 of 15 .. 0 */
+    for (int i = 0; i < 16; i++) _mm512_store_si512(tile + i, _mm512_permutexvar_epi16(codes_pair(codes, i), integers));
+}
+
+/* Tiles 0-1: 16 rows x 32 grid inputs; 2-3: 16 pairs of inputs x 16 outputs of codes; 4-7: sums. */
+static void int4_tiles_configure(void) {
+    Int4TileConfig config = {.palette = 1};
+    for (int t = 0; t < 8; t++) config.colsb[t] = 64, config.rows[t] = 16;
+    _tile_loadconfig(&config);
+}
+
+static inline void int4_tiles_group(const uint16_t *a, size_t ld, const __m512i *codes0, const __m512i *codes1,
+                                    int pair, int two, int odd, float *sum) {
+    _tile_loadd(0, a, ld * 2);
+    _tile_loadd(2, codes0, 64);
+    if (pair == 2) _tile_loadd(3, codes1, 64);
+    if (!two && odd) {
+        _tile_zero(6);
+        _tile_dpbf16ps(6, 0, 2);
+        _tile_stored(6, sum, 128);
+        if (pair == 2) {
+            _tile_zero(7);
+            _tile_dpbf16ps(7, 0, 3);
+            _tile_stored(7, sum + 16, 128);
+        }
+        return;
+    }
+    _tile_zero(4);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_stored(4, sum, 128);
+    if (pair == 2) {
+        _tile_zero(5);
+        _tile_dpbf16ps(5, 0, 3);
+        _tile_stored(5, sum + 16, 128);
+    }
+    if (two) {
+        _tile_loadd(1, a + 16 * ld, ld * 2);
+        _tile_zero(6);
+        _tile_dpbf16ps(6, 1, 2);
+        _tile_stored(6, sum + 16 * 32, 128);
+        if (pair == 2) {
+            _tile_zero(7);
+            _tile_dpbf16ps(7, 1, 3);
+            _tile_stored(7, sum + 16 * 32 + 16, 128);
+        }
+    }
+}
+
+/* Every output block for every row (grid padded with zero rows to a multiple of 32); called inside the
+ * parallel region, the pairs of output blocks shared out by `omp for`. */
+static void amx_columns(const Int4Weight *w, const Grid *grid, int m, char *scratch, uint16_t *out) {
+    const int k = w->k, kb = k / 32, blocks = w->n / 16, pairs = (blocks + 1) / 2;
+    __m512i *strip = (__m512i *)scratch;
+    float *panel = (float *)(scratch + (size_t)2 * kb * 1024);
+    int configured = 0;
+#pragma omp for schedule(static)
+    for (int p = 0; p < pairs; p++) {
+        const int nb = 2 * p, pair = nb + 1 < blocks ? 2 : 1;
+        if (!configured) int4_tiles_configure(), configured = 1;
+        for (int c = 0; c < pair; c++)
+            for (int b = 0; b < kb; b++)
+                codes_to_bf16(w->codes + ((size_t)(nb + c) * kb + b) * 128, strip + ((size_t)c * kb + b) * 16);
+        for (int r0 = 0; r0 < m; r0 += 32) {
+            const int rows = m - r0 < 32 ? m - r0 : 32;
+            for (int b = 0; b < kb; b++)
+                int4_tiles_group(grid->values + (size_t)r0 * k + b * 32, (size_t)k, strip + (size_t)b * 16,
+                                 strip + ((size_t)kb + b) * 16, pair, rows > 16, b % 2, panel + (size_t)b * 1024);
+            for (int c = 0; c < pair; c++)
+                for (int r = 0; r < rows; r++) {
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int b = 0; b < kb; b++) {
+                        const size_t t = (size_t)(nb + c) * kb + b;
+                        acc = accumulate(acc, _mm512_load_ps(panel + (size_t)b * 1024 + r * 32 + c * 16),
+                                         w->params + t * 32, grid->sums[(size_t)(r0 + r) * kb + b]);
+                    }
+                    store_row(acc, w, (nb + c) * 16, out + (size_t)(r0 + r) * w->n);
+                }
+        }
+    }
+    if (configured) _tile_release();
+}
