@@ -6,7 +6,11 @@ medians of ``--repeats`` rounds:
   default's ``cpu_native`` (torch's SDPA for prefill) against ``cpu_fixed_order`` (``native/prefill_fixed.c``);
 - the four projections of a layer (q/k/v fused, o, gate/up fused, down) at 1, 32, 128 and 512 rows:
   oneDNN in one product (the default), oneDNN in zero-padded 128-row products (the deterministic mode
-  without AMX) and ``kernels/amx_linear.py`` (with AMX).
+  without AMX) and ``kernels/amx_linear.py`` (with AMX);
+- the same four projections of output rows from the Q4 file's 4-bit codes (random codes, fp16 scales) at 1,
+  4, 8, 12, 16 and 32 rows: torch's int4 kernel (the default up to 8 rows; the deterministic mode's before
+  ``kernels/int4_fixed.py``), ``kernels/int4_fixed.py`` (the deterministic mode's, where it runs) and oneDNN's
+  dense product (the default above 8 rows).
 
 Figures are per 30 layers (the model's depth), in ms.
 """
@@ -24,6 +28,8 @@ from kernels.amx_linear import amx_linear, amx_supported, pack_amx
 from kernels.attention.fixed_order import FixedOrderCpuAttention
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.native_cpu import NativeCpuAttention
+from kernels.int4_fixed import int4_fixed_linear, int4_fixed_supported, pack_int4_fixed
+from kernels.int4_linear import GroupQuantized, int4_linear, pack_int4
 from kernels.linear import _dense, _dense_padded, prepare_linear
 
 LAYERS = 30
@@ -70,6 +76,37 @@ def projections(rows: int, repeats: int) -> dict[str, float]:
     return _interleaved(cases, repeats)
 
 
+def output_projections(rows: int, repeats: int) -> dict[str, float]:
+    generator = torch.Generator().manual_seed(0)
+
+    def codes(out_features: int, in_features: int) -> GroupQuantized:
+        groups = (out_features, in_features // 32)
+        return GroupQuantized(torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8,
+                                            generator=generator),
+                              (torch.rand(groups, generator=generator) * 0.01).half().float(),
+                              (-torch.rand(groups, generator=generator) * 0.08).half().float(), 32)
+
+    quantized = {name: codes(*shape) for name, shape in PROJECTIONS.items()}
+    torch_int4 = {name: pack_int4(q) for name, q in quantized.items()}
+    dense = {name: prepare_linear(q.dequantize().bfloat16()) for name, q in quantized.items()}
+    inputs = {name: torch.randn(rows, shape[1]).bfloat16() for name, shape in PROJECTIONS.items()}
+    cases = {"torch int4": lambda: [int4_linear(inputs[n], torch_int4[n]) for n in PROJECTIONS]}
+    if int4_fixed_supported():
+        fixed = {name: pack_int4_fixed(q) for name, q in quantized.items()}
+        cases["int4_fixed (deterministic)"] = lambda: [int4_fixed_linear(inputs[n], fixed[n]) for n in PROJECTIONS]
+    cases["oneDNN dense"] = lambda: [_dense(inputs[n], dense[n]) for n in PROJECTIONS]
+    return _interleaved(cases, repeats)
+
+
+def _table(title: str, measure: Callable[[int, int], dict[str, float]], counts: tuple[int, ...],
+           repeats: int) -> None:
+    names = list(measure(1, 1))
+    print(f"\n{title}:\n\n| rows | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for rows in counts:
+        print(f"| {rows} | " + " | ".join(f"{v:.1f}" for v in measure(rows, repeats).values()) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -80,12 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ms per {LAYERS} layers, medians of {args.repeats} interleaved rounds, {args.threads} threads\n")
     print(f"Attention of a {args.prompt}-token prompt:", *(f"{k} {v:.1f}" for k, v in
                                                           attention(args.prompt, args.repeats).items()), sep="\n  ")
-    names = list(projections(1, 1))
-    print("\nThe four projections of a layer:\n\n| rows | " + " | ".join(names) + " |")
-    print("|---" * (len(names) + 1) + "|")
-    for rows in (1, 32, 128, 512):
-        figures = projections(rows, args.repeats)
-        print(f"| {rows} | " + " | ".join(f"{v:.1f}" for v in figures.values()) + " |")
+    _table("The four projections of a layer, prompt rows (dense)", projections, (1, 32, 128, 512), args.repeats)
+    _table("The four projections of a layer, output rows (4-bit codes)", output_projections, (1, 4, 8, 12, 16, 32),
+           args.repeats)
     return 0
 
 
