@@ -88,3 +88,24 @@ def test_inputs_it_does_not_take_are_refused():
         int4_fixed_linear(torch.randn(2, 64), packed)
     with pytest.raises(ValueError, match="64"):
         int4_fixed_linear(torch.randn(2, 32).bfloat16(), packed)
+
+
+def test_a_build_without_amx_gives_the_amx_builds_bits(tmp_path, monkeypatch):
+    """A CPU with AVX512-BF16/VNNI but no AMX compiles the AVX path only: every row count then runs it, with
+    the bits this build's tiles give (so nodes of the two kinds could share KV, were their kernels the same)."""
+    from kernels import int4_fixed
+    from kernels.attention.native import build
+
+    packed = pack_int4_fixed(_weight(960, 576), torch.randn(960).bfloat16())
+    x = _inputs(40, 576, "wide")
+    want = int4_fixed_linear(x, packed, 0)
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "FLAGS", (*build.FLAGS, "-mno-amx-tile"))
+    build._loaded.clear()
+    int4_fixed._kernel.cache_clear()
+    try:
+        assert torch.equal(int4_fixed_linear(x, packed, 0), want)
+    finally:
+        build._loaded.clear()
+        int4_fixed._kernel.cache_clear()
+    assert len(list((tmp_path / "native").glob("*.so"))) == 1

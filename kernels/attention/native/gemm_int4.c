@@ -175,8 +175,8 @@ static void avx_quad(const Int4Weight *w, int nb, const Grid *grid, int m, float
 #endif
 
 static int run(const uint16_t *x, int m, const Int4Weight *w, uint16_t *out, int num_threads, int avx_max_rows) {
-    const int k = w->k, kb = k / 32, blocks = w->n / 16, amx = AMX_PATH && m > avx_max_rows;
-    if (amx && !prefill_amx_ready()) return -3;
+    /* the tiles where the OS allows them (else the AVX path: the same bits) */
+    const int k = w->k, kb = k / 32, blocks = w->n / 16, amx = AMX_PATH && m > avx_max_rows && prefill_amx_ready();
     const int padded_rows = amx ? (m + 31) / 32 * 32 : m;
     Grid grid = {aligned_alloc(64, (size_t)padded_rows * k * sizeof(uint16_t)), malloc(sizeof(float) * (size_t)m * kb),
                  malloc(sizeof(float) * (size_t)m * kb)};
@@ -212,7 +212,7 @@ static int run(const uint16_t *x, int m, const Int4Weight *w, uint16_t *out, int
 
 /* out = x @ W.T (+ bias) as above; x [m, k] bf16 row-major, out [m, n] bf16. Returns 0, or having written
  * nothing: -1 a shape it does not take (k a multiple of 32, n of 16), -2 out of memory, -3 no AVX512-BF16 and
- * VNNI here (or AMX refused by the OS for a call above avx_max_rows). An empty call (m = 0) checks the shape only. */
+ * VNNI here. An empty call (m = 0) checks the shape only. */
 int gemm_int4_fixed(const uint16_t *x, int m, int k, const uint16_t *codes, const uint16_t *params, int n,
                     const float *bias, uint16_t *out, int num_threads, int avx_max_rows) {
     if (m < 0 || k <= 0 || n <= 0 || k % 32 || n % 16) return -1;
