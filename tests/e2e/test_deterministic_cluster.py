@@ -27,7 +27,7 @@ SAMPLING = [dict(temperature=0.0), dict(temperature=0.9, top_p=0.9, seed=11), di
 
 @pytest.fixture(scope="module")
 def stub():
-    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS + ("--deterministic",))
+    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=(*GATEWAY_ARGS, "--deterministic"))
     with start_cluster(spec, stderr=subprocess.DEVNULL) as running, grpc.insecure_channel(running.address) as channel:
         yield gateway_pb2_grpc.GatewayStub(channel)
 
