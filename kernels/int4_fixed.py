@@ -13,7 +13,9 @@ are first put on the grid ``2^(e - 14)`` (``e`` the exponent of the group's larg
 2^7 of it is unchanged, a smaller one loses what lies below 2^-15 of the largest), so every product with a
 code and every partial sum is exact in fp32, whatever order the hardware adds them in. Then per group
 ``scale * dot + offset * sum``, groups in order, one rounding to bf16 at the end (``scale`` and ``offset``
-as the file stores them, fp16). The error against the float64 product is that of bf16 rounding.
+as the file stores them, fp16). The error against the float64 product is one bf16 rounding of an fp32 sum
+(more, relative to the output, where the output cancels), plus the grid's: nothing for inputs within 2^7 of
+their group's largest. A NaN or an infinity in a row makes every output of that row NaN.
 
 It needs AVX512-BF16 and VNNI (and AMX for the fast large calls: without it every call takes the AVX path,
 with the same bits); :func:`int4_fixed_supported` says whether it runs here.
@@ -93,8 +95,9 @@ def pack_int4_fixed(weight: GroupQuantized, bias: torch.Tensor | None = None) ->
 def int4_fixed_linear(x: torch.Tensor, weight: Int4FixedWeight, avx_max_rows: int = AVX_MAX_ROWS) -> torch.Tensor:
     """``x [T, in]`` bf16 → ``[T, out]`` bf16, each row's bits independent of ``T``, of the other rows and of
     ``avx_max_rows`` (for finite inputs whose groups' largest ``|x|`` is below 2^100)."""
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != weight.in_features:
-        raise ValueError(f"int4_fixed_linear takes bf16 [T, {weight.in_features}], got {x.dtype} {list(x.shape)}")
+    if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != weight.in_features:
+        raise ValueError(f"int4_fixed_linear takes bf16 [T, {weight.in_features}] on the CPU, got {x.dtype} "
+                         f"{list(x.shape)} on {x.device}")
     x = x.contiguous()
     out = torch.empty(x.shape[0], weight.out_features, dtype=torch.bfloat16)
     bias = weight.bias.data_ptr() if weight.bias is not None else None

@@ -52,10 +52,53 @@ def test_matches_a_float64_product_within_bf16_rounding(out_features, in_feature
         assert ((out.double() - exact).abs() <= tolerance + 1e-3).all()
 
 
+def test_inputs_the_grid_keeps_get_one_fp32_sum_and_one_rounding():
+    """Every input within 2^7 of its group's largest is on the grid: the only error left is the fp32 sums'
+    and the final bf16 rounding (a coarser grid than the kernel's fails this)."""
+    weight = _weight(960, 576)
+    generator = torch.Generator().manual_seed(5)
+    magnitudes = 2.0 ** -(torch.rand(40, 576, generator=generator) * 6)  # within 2^6 of 1
+    signs = torch.randint(0, 2, (40, 576), generator=generator) * 2 - 1
+    x = (magnitudes * signs).bfloat16()
+    products = x.double()[:, None, :] * weight.dequantize().double()[None]
+    exact, scale = products.sum(-1), products.abs().sum(-1)
+    for avx_max_rows in (0, 1000):
+        out = int4_fixed_linear(x, pack_int4_fixed(weight), avx_max_rows).double()
+        assert ((out - exact).abs() <= exact.abs() * 2**-8 + scale * 2**-20).all()
+
+
+def test_a_nan_or_an_infinity_makes_its_row_nan_on_both_paths_and_leaves_the_others():
+    packed = pack_int4_fixed(_weight(80, 96))
+    x = _inputs(12, 96, "plain")
+    x[2, 19], x[5, 0], x[7, 40], x[9, 31] = float("nan"), float("inf"), float("-inf"), float("nan")
+    x[9, :32] = float("nan")
+    poisoned = [2, 5, 7, 9]
+    for avx_max_rows in (0, 4, 1000):
+        out = int4_fixed_linear(x, packed, avx_max_rows)
+        assert out[poisoned].isnan().all()
+        clean = [i for i in range(12) if i not in poisoned]
+        assert torch.equal(out[clean], int4_fixed_linear(x[clean], packed, 1000))
+
+
+def test_the_thread_count_changes_no_bit():
+    packed = pack_int4_fixed(_weight(960, 576))
+    x = _inputs(20, 576, "wide")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [int4_fixed_linear(x[:m], packed) for m in (1, 20)]
+        torch.set_num_threads(3)
+        three = [int4_fixed_linear(x[:m], packed) for m in (1, 20)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, three, strict=True))
+
+
 @pytest.mark.parametrize("kind", ["plain", "wide", "huge", "tiny"])
-def test_a_row_gets_its_bits_alone_on_either_path_at_any_row_count(kind):
-    packed = pack_int4_fixed(_weight(960, 576), torch.randn(960).bfloat16())
-    x = _inputs(70, 576, kind)
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (80, 96)])  # 80: a quad and one block
+def test_a_row_gets_its_bits_alone_on_either_path_at_any_row_count(kind, out_features, in_features):
+    packed = pack_int4_fixed(_weight(out_features, in_features), torch.randn(out_features).bfloat16())
+    x = _inputs(70, in_features, kind)
     alone = torch.cat([int4_fixed_linear(x[i:i + 1], packed) for i in range(70)])
     paths = [1000, 4, 1] + ([0] if amx_supported() else [])  # AVX at any count, switching, the tiles for >= 1 row
     for avx_max_rows in paths:
@@ -86,6 +129,8 @@ def test_inputs_it_does_not_take_are_refused():
     assert int4_fixed_linear(torch.empty(0, 64).bfloat16(), packed).shape == (0, 32)
     with pytest.raises(ValueError, match="bf16"):
         int4_fixed_linear(torch.randn(2, 64), packed)
+    with pytest.raises(ValueError, match="meta"):
+        int4_fixed_linear(torch.randn(2, 64, device="meta").bfloat16(), packed)
     with pytest.raises(ValueError, match="64"):
         int4_fixed_linear(torch.randn(2, 32).bfloat16(), packed)
 

@@ -1,10 +1,10 @@
 /* The AMX path of gemm_int4.c, included there only where the compiler targets AMX (not a header of its own:
- * it uses that file's Int4Weight, Grid, codes_pair, accumulate and store_row).
+ * it uses that file's Int4Weight, Grid, codes_pair, group_scale/offset, accumulate_with and store_row).
  *
  * Per pair of output blocks (32 outputs) a thread turns the codes of every group into bf16 tiles once
  * (`strip`), then runs the rows 32 at a time: per group one TDPBF16PS of the rows' grid inputs with the
  * codes (a fresh sum tile per group: the group's exact dot D), stored into `panel`; then per row and output
- * the groups in ascending order through `accumulate`, as the AVX path does. A block of at most 16 rows
+ * the groups in ascending order through `accumulate_with`, as the AVX path does. A block of at most 16 rows
  * alternates two sets of sum tiles, so that a group's products need not wait for the last one's store. */
 
 /* Per thread: the strip [2][k / 32][16 x 16 pairs] and the panel [k / 32][32 rows][32 outputs]. */
@@ -68,6 +68,24 @@ static inline void int4_tiles_group(const uint16_t *a, size_t ld, const __m512i 
     }
 }
 
+/* R rows (`sums`: their dots, row stride 32 floats, group stride 1024; `group_sums`: their S, row stride
+ * k / 32) through output block nb: per group the scales and offsets read once for the R rows, then
+ * `accumulate_with` per row, groups in ascending order, as the AVX path does. */
+static inline __attribute__((always_inline)) void epilogue(const int R, const Int4Weight *w, int nb, const float *sums,
+                                                           const float *group_sums, uint16_t *out) {
+    const int kb = w->k / 32;
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < kb; b++) {
+        const uint16_t *params = w->params + ((size_t)nb * kb + b) * 32;
+        const __m512 scale = group_scale(params), offset = group_offset(params);
+        for (int r = 0; r < R; r++)
+            acc[r] = accumulate_with(acc[r], _mm512_load_ps(sums + (size_t)b * 1024 + r * 32), scale, offset,
+                                     group_sums[(size_t)r * kb + b]);
+    }
+    for (int r = 0; r < R; r++) store_row(acc[r], w, nb * 16, out + (size_t)r * w->n);
+}
+
 /* Every output block for every row (grid padded with zero rows to a multiple of 32); called inside the
  * parallel region, the pairs of output blocks shared out by `omp for`. */
 static void amx_columns(const Int4Weight *w, const Grid *grid, int m, char *scratch, uint16_t *out) {
@@ -82,20 +100,24 @@ static void amx_columns(const Int4Weight *w, const Grid *grid, int m, char *scra
         for (int c = 0; c < pair; c++)
             for (int b = 0; b < kb; b++)
                 codes_to_bf16(w->codes + ((size_t)(nb + c) * kb + b) * 128, strip + ((size_t)c * kb + b) * 16);
-        for (int r0 = 0; r0 < m; r0 += 32) {
-            const int rows = m - r0 < 32 ? m - r0 : 32;
+        for (int first = 0; first < m; first += 32) {
+            const int rows = m - first < 32 ? m - first : 32;
             for (int b = 0; b < kb; b++)
-                int4_tiles_group(grid->values + (size_t)r0 * k + b * 32, (size_t)k, strip + (size_t)b * 16,
+                int4_tiles_group(grid->values + (size_t)first * k + b * 32, (size_t)k, strip + (size_t)b * 16,
                                  strip + ((size_t)kb + b) * 16, pair, rows > 16, b % 2, panel + (size_t)b * 1024);
             for (int c = 0; c < pair; c++)
-                for (int r = 0; r < rows; r++) {
-                    __m512 acc = _mm512_setzero_ps();
-                    for (int b = 0; b < kb; b++) {
-                        const size_t t = (size_t)(nb + c) * kb + b;
-                        acc = accumulate(acc, _mm512_load_ps(panel + (size_t)b * 1024 + r * 32 + c * 16),
-                                         w->params + t * 32, grid->sums[(size_t)(r0 + r) * kb + b]);
+                for (int r0 = 0; r0 < rows; r0 += 8) {
+                    const float *sums = panel + c * 16 + r0 * 32;
+                    const float *group_sums = grid->sums + (size_t)(first + r0) * kb;
+                    uint16_t *rows_out = out + (size_t)(first + r0) * w->n;
+                    switch (rows - r0 < 8 ? rows - r0 : 8) {
+#define EPILOGUE_ROWS(R)                                                          \
+    case R: epilogue(R, w, nb + c, sums, group_sums, rows_out); \
+        break;
+                        EPILOGUE_ROWS(1) EPILOGUE_ROWS(2) EPILOGUE_ROWS(3) EPILOGUE_ROWS(4)
+                        EPILOGUE_ROWS(5) EPILOGUE_ROWS(6) EPILOGUE_ROWS(7) EPILOGUE_ROWS(8)
+#undef EPILOGUE_ROWS
                     }
-                    store_row(acc, w, (nb + c) * 16, out + (size_t)(r0 + r) * w->n);
                 }
         }
     }
