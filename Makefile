@@ -39,7 +39,7 @@ run-mixed: venv
 	$(PYTHON) -m services.engine
 
 test: venv lint
-	$(PYTHON) -m pytest -q -ra
+	$(PYTHON) -m pytest -q -ra --durations=30
 
 test-fast: venv
 	$(PYTHON) -m pytest -q -ra -m "not slow"
