@@ -46,6 +46,8 @@ INT4_ALL_ROWS = 2**62
 INVARIANT_ROW_BLOCK = 32
 """The most rows per dense product whose per-row result is that of the row alone (measured; the kernel
 test ``tests/kernels/test_linear_row_invariant.py`` checks it on the machine it runs on)."""
+_NO_DENSE = torch.empty(0)
+"""``LinearWeight.weight`` of a weight that keeps no dense form (see :func:`prepare_linear`)."""
 PROMPT_ROW_BLOCK = 128
 """Rows of every dense product of prompt rows under :class:`RowPaths` (zero-padded): one fixed shape, so a
 row's bits do not depend on its neighbours or its place (checked by the same test)."""
@@ -84,14 +86,19 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
     ``row_block``: see :class:`LinearWeight`. ``prompt_rows`` (a weight the model runs with :class:`RowPaths`)
     and ``row_block``: a bf16 CPU weight is also packed for :mod:`kernels.amx_linear` where the CPU has AMX
     (the prompt rows' path; as many bytes again). ``int4`` with ``row_block``: the 4-bit codes are packed for
-    :mod:`kernels.int4_fixed` where it runs (then not for torch's kernel)."""
+    :mod:`kernels.int4_fixed` where it runs (then not for torch's kernel). With both forms and
+    ``int4_max_rows=INT4_ALL_ROWS`` (the deterministic mode) no row reads the dense weight, so none is kept."""
     use_int4 = int4 is not None and int4_max_rows > 0
     fixed = pack_int4_fixed(int4, bias) if use_int4 and row_block and weight.dtype == torch.bfloat16 else None
     packed_int4 = pack_int4(int4, weight.dtype) if use_int4 and fixed is None else None
-    if packed_int4 is not None:
-        assert (packed_int4.out_features, packed_int4.in_features) == tuple(weight.shape), (
+    if use_int4:
+        assert tuple(int4.shape) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
     amx = pack_amx(weight, bias) if row_block and prompt_rows else None
+    if amx is not None and use_int4 and int4_max_rows == INT4_ALL_ROWS:
+        # every row runs on the AMX form (prompt rows) or the 4-bit one (output rows): no dense copy is kept
+        return LinearWeight(_NO_DENSE, False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx,
+                            fixed)
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
         return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx, fixed)
@@ -177,6 +184,8 @@ def _dense_padded(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
 
 
 def _dense(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    if weight.weight is _NO_DENSE:
+        raise RuntimeError("this weight keeps only its AMX and 4-bit forms (the deterministic mode): no dense product")
     if weight.packed:
         return torch.ops.mkldnn._linear_pointwise(x, weight.weight, weight.bias, "none", [], "")
     return F.linear(x, weight.weight, weight.bias)

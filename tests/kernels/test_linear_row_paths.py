@@ -27,10 +27,12 @@ def weight(request):
     scales = torch.rand(out_features, in_features // group) * 0.02
     quantized = GroupQuantized(codes, scales, -8 * scales, group)
     bias = torch.randn(out_features).bfloat16()
+    amx_wanted = request.param == "amx_where_there"  # else a weight packed without AMX: it keeps its dense form
     prepared = prepare_linear(quantized.dequantize().bfloat16(), int4=quantized, int4_max_rows=INT4_ALL_ROWS,
-                              bias=bias, row_block=INVARIANT_ROW_BLOCK, prompt_rows=True)
-    assert (prepared.amx is not None) == amx_supported()
-    return prepared if request.param == "amx_where_there" else dataclasses.replace(prepared, amx=None)
+                              bias=bias, row_block=INVARIANT_ROW_BLOCK, prompt_rows=amx_wanted)
+    assert (prepared.amx is not None) == (amx_wanted and amx_supported())
+    assert (prepared.weight.numel() == 0) == (prepared.amx is not None)  # no row reads a dense copy: none kept
+    return prepared
 
 
 @pytest.fixture(scope="module")
