@@ -25,7 +25,8 @@ the block's rows and whatever the others hold: measured for 32..512-row blocks; 
 prefill near the unblocked speed, 32 took twice as long; the price is a short chunk's padding). A row of an
 output position runs 4-bit: through :mod:`kernels.int4_fixed` where it runs (AVX512-BF16/VNNI: one set of
 bits at every row count and faster than torch's kernel at 1-32 rows here), else torch's int4 kernel (or,
-for a weight without a 4-bit form, dense in blocks of at most ``row_block`` rows). A mixed step gathers each
+for a weight without a 4-bit form, dense: on the AMX form where there is one, else in blocks of at most
+``row_block`` rows). A mixed step gathers each
 group, runs it on its path and scatters the results back, so each row gets the bits it gets alone on its own
 path, whatever shares its step or where its chunk starts.
 """
@@ -83,11 +84,12 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
                    prompt_rows: bool = False) -> LinearWeight:
     """``int4``: the same weight's 4-bit codes, used for products of at most ``int4_max_rows`` rows (the
     caller checks :func:`kernels.int4_linear.int4_supported`). ``bias``: ``[out]``, in the weight's dtype.
-    ``row_block``: see :class:`LinearWeight`. ``prompt_rows`` (a weight the model runs with :class:`RowPaths`)
-    and ``row_block``: a bf16 CPU weight is also packed for :mod:`kernels.amx_linear` where the CPU has AMX
-    (the prompt rows' path; as many bytes again). ``int4`` with ``row_block``: the 4-bit codes are packed for
-    :mod:`kernels.int4_fixed` where it runs (then not for torch's kernel). With both forms and
-    ``int4_max_rows=INT4_ALL_ROWS`` (the deterministic mode) no row reads the dense weight, so none is kept."""
+    ``row_block``: see :class:`LinearWeight`. ``prompt_rows`` (a weight the model runs with :class:`RowPaths`,
+    or the LM head) and ``row_block``: a bf16 CPU weight is packed for :mod:`kernels.amx_linear` where the CPU
+    has AMX (the prompt rows' path). ``int4`` with ``row_block``: the 4-bit codes are packed for
+    :mod:`kernels.int4_fixed` where it runs (then not for torch's kernel). A weight with the AMX form runs every
+    dense product there (prompt rows, output rows without a 4-bit form, the LM head's rows), so it keeps no
+    dense copy."""
     use_int4 = int4 is not None and int4_max_rows > 0
     fixed = pack_int4_fixed(int4, bias) if use_int4 and row_block and weight.dtype == torch.bfloat16 else None
     packed_int4 = pack_int4(int4, weight.dtype) if use_int4 and fixed is None else None
@@ -95,8 +97,8 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
         assert tuple(int4.shape) == tuple(weight.shape), (
             f"4-bit weight {int4.shape} differs from the dense one {tuple(weight.shape)}")
     amx = pack_amx(weight, bias) if row_block and prompt_rows else None
-    if amx is not None and use_int4 and int4_max_rows == INT4_ALL_ROWS:
-        # every row runs on the AMX form (prompt rows) or the 4-bit one (output rows): no dense copy is kept
+    if amx is not None:
+        # every row runs on the AMX form (or, output rows of a 4-bit weight, on that): no dense copy is kept
         return LinearWeight(_NO_DENSE, False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx,
                             fixed)
     if pack and _packing_supported(weight):
@@ -134,10 +136,10 @@ class RowPaths:
 def linear(x: torch.Tensor, weight: LinearWeight, paths: RowPaths | None = None) -> torch.Tensor:
     """``x [T, in] @ W.T`` → ``[T, out]``.
 
-    ``paths`` None: the 4-bit weight for at most ``int4_max_rows`` rows, else dense in blocks of at most
-    ``row_block`` rows. ``paths`` given: prompt rows dense (the AMX kernel, else padded blocks of
-    :data:`PROMPT_ROW_BLOCK`), output rows 4-bit (a weight without a 4-bit form: dense in blocks of at most
-    ``row_block``)."""
+    ``paths`` None: the 4-bit weight for at most ``int4_max_rows`` rows, else dense: on the AMX form where the
+    weight has one, else in blocks of at most ``row_block`` rows. ``paths`` given: prompt rows dense (the AMX
+    form, else padded blocks of :data:`PROMPT_ROW_BLOCK`), output rows 4-bit (a weight without a 4-bit form:
+    dense, as without ``paths``)."""
     if paths is not None:
         return _by_row_paths(x, weight, paths)
     if weight.has_int4 and x.shape[0] <= weight.int4_max_rows:
@@ -163,6 +165,8 @@ def _int4(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
 
 
 def _dense_blocked(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    if weight.amx is not None:  # row-invariant at any row count: no blocks
+        return amx_linear(x, weight.amx)
     block = weight.row_block
     if block and x.shape[0] > block:
         return torch.cat([_dense(x[i:i + block], weight) for i in range(0, x.shape[0], block)])

@@ -4,7 +4,6 @@ alone on its own path, at every row count, mix and chunk start; a step of one ki
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -77,8 +76,7 @@ def test_prompt_rows_get_their_bits_alone_at_any_chunk_start_and_length(dtype, a
     chunk is (past one padded block too) or what else it holds."""
     torch.manual_seed(1)
     weight = prepare_linear((torch.randn(960, 576) * 0.05).to(dtype), row_block=INVARIANT_ROW_BLOCK,
-                            prompt_rows=True)
-    weight = weight if amx else dataclasses.replace(weight, amx=None)
+                            prompt_rows=amx)  # without the AMX form: padded oneDNN blocks
     x = torch.randn(300, 576).to(dtype)
     alone = torch.cat([linear(x[i:i + 1], weight, RowPaths.of([True])) for i in range(300)])
     for start, rows in [(0, 300), (0, 128), (0, 129), (1, 127), (17, 200), (100, 33), (255, 45), (299, 1)]:
@@ -86,11 +84,15 @@ def test_prompt_rows_get_their_bits_alone_at_any_chunk_start_and_length(dtype, a
         assert torch.equal(chunk, alone[start:start + rows]), (start, rows)
 
 
-def test_a_weight_without_4_bits_runs_output_rows_dense_each_with_its_bits_alone():
-    dense_only = prepare_linear(torch.randn(64, 128).bfloat16(), row_block=INVARIANT_ROW_BLOCK)
+@pytest.mark.parametrize("amx", [True, False], ids=["amx_where_there", "onednn_blocks"])
+def test_a_weight_without_4_bits_runs_output_rows_dense_each_with_its_bits_alone(amx):
+    dense_only = prepare_linear(torch.randn(64, 128).bfloat16(), row_block=INVARIANT_ROW_BLOCK, prompt_rows=amx)
     x = torch.randn(40, 128).bfloat16()
     mask = [i % 3 == 0 for i in range(40)]
     prompt_alone = torch.cat([linear(x[i:i + 1], dense_only, RowPaths.of([True])) for i in range(40)])
     output_alone = torch.cat([linear(x[i:i + 1], dense_only, RowPaths.of([False])) for i in range(40)])
     expected = torch.where(torch.tensor(mask)[:, None], prompt_alone, output_alone)
     assert torch.equal(linear(x, dense_only, RowPaths.of(mask)), expected)
+    assert torch.equal(linear(x, dense_only), output_alone)  # without paths (the LM head): as output rows
+    if dense_only.amx is not None:  # one kernel for both kinds, and no dense copy kept
+        assert torch.equal(prompt_alone, output_alone) and dense_only.weight.numel() == 0

@@ -71,11 +71,11 @@ class DecoderModel:
         cfg = config
         self.embed = source.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         self.final_norm = source.take("model.norm.weight", (cfg.hidden_size,))
-        if cfg.tie_word_embeddings:
-            self.lm_head = prepare_linear(self.embed, row_block=self._row_block)
-        else:
-            self.lm_head = prepare_linear(source.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)),
-                                          row_block=self._row_block)
+        # deterministic: the head's rows on AMX where the CPU has it (row-invariant at any count, faster than
+        # oneDNN's 32-row blocks at 1-16 rows here)
+        head = self.embed if cfg.tie_word_embeddings else source.take("lm_head.weight",
+                                                                      (cfg.vocab_size, cfg.hidden_size))
+        self.lm_head = prepare_linear(head, row_block=self._row_block, prompt_rows=deterministic)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
         source.check_all_taken()
         del self._source, self._quantized
