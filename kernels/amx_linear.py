@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.native.build import NativeBuildError, load_library
+from kernels.attention.native.build import native_function
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,8 @@ class AmxWeight:
 
 @functools.cache
 def _kernel():
-    try:
-        library = load_library()
-    except NativeBuildError:
-        return None
-    function = library.gemm_amx_bf16
     pointer, c_int = ctypes.c_void_p, ctypes.c_int
-    function.argtypes = [pointer, c_int, c_int, pointer, c_int, pointer, pointer, c_int]
-    function.restype = c_int
-    return function
+    return native_function("gemm_amx_bf16", [pointer, c_int, c_int, pointer, c_int, pointer, pointer, c_int])
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.native.build import NativeBuildError, load_library
+from kernels.attention.native.build import native_function
 from kernels.int4_linear import GroupQuantized
 
 AVX_MAX_ROWS = 12
@@ -54,15 +54,9 @@ class Int4FixedWeight:
 
 @functools.cache
 def _kernel():
-    try:
-        library = load_library()
-    except NativeBuildError:
-        return None
-    function = library.gemm_int4_fixed
     pointer, c_int = ctypes.c_void_p, ctypes.c_int
-    function.argtypes = [pointer, c_int, c_int, pointer, pointer, c_int, pointer, pointer, c_int, c_int]
-    function.restype = c_int
-    return function
+    return native_function("gemm_int4_fixed",
+                           [pointer, c_int, c_int, pointer, pointer, c_int, pointer, pointer, c_int, c_int])
 
 
 @functools.cache

@@ -26,9 +26,8 @@ prefill near the unblocked speed, 32 took twice as long; the price is a short ch
 output position runs 4-bit: through :mod:`kernels.int4_fixed` where it runs (AVX512-BF16/VNNI: one set of
 bits at every row count and faster than torch's kernel at 1-32 rows here), else torch's int4 kernel (or,
 for a weight without a 4-bit form, dense: on the AMX form where there is one, else in blocks of at most
-``row_block`` rows). A mixed step gathers each
-group, runs it on its path and scatters the results back, so each row gets the bits it gets alone on its own
-path, whatever shares its step or where its chunk starts.
+``row_block`` rows). A mixed step gathers each group, runs it on its path and scatters the results back, so
+each row gets the bits it gets alone on its own path, whatever shares its step or where its chunk starts.
 """
 
 from __future__ import annotations
@@ -103,9 +102,10 @@ def prepare_linear(weight: torch.Tensor, pack: bool = True, int4: GroupQuantized
                             fixed)
     if pack and _packing_supported(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx, fixed)
-    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block, amx,
-                        fixed)
+        return LinearWeight(packed, True, weight.shape[0], packed_int4, int4_max_rows, bias, row_block,
+                            int4_fixed=fixed)
+    return LinearWeight(weight.contiguous(), False, weight.shape[0], packed_int4, int4_max_rows, bias, row_block,
+                        int4_fixed=fixed)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,17 @@ def compile_library(compiler: str, target: Path) -> None:
 _loaded: dict[Path, ctypes.CDLL | NativeBuildError] = {}
 
 
+def native_function(name: str, argtypes: list, restype=ctypes.c_int):
+    """Function ``name`` of the compiled kernels with its C signature set, or None where they cannot be built
+    or loaded here."""
+    try:
+        function = getattr(load_library(), name)
+    except NativeBuildError:
+        return None
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
 def load_library() -> ctypes.CDLL:
     """The compiled kernels (built on first use); raises ``NativeBuildError`` saying why not. A failed
     build or load is remembered per library path: it is attempted once per process."""

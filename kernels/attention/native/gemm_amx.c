@@ -28,11 +28,7 @@
  * rows as tiles 0 and 1. Loaded when a block's row count differs from the last one's (`*configured`). */
 static void configure(int rows, int *configured) {
     if (rows == *configured) return;
-    struct __attribute__((packed)) {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } config = {.palette = 1};
+    TileConfig config = {.palette = 1};
     const int first = rows < 16 ? rows : 16, second = rows > 16 ? rows - 16 : first;
     for (int t = 0; t < 8; t++) config.colsb[t] = 64;
     config.rows[0] = config.rows[4] = config.rows[5] = (uint8_t)first;

@@ -47,16 +47,12 @@ typedef struct {
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
-static inline __m512 load_bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
 /* Each row's inputs on its groups' grids: bf16 values (`as_bf16`) or int16 multiples of the unit. */
 static void to_grid(const uint16_t *x, int m, int k, int as_bf16, Grid *grid) {
     for (int r = 0; r < m; r++)
         for (int b = 0; b < k / 32; b++) {
             const size_t at = (size_t)r * k + b * 32, group = (size_t)r * (k / 32) + b;
-            __m512 lo = load_bf16x16(x + at), hi = load_bf16x16(x + at + 16);
+            __m512 lo = bf16x16_to_f32(x + at), hi = bf16x16_to_f32(x + at + 16);
             const __m512 infinity = _mm512_set1_ps(INFINITY);
             const int finite = !(_mm512_cmp_ps_mask(_mm512_abs_ps(lo), infinity, _CMP_NLT_UQ) |
                                  _mm512_cmp_ps_mask(_mm512_abs_ps(hi), infinity, _CMP_NLT_UQ));

@@ -10,12 +10,6 @@
 /* Per thread: the strip [2][k / 32][16 x 16 pairs] and the panel [k / 32][32 rows][32 outputs]. */
 #define AMX_SCRATCH(k) ((size_t)2 * ((k) / 32) * 1024 + (size_t)((k) / 32) * 32 * 32 * sizeof(float))
 
-typedef struct __attribute__((packed)) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} Int4TileConfig;
-
 /* A weight tile's codes as the tiles' bf16 integers 0..15 (a table lookup per pair of inputs). */
 static inline void codes_to_bf16(const uint16_t *codes, __m512i *tile) {
     const __m512i integers = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
@@ -26,47 +20,42 @@ static inline void codes_to_bf16(const uint16_t *codes, __m512i *tile) {
 
 /* Tiles 0-1: 16 rows x 32 grid inputs; 2-3: 16 pairs of inputs x 16 outputs of codes; 4-7: sums. */
 static void int4_tiles_configure(void) {
-    Int4TileConfig config = {.palette = 1};
+    TileConfig config = {.palette = 1};
     for (int t = 0; t < 8; t++) config.colsb[t] = 64, config.rows[t] = 16;
     _tile_loadconfig(&config);
 }
 
+/* Rows tile A times the codes into sum tiles C0 (tile 2's outputs) and C1 (tile 3's), stored at `out`. */
+#define INT4_PRODUCTS(C0, C1, A, out)           \
+    do {                                        \
+        _tile_zero(C0);                         \
+        _tile_dpbf16ps(C0, A, 2);               \
+        _tile_stored(C0, (out), 128);           \
+        if (pair == 2) {                        \
+            _tile_zero(C1);                     \
+            _tile_dpbf16ps(C1, A, 3);           \
+            _tile_stored(C1, (out) + 16, 128);  \
+        }                                       \
+    } while (0)
+
+/* One group's products for a row block (`two`: more than 16 rows) and one or two output blocks (`pair`), into
+ * `sum` ([32 rows][32 outputs]); `odd` groups of a small block use the second set of sum tiles. */
 static inline void int4_tiles_group(const uint16_t *a, size_t ld, const __m512i *codes0, const __m512i *codes1,
                                     int pair, int two, int odd, float *sum) {
     _tile_loadd(0, a, ld * 2);
     _tile_loadd(2, codes0, 64);
     if (pair == 2) _tile_loadd(3, codes1, 64);
     if (!two && odd) {
-        _tile_zero(6);
-        _tile_dpbf16ps(6, 0, 2);
-        _tile_stored(6, sum, 128);
-        if (pair == 2) {
-            _tile_zero(7);
-            _tile_dpbf16ps(7, 0, 3);
-            _tile_stored(7, sum + 16, 128);
-        }
+        INT4_PRODUCTS(6, 7, 0, sum);
         return;
     }
-    _tile_zero(4);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_stored(4, sum, 128);
-    if (pair == 2) {
-        _tile_zero(5);
-        _tile_dpbf16ps(5, 0, 3);
-        _tile_stored(5, sum + 16, 128);
-    }
+    INT4_PRODUCTS(4, 5, 0, sum);
     if (two) {
         _tile_loadd(1, a + 16 * ld, ld * 2);
-        _tile_zero(6);
-        _tile_dpbf16ps(6, 1, 2);
-        _tile_stored(6, sum + 16 * 32, 128);
-        if (pair == 2) {
-            _tile_zero(7);
-            _tile_dpbf16ps(7, 1, 3);
-            _tile_stored(7, sum + 16 * 32 + 16, 128);
-        }
+        INT4_PRODUCTS(6, 7, 1, sum + 16 * 32);
     }
 }
+#undef INT4_PRODUCTS
 
 /* R rows (`sums`: their dots, row stride 32 floats, group stride 1024; `group_sums`: their S, row stride
  * k / 32) through output block nb: per group the scales and offsets read once for the R rows, then

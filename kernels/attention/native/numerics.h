@@ -49,6 +49,11 @@ static inline float exp2_nonpos(float x) {
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+/* 16 bf16 values as fp32 (exact). */
+static inline __m512 bf16x16_to_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
 /* 2^x per lane, the same polynomial; x <= 0 where it matters; -inf gives 2^-126; NaN stays NaN. */
 static inline __m512 exp2_512(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-126.0f), x);

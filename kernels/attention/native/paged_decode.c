@@ -120,10 +120,7 @@ static void tile_portable(const Ctx *c, const float *q_scaled, size_t k_index, s
 
 #if defined(__AVX512F__)
 static inline __m512 load16(const void *base, size_t index, int is_bf16) {
-    if (is_bf16) {
-        __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
+    if (is_bf16) return bf16x16_to_f32((const uint16_t *)base + index);
     return _mm512_loadu_ps((const float *)base + index);
 }
 

@@ -141,12 +141,6 @@ int prefill_amx_ready(void) {
     return state;
 }
 
-typedef struct __attribute__((packed)) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
 /* Tiles 0-2: scores (A: 16 slots x 32 dims of K, B: 16 pairs of dims x 16 rows of Q, C: 16 slots x 16 rows);
  * tiles 3-5: P.V (A: 16 rows x 8 pairs of slots of weights, B: 8 pairs of slots x 16 dims of V, C: 16 rows x
  * 16 dims of the accumulators). Loaded per work item: other code (oneDNN) configures the tiles its own way. */

@@ -65,6 +65,13 @@ static inline __attribute__((always_inline)) void acc_store(Scratch *s, int r, c
 }
 #endif
 
+/* The AMX tile configuration LDTILECFG reads (palette 1): each tile's bytes per row and rows. */
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
 void prefill_item_fp32(const PCtx *c, Scratch *s, int first, int count, void *out);
 int prefill_bf16_serves(const PCtx *c);
 int prefill_amx_ready(void);
