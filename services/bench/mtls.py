@@ -13,6 +13,13 @@ drifts on the machine lands on both:
 (c) Output tokens/s at concurrency ``--concurrency`` (16): that many ``Generate`` calls at once, each
     ``--output-tokens`` tokens (ignore_eos), total output tokens over the wall time of the batch.
 
+For (a) it also reads the CPU time of every thread at both ends over each timed stream (``thread_cpu``):
+this process (the sender) and the decode node (the receiver), each split into Python threads and gRPC's own
+threads, in CPU seconds per GB moved. On a machine whose cores the stream saturates, the throughput ratio
+can be no better than the ratio of CPU per GB; the split shows what the TLS costs, and on which threads.
+``--pin-ends`` runs (a) with this process on one half of the CPUs and the cluster on the other, as if sender
+and receiver were two hosts of that many cores each.
+
 Medians of ``--repeats`` runs per side are printed as a Markdown table (mTLS, plaintext, ratio) beside the
 goal (issue 25: mTLS keeps ≥ 85% of the plaintext KV throughput, adds ≤ 5% to TTFT) and written to ``--json``.
 The gateway's public port is plaintext in both clusters: only the internal plane differs.
@@ -38,6 +45,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc, node_pb2
 
 from services.bench.pd import _prompt, kv_layout_of, kv_stream_once
 from services.bench.security import BenchCA, bench_ca
+from services.bench.thread_cpu import cpu_between, pin, thread_cpu
 from services.cluster.local import ClusterSpec, LocalCluster, start_cluster
 from services.common.tls.identity import Identity
 
@@ -53,6 +61,7 @@ class Side:
     prefill_identity: Identity | None  # how this process streams KV into its decode node (None: plaintext)
     runs: dict[str, list[float]] = field(default_factory=lambda: {"kv_mb_per_s": [], "ttft_s": [],
                                                                    "output_tokens_per_s": []})
+    kv_cpu: dict[str, list[float]] = field(default_factory=dict)  # "sender python" → CPU s/GB, run by run
 
 
 def _spec(args: argparse.Namespace, ca: BenchCA) -> ClusterSpec:
@@ -64,10 +73,42 @@ def _spec(args: argparse.Namespace, ca: BenchCA) -> ClusterSpec:
 
 
 def kv_stream(side: Side, layout: node_pb2.KVLayout, seed: int, tokens: int) -> float:
-    """(a): MB/s of one prompt's KV streamed into the side's decode node."""
+    """(a): MB/s of one prompt's KV streamed into the side's decode node; the CPU both ends spent on it
+    goes to ``side.kv_cpu``."""
+    ends = {"sender": os.getpid(), "receiver": side.cluster.decode[0].process.pid}
+    readings: dict[bool, dict[str, dict]] = {}
+
+    def on_window(start: bool) -> None:
+        readings[start] = {end: thread_cpu(pid) for end, pid in ends.items()}
+
     size, seconds = asyncio.run(kv_stream_once(side.cluster.decode[0].address, layout, seed, tokens,
-                                               side.prefill_identity))
+                                               side.prefill_identity, on_window))
+    for end in ends:
+        for kind, spent in cpu_between(readings[True][end], readings[False][end]).items():
+            side.kv_cpu.setdefault(f"{end} {kind}", []).append(spent / size * 1e9)
     return size / seconds / 1e6
+
+
+@contextlib.contextmanager
+def ends_pinned(sides: list[Side], enabled: bool):
+    """With ``enabled``: this process on the first half of the CPUs it may use, every cluster process on the
+    other half, until the block ends."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not enabled:
+        yield
+        return
+    if len(cpus) < 2:
+        raise SystemExit("--pin-ends needs at least 2 CPUs")
+    half = len(cpus) // 2
+    pids = [process.process.pid for side in sides for _, process in side.cluster.processes()]
+    pin(os.getpid(), set(cpus[:half]))
+    for pid in pids:
+        pin(pid, set(cpus[half:]))
+    try:
+        yield
+    finally:
+        for pid in [os.getpid(), *pids]:
+            pin(pid, set(cpus))
 
 
 def ttft(side: Side, seed: int, tokens: int) -> float:
@@ -124,11 +165,17 @@ def measure(args: argparse.Namespace, layout: node_pb2.KVLayout) -> dict[str, di
             ca = stack.enter_context(bench_ca(insecure=name == "plaintext"))
             cluster = stack.enter_context(start_cluster(_spec(args, ca), stderr=subprocess.DEVNULL))
             sides.append(Side(name, cluster, ca.identity("prefill")))
-        alternate(sides, "kv_mb_per_s", args.repeats, lambda s, seed: kv_stream(s, layout, seed, args.kv_tokens))
+        with ends_pinned(sides, args.pin_ends):
+            alternate(sides, "kv_mb_per_s", args.repeats,
+                      lambda s, seed: kv_stream(s, layout, seed, args.kv_tokens))
+        for side in sides:  # drop the warm-up round's readings
+            side.kv_cpu = {key: runs[-args.repeats:] for key, runs in side.kv_cpu.items()}
         alternate(sides, "ttft_s", args.repeats, lambda s, seed: ttft(s, seed, args.ttft_tokens))
         alternate(sides, "output_tokens_per_s", args.repeats, lambda s, seed: output_rate(s, seed, args))
     return {side.name: {**{m: statistics.median(v) for m, v in side.runs.items()},
-                        **{f"runs_{m}": v for m, v in side.runs.items()}} for side in sides}
+                        **{f"runs_{m}": v for m, v in side.runs.items()},
+                        "kv_cpu_s_per_gb": {key: statistics.median(v) for key, v in side.kv_cpu.items()}}
+            for side in sides}
 
 
 def table(results: dict, args: argparse.Namespace, layout: node_pb2.KVLayout) -> str:
@@ -138,12 +185,24 @@ def table(results: dict, args: argparse.Namespace, layout: node_pb2.KVLayout) ->
              "≥ 0.85"),
             (f"TTFT, {args.ttft_tokens}-token prompt, ms", "ttft_s", "{:.0f}", "≤ 1.05"),
             (f"output tokens/s, concurrency {args.concurrency}", "output_tokens_per_s", "{:.1f}", "")]
-    lines = [f"dtype={args.dtype}, prefill threads={args.threads}, medians of {args.repeats} alternating runs\n",
+    pinned = ", sender and receiver pinned to separate CPUs" if args.pin_ends else ""
+    lines = [f"dtype={args.dtype}, prefill threads={args.threads}, medians of {args.repeats} alternating runs"
+             f"{pinned}\n",
              "| measure | mTLS | plaintext | mTLS / plaintext | goal |", "| --- | --- | --- | --- | --- |"]
     for label, key, fmt, goal in rows:
         scale = 1000 if key == "ttft_s" else 1
         lines.append(f"| {label} | {fmt.format(secure[key] * scale)} | {fmt.format(plain[key] * scale)} | "
                      f"{secure[key] / plain[key]:.3f} | {goal} |")
+    lines += ["", "| KV stream CPU, s per GB moved | mTLS | plaintext | mTLS − plaintext |",
+              "| --- | --- | --- | --- |"]
+    cpu_secure, cpu_plain = secure["kv_cpu_s_per_gb"], plain["kv_cpu_s_per_gb"]
+    for key in sorted(cpu_secure):
+        end, kind = key.split()
+        lines.append(f"| {end}, {'gRPC' if kind == 'grpc' else 'Python'} threads | {cpu_secure[key]:.3f} | "
+                     f"{cpu_plain[key]:.3f} | {cpu_secure[key] - cpu_plain[key]:+.3f} |")
+    both_secure, both_plain = sum(cpu_secure.values()), sum(cpu_plain.values())
+    lines.append(f"| both ends | {both_secure:.3f} | {both_plain:.3f} | {both_secure - both_plain:+.3f} "
+                 f"(plaintext / mTLS {both_plain / both_secure:.3f}) |")
     return "\n".join(lines)
 
 
@@ -159,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="(c) calls at once")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="(c) each call's prompt tokens")
     parser.add_argument("--output-tokens", type=int, default=64, help="(c) each call's output tokens")
+    parser.add_argument("--pin-ends", action="store_true",
+                        help="(a) with this process and the cluster on separate halves of the CPUs")
     parser.add_argument("--json", default="out/bench-mtls.json")
     args = parser.parse_args(argv)
     layout = kv_layout_of(args.dtype)

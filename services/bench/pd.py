@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 
 import grpc
 import torch
@@ -38,9 +39,11 @@ def _prompt(seed: int, length: int) -> list[int]:
 
 
 async def kv_stream_once(address: str, layout: node_pb2.KVLayout, seed: int, tokens: int,
-                         identity: Identity | None) -> tuple[int, float]:
+                         identity: Identity | None,
+                         on_window: Callable[[bool], None] | None = None) -> tuple[int, float]:
     """Reserve, stream and commit one prompt's KV on the decode node at ``address`` as a prefill node does,
-    calling with ``identity`` (a prefill certificate; None: plaintext); (bytes moved, seconds)."""
+    calling with ``identity`` (a prefill certificate; None: plaintext); (bytes moved, seconds).
+    ``on_window`` is told True as the timed stream starts and False as it ends (e.g. to read CPU times)."""
     from services.prefill_node.kv_sender import KVSender
 
     async with open_channel(address, "decode", grpc_options(), identity=identity) as channel:
@@ -54,11 +57,15 @@ async def kv_stream_once(address: str, layout: node_pb2.KVLayout, seed: int, tok
         count = len(grant.block_ids)
         payload = os.urandom(layout.bytes_per_block * count)
         sender = KVSender(stub, request_id, layout, list(grant.block_ids), address, grant_token=grant.grant_token)
+        if on_window is not None:
+            on_window(True)
         started = time.perf_counter()
         await sender.open()
         await sender.send_blocks(0, count, payload, 4 << 20)
         await sender.commit(first_token_id=0, num_computed_tokens=tokens)
         elapsed = time.perf_counter() - started
+        if on_window is not None:
+            on_window(False)
         await sender.close()
         await stub.Abort(node_pb2.AbortRequest(request_id=request_id, grant_token=grant.grant_token))
         return len(payload), elapsed
