@@ -31,8 +31,7 @@ run on the engine thread during a step, for requests whose aborts the engine def
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import itertools
+import secrets
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,7 +82,6 @@ class KVOffload:
         self.host_bytes_used = 0  # claimed by host copies
         self.stats = OffloadStats()
         self._copies: dict[str, _Copy] = {}
-        self._nonce = itertools.count()
         self._io = ThreadPoolExecutor(1, thread_name_prefix="kv-offload") if remote is not None else None
         # deletes wait for their put, but not behind (or in front of) other requests' puts and fetches
         self._deletes = ThreadPoolExecutor(1, thread_name_prefix="kv-offload-delete") if remote is not None \
@@ -107,9 +105,9 @@ class KVOffload:
                 log.info("no room to stage preempted KV for the cache-store; the request will be recomputed",
                          request_id=request_id, staged_bytes=staged)
                 return False
-            nonce = next(self._nonce)
-            keys = [store_key(self.fingerprint, hashlib.blake2b(b"%s|%d|%d" % (request_id.encode(), nonce, i),
-                                                                digest_size=16).digest()) for i in range(num_blocks)]
+            # unguessable: the store keeps a key's first writer, so a key another caller could compute first
+            # would let it plant the bytes this request resumes from
+            keys = [store_key(self.fingerprint, secrets.token_bytes(16)) for _ in range(num_blocks)]
             self._copies[request_id] = _Copy(num_blocks, remote=True, keys=keys)
             return True
         return False
