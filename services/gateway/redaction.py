@@ -6,8 +6,10 @@ private network for whoever sends requests, so the gateway's public answers (gRP
 front's errors) carry the text with every ``host:port`` replaced; the gateway's own log lines keep them
 (``request_flow`` logs the failed node's address with the request id).
 
-Recognised: IPv4 ``a.b.c.d:port``, bracketed IPv6 ``[::1]:port``, dotted host names and ``localhost`` with a
-port, and gRPC's ``ipv4:``/``ipv6:``/``dns:///`` target prefixes.
+Recognised, each with a port: IPv4 ``a.b.c.d``; IPv6 bracketed ``[::1]``, percent-encoded as gRPC writes it
+in its own errors (``ipv6:%5B::1%5D:port``) and bare (``fd00::7:port``, or all eight groups); dotted host
+names, ``localhost``, and lowercase single-label names (``decode-0:50051``, a Kubernetes or Compose service)
+with a port of two digits or more; and gRPC's ``ipv4:``/``ipv6:``/``dns:///`` target prefixes.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from typing import Any
 from services.common.errors import mapped_errors
 
 PLACEHOLDER = "[internal]"
-_HOST = r"(?:\[[0-9A-Fa-f:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)"
-_ADDRESS = re.compile(rf"(?:ipv4:|ipv6:|dns:/{{0,3}})?{_HOST}:\d{{1,5}}\b")
+_IPV6 = r"(?:[0-9A-Fa-f:]*::[0-9A-Fa-f:]*[0-9A-Fa-f]|::|(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4})"
+_HOST = (r"(?:\[[0-9A-Fa-f:.]+\]|%5B[0-9A-Fa-f:.]+%5D|\d{1,3}(?:\.\d{1,3}){3}|localhost"
+         rf"|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|{_IPV6})")
+_LABEL = r"(?<![\w.%:-])[a-z][a-z0-9-]*"  # a lowercase DNS label (RFC 1123) standing alone
+_ADDRESS = re.compile(rf"(?:ipv4:|ipv6:|dns:/{{0,3}})?(?:{_HOST}:\d{{1,5}}|{_LABEL}:\d{{2,5}})\b")
 
 
 def redact_addresses(text: str) -> str:

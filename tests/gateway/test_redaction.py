@@ -15,6 +15,13 @@ from services.gateway.redaction import redact_addresses
     ("prefill node [fd00::1]:7000: stream ended", "prefill node [internal]: stream ended"),
     ("decode-0.decode.pdserve.svc.cluster.local:50051 refused", "[internal] refused"),
     ("dns:///decode.pdserve:50051 and localhost:1234", "[internal] and [internal]"),
+    # gRPC's own text for an IPv6 target that refused (what a prefill node's error carries)
+    ("[::1]:1: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: ipv6:%5B::1%5D:1: "
+     "Failed to connect to remote host: Connection refused",
+     "[internal]: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: [internal]: "
+     "Failed to connect to remote host: Connection refused"),
+    ("fd00::7:50051 refused, 2001:db8:0:0:0:0:2:1:50051 too", "[internal] refused, [internal] too"),
+    ("decode-0:50051 and cache-store:50055 refused", "[internal] and [internal] refused"),
 ])
 def test_addresses_are_replaced(text, expected):
     assert redact_addresses(text) == expected
@@ -25,6 +32,7 @@ def test_addresses_are_replaced(text, expected):
     "request_id: at most 224 printable characters",
     "the engine failed: RuntimeError: boom at step 3",
     "prompt: 4097 tokens > 4096",
+    "UNAVAILABLE:14 at 12:30:45, seq:5",
 ])
 def test_other_texts_are_unchanged(text):
     assert redact_addresses(text) == text
