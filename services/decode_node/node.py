@@ -33,6 +33,7 @@ from services.common import tracing
 from services.common.drain import drain_requests
 from services.common.errors import (
     FailedPreconditionError,
+    InvalidArgumentError,
     ResourceExhaustedError,
     UnavailableError,
 )
@@ -120,6 +121,7 @@ class DecodeNode:
         request not remembered as a waiter) when ``caller`` is at its bounds (``grants.py``)."""
         if self.draining:
             raise UnavailableError("decode node is draining")
+        self._check_stream_free(request_id)
         lease_s = min(lease_s or self.default_lease_s, self.default_lease_s)  # this node's setting caps it
         try:
             record = self.grants.hold(request_id, caller, -(-len(prompt_ids) // self.engine.kv.block_size))
@@ -201,6 +203,7 @@ class DecodeNode:
         if self.draining:
             raise UnavailableError("decode node is draining")
         rid = handed.request_id
+        self._check_stream_free(rid)
         grant: AdoptionGrant | Refusal = await self.worker.call(LLMEngine.adopt, handed, self.default_lease_s)
         if isinstance(grant, Refusal):
             return grant
@@ -219,6 +222,19 @@ class DecodeNode:
             if not adopted:  # refused midway, failed or cancelled: give back what was granted
                 await self.worker.call(LLMEngine.discard, rid)
         return None
+
+    def _check_stream_free(self, request_id: str) -> None:
+        """A new request may not take the id of a token stream whose tokens a gateway may still read here:
+        one running or finished and unread, handed over but not yet told, or finished and kept for a
+        re-attach. Its new stream would replace the old one, and the gateway's Attach would read the
+        newcomer's tokens. An aborted request's id is free at once (an abort removes its stream), and so is
+        one whose kept stream ended by an abort, a handover or a failure: nothing of it is left to read."""
+        kept = self.delivery.ended_streams.get(request_id)
+        finished_here = kept is not None and kept.queue.end is not None and kept.queue.end.finish_reason not in (
+            None, "abort")
+        if request_id in self.streams or request_id in self.moved or finished_here:
+            raise InvalidArgumentError("request_id", f"request {request_id!r} still has a token stream on this "
+                                                     "node (running, or finished and kept for the gateway)")
 
     def moved_to(self, request_id: str, adopter: str) -> bool:
         """The request was handed over: its stream here ends by naming the adopter. False if nobody can

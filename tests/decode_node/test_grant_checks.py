@@ -1,11 +1,13 @@
 """The decode node's checks around grants: bounds per caller (live grants, blocks), seq order on a KV stream,
-a header's IPC session (accepted here, by the same caller), Reserve's deadline and lease, and who may
-abort a grant. Each refusal changes nothing and every pool ends idle. Real gRPC with mTLS on loopback:
+a header's IPC session (accepted here, by the same caller), Reserve's deadline and lease, who may
+abort a grant, and no new request under the id of a token stream the node still keeps. Each refusal
+changes nothing and every pool ends idle. Real gRPC with mTLS on loopback:
 callers are the test identity (common name "test", every role) and single-role certificates of the
 session CA (common names "prefill", "gateway"). A tiny random model on the CPU."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import time
@@ -15,16 +17,17 @@ import grpc
 import grpc.aio
 import pytest
 import torch
-from pdserve.v1 import decode_pb2_grpc, node_pb2
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
+from services.common.sampling_convert import sampling_to_proto
 from services.common.tls.channels import open_channel
 from services.decode_node.kv_ipc import _Session
 from services.decode_node.node import DecodeNode
 from services.engine.random_llama import PRESETS, random_model
 from services.engine_node.kv_layout import kv_layout
-from services.prefill_node.node import PrefillNode
+from services.prefill_node.node import FirstToken, PrefillNode
 from tests.decode_node.kv_messages import header, keepalive, reserve, transfer
-from tests.prefill_node.node_pair import PROMPT, engine, idle, serving
+from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, idle, serving
 from tests.tls_identities import identity_of
 
 Code = grpc.StatusCode
@@ -132,3 +135,41 @@ async def test_a_prefill_caller_aborts_only_with_the_grant_token(model):
         await idle(decode)
         await prefill.Reserve(reserve("r2"))
         await _abort_all(decode, stubs["gateway"])  # a gateway needs no token
+
+
+async def test_no_reserve_or_adopt_takes_the_id_of_a_stream_the_node_still_keeps(model):
+    """A request finished before its gateway attached: its tokens wait in its stream. A Reserve (a prefill
+    identity) or a tokens-only Adopt (a gateway identity) under its id would replace that stream, and the
+    gateway's Attach would read the newcomer's tokens. Both are refused by name, before and after the
+    stream is read (it is then kept for a re-attach); the gateway reads the request's own tokens."""
+    decode, prefill = DecodeNode(engine(model), default_lease_s=30), PrefillNode(engine(model))
+    async with serving(prefill, decode) as address, \
+            open_channel(address, "decode", identity=identity_of("prefill")) as as_prefill, \
+            open_channel(address, "decode", identity=identity_of("gateway")) as as_gateway:
+        events = [e async for e in prefill.prefill("victim", PROMPT, GREEDY, [address], timeout_s=30)]
+        first = next(e for e in events if isinstance(e, FirstToken))
+        for _ in range(400):
+            if decode.streams["victim"].finished:
+                break
+            await asyncio.sleep(0.01)
+        expected = [first.token_id, *decode.streams["victim"].queue.tokens]
+        prefill_stub = decode_pb2_grpc.DecodeNodeStub(as_prefill)
+        gateway_stub = decode_pb2_grpc.DecodeNodeStub(as_gateway)
+        adopt = decode_pb2.AdoptRequest(request_id="victim", prompt_token_ids=PROMPT[:8], output_token_ids=[1],
+                                        sampling=sampling_to_proto(GREEDY))
+
+        async def refused() -> None:
+            for call in (prefill_stub.Reserve(reserve("victim", prompt_token_ids=PROMPT[:8])),
+                         gateway_stub.Adopt(adopt)):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == Code.INVALID_ARGUMENT, info.value
+                assert info.value.details().startswith("request_id:"), info.value.details()
+            assert not decode.grants.records and not decode.engine.reservations.reservations
+
+        await refused()
+        read = [t async for event in gateway_stub.Attach(decode_pb2.AttachRequest(request_id="victim"))
+                for t in event.token_ids]
+        assert [first.token_id, *read] == expected
+        await refused()  # ended, kept for a re-attach
+        await idle(decode)
