@@ -26,14 +26,17 @@ UNKNOWN_CAPACITY_BLOCKS = 1 << 16  # a node that has not said its pool size yet
 
 
 class NoHealthyNodeError(UnavailableError):
-    """No node of a role is healthy (maps to ``UNAVAILABLE``)."""
+    """No node of a role is healthy (maps to ``UNAVAILABLE``). Its message, which reaches clients, counts
+    the nodes but names none of them nor why they are left out (another model's name and weights digest, KV
+    layout fingerprints, resolver errors): ``reasons`` keeps that for the gateway's own use; the directory
+    logs each node it leaves out, and ``ClusterStatus`` shows every node's error to operators."""
 
     def __init__(self, role: str, known: Sequence[NodeInfo]):
         """``known``: the nodes of ``role``, each with the reason it is not healthy."""
-        reasons = "; ".join(f"{n.address}: {n.error or 'not healthy'}" for n in known[:3])
-        more = f"; {len(known) - 3} more" if len(known) > 3 else ""
-        super().__init__(f"no healthy {role} node ({len(known)} known{': ' + reasons + more if known else ''})")
+        super().__init__(f"no healthy {role} node ({len(known)} known; the gateway's log and ClusterStatus "
+                         "say why)" if known else f"no healthy {role} node (none known)")
         self.role = role
+        self.reasons = [f"{n.address}: {n.error or 'not healthy'}" for n in known]
 
 
 @dataclass(frozen=True)

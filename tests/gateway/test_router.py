@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.gateway.nodes import DECODE, PREFILL, NodeInfo
@@ -67,3 +69,20 @@ def test_no_healthy_node_of_a_role_is_unavailable(role):
     with pytest.raises(NoHealthyNodeError, match=f"no healthy {role} node") as error:
         Router().route(prefills, decodes)
     assert error.value.code.name == "UNAVAILABLE"
+    known = 1 if role == PREFILL else 2
+    assert str(error.value) == f"no healthy {role} node ({known} known; the gateway's log and ClusterStatus say why)"
+    assert len(error.value.reasons) == known
+
+
+def test_why_nodes_are_left_out_stays_out_of_the_clients_message():
+    """Another model's name and weights digest, a KV layout's fingerprint, a node's address: the reasons
+    are kept for the gateway, the message (what a client reads) names none of them."""
+    left_out = [dataclasses.replace(prefill("p1", healthy=False),
+                                    error="it serves another model: Secret-70B (weights 0123456789ab)"),
+                dataclasses.replace(prefill("p2", healthy=False),
+                                    error="its KV layout kvlayout-fp-1 matches no healthy decode node (kvlayout-fp-2)")]
+    with pytest.raises(NoHealthyNodeError) as error:
+        Router().route(left_out, [decode("d1")])
+    for secret in ("Secret-70B", "0123456789ab", "kvlayout-fp", "p1", "p2"):
+        assert secret not in str(error.value)
+    assert error.value.reasons == [f"p1: {left_out[0].error}", f"p2: {left_out[1].error}"]
