@@ -21,9 +21,10 @@ class DecodeNodeConfig(EngineNodeConfig):
     max_reservations_per_caller: int = setting(256, "live reservations (granted, not yet committed, aborted or "
                                                     "expired) one caller (certificate common name) may hold; "
                                                     "past it Reserve answers granted=false naming the bound")
-    max_reserved_blocks_per_caller_fraction: float = setting(0.5, "fraction of the KV pool one caller may hold in "
-                                                                  "live reservations; past it Reserve answers "
-                                                                  "granted=false naming the bound")
+    max_reserved_blocks_per_caller_fraction: float = setting(0.5, "fraction of the KV pool, and of max_num_seqs, "
+                                                                  "one caller may hold in live reservations; past "
+                                                                  "it Reserve answers granted=false naming the "
+                                                                  "bound")
     reattach_grace_s: float = setting(30.0, "a request whose Attach call ended before it did (the gateway stood "
                                             "still, its connection broke) runs on this long waiting for the "
                                             "gateway to attach again and resume, then is aborted")

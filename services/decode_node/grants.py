@@ -8,7 +8,9 @@ lives from the ``Reserve`` (pending while the engine decides) until the commit, 
 expiry; what came after is the running request, which no prefill node may touch again.
 
 Bounds per caller (the certificate's common name, else the peer's host on a plaintext port): a caller
-holds at most ``max_reservations`` live grants and ``max_blocks`` blocks in them (past its first grant,
+holds at most ``max_reservations`` live grants (the node passes at most a fraction of the batch's
+``max_num_seqs``: grants take decode slots, and one caller holding them all would refuse everyone else
+"no free slot") and ``max_blocks`` blocks in them (past its first grant,
 which the pool alone bounds: a prompt is never refused for good by this), pending ones included,
 so concurrent ``Reserve`` calls cannot race past the bound. :meth:`Grants.hold` refuses beyond either
 (``ResourceExhaustedError`` naming the bound) before the engine is asked, so the request is not even

@@ -75,8 +75,9 @@ class DecodeNode:
         the lease, at least 10 s): how long the token stream of a request that finished with nobody
         attached is kept (the gateway attaches as soon as the reservation is made, so it went away and its
         ``Abort`` was lost); then it is dropped, and nothing of the request is left here.
-        ``max_reservations_per_caller`` and ``max_reserved_blocks_fraction`` (of the pool): what one caller
-        may hold in live grants (``grants.py``). ``reattach_grace_s``: how long a request whose ``Attach``
+        ``max_reservations_per_caller`` and ``max_reserved_blocks_fraction`` (of the pool, and of the
+        batch's ``max_num_seqs`` slots: grants take slots too): what one caller may hold in live grants
+        (``grants.py``). ``reattach_grace_s``: how long a request whose ``Attach``
         call ended before its stream did runs on with nobody attached, waiting for the gateway to attach
         again (then it is aborted), and how long the stream of one that ended is kept for such a re-attach."""
         self.engine = engine
@@ -102,7 +103,8 @@ class DecodeNode:
         identity = read_host_identity(gpu_uuid(pool.device)) if kv_ipc and pool.device.type == "cuda" else None
         self.ipc = IpcSessions(pool, layout, identity)
         max_blocks = max(1, int(max_reserved_blocks_fraction * engine.kv.num_blocks))
-        self.grants = Grants(CallerBounds(max_reservations_per_caller, max_blocks))
+        max_slots = max(1, int(max_reserved_blocks_fraction * engine.config.max_num_seqs))
+        self.grants = Grants(CallerBounds(min(max_reservations_per_caller, max_slots), max_blocks))
 
     def start(self) -> None:
         self.worker.start()

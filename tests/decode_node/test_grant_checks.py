@@ -26,6 +26,7 @@ from services.decode_node.node import DecodeNode
 from services.engine.random_llama import PRESETS, random_model
 from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.node import FirstToken, PrefillNode
+from tests.conftest import make_engine
 from tests.decode_node.kv_messages import header, keepalive, reserve, transfer
 from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, idle, serving
 from tests.tls_identities import identity_of
@@ -78,6 +79,28 @@ async def test_each_caller_is_bounded_in_live_grants_and_blocks_and_others_still
         assert (await a.Reserve(reserve("a4", prompt_token_ids=short))).granted  # only live grants count
         assert set(decode.engine.reservations.reservations) == {"a3", "a4", "b1", "b2"}
         await _abort_all(decode, stubs["gateway"])
+
+
+async def test_a_caller_holds_at_most_its_fraction_of_the_decode_slots(model):
+    """Grants take decode slots (max_num_seqs). One caller holding them all refused everyone else "no free
+    slot" for as long as its keepalives went on (found by review); it gets half of 8 now (the default
+    fraction), the other callers the rest."""
+    decode = DecodeNode(make_engine(model, None, num_kv_blocks=64, max_num_batched_tokens=16, block_size=4,
+                                    max_num_seqs=8), default_lease_s=30)
+    async with serving(PrefillNode(engine(model)), decode) as address, \
+            open_channel(address, "decode", identity=identity_of("prefill")) as as_prefill:
+        hostile, short = decode_pb2_grpc.DecodeNodeStub(as_prefill), PROMPT[:4]
+        for i in range(4):
+            assert (await hostile.Reserve(reserve(f"h{i}", prompt_token_ids=short))).granted
+        refused = await hostile.Reserve(reserve("h4", prompt_token_ids=short))
+        assert not refused.granted and refused.reason.startswith("max_reservations_per_caller"), refused
+        assert "h4" not in decode.engine.reservations.reservations
+        async with open_channel(address, "decode") as as_test:
+            other = decode_pb2_grpc.DecodeNodeStub(as_test)
+            for i in range(4):
+                assert (await other.Reserve(reserve(f"o{i}", prompt_token_ids=short))).granted
+            async with open_channel(address, "decode", identity=identity_of("gateway")) as as_gateway:
+                await _abort_all(decode, decode_pb2_grpc.DecodeNodeStub(as_gateway))
 
 
 async def test_a_seq_not_increasing_is_refused_and_changes_nothing(model):
