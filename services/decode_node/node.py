@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class DecodeNode:
         self.default_lease_s = default_lease_s
         unread_s = max(default_lease_s, 10.0) if unread_stream_s is None else unread_stream_s
         self.delivery = StreamDelivery(self, unread_s, reattach_grace_s)  # fills the streams, serves Attach
+        self._writing: Counter[str] = Counter()  # requests with a block batch being written (never expired)
         self.worker = EngineWorker(engine, self.delivery.deliver, on_tick=self._expire, num_threads=num_threads,
                                    on_failure=self._engine_failed)
         self.failure = ""  # why this node failed (its engine thread): every stream ends with it
@@ -124,7 +126,10 @@ class DecodeNode:
         if self.draining:
             raise UnavailableError("decode node is draining")
         self._check_stream_free(request_id)
-        lease_s = min(lease_s or self.default_lease_s, self.default_lease_s)  # this node's setting caps it
+        # this node's setting caps it; a lease too short to cover a batch's write is raised to 1 s (or the
+        # node's own lease if that is shorter)
+        shortest = min(MIN_LEASE_S, self.default_lease_s)
+        lease_s = max(min(lease_s or self.default_lease_s, self.default_lease_s), shortest)
         try:
             record = self.grants.hold(request_id, caller, -(-len(prompt_ids) // self.engine.kv.block_size))
         except ResourceExhaustedError as bound:
@@ -147,12 +152,22 @@ class DecodeNode:
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
         """Check and mark ``block_ids`` on the engine thread, then write their bytes. Returns the lease."""
         started = time.perf_counter()
-        lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
+        self._writing[request_id] += 1  # from before the blocks are marked until their bytes are in
         try:
-            self.engine.write_kv_blocks(block_ids, payload)  # blocks this reservation holds: no lock
-        except ValueError as exc:
-            await self.abort(request_id, f"its KV did not fit this node's cache: {exc}")
-            raise FailedPreconditionError(f"{request_id}: {exc}") from exc
+            lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
+            try:
+                self.engine.write_kv_blocks(block_ids, payload)  # blocks this reservation holds: no lock
+            except ValueError as exc:
+                unfit = exc
+            else:
+                unfit = None
+        finally:
+            self._writing[request_id] -= 1
+            if self._writing[request_id] <= 0:
+                del self._writing[request_id]
+        if unfit is not None:
+            await self.abort(request_id, f"its KV did not fit this node's cache: {unfit}")
+            raise FailedPreconditionError(f"{request_id}: {unfit}") from unfit
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
         return _unix_ms(lease_s)
 
@@ -280,10 +295,12 @@ class DecodeNode:
             stream.queue.put_nowait(TokenEvent([], error=reason))
         log.error("ended every token stream: the node failed", streams=len(self.streams), reason=reason)
 
-    @staticmethod
-    def _expire(engine: LLMEngine) -> tuple[str, list[str]] | None:
+    def _expire(self, engine: LLMEngine) -> tuple[str, list[str]] | None:
+        """On the engine thread, between steps. A reservation whose batch the event loop is writing is not
+        expired under the write (``receive``): its blocks would go back to the pool with the bytes still
+        landing in them."""
         engine.evict_for_migration()  # a drain's marked requests, between steps (migration.py)
-        expired = engine.expire_reservations()
+        expired = engine.expire_reservations(frozenset(self._writing))
         return ("expired", expired) if expired else None
 
     async def drain(self, timeout_s: float = 30.0) -> None:
@@ -296,6 +313,10 @@ class DecodeNode:
         await self.migration.migrate_all(timeout_s)
         wait_s = round(max(0.0, deadline - loop.time()), 1)  # what is left of it
         await drain_requests("decode", lambda: list(self.streams), self.abort, wait_s)
+
+
+MIN_LEASE_S = 1.0
+"""The shortest lease a ``Reserve`` may ask (``lease_ms``); shorter asks get this."""
 
 
 def _trace(parent: Any) -> RequestTrace | None:

@@ -70,9 +70,11 @@ class DecodeRole:
         """A keepalive from the prefill node: the lease holds on. Raises ``LeaseExpiredError``."""
         return self.reservations.renew(request_id).lease_s
 
-    def expire_reservations(self) -> list[str]:
-        """Free the reservations whose lease passed without traffic; their request ids."""
-        return self.reservations.expire()
+    def expire_reservations(self, busy: frozenset[str] = frozenset()) -> list[str]:
+        """Free the reservations whose lease passed without traffic, but for those in ``busy`` (a batch of
+        theirs is being written: freeing its blocks now would let the write land in blocks the pool may give
+        to another request); their request ids."""
+        return self.reservations.expire(busy)
 
     def commit(self, request_id: str, first_token_id: int, trace: RequestTrace | None = None,
                num_computed_tokens: int = 0) -> Request:

@@ -184,9 +184,11 @@ class ReservationBook:
         self.kv.free(request_id)
         return True
 
-    def expire(self) -> list[str]:
+    def expire(self, busy: frozenset[str] = frozenset()) -> list[str]:
+        """Cancel the reservations whose lease passed; those in ``busy`` (their bytes being written into
+        their blocks right now, off this thread) wait for a later call. Their ids."""
         now = self.clock()
-        expired = [rid for rid, r in self.reservations.items() if r.lease_deadline < now]
+        expired = [rid for rid, r in self.reservations.items() if r.lease_deadline < now and rid not in busy]
         for rid in expired:
             self.cancel(rid)
         return expired

@@ -27,7 +27,7 @@ from services.engine.random_llama import PRESETS, random_model
 from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.node import FirstToken, PrefillNode
 from tests.conftest import make_engine
-from tests.decode_node.kv_messages import header, keepalive, reserve, transfer
+from tests.decode_node.kv_messages import blocks, header, keepalive, reserve, transfer
 from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, idle, serving
 from tests.tls_identities import identity_of
 
@@ -142,6 +142,37 @@ async def test_reserve_refuses_a_past_deadline_and_clamps_a_long_lease(model):
         grant = await stubs["test"].Reserve(reserve("long", lease_ms=4_000_000_000))
         assert grant.granted and grant.lease_ms == 30_000  # the node's own lease
         await _abort_all(decode, stubs["gateway"])
+
+
+async def test_a_lease_passing_while_a_batch_is_written_does_not_free_its_blocks(model):
+    """The engine thread marks a batch's blocks received, then the event loop writes its bytes. Expiry
+    (engine thread, every tick) freed a reservation whose lease passed in between: the bytes then landed in
+    blocks back in the free pool (found by review, with a slow write and the 1 ms lease a Reserve could ask).
+    Now a reservation is not expired while a batch of it is written, and a lease asked shorter than 1 s (or
+    than the node's own lease) is raised to it."""
+    async with node(model) as (decode, stubs):
+        decode.default_lease_s = 0.2  # the node's lease: the floor for asks below 1 s
+        grant = await stubs["prefill"].Reserve(reserve("r", lease_ms=1))
+        assert grant.granted and grant.lease_ms == 200
+        written, write = {}, decode.engine.write_kv_blocks
+
+        def slow_write(block_ids, payload):
+            time.sleep(0.5)  # the lease passes; the engine thread ticks every 50 ms meanwhile
+            written["reserved"] = "r" in decode.engine.reservations.reservations
+            return write(block_ids, payload)
+
+        decode.engine.write_kv_blocks = slow_write
+        layout = kv_layout(decode.engine.kv_layout_spec())
+        ids = list(grant.block_ids)[grant.num_cached_blocks:]
+        acks = await transfer(stubs["prefill"], header("r", layout, grant.grant_token),
+                              blocks("r", ids, bytes(len(ids) * layout.bytes_per_block)))
+        assert written == {"reserved": True} and not acks[1].error, acks
+        for _ in range(100):  # no more traffic: now the lease passes, and the reservation expires
+            if not decode.grants.records:
+                break
+            await asyncio.sleep(0.02)
+        assert not decode.grants.records
+        await idle(decode)
 
 
 async def test_a_prefill_caller_aborts_only_with_the_grant_token(model):
