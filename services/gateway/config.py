@@ -66,6 +66,9 @@ class GatewayConfig(ServerConfig):
                                               "0 = no limit")
     http_body_timeout_s: float = setting(30.0, "seconds a client has to send its whole HTTP request body "
                                                "(then 408); 0 = no limit")
+    http_header_timeout_s: float = setting(10.0, "seconds an HTTP connection has to send a request's complete "
+                                                 "headers (from when it is made, or from a keep-alive "
+                                                 "request's first byte), then it is closed; 0 = no limit")
     api_key: str = dataclasses.field(default="", repr=False, metadata={"help": (  # never in a repr or a log
         "API keys callers must send (gRPC metadata / HTTP header 'authorization: Bearer KEY'), "
         "comma-separated; prefer the variable or --api-key-file to a flag (a flag shows in ps); "
@@ -130,8 +133,9 @@ class GatewayConfig(ServerConfig):
             check_host_port("http_listen", self.http_listen, "host:port or empty")
         if self.admin_listen:
             check_host_port("admin_listen", self.admin_listen, "host:port or empty")
-        if min(self.http_max_connections, self.http_body_timeout_s) < 0:
-            raise ValueError("http_max_connections and http_body_timeout_s must be >= 0 (0 = no limit)")
+        if min(self.http_max_connections, self.http_body_timeout_s, self.http_header_timeout_s) < 0:
+            raise ValueError("http_max_connections, http_body_timeout_s and http_header_timeout_s must be >= 0 "
+                             "(0 = no limit)")
         if self.http_max_body_mib <= 0 or self.max_request_mib <= 0:
             raise ValueError(f"http_max_body_mib and max_request_mib must be > 0, got {self.http_max_body_mib} "
                              f"and {self.max_request_mib}")

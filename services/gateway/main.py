@@ -119,6 +119,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
                               tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
         http = HttpFront(create_app(core, metrics, front, state), config.http_listen, state, config.grace_s,
                          max_connections=config.http_max_connections or None,
+                         header_timeout_s=config.http_header_timeout_s,
                          ssl_context=tls.ssl_context() if tls is not None else None)
 
     async def drain() -> None:
