@@ -10,7 +10,8 @@ Rotation needs no restart. Both ports look at the files at each new handshake, a
 pair; HTTPS through the ``SSLContext``'s SNI callback (called at every handshake, with or without SNI),
 which moves the connection to a context holding the new pair. Connections already open keep the
 certificate they began with. A pair that does not load (a key that is not the certificate's: the two files
-were caught between their writes) is not taken: the last good one stays until the files agree.
+were caught between their writes), or a file briefly missing (replaced by delete-then-write), is not taken:
+the last good one stays until the files agree.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class PublicTls:
         except (OSError, ssl.SSLError, ValueError) as error:
             raise ValueError(f"tls_cert/tls_key: cannot load {cert_file} and {key_file}: {error}") from None
         self._checked = time.monotonic()
+        self._unreadable = False  # the files could not be stat()ed at the last check (warned once)
         self.generation = 0  # counts the pairs taken after the first
         self._entry = self._loaded.context
         self._entry.sni_callback = self._on_handshake
@@ -65,7 +67,18 @@ class PublicTls:
         with self._lock:
             if now - self._checked >= RECHECK_S:
                 self._checked = now
-                if self._stamp() != self._loaded.stamp:
+                try:
+                    stamp = self._stamp()
+                except OSError as error:  # a file briefly gone mid-rotation: keep the last good pair
+                    if not self._unreadable:  # warned once per outage, not at every handshake
+                        self._unreadable = True
+                        log.warning("public TLS files cannot be read; keeping the previous certificate",
+                                    cert=str(self.cert_file), key=str(self.key_file), error=str(error))
+                    return self._loaded
+                if self._unreadable:
+                    self._unreadable = False
+                    log.info("public TLS files readable again", cert=str(self.cert_file))
+                if stamp != self._loaded.stamp:
                     self._reload()
             return self._loaded
 

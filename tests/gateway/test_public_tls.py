@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+import structlog
 from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
@@ -199,3 +200,60 @@ def test_a_pair_that_does_not_load_is_refused_at_start_and_skipped_when_rotated_
     assert tls.current() is first and tls.generation == 0
     (directory / "tls.crt").write_bytes((other / "tls.crt").read_bytes())  # the rotation completes
     assert tls.current().cert == (other / "tls.crt").read_bytes() and tls.generation == 1
+
+
+def handshake_serial(tls: PublicTls, ca_file: Path) -> int:
+    """The serial of the certificate an in-memory TLS handshake against ``tls.ssl_context()`` presents (the
+    SNI callback runs as it does for the HTTPS port; an error in it fails the handshake)."""
+    client_context = ssl.create_default_context(cafile=str(ca_file))
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context.wrap_bio(to_client, to_server, server_hostname="127.0.0.1")
+    server = tls.ssl_context().wrap_bio(to_server, to_client, server_side=True)
+    done = {client: False, server: False}
+    for _ in range(20):
+        for end in (client, server):
+            if not done[end]:
+                try:
+                    end.do_handshake()
+                    done[end] = True
+                except ssl.SSLWantReadError:
+                    pass
+        if all(done.values()):
+            break
+    assert all(done.values()), "the handshake did not finish"
+    der = client.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_a_file_briefly_missing_keeps_the_last_good_pair_and_warns_once(public, tmp_path, monkeypatch):
+    """A rotation that deletes the certificate before writing the new one: handshakes go on with the last
+    good pair (no ``FileNotFoundError`` out of the SNI callback), one warning for the whole outage, and the
+    new pair is taken once it is there."""
+    monkeypatch.setattr("services.gateway.public_tls.RECHECK_S", 0.0)  # every call looks at the files
+    ca, directory = public
+    tls = PublicTls(directory / "tls.crt", directory / "tls.key")
+    first, first_serial = tls.current(), cert_serial(directory)
+    assert handshake_serial(tls, directory / "ca.crt") == first_serial
+    (directory / "tls.crt").unlink()
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            assert tls.current() is first
+            assert handshake_serial(tls, directory / "ca.crt") == first_serial
+    warnings = [entry for entry in logs if entry["log_level"] == "warning"]
+    assert len(warnings) == 1 and "cannot be read" in warnings[0]["event"], logs
+    assert tls.generation == 0
+
+    new = ca.issue(tmp_path / "new", ("gateway",), hosts=("127.0.0.1", "localhost"))
+    (directory / "tls.key").write_bytes((new / "tls.key").read_bytes())  # the key first: a mismatched pair
+    (directory / "tls.crt").write_bytes((new / "tls.crt").read_bytes())  # then the certificate: whole again
+    with structlog.testing.capture_logs() as logs:
+        assert tls.current().cert == (new / "tls.crt").read_bytes() and tls.generation == 1
+    assert handshake_serial(tls, directory / "ca.crt") == cert_serial(new) != first_serial
+    assert any(entry["event"] == "public TLS files readable again" for entry in logs), logs
+
+    (directory / "tls.key").unlink()  # a later outage is warned about again
+    with structlog.testing.capture_logs() as logs:
+        assert tls.current().cert == (new / "tls.crt").read_bytes()
+        assert tls.current().cert == (new / "tls.crt").read_bytes()
+    assert [entry["log_level"] for entry in logs] == ["warning"], logs
