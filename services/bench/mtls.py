@@ -170,9 +170,10 @@ def measure(args: argparse.Namespace, layout: node_pb2.KVLayout) -> dict[str, di
                       lambda s, seed: kv_stream(s, layout, seed, args.kv_tokens))
         for side in sides:  # drop the warm-up round's readings
             side.kv_cpu = {key: runs[-args.repeats:] for key, runs in side.kv_cpu.items()}
-        alternate(sides, "ttft_s", args.repeats, lambda s, seed: ttft(s, seed, args.ttft_tokens))
-        alternate(sides, "output_tokens_per_s", args.repeats, lambda s, seed: output_rate(s, seed, args))
-    return {side.name: {**{m: statistics.median(v) for m, v in side.runs.items()},
+        if not args.kv_only:
+            alternate(sides, "ttft_s", args.repeats, lambda s, seed: ttft(s, seed, args.ttft_tokens))
+            alternate(sides, "output_tokens_per_s", args.repeats, lambda s, seed: output_rate(s, seed, args))
+    return {side.name: {**{m: statistics.median(v) for m, v in side.runs.items() if v},
                         **{f"runs_{m}": v for m, v in side.runs.items()},
                         "kv_cpu_s_per_gb": {key: statistics.median(v) for key, v in side.kv_cpu.items()}}
             for side in sides}
@@ -190,6 +191,8 @@ def table(results: dict, args: argparse.Namespace, layout: node_pb2.KVLayout) ->
              f"{pinned}\n",
              "| measure | mTLS | plaintext | mTLS / plaintext | goal |", "| --- | --- | --- | --- | --- |"]
     for label, key, fmt, goal in rows:
+        if key not in secure:  # --kv-only
+            continue
         scale = 1000 if key == "ttft_s" else 1
         lines.append(f"| {label} | {fmt.format(secure[key] * scale)} | {fmt.format(plain[key] * scale)} | "
                      f"{secure[key] / plain[key]:.3f} | {goal} |")
@@ -218,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="(c) calls at once")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="(c) each call's prompt tokens")
     parser.add_argument("--output-tokens", type=int, default=64, help="(c) each call's output tokens")
+    parser.add_argument("--kv-only", action="store_true", help="measure (a) only")
     parser.add_argument("--pin-ends", action="store_true",
                         help="(a) with this process and the cluster on separate halves of the CPUs")
     parser.add_argument("--json", default="out/bench-mtls.json")
