@@ -145,7 +145,8 @@ class DecodeNode:
         token = self.grants.grant(request_id, record, len(result.block_ids))
         if token is None:  # aborted while the engine decided: that abort's discard freed the blocks
             return Refusal("the request was aborted while it was being reserved")
-        self.streams[request_id] = TokenStream()
+        self.streams[request_id] = stream = TokenStream()
+        self.delivery.expect_attach(request_id, stream)
         self._set_route(request_id, route)
         return Grant(list(result.block_ids), result.num_cached_blocks, _unix_ms(lease_s), lease_s, token)
 
@@ -232,7 +233,8 @@ class DecodeNode:
                 await self.worker.call(LLMEngine.complete_adoption, rid, payload, trace)
             except ValueError as error:  # the blocks the store returned do not fill the grant
                 raise UnavailableError(f"cache-store {cache_store}: {error}") from error
-            self.streams[rid] = TokenStream()  # before any step of it can deliver (no await since)
+            self.streams[rid] = stream = TokenStream()  # before any step of it can deliver (no await since)
+            self.delivery.expect_attach(rid, stream)
             self._set_route(rid, route)
             adopted = True
         finally:

@@ -7,7 +7,10 @@ request whose reservation lease expired with an abort, and serves ``Attach``: th
 nobody attached is kept ``unread_stream_s`` (at least ``reattach_grace_s`` for one a lost call left), then
 dropped; a request whose ``Attach`` call ended before its stream did runs on ``reattach_grace_s`` waiting
 for a re-attach, then is aborted. A stream read to its end is kept ``reattach_grace_s`` for a re-attach
-(``ended_streams.py``).
+(``ended_streams.py``). A gateway attaches as soon as a request is reserved or adopted here; one nobody
+attached to within ``reattach_grace_s`` of that is treated the same way (aborted, or dropped if it
+finished): a prefill identity that commits and moves on, or an adoption nobody follows, cannot keep decode
+slots busy with requests nobody reads (the per-caller grant bounds count a request only until its commit).
 """
 
 from __future__ import annotations
@@ -128,6 +131,15 @@ class StreamDelivery:
         asyncio.get_running_loop().call_later(self.reattach_grace_s, self._grace_over, request_id, stream)
 
     # ---- nobody reading --------------------------------------------------------------------------
+    def expect_attach(self, request_id: str, stream: TokenStream) -> None:
+        """``stream`` was just made (a reservation or an adoption): unless some ``Attach`` reads it within
+        ``reattach_grace_s``, its request is aborted (its stream dropped if it finished)."""
+        asyncio.get_running_loop().call_later(self.reattach_grace_s, self._attach_overdue, request_id, stream)
+
+    def _attach_overdue(self, request_id: str, stream: TokenStream) -> None:
+        if not stream.was_attached:
+            self._grace_over(request_id, stream)
+
     def _grace_over(self, request_id: str, stream: TokenStream) -> None:
         """Nobody re-attached within the grace: a finished stream is dropped, a running request aborted."""
         if self.node.streams.get(request_id) is not stream or stream.attached:
@@ -135,16 +147,16 @@ class StreamDelivery:
         if stream.finished:
             self._drop_unread(request_id, stream)
             return
-        log.warning("nobody re-attached within the grace: aborting the request", request_id=request_id,
-                    grace_s=self.reattach_grace_s)
-        task = asyncio.ensure_future(self._abort_unattached(request_id))
+        log.warning("nobody attached within the grace: aborting the request", request_id=request_id,
+                    grace_s=self.reattach_grace_s, attached_before=stream.was_attached)
+        task = asyncio.ensure_future(self._abort_unattached(request_id, stream.was_attached))
         self._grace_aborts.add(task)
         task.add_done_callback(self._grace_aborts.discard)
 
-    async def _abort_unattached(self, request_id: str) -> None:
+    async def _abort_unattached(self, request_id: str, attached_before: bool) -> None:
+        after = "its Attach call ended" if attached_before else "it was reserved or adopted here"
         try:
-            await self.node.abort(request_id, f"nobody attached to it for {self.reattach_grace_s:g} s after its "
-                                              "Attach call ended")
+            await self.node.abort(request_id, f"nobody attached to it for {self.reattach_grace_s:g} s after {after}")
         except Exception as error:  # the node stops meanwhile: nothing is left to free
             log.warning("could not abort a request nobody re-attached to", request_id=request_id, error=repr(error))
 

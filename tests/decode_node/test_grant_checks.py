@@ -24,11 +24,12 @@ from services.common.tls.channels import open_channel
 from services.decode_node.kv_ipc import _Session
 from services.decode_node.node import DecodeNode
 from services.engine.random_llama import PRESETS, random_model
+from services.engine.sampling_params import SamplingParams
 from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.node import FirstToken, PrefillNode
 from tests.conftest import make_engine
-from tests.decode_node.kv_messages import blocks, header, keepalive, reserve, transfer
-from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, idle, serving
+from tests.decode_node.kv_messages import blocks, commit, header, keepalive, reserve, transfer
+from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, idle, serving, slow_steps
 from tests.tls_identities import identity_of
 
 Code = grpc.StatusCode
@@ -101,6 +102,43 @@ async def test_a_caller_holds_at_most_its_fraction_of_the_decode_slots(model):
                 assert (await other.Reserve(reserve(f"o{i}", prompt_token_ids=short))).granted
             async with open_channel(address, "decode", identity=identity_of("gateway")) as as_gateway:
                 await _abort_all(decode, decode_pb2_grpc.DecodeNodeStub(as_gateway))
+
+
+async def test_requests_nobody_attaches_to_are_aborted_after_the_grace(model):
+    """A gateway attaches as soon as a request is reserved or adopted. A prefill identity that commits and
+    moves on (its grant no longer counts against it), or a tokens-only adoption nobody follows, kept decode
+    slots busy decoding to max_tokens for nobody (found by review): now such a request is aborted once the
+    re-attach grace passes without an Attach, and every pool is idle again. One the gateway attached to
+    runs to its end."""
+    long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    decode = DecodeNode(engine(model), default_lease_s=30, reattach_grace_s=0.5)
+    slow_steps(decode, 0.02)  # 100 tokens take 2 s: running when the grace passes
+    async with serving(PrefillNode(engine(model)), decode) as address, \
+            open_channel(address, "decode", identity=identity_of("prefill")) as as_prefill, \
+            open_channel(address, "decode", identity=identity_of("gateway")) as as_gateway:
+        prefill, gateway = decode_pb2_grpc.DecodeNodeStub(as_prefill), decode_pb2_grpc.DecodeNodeStub(as_gateway)
+        layout = kv_layout(decode.engine.kv_layout_spec())
+        grant = await prefill.Reserve(reserve("committed", prompt_token_ids=PROMPT[:8],
+                                              sampling=sampling_to_proto(long), max_tokens=100))
+        ids = list(grant.block_ids)[grant.num_cached_blocks:]
+        acks = await transfer(prefill, header("committed", layout, grant.grant_token),
+                              blocks("committed", ids, bytes(len(ids) * layout.bytes_per_block)),
+                              commit("committed", grant.grant_token))
+        assert not any(ack.error for ack in acks) and acks[-1].committed
+        adopted = decode_pb2.AdoptRequest(request_id="adopted", prompt_token_ids=PROMPT[:8], output_token_ids=[1],
+                                          sampling=sampling_to_proto(long))
+        assert (await gateway.Adopt(adopted)).granted
+        assert (await prefill.Reserve(reserve("read"))).granted  # a gateway reads this one
+        reading = gateway.Attach(decode_pb2.AttachRequest(request_id="read"))
+        while not decode.streams["read"].was_attached:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # past the grace
+        assert "committed" not in decode.streams and "adopted" not in decode.streams
+        assert not decode.engine.holds("committed") and not decode.engine.holds("adopted")
+        assert decode.grants.live("read")  # attached: left alone
+        assert (await gateway.Abort(node_pb2.AbortRequest(request_id="read"))).found
+        reading.cancel()
+        await idle(decode)
 
 
 async def test_a_seq_not_increasing_is_refused_and_changes_nothing(model):
