@@ -4,6 +4,9 @@
 
 Channels are pooled per address (decode nodes come and go with DNS discovery). RPC errors surface as
 ``grpc.aio.AioRpcError``, which ``prepare.py`` reads (status codes) to tell a full node from a missing one.
+A ``Reserve`` that ran out of time before its channel ever connected (a silent port, a hung handshake or
+name lookup) reached no decode node: it fails ``UNAVAILABLE``, as a refused connection does, not
+``DEADLINE_EXCEEDED`` (which says a node may have granted it unseen).
 
 Grant tokens: a decode node's grant carries a token (``grant_token``) that every later message of the
 request presents — the KV stream's header, keepalives and commit (``kv_sender.py``) and the ``Abort`` of
@@ -21,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import grpc
 import grpc.aio
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, node_pb2
 
@@ -73,6 +77,10 @@ def granted_lease_s(grant: Grant, asked_ms: int) -> float:
     return max(0.0, min(asked_ms / 1000, grant.lease_deadline_unix_ms / 1000 - time.time()))
 
 
+def _the_channel(channel: grpc.aio.Channel) -> grpc.aio.Channel:
+    return channel
+
+
 def _grant(answer: decode_pb2.ReserveResponse) -> Grant:
     return Grant(granted=answer.granted, reason=answer.reason, retry_after_ms=answer.retry_after_ms,
                  block_ids=tuple(answer.block_ids), num_cached_blocks=answer.num_cached_blocks,
@@ -105,7 +113,18 @@ class DecodeClients:
             model_fingerprint=layout.model_fingerprint, layout=self._wire_layout, decode_peers=ask.decode_peers)
 
         async def call(address: str, rpc_timeout_s: float) -> Grant:
-            answer = await self.stub(address).Reserve(message, timeout=rpc_timeout_s, metadata=tracing.outgoing())
+            channel = self._channels.stub(address, _the_channel)
+            try:
+                answer = await decode_pb2_grpc.DecodeNodeStub(channel).Reserve(
+                    message, timeout=rpc_timeout_s, metadata=tracing.outgoing())
+            except grpc.aio.AioRpcError as error:
+                state = channel.get_state()
+                if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and state != grpc.ChannelConnectivity.READY:
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                        details=f"not connected before the deadline (channel {state.name}): {error.details()}",
+                    ) from error
+                raise
             grant = _grant(answer)
             if grant.granted:
                 self._remember(address, ask.request_id, grant.token)

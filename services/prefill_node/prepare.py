@@ -18,7 +18,19 @@ are trying it, never those bound for another node. Per request (:meth:`PrepareQu
    ``UNAVAILABLE``: down, restarting), :class:`UnavailableError` — the cluster is not full, it is missing
    its decode nodes.
 
-A node whose ``Reserve`` fails with an RPC error is dropped for this request (the error is its reason).
+A node whose ``Reserve`` fails with an RPC error is dropped for this request. What the caller reads of it
+(its ``Refused`` reason, the final status) says no more than "decode node unreachable" (or, from a node
+that answered and then failed, "decode node failed the reservation"): the gateway names the candidates,
+and a text that told a refused connection from a silent port from an unknown host would make this node a
+port scanner of its network. gRPC's own details go to this node's log, with the request id and address.
+Only the errors in which a decode node answered about the request (``INVALID_ARGUMENT``,
+``FAILED_PRECONDITION``) reach the caller as they are. ``UNIMPLEMENTED`` (no ``DecodeNode`` service
+there) counts as unreachable, as does a ``Reserve`` that timed out before its channel ever connected
+(``decode_client.py`` turns that into ``UNAVAILABLE``), so a closed port and a silent one read the same.
+
+A queue exists while a request is trying its node (waiting for a slot, backing off or in a ``Reserve``
+call); an idle one is dropped, so the addresses callers name leave nothing behind.
+
 Backoff sleeps hold no slot. Cancelling the caller leaves nothing behind: its slot is released, and if a
 ``Reserve`` was in flight (it may be granted, unseen) it is let finish in the background and a grant is
 aborted on that node — after the answer, so the ``Abort`` cannot overtake the ``Reserve`` on the wire and
@@ -35,6 +47,7 @@ from typing import Generic, Protocol, TypeVar
 
 import grpc
 import grpc.aio
+import structlog
 
 from services.common.errors import (
     FailedPreconditionError,
@@ -43,8 +56,19 @@ from services.common.errors import (
     UnavailableError,
 )
 
+log = structlog.get_logger(__name__)
+
 # Outcomes of a Reserve call whose grant may exist on the decode node although the caller never saw it.
 _AMBIGUOUS = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# A decode node's answer about the request (its KV layout, the request itself): the caller reads it as it is.
+_ANSWERED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+# No decode node reached at that address (down, no such host, a silent port, another service).
+_UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED)
+
+UNREACHABLE = "decode node unreachable"
+"""The one reason a caller reads for a candidate that could not be reached, however it failed."""
+FAILED = "decode node failed the reservation"
+"""The reason a caller reads for any other RPC error of a candidate (its details are only logged)."""
 
 
 class Answer(Protocol):
@@ -158,7 +182,8 @@ class PrepareQueues:
         request = _Request(request_id, call, abort, loop.time() + self._budget(timeout_s),
                            {address: _Try(self.settings.backoff_s) for address in dict.fromkeys(candidates)})
         for address in request.live():  # the quick pass
-            if not self._queue(address).slots.locked():
+            queue = self._queues.get(address)
+            if queue is None or not queue.slots.locked():
                 answer = await self._visit(request, address, end=loop.time(), quick=True)
                 if answer is not None:
                     return Reservation(address, answer, request.refusals)
@@ -173,14 +198,15 @@ class PrepareQueues:
                 answer = await self._visit(request, address, end)
                 if answer is not None:
                     return Reservation(address, answer, request.refusals)
-        reasons = "; ".join(f"{address}: {state.reason}" for address, state in request.tries.items())
+        reasons = "; ".join(f"{address}: {state.reason}" for address, state in request.tries.items())  # sanitized
         codes = {state.error for state in request.tries.values()}
         if codes == {grpc.StatusCode.INVALID_ARGUMENT}:  # the request itself (past every node's KV pool)
             raise InvalidArgumentError("request", f"no decode node can take request {request_id!r}: {reasons}")
         if codes and codes <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}:
             raise FailedPreconditionError(f"no decode node can use this prefill node's KV ({reasons})")
         if codes == {grpc.StatusCode.UNAVAILABLE}:  # none answered: not a shortage
-            raise UnavailableError(f"no decode node could be reached for request {request_id!r} ({reasons})")
+            # every candidate alike, naming none: the per-address outcome is in this node's log
+            raise UnavailableError(f"no decode node could be reached for request {request_id!r}: {UNREACHABLE}")
         raise ResourceExhaustedError(f"no decode node could take request {request_id!r} "
                                      f"({reasons or 'no decode candidates'})")
 
@@ -223,6 +249,8 @@ class PrepareQueues:
             return None
         finally:
             queue.waiting -= 1
+            if not queue.waiting and not queue.in_flight and self._queues.get(address) is queue:
+                del self._queues[address]  # idle: nobody is trying this node now
 
     async def _attempt(self, request: _Request[A], address: str, state: _Try) -> A | None:
         """One ``Reserve`` call (the caller holds a slot); records a refusal or an error in ``state``."""
@@ -242,8 +270,11 @@ class PrepareQueues:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and loop.time() >= request.deadline - 0.01:
                 return None  # cut short by the request's own deadline: not the node's failure
             self.reserve_errors_total += 1
-            state.dropped, state.error = True, exc.code()
-            self._refuse(request, address, state, f"{exc.code().name}: {exc.details()}")
+            code = grpc.StatusCode.UNAVAILABLE if exc.code() in _UNREACHABLE_CODES else exc.code()
+            state.dropped, state.error = True, code
+            log.info("decode candidate failed", request_id=request.request_id, decode_node=address,
+                     code=exc.code().name, details=exc.details())
+            self._refuse(request, address, state, _caller_reason(code, exc))
             return None
         if answer.granted:
             return answer
@@ -282,6 +313,14 @@ class PrepareQueues:
     def _track(self, request: _Request[A], task: asyncio.Future[object]) -> None:
         self._aborts[task] = request.request_id
         task.add_done_callback(lambda done: self._aborts.pop(done, None))
+
+
+def _caller_reason(code: grpc.StatusCode, exc: grpc.aio.AioRpcError) -> str:
+    """What the caller reads of a candidate's RPC error (module docstring): nothing of gRPC's details
+    unless a decode node answered about the request."""
+    if code in _ANSWERED:
+        return f"{code.name}: {exc.details()}"
+    return UNREACHABLE if code == grpc.StatusCode.UNAVAILABLE else FAILED
 
 
 async def _take_slot(slots: asyncio.Semaphore, timeout_s: float | None) -> bool:

@@ -18,7 +18,7 @@ from services.common.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from services.prefill_node.prepare import PrepareQueues, PrepareSettings, Refused
+from services.prefill_node.prepare import FAILED, UNREACHABLE, PrepareQueues, PrepareSettings, Refused
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ async def test_a_node_failing_with_an_rpc_error_is_skipped_and_all_failing_ends_
     decodes.errors["A"] = grpc.StatusCode.UNAVAILABLE
     decodes.refuse["B"] = 3
     result = await reserve(q, decodes, "r", ["A", "B"])
-    assert result.address == "B" and result.refusals[0] == Refused("A", "UNAVAILABLE: down")
+    assert result.address == "B" and result.refusals[0] == Refused("A", UNREACHABLE)  # gRPC's details: logged
     assert [a for _, a, _ in decodes.calls].count("A") == 1
     decodes.errors["B"] = grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(ResourceExhaustedError, match="FAILED_PRECONDITION: down"):
@@ -216,8 +216,9 @@ async def test_no_decode_node_reachable_is_unavailable_not_a_shortage():
     not RESOURCE_EXHAUSTED (a full cluster); one that answers with a refusal keeps it a shortage."""
     decodes, q = FakeDecodes(), queues()
     decodes.errors["A"] = decodes.errors["B"] = grpc.StatusCode.UNAVAILABLE
-    with pytest.raises(UnavailableError, match=r"no decode node could be reached for request 'r' \(A: UNAVAIL"):
+    with pytest.raises(UnavailableError) as info:
         await reserve(q, decodes, "r", ["A", "B"], timeout_s=10.0)
+    assert str(info.value) == f"no decode node could be reached for request 'r': {UNREACHABLE}"  # naming none
     del decodes.errors["B"]
     decodes.refuse["B"] = None
     with pytest.raises(ResourceExhaustedError):
@@ -311,3 +312,41 @@ async def test_backoff_sleeps_hold_no_slot():
     assert {r.address for r in results} == {"A"}
     firsts = {rid: next(t for t, _, r in decodes.calls if r == rid) for rid in ("r0", "r1")}
     assert max(firsts.values()) < 0.05, decodes.calls  # r1 did not wait out r0's backoff
+
+
+async def test_a_caller_reads_nothing_of_a_candidate_s_rpc_error_but_the_answers_of_a_decode_node():
+    """Which candidate was down, silent, not a decode node or broken is this node's log's business: the
+    caller reads one reason for the unreachable (UNIMPLEMENTED: no DecodeNode there, counted as
+    unreachable) and one for other failures; a decode node's answer about the request stays as it is."""
+    decodes, q = FakeDecodes(), queues()
+    decodes.errors.update(A=grpc.StatusCode.UNAVAILABLE, B=grpc.StatusCode.UNIMPLEMENTED,
+                          C=grpc.StatusCode.INTERNAL, D=grpc.StatusCode.FAILED_PRECONDITION)
+    result = await reserve(q, decodes, "r", ["A", "B", "C", "D", "E"], timeout_s=10.0)
+    assert result.address == "E"
+    assert result.refusals == [Refused("A", UNREACHABLE), Refused("B", UNREACHABLE), Refused("C", FAILED),
+                               Refused("D", "FAILED_PRECONDITION: down")]
+    with pytest.raises(UnavailableError) as info:  # unreachable, however: UNAVAILABLE (the gateway retries)
+        await reserve(q, decodes, "r2", ["A", "B"], timeout_s=10.0)
+    assert str(info.value) == f"no decode node could be reached for request 'r2': {UNREACHABLE}"
+
+
+async def test_a_queue_is_dropped_once_idle():
+    """Callers name any addresses: none is kept once nobody tries it (waiting, backing off, in a call)."""
+    decodes, q = FakeDecodes(), queues(concurrency=1)
+    decodes.errors["gone"] = grpc.StatusCode.UNAVAILABLE
+    decodes.refuse["A"], decodes.latency["A"] = 2, 0.05
+    tasks = [asyncio.create_task(reserve(q, decodes, f"r{i}", ["gone", "A"])) for i in range(4)]
+    await asyncio.sleep(0.03)
+    assert q.in_flight("A") == 1 and q.waiting("A") == 3 and "A" in q.waiting_by_node()
+    assert {r.address for r in await asyncio.gather(*tasks)} == {"A"}
+    assert q._queues == {} and q.waiting_by_node() == {}
+    for i in range(20):  # bogus addresses, all failing: nothing accumulates
+        decodes.errors[f"bogus-{i}:1"] = grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(UnavailableError):
+            await reserve(q, decodes, f"x{i}", [f"bogus-{i}:1"], timeout_s=0.5)
+    assert q._queues == {}
+    decodes.refuse["A"] = None  # refused to the deadline, backing off between tries
+    with pytest.raises(ResourceExhaustedError):
+        await reserve(q, decodes, "late", ["A"], timeout_s=0.3)
+    assert q._queues == {}
+    await q.close()
