@@ -9,7 +9,7 @@ front's errors) carry the text with every ``host:port`` replaced; the gateway's 
 Recognised, each with a port: IPv4 ``a.b.c.d``; IPv6 bracketed ``[::1]``, percent-encoded as gRPC writes it
 in its own errors (``ipv6:%5B::1%5D:port``) and bare (``fd00::7:port``, or all eight groups); dotted host
 names, ``localhost``, and lowercase single-label names (``decode-0:50051``, a Kubernetes or Compose service)
-with a port of two digits or more; and gRPC's ``ipv4:``/``ipv6:``/``dns:///`` target prefixes.
+with a port of four or five digits; and gRPC's ``ipv4:``/``ipv6:``/``dns:///`` target prefixes.
 """
 
 from __future__ import annotations
@@ -22,11 +22,17 @@ from typing import Any
 from services.common.errors import mapped_errors
 
 PLACEHOLDER = "[internal]"
-_IPV6 = r"(?:[0-9A-Fa-f:]*::[0-9A-Fa-f:]*[0-9A-Fa-f]|::|(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4})"
-_HOST = (r"(?:\[[0-9A-Fa-f:.]+\]|%5B[0-9A-Fa-f:.]+%5D|\d{1,3}(?:\.\d{1,3}){3}|localhost"
-         rf"|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|{_IPV6})")
-_LABEL = r"(?<![\w.%:-])[a-z][a-z0-9-]*"  # a lowercase DNS label (RFC 1123) standing alone
-_ADDRESS = re.compile(rf"(?:ipv4:|ipv6:|dns:/{{0,3}})?(?:{_HOST}:\d{{1,5}}|{_LABEL}:\d{{2,5}})\b")
+# Every run is bounded and every bare form starts at a boundary, so a match attempt costs O(1) per position:
+# error texts carry client input (a grammar's line, up to 64 KiB), and unbounded nested runs backtracked
+# cubically (4,000 colons took 99 s on the event loop).
+_HEX = r"[0-9A-Fa-f]{1,4}"
+_IPV6 = (rf"(?<![0-9A-Fa-f:])(?:(?:{_HEX}(?::{_HEX}){{0,6}})?::(?:{_HEX}(?::{_HEX}){{0,6}})?"
+         rf"|(?:{_HEX}:){{7}}{_HEX})")
+_HOST = (r"(?:\[[0-9A-Fa-f:.]{2,45}\]|%5B[0-9A-Fa-f:.]{2,45}%5D|(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}|localhost"
+         rf"|(?<![A-Za-z0-9.-])[A-Za-z0-9-]{{1,63}}(?:\.[A-Za-z0-9-]{{1,63}}){{1,10}}|{_IPV6})")
+_LABEL = r"(?<![\w.%:~-])[a-z][a-z0-9-]{0,62}"  # a lowercase DNS label (RFC 1123) standing alone
+# a single label only with a port of 4 or 5 digits: "seq:50" or "attempt:12" are not addresses
+_ADDRESS = re.compile(rf"(?:ipv4:|ipv6:|dns:/{{0,3}})?(?:{_HOST}:\d{{1,5}}|{_LABEL}:\d{{4,5}})\b")
 
 
 def redact_addresses(text: str) -> str:
