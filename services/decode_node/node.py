@@ -243,17 +243,14 @@ class DecodeNode:
         return None
 
     def _check_stream_free(self, request_id: str) -> None:
-        """A new request may not take the id of a token stream whose tokens a gateway may still read here:
-        one running or finished and unread, handed over but not yet told, or finished and kept for a
-        re-attach. Its new stream would replace the old one, and the gateway's Attach would read the
-        newcomer's tokens. An aborted request's id is free at once (an abort removes its stream), and so is
-        one whose kept stream ended by an abort, a handover or a failure: nothing of it is left to read."""
-        kept = self.delivery.ended_streams.get(request_id)
-        finished_here = kept is not None and kept.queue.end is not None and kept.queue.end.finish_reason not in (
-            None, "abort")
-        if request_id in self.streams or request_id in self.moved or finished_here:
+        """A new request may not take the id of a token stream a gateway has yet to read here: one running,
+        or finished and unread, or handed over and the gateway not yet told. Its new stream would replace
+        the old one, and the gateway's Attach would read the newcomer's tokens. An id is free again once its
+        stream was read to its end (a client may reuse its request ids; the ended stream kept for a
+        re-attach then gives way) or its request was aborted (an abort removes its stream)."""
+        if request_id in self.streams or request_id in self.moved:
             raise InvalidArgumentError("request_id", f"request {request_id!r} still has a token stream on this "
-                                                     "node (running, or finished and kept for the gateway)")
+                                                     "node that its gateway has not read")
 
     def moved_to(self, request_id: str, adopter: str) -> bool:
         """The request was handed over: its stream here ends by naming the adopter. False if nobody can

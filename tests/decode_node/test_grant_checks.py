@@ -29,7 +29,7 @@ from services.engine_node.kv_layout import kv_layout
 from services.prefill_node.node import FirstToken, PrefillNode
 from tests.conftest import make_engine
 from tests.decode_node.kv_messages import blocks, commit, header, keepalive, reserve, transfer
-from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, idle, serving, slow_steps
+from tests.prefill_node.node_pair import GREEDY, PROMPT, engine, generate, idle, serving, slow_steps
 from tests.tls_identities import identity_of
 
 Code = grpc.StatusCode
@@ -229,11 +229,11 @@ async def test_a_prefill_caller_aborts_only_with_the_grant_token(model):
         await _abort_all(decode, stubs["gateway"])  # a gateway needs no token
 
 
-async def test_no_reserve_or_adopt_takes_the_id_of_a_stream_the_node_still_keeps(model):
+async def test_no_reserve_or_adopt_takes_the_id_of_a_stream_its_gateway_has_not_read(model):
     """A request finished before its gateway attached: its tokens wait in its stream. A Reserve (a prefill
     identity) or a tokens-only Adopt (a gateway identity) under its id would replace that stream, and the
-    gateway's Attach would read the newcomer's tokens. Both are refused by name, before and after the
-    stream is read (it is then kept for a re-attach); the gateway reads the request's own tokens."""
+    gateway's Attach would read the newcomer's tokens. Both are refused by name; the gateway reads the
+    request's own tokens. Once it has, the id is free again: a client may reuse its request ids."""
     decode, prefill = DecodeNode(engine(model), default_lease_s=30), PrefillNode(engine(model))
     async with serving(prefill, decode) as address, \
             open_channel(address, "decode", identity=identity_of("prefill")) as as_prefill, \
@@ -263,5 +263,17 @@ async def test_no_reserve_or_adopt_takes_the_id_of_a_stream_the_node_still_keeps
         read = [t async for event in gateway_stub.Attach(decode_pb2.AttachRequest(request_id="victim"))
                 for t in event.token_ids]
         assert [first.token_id, *read] == expected
-        await refused()  # ended, kept for a re-attach
+        assert (await prefill_stub.Reserve(reserve("victim", prompt_token_ids=PROMPT[:8]))).granted  # read: free
+        assert (await gateway_stub.Abort(node_pb2.AbortRequest(request_id="victim"))).found
+        await idle(decode)
+
+
+async def test_a_client_reuses_a_request_id_once_its_request_finished(model):
+    """The gateway runs a client's first attempt under the client's own id, and a client may send the next
+    request under the same id once the first ended (found by review: refused for the re-attach grace)."""
+    decode, prefill = DecodeNode(engine(model), default_lease_s=30), PrefillNode(engine(model))
+    async with serving(prefill, decode) as address:
+        first, _ = await generate(prefill, decode, address, "reused")
+        second, _ = await generate(prefill, decode, address, "reused")
+        assert first == second and len(first) == GREEDY.max_tokens
         await idle(decode)
