@@ -60,6 +60,8 @@ class _HeaderDeadlineProtocol(H11Protocol):
         super().data_received(data)
         if not self._awaiting_headers():
             self._cancel_header_deadline()
+        else:  # these bytes ended a request answered early and began the next (uvicorn dropped its
+            self._arm_header_deadline()  # keep-alive timer on them): the next one's headers are due too
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

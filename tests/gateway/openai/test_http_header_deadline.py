@@ -141,3 +141,18 @@ def test_header_timeout_must_not_be_negative():
     with pytest.raises(ValueError, match="http_header_timeout_s"):
         GatewayConfig(**base, http_header_timeout_s=-1)
     assert GatewayConfig(**base).http_header_timeout_s == 10.0
+
+
+async def test_the_next_requests_headers_are_due_after_a_request_answered_before_its_body(deadlined):
+    """The front answers ``GET /health`` before reading its body; the body's end and the first bytes of the
+    next request then come in one packet. uvicorn drops its keep-alive timer on those bytes, and the deadline
+    was not armed for the next request: the connection stayed open for good (found by review)."""
+    reader, writer = await connect(deadlined.url)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+        assert (await response(reader))[0] == b"HTTP/1.1 200 OK"
+        await asyncio.sleep(0.1)
+        writer.write(b"12345GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        assert await asyncio.wait_for(reader.read(), DEADLINE_S + MARGIN_S) == b""  # closed, unanswered
+    finally:
+        writer.close()
