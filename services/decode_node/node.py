@@ -20,9 +20,10 @@ and ``on_engine_failure`` (set by ``serve.py``: health, exit) is told.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,8 +154,7 @@ class DecodeNode:
     async def receive(self, request_id: str, block_ids: list[int], payload: bytes) -> int:
         """Check and mark ``block_ids`` on the engine thread, then write their bytes. Returns the lease."""
         started = time.perf_counter()
-        self._writing[request_id] += 1  # from before the blocks are marked until their bytes are in
-        try:
+        with self._writing_batch(request_id):
             lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
             try:
                 self.engine.write_kv_blocks(block_ids, payload)  # blocks this reservation holds: no lock
@@ -162,15 +162,23 @@ class DecodeNode:
                 unfit = exc
             else:
                 unfit = None
-        finally:
-            self._writing[request_id] -= 1
-            if self._writing[request_id] <= 0:
-                del self._writing[request_id]
         if unfit is not None:
             await self.abort(request_id, f"its KV did not fit this node's cache: {unfit}")
             raise FailedPreconditionError(f"{request_id}: {unfit}") from unfit
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
         return _unix_ms(lease_s)
+
+    @contextlib.contextmanager
+    def _writing_batch(self, request_id: str) -> Iterator[None]:
+        """From before a batch's blocks are marked received until its bytes are in them: the engine thread's
+        expiry (``_expire``) leaves the reservation alone meanwhile."""
+        self._writing[request_id] += 1
+        try:
+            yield
+        finally:
+            self._writing[request_id] -= 1
+            if self._writing[request_id] <= 0:
+                del self._writing[request_id]
 
     async def renew(self, request_id: str) -> int:
         """A keepalive from the prefill node: the lease holds on. Returns it."""
@@ -182,12 +190,13 @@ class DecodeNode:
         prefill node's pool (IPC session ``session_id``) into them. Returns the lease. Raises
         ``IpcError`` when the copy fails; the blocks are then unmarked, so the bytes may follow."""
         started = time.perf_counter()
-        lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
-        try:
-            self.ipc.copy(session_id, source_ids, block_ids)
-        except IpcError:
-            await self.worker.call(LLMEngine.unreceive_blocks, request_id, block_ids)
-            raise
+        with self._writing_batch(request_id):
+            lease_s = await self.worker.call(LLMEngine.receive_blocks, request_id, block_ids)
+            try:
+                self.ipc.copy(session_id, source_ids, block_ids)
+            except IpcError:
+                await self.worker.call(LLMEngine.unreceive_blocks, request_id, block_ids)
+                raise
         size = len(block_ids) * self.ipc.layout.bytes_per_block
         self.kv_received.add(size, len(block_ids), time.perf_counter() - started)
         return _unix_ms(lease_s)

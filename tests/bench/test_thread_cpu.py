@@ -14,22 +14,27 @@ import pytest
 from services.bench.thread_cpu import cpu_between, pin, thread_cpu
 
 
-def _spin(seconds: float) -> None:
+def _spin(seconds: float, halfway: threading.Event | None = None, release: threading.Event | None = None) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
+    if halfway is not None:
+        halfway.set()
+        release.wait(10)
 
 
 def test_cpu_of_a_busy_thread_is_counted_as_python() -> None:
     before = thread_cpu(os.getpid())
-    worker = threading.Thread(target=_spin, args=(0.2,))
+    spun, release = threading.Event(), threading.Event()
+    worker = threading.Thread(target=_spin, args=(0.1, spun, release))
     worker.start()
-    time.sleep(0.05)
+    assert spun.wait(30)  # 0.1 s of the worker's own CPU time, however loaded the machine
     during = thread_cpu(os.getpid())  # the worker is alive here: its time is read
+    release.set()
     worker.join()
     spent = cpu_between(before, during)
     assert spent["grpc"] >= 0.0
-    assert spent["python"] >= 0.04  # at least the part of the spin before the reading
+    assert spent["python"] >= 0.09
 
 
 def test_grpc_threads_are_counted_apart() -> None:
