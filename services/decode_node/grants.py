@@ -77,7 +77,9 @@ class Grants:
         bounds = self.bounds
         if count >= bounds.max_reservations:
             raise ResourceExhaustedError(f"max_reservations_per_caller: caller {caller!r} holds {count} live "
-                                         f"reservations, at most {bounds.max_reservations}")
+                                         f"reservations, at most {bounds.max_reservations} (the smaller of "
+                                         "max_reservations_per_caller and max_reserved_blocks_per_caller_fraction "
+                                         "of max_num_seqs)")
         if held and held + blocks > bounds.max_blocks:  # a first grant is bounded by the pool alone
             raise ResourceExhaustedError(f"max_reserved_blocks_per_caller: caller {caller!r} holds {held} blocks "
                                          f"in live reservations, {blocks} more would pass {bounds.max_blocks}")

@@ -48,7 +48,7 @@ from services.gateway.node_calls import Aborter, NodeCalls
 from services.gateway.node_events import FirstToken, PrefillDone, Refused, Reserved
 from services.gateway.nodes import DECODE, PREFILL
 from services.gateway.resume import DecodeAbortError
-from services.gateway.router import Router
+from services.gateway.router import NoHealthyNodeError, Router
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +108,9 @@ class RequestFlow:
         except Exception as error:
             if not self._closed:  # a cancelled request was logged as such
                 code = status_of(error).name if isinstance(error, mapped_errors()) else type(error).__name__
-                self.log.info("request failed", code=code, error=str(error), duration_ms=self._output.elapsed_ms())
+                why = {"nodes": error.reasons} if isinstance(error, NoHealthyNodeError) else {}  # kept from clients
+                self.log.info("request failed", code=code, error=str(error), duration_ms=self._output.elapsed_ms(),
+                              **why)
             raise
         except asyncio.CancelledError:  # the call was cancelled or its deadline passed
             if not self._closed:

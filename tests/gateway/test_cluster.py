@@ -10,6 +10,8 @@ import subprocess
 import grpc
 import grpc.aio
 import pytest
+import structlog
+import structlog.testing
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, decode_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -81,10 +83,12 @@ async def test_a_stopped_node_turns_unhealthy_and_rejoins_when_restarted(cluster
 async def test_a_draining_node_is_not_routed_to(cluster):
     cluster.p.status.healthy = False  # what a node reports while it drains
     await eventually(lambda: not cluster.gateway.directory.nodes("prefill")[0].healthy, what="poll")
-    with pytest.raises(grpc.aio.AioRpcError) as error:
+    with structlog.testing.capture_logs() as logs, pytest.raises(grpc.aio.AioRpcError) as error:
         await generate(cluster)
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error.value.details() == "no healthy prefill node (1 known; the gateway's log and ClusterStatus say why)"
+    failed = [e for e in logs if e["event"] == "request failed"]
+    assert failed and failed[0]["nodes"] == [f"{cluster.p.address}: reports itself unhealthy (draining?)"]
     assert cluster.p.requests == []
 
 
