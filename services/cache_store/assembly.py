@@ -6,6 +6,14 @@ announced, every block complete when the next starts or the stream ends, no key 
 ``cache_store.proto`` (32-byte keys, a layout of the key's model) and the staging budget, and verifies
 each block's checksum as it completes and takes the store's digest of it (``block.digest_of``, the cost spread
 over the stream); ``BlockStore.put`` then stores all blocks or none.
+
+Staging budget: a put's blocks are held in memory until it ends. Besides the most one put may bring
+(``max_bytes``, the memory tier's capacity), a :class:`StagingBudget` shared by every put of the store
+bounds the bytes staged by unfinished puts in all (twice the memory tier's capacity) and per caller (the
+capacity: half the budget): twelve stalled streams of 60 MiB each into a 64 MiB tier once grew the
+process by a gigabyte. A block header that would pass either bound is
+refused ``StoreFullError`` before its data is taken in; the bytes a block header announces are reserved
+when it arrives and given back when the put ends, stored or not (:meth:`PutAssembler.release`).
 """
 
 from __future__ import annotations
@@ -60,15 +68,57 @@ class _Pending:
     closed: bool = False
 
 
+class StagingBudget:
+    """Bytes staged by unfinished puts: at most ``total_bytes`` in all and ``per_caller_bytes`` per caller."""
+
+    def __init__(self, total_bytes: int, per_caller_bytes: int) -> None:
+        assert 0 < per_caller_bytes <= total_bytes, f"per-caller share {per_caller_bytes} of {total_bytes}"
+        self.total_bytes = total_bytes
+        self.per_caller_bytes = per_caller_bytes
+        self.staged_bytes = 0
+        self._by_caller: dict[str, int] = {}
+
+    def staged_by(self, caller: str) -> int:
+        return self._by_caller.get(caller, 0)
+
+    def reserve(self, caller: str, nbytes: int) -> None:
+        """Take ``nbytes`` for ``caller``, or ``StoreFullError`` naming the bound (nothing taken)."""
+        mine = self.staged_by(caller)
+        if mine + nbytes > self.per_caller_bytes:
+            raise StoreFullError(
+                f"a block of {nbytes} bytes would take the unfinished puts of {caller} to {mine + nbytes} bytes "
+                f"staged, past {self.per_caller_bytes} bytes per caller (the memory tier's capacity)")
+        if self.staged_bytes + nbytes > self.total_bytes:
+            raise StoreFullError(
+                f"a block of {nbytes} bytes would take the unfinished puts of every caller to "
+                f"{self.staged_bytes + nbytes} bytes staged, past {self.total_bytes} bytes (twice the memory "
+                f"tier's capacity); try again once some have finished")
+        self._by_caller[caller] = mine + nbytes
+        self.staged_bytes += nbytes
+
+    def release(self, caller: str, nbytes: int) -> None:
+        mine = self._by_caller.get(caller, 0) - nbytes
+        assert mine >= 0 and self.staged_bytes >= nbytes, f"{caller} releases {nbytes} bytes it did not stage"
+        if mine:
+            self._by_caller[caller] = mine
+        else:
+            self._by_caller.pop(caller, None)
+        self.staged_bytes -= nbytes
+
+
 class PutAssembler:
     """Feed a put stream's chunks in order; each block is verified as soon as its last byte arrives and
     handed to ``on_block`` (the store stages it on disk under write-through), so the work of a large put
     is spread over its stream instead of stalling the event loop at its end."""
 
-    def __init__(self, max_bytes: int, on_block: Callable[[StoredBlock], None] | None = None) -> None:
+    def __init__(self, max_bytes: int, on_block: Callable[[StoredBlock], None] | None = None,
+                 budget: StagingBudget | None = None, caller: str = "") -> None:
         self.max_bytes = max_bytes
         self.on_block = on_block
+        self.budget = budget  # shared with the store's other puts; ``release`` when the put ends, either way
+        self.caller = caller
         self.staged_bytes = 0
+        self._reserved = 0  # of ``staged_bytes``, taken from ``budget`` and not yet given back
         self._done: list[StoredBlock] = []
         self._current: _Pending | None = None
         self._keys: set[bytes] = set()  # a key twice in one put is refused: which bytes would it store?
@@ -82,6 +132,9 @@ class PutAssembler:
             self._close_current()
             if self.staged_bytes + header.total_length > self.max_bytes:
                 raise StoreFullError(f"put of more than {self.max_bytes} bytes (the store's capacity)")
+            if self.budget is not None:
+                self.budget.reserve(self.caller, header.total_length)
+                self._reserved += header.total_length
             self.staged_bytes += header.total_length
             self._current = _Pending(header)
         if not data:
@@ -96,6 +149,12 @@ class PutAssembler:
         current.received += len(data)
         if current.received == current.header.total_length:
             self._close_current(keep=True)
+
+    def release(self) -> None:
+        """Give the staged bytes back to the budget: the put ended (stored, refused, failed or cut)."""
+        if self.budget is not None and self._reserved:
+            self.budget.release(self.caller, self._reserved)
+        self._reserved = 0
 
     def finish(self) -> list[StoredBlock]:
         """The stream ended: every block it announced, complete and verified."""

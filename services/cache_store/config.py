@@ -17,12 +17,12 @@ class CacheStoreConfig(ServerConfig):
     """pdserve cache-store: content-addressed KV blocks in memory and optionally on disk, LRU per tier."""
 
     listen: str = setting("127.0.0.1:50054", "host:port to serve on; port 0 = ephemeral")
-    capacity_bytes: int = setting(GIB, "memory tier: budget for block bytes")
+    capacity_bytes: int = setting(GIB, "memory tier: budget for block bytes (also bounds unfinished puts and leases)")
     chunk_bytes: int = setting(2 * MIB, "data bytes per Get message (1-4 MiB advised)")
     disk_dir: Path | None = setting(None, "disk tier: directory of block files (none = memory only)")  # noqa: RUF009
     disk_capacity_bytes: int = setting(16 * GIB, "disk tier: budget for block bytes")
     disk_write_through: bool = setting(False, "every put writes its blocks to disk before it answers")
-    lease_s: float = setting(30.0, "a Get's pin on the blocks it streams expires this long after its last block")
+    lease_s: float = setting(30.0, "a Get's pin on the blocks it streams expires this long after the Get began")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,7 +18,8 @@ class MalformedPutError(StoreError):
 
 
 class InvalidKeyError(StoreError):
-    """A Get or Lookup names a key that is not 32 bytes, or one of another model (``INVALID_ARGUMENT``)."""
+    """A Get, Lookup or Delete names a key that is not 32 bytes, one of another model, or one twice
+    (``INVALID_ARGUMENT``)."""
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
@@ -30,7 +31,8 @@ class CorruptBlockError(StoreError):
 
 
 class StoreFullError(StoreError):
-    """The blocks do not fit even after evicting everything evictable: blocks being read are not
+    """The blocks do not fit even after evicting everything evictable: blocks being read are not; or a
+    per-caller or store-wide bound (unfinished puts' staged bytes, one caller's leases) would be passed
     (maps to ``RESOURCE_EXHAUSTED``)."""
 
 

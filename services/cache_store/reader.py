@@ -1,5 +1,6 @@
 """A Get in progress: the blocks of a stored prefix, fetched one by one as the stream reaches them,
-under a lease (:mod:`services.cache_store.leases`)."""
+under a lease (:mod:`services.cache_store.leases`: it ends with the Get, or ``lease_s`` after the Get
+began at the latest; serving blocks does not renew it)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ class BlockReader:
                 raise MissingBlockError(f"keys[{i}] = {key.hex()} is no longer readable (its disk copy was "
                                         f"damaged or evicted)")
             self.served.append(key)
-            store.leases.renew(self.lease)
             yield block
 
     def close(self) -> None:

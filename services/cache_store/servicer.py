@@ -145,8 +145,10 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         with self._work():
             writer = caller_of(context)
             staging = self.store.staging(writer)
+            # staged bytes count against the store's budget of unfinished puts (all callers', and this one's)
+            assembler = PutAssembler(max_bytes=self.store.capacity_bytes, on_block=staging.add,
+                                     budget=self.store.put_budget, caller=writer)
             try:
-                assembler = PutAssembler(max_bytes=self.store.capacity_bytes, on_block=staging.add)
                 try:
                     async for chunk in request_iterator:
                         message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
@@ -156,6 +158,7 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
                                                         f"frame ({error})") from None
                 result = self.store.put(assembler.finish(), verified=True, staging=staging, writer=writer)
             finally:
+                assembler.release()  # stored (now counted in the memory tier), refused, failed or cancelled
                 staging.discard()
         return cache_store_pb2.PutResponse(num_stored=result.stored, num_existing=result.existing,
                                            num_evicted=result.evicted, num_kept_existing=result.kept_existing)
@@ -166,7 +169,8 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
         self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cache_store_pb2.GetChunk]:
         """Stream the blocks of ``keys`` (or their longest stored prefix with ``allow_partial``)."""
-        async with contextlib.aclosing(self._stream(request, _chunks_of)) as chunks:  # the lease ends with the call
+        stream = self._stream(request, _chunks_of, caller_of(context))
+        async with contextlib.aclosing(stream) as chunks:  # the lease ends with the call
             async for chunk in chunks:
                 yield chunk
 
@@ -175,15 +179,16 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
     async def get_frames(self, request: cache_store_pb2.GetRequest, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[bytes]:
         """:meth:`Get`, its chunks serialized here (:func:`add_to_server`)."""
-        async with contextlib.aclosing(self._stream(request, _frames_of)) as frames:  # the lease ends with the call
+        stream = self._stream(request, _frames_of, caller_of(context))
+        async with contextlib.aclosing(stream) as frames:  # the lease ends with the call
             async for frame in frames:
                 yield frame
 
     async def _stream(self, request: cache_store_pb2.GetRequest,
-                      encode: Callable[[StoredBlock, int], Iterator[object]]) -> AsyncIterator[object]:
+                      encode: Callable[[StoredBlock, int], Iterator[object]], caller: str) -> AsyncIterator[object]:
         keys = _keys_of(request)
         with self._work(), self.store.open_get(keys, request.allow_partial, request.model_fingerprint,
-                                                            request.restore) as reader:
+                                               request.restore, caller=caller) as reader:
             for block in reader:
                 for chunk in encode(block, self.chunk_bytes):
                     yield chunk

@@ -14,8 +14,18 @@ Recency: ``put`` and a Get refresh the blocks they touch; within one call the fi
 recent, so the tail of a prefix chain is evicted before its head. ``lookup`` does not refresh. Disk
 recency moves on disk writes and disk hits only.
 
-Leases: a Get pins the blocks it streams (:mod:`services.cache_store.leases`); eviction in either tier
-skips pinned blocks, and a put that cannot make room because of them is refused.
+Leases: a Get pins the blocks it streams (:mod:`services.cache_store.leases`) until it ends, or ``lease_s``
+after it began at the latest (serving blocks does not renew the lease: a slow reader cannot stretch it);
+eviction in either tier skips pinned blocks, and a put that cannot make room because of them is refused.
+One caller's live leases pin at most ``lease_share_bytes`` (half the memory tier) together: a Get that would
+take its caller past that is refused ``StoreFullError`` naming the bound, or, with ``allow_partial``, serves
+the longest prefix that fits (the keys past it count as misses). So one node identity reading slowly can
+hold at most half the memory tier from everyone else's puts, and for at most ``lease_s`` per Get.
+
+Unfinished puts: the bytes their blocks announce are staged in memory until the put ends; ``put_budget``
+(:class:`services.cache_store.assembly.StagingBudget`) bounds them store-wide (twice the memory tier's
+capacity) and per caller (the capacity: half the budget, and the most one put may bring), so a dozen stalled
+put streams cannot grow the process without bound, nor one caller's stalled puts shut the others out.
 
 Delete: a decode node removes its preempted requests' copies (request-scoped keys) once it read them back
 or no longer wants them, so they do not crowd out prefix blocks; a block a Get is streaming is kept.
@@ -51,6 +61,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from services.cache_store.assembly import StagingBudget
 from services.cache_store.block import CHECKSUMS, StoredBlock, checksum
 from services.cache_store.disk_tier import DiskTier, PutStaging
 from services.cache_store.errors import (
@@ -117,6 +128,11 @@ class BlockStore:
         self.disk = disk
         self.write_through = write_through
         self.leases = Leases(lease_s, clock)
+        # what one caller's live Gets may lease together: half the memory tier, the rest stays for the others
+        self.lease_share_bytes = capacity_bytes // 2
+        # bytes staged by unfinished puts: twice the memory tier's capacity in all, and one caller's at most the
+        # capacity (the most one put may bring, as before), so one caller never takes more than half
+        self.put_budget = StagingBudget(2 * capacity_bytes, capacity_bytes)
         self.hits_total = 0
         self.disk_hits_total = 0
         self.misses_total = 0
@@ -157,20 +173,50 @@ class BlockStore:
         return hits
 
     def open_get(self, keys: Sequence[bytes], allow_partial: bool = False, fingerprint: bytes = b"",
-                 restore: bool = False) -> BlockReader:
-        """A reader of the blocks of ``keys`` in order, holding a lease on them until closed. A key not
-        stored raises ``MissingBlockError`` now, unless ``allow_partial``: the reader then serves the
-        longest stored prefix. ``restore``: counted as a restore, not as hits and misses."""
+                 restore: bool = False, caller: str | None = None) -> BlockReader:
+        """A reader of the blocks of ``keys`` in order, holding a lease on them until closed (or ``lease_s``
+        from now). A key not stored raises ``MissingBlockError`` now, unless ``allow_partial``: the reader
+        then serves the longest stored prefix. ``restore``: counted as a restore, not as hits and misses.
+
+        ``caller`` (the servicer always names one): its live leases may pin at most
+        :attr:`lease_share_bytes` together; past that ``StoreFullError`` and nothing changes, or with
+        ``allow_partial`` the prefix is cut where it would pass. ``None``: not bounded (the store's own use)."""
         check_keys(keys, fingerprint)
         hits = self._stored_prefix(keys)
-        if hits < len(keys):
+        if hits < len(keys) and not allow_partial:
             if not restore:
                 self.misses_total += len(keys) - hits
-            if not allow_partial:
-                raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
+            raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
+        if caller is not None:
+            hits = self._leasable(keys, hits, allow_partial, caller)
+        if hits < len(keys) and not restore:
+            self.misses_total += len(keys) - hits
         prefix = list(keys[:hits])
+        in_memory = [key for key in prefix if key in self.memory]  # disk-only blocks are pinned on disk only
+        nbytes = sum(self.memory.index.size_of(key) for key in in_memory)
         self.memory.touch(prefix)
-        return BlockReader(self, prefix, allow_partial, self.leases.acquire(prefix), restore)
+        return BlockReader(self, prefix, allow_partial, self.leases.acquire(prefix, in_memory, caller, nbytes),
+                           restore)
+
+    def _leasable(self, keys: Sequence[bytes], hits: int, allow_partial: bool, caller: str) -> int:
+        """How many of the ``hits`` stored leading keys ``caller`` may lease: all of them, or with
+        ``allow_partial`` as many as keep its leased memory bytes within its share; ``StoreFullError``
+        without."""
+        held = self.leases.held_by(caller)
+        room = self.lease_share_bytes - held
+        sizes = [self.memory.index.size_of(key) if key in self.memory else 0 for key in keys[:hits]]
+        nbytes = 0
+        for i, size in enumerate(sizes):
+            if nbytes + size > room:
+                if allow_partial:
+                    return i
+                raise StoreFullError(
+                    f"Get leasing {sum(sizes)} bytes of the memory tier refused: the Gets in progress of {caller} "
+                    f"lease {held} bytes already, at most {self.lease_share_bytes} bytes per caller (half the "
+                    f"memory tier's capacity of {self.capacity_bytes}), so that blocks being read never hold the "
+                    f"tier from other callers' puts (read fewer keys per Get, or use allow_partial)")
+            nbytes += size
+        return hits
 
     def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False
                    ) -> list[StoredBlock]:
@@ -246,7 +292,8 @@ class BlockStore:
         new_keys = {block.key for block in new}
         pinned = self.leases.pinned()
         keep = pinned | unique.keys()
-        victims = self._plan(self.memory, sum(len(b.data) for b in new), unique.keys(), pinned)
+        victims = self._plan(self.memory, sum(len(b.data) for b in new), unique.keys(),
+                             self.leases.pinned_in_memory())
         if self.write_through:
             assert self.disk is not None
             # a key stored in memory only goes to disk with its stored bytes, not this put's
@@ -382,7 +429,7 @@ class BlockStore:
 
     def _promote(self, block: StoredBlock) -> None:
         pinned = self.leases.pinned()
-        victims = self.memory.victims(len(block.data), pinned | {block.key})
+        victims = self.memory.victims(len(block.data), self.leases.pinned_in_memory() | {block.key})
         if victims is None:
             return  # memory is held by leases: served from disk only
         for key in victims:

@@ -83,7 +83,9 @@ def test_kill_9_during_write_through_puts_loses_only_unfinished_puts(tmp_path):
             finished.extend(batch)
         client.close()
 
-    with start(tmp_path, "--disk-write-through") as node:
+    # one caller (this process) stages the hung put's two blocks and each 3-block put at once: at most the
+    # memory tier's capacity (assembly.StagingBudget), so memory holds 8 blocks here
+    with start(tmp_path, "--disk-write-through", capacity=8 * BLOCK) as node:
         channel = open_sync_channel(node.address, "cache-store")
         hung = cache_store_pb2_grpc.CacheStoreStub(channel).Put.future(unfinished_put(), timeout=30)
         putter = threading.Thread(target=put_continuously, args=(node.address,))

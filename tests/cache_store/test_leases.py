@@ -1,6 +1,6 @@
 """Leases: eviction never removes a block being read, in either tier; a put that cannot make room
-because of them is refused; a lease expires ``lease_s`` after its last block, and a cancelled Get
-releases its lease at once."""
+because of them is refused; a lease expires ``lease_s`` after its Get began, and a cancelled Get
+releases its lease at once (the per-caller share of leases: test_call_bounds.py)."""
 
 from __future__ import annotations
 
@@ -69,18 +69,19 @@ def test_leased_disk_blocks_are_not_evicted_from_disk(tmp_path):
     store.check_integrity()
 
 
-def test_a_lease_expires_lease_s_after_its_last_block():
+def test_a_lease_expires_lease_s_after_its_get_began():
     clock = Clock()
     store = BlockStore(20, lease_s=30, clock=clock)
     store.put(blocks("a", "b"))
-    reader = store.open_get(keys("b", "a"))
+    clock.now = 5
+    reader = store.open_get(keys("b", "a"))  # held until 35 at the latest
     stream = iter(reader)
     clock.now = 25
-    next(stream)  # renews: held until 55
-    clock.now = 50
+    next(stream)  # serving a block does not renew it (a slow reader could hold it forever)
+    clock.now = 34
     with pytest.raises(errors.StoreFullError, match="being read"):
         store.put([block("x", size=20)])
-    clock.now = 56  # the stream was abandoned without being closed
+    clock.now = 35  # the stream was abandoned without being closed
     assert store.put([block("x", size=20)]).evicted == 2
     assert (len(store.leases), store.leases.expired_total) == (0, 1)
     reader.close()  # late close of an expired lease is harmless
