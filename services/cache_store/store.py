@@ -187,24 +187,25 @@ class BlockStore:
             if not restore:
                 self.misses_total += len(keys) - hits
             raise MissingBlockError(f"keys[{hits}] = {keys[hits].hex()} is not stored")
+        # memory bytes of each stored leading key (0: on disk only, pinned there only)
+        sizes = [self.memory.index.size_of(key) if key in self.memory else 0 for key in keys[:hits]]
         if caller is not None:
-            hits = self._leasable(keys, hits, allow_partial, caller)
+            hits = self._leasable(sizes, allow_partial, caller)
         if hits < len(keys) and not restore:
             self.misses_total += len(keys) - hits
         prefix = list(keys[:hits])
-        in_memory = [key for key in prefix if key in self.memory]  # disk-only blocks are pinned on disk only
-        nbytes = sum(self.memory.index.size_of(key) for key in in_memory)
+        in_memory = [key for key in prefix if key in self.memory]
+        nbytes = sum(sizes[:hits])
         self.memory.touch(prefix)
         return BlockReader(self, prefix, allow_partial, self.leases.acquire(prefix, in_memory, caller, nbytes),
                            restore)
 
-    def _leasable(self, keys: Sequence[bytes], hits: int, allow_partial: bool, caller: str) -> int:
-        """How many of the ``hits`` stored leading keys ``caller`` may lease: all of them, or with
-        ``allow_partial`` as many as keep its leased memory bytes within its share; ``StoreFullError``
-        without."""
+    def _leasable(self, sizes: Sequence[int], allow_partial: bool, caller: str) -> int:
+        """How many of the stored leading keys (their memory bytes ``sizes``) ``caller`` may lease: all of
+        them, or with ``allow_partial`` as many as keep its leased memory bytes within its share;
+        ``StoreFullError`` without."""
         held = self.leases.held_by(caller)
         room = self.lease_share_bytes - held
-        sizes = [self.memory.index.size_of(key) if key in self.memory else 0 for key in keys[:hits]]
         nbytes = 0
         for i, size in enumerate(sizes):
             if nbytes + size > room:
@@ -216,7 +217,7 @@ class BlockStore:
                     f"memory tier's capacity of {self.capacity_bytes}), so that blocks being read never hold the "
                     f"tier from other callers' puts (read fewer keys per Get, or use allow_partial)")
             nbytes += size
-        return hits
+        return len(sizes)
 
     def get_prefix(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False
                    ) -> list[StoredBlock]:

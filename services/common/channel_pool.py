@@ -52,6 +52,10 @@ class ChannelPool:
 
     def stub(self, address: str, stub_class: Callable[[grpc.aio.Channel], S]) -> S:
         """A stub of ``stub_class`` on the pooled channel to ``address``."""
+        return stub_class(self.channel(address))
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The pooled channel to ``address`` (opened on first use, again after a certificate rotation)."""
         now = self._clock()
         if now - self._last_sweep >= self.sweep_interval_s:
             self.sweep(now)
@@ -64,7 +68,7 @@ class ChannelPool:
             entry = self._entries[address] = _Entry(open_channel(address, self.role, self._options), now,
                                                     identity_generation())
         entry.last_used = now
-        return stub_class(entry.channel)
+        return entry.channel
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Close the channels of peers that are gone or unused (see the module docstring); returns their

@@ -159,12 +159,8 @@ class DecodeNode:
             try:
                 self.engine.write_kv_blocks(block_ids, payload)  # blocks this reservation holds: no lock
             except ValueError as exc:
-                unfit = exc
-            else:
-                unfit = None
-        if unfit is not None:
-            await self.abort(request_id, f"its KV did not fit this node's cache: {unfit}")
-            raise FailedPreconditionError(f"{request_id}: {unfit}") from unfit
+                await self.abort(request_id, f"its KV did not fit this node's cache: {exc}")
+                raise FailedPreconditionError(f"{request_id}: {exc}") from exc
         self.kv_received.add(len(payload), len(block_ids), time.perf_counter() - started)
         return _unix_ms(lease_s)
 

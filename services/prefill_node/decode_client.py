@@ -77,10 +77,6 @@ def granted_lease_s(grant: Grant, asked_ms: int) -> float:
     return max(0.0, min(asked_ms / 1000, grant.lease_deadline_unix_ms / 1000 - time.time()))
 
 
-def _the_channel(channel: grpc.aio.Channel) -> grpc.aio.Channel:
-    return channel
-
-
 def _grant(answer: decode_pb2.ReserveResponse) -> Grant:
     return Grant(granted=answer.granted, reason=answer.reason, retry_after_ms=answer.retry_after_ms,
                  block_ids=tuple(answer.block_ids), num_cached_blocks=answer.num_cached_blocks,
@@ -113,7 +109,7 @@ class DecodeClients:
             model_fingerprint=layout.model_fingerprint, layout=self._wire_layout, decode_peers=ask.decode_peers)
 
         async def call(address: str, rpc_timeout_s: float) -> Grant:
-            channel = self._channels.stub(address, _the_channel)
+            channel = self._channels.channel(address)
             try:
                 answer = await decode_pb2_grpc.DecodeNodeStub(channel).Reserve(
                     message, timeout=rpc_timeout_s, metadata=tracing.outgoing())

@@ -6,7 +6,6 @@ call works."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
@@ -23,6 +22,7 @@ from services.common.server import NodeServer, ServiceBinding, grpc_options
 from services.common.tls.channels import open_channel, open_sync_channel
 from tests.cache_store.helpers import FP, block, blocks, key, keys, names, put_stream
 from tests.cache_store.test_leases import Clock
+from tests.gateway.fakes import eventually
 from tests.tls_identities import identity_of
 
 BLOCK = 64 << 10
@@ -143,13 +143,6 @@ def stub_of(channel: grpc.aio.Channel) -> cache_store_pb2_grpc.CacheStoreStub:
     return cache_store_pb2_grpc.CacheStoreStub(channel)
 
 
-async def eventually(condition, what: str) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
 
 BIG = 64 << 20  # far more than HTTP/2 flow control lets the stream hand to the transport: a reader that
 # stops holds the Get open (8 MiB was not enough under CI: the window grew past it and the Get ended)
@@ -190,7 +183,7 @@ async def test_a_slow_get_holds_at_most_half_the_memory_tier_from_other_callers_
             assert len(store.leases) == 1  # still streaming
         assert key("a") in store.memory and key("b") not in store
         slow.cancel()
-        await eventually(lambda: not store.leases.pinned(), "the cancelled Get's lease ends")
+        await eventually(lambda: not store.leases.pinned(), 5, "the cancelled Get's lease ends")
         assert (await prefill.Put(put_stream([(key("z"), big("z"))]))).num_stored == 1
         got = [c async for c in decode.Get(cache_store_pb2.GetRequest(keys=keys("z"), model_fingerprint=FP))]
         assert b"".join(c.data for c in got) == big("z")
@@ -233,26 +226,26 @@ async def test_unfinished_puts_stage_at_most_twice_the_memory_tier_in_all_and_th
         stalled = decode.Put()  # three blocks sent, then nothing: an unfinished put
         for chunk in chunks_of("d0", "d1", "d2"):
             await stalled.write(chunk)
-        await eventually(lambda: budget.staged_by("cn:decode") == 3 * BLOCK, "decode's put is staged")
+        await eventually(lambda: budget.staged_by("cn:decode") == 3 * BLOCK, 5, "decode's put is staged")
 
         # past decode's share: refused when the header of its second block comes, before its data is read
         with pytest.raises(grpc.RpcError) as refused:
             await decode.Put(put_stream([(key("e0"), data("e0")), (key("e1"), data("e1"))]))
         assert refused.value.code() == CODE.RESOURCE_EXHAUSTED
         assert f"past {4 * BLOCK} bytes per caller (the memory tier's capacity)" in refused.value.details()
-        await eventually(lambda: budget.staged_bytes == 3 * BLOCK, "the refused put gives its bytes back")
+        await eventually(lambda: budget.staged_bytes == 3 * BLOCK, 5, "the refused put gives its bytes back")
         assert len(store) == 0
 
         # another caller has its own share, up to what is left of the store's
         second = prefill.Put()
         for chunk in chunks_of("p0", "p1", "p2", "p3"):
             await second.write(chunk)
-        await eventually(lambda: budget.staged_bytes == 7 * BLOCK, "prefill's put is staged")
+        await eventually(lambda: budget.staged_bytes == 7 * BLOCK, 5, "prefill's put is staged")
         with pytest.raises(grpc.RpcError) as full:  # within its own share, past the store's
             await other.Put(put_stream([(key("t0"), data("t0")), (key("t1"), data("t1"))]))
         assert full.value.code() == CODE.RESOURCE_EXHAUSTED
         assert f"past {8 * BLOCK} bytes (twice the memory tier's capacity)" in full.value.details()
-        await eventually(lambda: budget.staged_bytes == 7 * BLOCK, "the refused put gives its bytes back")
+        await eventually(lambda: budget.staged_bytes == 7 * BLOCK, 5, "the refused put gives its bytes back")
 
         await second.done_writing()  # a finished put is stored and gives its staging back
         assert (await second).num_stored == 4
@@ -260,9 +253,9 @@ async def test_unfinished_puts_stage_at_most_twice_the_memory_tier_in_all_and_th
         assert (await other.Put(put_stream([(key("t0"), data("t0"))]))).num_stored == 1  # evicts p3
 
         await stalled.write(chunks_of("d3")[0])  # d3's header and a quarter of its data: decode's share, full
-        await eventually(lambda: budget.staged_by("cn:decode") == 4 * BLOCK, "d3 is staged")
+        await eventually(lambda: budget.staged_by("cn:decode") == 4 * BLOCK, 5, "d3 is staged")
         stalled.cancel()  # a cut put (d3 unfinished) gives its staging back and stores nothing
-        await eventually(lambda: budget.staged_bytes == 0 and servicer.in_flight == 0, "the cut put is released")
+        await eventually(lambda: budget.staged_bytes == 0 and servicer.in_flight == 0, 5, "the cut put is released")
         assert key("d0") not in store and len(store) == 4
         assert (await decode.Put(put_stream([(key("d0"), data("d0"))]))).num_stored == 1
         got = [c async for c in decode.Get(cache_store_pb2.GetRequest(keys=keys("d0"), model_fingerprint=FP))]
