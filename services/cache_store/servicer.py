@@ -149,13 +149,20 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
             assembler = PutAssembler(max_bytes=self.store.capacity_bytes, on_block=staging.add,
                                      budget=self.store.put_budget, caller=writer)
             try:
+                ended = False
                 try:
                     async for chunk in request_iterator:
                         message, data = chunk if isinstance(chunk, PutFrame) else (chunk, chunk.data)
+                        if ended:
+                            raise MalformedPutError("end_of_put", "a chunk after the one that ended the put")
                         assembler.add(_header_of(message), data)
+                        ended = message.end_of_put
                 except DecodeError as error:  # a frame whose header is not a PutChunk
                     raise MalformedPutError("request", f"a message of the stream is not a valid PutChunk "
                                                         f"frame ({error})") from None
+                if not ended:  # a client cancelling between blocks reaches us as an ordinary end of stream
+                    raise MalformedPutError("end_of_put", "the stream ended without a chunk that sets it: a cut "
+                                                          "put stores nothing")
                 result = self.store.put(assembler.finish(), verified=True, staging=staging, writer=writer)
             finally:
                 assembler.release()  # stored (now counted in the memory tier), refused, failed or cancelled

@@ -25,6 +25,8 @@ CHUNK_BYTES = 2 << 20
 CRC32 = cache_store_pb2.CHECKSUM_ALGORITHM_CRC32
 DATA_FIELD = 6
 _DATA_TAG = bytes([DATA_FIELD << 3 | 2])  # field 6, length-delimited
+END_OF_PUT = cache_store_pb2.PutChunk(end_of_put=True).SerializeToString()
+"""A put's last chunk: the client finished the put (a stream that ends without it was cut)."""
 Block = tuple[bytes, "bytes | memoryview"]
 """``(key, data)``."""
 
@@ -112,7 +114,7 @@ def parse_get_frame(raw: bytes) -> GetFrame:
 
 def put_frames(blocks: Sequence[Block], layout: node_pb2.KVLayout | None,
                chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """Serialized ``PutChunk``s of ``blocks``."""
+    """Serialized ``PutChunk``s of ``blocks``, then :data:`END_OF_PUT` (without it nothing is stored)."""
     for key, data in blocks:
         view = memoryview(data).cast("B")
         header = cache_store_pb2.PutChunk(key=key, total_length=len(view), checksum_algorithm=CRC32,
@@ -120,6 +122,7 @@ def put_frames(blocks: Sequence[Block], layout: node_pb2.KVLayout | None,
         yield encode_chunk(header, view[:chunk_bytes])
         for start in range(chunk_bytes, len(view), chunk_bytes):
             yield encode_chunk(b"", view[start:start + chunk_bytes])
+    yield END_OF_PUT
 
 
 def put_chunks(blocks: Sequence[Block], layout: node_pb2.KVLayout | None,

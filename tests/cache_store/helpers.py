@@ -21,6 +21,8 @@ def layout(fingerprint: bytes = FP, bytes_per_block: int = 0) -> node_pb2.KVLayo
 
 
 LAYOUT_BYTES = layout().SerializeToString()
+END = cache_store_pb2.PutChunk(end_of_put=True)
+"""The chunk that ends a put."""
 
 
 def key(name: str, fingerprint: bytes = FP) -> bytes:
@@ -50,9 +52,10 @@ def crc(data: bytes) -> bytes:
 
 
 def put_stream(pairs: Sequence[tuple[bytes, bytes]], chunk_bytes: int = 1 << 20, corrupt: bytes = b"",
-               truncate: bytes = b"", kv_layout: node_pb2.KVLayout | None = None
+               truncate: bytes = b"", kv_layout: node_pb2.KVLayout | None = None, end: bool = True
                ) -> Iterator[cache_store_pb2.PutChunk]:
-    """A put stream; the block keyed ``corrupt`` gets a wrong checksum, ``truncate`` loses its last byte."""
+    """A put stream; the block keyed ``corrupt`` gets a wrong checksum, ``truncate`` loses its last byte;
+    ``end``: the chunk that ends the put comes last (without it nothing is stored)."""
     for k, data in pairs:
         checksum_ = crc(data + b"!") if k == corrupt else crc(data)
         sent = data[:-1] if k == truncate else data
@@ -61,3 +64,5 @@ def put_stream(pairs: Sequence[tuple[bytes, bytes]], chunk_bytes: int = 1 << 20,
                                        checksum=checksum_, layout=kv_layout or layout(), data=pieces[0])
         for piece in pieces[1:]:
             yield cache_store_pb2.PutChunk(data=piece)
+    if end:
+        yield END

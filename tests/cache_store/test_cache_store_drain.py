@@ -34,7 +34,7 @@ async def test_drain_refuses_new_work_and_finishes_in_flight():
     async def slow_put():
         yield header(key("slow"), data)
         await release.wait()
-        yield cache_store_pb2.PutChunk(data=data)
+        yield cache_store_pb2.PutChunk(data=data, end_of_put=True)
 
     async with open_channel(server.address, "cache-store") as channel:
         stub = cache_store_pb2_grpc.CacheStoreStub(channel)
@@ -46,7 +46,7 @@ async def test_drain_refuses_new_work_and_finishes_in_flight():
             await asyncio.sleep(0.01)
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.Put(iter([header(key("new"), b"x"), cache_store_pb2.PutChunk(data=b"x")]))
+            await stub.Put(iter([header(key("new"), b"x"), cache_store_pb2.PutChunk(data=b"x", end_of_put=True)]))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         status = await stub.NodeStatus(node_pb2.NodeStatusRequest())
         assert not status.healthy and status.requests_running == 1

@@ -20,7 +20,7 @@ from services.cache_store.store import BlockStore
 from services.common.launch import ServiceProcess, launch
 from services.common.server import NodeServer, ServiceBinding, grpc_options
 from services.common.tls.channels import open_channel, open_sync_channel
-from tests.cache_store.helpers import FP, block, blocks, key, keys, names, put_stream
+from tests.cache_store.helpers import END, FP, block, blocks, key, keys, names, put_stream
 from tests.cache_store.test_leases import Clock
 from tests.gateway.fakes import eventually
 from tests.tls_identities import identity_of
@@ -211,7 +211,7 @@ def test_staging_budget_bounds_every_caller_and_each():
 
 
 def chunks_of(*names_: str) -> list[cache_store_pb2.PutChunk]:
-    return list(put_stream([(key(name), data(name)) for name in names_], chunk_bytes=BLOCK // 4))
+    return list(put_stream([(key(name), data(name)) for name in names_], chunk_bytes=BLOCK // 4, end=False))
 
 
 async def test_unfinished_puts_stage_at_most_twice_the_memory_tier_in_all_and_the_tier_per_caller():
@@ -247,6 +247,7 @@ async def test_unfinished_puts_stage_at_most_twice_the_memory_tier_in_all_and_th
         assert f"past {8 * BLOCK} bytes (twice the memory tier's capacity)" in full.value.details()
         await eventually(lambda: budget.staged_bytes == 7 * BLOCK, 5, "the refused put gives its bytes back")
 
+        await second.write(END)
         await second.done_writing()  # a finished put is stored and gives its staging back
         assert (await second).num_stored == 4
         assert budget.staged_by("cn:prefill") == 0 and len(store) == 4

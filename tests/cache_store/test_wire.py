@@ -12,6 +12,7 @@ from services.cache_store.client import AsyncCacheStoreClient
 from services.cache_store.servicer import CacheStoreServicer, add_to_server
 from services.cache_store.store import BlockStore
 from services.cache_store.wire import (
+    END_OF_PUT,
     BlockAssembler,
     encode_chunk,
     parse_get_frame,
@@ -29,12 +30,14 @@ def test_put_frames_are_what_protobuf_would_serialize():
     data = os.urandom(5000)
     frames = list(put_frames([(key("a"), data), (key("b"), b"xy")], layout(), chunk_bytes=2048))
     messages = [cache_store_pb2.PutChunk.FromString(frame) for frame in frames]
-    assert [m.key for m in messages] == [key("a"), b"", b"", key("b")]
+    assert [m.key for m in messages] == [key("a"), b"", b"", key("b"), b""]
+    assert [m.end_of_put for m in messages] == [False] * 4 + [True]  # the last chunk ends the put, alone
+    assert frames[-1] == END_OF_PUT and not messages[-1].data
     assert b"".join(m.data for m in messages[:3]) == data
     assert messages[0].layout == layout() and messages[0].total_length == 5000
     for frame, message in zip(frames, messages, strict=True):
         assert frame == message.SerializeToString()
-    assert [m.data for m in put_chunks([(key("b"), b"xy")], layout())] == [b"xy"]
+    assert [m.data for m in put_chunks([(key("b"), b"xy")], layout())] == [b"xy", b""]
 
 
 def test_split_data_takes_data_from_anywhere_and_keeps_the_rest():
@@ -53,7 +56,8 @@ def test_split_data_takes_data_from_anywhere_and_keeps_the_rest():
 
 def test_block_assembler_takes_messages_and_frames():
     data = os.urandom(3000)
-    frames = [parse_get_frame(f) for f in put_frames([(key("a"), data)], layout(), chunk_bytes=1000)]
+    blocks_frames = list(put_frames([(key("a"), data)], layout(), chunk_bytes=1000))[:-1]  # not END_OF_PUT
+    frames = [parse_get_frame(f) for f in blocks_frames]
     for chunks in (frames, [cache_store_pb2.GetChunk(key=f.message.key, total_length=f.message.total_length,
                                                      checksum_algorithm=f.message.checksum_algorithm,
                                                      checksum=f.message.checksum, data=bytes(f.data))

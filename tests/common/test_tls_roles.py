@@ -68,7 +68,7 @@ def stub_as(server: NodeServer, identity) -> tuple[grpc.aio.Channel, cache_store
 
 async def one_put(stub, key: bytes = b"k"):
     async def chunks():
-        yield cache_store_pb2.PutChunk(key=key, total_length=1, data=b"x")
+        yield cache_store_pb2.PutChunk(key=key, total_length=1, data=b"x", end_of_put=True)
 
     return await stub.Put(chunks(), timeout=10)
 
