@@ -91,16 +91,17 @@ def fp32_model(bundled_weights):
     return DecoderModel(bundled_weights.config, bundled_weights.tensors, torch.float32)
 
 
-def make_engine(model, tokenizer, remote_store=None, **overrides):
+def make_engine(model, tokenizer, remote_store=None, graph_capture=None, **overrides):
     """An engine over an already-loaded model (fresh KV pool and scheduler each time); ``remote_store``: the
-    engine's cache-store factory (``offload_cache_store`` needs one)."""
+    engine's cache-store factory (``offload_cache_store`` needs one); ``graph_capture``: decode graphs."""
     from services.engine.config import EngineConfig
     from services.engine.engine import LLMEngine
 
     settings = {"model_path": "<preloaded>", "dtype": "float32" if model.dtype == torch.float32 else "bfloat16",
                 "num_kv_blocks": 512, "max_num_batched_tokens": 256}
     settings.update(overrides)
-    return LLMEngine(EngineConfig(**settings), model, tokenizer, remote_store=remote_store)
+    return LLMEngine(EngineConfig(**settings), model, tokenizer, remote_store=remote_store,
+                     graph_capture=graph_capture)
 
 
 @pytest.fixture(scope="session")

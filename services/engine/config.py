@@ -35,6 +35,8 @@ class EngineConfig:
     # Batch-invariant numerics: a request's tokens do not depend on the load, its cache hits, its chunking or
     # the path (one weight path for every step size, fixed-order attention; CPU only; see model/decoder.py).
     deterministic: bool = False
+    # Decode-only steps replay CUDA graphs captured per batch-size bucket at start (decode_graphs.py; CUDA only).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -57,6 +59,8 @@ class EngineConfig:
             raise ValueError(f"offload_remote must be one of {OFFLOAD_REMOTE}, got {self.offload_remote!r}")
         if self.cache_outputs and not self.offload_cache_store:
             raise ValueError("cache_outputs needs a cache-store (offload_cache_store)")
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device!r}")
         if self.cache_outputs and self.deterministic:
             raise ValueError("cache_outputs serves blocks of output positions as later prompts' prefixes, which the "
                              "deterministic mode never does (their numbers differ): use one or the other")

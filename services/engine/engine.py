@@ -21,6 +21,7 @@ from kvcache.manager import KVCacheManager
 from services.engine.admission import make_policy
 from services.engine.adoption import Adoptions
 from services.engine.config import EngineConfig
+from services.engine.decode_graphs import Capture, CudaGraphCapture, GraphOptions
 from services.engine.decode_role import DecodeRole
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import DuplicateRequestError, InvalidRequestError, UnknownRequestError
@@ -61,11 +62,13 @@ class PlannedStep:
 class LLMEngine(PrefillRole, DecodeRole):
     """``remote_store``: how the node reaches the cache-store at ``config.offload_cache_store`` (needed when
     it is set): ``remote_store(address, self.kv_layout_spec())`` is called once for the KV offload and once
-    more for the output cache, each getting a store (and a breaker) of its own."""
+    more for the output cache, each getting a store (and a breaker) of its own. ``graph_capture``: how decode
+    graphs are captured (default: CUDA graphs when ``config.cuda_graphs``; CPU tests pass
+    ``decode_graphs.eager_capture``, which turns them on)."""
 
     def __init__(self, config: EngineConfig, model: DecoderModel, tokenizer: Tokenizer | None,
                  fingerprint_identity: dict[str, object] | None = None, *,
-                 remote_store: RemoteStoreFactory | None = None):
+                 remote_store: RemoteStoreFactory | None = None, graph_capture: Capture | None = None):
         if config.offload_cache_store and remote_store is None:
             raise ValueError("offload_cache_store needs a remote_store factory (the node's cache-store client)")
         self.config = config
@@ -87,7 +90,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         )
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
-                                  deterministic=config.deterministic)
+                                  deterministic=config.deterministic, graphs=self._graph_options(graph_capture))
         remote = self._remote_store(remote_store)
         block_bytes = bytes_per_block(self.runner.kv_cache)
         self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
@@ -117,6 +120,12 @@ class LLMEngine(PrefillRole, DecodeRole):
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._handoffs: dict[str, Handoff] = {}  # prefill role (prefill_role.py)
         self._ids = itertools.count()
+
+    def _graph_options(self, capture: Capture | None) -> GraphOptions | None:
+        if capture is None and not self.config.cuda_graphs:
+            return None
+        return GraphOptions(self.config.max_num_seqs, self.max_model_len,
+                            capture or CudaGraphCapture(self.model.device), self.config.attention_backend or "auto")
 
     def _remote_store(self, factory: RemoteStoreFactory | None) -> RemoteBlockStore | None:
         if not self.config.offload_cache_store or factory is None:

@@ -8,6 +8,7 @@ import torch
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 from kernels.linear import RowPaths
+from services.engine.decode_graphs import GraphOptions, build_decode_graphs
 from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
@@ -25,10 +26,13 @@ class ModelRunner:
     With a ``deterministic`` model each row's projections take the path of its position's kind
     (:class:`RowPaths`): a prompt position (``< num_prompt_tokens``) dense, an output position 4-bit. A
     position's kind depends on its request only, never on batching, chunking, prefix hits, the node or a
-    recompute."""
+    recompute.
+
+    ``graphs``: decode-only steps replay captured graphs (``decode_graphs``); the KV tensor then has one
+    block more than ``num_blocks``, the last, where padding rows write (the pool never hands it out)."""
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,
-                 deterministic: bool = False):
+                 deterministic: bool = False, graphs: GraphOptions | None = None):
         if deterministic:
             if attention_backend not in (None, "auto", DETERMINISTIC_ATTENTION):
                 raise ValueError(f"the deterministic mode needs attention backend {DETERMINISTIC_ATTENTION!r}, "
@@ -38,10 +42,14 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.kv_cache = torch.zeros(cfg.num_layers, num_blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim,
+        sink = 1 if graphs is not None else 0
+        self.kv_cache = torch.zeros(cfg.num_layers, num_blocks + sink, 2, block_size, cfg.num_kv_heads, cfg.head_dim,
                                     dtype=model.dtype, device=model.device)
         self.kv_layers = list(self.kv_cache.unbind(0))
         self.attention = create_backend(attention_backend, model.device)
+        self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
+                                                                      graphs)
+        self.graph_steps = 0  # steps replayed from a graph
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -64,6 +72,10 @@ class ModelRunner:
             if item.samples:
                 logits_indices.append(len(input_ids) - 1)
                 samplers.append(request)
+        if self.graphs is not None and len(samplers) == len(query_lens) and max(query_lens) == 1 \
+                and self.graphs.bucket_for(len(query_lens)) is not None:
+            self.graph_steps += 1
+            return sample_step(self.graphs.run(input_ids, positions, seq_lens, tables), samplers)
         device = self.model.device
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device,
                                        prompt_lens if self.model.deterministic else None)

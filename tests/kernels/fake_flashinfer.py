@@ -100,15 +100,36 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
-    def __init__(self, workspace, kv_layout="NHD", use_tensor_cores=False):
+    """In CUDA-graph mode (``use_cuda_graph``) the batch size is that of the given buffers, ``plan`` copies
+    the page table into them and ``run`` reads them, as a replayed graph does."""
+
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
         super().__init__(workspace, kv_layout)
         self.use_tensor_cores = use_tensor_cores
+        self.use_cuda_graph = use_cuda_graph
+        if use_cuda_graph:
+            assert paged_kv_indptr_buffer is not None and paged_kv_indices_buffer is not None
+            assert paged_kv_last_page_len_buffer is not None
+            assert paged_kv_indptr_buffer.numel() == paged_kv_last_page_len_buffer.numel() + 1
+        self.buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              pos_encoding_mode="NONE", q_data_type="float16", kv_data_type=None, sm_scale=None):
         assert pos_encoding_mode == "NONE" and kv_data_type in (None, q_data_type)
         n = last_page_len.numel()
-        self.plans.append(_Plan(list(range(n + 1)), indptr.clone(), indices.clone(), last_page_len.clone(),
+        if self.use_cuda_graph:
+            indptr_buf, indices_buf, last_buf = self.buffers
+            if n != last_buf.numel():
+                raise ValueError(f"The batch size should be fixed in cudagraph mode, the runtime batch size {n} "
+                                 f" mismatches the batch size set during initialization {last_buf.numel()}")
+            indptr_buf.copy_(indptr)
+            indices_buf[:indices.numel()].copy_(indices)
+            last_buf.copy_(last_page_len)
+            indptr, indices, last_page_len = indptr_buf, indices_buf, last_buf  # run reads the buffers
+        else:
+            indptr, indices, last_page_len = indptr.clone(), indices.clone(), last_page_len.clone()
+        self.plans.append(_Plan(list(range(n + 1)), indptr, indices, last_page_len,
                                 (num_qo_heads, num_kv_heads, head_dim), page_size, False,
                                 sm_scale or head_dim**-0.5, q_data_type))
 
