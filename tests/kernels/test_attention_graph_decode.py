@@ -83,7 +83,7 @@ def test_flashinfer_graph_decode_plans_only_captured_sizes_and_appends_through_i
     three = AttentionMetadata.build([1] * 3, [1] * 3, [[1]] * 3, BLOCK, "cpu")
     with pytest.raises(ValueError, match=r"no graph of 3 rows; captured sizes: \[1, 2, 4, 8\]"):
         attention.plan(three)
-    seqs, cache, meta, q, k, v = padded_step([6, 11], 2, 5, torch.bfloat16)
+    _, cache, meta, q, k, v = padded_step([6, 11], 2, 5, torch.bfloat16)
     attention.plan(meta)
     assert attention.positions[:2].tolist() == [5, 10]
     assert attention.kv_indptr[:3].tolist() == [0, 2, 5]  # the wrapper's own copy went into the shared buffers
