@@ -18,12 +18,12 @@ buffers (not the capture itself, which only a GPU test can).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 
+import structlog
 import torch
 
 from kernels.attention.flashinfer import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
@@ -33,7 +33,7 @@ from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import BackendUnavailableError
 from services.engine.model.decoder import DecoderModel
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TORCH_GATHER_BYTES = 1 << 30
@@ -165,7 +165,7 @@ def build_decode_graphs(model: DecoderModel, kv_layers: list[torch.Tensor], sink
                         options: GraphOptions) -> DecodeGraphs | None:
     """The decode graphs of ``model`` (None, logged, where :func:`graph_support` says it cannot be held)."""
     if why := graph_support(model):
-        log.warning("cuda graphs: off for this model (%s): every step runs eagerly", why)
+        log.warning("cuda graphs: off for this model, every step runs eagerly", why=why)
         return None
     buckets = buckets_for(options.max_num_seqs)
     max_pages = -(-options.max_model_len // block_size)
@@ -176,12 +176,12 @@ def build_decode_graphs(model: DecoderModel, kv_layers: list[torch.Tensor], sink
         fits = tuple(b for b in buckets
                      if attention.gathered_bytes(b, cfg.num_kv_heads, cfg.head_dim, model.dtype) <= TORCH_GATHER_BYTES)
         if not fits:
-            log.warning("cuda graphs: off: the torch graph attention would gather more than %d bytes a layer "
-                        "even at one row (max_model_len %d)", TORCH_GATHER_BYTES, options.max_model_len)
+            log.warning("cuda graphs: off, the torch graph attention would gather too much even at one row",
+                        max_bytes_per_layer=TORCH_GATHER_BYTES, max_model_len=options.max_model_len)
             return None
         buckets = fits
     graphs = DecodeGraphs(model, kv_layers, attention, buckets, sink_block, block_size, options.capture)
-    log.info("cuda graphs: decode captured for batch sizes %s (%s attention)", list(graphs.buckets), attention.name)
+    log.info("cuda graphs: decode captured", batch_sizes=list(graphs.buckets), attention=attention.name)
     return graphs
 
 
@@ -205,5 +205,5 @@ def _flashinfer_graph(model: DecoderModel, buckets: tuple[int, ...], max_pages: 
     except BackendUnavailableError:
         if options.attention == "flashinfer":
             raise
-        log.warning("cuda graphs: flashinfer does not import: the graphs use the torch attention")
+        log.warning("cuda graphs: flashinfer does not import, the graphs use the torch attention")
         return None

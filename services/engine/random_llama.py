@@ -10,6 +10,7 @@ scale (``std``) keeps activations and logits O(1), so greedy choices are not nea
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,7 +31,12 @@ PRESETS: dict[str, ModelConfig] = {
     "smollm2-135m": _config("random-smollm2-135m", 49152, 576, 1536, 30, 9, 3, 100000.0, True),
     "llama-1b": _config("random-llama-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, True),
     "tiny": _config("random-tiny", 512, 128, 256, 2, 4, 2, 10000.0, False, max_position=2048),
+    # the real-size shapes of issue 29 (GPU benchmark only: 16 GB of bf16 weights each)
+    "llama-3.1-8b": _config("random-llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, False),
+    "qwen3-8b": replace(_config("random-qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 1000000.0, False),
+                        architecture="qwen3", qk_norm=True),
 }
+"""``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b``: its q/k norms are no Llama tensors)."""
 
 
 def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -59,6 +65,9 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
             p + "mlp.up_proj.weight": normal(inter, hidden),
             p + "mlp.down_proj.weight": normal(hidden, inter),
         }
+        if config.qk_norm:
+            tensors |= {p + "self_attn.q_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device),
+                        p + "self_attn.k_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device)}
     return tensors
 
 
@@ -85,6 +94,8 @@ def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Pa
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    if config.qk_norm or config.qkv_bias or config.moe is not None:
+        raise ValueError(f"{config.name} is not a plain Llama: write_random_llama_dir writes Llama checkpoints")
     path.mkdir(parents=True, exist_ok=True)
     hf_config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "_name_or_path": config.name,

@@ -33,7 +33,12 @@ def test_every_section_runs_on_a_cpu_and_writes_its_figures(tmp_path: Path) -> N
     assert "only CUDA pools" in transfer["fallback"]
     assert transfer["grpc_ms"] > 0 and transfer["ipc_ms"] > 0
 
-    rows = figures["decode"]["rows"]
-    assert [row["batch"] for row in rows] == SMOKE["batches"]
+    rows = figures["decode"]["rows"]  # each batch eager, then through the graphs' CPU stand-in
+    assert [(row["batch"], row["graphs"]) for row in rows] == [(b, g) for b in SMOKE["batches"] for g in (False, True)]
     assert all(row["model"] == "tiny (random weights)" and row["tokens_per_s"] > 0 for row in rows)
-    assert "| tiny (random weights) |" in done.stdout
+    assert "| tiny (random weights) | eager |" in done.stdout and "| tiny (random weights) | graphs |" in done.stdout
+
+    prefill = figures["prefill"]
+    assert prefill["peak_flops_per_s"] > 0
+    [row] = prefill["rows"]
+    assert row["tokens"] == SMOKE["prefill_tokens"] and row["ms"] > 0 and 0 < row["of_peak"]

@@ -4,7 +4,8 @@ on CUDA, the prompt's KV moved by CUDA IPC (one host, one GPU).
 - float32 (attention by the torch backend): greedy outputs equal the CPU float32 mixed engine's, token for
   token, for prompts from 1 to 700 tokens, 8 at once; the prefill node's log shows the IPC link ready.
 - bfloat16 (attention by FlashInfer when it imports): one request at a time, outputs equal the same GPU's
-  mixed engine with the same backend (same kernels, same batch shapes, KV copied bit for bit).
+  mixed engine with the same backend (same kernels, same batch shapes, KV copied bit for bit); the same with
+  ``--cuda-graphs on`` on both (decode steps replayed from CUDA graphs, issue 29).
 
 The model is the bundled one where it is installed, else random weights of its shape (the GPU machine
 cannot carry the GGUF). Skipped where CUDA is absent (``gpu`` marker)."""
@@ -50,9 +51,12 @@ def prompts() -> list[list[int]]:
     return [torch.randint(10, 40000, (n,), generator=gen).tolist() for n in lengths]
 
 
-def engine_outputs(model_path: str, prompts: list[list[int]], device: str, dtype: str, one_by_one: bool) -> list:
+def engine_outputs(model_path: str, prompts: list[list[int]], device: str, dtype: str, one_by_one: bool,
+                   cuda_graphs: bool = False) -> list:
     engine = LLMEngine.from_config(EngineConfig(model_path=model_path, dtype=dtype, device=device,
-                                                num_kv_blocks=1024, max_num_batched_tokens=256))
+                                                num_kv_blocks=1024, max_num_batched_tokens=256,
+                                                cuda_graphs=cuda_graphs))
+    assert (engine.runner.graphs is not None) == cuda_graphs
     if device == "cuda" and dtype == "bfloat16":
         assert engine.runner.attention.name == "flashinfer"
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -61,8 +65,9 @@ def engine_outputs(model_path: str, prompts: list[list[int]], device: str, dtype
     return [r.token_ids for r in engine.generate(prompts, params)]
 
 
-def run_cluster(model_path: str, dtype: str, prompts: list[list[int]], log: Path, concurrent: bool) -> list:
-    spec = ClusterSpec(engine_args=("--model", model_path, "--dtype", dtype, *ENGINE),
+def run_cluster(model_path: str, dtype: str, prompts: list[list[int]], log: Path, concurrent: bool,
+                extra: tuple[str, ...] = ()) -> list:
+    spec = ClusterSpec(engine_args=("--model", model_path, "--dtype", dtype, *ENGINE, *extra),
                        gateway_args=(*GATEWAY_ARGS, "--model", model_path),  # its tokenizer: no bundled one there
                        cache_store=False, startup_timeout_s=300)
     with log.open("w") as stderr, start_cluster(spec, stderr=stderr.fileno()) as cluster, \
@@ -103,3 +108,14 @@ def test_bfloat16_flashinfer_cluster_matches_the_gpu_mixed_engine(model_path, pr
     log = tmp_path / "cluster.log"
     assert run_cluster(model_path, "bfloat16", prompts, log, concurrent=False) == expected
     assert ipc_links_ready(log) == 1
+
+
+def test_bfloat16_cluster_with_cuda_graphs_matches_the_gpu_mixed_engine_with_them(model_path, prompts,
+                                                                                   tmp_path) -> None:
+    expected = engine_outputs(model_path, prompts, "cuda", "bfloat16", one_by_one=True, cuda_graphs=True)
+    log = tmp_path / "cluster.log"
+    assert run_cluster(model_path, "bfloat16", prompts, log, concurrent=False, extra=("--cuda-graphs", "on")) \
+        == expected
+    assert ipc_links_ready(log) == 1
+    events = [json.loads(line).get("event", "") for line in log.read_text().splitlines() if line.startswith("{")]
+    assert sum(e.startswith("cuda graphs: decode captured") for e in events) == 2  # prefill and decode node

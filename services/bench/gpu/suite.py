@@ -5,8 +5,10 @@
 2. transfer: the KV of a 4096-token prompt from a prefill node to a decode node on the same GPU, CUDA IPC
    vs the gRPC byte stream (``gpu.transfer``);
 3. decode: engine steps of the bundled model (random weights of its shape when the GGUF is absent: the
-   speed is the same) and of a random ~1B Llama at batch 1/32/128, against the memory-bandwidth floor
-   (``gpu.decode``).
+   speed is the same), of a random ~1B Llama and of random Llama-3.1-8B and Qwen3-8B shapes at batch
+   1/32/128, each eager and replayed from CUDA graphs, against the memory-bandwidth floor (``gpu.decode``);
+4. prefill: one 4096-token prompt of the 8B shapes as a fraction of the bf16 matmul peak measured in the
+   same call (``gpu.prefill``).
 
 Markdown tables on stdout; ``--json`` writes every figure. Sections run in that order; ``--sections``
 picks some. ``--smoke`` runs every section with tiny sizes and a tiny random model, on any ``--device``
@@ -29,10 +31,13 @@ from services.bench.gpu.decode import copy_bandwidth, decode_throughput
 from services.engine.errors import ModelLoadError
 from services.engine.random_llama import PRESETS, random_model, write_random_llama_dir
 
-SECTIONS = ("attention", "transfer", "decode")
+SECTIONS = ("attention", "transfer", "decode", "prefill")
+DECODE_PRESETS = ("smollm2-135m", "llama-1b", "llama-3.1-8b", "qwen3-8b")
+PREFILL_PRESETS = ("llama-3.1-8b", "qwen3-8b")
 
 
-SMOKE = {"repeats": 2, "tokens": 64, "batches": [1, 2], "prompt_len": 32, "steps": 2, "layers": 1}
+SMOKE = {"repeats": 2, "tokens": 64, "batches": [1, 2], "prompt_len": 32, "steps": 2, "layers": 1,
+         "prefill_tokens": 64}
 """``--smoke`` sizes (they replace the arguments of the same names)."""
 
 
@@ -69,8 +74,8 @@ def section_decode(model_path: str, bundled: bool, batches: list[int], prompt_le
     bandwidth = copy_bandwidth(device, gib=2.0 if device == "cuda" else 0.0625)
     print(f"\nDecode steps, bf16, prompts of {prompt_len} tokens; memory bandwidth measured as a device copy: "
           f"{bandwidth / 1e12:.2f} TB/s (read + write)\n")
-    print("| model | attention | batch | ms/step | tokens/s | floor ms | × floor |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | steps | attention | batch | ms/step | tokens/s | floor ms | × floor |\n"
+          "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     rows = []
     for name in presets:
         if name == "smollm2-135m" and bundled:
@@ -81,12 +86,31 @@ def section_decode(model_path: str, bundled: bool, batches: list[int], prompt_le
             label = f"{name} (random weights)"
         for r in decode_throughput(label, model, batches, bandwidth, prompt_len, steps, attention):
             rows.append({**dataclasses.asdict(r), "of_floor": r.of_floor})
-            print(f"| {r.model} | {r.attention} | {r.batch} | {r.ms_per_step:.2f} | {r.tokens_per_s:,.0f} | "
-                  f"{r.floor_ms:.3f} | {r.of_floor:.1f} |", flush=True)
+            print(f"| {r.model} | {'graphs' if r.graphs else 'eager'} | {r.attention} | {r.batch} | "
+                  f"{r.ms_per_step:.2f} | {r.tokens_per_s:,.0f} | {r.floor_ms:.3f} | {r.of_floor:.2f} |", flush=True)
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
     return {"bandwidth_bytes_per_s": bandwidth, "rows": rows}
+
+
+def section_prefill(tokens: int, repeats: int, device: str, presets: tuple[str, ...]) -> dict[str, object]:
+    from services.bench.gpu.prefill import matmul_peak, prefill_fraction
+
+    peak = matmul_peak(device, size=8192 if device == "cuda" else 256, repeats=20 if device == "cuda" else 2)
+    print(f"\nPrefill of one {tokens}-token prompt, bf16 (medians of {repeats}); bf16 matmul peak measured here: "
+          f"{peak / 1e12:.0f} TFLOP/s\n")
+    print("| model | tokens | ms | TFLOP/s | of the matmul peak |\n| --- | ---: | ---: | ---: | ---: |")
+    rows = []
+    for name in presets:
+        model = random_model(PRESETS[name], torch.bfloat16, device, seed=1)
+        r = prefill_fraction(f"{name} (random weights)", model, tokens, peak, repeats)
+        rows.append({**dataclasses.asdict(r), "of_peak": r.of_peak})
+        print(f"| {r.model} | {r.tokens} | {r.ms:.1f} | {r.flops_per_s / 1e12:.0f} | {r.of_peak:.0%} |", flush=True)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {"peak_flops_per_s": peak, "rows": rows}
 
 
 def main() -> None:
@@ -101,6 +125,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1024, help="decode: tokens per sequence")
     parser.add_argument("--steps", type=int, default=32, help="decode: timed steps")
     parser.add_argument("--attention", default=None, help="decode: attention backend (default auto)")
+    parser.add_argument("--presets", nargs="+", default=list(DECODE_PRESETS), choices=sorted(PRESETS),
+                        help="decode: model shapes")
+    parser.add_argument("--prefill-presets", nargs="+", default=list(PREFILL_PRESETS), choices=sorted(PRESETS))
+    parser.add_argument("--prefill-tokens", type=int, default=4096, help="prefill: prompt tokens")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and model: checks the harness, on any "
                                                              "device; the figures mean nothing")
@@ -113,7 +141,7 @@ def main() -> None:
     print(f"# pdserve GPU bench: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"flashinfer {_flashinfer_version() if args.device == 'cuda' else 'not used on a CPU'}")
     figures: dict[str, object] = {"device": name, "torch": torch.__version__, "smoke": args.smoke}
-    presets = ("tiny",) if args.smoke else ("smollm2-135m", "llama-1b")
+    presets = ("tiny",) if args.smoke else tuple(args.presets)
     with tempfile.TemporaryDirectory() as workdir:
         if args.model:
             model_path, bundled = args.model, True
@@ -131,9 +159,12 @@ def main() -> None:
                 figures[section] = run(args.layers, args.repeats, args.device, args.smoke)
             elif section == "transfer":
                 figures[section] = section_transfer(model_path, args.tokens, max(3, args.repeats // 2), args.device)
-            else:
+            elif section == "decode":
                 figures[section] = section_decode(model_path, bundled, args.batches, args.prompt_len, args.steps,
                                                   args.attention, args.device, presets)
+            else:
+                figures[section] = section_prefill(args.prefill_tokens, max(3, args.repeats // 2), args.device,
+                                                   ("tiny",) if args.smoke else tuple(args.prefill_presets))
             print(f"\n({section}: {time.perf_counter() - started:.0f} s)", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(figures, indent=1, default=str))
