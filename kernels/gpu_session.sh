@@ -6,15 +6,18 @@
 # Steps, each capped by what is left of BUDGET seconds (default 560), logs under $OUT:
 #   1. install the carried wheels (once per machine), generate the gRPC stubs, name the GPU;
 #   2. FlashInfer's first calls (AOT modules from the bundle, else its JIT): warmup.log;
-#   3. the unit-level GPU tests and the GPU cluster tests, side by side: gpu-unit.log, gpu-e2e.log;
-#   4. the benchmarks (attention, KV transfer, decode): bench-gpu.md and bench-gpu.json ($BENCH).
-# SECTIONS="attention transfer decode" and STEPS="warmup unit e2e bench" pick parts for a rerun.
+#   3. the unit-level GPU tests (kernels, IPC, decode graphs against eager) and the GPU cluster tests, side
+#      by side: gpu-unit.log, gpu-e2e.log;
+#   4. the benchmarks (KV transfer, decode eager and from CUDA graphs with the 8B shapes, 4k prefill against
+#      the matmul peak; attention too when SECTIONS names it): bench-gpu.md and bench-gpu.json ($BENCH);
+#   5. one decode step profiled eager and from graphs (host ms, launches, GPU ms): profile.md.
+# SECTIONS="attention transfer decode prefill" and STEPS="warmup unit e2e bench profile" pick parts.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 BUDGET=${BUDGET:-560}
-STEPS=${STEPS:-warmup unit e2e bench}
-SECTIONS=${SECTIONS:-attention transfer decode}
+STEPS=${STEPS:-warmup unit e2e bench profile}
+SECTIONS=${SECTIONS:-transfer decode prefill}
 BENCH=${BENCH:-bench-gpu}  # the bench's file names under $OUT: $BENCH.md and $BENCH.json
 started=$SECONDS
 SITE=${SITE:-/tmp/site}
@@ -51,7 +54,8 @@ if wants unit || wants e2e; then
     limit=$(cap 240)
     note "GPU tests (cap $limit s)"
     if wants unit; then
-        timeout -k 5 "$limit" "${PYTEST[@]}" tests/kernels tests/kvcache >"$OUT/gpu-unit.log" 2>&1 &
+        timeout -k 5 "$limit" "${PYTEST[@]}" tests/kernels tests/kvcache tests/engine/test_decode_graphs_gpu.py \
+            >"$OUT/gpu-unit.log" 2>&1 &
         unit=$!
     fi
     if wants e2e; then
@@ -79,5 +83,11 @@ if wants bench; then
     timeout -k 5 "$(cap 400)" python3 -m services.bench.gpu.suite --sections $SECTIONS \
         --json "$OUT/$BENCH.json" 2>&1 | tee "$OUT/$BENCH.md"
     note "bench rc=$?"
+fi
+if wants profile; then
+    note "profile (cap $(cap 90) s)"
+    timeout -k 5 "$(cap 90)" python3 -m services.bench.gpu.profile_step --batches 1 32 >"$OUT/profile.md" 2>&1
+    note "profile rc=$?"
+    tail -8 "$OUT/profile.md"
 fi
 note "done"
