@@ -82,8 +82,10 @@ class IpcSessions:
             return IpcAnswer(accepted=False, reason=checked)
         session, digest = checked
         self.prune()
-        for session_id in [s for s, old in self.sessions.items() if old.identity == offer.identity]:
-            del self.sessions[session_id]  # the same prefill process offers again: its new session wins
+        # the same prefill process (as its caller's offers say) offers again: its new session wins
+        replaced = [s for s, old in self.sessions.items() if old.identity == offer.identity and old.owner == owner]
+        for session_id in replaced:
+            del self.sessions[session_id]
         self.sessions[offer.session_id] = session
         log.info("kv ipc session open", session=offer.session_id, peer_pid=offer.identity.pid,
                  peer_blocks=session.pool.shape[1])
@@ -98,6 +100,9 @@ class IpcSessions:
         """The mapped session and the probe's digest, or why the offer is refused."""
         if self.identity is None:
             return "this decode node takes no CUDA IPC (kv_ipc off or a CPU pool)"
+        held = self.sessions.get(offer.session_id)
+        if held is not None and held.owner != owner:  # a session is its opener's: nobody else replaces it
+            return "session_id is another caller's session"
         refusal = ipc_refusal(self.identity, offer.identity)
         if refusal is not None:
             return refusal

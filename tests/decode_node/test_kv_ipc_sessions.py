@@ -105,3 +105,30 @@ def test_sessions_of_prefill_processes_that_are_gone_are_unmapped(ipc: FakeIpc) 
     assert here.open(ipc.pool_export(pool(20, 1), LAYOUT, identity=dead, session_id="dead").offer).accepted
     assert here.open(ipc.pool_export(pool(20, 1), LAYOUT, identity=live, session_id="live").offer).accepted
     assert list(here.sessions) == ["live"]  # every new offer prunes first
+
+
+def test_another_caller_can_neither_take_over_a_session_id_nor_replace_a_session_by_naming_its_process(
+        ipc: FakeIpc) -> None:
+    import os
+
+    here = sessions(ipc)
+    mine = pool(20, 1)
+    live = dataclasses.replace(DECODE_ID, pid=os.getppid())  # a process that exists: pruning keeps its session
+
+    def offer(source: torch.Tensor, session_id: str):
+        return ipc.pool_export(source, LAYOUT, identity=live, session_id=session_id).offer
+
+    assert here.open(offer(mine, "s1"), owner="cn:prefill-a").accepted
+    opened = ipc.opened
+    # the same session id from another caller: refused before anything is mapped
+    hijack = here.open(offer(pool(20, 2), "s1"), owner="cn:prefill-b")
+    assert not hijack.accepted and hijack.reason == "session_id is another caller's session"
+    assert ipc.opened == opened and here.owner_of("s1") == "cn:prefill-a"
+    # another caller claiming the same process (identity is the offer's word): its own session, a's stays
+    assert here.open(offer(pool(20, 3), "s2"), owner="cn:prefill-b").accepted
+    assert sorted(here.sessions) == ["s1", "s2"]
+    here.copy("s1", [5], [2])
+    assert torch.equal(here.pool[:, 2], mine[:, 5])
+    # the owner itself may re-offer under the same id
+    assert here.open(offer(pool(20, 4), "s1"), owner="cn:prefill-a").accepted
+    assert sorted(here.sessions) == ["s1", "s2"] and here.owner_of("s1") == "cn:prefill-a"
