@@ -13,8 +13,10 @@ from services.engine.random_llama import PRESETS, random_model
 def test_a_batch_prefilled_over_many_steps_is_timed_whole() -> None:
     model = random_model(PRESETS["tiny"], torch.bfloat16, "cpu", seed=1)
     assert prefill_steps(8, 32, 32) == 8  # one prompt per step: the first decodes through 7 more
-    ms, backend = decode_step_ms(model, batch=8, prompt_len=32, steps=2, attention=None, max_batched_tokens=32)
-    assert ms > 0 and backend
+    for graphs in (False, True):  # eagerly, then through the decode graphs' CPU stand-in
+        ms, backend, replayed = decode_step_ms(model, batch=8, prompt_len=32, steps=2, attention=None,
+                                               max_batched_tokens=32, graphs=graphs)
+        assert ms > 0 and backend and replayed == graphs
 
 
 def test_the_mean_context_counts_the_tokens_decoded_during_prefill() -> None:
