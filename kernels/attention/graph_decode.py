@@ -9,7 +9,7 @@ arguments. Shapes never change between capture and replay: one graph per batch s
 
 :class:`TorchGraphDecode` is the pure-torch implementation (any dtype, any device; the float32 parity
 mode's on a GPU, and the one CPU tests replay): each row gathers ``max_pages`` pages and masks what lies
-past its length, so its memory grows with ``max_pages`` (:meth:`TorchGraphDecode.gathered_bytes`).
+past its length, so its memory grows with ``max_pages`` (:meth:`TorchGraphDecode.peak_bytes`).
 FlashInfer's CUDA-graph decode is ``kernels.attention.flashinfer_graph``.
 """
 
@@ -65,9 +65,11 @@ class TorchGraphDecode(GraphDecodeAttention):
         self.slots = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         self._key_positions = torch.arange(max_pages * block_size, device=self.device)
 
-    def gathered_bytes(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """What one layer's forward of ``batch`` rows gathers (K and V of ``max_pages`` pages a row)."""
-        return 2 * batch * self.max_pages * self.block_size * num_kv_heads * head_dim * dtype.itemsize
+    def peak_bytes(self, batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """The memory one layer's forward of ``batch`` rows holds at its peak: the gathered pages (K and V of
+        ``max_pages`` pages a row), K and V each copied out of them, their float32 copies and the masked V."""
+        elements = batch * self.max_pages * self.block_size * num_kv_heads * head_dim  # of K, or of V
+        return elements * (4 * dtype.itemsize + 3 * 4)
 
     def plan(self, meta: AttentionMetadata) -> None:
         self.check_step(meta)

@@ -18,6 +18,7 @@ buffers (not the capture itself, which only a GPU test can).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -37,8 +38,8 @@ log = structlog.get_logger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TORCH_GATHER_BYTES = 1 << 30
-"""The pure-torch graph attention gathers every row's whole page table: buckets whose one layer would gather
-more than this run eagerly."""
+"""The pure-torch graph attention gathers every row's whole page table: buckets whose one layer would need
+more than this for it (``TorchGraphDecode.peak_bytes``: the gather and its float copies) run eagerly."""
 Replay = Callable[[], torch.Tensor]
 Capture = Callable[[Callable[[], torch.Tensor]], Replay]
 
@@ -59,14 +60,16 @@ class CudaGraphCapture:
         self.graphs: list[torch.cuda.CUDAGraph] = []
 
     def __call__(self, forward: Callable[[], torch.Tensor]) -> Replay:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            forward()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            output = forward()
+        # on the node's device (cuda:N): torch.cuda.graph's default capture stream is the current device's
+        with torch.cuda.device(self.device):
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                forward()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.Stream(self.device)):
+                output = forward()
         self.graphs.append(graph)
 
         def replay() -> torch.Tensor:
@@ -107,8 +110,9 @@ class DecodeGraphs:
         self.buckets = tuple(sorted(buckets))
         self.sink_block, self.block_size = sink_block, block_size
         device, largest = model.device, self.buckets[-1]
-        self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
-        self.positions = torch.zeros(largest, dtype=torch.long, device=device)
+        self._inputs = torch.zeros(2, largest, dtype=torch.long, device=device)  # token ids; positions
+        self._staged = torch.zeros(2, largest, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.input_ids, self.positions = self._inputs.unbind(0)
         self.rows = torch.arange(largest, dtype=torch.long, device=device)
         self.replays: dict[int, Replay] = {}
         self.padded_rows = 0  # rows run as padding so far (a measure of the buckets' fit)
@@ -136,11 +140,17 @@ class DecodeGraphs:
 
     def _fill(self, input_ids: list[int], positions: list[int], seq_lens: list[int], tables: list[list[int]],
               bucket: int) -> None:
-        pad = bucket - len(input_ids)
-        self.input_ids[:bucket].copy_(torch.tensor([*input_ids, *[0] * pad], dtype=torch.long))
-        self.positions[:bucket].copy_(torch.tensor([*positions, *[0] * pad], dtype=torch.long))
+        """Stage the step (padding rows: token 0 at position 0 of the sink block) and plan its attention. The
+        staging buffer is pinned and rewritten only after the previous step's logits were read (a sync)."""
+        n, staged = len(input_ids), self._staged
+        staged[:, :bucket].zero_()
+        if n:
+            staged[0, :n] = torch.tensor(input_ids, dtype=torch.long)
+            staged[1, :n] = torch.tensor(positions, dtype=torch.long)
+        self._inputs[:, :bucket].copy_(staged[:, :bucket], non_blocking=True)
+        pad = bucket - n
         meta = AttentionMetadata.build([1] * bucket, [*seq_lens, *[1] * pad], [*tables, *[[self.sink_block]] * pad],
-                                       self.block_size, self.model.device)
+                                       self.block_size, "cpu")  # the attention copies what it reads
         self.attention.plan(meta)
 
     def _forward(self, bucket: int) -> torch.Tensor:
@@ -174,14 +184,23 @@ def build_decode_graphs(model: DecoderModel, kv_layers: list[torch.Tensor], sink
         cfg = model.config
         attention = TorchGraphDecode(model.device, max(buckets), max_pages, block_size)
         fits = tuple(b for b in buckets
-                     if attention.gathered_bytes(b, cfg.num_kv_heads, cfg.head_dim, model.dtype) <= TORCH_GATHER_BYTES)
+                     if attention.peak_bytes(b, cfg.num_kv_heads, cfg.head_dim, model.dtype) <= TORCH_GATHER_BYTES)
         if not fits:
-            log.warning("cuda graphs: off, the torch graph attention would gather too much even at one row",
+            log.warning("cuda graphs: off, the torch graph attention would need too much memory even at one row",
                         max_bytes_per_layer=TORCH_GATHER_BYTES, max_model_len=options.max_model_len)
             return None
         buckets = fits
-    graphs = DecodeGraphs(model, kv_layers, attention, buckets, sink_block, block_size, options.capture)
-    log.info("cuda graphs: decode captured", batch_sizes=list(graphs.buckets), attention=attention.name)
+    started = time.perf_counter()
+    try:
+        graphs = DecodeGraphs(model, kv_layers, attention, buckets, sink_block, block_size, options.capture)
+    except (RuntimeError, torch.OutOfMemoryError) as exc:  # a kernel or the memory a graph cannot have
+        log.warning("cuda graphs: capture failed, every step runs eagerly", error=str(exc)[:500],
+                    batch_sizes=list(buckets), attention=attention.name)
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+    log.info("cuda graphs: decode captured", batch_sizes=list(graphs.buckets), attention=attention.name,
+             seconds=round(time.perf_counter() - started, 2))
     return graphs
 
 

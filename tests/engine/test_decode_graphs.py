@@ -92,3 +92,21 @@ def test_flashinfer_graph_decode_over_the_stand_in_matches_the_eager_logits_in_b
                                  torch.arange(rows))
         assert got.shape == want.shape
         assert (got - want).abs().max() < 0.02 * want.abs().max()  # bf16 rounding (~0.5% here), not a wrong row
+
+
+def test_a_capture_that_fails_leaves_the_runner_eager(fp32_model):
+    def failing(forward):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    runner = ModelRunner(fp32_model, 16, 16, "torch",
+                         graphs=GraphOptions(max_num_seqs=4, max_model_len=64, capture=failing))
+    assert runner.graphs is None
+
+
+def test_the_graph_workspace_holds_flashinfers_split_kv_scratch():
+    from kernels.attention.flashinfer_graph import GRAPH_WORKSPACE_MIB, workspace_bytes
+
+    assert workspace_bytes(128, 9, 3, 64) == GRAPH_WORKSPACE_MIB << 20  # small models: the floor
+    # 64 query heads of 128 over 8 KV heads at 256 rows (a Qwen3-32B-like shape): 383 tiles of 16 rows,
+    # ~200 MB of float partial outputs, past a 128 MiB workspace
+    assert workspace_bytes(256, 64, 8, 128) >= 2 * 64 * 383 * 16 * 128 * 4
