@@ -13,6 +13,11 @@ class RotaryEmbedding:
     Angles are computed in float32 exactly as ``transformers`` does (``inv_freq`` from ``theta`` and the
     checkpoint's rope scaling, outer product with positions, cos/sin times the scaling's attention factor),
     so float32 runs match the reference bit for bit where possible.
+
+    The tables span the whole head: ``cos`` is ``[cos | cos]`` and ``sin`` is ``[-sin | sin]``, so that
+    rotating is ``x * cos + roll(x, half) * sin``: 4 elementwise kernels instead of the 7 of halves and a
+    concatenation, with the same bits in every dtype (a sign flip is exact, and each product and the sum
+    are rounded as the half-by-half form rounds them).
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float, device: torch.device | str = "cpu",
@@ -26,12 +31,13 @@ class RotaryEmbedding:
         cos, sin = freqs.cos(), freqs.sin()
         if attention_factor != 1.0:
             cos, sin = cos * attention_factor, sin * attention_factor
-        self.cos = cos.to(device)
-        self.sin = sin.to(device)
+        self.cos = torch.cat((cos, cos), dim=-1).to(device)
+        self.sin = torch.cat((-sin, sin), dim=-1).to(device)
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for ``positions`` as ``[T, 1, head_dim // 2]`` in ``dtype`` (gather once per step)."""
+        """cos and sin (see the class) for ``positions`` as ``[T, 1, head_dim]`` in ``dtype`` (gather once per
+        step)."""
         if dtype not in self._cast:
             self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
         cos, sin = self._cast[dtype]
@@ -39,7 +45,6 @@ class RotaryEmbedding:
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables`."""
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables` ("rotate half":
+        ``[x1 * cos - x2 * sin | x2 * cos + x1 * sin]``)."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

@@ -34,8 +34,9 @@ def test_tables_equal_transformers(case):
     theta, scaling = rope_settings({"model_type": "llama", **raw})
     ours = RotaryEmbedding(64, 2048, theta, scaling=scaling)
     cos, sin = ours.tables(positions, torch.float32)
-    torch.testing.assert_close(cos[:, 0], cos_ref[0, :, :32], rtol=0, atol=1e-6)
-    torch.testing.assert_close(sin[:, 0], sin_ref[0, :, :32], rtol=0, atol=1e-6)
+    torch.testing.assert_close(cos[:, 0], cos_ref[0], rtol=0, atol=1e-6)  # [cos | cos]
+    torch.testing.assert_close(sin[:, 0, 32:], sin_ref[0, :, 32:], rtol=0, atol=1e-6)  # [-sin | sin]
+    assert torch.equal(sin[:, 0, :32], -sin[:, 0, 32:])
     if case != "default" and case != "dynamic":  # the scaling changes the tables: the check can fail
         plain = RotaryEmbedding(64, 2048, theta)
         assert not torch.allclose(plain.tables(positions, torch.float32)[0], cos, atol=1e-3)
@@ -49,3 +50,15 @@ def test_an_unsupported_rope_type_is_refused_by_name():
                        "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
     with pytest.raises(UnsupportedRopeError, match="original_max_position"):
         RopeScaling(rope_type="llama3", factor=8.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_apply_rotates_half_with_the_bits_of_the_half_by_half_form(dtype):
+    rope = RotaryEmbedding(64, 4096, 500000.0)
+    positions = torch.tensor([0, 1, 17, 1000, 4095])
+    cos, sin = rope.tables(positions, dtype)
+    x = torch.randn(5, 7, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    c, s = cos[..., :32], sin[..., 32:]  # the plain halves
+    x1, x2 = x[..., :32], x[..., 32:]
+    expected = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    assert torch.equal(RotaryEmbedding.apply(x, cos, sin), expected)
