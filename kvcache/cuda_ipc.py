@@ -132,16 +132,43 @@ def copy_blocks(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: Sequenc
         return
     try:
         if dst_pool.device.type != "cuda":
-            dst_pool[:, list(dst_ids)] = src_pool[:, list(src_ids)].to(dst_pool.device)
+            _copy(src_pool, dst_pool, src_ids, dst_ids)
             return
         stream = stream or torch.cuda.current_stream(dst_pool.device)
         # Torch's streams do not wait for the default stream by themselves: the engine's kernels queued
         # there (a late write into a block freed and just reserved again) must finish before the copy.
         stream.wait_stream(torch.cuda.default_stream(dst_pool.device))
         with torch.cuda.stream(stream):
-            src = torch.tensor(list(src_ids), dtype=torch.long).to(src_pool.device, non_blocking=True)
-            dst = torch.tensor(list(dst_ids), dtype=torch.long).to(dst_pool.device, non_blocking=True)
-            dst_pool.index_copy_(1, dst, src_pool.index_select(1, src))
+            _copy(src_pool, dst_pool, src_ids, dst_ids)
         stream.synchronize()
     except RuntimeError as exc:
         raise IpcError(f"copying {len(src_ids)} blocks failed: {exc}") from exc
+
+
+MAX_RUN_COPIES = 8
+"""Past this many runs of consecutive ids, one gather and one scatter beat a strided copy per run."""
+
+
+def block_runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(source start, destination start, length)`` of each maximal run of pairs whose ids both go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src_ids, dst_ids, strict=True):
+        if runs and s == runs[-1][0] + runs[-1][2] and d == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+def _copy(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: Sequence[int], dst_ids: Sequence[int]) -> None:
+    """On the current stream: a strided copy per run of consecutive blocks (each byte read and written once;
+    a fresh pool hands out consecutive blocks), or, past :data:`MAX_RUN_COPIES` runs, one gather into a
+    temporary and one scatter out of it."""
+    runs = block_runs(src_ids, dst_ids)
+    if len(runs) <= MAX_RUN_COPIES:
+        for s, d, n in runs:
+            dst_pool[:, d:d + n].copy_(src_pool[:, s:s + n], non_blocking=True)
+        return
+    src = torch.tensor(list(src_ids), dtype=torch.long).to(src_pool.device, non_blocking=True)
+    dst = torch.tensor(list(dst_ids), dtype=torch.long).to(dst_pool.device, non_blocking=True)
+    dst_pool.index_copy_(1, dst, src_pool.index_select(1, src).to(dst_pool.device))

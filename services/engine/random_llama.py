@@ -35,6 +35,9 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-3.1-8b": _config("random-llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, False),
     "qwen3-8b": replace(_config("random-qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 1000000.0, False),
                         architecture="qwen3", qk_norm=True),
+    # Llama-3.1-8B's KV layout (32 layers of 8 KV heads of 128: 128 KiB a token in bf16) on small weights:
+    # what the KV transfer bench moves, in a checkpoint small enough to write there
+    "kv-llama-8b": replace(_config("random-kv-llama-8b", 4096, 512, 1024, 32, 8, 8, 500000.0, False), head_dim=128),
 }
 """``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b``: its q/k norms are no Llama tensors)."""
 

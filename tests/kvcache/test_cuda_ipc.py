@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from kvcache.cuda_ipc import (
+    MAX_RUN_COPIES,
     PROBE_BYTES,
     IpcError,
+    block_runs,
     check_pools_match,
     copy_blocks,
     export_tensor,
@@ -42,6 +44,26 @@ def test_copy_blocks_moves_exact_bytes_between_pools_of_other_sizes() -> None:
     untouched = [b for b in range(9) if b not in dst_ids]
     assert torch.equal(dst[:, untouched], before[:, untouched])
     copy_blocks(src, dst, [], [])
+
+
+def test_block_runs_group_pairs_whose_ids_both_go_up_by_one() -> None:
+    assert block_runs([], []) == []
+    assert block_runs([4, 5, 6, 9, 10, 2], [0, 1, 2, 7, 9, 10]) == [(4, 0, 3), (9, 7, 1), (10, 9, 1), (2, 10, 1)]
+
+
+@pytest.mark.parametrize(("src_ids", "dst_ids", "runs"), [
+    (list(range(3, 40)), list(range(50, 87)), 1),  # one strided copy
+    ([*range(0, 10), *range(20, 30)], [*range(60, 70), *range(0, 10)], 2),
+    (list(range(0, 40, 2)), list(range(99, 79, -1)), 20),  # past MAX_RUN_COPIES: gather and scatter
+])
+def test_copy_blocks_by_runs_or_by_gather_moves_exact_bytes(src_ids: list[int], dst_ids: list[int], runs: int) -> None:
+    assert len(block_runs(src_ids, dst_ids)) == runs and (runs > MAX_RUN_COPIES) == (runs == 20)
+    src, dst = pool(40, seed=3), pool(100, seed=4)
+    before = dst.clone()
+    copy_blocks(src, dst, src_ids, dst_ids)
+    assert torch.equal(dst[:, dst_ids], src[:, src_ids])
+    untouched = [b for b in range(100) if b not in dst_ids]
+    assert torch.equal(dst[:, untouched], before[:, untouched])
 
 
 @pytest.mark.parametrize(("src_ids", "dst_ids", "message"), [
