@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from services.common.config import setting
+from services.engine.config import EngineConfig
 from services.engine_node.node_config import EngineNodeConfig
 from services.prefill_node.prepare import PrepareSettings
 
@@ -38,6 +40,11 @@ class PrefillNodeConfig(EngineNodeConfig):
                self.prepare_timeout_ms, self.cache_store_timeout_ms) <= 0:
             raise ValueError("prepare_backoff_ms, prepare_backoff_max_ms, prepare_wait_ms, prepare_timeout_ms and "
                              "cache_store_timeout_ms must be > 0")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings; ``--cuda-graphs`` is accepted (one value for both roles) but captures
+        nothing here: a prefill node runs no decode-only step."""
+        return dataclasses.replace(super().engine_config(), cuda_graphs=False)
 
     def prepare_settings(self) -> PrepareSettings:
         return PrepareSettings(concurrency=self.prepare_concurrency, wait_s=self.prepare_wait_ms / 1000,

@@ -110,3 +110,11 @@ def test_the_graph_workspace_holds_flashinfers_split_kv_scratch():
     # 64 query heads of 128 over 8 KV heads at 256 rows (a Qwen3-32B-like shape): 383 tiles of 16 rows,
     # ~200 MB of float partial outputs, past a 128 MiB workspace
     assert workspace_bytes(256, 64, 8, 128) >= 2 * 64 * 383 * 16 * 128 * 4
+
+
+def test_a_prefill_node_accepts_cuda_graphs_but_captures_nothing():
+    from services.decode_node.config import DecodeNodeConfig
+    from services.prefill_node.config import PrefillNodeConfig
+
+    assert DecodeNodeConfig(device="cuda", cuda_graphs="on").engine_config().cuda_graphs
+    assert not PrefillNodeConfig(device="cuda", cuda_graphs="on").engine_config().cuda_graphs
