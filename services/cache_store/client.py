@@ -17,7 +17,7 @@ from typing import Any
 
 from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
-from services.cache_store.wire import Block, BlockAssembler, parse_get_frame, put_frames
+from services.cache_store.wire import Block, BlockAssembler, parse_get_frame, put_frames, put_metadata
 from services.common import tracing
 from services.common.server import grpc_options
 from services.common.tls.channels import identity_generation, open_channel, open_sync_channel
@@ -80,7 +80,8 @@ class CacheStoreClient:
 
     def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
         """Store ``(key, data)`` pairs atomically."""
-        return self._calls().put(put_frames(blocks, self.layout), timeout=self.timeout_s, metadata=tracing.outgoing())
+        return self._calls().put(put_frames(blocks, self.layout), timeout=self.timeout_s,
+                                 metadata=put_metadata(tracing.outgoing()))
 
     def get(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False) -> list[bytes]:
         """The data of ``keys`` in order (``NOT_FOUND`` if any is missing, unless ``allow_partial``:
@@ -126,7 +127,7 @@ class AsyncCacheStoreClient:
 
     async def put(self, blocks: Sequence[Block]) -> cache_store_pb2.PutResponse:
         frames = put_frames(blocks, self.layout)
-        return await self._calls().put(frames, timeout=self.timeout_s, metadata=tracing.outgoing())
+        return await self._calls().put(frames, timeout=self.timeout_s, metadata=put_metadata(tracing.outgoing()))
 
     async def get(self, keys: Sequence[bytes], allow_partial: bool = False, restore: bool = False) -> list[bytes]:
         assembler, blocks = BlockAssembler(), []

@@ -30,7 +30,7 @@ from services.cache_store.errors import (
 )
 from services.cache_store.keys import check_key_count
 from services.cache_store.store import BlockStore
-from services.cache_store.wire import PutFrame, encode_chunk, parse_put_frame
+from services.cache_store.wire import PUT_END_METADATA, PutFrame, encode_chunk, parse_put_frame
 from services.common.errors import UnavailableError, grpc_errors, map_error
 from services.common.tls.roles import caller_name as caller_of
 from services.common.tracing import traced_rpc
@@ -50,6 +50,11 @@ _ALGORITHMS = {
     Algorithm.CHECKSUM_ALGORITHM_BLAKE2B_128: "blake2b-128",
 }
 _ALGORITHM_IDS = {name: number for number, name in _ALGORITHMS.items()}
+
+
+def _ends_explicitly(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the put's client said it ends its puts with ``end_of_put`` (wire.PUT_END_METADATA)."""
+    return PUT_END_METADATA in tuple(context.invocation_metadata() or ())
 
 
 def _header_of(chunk: cache_store_pb2.PutChunk) -> BlockHeader | None:
@@ -160,7 +165,8 @@ class CacheStoreServicer(cache_store_pb2_grpc.CacheStoreServicer):
                 except DecodeError as error:  # a frame whose header is not a PutChunk
                     raise MalformedPutError("request", f"a message of the stream is not a valid PutChunk "
                                                         f"frame ({error})") from None
-                if not ended:  # a client cancelling between blocks reaches us as an ordinary end of stream
+                if not ended and _ends_explicitly(context):  # a client cancelling between blocks reaches us
+                    # as an ordinary end of stream
                     raise MalformedPutError("end_of_put", "the stream ended without a chunk that sets it: a cut "
                                                           "put stores nothing")
                 result = self.store.put(assembler.finish(), verified=True, staging=staging, writer=writer)

@@ -27,6 +27,14 @@ DATA_FIELD = 6
 _DATA_TAG = bytes([DATA_FIELD << 3 | 2])  # field 6, length-delimited
 END_OF_PUT = cache_store_pb2.PutChunk(end_of_put=True).SerializeToString()
 """A put's last chunk: the client finished the put (a stream that ends without it was cut)."""
+PUT_END_METADATA = ("pdserve-put-end", "1")
+"""Call metadata of a put that ends with :data:`END_OF_PUT`: the store then refuses one that ends without
+it. A put without it (a client from before the marker, during a rolling update) is stored as before."""
+
+
+def put_metadata(trace: tuple[tuple[str, str], ...] | None) -> tuple[tuple[str, str], ...]:
+    """A put call's metadata: :data:`PUT_END_METADATA` and the trace context ``trace``."""
+    return (PUT_END_METADATA, *(trace or ()))
 Block = tuple[bytes, "bytes | memoryview"]
 """``(key, data)``."""
 
