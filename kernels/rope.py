@@ -31,15 +31,18 @@ class RotaryEmbedding:
         cos, sin = freqs.cos(), freqs.sin()
         if attention_factor != 1.0:
             cos, sin = cos * attention_factor, sin * attention_factor
-        self.cos = torch.cat((cos, cos), dim=-1).to(device)
-        self.sin = torch.cat((-sin, sin), dim=-1).to(device)
-        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
+        # float32 masters on the host; the device holds one copy per dtype the model asks for (a 131072-position
+        # table of head dim 128 is 128 MiB in float32)
+        self.cos = torch.cat((cos, cos), dim=-1)
+        self.sin = torch.cat((-sin, sin), dim=-1)
+        self.device = torch.device(device)
+        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (see the class) for ``positions`` as ``[T, 1, head_dim]`` in ``dtype`` (gather once per
         step)."""
         if dtype not in self._cast:
-            self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+            self._cast[dtype] = (self.cos.to(self.device, dtype), self.sin.to(self.device, dtype))
         cos, sin = self._cast[dtype]
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 

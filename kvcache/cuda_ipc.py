@@ -165,7 +165,8 @@ def _copy(src_pool: torch.Tensor, dst_pool: torch.Tensor, src_ids: Sequence[int]
     a fresh pool hands out consecutive blocks), or, past :data:`MAX_RUN_COPIES` runs, one gather into a
     temporary and one scatter out of it."""
     runs = block_runs(src_ids, dst_ids)
-    if len(runs) <= MAX_RUN_COPIES:
+    same_pool = src_pool.untyped_storage().data_ptr() == dst_pool.untyped_storage().data_ptr()
+    if len(runs) <= MAX_RUN_COPIES and not same_pool:  # runs within one pool may overlap: through a temporary
         for s, d, n in runs:
             dst_pool[:, d:d + n].copy_(src_pool[:, s:s + n], non_blocking=True)
         return

@@ -10,6 +10,7 @@ an offer is never repeated concurrently. The pool's handle and the probe are exp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import os
 import time
@@ -110,17 +111,20 @@ class IpcLinks:
             export = self._pool_export()
             if export is None:
                 return self._fall_back(address, link, self._export_failure or "no CUDA pool here", forever=True)
+            # a fresh session id each handshake: the decode node keeps a session for its caller, and a re-offer
+            # after a failure (its caller name changed, say) must not collide with the stale one
+            offer = dataclasses.replace(export.offer, session_id=uuid.uuid4().hex)
             try:
-                answer = await self._send_offer(address, export.offer)
+                answer = await self._send_offer(address, offer)
             except grpc.aio.AioRpcError as exc:
                 return self._fall_back(address, link, f"OpenKVIpc failed: {exc.code().name}: {exc.details()}")
             except asyncio.TimeoutError:
                 return self._fall_back(address, link, "OpenKVIpc timed out")
             if not answer.accepted:
                 return self._fall_back(address, link, f"refused: {answer.reason}")
-            if answer.probe_digest != probe_digest(probe_pattern(export.offer.probe_nonce)):
+            if answer.probe_digest != probe_digest(probe_pattern(offer.probe_nonce)):
                 return self._fall_back(address, link, "the decode node read the probe wrong")
-            link.state, link.session_id, link.reason = LinkState.READY, export.offer.session_id, ""
+            link.state, link.session_id, link.reason = LinkState.READY, offer.session_id, ""
             log.info("kv ipc ready", decode_node=address, session=link.session_id)
             return link.session_id
         finally:

@@ -66,6 +66,13 @@ def test_copy_blocks_by_runs_or_by_gather_moves_exact_bytes(src_ids: list[int], 
     assert torch.equal(dst[:, untouched], before[:, untouched])
 
 
+def test_copy_blocks_within_one_pool_goes_through_a_temporary() -> None:
+    one = pool(10, seed=5)
+    before = one.clone()
+    copy_blocks(one, one, [0, 1, 2, 3], [1, 2, 3, 4])  # overlapping runs: a strided copy would smear block 0
+    assert torch.equal(one[:, 1:5], before[:, 0:4]) and torch.equal(one[:, 0], before[:, 0])
+
+
 @pytest.mark.parametrize(("src_ids", "dst_ids", "message"), [
     ([1, 2], [1], "2 source blocks for 1"),
     ([20], [0], "source block ids 20..20 outside a pool of 20"),

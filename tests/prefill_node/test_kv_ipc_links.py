@@ -69,9 +69,10 @@ async def test_accepted_offer_makes_the_link_ready_and_is_not_repeated() -> None
     link = links(peer)
     assert link.state("d1") is LinkState.UNTRIED
     first = await link.session_for("d1")
-    assert first == "session-1" and link.state("d1") is LinkState.READY
+    assert first == peer.offers[0][1].session_id and link.state("d1") is LinkState.READY
     assert await link.session_for("d1") == first
-    assert await link.session_for("d2") == first  # one exported pool, one session id, an offer per peer
+    second = await link.session_for("d2")  # one exported pool, an offer (and a fresh session id) per peer
+    assert second == peer.offers[1][1].session_id != first
     assert [a for a, _ in peer.offers] == ["d1", "d2"] and len(link.exports) == 1
 
 
@@ -79,7 +80,7 @@ async def test_concurrent_requests_share_one_offer() -> None:
     peer = Peer(delay=0.05)
     link = links(peer)
     sessions = await asyncio.gather(*(link.session_for("d1") for _ in range(5)))
-    assert sessions == ["session-1"] * 5 and len(peer.offers) == 1
+    assert sessions == [peer.offers[0][1].session_id] * 5 and len(peer.offers) == 1
 
 
 @pytest.mark.parametrize(("answer", "reason"), [
@@ -95,7 +96,8 @@ async def test_every_failed_handshake_falls_back_then_retries_later(answer: str,
     assert await link.session_for("d1") is None and len(peer.offers) == 1  # bytes, no new offer yet
     clock.now = 61.0
     peer.answer = "accept"
-    assert await link.session_for("d1") == "session-1" and len(peer.offers) == 2
+    again = await link.session_for("d1")
+    assert len(peer.offers) == 2 and again == peer.offers[1][1].session_id != peer.offers[0][1].session_id
 
 
 async def test_a_failed_transfer_turns_a_ready_link_to_bytes() -> None:
@@ -106,8 +108,8 @@ async def test_a_failed_transfer_turns_a_ready_link_to_bytes() -> None:
     assert link.state("d1") is LinkState.FALLBACK and await link.session_for("d1") is None
     link.fail("d1", "again")  # already falling back: the first reason stays
     assert "restarted" in link.links["d1"].reason
-    clock.now = 100.0
-    assert await link.session_for("d1") == "session-1"
+    clock.now = 100.0  # a new handshake, under a new session id: the decode node's stale one is its caller's
+    assert await link.session_for("d1") == peer.offers[1][1].session_id != peer.offers[0][1].session_id
 
 
 @pytest.mark.parametrize("export", [lambda: None, "raises"])
