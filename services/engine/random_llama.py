@@ -83,10 +83,14 @@ def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
 def weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:
     """Bytes of the weights one decode step reads (the embedding table is gathered, not read whole,
     unless it is also the tied LM head)."""
+    head = config.vocab_size * config.hidden_size
+    return (config.num_layers * layer_weights(config) + head) * dtype_bytes
+
+
+def layer_weights(config: ModelConfig) -> int:
+    """Weights of one layer's projections (q, k, v, o, gate, up, down): what each token multiplies there."""
     hidden, inter = config.hidden_size, config.intermediate_size
-    per_layer = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden + 3 * hidden * inter
-    head = config.vocab_size * hidden
-    return (config.num_layers * per_layer + head) * dtype_bytes
+    return hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden + 3 * hidden * inter
 
 
 def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Path:

@@ -62,6 +62,12 @@ def copy_bandwidth(device: str = "cuda", gib: float = 2.0, repeats: int = 10) ->
     return 2 * src.numel() * src.element_size() * repeats / (start.elapsed_time(end) / 1e3)
 
 
+def sync(device: str | torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on a CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 WARM_STEPS = 3
 """Untimed decode steps once every request has its first token."""
 MAX_BATCHED_TOKENS = 8192

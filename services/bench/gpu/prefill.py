@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from services.bench.gpu.decode import sync
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.model.config import ModelConfig
 from services.engine.model.decoder import DecoderModel
+from services.engine.random_llama import layer_weights
 from services.engine.sampling_params import SamplingParams
 
 
@@ -40,9 +42,7 @@ class PrefillResult:
 
 
 def prefill_flops(config: ModelConfig, tokens: int) -> float:
-    hidden, inter = config.hidden_size, config.intermediate_size
-    per_layer = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden + 3 * hidden * inter
-    projections = 2 * config.num_layers * per_layer * tokens + 2 * config.vocab_size * hidden
+    projections = 2 * config.num_layers * layer_weights(config) * tokens + 2 * config.vocab_size * config.hidden_size
     attention = 2 * config.num_layers * config.q_size * tokens**2
     return float(projections + attention)
 
@@ -53,10 +53,10 @@ def matmul_peak(device: str = "cuda", size: int = 8192, repeats: int = 20) -> fl
     b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
     times = []
     for _ in range(repeats + 2):
-        _sync(device)
+        sync(device)
         started = time.perf_counter()
         torch.matmul(a, b)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - started)
     return 2 * size**3 / statistics.median(times[2:])
 
@@ -73,7 +73,7 @@ def prefill_ms(model: DecoderModel, tokens: int, repeats: int = 5, seed: int = 0
     for i in range(repeats + 1):  # the first one warms up (kernel selection, JIT modules)
         ids = torch.randint(10, model.config.vocab_size - 10, (tokens,), generator=gen).tolist()
         engine.add_request(token_ids=ids, sampling=params, request_id=f"p{i}")
-        _sync(str(model.device))
+        sync(model.device)
         started = time.perf_counter()
         outputs = engine.step()
         times.append((time.perf_counter() - started) * 1e3)
@@ -83,8 +83,3 @@ def prefill_ms(model: DecoderModel, tokens: int, repeats: int = 5, seed: int = 0
 
 def prefill_fraction(name: str, model: DecoderModel, tokens: int, peak: float, repeats: int = 5) -> PrefillResult:
     return PrefillResult(name, tokens, prefill_ms(model, tokens, repeats), prefill_flops(model.config, tokens), peak)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()

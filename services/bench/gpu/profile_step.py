@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from services.bench.gpu.decode import decoding_engine
+from services.bench.gpu.decode import decoding_engine, sync
 from services.engine.random_llama import PRESETS, random_model
 
 PROMPT_LEN = 1024
@@ -34,11 +34,11 @@ def profile(model, batch: int, device: str, graphs: bool, prompt_len: int = PROM
     engine = decoding_engine(model, batch, prompt_len, max_tokens=200, graphs=graphs)
     for _ in range(30):
         engine.step()
-    _sync(device)
+    sync(device)
     started = time.perf_counter()
     for _ in range(20):
         engine.step()
-    _sync(device)
+    sync(device)
     ms = (time.perf_counter() - started) / 20 * 1e3
     mode = "graphs" if graphs else "eager"
     print(f"\n### batch {batch}, {mode}, {device}: {ms:.2f} ms/step", flush=True)
@@ -59,11 +59,6 @@ def profile(model, batch: int, device: str, graphs: bool, prompt_len: int = PROM
         summary["launches"] = len(kernels) / PROFILED_STEPS
         summary["gpu_ms"] = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / PROFILED_STEPS
     return summary
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def main() -> None:
