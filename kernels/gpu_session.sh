@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 BUDGET=${BUDGET:-560}
 STEPS=${STEPS:-warmup unit e2e bench profile}
-SECTIONS=${SECTIONS:-transfer decode prefill}
+SECTIONS=${SECTIONS:-transfer decode prefill sampling}
 BENCH=${BENCH:-bench-gpu}  # the bench's file names under $OUT: $BENCH.md and $BENCH.json
 started=$SECONDS
 SITE=${SITE:-/tmp/site}
@@ -55,6 +55,7 @@ if wants unit || wants e2e; then
     note "GPU tests (cap $limit s)"
     if wants unit; then
         timeout -k 5 "$limit" "${PYTEST[@]}" tests/kernels tests/kvcache tests/engine/test_decode_graphs_gpu.py \
+            tests/engine/test_device_sampling.py \
             >"$OUT/gpu-unit.log" 2>&1 &
         unit=$!
     fi

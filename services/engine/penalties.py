@@ -42,13 +42,13 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
         prompt, output = history
         values = table[row]
         if p.repetition_penalty != 1:  # a token in both the prompt and the output is written twice, alike
-            seen = np.concatenate([_ids(prompt), _ids(output)]) if output else _ids(prompt)
+            seen = np.concatenate([id_array(prompt), id_array(output)]) if output else id_array(prompt)
             hit = values[seen]
             penalty = np.float32(as_float32(p.repetition_penalty))
             values[seen] = np.where(hit > 0, hit / penalty, hit * penalty)
         if (p.frequency_penalty != 0 or p.presence_penalty != 0) and output:
             counts = Counter(output)
-            generated = _ids(counts.keys())
+            generated = id_array(counts.keys())
             times = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
             values[generated] = values[generated] - np.float32(as_float32(p.frequency_penalty)) * times \
                 - np.float32(as_float32(p.presence_penalty))  # frequency, then presence: two roundings, as vLLM's
@@ -65,7 +65,7 @@ def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
             np.add.at(table[row], ids, biases)  # each bias as the float32 the wire carries
 
 
-def _ids(token_ids: Iterable[int]) -> np.ndarray:
+def id_array(token_ids: Iterable[int]) -> np.ndarray:
     """Token ids as int64 (an ``array("q")`` is read in place)."""
     if isinstance(token_ids, array):
         return np.frombuffer(token_ids, dtype=np.int64)
@@ -75,6 +75,6 @@ def _ids(token_ids: Iterable[int]) -> np.ndarray:
 def apply_min_p(logits: torch.Tensor, min_p: Sequence[float]) -> torch.Tensor:
     """Drop (to -inf) each row's tokens whose probability is below ``min_p`` times the row's largest."""
     probs = logits.softmax(dim=-1)
-    threshold = probs.amax(dim=-1, keepdim=True) * torch.tensor([as_float32(m) for m in min_p],
-                                                                dtype=probs.dtype).unsqueeze(1)
+    threshold = probs.amax(dim=-1, keepdim=True) * torch.tensor([as_float32(m) for m in min_p], dtype=probs.dtype,
+                                                                device=probs.device).unsqueeze(1)
     return logits.masked_fill(probs < threshold, float("-inf"))

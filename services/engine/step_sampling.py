@@ -12,7 +12,7 @@ import torch
 from services.engine.logprob_compute import token_logprobs
 from services.engine.logprobs import TokenLogprobs
 from services.engine.request import Request
-from services.engine.sampler import make_generator, sample
+from services.engine.sampler import make_generator, sample_ids
 from services.engine.sampling_params import SamplingParams
 from services.engine.structured.masking import allowed_tokens
 
@@ -33,46 +33,51 @@ class StepSamples:
 def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSamples:
     """Row i of ``logits [B, V]`` (on the model's device) is ``requests[i]``'s next-token distribution.
 
-    Plain greedy rows (no logit bias, penalty, banned id or logprobs) take their argmax where the logits
-    are, so only their ids cross to the host: on a GPU, a batch of 128 rows of a 128k vocabulary no longer
-    copies 64 MB per step. The other rows' logits are copied to the host and go through :func:`sample`.
-    Either way the token is the same: float32 holds every bf16/fp16 logit exactly, and ties go to the first
-    index on every device.
+    Every row is sampled where the logits are (:func:`sampler.sample_ids`), and only the step's token ids
+    cross to the host, in one copy: on a GPU, a batch of 128 rows of a 128k vocabulary copies 1 KB, not
+    64 MB, whatever its rows ask for. Plain greedy rows (no logit bias, penalty, banned id, grammar or
+    logprobs) take their argmax directly; the others go through the whole sampler. Either way a greedy
+    token is the same: float32 holds every bf16/fp16 logit exactly, and ties go to the first index on every
+    device. The logprobs a request asks for are computed there too, and only their values cross.
 
-    A constrained row (``sampling.structured``) takes the host path: its grammar's mask (filled meanwhile
-    by ``structured.masking``) leaves only allowed tokens, after the bias and penalties and before
-    temperature, min-p, top-k and top-p, so nothing else can bring a disallowed token back. Its logprobs
-    are the model's raw distribution, as for any row. Where the grammar allows nothing but ids the request
-    bans (its EOS or stop tokens before ``min_tokens``), the grammar wins."""
+    A constrained row (``sampling.structured``): its grammar's mask (filled meanwhile by
+    ``structured.masking``, on the host) crosses to the device and leaves only allowed tokens, after the
+    bias and penalties and before temperature, min-p, top-k and top-p, so nothing else can bring a
+    disallowed token back. Its logprobs are the model's raw distribution, as for any row. Where the grammar
+    allows nothing but ids the request bans (its EOS or stop tokens before ``min_tokens``), the grammar
+    wins."""
     banned = [banned_ids(r) for r in requests]
     plain: list[int] = []
     rest: list[int] = []
     for i, request in enumerate(requests):
         (plain if _plain_greedy(request.sampling) and not banned[i] else rest).append(i)
     samples = StepSamples()
-    tokens = [0] * len(requests)
-    if plain:
-        ids = (logits if len(plain) == len(requests) else logits[plain]).argmax(dim=-1).tolist()
-        for i, token in zip(plain, ids, strict=True):
-            tokens[i] = token
-    if rest:
-        host = (logits if len(rest) == len(requests) else logits[rest]).cpu()
+    if not rest:
+        ids = logits.argmax(dim=-1)
+    else:
+        ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+        if plain:
+            ids.index_copy_(0, _rows(plain, logits.device), logits[plain].argmax(dim=-1))
         others = [requests[i] for i in rest]
+        rows = logits if len(rest) == len(requests) else logits[rest]
         wanted = [j for j, r in enumerate(others) if r.sampling.logprobs is not None]
-        raw = host[wanted].clone() if wanted else None  # before sample() bans tokens in place
-        generators = [make_generator(r.sampling, r.num_output_tokens) for r in others]
+        raw = rows[wanted].clone() if wanted else None  # before sample_ids bans tokens in place
+        generators = [make_generator(r.sampling, r.num_output_tokens, logits.device) for r in others]
         histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in others]
         bans = [banned[i] for i in rest]
         masks = _grammar_masks(others, bans, samples)
-        picked = sample(host, [r.sampling for r in others], generators, bans, histories, masks)
-        for i, token in zip(rest, picked, strict=True):
-            tokens[i] = token
+        picked = sample_ids(rows, [r.sampling for r in others], generators, bans, histories, masks)
+        ids.index_copy_(0, _rows(rest, logits.device), picked)
         if raw is not None:
-            rows = token_logprobs(raw, [picked[j] for j in wanted], [others[j].sampling.logprobs for j in wanted])
-            samples.logprobs = {others[j].request_id: row for j, row in zip(wanted, rows, strict=True)}
-    samples.tokens = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+            entries = token_logprobs(raw, picked[wanted], [others[j].sampling.logprobs for j in wanted])
+            samples.logprobs = {others[j].request_id: entry for j, entry in zip(wanted, entries, strict=True)}
+    samples.tokens = {r.request_id: t for r, t in zip(requests, ids.tolist(), strict=True)}
     _advance_grammars(requests, samples)
     return samples
+
+
+def _rows(indices: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(indices, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _grammar_masks(requests: Sequence[Request], bans: list[tuple[int, ...]],

@@ -42,3 +42,9 @@ def test_every_section_runs_on_a_cpu_and_writes_its_figures(tmp_path: Path) -> N
     assert prefill["peak_flops_per_s"] > 0
     [row] = prefill["rows"]
     assert row["tokens"] == SMOKE["prefill_tokens"] and row["ms"] > 0 and row["of_peak"] > 0
+
+    from services.bench.gpu.sampling import MODES
+
+    sampling = figures["sampling"]["rows"]  # every mode at every batch, on the device and on the host
+    assert [(row["mode"], row["batch"]) for row in sampling] == [(m, b) for m in MODES for b in SMOKE["batches"]]
+    assert all(row["device_ms"] > 0 and row["host_ms"] > 0 for row in sampling)

@@ -8,7 +8,9 @@
    speed is the same), of a random ~1B Llama and of random Llama-3.1-8B and Qwen3-8B shapes at batch
    1/32/128, each eager and replayed from CUDA graphs, against the memory-bandwidth floor (``gpu.decode``);
 4. prefill: one 4096-token prompt of the 8B shapes as a fraction of the bf16 matmul peak measured in the
-   same call (``gpu.prefill``).
+   same call (``gpu.prefill``);
+5. sampling: a step's sampling over a 128k vocabulary at batch 1/32/128 for each sampling mode, on the
+   device against on the host (``gpu.sampling``).
 
 Markdown tables on stdout; ``--json`` writes every figure. Sections run in that order; ``--sections``
 picks some. ``--smoke`` runs every section with tiny sizes and a tiny random model, on any ``--device``
@@ -31,7 +33,7 @@ from services.bench.gpu.decode import copy_bandwidth, decode_throughput
 from services.engine.errors import ModelLoadError
 from services.engine.random_llama import PRESETS, random_model, write_random_llama_dir
 
-SECTIONS = ("attention", "transfer", "decode", "prefill")
+SECTIONS = ("attention", "transfer", "decode", "prefill", "sampling")
 DECODE_PRESETS = ("smollm2-135m", "llama-1b", "llama-3.1-8b", "qwen3-8b")
 PREFILL_PRESETS = ("llama-3.1-8b", "qwen3-8b")
 
@@ -119,6 +121,21 @@ def section_prefill(tokens: int, repeats: int, device: str, presets: tuple[str, 
     return {"peak_flops_per_s": peak, "rows": rows}
 
 
+def section_sampling(batches: list[int], repeats: int, device: str, vocab: int) -> dict[str, object]:
+    from services.bench.gpu.sampling import sampling_times
+
+    print(f"\nOne step's sampling, {vocab}-token vocabulary (medians of {repeats}): on the device (only the ids "
+          f"cross) against on the host (the logits copied first; before issue 29 every row that was not plain "
+          f"greedy went this way)\n")
+    print("| mode | batch | device ms | host ms | speed-up |\n| --- | ---: | ---: | ---: | ---: |")
+    rows = []
+    for r in sampling_times(device, batches, repeats, vocab):
+        rows.append(dataclasses.asdict(r))
+        print(f"| {r.mode} | {r.batch} | {r.device_ms:.2f} | {r.host_ms:.2f} | {r.host_ms / r.device_ms:.1f}x |",
+              flush=True)
+    return {"rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
@@ -172,6 +189,9 @@ def main() -> None:
             elif section == "decode":
                 figures[section] = section_decode(model_path, bundled, args.batches, args.prompt_len, args.steps,
                                                   args.attention, args.device, presets)
+            elif section == "sampling":
+                figures[section] = section_sampling(args.batches, min(args.repeats, 5), args.device,
+                                                    1000 if args.smoke else 128256)
             else:
                 figures[section] = section_prefill(args.prefill_tokens, max(3, args.repeats // 2), args.device,
                                                    ("tiny",) if args.smoke else tuple(args.prefill_presets))
