@@ -1,1 +1,1 @@
-"""Compute kernels: attention backends (``kernels.attention``), rotary embedding, RMS norm."""
+"""Compute kernels: attention backends (``kernels.attention``), rotary embedding, RMS norm, fused elementwise ops."""

@@ -37,6 +37,9 @@ class EngineConfig:
     deterministic: bool = False
     # Decode-only steps replay CUDA graphs captured per batch-size bucket at start (decode_graphs.py; CUDA only).
     cuda_graphs: bool = False
+    # CUDA bf16/fp16: add + RMSNorm, SiLU-and-multiply and rope run FlashInfer's fused kernels where each passes
+    # its load check (model/fused_choice.py); False: the torch ops everywhere.
+    fused_ops: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -141,7 +141,7 @@ class LLMEngine(PrefillRole, DecodeRole):
                                and int4_supported(config.device, config.torch_dtype))
         model = DecoderModel(weights.config, weights.tensors, config.torch_dtype, config.device,
                            quantized=weights.quantized, int4_max_rows=config.int4_max_rows,
-                           deterministic=config.deterministic)
+                           deterministic=config.deterministic, fused_ops=config.fused_ops)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
         check_vocabulary(weights.config, tokenizer.vocab_size)
         identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}

@@ -75,9 +75,10 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
 
 
 def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 seed: int = 0) -> DecoderModel:
-    """A ``DecoderModel`` with random weights, drawn directly on ``device`` in ``dtype``."""
-    return DecoderModel(config, random_tensors(config, dtype, device, seed), dtype, device)
+                 seed: int = 0, fused_ops: bool = True) -> DecoderModel:
+    """A ``DecoderModel`` with random weights, drawn directly on ``device`` in ``dtype`` (``fused_ops``: see
+    ``DecoderModel``)."""
+    return DecoderModel(config, random_tensors(config, dtype, device, seed), dtype, device, fused_ops=fused_ops)
 
 
 def weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:

@@ -1,14 +1,62 @@
 """A stand-in for the ``flashinfer`` module, in plain torch on the CPU, implementing the documented
 contract of the three entry points the FlashInfer backend uses (paged ``NHD`` cache
-``[pages, 2, page_size, Hkv, D]``, CSR page tables, causal mask aligned bottom-right). It lets the
-backend's plumbing (page tables, plan once per step, decode vs prefill wrapper, append) run in CPU tests;
-the real kernels are checked against the torch backend by the GPU tests."""
+``[pages, 2, page_size, Hkv, D]``, CSR page tables, causal mask aligned bottom-right), and of the three
+fused ops of ``kernels.fused_ops`` (in place where FlashInfer's are, float32 arithmetic as its kernels do,
+and their shape and layout checks). It lets the backend's plumbing (page tables, plan once per step, decode
+vs prefill wrapper, append) and the fused path's run in CPU tests; the real kernels are checked against
+torch by the GPU tests."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+
+
+def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    """``residual += input``; ``input = rmsnorm(residual) * weight``, from the unrounded float32 sum
+    (flashinfer/norm, csrc/norm.cu: 2D, last dimension contiguous, weight ``[hidden]``)."""
+    assert input.dim() == 2 and residual.shape == input.shape, "input, residual: (batch_size, hidden_size)"
+    assert input.stride(-1) == 1 and residual.stride(-1) == 1 and weight.shape == (input.shape[1],)
+    assert input.dtype == residual.dtype == weight.dtype
+    x = input.float() + residual.float()
+    residual.copy_(x)
+    input.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
+
+
+def silu_and_mul(input, out=None, enable_pdl=None):
+    """``silu(input[..., :d]) * input[..., d:]`` in a new tensor (the kernel reads row t at t * 2d: it
+    assumes a contiguous input)."""
+    if input.shape[-1] % 2 != 0:
+        raise ValueError("The last dimension must be even (2 * hidden_size).")
+    assert input.is_contiguous(), "the kernel reads row t at t * 2d"
+    d = input.shape[-1] // 2
+    x = input.float()
+    result = (F.silu(x[..., :d]) * x[..., d:]).to(input.dtype)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox=True):
+    """Rotate ``query``/``key`` ``(nnz, heads * head_size)`` in place, neox ("rotate half") style, from a float32
+    ``(max_seq_len, rotary_dim)`` cache: cos in the first half, sin in the second (flashinfer/rope.py)."""
+    if cos_sin_cache.dtype != torch.float32:
+        raise ValueError("cos_sin_cache should be float32")
+    assert is_neox, "only the neox layout is emulated"
+    assert positions.is_contiguous() and positions.dtype in (torch.int32, torch.int64) and positions.dim() == 1
+    assert cos_sin_cache.dim() == 2 and cos_sin_cache.is_contiguous()
+    rotary = cos_sin_cache.shape[1]
+    half = rotary // 2
+    table = cos_sin_cache[positions.long()].unsqueeze(1)
+    cos, sin = table[..., :half], table[..., half:]
+    for x in (query, key):
+        heads = x.view(x.shape[0], -1, head_size)  # as flashinfer does: raises where a view cannot be had
+        assert heads.stride(-1) == 1 and heads.shape[0] == positions.shape[0] and rotary <= head_size
+        x1, x2 = heads[..., :half].float(), heads[..., half:rotary].float()
+        heads[..., :rotary] = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def _kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int) -> list[int]:

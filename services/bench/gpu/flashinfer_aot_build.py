@@ -7,7 +7,8 @@ Builds, for ``FLASHINFER_CUDA_ARCH_LIST`` (set by the caller), the page module (
 and, per (dtype, head dim) in ``module_keys()``, the two fa2 batch-prefill modules that the tensor-core
 ``BatchDecodeWithPagedKVCacheWrapper`` (and ``BatchPrefillWithPagedKVCacheWrapper(backend="fa2")``) load,
 and the fa3 (Hopper) batch-prefill module that ``BatchPrefillWithPagedKVCacheWrapper(backend="auto")``
-loads on an H100/H200. Nothing is loaded (there is no driver here). Writes
+loads on an H100/H200; and the modules of the decoder's fused ops (``kernels/fused_ops.py``: norm, rope,
+silu_and_mul; each serves every dtype). Nothing is loaded (there is no driver here). Writes
 ``{module name: path of its .so}`` to OUT.json.
 """
 
@@ -32,10 +33,13 @@ def module_keys() -> list[tuple[torch.dtype, int]]:
 
 def module_specs() -> list:
     """FlashInfer's JitSpecs of those modules (the pinned flashinfer-python's own generators)."""
+    from flashinfer.jit.activation import gen_act_and_mul_module
     from flashinfer.jit.attention import modules
+    from flashinfer.jit.norm import gen_norm_module
     from flashinfer.jit.page import gen_page_module
+    from flashinfer.jit.rope import gen_rope_module
 
-    specs = [gen_page_module()]
+    specs = [gen_page_module(), gen_norm_module(), gen_rope_module(), gen_act_and_mul_module("silu")]
     for dtype, head_dim in module_keys():
         # The key get_batch_prefill_module gets from plan(): q, kv, o dtypes, index dtype, head dims qk/vo,
         # no positional encoding, no sliding window, no logits cap, no fp16 QK reduction.

@@ -32,8 +32,11 @@ AOT_PREFIX = "flashinfer/data/aot/"
 FLASHINFER_IMPORTS = ["nvidia-ml-py", "einops", "tabulate", "tqdm", "ninja", "cuda-bindings"]
 """What ``import flashinfer`` needs beyond torch and numpy (the GPU machine's image has them)."""
 CURAND_HEADERS = "nvidia-curand==10.4.5.25"
-"""``curand_kernel.h`` for the fa3 sources (CUTLASS's utilities include it), where the toolkit here lacks it:
-the CUDA 13 wheel puts it in ``nvidia/cu13/include``."""
+"""``curand_kernel.h`` for the fa3 sources (CUTLASS's utilities include it) and the norm module, where the
+toolkit here lacks it: the CUDA 13 wheel puts it in ``nvidia/cu13/include``."""
+CUBLAS_HEADERS = "nvidia-cublas==13.10.0.20"
+"""``cublasLt.h`` for the norm module (its TensorRT-LLM utilities include it), where the toolkit here lacks it;
+only the wheel's ``nvidia/cu13/include`` is unpacked (the rest is ~450 MB of libraries nothing links here)."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -61,6 +64,14 @@ def aot_modules(wheel: Path) -> list[str]:
         return sorted({n[len(AOT_PREFIX):].split("/")[0] for n in archive.namelist() if n.startswith(AOT_PREFIX)})
 
 
+def unpack_headers(requirement: str, site: Path, downloads: Path) -> None:
+    """Only the ``nvidia/cu13/include`` headers of ``requirement``'s wheel, into ``site``."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                    "-d", str(downloads), requirement], check=True)
+    with zipfile.ZipFile(next(downloads.glob("*.whl"))) as archive:
+        archive.extractall(site, [n for n in archive.namelist() if n.startswith("nvidia/cu13/include/")])
+
+
 def compile_modules(wheel: Path, tvm_ffi: str, arch: str, scratch: Path) -> dict[str, Path]:
     """Compile every module of ``flashinfer_aot_build`` in ``scratch``; returns {name: .so path}."""
     home = cuda_home()
@@ -70,6 +81,7 @@ def compile_modules(wheel: Path, tvm_ffi: str, arch: str, scratch: Path) -> dict
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(site)]
     subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
     subprocess.run([*pip, tvm_ffi, *FLASHINFER_IMPORTS, CURAND_HEADERS], check=True)
+    unpack_headers(CUBLAS_HEADERS, site, scratch / "downloads")
     stubs.mkdir()
     (stubs / "stub.c").write_text("")
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stubs / "libcuda.so"),

@@ -3,12 +3,15 @@ tied embeddings, q/k/v biases and per-head q/k norms) over a paged KV cache.
 
 The model is a plain object holding fused weight tensors (q/k/v in one matrix, gate/up in one matrix),
 not an ``nn.Module``: a decode step is ~15 torch calls per layer and nothing else. A family differs only
-in its :class:`ModelConfig` (see :mod:`services.engine.model.registry`).
+in its :class:`ModelConfig` (see :mod:`services.engine.model.registry`). The elementwise steps between the
+projections (residual add + norm, SiLU-and-multiply, rope) go through ``self.ops``: torch's, or FlashInfer's
+fused kernels on CUDA (:mod:`kernels.fused_ops`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +23,7 @@ from kernels.norm import rms_norm
 from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
+from services.engine.model.fused_choice import choose_fused_ops
 from services.engine.model.moe import MoEWeights, moe_forward
 from services.engine.model.weight_source import WeightSource
 
@@ -51,12 +55,18 @@ class DecoderModel:
     of its position's kind; without them the 4-bit weights, where there are, serve every step size
     (``int4_max_rows`` becomes :data:`INT4_ALL_ROWS`).
 
+    ``fused_ops``: on a CUDA device in bf16/fp16 outside the deterministic mode, the residual add and RMSNorm,
+    SiLU-and-multiply and rope run FlashInfer's fused kernels, each checked against torch at load
+    (``self.ops``, see :mod:`services.engine.model.fused_choice`); False, or any other model: the torch ops.
+    ``flashinfer_module``: a stand-in for ``flashinfer`` there (tests run the fused path on a CPU with one).
+
     Raises :class:`ModelLoadError` naming the tensor when one is missing, misshapen, not a float, or left
     over (a feature of the checkpoint this family does not have)."""
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
-                 int4_max_rows: int = 0, deterministic: bool = False):
+                 int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
+                 flashinfer_module: ModuleType | None = None):
         self.config = config
         self.deterministic = deterministic
         self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0
@@ -81,6 +91,8 @@ class DecoderModel:
         del self._source, self._quantized
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling)
         self.scale = cfg.head_dim**-0.5
+        self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops, deterministic=deterministic,
+                                    flashinfer_module=flashinfer_module)
 
     def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,
                     by_row_kind: bool = True) -> LinearWeight:
@@ -154,31 +166,33 @@ class DecoderModel:
         mode; None: by the step's row count). The experts of a sparse layer and the LM head ignore it.
         Returns float32 logits ``[len(logits_indices), vocab]`` for the token positions that sample.
         """
-        cfg = self.config
-        hidden = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope.tables(positions, self.dtype)
+        cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
+        # the residual stream, and what the last block adds to it (added where the next norm reads it: one
+        # fused kernel on the FlashInfer path, which writes both in place)
+        hidden, delta = F.embedding(input_ids, self.embed), None
+        rope = ops.rope.prepare(positions)
         num_tokens = input_ids.shape[0]
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            x, hidden = ops.add_rms_norm(delta, hidden, layer.input_norm, eps)
             q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
             k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-            q = RotaryEmbedding.apply(q, cos, sin)
-            k = RotaryEmbedding.apply(k, cos, sin)
+                q = rms_norm(q, layer.q_norm, eps)
+                k = rms_norm(k, layer.k_norm, eps)
+            q, k = ops.rope(q, k, rope)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale)
-            hidden = hidden + linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
-            x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
-            if layer.moe is not None:
-                hidden = hidden + moe_forward(x, layer.moe, cfg.moe)
-            else:
-                gate, up = linear(x, layer.gate_up, paths).chunk(2, dim=-1)
-                hidden = hidden + linear(F.silu(gate) * up, layer.down, paths)
-        last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps)
+            o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+            x, hidden = ops.add_rms_norm(o, hidden, layer.post_norm, eps)
+            delta = self._mlp(x, layer, paths)
+        last = ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
         return linear(last, self.lm_head).float()
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
+        if layer.moe is not None:
+            return moe_forward(x, layer.moe, self.config.moe, self.ops.silu_and_mul)
+        return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
 
 
 def check_vocabulary(config: ModelConfig, tokenizer_size: int) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from kernels.fused_ops import SiluAndMul, torch_silu_and_mul
 from kernels.linear import LinearWeight, linear
 from services.engine.model.config import MoEConfig
 
@@ -20,8 +20,9 @@ class MoEWeights:
     down: list[LinearWeight]  # per expert [hidden, expert_intermediate]
 
 
-def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> torch.Tensor:
-    """``x [T, hidden]`` → ``[T, hidden]``."""
+def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
+                silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
+    """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
     router_logits = linear(x, weights.router)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     top_probs, top_experts = probs.topk(config.top_k, dim=-1)
@@ -39,7 +40,7 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> torc
         slots = order[start:start + count]
         start += count
         tokens = slots // config.top_k
-        gate, up = linear(x[tokens], weights.gate_up[expert]).chunk(2, dim=-1)
-        y = linear(F.silu(gate) * up, weights.down[expert]) * top_probs[slots, None]
+        y = linear(silu_and_mul(linear(x[tokens], weights.gate_up[expert])), weights.down[expert])
+        y = y * top_probs[slots, None]
         out.index_add_(0, tokens, y)
     return out
