@@ -55,7 +55,7 @@ if wants unit || wants e2e; then
     note "GPU tests (cap $limit s)"
     if wants unit; then
         timeout -k 5 "$limit" "${PYTEST[@]}" tests/kernels tests/kvcache tests/engine/test_decode_graphs_gpu.py \
-            tests/engine/test_device_sampling.py \
+            tests/engine/test_device_sampling.py tests/engine/test_moe_grouped_gpu.py \
             >"$OUT/gpu-unit.log" 2>&1 &
         unit=$!
     fi

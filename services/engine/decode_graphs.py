@@ -90,8 +90,8 @@ def graph_support(model: DecoderModel) -> str:
     """Why ``model``'s decode cannot be captured ("" when it can)."""
     if model.deterministic:
         return "the deterministic mode picks each row's path per step"
-    if any(layer.moe is not None for layer in model.layers):
-        return "its mixture-of-experts layers route tokens on the host"
+    if any(layer.moe is not None and layer.moe.grouped is None for layer in model.layers):
+        return "its mixture-of-experts layers route tokens on the host (grouped experts are off)"
     return ""
 
 

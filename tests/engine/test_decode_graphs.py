@@ -37,8 +37,10 @@ def test_what_a_graph_cannot_hold_is_named():
     layer = SimpleNamespace(moe=None)
     assert graph_support(SimpleNamespace(deterministic=False, layers=[layer])) == ""
     assert "deterministic" in graph_support(SimpleNamespace(deterministic=True, layers=[layer]))
-    moe = SimpleNamespace(deterministic=False, layers=[layer, SimpleNamespace(moe=object())])
-    assert "mixture-of-experts layers route tokens on the host" in graph_support(moe)
+    looped = SimpleNamespace(deterministic=False, layers=[layer, SimpleNamespace(moe=SimpleNamespace(grouped=None))])
+    assert "mixture-of-experts layers route tokens on the host" in graph_support(looped)
+    grouped = SimpleNamespace(deterministic=False, layers=[layer, SimpleNamespace(moe=SimpleNamespace(grouped=1))])
+    assert graph_support(grouped) == ""  # grouped experts: no host sync, capturable
 
 
 def test_cuda_graphs_need_a_cuda_device():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+import structlog
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +26,10 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.fused_choice import choose_fused_ops
 from services.engine.model.moe import MoEWeights, moe_forward
+from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_problem
 from services.engine.model.weight_source import WeightSource
+
+log = structlog.get_logger(__name__)
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -60,13 +64,18 @@ class DecoderModel:
     (``self.ops``, see :mod:`services.engine.model.fused_choice`); False, or any other model: the torch ops.
     ``flashinfer_module``: a stand-in for ``flashinfer`` there (tests run the fused path on a CPU with one).
 
+    ``grouped_experts``: a sparse layer's experts stacked and run as two grouped GEMMs with no host sync
+    (:mod:`services.engine.model.moe_grouped`; a MoE model's decode can then be captured in CUDA graphs).
+    None: on a CUDA device outside the deterministic mode, where ``grouped_mm`` passes its load check there
+    (else the per-expert loop, logged); True: everywhere (tests run it on a CPU); False: never.
+
     Raises :class:`ModelLoadError` naming the tensor when one is missing, misshapen, not a float, or left
     over (a feature of the checkpoint this family does not have)."""
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
                  int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
-                 flashinfer_module: ModuleType | None = None):
+                 flashinfer_module: ModuleType | None = None, grouped_experts: bool | None = None):
         self.config = config
         self.deterministic = deterministic
         self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0
@@ -77,6 +86,8 @@ class DecoderModel:
         usable = bool(quantized) and int4_max_rows > 0 and int4_supported(self.device, dtype)
         self._quantized = quantized if usable else {}
         self.int4_max_rows = int4_max_rows if usable else 0
+        self.grouped_experts = config.moe is not None and _grouped_experts(grouped_experts, self.device, dtype,
+                                                                          deterministic)
         self._source = source = WeightSource(tensors, dtype, self.device)
         cfg = config
         self.embed = source.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
@@ -142,6 +153,8 @@ class DecoderModel:
         assert moe is not None
         inter, source = moe.intermediate_size, self._source
         router = prepare_linear(source.take(p + "gate.weight", (moe.num_experts, hidden)), row_block=self._row_block)
+        if self.grouped_experts:
+            return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
         if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
             gate_up = source.take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden))
             down = source.take(p + "experts.down_proj", (moe.num_experts, hidden, inter))
@@ -156,6 +169,19 @@ class DecoderModel:
             [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))], by_row_kind=False)
              for j in range(moe.num_experts)],
         )
+
+    def _stacked_experts(self, p: str) -> GroupedExperts:
+        moe, hidden, take = self.config.moe, self.config.hidden_size, self._source.take
+        assert moe is not None
+        inter, e = moe.intermediate_size, p + "experts.{}."
+        if self._source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
+            return GroupedExperts(take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden)),
+                                  take(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
+        gate_up = torch.stack([torch.cat([take(e.format(j) + "gate_proj.weight", (inter, hidden)),
+                                          take(e.format(j) + "up_proj.weight", (inter, hidden))])
+                               for j in range(moe.num_experts)])
+        down = torch.stack([take(e.format(j) + "down_proj.weight", (hidden, inter)) for j in range(moe.num_experts)])
+        return GroupedExperts(gate_up, down)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
@@ -193,6 +219,18 @@ class DecoderModel:
         if layer.moe is not None:
             return moe_forward(x, layer.moe, self.config.moe, self.ops.silu_and_mul)
         return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
+
+
+def _grouped_experts(wanted: bool | None, device: torch.device, dtype: torch.dtype, deterministic: bool) -> bool:
+    """Whether a MoE model's experts run as grouped GEMMs (see :class:`DecoderModel`)."""
+    if wanted is not None:
+        return wanted
+    if device.type != "cuda" or deterministic:
+        return False
+    problem = grouped_experts_problem(device, dtype)
+    if problem:
+        log.warning("moe: experts run one by one (a host sync per sparse layer; decode not captured)", why=problem)
+    return not problem
 
 
 def check_vocabulary(config: ModelConfig, tokenizer_size: int) -> None:

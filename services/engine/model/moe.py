@@ -1,6 +1,8 @@
 """The sparse mixture-of-experts MLP of Qwen3-MoE: a router picks each token's top-k experts; each expert
 is a SwiGLU MLP. Tokens are grouped by expert (one gather, two GEMMs and one scatter-add per expert that
-has tokens), in ascending expert order as transformers adds them, so float32 sums agree."""
+has tokens), in ascending expert order as transformers adds them, so float32 sums agree. With
+``MoEWeights.grouped`` (the GPU path) the same numbers come from two grouped GEMMs and no host read
+(:mod:`moe_grouped`)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,18 @@ import torch
 from kernels.fused_ops import SiluAndMul, torch_silu_and_mul
 from kernels.linear import LinearWeight, linear
 from services.engine.model.config import MoEConfig
+from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_forward
 
 
 @dataclass
 class MoEWeights:
+    """``grouped``: every expert stacked, run as grouped GEMMs (:mod:`moe_grouped`, the GPU path); then the
+    per-expert lists are empty."""
+
     router: LinearWeight  # [num_experts, hidden]
     gate_up: list[LinearWeight]  # per expert [2 * expert_intermediate, hidden]
     down: list[LinearWeight]  # per expert [hidden, expert_intermediate]
+    grouped: GroupedExperts | None = None
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
@@ -28,6 +35,8 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
     top_probs, top_experts = probs.topk(config.top_k, dim=-1)
     if config.norm_topk_prob:
         top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+    if weights.grouped is not None:
+        return grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
     top_probs = top_probs.to(x.dtype).flatten()
     flat_experts = top_experts.flatten()
     order = flat_experts.argsort(stable=True)

@@ -1,0 +1,128 @@
+"""Grouped experts (``moe_grouped``, the GPU path of a sparse layer): the per-expert loop's numbers with no
+host read, on this CPU bit for bit (float32 and bf16, a layer and a whole model); a MoE model with them can be
+captured by the decode graphs and replays the eager logits; the load check names what fails; only CUDA models
+take them by default."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.attention.metadata import AttentionMetadata
+from kernels.linear import prepare_linear
+from services.engine.decode_graphs import GraphOptions, eager_capture, graph_support
+from services.engine.model import decoder
+from services.engine.model.config import MoEConfig
+from services.engine.model.moe import MoEWeights, moe_forward
+from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_problem
+from services.engine.model_runner import ModelRunner
+from tests.engine.test_fused_ops_model import BLOCK, CONFIGS, model, prefill_then_decode
+
+MOE = MoEConfig(num_experts=8, top_k=3, intermediate_size=24, norm_topk_prob=True, sparse_layers=(0,))
+HIDDEN = 32
+
+
+def _layer(dtype: torch.dtype, seed: int = 0) -> tuple[MoEWeights, MoEWeights]:
+    """One sparse layer's weights as the loop holds them (plain, unpacked products) and stacked."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(MOE.num_experts, 2 * MOE.intermediate_size, HIDDEN, generator=gen) / 5).to(dtype)
+    down = (torch.randn(MOE.num_experts, HIDDEN, MOE.intermediate_size, generator=gen) / 5).to(dtype)
+    router = prepare_linear((torch.randn(MOE.num_experts, HIDDEN, generator=gen)).to(dtype), pack=False)
+    looped = MoEWeights(router, [prepare_linear(w, pack=False) for w in gate_up],
+                        [prepare_linear(w, pack=False) for w in down])
+    return looped, MoEWeights(router, [], [], grouped=GroupedExperts(gate_up, down))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 2, 7, 40])
+def test_a_grouped_layer_gives_the_loops_bits(dtype: torch.dtype, tokens: int) -> None:
+    looped, grouped = _layer(dtype)
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+    want = moe_forward(x, looped, MOE)
+    assert torch.equal(moe_forward(x, grouped, MOE), want)
+    assert want.abs().max() > 0
+
+
+def test_the_grouped_path_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a CUDA graph cannot hold: no ``tolist``/``item``/``bincount`` (each a device sync on a GPU)."""
+    looped, grouped = _layer(torch.float32)
+    x = torch.randn(5, HIDDEN)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a host read in the grouped path")
+
+    for name in ("tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    monkeypatch.setattr(torch, "bincount", host_read)
+    moe_forward(x, grouped, MOE)
+    with pytest.raises(AssertionError, match="host read"):
+        moe_forward(x, looped, MOE)  # the loop does read its counts back
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_grouped_moe_model_gives_the_looped_models_logits(dtype: torch.dtype) -> None:
+    config = CONFIGS["moe"]
+    grouped, looped = (model(config, dtype, grouped_experts=on, fused_ops=False) for on in (True, False))
+    assert grouped.grouped_experts and not looped.grouped_experts
+    sparse = grouped.layers[config.moe.sparse_layers[0]].moe
+    assert sparse.grouped is not None and sparse.gate_up == [] and sparse.down == []
+    for got, want in zip(prefill_then_decode(grouped, [3, 1, 4, 1, 5, 9], 2),
+                         prefill_then_decode(looped, [3, 1, 4, 1, 5, 9], 2), strict=True):
+        if dtype == torch.float32:
+            assert torch.equal(got, want)
+        else:  # the loop's bf16 weights are oneDNN-packed on this CPU: another kernel, the last bits
+            assert (got - want).abs().max() < 0.02 * want.abs().max()
+
+
+def test_a_grouped_moe_model_is_captured_and_replays_the_eager_logits() -> None:
+    config = replace(CONFIGS["moe"], moe=replace(CONFIGS["moe"].moe, sparse_layers=(0, 1)))
+    grouped, looped = model(config, torch.float32, grouped_experts=True), model(config, torch.float32)
+    assert graph_support(grouped) == "" and "mixture-of-experts" in graph_support(looped)
+    options = GraphOptions(max_num_seqs=4, max_model_len=64, capture=eager_capture)
+    graphed, eager = ModelRunner(grouped, 32, BLOCK, "torch", graphs=options), ModelRunner(looped, 32, BLOCK, "torch")
+    tables, seq_lens = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], [9, 6, 13, 2]
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randn(graphed.kv_cache[:, :32].shape, generator=gen)
+    for runner in (graphed, eager):
+        runner.kv_cache[:, :32].copy_(context)
+    for rows in (1, 3, 4):  # buckets 1, 4 (padded: the padding rows are routed too, and dropped), 4
+        ids = torch.randint(0, config.vocab_size, (rows,), generator=gen).tolist()
+        positions = [s - 1 for s in seq_lens[:rows]]
+        got = graphed.graphs.run(ids, positions, seq_lens[:rows], tables[:rows]).clone()
+        eager.attention.plan(AttentionMetadata.build([1] * rows, seq_lens[:rows], tables[:rows], BLOCK, "cpu"))
+        with torch.inference_mode():
+            want = looped.forward(torch.tensor(ids), torch.tensor(positions), eager.kv_layers, eager.attention,
+                                  torch.arange(rows))
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_load_check_passes_here_and_names_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    grouped_experts_problem.cache_clear()
+    assert grouped_experts_problem(cpu, torch.bfloat16) == ""
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("grouped gemm is only supported on SM90\nmore")
+
+    monkeypatch.setattr(F, "grouped_mm", unsupported)
+    grouped_experts_problem.cache_clear()
+    assert grouped_experts_problem(cpu, torch.float32) == "grouped_mm failed: grouped gemm is only supported on SM90"
+    monkeypatch.setattr(F, "grouped_mm", lambda a, b, offs: torch.zeros(a.shape[0], b.shape[-1], dtype=a.dtype))
+    grouped_experts_problem.cache_clear()
+    assert "disagrees with the per-expert products" in grouped_experts_problem(cpu, torch.float32)
+    grouped_experts_problem.cache_clear()
+
+
+def test_only_cuda_models_outside_the_deterministic_mode_take_them_by_default(monkeypatch) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert decoder._grouped_experts(None, cpu, torch.bfloat16, False) is False
+    assert decoder._grouped_experts(None, cuda, torch.bfloat16, True) is False
+    assert decoder._grouped_experts(True, cpu, torch.float32, False) is True
+    monkeypatch.setattr(decoder, "grouped_experts_problem", lambda device, dtype: "grouped_mm failed: no")
+    assert decoder._grouped_experts(None, cuda, torch.bfloat16, False) is False
+    monkeypatch.setattr(decoder, "grouped_experts_problem", lambda device, dtype: "")
+    assert decoder._grouped_experts(None, cuda, torch.bfloat16, False) is True
+    assert model(CONFIGS["llama"], torch.float32, grouped_experts=True).grouped_experts is False  # no experts
