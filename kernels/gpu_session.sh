@@ -11,7 +11,8 @@
 #   4. the benchmarks (KV transfer, decode eager and from CUDA graphs with the 8B shapes, 4k prefill against
 #      the matmul peak; attention too when SECTIONS names it): bench-gpu.md and bench-gpu.json ($BENCH);
 #   5. one decode step profiled eager and from graphs (host ms, launches, GPU ms): profile.md.
-# SECTIONS="attention transfer decode prefill" and STEPS="warmup unit e2e bench profile" pick parts.
+# SECTIONS="attention transfer decode prefill sampling", STEPS="warmup unit e2e bench profile" and PRESETS (decode's
+# model shapes) pick parts.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -19,6 +20,7 @@ BUDGET=${BUDGET:-560}
 STEPS=${STEPS:-warmup unit e2e bench profile}
 SECTIONS=${SECTIONS:-transfer decode prefill sampling}
 BENCH=${BENCH:-bench-gpu}  # the bench's file names under $OUT: $BENCH.md and $BENCH.json
+PRESETS=${PRESETS:-}  # decode's model shapes when set (e.g. qwen3-30b-a3b-12l, the MoE), else the suite's
 started=$SECONDS
 SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD:$PWD/protos/python FLASHINFER_WORKSPACE_BASE=/tmp/fi PYTHONUNBUFFERED=1
@@ -81,7 +83,7 @@ fi
 if wants bench; then
     note "bench $SECTIONS (cap $(cap 400) s)"
     # shellcheck disable=SC2086
-    timeout -k 5 "$(cap 400)" python3 -m services.bench.gpu.suite --sections $SECTIONS \
+    timeout -k 5 "$(cap 400)" python3 -m services.bench.gpu.suite --sections $SECTIONS ${PRESETS:+--presets $PRESETS} \
         --json "$OUT/$BENCH.json" 2>&1 | tee "$OUT/$BENCH.md"
     note "bench rc=$?"
 fi

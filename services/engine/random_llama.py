@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from services.engine.model.config import ModelConfig
+from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.decoder import DecoderModel
 
 
@@ -35,16 +35,23 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-3.1-8b": _config("random-llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, False),
     "qwen3-8b": replace(_config("random-qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 1000000.0, False),
                         architecture="qwen3", qk_norm=True),
+    # Qwen3-30B-A3B's shape (128 experts of 768, top 8, q/k norms) on 12 of its 48 layers: 15 GB of bf16 weights
+    # instead of 61, so that it fits one GPU beside a batch's KV; a step's figures are per layer the same
+    "qwen3-30b-a3b-12l": replace(_config("random-qwen3-30b-a3b-12l", 151936, 2048, 6144, 12, 32, 4, 1000000.0, False),
+                                 architecture="qwen3_moe", qk_norm=True, head_dim=128,
+                                 moe=MoEConfig(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True,
+                                               sparse_layers=tuple(range(12)))),
     # Llama-3.1-8B's KV layout (32 layers of 8 KV heads of 128: 128 KiB a token in bf16) on small weights:
     # what the KV transfer bench moves, in a checkpoint small enough to write there
     "kv-llama-8b": replace(_config("random-kv-llama-8b", 4096, 512, 1024, 32, 8, 8, 500000.0, False), head_dim=128),
 }
-"""``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b``: its q/k norms are no Llama tensors)."""
+"""``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b`` nor the MoE: no Llama tensors)."""
 
 
 def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                    seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Hugging Face-named Llama tensors, N(0, std) weights and unit norms (drawn on ``device``)."""
+    """Hugging Face-named Llama tensors, N(0, std) weights and unit norms (drawn on ``device``); a sparse
+    layer's router and experts in transformers 5's stacked layout (``mlp.experts.gate_up_proj``)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config.hidden_size, config.intermediate_size
 
@@ -64,10 +71,16 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
             p + "self_attn.k_proj.weight": normal(config.kv_size, hidden),
             p + "self_attn.v_proj.weight": normal(config.kv_size, hidden),
             p + "self_attn.o_proj.weight": normal(hidden, config.q_size),
-            p + "mlp.gate_proj.weight": normal(inter, hidden),
-            p + "mlp.up_proj.weight": normal(inter, hidden),
-            p + "mlp.down_proj.weight": normal(hidden, inter),
         }
+        if config.is_sparse_layer(i):
+            moe = config.moe
+            tensors |= {p + "mlp.gate.weight": normal(moe.num_experts, hidden),
+                        p + "mlp.experts.gate_up_proj": normal(moe.num_experts, 2 * moe.intermediate_size, hidden),
+                        p + "mlp.experts.down_proj": normal(moe.num_experts, hidden, moe.intermediate_size)}
+        else:
+            tensors |= {p + "mlp.gate_proj.weight": normal(inter, hidden),
+                        p + "mlp.up_proj.weight": normal(inter, hidden),
+                        p + "mlp.down_proj.weight": normal(hidden, inter)}
         if config.qk_norm:
             tensors |= {p + "self_attn.q_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device),
                         p + "self_attn.k_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device)}
@@ -75,23 +88,42 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
 
 
 def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 seed: int = 0, fused_ops: bool = True) -> DecoderModel:
-    """A ``DecoderModel`` with random weights, drawn directly on ``device`` in ``dtype`` (``fused_ops``: see
-    ``DecoderModel``)."""
-    return DecoderModel(config, random_tensors(config, dtype, device, seed), dtype, device, fused_ops=fused_ops)
+                 seed: int = 0, fused_ops: bool = True,
+                 grouped_experts: bool | None = None) -> DecoderModel:
+    """A ``DecoderModel`` with random weights, drawn directly on ``device`` in ``dtype`` (``fused_ops``,
+    ``grouped_experts``: see ``DecoderModel``)."""
+    return DecoderModel(config, random_tensors(config, dtype, device, seed), dtype, device, fused_ops=fused_ops,
+                        grouped_experts=grouped_experts)
 
 
-def weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:
-    """Bytes of the weights one decode step reads (the embedding table is gathered, not read whole,
-    unless it is also the tied LM head)."""
+def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
+    """Bytes of the weights one decode step of ``batch`` sequences reads (the embedding table is gathered,
+    not read whole, unless it is also the tied LM head). A sparse layer reads its router and the experts its
+    tokens pick: ``E · (1 - (1 - k/E)^batch)`` of them expected, were the routing uniform."""
     head = config.vocab_size * config.hidden_size
-    return (config.num_layers * layer_weights(config) + head) * dtype_bytes
+    total = head
+    for i in range(config.num_layers):
+        if config.is_sparse_layer(i):
+            moe = config.moe
+            picked = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
+            total += attention_weights(config) + moe.num_experts * config.hidden_size + round(
+                picked * 3 * config.hidden_size * moe.intermediate_size)
+        else:
+            total += layer_weights(config)
+    return total * dtype_bytes
+
+
+def attention_weights(config: ModelConfig) -> int:
+    """Weights of one layer's q, k, v and o projections."""
+    return config.hidden_size * (config.q_size + 2 * config.kv_size) + config.q_size * config.hidden_size
 
 
 def layer_weights(config: ModelConfig) -> int:
-    """Weights of one layer's projections (q, k, v, o, gate, up, down): what each token multiplies there."""
-    hidden, inter = config.hidden_size, config.intermediate_size
-    return hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden + 3 * hidden * inter
+    """Weights of one dense layer's projections (q, k, v, o, gate, up, down): what each token multiplies
+    there (a sparse layer's token: its ``top_k`` experts instead of gate, up and down)."""
+    hidden, moe = config.hidden_size, config.moe
+    mlp = 3 * hidden * (config.intermediate_size if moe is None else moe.top_k * moe.intermediate_size)
+    return attention_weights(config) + mlp
 
 
 def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Path:

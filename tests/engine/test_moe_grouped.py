@@ -126,3 +126,36 @@ def test_only_cuda_models_outside_the_deterministic_mode_take_them_by_default(mo
     monkeypatch.setattr(decoder, "grouped_experts_problem", lambda device, dtype: "")
     assert decoder._grouped_experts(None, cuda, torch.bfloat16, False) is True
     assert model(CONFIGS["llama"], torch.float32, grouped_experts=True).grouped_experts is False  # no experts
+
+
+def _small_moe_preset():
+    from services.engine.random_llama import PRESETS
+
+    big = PRESETS["qwen3-30b-a3b-12l"]
+    return replace(big, vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                   num_kv_heads=1, head_dim=16, moe=replace(big.moe, num_experts=8, top_k=2, intermediate_size=16,
+                                                            sparse_layers=(0, 1)))
+
+
+def test_a_random_moe_in_the_stacked_layout_loads_both_ways_and_agrees() -> None:
+    """random_tensors writes transformers 5's stacked experts, which both the loop and the grouped path load."""
+    from services.engine.random_llama import random_model
+
+    config = _small_moe_preset()
+    grouped, looped = (random_model(config, torch.float32, grouped_experts=on, fused_ops=False) for on in (True, False))
+    assert grouped.layers[0].moe.grouped is not None and len(looped.layers[0].moe.gate_up) == 8
+    for got, want in zip(prefill_then_decode(grouped, [5, 6, 7], 8), prefill_then_decode(looped, [5, 6, 7], 8),
+                         strict=True):
+        assert torch.equal(got, want)
+
+
+def test_the_decode_floor_counts_the_experts_a_batch_picks() -> None:
+    from services.engine.random_llama import attention_weights, weight_bytes
+
+    config = _small_moe_preset()
+    moe, hidden = config.moe, config.hidden_size
+    fixed = config.vocab_size * hidden + config.num_layers * (attention_weights(config) + moe.num_experts * hidden)
+    expert = 3 * hidden * moe.intermediate_size
+    assert weight_bytes(config, 2, batch=1) == 2 * (fixed + config.num_layers * moe.top_k * expert)
+    assert weight_bytes(config, 2, batch=10_000) == 2 * (fixed + config.num_layers * moe.num_experts * expert)
+    assert weight_bytes(config, 2, batch=1) < weight_bytes(config, 2, batch=4) < weight_bytes(config, 2, batch=64)

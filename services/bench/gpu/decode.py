@@ -140,7 +140,7 @@ def decode_throughput(name: str, model: DecoderModel, batches: list[int], bandwi
         for graphs in graph_modes:
             ms, backend, replayed = decode_step_ms(model, batch, prompt_len, steps, attention, graphs=graphs)
             context = mean_context(batch, prompt_len, steps, MAX_BATCHED_TOKENS)
-            moved = weight_bytes(cfg, 2) + batch * context * cfg.kv_bytes_per_token(2)
+            moved = weight_bytes(cfg, 2, batch) + batch * context * cfg.kv_bytes_per_token(2)
             results.append(DecodeResult(name, batch, context, backend, ms, batch / ms * 1e3,
                                         moved / bandwidth * 1e3, moved, replayed))
             if model.device.type == "cuda":
