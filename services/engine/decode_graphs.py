@@ -8,8 +8,8 @@ into the buffers, rows ``n..b`` padded (token 0 at position 0 of the **sink bloc
 never hands out, so padding writes nothing any request reads), the attention planned outside the graph,
 the graph replayed, and the first ``n`` rows of its logits sampled as usual. Anything else runs eagerly:
 steps with a prompt, batches past the largest bucket, a deterministic model, and models whose forward
-reads values back to the host mid-step (mixture-of-experts layers route on the host): :func:`graph_support`
-says which, and why.
+reads values back to the host mid-step (mixture-of-experts layers whose experts run one by one; grouped
+experts, :mod:`services.engine.model.moe_grouped`, are captured): :func:`graph_support` says which, and why.
 
 ``capture`` is how a forward becomes a replay: :class:`CudaGraphCapture` on a GPU; tests on a CPU pass
 :func:`eager_capture`, which re-runs the forward over the same buffers, to check the padding and the

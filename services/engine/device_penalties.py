@@ -17,26 +17,33 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.engine.device_transfer import to_device
 from services.engine.penalties import History, id_array
 from services.engine.sampling_params import SamplingParams, as_float32
 
 
 def apply_logit_bias_batched(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
     """Add each row's ``logit_bias`` to float32 ``logits [B, V]`` in place, wherever they are. A token listed
-    twice gets both biases, added in the order listed (an accumulating index put, serial on a CPU and
-    sorted on CUDA), as :func:`penalties.apply_logit_bias`."""
+    twice gets both biases, in the order listed, as :func:`penalties.apply_logit_bias` adds them: one
+    accumulating pass per listing rank (the first listing of every token, then the second...), so each pass
+    writes distinct entries (CUDA's accumulating put would otherwise sum a token's biases first, another
+    rounding)."""
     assert logits.dtype == torch.float32 and len(params) == logits.shape[0]
-    rows, ids, biases = [], [], []
+    passes: list[tuple[list[int], list[int], list[float]]] = []
     for row, p in enumerate(params):
+        seen: dict[int, int] = {}
         for token_id, bias in p.logit_bias:
+            rank = seen[token_id] = seen.get(token_id, -1) + 1
+            if rank == len(passes):
+                passes.append(([], [], []))
+            rows, ids, biases = passes[rank]
             rows.append(row)
             ids.append(token_id)
             biases.append(bias)
-    if not rows:
-        return
     device = logits.device
-    logits.index_put_((_on(np.asarray(rows, dtype=np.int64), device), _on(np.asarray(ids, dtype=np.int64), device)),
-                      _on(np.asarray(biases, dtype=np.float32), device), accumulate=True)
+    for rows, ids, biases in passes:
+        logits.index_put_((to_device(rows, torch.long, device), to_device(ids, torch.long, device)),
+                          to_device(biases, torch.float32, device), accumulate=True)
 
 
 def apply_penalties_batched(logits: torch.Tensor, params: Sequence[SamplingParams],
@@ -87,14 +94,7 @@ class _Pairs:
         return any(len(ids) for ids in self._ids)
 
     def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        values = [_on(np.concatenate(column).astype(np.float32, copy=False), device)
+        values = [to_device(np.concatenate(column), torch.float32, device)
                   for column in zip(*self._values, strict=True)]
-        return _on(np.concatenate(self._rows), device), _on(np.concatenate(self._ids), device), values
-
-
-def _on(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` (pinned first where that makes the copy asynchronous)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cpu":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
+        return (to_device(np.concatenate(self._rows), torch.long, device),
+                to_device(np.concatenate(self._ids), torch.long, device), values)

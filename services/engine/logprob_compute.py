@@ -1,5 +1,8 @@
 """The logprobs of sampled tokens computed from a batch's logits (``logprobs.py`` has the types and the
-contract: the raw distribution, before temperature, top-k/p and banned tokens)."""
+contract: the raw distribution, before temperature, top-k/p and banned tokens).
+
+:func:`logprob_tensors` runs where the logits are; :func:`logprob_entries` builds the entries from its
+results once they are on the host (the engine moves them with the step's token ids, in one wait)."""
 
 from __future__ import annotations
 
@@ -7,29 +10,32 @@ from collections.abc import Sequence
 
 import torch
 
+from services.engine.device_transfer import to_device, to_host
 from services.engine.logprobs import TokenLogprobs
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int] | torch.Tensor,
-                   ks: Sequence[int]) -> list[TokenLogprobs]:
-    """One entry per row of ``logits [n, V]``: the logprob of ``token_ids[i]`` and the ``ks[i]`` most
-    likely tokens of that row. Computed where the logits are (``token_ids`` may be a tensor there); only
-    the chosen and top-k values and ids cross to the host."""
-    assert logits.shape[0] == len(token_ids) == len(ks), "one token and one k per row"
+def logprob_tensors(logits: torch.Tensor, token_ids: torch.Tensor, k_max: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Of each row of ``logits [n, V]``: the logprob of ``token_ids[i]`` ``[n]``, and the ``k_max`` best
+    logprobs and their ids ``[n, k_max]``, on the logits' device."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    if not isinstance(token_ids, torch.Tensor):
-        token_ids = torch.tensor(list(token_ids), dtype=torch.long)
-    token_ids = token_ids.to(logprobs.device)
-    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-    k_max = max(ks, default=0)
-    top_values, top_ids = (logprobs.topk(k_max, dim=-1) if k_max else (None, None))
-    if top_values is not None:
-        top_values, top_ids = top_values.cpu(), top_ids.cpu()
-    token_ids, chosen = token_ids.tolist(), chosen.tolist()
-    out = []
-    for row, (token_id, k) in enumerate(zip(token_ids, ks, strict=True)):
-        top: tuple[tuple[int, float], ...] = ()
-        if k:
-            top = tuple(zip(top_ids[row, :k].tolist(), top_values[row, :k].tolist(), strict=True))
-        out.append(TokenLogprobs(token_id, chosen[row], top))
-    return out
+    chosen = logprobs.gather(1, token_ids.to(logprobs.device).unsqueeze(1)).squeeze(1)
+    top_values, top_ids = logprobs.topk(k_max, dim=-1)
+    return chosen, top_values, top_ids
+
+
+def logprob_entries(token_ids: Sequence[int], chosen: torch.Tensor, top_values: torch.Tensor,
+                    top_ids: torch.Tensor, ks: Sequence[int]) -> list[TokenLogprobs]:
+    """One entry per row from :func:`logprob_tensors`' results on the host: the first ``ks[i]`` of row i's
+    best."""
+    chosen_values, values, ids = chosen.tolist(), top_values.tolist(), top_ids.tolist()
+    return [TokenLogprobs(token_id, chosen_values[row], tuple(zip(ids[row][:k], values[row][:k], strict=True)))
+            for row, (token_id, k) in enumerate(zip(token_ids, ks, strict=True))]
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], ks: Sequence[int]) -> list[TokenLogprobs]:
+    """One entry per row of ``logits [n, V]``: the logprob of ``token_ids[i]`` and the ``ks[i]`` most
+    likely tokens of that row."""
+    assert logits.shape[0] == len(token_ids) == len(ks), "one token and one k per row"
+    tensors = logprob_tensors(logits, to_device(list(token_ids), torch.long, logits.device), max(ks, default=0))
+    return logprob_entries(token_ids, *to_host(*tensors), ks)

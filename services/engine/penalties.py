@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from services.engine.device_transfer import to_device
 from services.engine.sampling_params import SamplingParams, as_float32
 
 # a request's prompt token ids (Request.distinct_prompt_ids: each once, built once), its output token ids so far
@@ -75,6 +76,6 @@ def id_array(token_ids: Iterable[int]) -> np.ndarray:
 def apply_min_p(logits: torch.Tensor, min_p: Sequence[float]) -> torch.Tensor:
     """Drop (to -inf) each row's tokens whose probability is below ``min_p`` times the row's largest."""
     probs = logits.softmax(dim=-1)
-    threshold = probs.amax(dim=-1, keepdim=True) * torch.tensor([as_float32(m) for m in min_p], dtype=probs.dtype,
-                                                                device=probs.device).unsqueeze(1)
+    threshold = probs.amax(dim=-1, keepdim=True) * to_device([as_float32(m) for m in min_p], probs.dtype,
+                                                             probs.device).unsqueeze(1)
     return logits.masked_fill(probs < threshold, float("-inf"))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from services.engine.device_penalties import apply_logit_bias_batched, apply_penalties_batched
+from services.engine.device_transfer import to_device
 from services.engine.penalties import History, apply_logit_bias, apply_min_p, apply_penalties
 from services.engine.sampling_params import SamplingParams
 
@@ -84,27 +85,27 @@ def _keep_allowed(logits: torch.Tensor, allowed: Sequence[np.ndarray | None]) ->
     if not constrained:
         return
     vocab = logits.shape[1]
-    masks = torch.from_numpy(np.stack([allowed[row][:vocab] for row in constrained]))
+    masks = to_device(np.stack([allowed[row][:vocab] for row in constrained]), torch.bool, logits.device)
     rows = _index(constrained, logits.device)
-    disallowed = ~masks.to(logits.device, non_blocking=True)
-    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill_(disallowed, float("-inf")))
+    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill_(~masks, float("-inf")))
 
 
 def _ban(logits: torch.Tensor, banned: Sequence[Sequence[int]]) -> None:
     rows = [row for row, ids in enumerate(banned) for _ in ids]
     if rows:
         ids = [token_id for token_ids in banned for token_id in token_ids]
-        logits[_index(rows, logits.device), _index(ids, logits.device)] = float("-inf")
+        minus_inf = torch.full((len(rows),), float("-inf"), device=logits.device)  # no host scalar to copy
+        logits.index_put_((_index(rows, logits.device), _index(ids, logits.device)), minus_inf)
 
 
 def _index(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+    return to_device(values, torch.long, device)
 
 
 def _sample_random(logits: torch.Tensor, params: Sequence[SamplingParams],
                    generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).to(device, non_blocking=True)
+    temperature = to_device([p.temperature for p in params], logits.dtype, device)
     logits = logits / temperature.unsqueeze(1)
     if any(p.min_p > 0 for p in params):
         logits = apply_min_p(logits, [p.min_p for p in params])
@@ -130,18 +131,28 @@ def _exponential_noise(probs: torch.Tensor, generators: Sequence[torch.Generator
 
 
 def _apply_top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    """Keep each row's ``top_k`` best (ties at the k-th kept); a row without top-k (0, or at least the
+    vocabulary) keeps all, and costs no sort past the other rows' largest k."""
     vocab = logits.shape[-1]
-    ks = [k if 0 < k < vocab else vocab for k in top_k]
-    top_values = logits.topk(max(ks), dim=-1).values
+    limited = [0 < k < vocab for k in top_k]
+    k_max = max((k for k, on in zip(top_k, limited, strict=True) if on), default=0)
+    if not k_max:
+        return logits
+    ks = [k if on else k_max for k, on in zip(top_k, limited, strict=True)]
+    top_values = logits.topk(k_max, dim=-1).values
     threshold = top_values.gather(1, (_index(ks, logits.device) - 1).unsqueeze(1))
+    if not all(limited):
+        threshold = threshold.masked_fill(~to_device(limited, torch.bool, logits.device).unsqueeze(1), float("-inf"))
     return logits.masked_fill(logits < threshold, float("-inf"))
 
 
 def _apply_top_p(logits: torch.Tensor, top_p: list[float]) -> torch.Tensor:
-    """Keep the smallest set of highest-probability tokens whose mass reaches ``top_p`` (at least one)."""
+    """Keep the smallest set of highest-probability tokens whose mass reaches ``top_p`` (at least one); a
+    row whose ``top_p`` is 1 keeps every token (its cumulative sum could round past 1 before the tail)."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    p = torch.tensor(top_p, dtype=cumulative.dtype).to(logits.device, non_blocking=True).unsqueeze(1)
-    remove_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= p  # mass before this token already >= p
+    probs = sorted_logits.softmax(dim=-1)
+    cumulative = probs.cumsum(dim=-1)
+    p = to_device(top_p, cumulative.dtype, logits.device).unsqueeze(1)
+    remove_sorted = ((cumulative - probs) >= p) & (p < 1)  # mass before this token already >= p
     remove = torch.zeros_like(remove_sorted).scatter(1, order, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))

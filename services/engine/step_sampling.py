@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from services.engine.logprob_compute import token_logprobs
+from services.engine.device_transfer import to_device, to_host
+from services.engine.logprob_compute import logprob_entries, logprob_tensors
 from services.engine.logprobs import TokenLogprobs
 from services.engine.request import Request
 from services.engine.sampler import make_generator, sample_ids
@@ -52,32 +53,36 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
     for i, request in enumerate(requests):
         (plain if _plain_greedy(request.sampling) and not banned[i] else rest).append(i)
     samples = StepSamples()
+    device = logits.device
     if not rest:
-        ids = logits.argmax(dim=-1)
-    else:
-        ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
-        if plain:
-            ids.index_copy_(0, _rows(plain, logits.device), logits[plain].argmax(dim=-1))
-        others = [requests[i] for i in rest]
-        rows = logits if len(rest) == len(requests) else logits[rest]
-        wanted = [j for j, r in enumerate(others) if r.sampling.logprobs is not None]
-        raw = rows[wanted].clone() if wanted else None  # before sample_ids bans tokens in place
-        generators = [make_generator(r.sampling, r.num_output_tokens, logits.device) for r in others]
-        histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in others]
-        bans = [banned[i] for i in rest]
-        masks = _grammar_masks(others, bans, samples)
-        picked = sample_ids(rows, [r.sampling for r in others], generators, bans, histories, masks)
-        ids.index_copy_(0, _rows(rest, logits.device), picked)
-        if raw is not None:
-            entries = token_logprobs(raw, picked[wanted], [others[j].sampling.logprobs for j in wanted])
-            samples.logprobs = {others[j].request_id: entry for j, entry in zip(wanted, entries, strict=True)}
-    samples.tokens = {r.request_id: t for r, t in zip(requests, ids.tolist(), strict=True)}
+        (ids,) = to_host(logits.argmax(dim=-1))
+        samples.tokens = {r.request_id: t for r, t in zip(requests, ids.tolist(), strict=True)}
+        return samples
+    ids = torch.empty(len(requests), dtype=torch.long, device=device)
+    if plain:
+        plain_rows = to_device(plain, torch.long, device)
+        ids.index_copy_(0, plain_rows, logits.index_select(0, plain_rows).argmax(dim=-1))
+    others = [requests[i] for i in rest]
+    rows = logits if len(rest) == len(requests) else logits.index_select(0, to_device(rest, torch.long, device))
+    wanted = [j for j, r in enumerate(others) if r.sampling.logprobs is not None]
+    wanted_rows = to_device(wanted, torch.long, device) if wanted else None
+    raw = rows.index_select(0, wanted_rows) if wanted else None  # a copy, before sample_ids bans tokens in place
+    generators = [make_generator(r.sampling, r.num_output_tokens, device) for r in others]
+    histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in others]
+    bans = [banned[i] for i in rest]
+    masks = _grammar_masks(others, bans, samples)
+    picked = sample_ids(rows, [r.sampling for r in others], generators, bans, histories, masks)
+    ids.index_copy_(0, to_device(rest, torch.long, device), picked)
+    ks = [others[j].sampling.logprobs for j in wanted]
+    extra = logprob_tensors(raw, picked.index_select(0, wanted_rows), max(ks)) if wanted else ()
+    ids, *extra = to_host(ids, *extra)  # the step's one wait for the device
+    tokens = ids.tolist()
+    samples.tokens = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+    if wanted:
+        entries = logprob_entries([tokens[rest[j]] for j in wanted], *extra, ks)
+        samples.logprobs = {others[j].request_id: entry for j, entry in zip(wanted, entries, strict=True)}
     _advance_grammars(requests, samples)
     return samples
-
-
-def _rows(indices: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(indices, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _grammar_masks(requests: Sequence[Request], bans: list[tuple[int, ...]],

@@ -126,3 +126,44 @@ def test_seeded_gpu_sampling_reproduces_and_does_not_depend_on_the_batch() -> No
     allowed = set(logits[0].topk(3).indices.tolist())
     picks = {sample(logits[:1].clone(), [top_k], [make_generator(top_k, i, logits.device)])[0] for i in range(100)}
     assert picks <= allowed and len(picks) > 1
+
+
+@cuda
+def test_a_gpu_step_of_every_mode_waits_for_the_device_once() -> None:
+    """Host values cross through pinned memory and the ids and logprobs come back together: one
+    synchronizing call in the whole step (``torch.cuda.set_sync_debug_mode`` counts them)."""
+    import warnings
+
+    logits = torch.randn(7, 32000, generator=torch.Generator().manual_seed(3)).cuda()
+    requests = [
+        _request("plain", SamplingParams(temperature=0.0)),
+        _request("penalized", SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.5,
+                                             presence_penalty=0.5), output=[9, 9, 4]),
+        _request("biased", SamplingParams(temperature=0.0, logit_bias=((123, 5.0), (123, 1.0)))),
+        _request("min-tokens", SamplingParams(temperature=0.0, min_tokens=3)),
+        _request("logprobs", SamplingParams(temperature=0.0, logprobs=5)),
+        _request("top-p", SamplingParams(temperature=1.0, top_p=0.9, min_p=0.05)),
+        _request("seeded top-k", SamplingParams(temperature=0.8, top_k=40, seed=3, logprobs=2)),
+    ]
+    sample_step(logits.clone(), requests)  # warm: pinned blocks cached, kernels loaded
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            samples = sample_step(logits.clone(), requests)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchronizing" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert set(samples.logprobs) == {"logprobs", "seeded top-k"} and len(samples.tokens) == 7
+
+
+@cuda
+def test_a_token_biased_twice_gets_the_numpy_bits_on_the_gpu() -> None:
+    logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(logit_bias=((5, 0.1), (7, -3.5), (5, 0.2), (5, 1e-3))), SamplingParams()]
+    host, device = logits.clone(), logits.cuda()
+    apply_logit_bias(host, params)
+    apply_logit_bias_batched(device, params)
+    assert torch.equal(device.cpu(), host)

@@ -131,3 +131,17 @@ def test_logit_bias_is_added_before_the_penalties_greedy_rows_included():
     untouched = logits.clone()
     apply_logit_bias(untouched, [SamplingParams()])
     assert torch.equal(untouched, logits)
+
+
+def test_top_k_and_top_p_leave_the_rows_that_do_not_ask_for_them_whole():
+    """A row without top-k beside one with it keeps every token (and costs no full sort); a row with
+    top_p 1 beside one below keeps its far tail, which float32's cumulative sum reaches 1.0 before."""
+    from services.engine.sampler import _apply_top_k, _apply_top_p
+
+    logits = _logits(3, 100)
+    limited = _apply_top_k(logits, [2, 0, 1000])
+    assert limited.isfinite().sum(-1).tolist() == [2, 100, 100]
+    tail = torch.tensor([[0.0] + [-100.0] * 9, [0.0, -0.1] + [-100.0] * 8])
+    assert (tail[0].softmax(-1).cumsum(-1)[0] == 1.0).item()  # the tail is below float32's rounding of 1
+    kept = _apply_top_p(tail, [1.0, 0.5])
+    assert kept[0].isfinite().all() and kept[1].isfinite().tolist() == [True] + [False] * 9
