@@ -29,6 +29,7 @@ from services.engine.model.fused_choice import choose_fused_ops, ineligible
 from services.engine.model.moe import moe_forward
 from services.engine.model_runner import ModelRunner
 from services.engine.random_llama import PRESETS, random_tensors
+from tests.engine.graph_replay import replays_beside_eager
 from tests.kernels import fake_flashinfer
 
 TINY = PRESETS["tiny"]
@@ -150,19 +151,8 @@ def test_decode_graph_replays_of_the_fused_path_give_the_eager_logits() -> None:
     options = GraphOptions(max_num_seqs=4, max_model_len=64, capture=eager_capture, attention="flashinfer",
                            flashinfer_module=fake_flashinfer)
     graphed, eager = ModelRunner(fused, 32, BLOCK, "torch", graphs=options), ModelRunner(plain, 32, BLOCK, "torch")
-    tables, seq_lens = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], [9, 6, 13, 2]
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randn(graphed.kv_cache[:, :32].shape, generator=gen).to(torch.bfloat16)
-    for runner in (graphed, eager):
-        runner.kv_cache[:, :32].copy_(context)
-    for rows in (1, 3, 4, 3):  # buckets 1, 4 (padded), 4, and 4 again (a replay over used buffers)
-        ids = torch.randint(0, config.vocab_size, (rows,), generator=gen).tolist()
-        positions = [s - 1 for s in seq_lens[:rows]]
-        got = graphed.graphs.run(ids, positions, seq_lens[:rows], tables[:rows]).clone()
-        eager.attention.plan(AttentionMetadata.build([1] * rows, seq_lens[:rows], tables[:rows], BLOCK, "cpu"))
-        with torch.inference_mode():
-            want = plain.forward(torch.tensor(ids), torch.tensor(positions), eager.kv_layers, eager.attention,
-                                 torch.arange(rows))
+    # buckets 1, 4 (padded), 4, and 4 again (a replay over used buffers)
+    for _, got, want in replays_beside_eager(graphed, eager, plain, (1, 3, 4, 3), BLOCK):
         assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 

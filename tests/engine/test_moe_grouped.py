@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention.metadata import AttentionMetadata
 from kernels.linear import prepare_linear
 from services.engine.decode_graphs import GraphOptions, eager_capture, graph_support
 from services.engine.model import decoder
@@ -19,6 +18,7 @@ from services.engine.model.config import MoEConfig
 from services.engine.model.moe import MoEWeights, moe_forward
 from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_problem
 from services.engine.model_runner import ModelRunner
+from tests.engine.graph_replay import replays_beside_eager
 from tests.engine.test_fused_ops_model import BLOCK, CONFIGS, model, prefill_then_decode
 
 MOE = MoEConfig(num_experts=8, top_k=3, intermediate_size=24, norm_topk_prob=True, sparse_layers=(0,))
@@ -83,19 +83,8 @@ def test_a_grouped_moe_model_is_captured_and_replays_the_eager_logits() -> None:
     assert graph_support(grouped) == "" and "mixture-of-experts" in graph_support(looped)
     options = GraphOptions(max_num_seqs=4, max_model_len=64, capture=eager_capture)
     graphed, eager = ModelRunner(grouped, 32, BLOCK, "torch", graphs=options), ModelRunner(looped, 32, BLOCK, "torch")
-    tables, seq_lens = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], [9, 6, 13, 2]
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randn(graphed.kv_cache[:, :32].shape, generator=gen)
-    for runner in (graphed, eager):
-        runner.kv_cache[:, :32].copy_(context)
-    for rows in (1, 3, 4):  # buckets 1, 4 (padded: the padding rows are routed too, and dropped), 4
-        ids = torch.randint(0, config.vocab_size, (rows,), generator=gen).tolist()
-        positions = [s - 1 for s in seq_lens[:rows]]
-        got = graphed.graphs.run(ids, positions, seq_lens[:rows], tables[:rows]).clone()
-        eager.attention.plan(AttentionMetadata.build([1] * rows, seq_lens[:rows], tables[:rows], BLOCK, "cpu"))
-        with torch.inference_mode():
-            want = looped.forward(torch.tensor(ids), torch.tensor(positions), eager.kv_layers, eager.attention,
-                                  torch.arange(rows))
+    # buckets 1, 4 (padded: the padding rows are routed too, and dropped), 4
+    for _, got, want in replays_beside_eager(graphed, eager, looped, (1, 3, 4), BLOCK):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 

@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels.attention.metadata import AttentionMetadata
 from services.engine.decode_graphs import CudaGraphCapture, GraphOptions
 from services.engine.model.decoder import DecoderModel
 from services.engine.model.moe import moe_forward
 from services.engine.model.moe_grouped import grouped_experts_problem
 from services.engine.model_runner import ModelRunner
+from tests.engine.graph_replay import replays_beside_eager
 from tests.engine.test_fused_ops_model import BLOCK, CONFIGS, tensors
 from tests.engine.test_moe_grouped import MOE, _layer
 
@@ -54,17 +54,5 @@ def test_a_moe_models_decode_is_captured_and_replays_the_eager_logits() -> None:
     graphed = ModelRunner(grouped, 32, BLOCK, "flashinfer", graphs=options)
     eager = ModelRunner(looped, 32, BLOCK, "flashinfer")
     assert graphed.graphs is not None
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randn(graphed.kv_cache[:, :32].shape, generator=gen).to(CUDA, torch.bfloat16)
-    for runner in (graphed, eager):
-        runner.kv_cache[:, :32].copy_(context)
-    tables, seq_lens = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], [9, 6, 13, 2]
-    for rows in (1, 3, 4):
-        ids = torch.randint(0, config.vocab_size, (rows,), generator=gen).tolist()
-        positions = [s - 1 for s in seq_lens[:rows]]
-        got = graphed.graphs.run(ids, positions, seq_lens[:rows], tables[:rows]).clone()
-        eager.attention.plan(AttentionMetadata.build([1] * rows, seq_lens[:rows], tables[:rows], BLOCK, "cuda"))
-        with torch.inference_mode():
-            want = looped.forward(torch.tensor(ids, device=CUDA), torch.tensor(positions, device=CUDA),
-                                  eager.kv_layers, eager.attention, torch.arange(rows, device=CUDA))
+    for rows, got, want in replays_beside_eager(graphed, eager, looped, (1, 3, 4), BLOCK):
         assert (got - want).abs().max() < 0.05 * want.abs().max(), rows
