@@ -169,6 +169,22 @@ def run(layers: int, repeats: int, device: str = "cuda", smoke: bool = False,
     return rows
 
 
+def warm_up_fused_ops() -> None:
+    """Build (or load) FlashInfer's fused-op modules and check ``grouped_mm`` once, as a model load does, so
+    the GPU tests that load models side by side find them built; prints what passed its load check."""
+    from kernels.rope import RotaryEmbedding
+    from services.engine.model.fused_choice import choose_fused_ops
+    from services.engine.model.moe_grouped import grouped_experts_problem
+    from services.engine.random_llama import PRESETS
+
+    cfg, device, started = PRESETS["smollm2-135m"], torch.device("cuda"), time.perf_counter()
+    rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, device, cfg.rope_scaling)
+    ops = choose_fused_ops(cfg, rope, torch.bfloat16, device)
+    grouped = grouped_experts_problem(device, torch.bfloat16) or "passes"
+    print(f"fused ops warm-up: FlashInfer's {list(ops.flashinfer)} in use, {time.perf_counter() - started:.1f} s; "
+          f"grouped experts (bf16): {grouped}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=8)
@@ -181,6 +197,7 @@ def main() -> None:
         from kernels.attention.flashinfer import FlashInferBackend
 
         print(f"flashinfer warm-up (benchmark and test kernels): {warm_up(FlashInferBackend('cuda'), True):.1f} s")
+        warm_up_fused_ops()
         return
     run(args.layers, args.repeats, prefill_backend=args.prefill_backend)
 
