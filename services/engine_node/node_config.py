@@ -16,6 +16,7 @@ from services.engine.model_files import bundled_model_path
 from services.engine_node.kv_ipc_wire import KV_IPC_MODES
 
 CUDA_GRAPHS = ("on", "off")
+FUSED_OPS = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class EngineNodeConfig(ServerConfig):
     cuda_graphs: str = setting("off", "on: decode-only steps replay CUDA graphs captured at start for batch sizes "
                                       "1, 2, 4 ... up to max_num_seqs (at most 256), padded to the next; off: "
                                       "every step runs eagerly (CUDA only)")
+    fused_ops: str = setting("on", "on: on CUDA in bf16/fp16, FlashInfer's fused add+RMSNorm, SiLU-and-multiply and "
+                                   "rope, each checked against torch at load (one that fails stays torch's, "
+                                   "logged); off: torch's ops everywhere")
     kv_ipc: str = setting("auto", "KV between prefill and decode nodes on one host and GPU: auto (CUDA IPC after "
                                   "a probe, bytes on any failure) or off (always bytes); CPU nodes send bytes")
     block_size: int = setting(16, "tokens per KV block")
@@ -75,6 +79,8 @@ class EngineNodeConfig(ServerConfig):
         self._engine_config(model_path="")  # the engine's own checks (sizes, dtype, block size): usage errors
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)}, got {self.cuda_graphs!r}")
+        if self.fused_ops not in FUSED_OPS:
+            raise ValueError(f"fused_ops must be one of {', '.join(FUSED_OPS)}, got {self.fused_ops!r}")
         if self.kv_ipc not in KV_IPC_MODES:
             raise ValueError(f"kv_ipc must be one of {', '.join(KV_IPC_MODES)}, got {self.kv_ipc!r}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
@@ -100,7 +106,7 @@ class EngineNodeConfig(ServerConfig):
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or None, int4_max_rows=self.int4_max_rows,
-            deterministic=self.deterministic, cuda_graphs=self.cuda_graphs == "on",
+            deterministic=self.deterministic, cuda_graphs=self.cuda_graphs == "on", fused_ops=self.fused_ops == "on",
             # threads: the EngineWorker sets them on its thread
         )
 

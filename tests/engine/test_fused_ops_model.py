@@ -214,3 +214,14 @@ def test_a_failed_check_falls_back_per_op_and_is_logged() -> None:
         model(TINY, flashinfer_module=fake_flashinfer)
     assert [e["log_level"] for e in logs] == ["info"] and logs[0]["flashinfer"] == list(OPS)
     assert logs[0]["torch"] == []
+
+
+def test_the_nodes_flag_turns_them_off_and_names_a_bad_value() -> None:
+    from services.decode_node.config import DecodeNodeConfig
+    from services.prefill_node.config import PrefillNodeConfig
+
+    assert DecodeNodeConfig().engine_config().fused_ops and PrefillNodeConfig().engine_config().fused_ops
+    assert not DecodeNodeConfig(fused_ops="off").engine_config().fused_ops
+    assert not PrefillNodeConfig(fused_ops="off").engine_config().fused_ops
+    with pytest.raises(ValueError, match="fused_ops must be one of on, off, got 'maybe'"):
+        DecodeNodeConfig(fused_ops="maybe")
