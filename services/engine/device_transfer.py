@@ -17,9 +17,8 @@ import torch
 def to_device(values: Sequence[int] | Sequence[float] | np.ndarray, dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
     """``values`` as a ``dtype`` tensor on ``device``, copied without a stream sync where that is a GPU."""
-    tensor = torch.from_numpy(np.ascontiguousarray(values)) if isinstance(values, np.ndarray) else \
+    tensor = torch.from_numpy(np.ascontiguousarray(values)).to(dtype) if isinstance(values, np.ndarray) else \
         torch.tensor(values, dtype=dtype)
-    tensor = tensor.to(dtype)
     if device.type == "cpu":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)

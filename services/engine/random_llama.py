@@ -100,8 +100,7 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
     """Bytes of the weights one decode step of ``batch`` sequences reads (the embedding table is gathered,
     not read whole, unless it is also the tied LM head). A sparse layer reads its router and the experts its
     tokens pick: ``E · (1 - (1 - k/E)^batch)`` of them expected, were the routing uniform."""
-    head = config.vocab_size * config.hidden_size
-    total = head
+    total = config.vocab_size * config.hidden_size
     for i in range(config.num_layers):
         if config.is_sparse_layer(i):
             moe = config.moe
@@ -109,7 +108,7 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
             total += attention_weights(config) + moe.num_experts * config.hidden_size + round(
                 picked * 3 * config.hidden_size * moe.intermediate_size)
         else:
-            total += layer_weights(config)
+            total += layer_weights(config, i)
     return total * dtype_bytes
 
 
@@ -118,12 +117,12 @@ def attention_weights(config: ModelConfig) -> int:
     return config.hidden_size * (config.q_size + 2 * config.kv_size) + config.q_size * config.hidden_size
 
 
-def layer_weights(config: ModelConfig) -> int:
-    """Weights of one dense layer's projections (q, k, v, o, gate, up, down): what each token multiplies
-    there (a sparse layer's token: its ``top_k`` experts instead of gate, up and down)."""
-    hidden, moe = config.hidden_size, config.moe
-    mlp = 3 * hidden * (config.intermediate_size if moe is None else moe.top_k * moe.intermediate_size)
-    return attention_weights(config) + mlp
+def layer_weights(config: ModelConfig, layer: int) -> int:
+    """Weights of ``layer``'s projections that each token multiplies: q, k, v, o and its MLP (a dense layer's
+    gate, up and down; a sparse layer's ``top_k`` experts')."""
+    moe = config.moe
+    inter = moe.top_k * moe.intermediate_size if config.is_sparse_layer(layer) else config.intermediate_size
+    return attention_weights(config) + 3 * config.hidden_size * inter
 
 
 def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Path:

@@ -63,7 +63,8 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
         plain_rows = to_device(plain, torch.long, device)
         ids.index_copy_(0, plain_rows, logits.index_select(0, plain_rows).argmax(dim=-1))
     others = [requests[i] for i in rest]
-    rows = logits if len(rest) == len(requests) else logits.index_select(0, to_device(rest, torch.long, device))
+    rest_rows = to_device(rest, torch.long, device)
+    rows = logits if len(rest) == len(requests) else logits.index_select(0, rest_rows)
     wanted = [j for j, r in enumerate(others) if r.sampling.logprobs is not None]
     wanted_rows = to_device(wanted, torch.long, device) if wanted else None
     raw = rows.index_select(0, wanted_rows) if wanted else None  # a copy, before sample_ids bans tokens in place
@@ -72,7 +73,7 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
     bans = [banned[i] for i in rest]
     masks = _grammar_masks(others, bans, samples)
     picked = sample_ids(rows, [r.sampling for r in others], generators, bans, histories, masks)
-    ids.index_copy_(0, to_device(rest, torch.long, device), picked)
+    ids.index_copy_(0, rest_rows, picked)
     ks = [others[j].sampling.logprobs for j in wanted]
     extra = logprob_tensors(raw, picked.index_select(0, wanted_rows), max(ks)) if wanted else ()
     ids, *extra = to_host(ids, *extra)  # the step's one wait for the device

@@ -42,7 +42,8 @@ class PrefillResult:
 
 
 def prefill_flops(config: ModelConfig, tokens: int) -> float:
-    projections = 2 * config.num_layers * layer_weights(config) * tokens + 2 * config.vocab_size * config.hidden_size
+    weights = sum(layer_weights(config, layer) for layer in range(config.num_layers))
+    projections = 2 * weights * tokens + 2 * config.vocab_size * config.hidden_size
     attention = 2 * config.num_layers * config.q_size * tokens**2
     return float(projections + attention)
 

@@ -15,13 +15,15 @@ by ``tests/engine/test_moe_grouped.py``; on a GPU its kernel differs from the lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 import torch.nn.functional as F
+
+from kernels.fused_ops import SiluAndMul, torch_silu_and_mul
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class GroupedExperts:
 
 def grouped_experts_forward(x: torch.Tensor, experts: GroupedExperts, top_probs: torch.Tensor,
                             top_experts: torch.Tensor,
-                            silu_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                            silu_and_mul: SiluAndMul) -> torch.Tensor:
     """``x [T, hidden]`` through each token's ``top_experts [T, k]`` weighted by ``top_probs [T, k]`` (in
     ``x.dtype``) → ``[T, hidden]``."""
     num_tokens, top_k = top_experts.shape
@@ -73,20 +75,16 @@ def grouped_experts_problem(device: torch.device, dtype: torch.dtype) -> str:
     top_experts = torch.tensor([[0, 1], [1, 0], [3, 1], [1, 3], [0, 3], [3, 0]], device=device)
     top_probs = torch.full((tokens, top_k), 0.5, dtype=dtype, device=device)
 
-    def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
-        gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
-
     try:
         with _no_host_sync(device):
-            got = grouped_experts_forward(x, experts, top_probs, top_experts, silu_and_mul)
+            got = grouped_experts_forward(x, experts, top_probs, top_experts, torch_silu_and_mul)
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         return f"grouped_mm failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     want = torch.zeros_like(x)
     for token in range(tokens):
         for expert in sorted(top_experts[token].tolist()):
             h = F.linear(x[token:token + 1], experts.gate_up[expert])
-            want[token] += (F.linear(silu_and_mul(h), experts.down[expert]) * 0.5)[0]
+            want[token] += (F.linear(torch_silu_and_mul(h), experts.down[expert]) * 0.5)[0]
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     error = (got.float() - want.float()).abs().max().item()
     return "" if error <= tolerance else f"grouped_mm disagrees with the per-expert products by {error:.3g}"
