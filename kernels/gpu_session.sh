@@ -9,8 +9,9 @@
 #   3. the unit-level GPU tests (kernels, IPC, decode graphs against eager) and the GPU cluster tests, side
 #      by side: gpu-unit.log, gpu-e2e.log;
 #   4. the benchmarks (KV transfer, decode eager and from CUDA graphs with the 8B shapes, 4k prefill against
-#      the matmul peak; attention too when SECTIONS names it): bench-gpu.md and bench-gpu.json ($BENCH);
-#   5. one decode step profiled eager and from graphs (host ms, launches, GPU ms): profile.md.
+#      the matmul peak; attention too when SECTIONS names it): bench-gpu.md and bench-gpu.json ($BENCH), the
+#      engine's log lines in bench-gpu.log;
+#   5. one decode step profiled eager and from graphs (host ms, launches, GPU ms): profile.md (logs: profile.log).
 # SECTIONS="attention transfer decode prefill sampling", STEPS="warmup unit e2e bench profile" and PRESETS (decode's
 # model shapes) pick parts.
 set -o pipefail
@@ -84,12 +85,14 @@ if wants bench; then
     note "bench $SECTIONS (cap $(cap 400) s)"
     # shellcheck disable=SC2086
     timeout -k 5 "$(cap 400)" python3 -m services.bench.gpu.suite --sections $SECTIONS ${PRESETS:+--presets $PRESETS} \
-        --json "$OUT/$BENCH.json" 2>&1 | tee "$OUT/$BENCH.md"
-    note "bench rc=$?"
+        --json "$OUT/$BENCH.json" 2>"$OUT/$BENCH.log" | tee "$OUT/$BENCH.md"
+    rc=$?
+    note "bench rc=$rc"
+    [ "$rc" != 0 ] && tail -20 "$OUT/$BENCH.log"
 fi
 if wants profile; then
     note "profile (cap $(cap 90) s)"
-    timeout -k 5 "$(cap 90)" python3 -m services.bench.gpu.profile_step --batches 1 32 >"$OUT/profile.md" 2>&1
+    timeout -k 5 "$(cap 90)" python3 -m services.bench.gpu.profile_step --batches 1 32 >"$OUT/profile.md" 2>"$OUT/profile.log"
     note "profile rc=$?"
     tail -8 "$OUT/profile.md"
 fi

@@ -1,8 +1,9 @@
 """Start gateway, prefill nodes, decode nodes and a cache-store as processes on loopback, and stop them.
 
-Used by ``make run`` and by the end-to-end tests. Nodes that load the model start concurrently; each is
-waited for until its health check says SERVING. On exit every process gets SIGTERM (graceful drain),
-then SIGKILL if it lingers. :meth:`LocalCluster.lost` names the processes that exited while the cluster
+Used by ``make run`` and by the end-to-end tests. The cache-store starts first, then every prefill and
+decode node at once (their model loads overlap), then the gateway, which is given their addresses; each is
+waited for until its health check says SERVING. On exit every process gets SIGTERM at once (graceful
+drains side by side), then SIGKILL if it lingers. :meth:`LocalCluster.lost` names the processes that exited while the cluster
 ran (``make run`` stops the cluster then, instead of running on without them).
 """
 
@@ -112,13 +113,15 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
         decode_args = spec.node_args("decode")
         if store is not None and spec.offload_to_cache_store:
             decode_args += ("--offload-cache-store", store.address)
-        decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr,
-                             security)
         prefill_args = spec.node_args("prefill")
         if store is not None and spec.prefill_cache_store:
             prefill_args += ("--cache-store", store.address)
+        decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr,
+                             security)
         prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr,
                               security)
+        for node in (*decode, *prefill):  # neither kind needs the other to start: their model loads overlap
+            node.wait_serving(spec.startup_timeout_s)
         gateway_args = ["--prefill", ",".join(p.address for p in prefill),
                         "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
                         *spec.gateway_args]
@@ -129,7 +132,16 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
         key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
         gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
         http_url = _http_url(gateway.address, spec.api_key) if spec.http_listen else ""
-        yield LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
+        cluster = LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
+        stack.callback(_terminate_all, cluster)  # runs first on exit: every process drains at once
+        yield cluster
+
+
+def _terminate_all(cluster: LocalCluster) -> None:
+    """SIGTERM to every process, the gateway first (its clients' streams end before the nodes behind them);
+    each ``launch`` then waits for its own process's exit (SIGKILL past its stop timeout)."""
+    for _, process in cluster.processes():
+        process.terminate()
 
 
 def key_metadata(api_key: str) -> tuple[tuple[str, str], ...] | None:
@@ -148,14 +160,11 @@ def _http_url(gateway: str, api_key: str = "") -> str:
 
 def _start_many(stack: contextlib.ExitStack, module: str, count: int, args: Sequence[str], spec: ClusterSpec,
                 stdout: int | None, stderr: int | None, security: _Security) -> list[ServiceProcess]:
-    """Start ``count`` copies at once (model loading overlaps), then wait for all of them."""
+    """Start ``count`` copies without waiting for them (model loading overlaps): the caller waits."""
     managers = [launch(module, *args, *security.args(module, i), startup_timeout_s=spec.startup_timeout_s,
                        env={**spec.env, **security.env}, cwd=spec.cwd, stdout=stdout, stderr=stderr, wait=False,
                        identity=security.identity) for i in range(1, count + 1)]
-    nodes = [stack.enter_context(manager) for manager in managers]
-    for node in nodes:
-        node.wait_serving(spec.startup_timeout_s)
-    return nodes
+    return [stack.enter_context(manager) for manager in managers]
 
 
 @dataclass

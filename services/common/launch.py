@@ -38,6 +38,7 @@ class ServiceProcess:
     host: str = "127.0.0.1"
     identity: Identity | bool | None = True  # how to call it: True = this process's identity; None = plaintext
     given_role: str = ""  # its role where the module is none of ROLE_OF_MODULE's (a test's wrapper of a node)
+    terminated: bool = False  # SIGTERM was sent
 
     @property
     def role(self) -> str:
@@ -54,10 +55,18 @@ class ServiceProcess:
         wait_until_serving(self.address, timeout_s=timeout_s, role=role, identity=self.identity)
         return self.address
 
-    def stop(self, timeout_s: float = 10.0) -> int:
-        """SIGTERM, wait up to ``timeout_s``, then SIGKILL. Returns the exit code."""
-        if self.process.poll() is None:
+    def terminate(self) -> None:
+        """Ask for a graceful drain: SIGTERM, once (a service takes a second signal as "stop without grace"),
+        without waiting, so that several processes drain at the same time."""
+        if not self.terminated and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+            self.terminated = True
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM (unless :meth:`terminate` sent it), wait up to ``timeout_s``, then SIGKILL. Returns the exit
+        code."""
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 return self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:

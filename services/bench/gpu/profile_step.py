@@ -25,6 +25,7 @@ import torch
 
 from kernels.fused_ops import torch_ops
 from services.bench.gpu.decode import decoding_engine, sync
+from services.common.logging import setup_logging
 from services.engine.random_llama import PRESETS, random_model
 
 MODES = ("unfused", "eager", "graphs")
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     args = parser.parse_args()
+    setup_logging(fmt="console")  # the engine's log lines on stderr: stdout is the markdown report
     model = random_model(PRESETS[args.preset], torch.bfloat16, args.device, seed=1)
     fused, unfused = model.ops, torch_ops(model.rope, model.dtype)
     rows = []

@@ -12,7 +12,7 @@
 5. sampling: a step's sampling over a 128k vocabulary at batch 1/32/128 for each sampling mode, on the
    device against on the host (``gpu.sampling``).
 
-Markdown tables on stdout; ``--json`` writes every figure. Sections run in that order; ``--sections``
+Markdown tables on stdout (the engine's log lines go to stderr); ``--json`` writes every figure. Sections run in that order; ``--sections``
 picks some. ``--smoke`` runs every section with tiny sizes and a tiny random model, on any ``--device``
 (a CPU too: the suite runs it so that this harness works when a GPU session comes; its figures mean
 nothing).
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from services.bench.gpu.decode import copy_bandwidth, decode_throughput
+from services.common.logging import setup_logging
 from services.engine.errors import ModelLoadError
 from services.engine.random_llama import PRESETS, random_model, write_random_llama_dir
 
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and model: checks the harness, on any "
                                                              "device; the figures mean nothing")
     args = parser.parse_args()
+    setup_logging(fmt="console")  # the engine's log lines on stderr: stdout is the markdown report
     if args.smoke:
         vars(args).update(SMOKE)
     if args.device == "cuda" and not torch.cuda.is_available():
