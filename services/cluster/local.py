@@ -3,8 +3,8 @@
 Used by ``make run`` and by the end-to-end tests. The cache-store starts first, then every prefill and
 decode node at once (their model loads overlap), then the gateway, which is given their addresses; each is
 waited for until its health check says SERVING. On exit every process gets SIGTERM at once (graceful
-drains side by side), then SIGKILL if it lingers. :meth:`LocalCluster.lost` names the processes that exited while the cluster
-ran (``make run`` stops the cluster then, instead of running on without them).
+drains side by side), then SIGKILL if it lingers. :meth:`LocalCluster.lost` names the processes that exited
+while the cluster ran (``make run`` stops the cluster then, instead of running on without them).
 """
 
 from __future__ import annotations

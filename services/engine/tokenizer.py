@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import tokenizers.decoders
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from services.engine import chat_template
+from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.errors import InvalidRequestError
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -184,10 +185,20 @@ class Tokenizer:
         the HTTP front then describes the tools in a system block)."""
         return "tools" in self.chat_template
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
-                            tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = (),
+                            options: ChatTemplateOptions = DEFAULT_OPTIONS) -> list[int]:
         """``tools``: OpenAI tool definitions (``{"type": "function", "function": {...}}``), given to the
-        template as its ``tools``."""
+        template as its ``tools``; ``options``: see :mod:`services.engine.chat_template`."""
+        rendered = chat_template.render(self.hf, self.chat_template, self._template_messages(messages), tools, options)
+        return list(self.hf(rendered, add_special_tokens=False)["input_ids"])
+
+    def open_turn(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = (),
+                  options: ChatTemplateOptions = DEFAULT_OPTIONS) -> str | None:
+        """The text the prompt writes of the turn the model is to continue (``chat_template.open_turn``)."""
+        return chat_template.open_turn(self.hf, self.chat_template, self._template_messages(messages), tools, options)
+
+    @staticmethod
+    def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if not messages:
             raise InvalidRequestError("messages", "at least one message is required")
         for i, message in enumerate(messages):
@@ -195,13 +206,4 @@ class Tokenizer:
                 raise InvalidRequestError(
                     f"messages[{i}].role", f"unknown role {message.role!r} (expected one of {sorted(CHAT_ROLES)})"
                 )
-        try:
-            rendered = self.hf.apply_chat_template(
-                [_template_dict(m) for m in messages],
-                tools=[dict(tool) for tool in tools] or None,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-            )
-        except jinja2.TemplateError as error:  # e.g. raise_exception("roles must alternate ...")
-            raise InvalidRequestError("messages", f"the model's chat template refused them: {error}") from None
-        return list(self.hf(rendered, add_special_tokens=False)["input_ids"])
+        return [_template_dict(m) for m in messages]

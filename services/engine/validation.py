@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams, require_utf8
 from services.engine.structured_spec import StructuredSpec
@@ -28,9 +29,10 @@ class RequestValidator:
 
     def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                       messages: Sequence[ChatMessage] | None = None,
-                      tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
-        """Token ids of exactly one of a text prompt, token ids, or chat messages (templated, with ``tools``:
-        OpenAI tool definitions the template renders)."""
+                      tools: Sequence[Mapping[str, Any]] = (), template: ChatTemplateOptions = DEFAULT_OPTIONS
+                      ) -> list[int]:
+        """Token ids of exactly one of a text prompt, token ids, or chat messages (templated with ``template``'s
+        options, and ``tools``: OpenAI tool definitions the template renders)."""
         given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
                  if value is not None and (len(value) > 0 or name != "messages")]
         if len(given) != 1:
@@ -54,7 +56,7 @@ class RequestValidator:
             self._refuse_text_past_any_context("messages", sum(len(m.content) for m in messages))
             for i, message in enumerate(messages):
                 require_utf8(f"messages[{i}].content", message.content)
-            ids, field = self.tokenizer.apply_chat_template(messages, tools=tools), "messages"
+            ids, field = self.tokenizer.apply_chat_template(messages, tools, template), "messages"
         if not ids:
             raise InvalidRequestError(field, "is empty")
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)

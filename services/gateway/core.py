@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections import OrderedDict
@@ -29,7 +30,9 @@ from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.field_checks import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
 from services.common.sampling_convert import default_max_tokens, random_seed
+from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions, closes_reasoning
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
+from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.gateway import node_client
@@ -99,13 +102,28 @@ class GatewayCore:
         client request id) naming the field. Changes nothing."""
         if request.request_id:  # the nodes refuse what is not an id (field_checks); say so before any work
             check_request_id(request.request_id, max_chars=MAX_CLIENT_REQUEST_ID_CHARS)
-        ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages, request.tools)
+        ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages, request.tools,
+                                           request.template)
         cap = default_max_tokens(len(ids), self.settings.max_model_len,
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))
         fields = request.sampling.with_defaults(self.settings.sampling_defaults)
-        sampling = fields.resolve(default_max_tokens=cap, default_seed=random_seed())
+        sampling = self._constrained_from_the_start(request, fields.resolve(default_max_tokens=cap,
+                                                                             default_seed=random_seed()))
         self.validator.validate(ids, sampling)
         return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling)
+
+    def _constrained_from_the_start(self, request: GenerateInput, sampling: SamplingParams) -> SamplingParams:
+        """``sampling`` with its constraint applying from the first token when it was to start after the end of
+        the reasoning and the chat prompt itself already ended it (the template wrote ``<think>\n\n</think>``
+        into the assistant's turn: no end marker would ever come in the output, and the constraint with it)."""
+        spec = sampling.structured
+        if (spec is None or spec.starts_after_token_id is None or request.reasoning_markers is None
+                or not request.messages or self.tokenizer is None):
+            return sampling
+        turn = self.tokenizer.open_turn(request.messages, request.tools, request.template)
+        if turn is None or not closes_reasoning(turn, *request.reasoning_markers):
+            return sampling
+        return dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_id=None))
 
     async def prepare_off_loop(self, request: GenerateInput) -> PreparedRequest:
         """``prepare``, on a worker thread when the prompt is long (the event loop keeps serving)."""
@@ -146,11 +164,13 @@ class GatewayCore:
         return results
 
     async def encode_prompt(self, prompt: str | None, messages: list[ChatMessage] | None,
-                            tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
-        """The validator's ``encode_prompt`` of a text or chat messages (with ``tools`` for the template), on
-        a worker thread when long."""
-        return await self._tokenizer_threads.run(lambda: self.validator.encode_prompt(prompt, None, messages, tools),
-                                                 inline=tokenizes_inline(prompt, messages))
+                            tools: Sequence[Mapping[str, Any]] = (), template: ChatTemplateOptions = DEFAULT_OPTIONS
+                            ) -> list[int]:
+        """The validator's ``encode_prompt`` of a text or chat messages (with ``tools`` and ``template``'s options
+        for the template), on a worker thread when long."""
+        return await self._tokenizer_threads.run(
+            lambda: self.validator.encode_prompt(prompt, None, messages, tools, template),
+            inline=tokenizes_inline(prompt, messages))
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids``, on a worker thread when there are many."""

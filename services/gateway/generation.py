@@ -10,6 +10,7 @@ import grpc
 
 from services.common.errors import ServiceError
 from services.common.sampling_convert import SamplingFields
+from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.logprobs import TokenLogprobs
 from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage
@@ -26,6 +27,11 @@ class GenerateInput:
     messages: Sequence[ChatMessage] | None = None
     sampling: SamplingFields = field(default_factory=SamplingFields)
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the chat template renders (messages only)
+    template: ChatTemplateOptions = DEFAULT_OPTIONS  # how the chat template renders ``messages``
+    # the reasoning markers (start, end) of the HTTP front's reasoning parser: when the prompt's open turn already
+    # closed the reasoning (Qwen3 with enable_thinking false), a constraint set to start after the end marker
+    # applies from the first token (``chat_template.closes_reasoning``)
+    reasoning_markers: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,24 @@ def test_reasoning_is_split_and_the_schema_applies_after_it(client, model, end_b
     assert choice.message.content == _raw_output(choice) or "\ufffd" in choice.message.content
 
 
+def test_with_thinking_off_in_the_template_the_schema_applies_from_the_first_token(client, model, end_bias):
+    """``chat_template_kwargs: {"enable_thinking": false}`` writes ``<think>\n\n</think>\n\n`` into the
+    prompt (as Qwen3's template does): no ``</think>`` comes in the output, so the constraint must apply
+    from the first token. ``</think>`` is pushed down here: a constraint still waiting for it would leave
+    the random model's output free, never valid JSON."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    completion = client.chat.completions.create(
+        model=model, messages=ask("Answer as JSON."), response_format=response_format, n=4, temperature=1.0,
+        seed=5, max_tokens=MAX_TOKENS, logprobs=True, logit_bias=end_bias(-100),
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    prompt_without = client.chat.completions.create(model=model, messages=ask("Answer as JSON."), max_tokens=1)
+    assert completion.usage.prompt_tokens == prompt_without.usage.prompt_tokens + 4  # <think>, \n\n, </think>, \n\n
+    for choice in completion.choices:
+        assert choice.finish_reason == "stop" and "<think>" not in _raw_output(choice), choice
+        assert not choice.message.reasoning_content
+        jsonschema.validate(json.loads(choice.message.content), ANSWER)
+
+
 def test_a_tool_choice_naming_an_unknown_tool_is_a_400_and_the_cluster_serves_after(client, model, stub):
     before = {n.address: n.requests_total for n in wait_idle(stub)}
     with pytest.raises(openai.BadRequestError) as raised:

@@ -4,7 +4,8 @@ the bundled SmolLM2 tokenizer plus Qwen3's six marker tokens (``<think>``, ``</t
 the vocabulary grows by 6 and the model's ``vocab_size`` is the tokenizer's length) and a chat template of
 Qwen3's shape, written here: ChatML turns; with ``tools``, a system section listing them in ``<tools>`` and
 the ``<tool_call>`` format; an assistant's calls as ``<tool_call>{"name": …, "arguments": …}</tool_call>``;
-tool results as a user turn of ``<tool_response>`` blocks; the generation prompt ``<|im_start|>assistant\\n``.
+tool results as a user turn of ``<tool_response>`` blocks; the generation prompt ``<|im_start|>assistant\\n``,
+followed by an empty ``<think>\\n\\n</think>\\n\\n`` when ``enable_thinking`` is false (Qwen3's switch).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ To use one, write its name and a JSON object of its arguments between <tool_call
 <|im_start|>{{ message.role }}{{ '\n' }}{{ message.content }}<|im_end|>{{ '\n' }}
 {%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif -%}
+{%- if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}<think>{{ '\n\n' }}</think>{{ '\n\n' }}{% endif -%}
+{%- endif -%}
 """
 
 

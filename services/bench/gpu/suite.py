@@ -12,9 +12,10 @@
 5. sampling: a step's sampling over a 128k vocabulary at batch 1/32/128 for each sampling mode, on the
    device against on the host (``gpu.sampling``).
 
-Markdown tables on stdout (the engine's log lines go to stderr); ``--json`` writes every figure. Sections run in that order; ``--sections``
-picks some. ``--smoke`` runs every section with tiny sizes and a tiny random model, on any ``--device``
-(a CPU too: the suite runs it so that this harness works when a GPU session comes; its figures mean
+Markdown tables on stdout (the engine's log lines go to stderr); ``--json`` writes every figure. Sections
+run in that order; ``--sections`` picks some. ``--smoke`` runs every section with tiny sizes and a tiny
+random model, on any ``--device`` (a CPU too: the suite runs it so that this harness works when a GPU
+session comes; its figures mean
 nothing).
 """
 

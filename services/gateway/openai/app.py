@@ -126,7 +126,11 @@ class Generations:
                 if len(prompts) == 1:
                     return prompts
                 raise InvalidRequestError(prepared.field, f"prompt {p} of the batch: {prepared.message}")
-            inputs.append(dataclasses.replace(prompts[p], prompt=None, messages=None, token_ids=prepared.prompt_ids))
+            # the spec as prepare left it: one the chat prompt's template decided on (a constraint from the
+            # first token when the prompt closed the reasoning) is not decided again from the bare ids
+            sampling = dataclasses.replace(prompts[p].sampling, structured=prepared.sampling.structured)
+            inputs.append(dataclasses.replace(prompts[p], prompt=None, messages=None, token_ids=prepared.prompt_ids,
+                                              sampling=sampling))
         return inputs
 
     async def run(self, request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],

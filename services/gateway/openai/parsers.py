@@ -21,6 +21,11 @@ class FrontParsers:
     reasoning: ReasoningParser | None = None
     reasoning_end_id: int | None = None  # the token id of ``reasoning.end_marker``
 
+    @property
+    def reasoning_markers(self) -> tuple[str, str] | None:
+        """(start, end) marker texts of the reasoning parser; None without one."""
+        return None if self.reasoning is None else (self.reasoning.start_marker, self.reasoning.end_marker)
+
 
 def _naming(flag: str, value: str, error: ValueError) -> ValueError:
     message = str(error)

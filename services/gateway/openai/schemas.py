@@ -4,7 +4,9 @@ What OpenAI defines and pdserve does not do is refused by name rather than silen
 ``best_of`` > 1, ``echo`` and ``suffix`` here; the undeclared fields that would change the output
 (``functions``, ``tools`` on completions, …) in ``unsupported.py``. Chat takes ``tools``, ``tool_choice``,
 ``parallel_tool_calls`` and messages' ``tool_calls``, ``tool_call_id`` and ``name`` (shapes in
-``tool_schemas.py``; how they fit together is checked by ``tool_calling.py``). The output constraints
+``tool_schemas.py``; how they fit together is checked by ``tool_calling.py``), and vLLM's chat template
+options ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``
+(``services/engine/chat_template.py``). The output constraints
 (``response_format``, ``guided_*``, ``structured_outputs``) are undeclared, read from the extra fields by
 ``structured.py``. Other fields (``user``, ``metadata``, …) are ignored. An explicit ``null`` means the
 default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 = off), ``min_p`` (0 = off),
@@ -17,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from services.engine.chat_template import ChatTemplateOptions
 from services.engine.logprobs import MAX_LOGPROBS
 from services.engine.sampling_params import MAX_PENALTY, SEED_LIMIT
 from services.gateway.openai.tool_schemas import NamedToolChoice, ToolBody, ToolCallBody
@@ -214,6 +217,19 @@ class ChatCompletionBody(GenerationBody):
     tools: list[ToolBody] | None = None
     tool_choice: str | NamedToolChoice | None = None  # None: "auto" with tools, "none" without
     parallel_tool_calls: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # variables the chat template reads (enable_thinking, …)
+
+    @field_validator("add_generation_prompt", "continue_final_message", mode="before")
+    @classmethod
+    def _null_template_flag(cls, value: Any, info: ValidationInfo) -> Any:
+        return _default_of(cls, value, info)
+
+    def template_options(self) -> ChatTemplateOptions:
+        """The chat template's options of this request (checked when the prompt is rendered)."""
+        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message,
+                                   self.chat_template_kwargs or {})
 
     @field_validator("tool_choice", mode="before")
     @classmethod

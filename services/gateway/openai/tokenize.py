@@ -32,6 +32,9 @@ class TokenizeBody(BaseModel):
     messages: list[ChatMessageBody] | None = Field(None, min_length=1)
     tools: list[Any] | None = None  # checked as chat completions check them
     tool_choice: Any = None
+    add_generation_prompt: Any = None  # the chat template's options, checked as chat completions check them
+    continue_final_message: Any = None
+    chat_template_kwargs: Any = None
     return_token_strs: bool = False
 
 
@@ -66,12 +69,15 @@ def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str, pars
             ids = await core.encode_prompt(body.prompt, None)  # InvalidRequestError: a 400 naming it
         else:
             try:
-                chat = ChatCompletionBody.model_validate({"messages": body.messages, "tools": body.tools,
-                                                         "tool_choice": body.tool_choice})
+                chat = ChatCompletionBody.model_validate({
+                    "messages": body.messages, "tools": body.tools, "tool_choice": body.tool_choice,
+                    "add_generation_prompt": body.add_generation_prompt,
+                    "continue_final_message": body.continue_final_message,
+                    "chat_template_kwargs": body.chat_template_kwargs})
             except ValidationError as error:  # a 400 naming the param, as the request body's own
                 raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
             templated = chat_input(chat, "tokenize", parsers)  # tool checks: a 400 naming the param
-            ids = await core.encode_prompt(None, list(templated.messages or ()), templated.tools)
+            ids = await core.encode_prompt(None, list(templated.messages or ()), templated.tools, templated.template)
         strings = core.tokenizer.hf.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=core.settings.max_model_len, tokens=ids,
                                 token_strs=strings)

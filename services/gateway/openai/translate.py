@@ -81,9 +81,10 @@ def chat_input(body: ChatCompletionBody, request_id: str, parsers: FrontParsers 
     messages, tool_dicts = template_inputs(body, tools, parser, parsers is not None and parsers.template_takes_tools)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     structured = after_reasoning(structured, parsers.reasoning_end_id if parsers is not None else None)
-    return GenerateInput(request_id=request_id, messages=messages, tools=tool_dicts,
+    return GenerateInput(request_id=request_id, messages=messages, tools=tool_dicts, template=body.template_options(),
                          sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
-                                              structured))
+                                              structured),
+                         reasoning_markers=parsers.reasoning_markers if parsers is not None else None)
 
 
 def choices_of(prompts: Sequence[GenerateInput], n: int) -> list[GenerateInput]:

@@ -120,10 +120,11 @@ BAD_CHATS = [
     ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),  # and no tools
     ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
      "response_format.json_schema.name"),
-    ({"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt"),
-    ({"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
+    ({"messages": CHAT, "continue_final_message": True}, "continue_final_message"),  # and add_generation_prompt
+    ({"messages": CHAT, "add_generation_prompt": "yes please"}, "add_generation_prompt"),
     ({"messages": CHAT, "echo": True}, "echo"),
-    ({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+    ({"messages": CHAT, "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+    ({"messages": CHAT, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
     ({"messages": CHAT, "best_of": 3}, "best_of"),
     ({"messages": CHAT, "logprobs": True, "return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
     ({"messages": CHAT, "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),

@@ -34,8 +34,10 @@ async def test_bad_tokenize_and_detokenize_input_is_a_400_naming_the_field(front
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": ""}, "prompt"),
         ("/tokenize", {"messages": [{"role": "wizard", "content": "b"}]}, "messages[0].role"),
-        ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "add_generation_prompt": False},
-         "add_generation_prompt"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
+         "continue_final_message"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "chat_template_kwargs": {"tools": []}},
+         "chat_template_kwargs.tools"),
         ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
     ]

@@ -16,6 +16,7 @@ from services.gateway.openai.reasoning.types import ReasoningSplit, ReasoningStr
 
 class DeepSeekR1ReasoningParser:
     name = "deepseek_r1"
+    start_marker = THINK_START
     end_marker = THINK_END
     markers = (THINK_START, THINK_END)
 

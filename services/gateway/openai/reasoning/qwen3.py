@@ -21,6 +21,7 @@ from services.gateway.openai.reasoning.types import ReasoningSplit, ReasoningStr
 
 class Qwen3ReasoningParser:
     name = "qwen3"
+    start_marker = THINK_START
     end_marker = THINK_END
     markers = (THINK_START, THINK_END)
 

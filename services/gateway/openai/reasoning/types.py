@@ -29,6 +29,7 @@ class ReasoningStream(Protocol):
 
 class ReasoningParser(Protocol):
     name: str  # as --reasoning-parser names it
+    start_marker: str  # the text that opens the reasoning
     end_marker: str  # the text that ends the reasoning; one token of the vocabulary (checked at startup)
     markers: tuple[str, ...]  # its marker texts: kept in the decoded output where they are special tokens
 

@@ -1,0 +1,116 @@
+"""The chat template's options through the HTTP front over fake nodes (vLLM's ``add_generation_prompt``,
+``continue_final_message``, ``chat_template_kwargs``): the prompt the prefill node gets, ``/tokenize`` the
+same, and with a reasoning parser a constraint that starts after ``</think>`` unless the prompt itself
+already closed the thinking (Qwen3 with ``enable_thinking`` false), where it applies from the first token."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from services.engine.chat_template import ChatTemplateOptions
+from services.engine.tokenizer import ChatMessage, Tokenizer
+from tests.engine.tiny_chat_family import chat_tokenizer
+from tests.gateway.openai.conftest import MODEL, start_front, stop_front
+from tests.gateway.openai.test_openai_front_api import script
+from tests.gateway.openai.test_openai_front_errors import assert_serving, error_of
+from tests.gateway.openai.test_openai_front_tools import prompt_ids
+
+CHAT = [{"role": "user", "content": "Name a colour."}]
+PREFILLED = [*CHAT, {"role": "assistant", "content": "My favourite colour is"}]
+NO_THINKING = {"enable_thinking": False}
+
+
+def messages(body: list[dict]) -> list[ChatMessage]:
+    return [ChatMessage(m["role"], m["content"]) for m in body]
+
+
+async def test_the_prefill_node_gets_the_prompt_the_options_render(front, tokenizer):
+    cases = [
+        ({"add_generation_prompt": False}, CHAT, ChatTemplateOptions(add_generation_prompt=False)),
+        ({"add_generation_prompt": False, "continue_final_message": True}, PREFILLED,
+         ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True)),
+        # SmolLM2's template reads no such variable: the same prompt as without it (as vLLM serves it)
+        ({"chat_template_kwargs": NO_THINKING}, CHAT, ChatTemplateOptions()),
+        ({"add_generation_prompt": None, "continue_final_message": None, "chat_template_kwargs": None}, CHAT,
+         ChatTemplateOptions()),
+    ]
+    for extra, body, options in cases:
+        script(front, tokenizer)
+        reply = await front.http.post("/v1/chat/completions", json={"messages": body, **extra})
+        assert reply.status_code == 200, reply.text
+        expected = tokenizer.apply_chat_template(messages(body), options=options)
+        assert prompt_ids(front) == expected, extra
+        tokenized = await front.http.post("/tokenize", json={"model": MODEL, "messages": body, **extra})
+        assert tokenized.json()["tokens"] == expected
+    continued = tokenizer.hf.decode(tokenizer.apply_chat_template(messages(PREFILLED), options=cases[1][2]))
+    assert continued.endswith("My favourite colour is")
+
+
+async def test_the_openai_package_sends_them_as_extra_body(front, tokenizer):
+    script(front, tokenizer)
+    await front.client.chat.completions.create(model=MODEL, messages=PREFILLED, extra_body={
+        "add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": NO_THINKING})
+    assert prompt_ids(front) == tokenizer.apply_chat_template(messages(PREFILLED), options=ChatTemplateOptions(
+        add_generation_prompt=False, continue_final_message=True))
+
+
+async def test_refused_options_call_no_node(front, tokenizer):
+    for extra, param in [({"continue_final_message": True}, "continue_final_message"),
+                         ({"chat_template_kwargs": {"add_generation_prompt": False}},
+                          "chat_template_kwargs.add_generation_prompt"),
+                         ({"chat_template_kwargs": {"1st": True}}, "chat_template_kwargs")]:
+        error = error_of(await front.http.post("/v1/chat/completions", json={"messages": PREFILLED, **extra}), 400)
+        assert error["param"] == param, error
+    assert front.cluster.p.requests == []
+    await assert_serving(front, tokenizer)
+
+
+@pytest.fixture
+async def thinking_front(tokenizer, model_config):
+    """The front over a tokenizer with Qwen3's markers and thinking switch, with --reasoning-parser qwen3."""
+    qwen3_shaped = Tokenizer(chat_tokenizer(tokenizer.hf), model_config.eos_token_ids)
+    config = dataclasses.replace(model_config, vocab_size=len(qwen3_shaped.hf))
+    running = await start_front(qwen3_shaped, config, reasoning_parser="qwen3")
+    try:
+        yield running, qwen3_shaped
+    finally:
+        await stop_front(running)
+
+
+@pytest.mark.parametrize(("extra", "starts_after_end"), [
+    ({}, True),
+    ({"chat_template_kwargs": {"enable_thinking": True}}, True),
+    ({"chat_template_kwargs": NO_THINKING}, False),
+])
+async def test_a_constraint_applies_from_the_first_token_when_the_prompt_closed_the_thinking(
+        thinking_front, extra, starts_after_end):
+    front, qwen3_shaped = thinking_front
+    end_id = qwen3_shaped.hf.convert_tokens_to_ids("</think>")
+    for constraint, n in (({"response_format": {"type": "json_object"}}, 1), ({"guided_choice": ["red", "blue"]}, 1),
+                          ({"guided_choice": ["red", "blue"]}, 3)):  # n > 1: the prompt is tokenized once
+        script(front, qwen3_shaped, "red")
+        reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, "n": n, **constraint, **extra})
+        assert reply.status_code == 200, reply.text
+        for request in front.cluster.p.requests[-n:]:
+            structured = request.sampling.structured
+            assert structured.HasField("starts_after_token_id") is starts_after_end, (extra, constraint, n)
+            if starts_after_end:
+                assert structured.starts_after_token_id == end_id
+
+
+async def test_a_prefilled_answer_after_the_thinking_is_constrained_from_the_first_token(thinking_front):
+    """``continue_final_message`` on an assistant message that already closed its thinking: what the model
+    writes next is the answer."""
+    front, qwen3_shaped = thinking_front
+    prefilled = [*CHAT, {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\n"}]
+    still_thinking = [*CHAT, {"role": "assistant", "content": "<think>\nLet me"}]
+    for body, starts_after_end in ((prefilled, False), (still_thinking, True)):
+        script(front, qwen3_shaped, "red")
+        reply = await front.http.post("/v1/chat/completions", json={
+            "messages": body, "add_generation_prompt": False, "continue_final_message": True,
+            "guided_choice": ["red", "blue"]})
+        assert reply.status_code == 200, reply.text
+        structured = front.cluster.p.requests[-1].sampling.structured
+        assert structured.HasField("starts_after_token_id") is starts_after_end, body
