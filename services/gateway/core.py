@@ -32,7 +32,6 @@ from services.common.field_checks import MAX_CLIENT_REQUEST_ID_CHARS, check_requ
 from services.common.sampling_convert import default_max_tokens, random_seed
 from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions, closes_reasoning
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
-from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.gateway import node_client
@@ -107,23 +106,23 @@ class GatewayCore:
         cap = default_max_tokens(len(ids), self.settings.max_model_len,
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))
         fields = request.sampling.with_defaults(self.settings.sampling_defaults)
-        sampling = self._constrained_from_the_start(request, fields.resolve(default_max_tokens=cap,
-                                                                             default_seed=random_seed()))
-        self.validator.validate(ids, sampling)
-        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling)
-
-    def _constrained_from_the_start(self, request: GenerateInput, sampling: SamplingParams) -> SamplingParams:
-        """``sampling`` with its constraint applying from the first token when it was to start after the end of
-        the reasoning and the chat prompt itself already ended it (the template wrote ``<think>\n\n</think>``
-        into the assistant's turn: no end marker would ever come in the output, and the constraint with it)."""
+        sampling = fields.resolve(default_max_tokens=cap, default_seed=random_seed())
+        closed = self._reasoning_closed(request)
         spec = sampling.structured
-        if (spec is None or spec.starts_after_token_id is None or request.reasoning_markers is None
-                or not request.messages or self.tokenizer is None):
-            return sampling
+        if closed and spec is not None and spec.starts_after_token_id is not None:  # no end marker will come
+            sampling = dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_id=None))
+        self.validator.validate(ids, sampling)
+        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling, closed)
+
+    def _reasoning_closed(self, request: GenerateInput) -> bool:
+        """Did the chat prompt close the reasoning itself: the turn the model continues holds the end marker
+        after its last start marker (``chat_template.open_turn``, ``closes_reasoning``)?"""
+        if request.reasoning_closed is not None:
+            return request.reasoning_closed
+        if request.reasoning_markers is None or not request.messages or self.tokenizer is None:
+            return False
         turn = self.tokenizer.open_turn(request.messages, request.tools, request.template)
-        if turn is None or not closes_reasoning(turn, *request.reasoning_markers):
-            return sampling
-        return dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_id=None))
+        return turn is not None and closes_reasoning(turn, *request.reasoning_markers)
 
     async def prepare_off_loop(self, request: GenerateInput) -> PreparedRequest:
         """``prepare``, on a worker thread when the prompt is long (the event loop keeps serving)."""

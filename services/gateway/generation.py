@@ -28,10 +28,10 @@ class GenerateInput:
     sampling: SamplingFields = field(default_factory=SamplingFields)
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the chat template renders (messages only)
     template: ChatTemplateOptions = DEFAULT_OPTIONS  # how the chat template renders ``messages``
-    # the reasoning markers (start, end) of the HTTP front's reasoning parser: when the prompt's open turn already
-    # closed the reasoning (Qwen3 with enable_thinking false), a constraint set to start after the end marker
-    # applies from the first token (``chat_template.closes_reasoning``)
+    # the reasoning markers (start, end) of the HTTP front's reasoning parser: with them ``prepare`` decides
+    # whether the chat prompt's open turn already closed the reasoning (``PreparedRequest.reasoning_closed``)
     reasoning_markers: tuple[str, str] | None = None
+    reasoning_closed: bool | None = None  # that verdict when known already (a prompt tokenized once for n choices)
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ class PreparedRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
+    # the chat prompt closed the reasoning itself (Qwen3's template with enable_thinking false writes
+    # ``<think>\n\n</think>\n\n``): the output is all answer, and a constraint that was to start after the
+    # end marker applies from the first token
+    reasoning_closed: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from services.engine.errors import InvalidRequestError
 from services.gateway.api_keys import ApiKeys
 from services.gateway.core import GatewayCore
-from services.gateway.generation import GenerateInput
+from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai import errors
 from services.gateway.openai.auth import ApiKeyAuth
@@ -36,6 +36,7 @@ from services.gateway.openai.body_limit import BodyLimit
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.parsers import FrontParsers, resolve_parsers
+from services.gateway.openai.reasoning.closed import ClosedReasoning
 from services.gateway.openai.responses import ModelCard, ModelList
 from services.gateway.openai.running import RequestGroup, RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
@@ -126,18 +127,16 @@ class Generations:
                 if len(prompts) == 1:
                     return prompts
                 raise InvalidRequestError(prepared.field, f"prompt {p} of the batch: {prepared.message}")
-            # the spec as prepare left it: one the chat prompt's template decided on (a constraint from the
-            # first token when the prompt closed the reasoning) is not decided again from the bare ids
-            sampling = dataclasses.replace(prompts[p].sampling, structured=prepared.sampling.structured)
             inputs.append(dataclasses.replace(prompts[p], prompt=None, messages=None, token_ids=prepared.prompt_ids,
-                                              sampling=sampling))
+                                              reasoning_closed=prepared.reasoning_closed))  # the ids cannot tell
         return inputs
 
-    async def run(self, request: Request, prompts: list[GenerateInput], renderer: Callable[[int], Renderer],
-                  body: GenerationBody, constraint_param: str | None = None) -> Response:
-        """``prompts``: one input per prompt (a completions batch has several); ``renderer(i)``: the
-        renderer of choice ``i``; ``constraint_param``: what a refused constraint that is not the body's
-        ``response_format`` / ``guided_*`` is named (``tools``: a forced call's grammar)."""
+    async def run(self, request: Request, prompts: list[GenerateInput],
+                  renderer: Callable[[int, PreparedRequest], Renderer], body: GenerationBody,
+                  constraint_param: str | None = None) -> Response:
+        """``prompts``: one input per prompt (a completions batch has several); ``renderer(i, prepared)``: the
+        renderer of choice ``i``, prepared as ``prepared``; ``constraint_param``: what a refused constraint
+        that is not the body's ``response_format`` / ``guided_*`` is named (``tools``: a forced call's grammar)."""
         group = RequestGroup(request.receive)
         choices: list[tuple[RunningRequest, Renderer]] = []
 
@@ -147,7 +146,8 @@ class Generations:
             for i, one in enumerate(choices_of(prompts, body.n)):
                 running = RunningRequest(self.core, self.metrics, one, request.headers.items(), group)
                 await running.open()
-                choices.append((running, renderer(i)))
+                assert running.flow is not None
+                choices.append((running, renderer(i, running.flow.request)))
 
         def close_all(error: BaseException) -> None:
             for running, _ in choices:
@@ -198,7 +198,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         request_id, echo = request_id_of(request, "cmpl")
         who = Identity.new(request_id, model_name)
 
-        def renderer(index: int) -> Renderer:
+        def renderer(index: int, prepared: PreparedRequest) -> Renderer:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
             return CompletionRenderer(who, logprobs, index)
 
@@ -214,9 +214,12 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         tools = tool_request_of(body)
         generate = chat_input(body, request_id, parsers, tools)
         split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None)
+        answer_only = split if split.reasoning is None else dataclasses.replace(
+            split, reasoning=ClosedReasoning(split.reasoning))
 
-        def renderer(index: int) -> Renderer:
-            return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index, split)
+        def renderer(index: int, prepared: PreparedRequest) -> Renderer:
+            return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index,
+                                answer_only if prepared.reasoning_closed else split)
 
         return echoed(await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None),
                       echo)

@@ -68,11 +68,12 @@ async def test_refused_options_call_no_node(front, tokenizer):
 
 
 @pytest.fixture
-async def thinking_front(tokenizer, model_config):
-    """The front over a tokenizer with Qwen3's markers and thinking switch, with --reasoning-parser qwen3."""
+async def thinking_front(tokenizer, model_config, request):
+    """The front over a tokenizer with Qwen3's markers and thinking switch, with --reasoning-parser qwen3 (or
+    the parser the test is parametrized with, indirectly)."""
     qwen3_shaped = Tokenizer(chat_tokenizer(tokenizer.hf), model_config.eos_token_ids)
     config = dataclasses.replace(model_config, vocab_size=len(qwen3_shaped.hf))
-    running = await start_front(qwen3_shaped, config, reasoning_parser="qwen3")
+    running = await start_front(qwen3_shaped, config, reasoning_parser=getattr(request, "param", "qwen3"))
     try:
         yield running, qwen3_shaped
     finally:
@@ -114,3 +115,23 @@ async def test_a_prefilled_answer_after_the_thinking_is_constrained_from_the_fir
         assert reply.status_code == 200, reply.text
         structured = front.cluster.p.requests[-1].sampling.structured
         assert structured.HasField("starts_after_token_id") is starts_after_end, body
+
+
+@pytest.mark.parametrize("thinking_front", ["deepseek_r1", "qwen3"], indirect=True)
+async def test_the_output_of_a_prompt_that_closed_the_thinking_is_all_answer(thinking_front):
+    """DeepSeek-R1's parser reads text before any ``</think>`` as reasoning (its template opens the thinking in
+    the prompt); when the prompt closed it, the whole output is the answer, for every choice, streamed or not."""
+    front, qwen3_shaped = thinking_front
+    r1 = front.cluster.gateway.config.reasoning_parser == "deepseek_r1"
+    for extra, answer in (({"chat_template_kwargs": NO_THINKING}, True), ({}, not r1)):
+        script(front, qwen3_shaped, "red and blue")
+        completion = await front.client.chat.completions.create(model=MODEL, messages=CHAT, n=2, extra_body=extra)
+        for choice in completion.choices:
+            content, reasoning = choice.message.content or "", choice.message.model_extra.get("reasoning_content") or ""
+            assert (content, reasoning) == (("red and blue", "") if answer else ("", "red and blue")), extra
+        script(front, qwen3_shaped, "red and blue")
+        stream = await front.client.chat.completions.create(model=MODEL, messages=CHAT, stream=True, extra_body=extra)
+        chunks = [chunk.choices[0].delta async for chunk in stream if chunk.choices]
+        content = "".join(d.content or "" for d in chunks)
+        reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in chunks)
+        assert (content, reasoning) == (("red and blue", "") if answer else ("", "red and blue")), extra
