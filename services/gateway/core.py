@@ -147,7 +147,8 @@ class GatewayCore:
             return results
 
         with tracing.span("tokenize"):
-            inline = all_tokenize_inline((r.prompt, r.messages) for r in requests)
+            inline = (all_tokenize_inline((r.prompt, r.messages) for r in requests)
+                      and not any(r.tools or r.template.kwargs for r in requests))
             results = await self._tokenizer_threads.run(prepare_each, inline=inline)
         return await self._check_structured(results)
 
@@ -169,7 +170,7 @@ class GatewayCore:
         for the template), on a worker thread when long."""
         return await self._tokenizer_threads.run(
             lambda: self.validator.encode_prompt(prompt, None, messages, tools, template),
-            inline=tokenizes_inline(prompt, messages))
+            inline=tokenizes_inline(prompt, messages, templated=bool(tools or template.kwargs)))
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids``, on a worker thread when there are many."""

@@ -6,7 +6,8 @@ request's stream. A prompt with more than ``INLINE_CHARS`` characters, or more t
 chat messages (a batch's prompts counted together), is therefore tokenized on a worker thread (the fast
 tokenizer releases the GIL while it encodes; a chat template renders in Python, which yields the GIL
 every few milliseconds). Shorter ones stay on the loop, where a thread hop would cost more than the work.
-Likewise ``/detokenize`` of more than ``INLINE_TOKENS`` ids."""
+Likewise ``/detokenize`` of more than ``INLINE_TOKENS`` ids. A chat request whose template also renders
+``tools`` or ``chat_template_kwargs`` always goes to a thread: their size is the client's, and not counted."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ T = TypeVar("T")
 Prompt = tuple[str | None, Sequence[ChatMessage] | None]  # a text, or chat messages
 
 
-def tokenizes_inline(prompt: str | None, messages: Sequence[ChatMessage] | None) -> bool:
-    """Whether a prompt is short enough to template and tokenize on the event loop."""
-    return all_tokenize_inline([(prompt, messages)])
+def tokenizes_inline(prompt: str | None, messages: Sequence[ChatMessage] | None, templated: bool = False) -> bool:
+    """Whether a prompt is short enough to template and tokenize on the event loop. ``templated``: the chat
+    template also renders tools or template variables, whose size is not counted here: never inline."""
+    return not templated and all_tokenize_inline([(prompt, messages)])
 
 
 def all_tokenize_inline(prompts: Iterable[Prompt]) -> bool:

@@ -4,6 +4,7 @@ meanwhile, and the request is the same as if it had been tokenized on the loop."
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -64,6 +65,25 @@ async def test_many_messages_are_templated_off_the_loop_too(cluster):
     turns, outcome = await loop_turns_while(cluster.gateway.core.open(GenerateInput(messages=messages), None))
     assert isinstance(outcome, InvalidRequestError) and outcome.field == "prompt"
     assert turns > 10
+
+
+async def test_a_chat_whose_template_takes_tools_or_variables_is_templated_off_the_loop(cluster, tokenizer,
+                                                                                         monkeypatch):
+    """Tools and ``chat_template_kwargs`` are the client's and their size is not counted: a short message
+    with either goes to a worker thread all the same (a template variable can hold megabytes)."""
+    from services.engine.chat_template import ChatTemplateOptions
+
+    assert not tokenizes_inline(None, [ChatMessage("user", "hi")], templated=True)
+    threads = []
+    real = tokenizer.apply_chat_template
+    monkeypatch.setattr(tokenizer, "apply_chat_template",
+                        lambda *args, **kwargs: threads.append(threading.current_thread()) or real(*args, **kwargs))
+    hi = [ChatMessage("user", "hi")]
+    tool = {"type": "function", "function": {"name": "f"}}
+    for request in (GenerateInput(messages=hi), GenerateInput(messages=hi, tools=[tool]),
+                    GenerateInput(messages=hi, template=ChatTemplateOptions(kwargs={"date_string": "x" * 100_000}))):
+        await cluster.gateway.core.prepare_off_loop(request)
+    assert [thread is threading.main_thread() for thread in threads] == [True, False, False]
 
 
 async def test_a_long_prompt_that_fits_runs_with_the_tokens_the_loop_would_give(cluster, tokenizer):
