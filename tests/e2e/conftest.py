@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 
@@ -9,7 +10,7 @@ import grpc
 import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.cluster.local import ClusterSpec, start_cluster
+from services.cluster.local import ClusterSpec, LocalCluster, start_cluster
 from services.common.tls.ca import role_dns
 from tests.tls_identities import session_root
 
@@ -21,7 +22,10 @@ GATEWAY_ARGS = ("--poll-interval-s", "0.2", "--status-max-age-s", "0")
 
 @pytest.fixture(scope="session")
 def cluster():
-    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS)
+    """One prefill node, one decode node, a cache-store, the gateway with its HTTP front: shared by every
+    module that asks for it (gRPC and OpenAI tests alike), so their tests measure deltas and use their own
+    prompts, and leave it idle."""
+    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, http_listen="127.0.0.1:0")
     with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
         yield running
 
@@ -30,6 +34,64 @@ def cluster():
 def stub(cluster):
     with grpc.insecure_channel(cluster.address) as channel:
         yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+# Two prefill nodes that fetch prompt blocks from the cache-store and write theirs back; load routing, so equally
+# loaded prefill nodes rotate (cache-aware routing would keep a prefix on one node).
+PREFILL_PAIR = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=(*GATEWAY_ARGS, "--routing", "load"),
+                           prefill_cache_store=True)
+
+
+class SharedCluster:
+    """A cluster that the modules needing the same spec share: started for the first of them, stopped after
+    the last (``prefill_pair``). Once one of its processes has exited (a test killed it), the next module to
+    ask gets a fresh cluster."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self._stack: contextlib.ExitStack | None = None
+        self._running: LocalCluster | None = None
+
+    def get(self) -> LocalCluster:
+        if self._running is not None and self._running.lost():
+            self.close()
+        if self._running is None:
+            stack = contextlib.ExitStack()
+            self._running = stack.enter_context(start_cluster(self.spec, stderr=subprocess.DEVNULL))
+            self._stack = stack
+        return self._running
+
+    def close(self) -> None:
+        stack, self._stack, self._running = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+
+@pytest.fixture(scope="session")
+def _prefill_pair():
+    shared = SharedCluster(PREFILL_PAIR)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.fixture(scope="module")
+def prefill_pair(request, _prefill_pair):
+    """PREFILL_PAIR, shared by the modules that use it (each sends prompts of its own and measures deltas);
+    a fresh one for a module that comes after a test killed one of its processes. Stopped after the last
+    module that asks for it, or as soon as it has lost a process."""
+    running = _prefill_pair.get()
+    yield running
+    if running.lost() or not asked_for_later(request, "prefill_pair"):
+        _prefill_pair.close()
+
+
+def asked_for_later(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test after the current module's in this session uses ``fixture``."""
+    items = request.session.items
+    last = max(i for i, item in enumerate(items) if getattr(item, "module", None) is request.module)
+    return any(fixture in item.fixturenames for item in items[last + 1:])
 
 
 def grpcurl_security(role: str, holder: str = "test") -> list[str]:

@@ -5,16 +5,14 @@ the third hits the first node's prefix cache. Every service's series move by wha
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import grpc
 import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.cluster.local import ClusterSpec, start_cluster
 from tests.common.test_metrics_endpoint import scrape, value
-from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, greedy, wait_idle
+from tests.e2e.conftest import greedy, wait_idle
 from tests.engine.prompts import long_text
 
 pytestmark = pytest.mark.slow
@@ -23,12 +21,9 @@ BLOCK = 16
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(prefill_pair):
     # load routing: equally loaded prefill nodes rotate, so the second request is a cache-store hit elsewhere
-    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=(*GATEWAY_ARGS, "--routing", "load"),
-                       prefill_cache_store=True)
-    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
-        yield running
+    return prefill_pair
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +47,15 @@ def grew(before: dict, after: dict, name: str, **labels: str) -> float:
     return value(after, name, **labels) - before.get(key, 0.0)
 
 
+def store_blocks(stub) -> int:
+    return next(n for n in status(stub).nodes if n.role == "cache_store").memory_blocks
+
+
 def wait_for_store_blocks(stub, at_least: int, timeout_s: float = 20.0) -> None:
     """The prefill node's write-back to the cache-store runs after the request: wait for it to land."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        store = next(n for n in status(stub).nodes if n.role == "cache_store")
-        if store.memory_blocks >= at_least:
-            return
-        assert time.monotonic() < deadline, f"write-back never reached the store: {store}"
+    while (held := store_blocks(stub)) < at_least:
+        assert time.monotonic() < deadline, f"write-back never reached the store: {held} of {at_least} blocks"
         time.sleep(0.1)
 
 
@@ -71,6 +67,7 @@ def test_every_service_s_metrics_move_as_requests_run(cluster, stub, bundled_tok
     assert all(u.startswith("http://127.0.0.1:") and u.endswith("/metrics") for u in urls.values()), urls
     assert len(set(urls.values())) == 5
     before = {who: scrape(url) for who, url in urls.items()}
+    stored_before = store_blocks(stub)  # the cluster is shared (conftest.PREFILL_PAIR): its store may hold blocks
     for address, node in nodes.items():
         assert value(before[address], "pdserve_build_info", role=node.role, version="0.1.0") == 1
         assert value(before[address], "pdserve_status_up") == 1
@@ -78,7 +75,7 @@ def test_every_service_s_metrics_move_as_requests_run(cluster, stub, bundled_tok
         assert value(before[who], "pdserve_event_loop_stalls_total") >= 0, who
     assert value(before["gateway"], "pdserve_gateway_nodes", role="prefill", state="healthy") == 2
 
-    prefix = bundled_tokenizer.encode(long_text(4))
+    prefix = bundled_tokenizer.encode("Metrics. " + long_text(4))  # an opening no other module's prompt has
     assert len(prefix) > 16 * BLOCK
     shared = (len(prefix) // BLOCK - 1) * BLOCK  # tokens of the prefix's blocks every later request can reuse
     responses = []
@@ -86,7 +83,7 @@ def test_every_service_s_metrics_move_as_requests_run(cluster, stub, bundled_tok
         responses.append(run(stub, prefix + bundled_tokenizer.encode(f" Question {i}: who kept the clocks?")))
         wait_idle(stub)
         if i == 0:
-            wait_for_store_blocks(stub, at_least=shared // BLOCK)
+            wait_for_store_blocks(stub, at_least=stored_before + shared // BLOCK)
     first_p, second_p, third_p = (r[0].prefill_node for r in responses)
     assert second_p != first_p and third_p == first_p, "the gateway no longer rotates equally loaded prefill nodes"
     decode = next(a for a, n in nodes.items() if n.role == "decode")

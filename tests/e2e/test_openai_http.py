@@ -1,21 +1,18 @@
-"""The gateway's OpenAI-compatible HTTP front on a live cluster (real processes, the real model, float32
-greedy), through the official ``openai`` package: the text equals what gRPC ``Generate`` returns for the
+"""The gateway's OpenAI-compatible HTTP front on the session's live cluster (real processes, the real model,
+float32 greedy), through the official ``openai`` package: the text equals what gRPC ``Generate`` returns for the
 same request, usage is right, bad input gets OpenAI-style 4xx errors, and afterwards the gateway serves and
 no block is held anywhere."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
-import grpc
 import httpx
 import openai
 import pytest
-from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+from pdserve.v1 import gateway_pb2
 
-from services.cluster.local import ClusterSpec, start_cluster
-from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, wait_idle
+from tests.e2e.conftest import generate, greedy, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -27,23 +24,9 @@ GREEDY = {"temperature": 0.0, "max_tokens": NEW_TOKENS, "extra_body": {"ignore_e
 
 
 @pytest.fixture(scope="module")
-def http_cluster():
-    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, http_listen="127.0.0.1:0")
-    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
-        assert running.http_url.startswith("http://127.0.0.1:")
-        yield running
-
-
-@pytest.fixture(scope="module")
-def grpc_stub(http_cluster):
-    with grpc.insecure_channel(http_cluster.address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
-
-
-@pytest.fixture(scope="module")
-def client(http_cluster):
-    with openai.OpenAI(base_url=f"{http_cluster.http_url}/v1", api_key="unused", max_retries=0,
-                       timeout=120) as made:
+def client(cluster):
+    assert cluster.http_url.startswith("http://127.0.0.1:")
+    with openai.OpenAI(base_url=f"{cluster.http_url}/v1", api_key="unused", max_retries=0, timeout=120) as made:
         yield made
 
 
@@ -51,8 +34,8 @@ def test_models_lists_the_bundled_model(client):
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
-def test_completions_match_grpc_generate(client, grpc_stub, bundled_tokenizer):
-    tokens, text, last = generate(grpc_stub, prompt=PROMPT, sampling=greedy(NEW_TOKENS))
+def test_completions_match_grpc_generate(client, stub, bundled_tokenizer):
+    tokens, text, last = generate(stub, prompt=PROMPT, sampling=greedy(NEW_TOKENS))
     assert len(tokens) == NEW_TOKENS and text
 
     completion = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY)
@@ -73,9 +56,9 @@ def test_completions_match_grpc_generate(client, grpc_stub, bundled_tokenizer):
     assert as_ids.choices[0].text == text
 
 
-def test_chat_completions_match_grpc_generate(client, grpc_stub):
+def test_chat_completions_match_grpc_generate(client, stub):
     messages = [gateway_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
-    _tokens, text, last = generate(grpc_stub, messages=messages, sampling=greedy(NEW_TOKENS))
+    _tokens, text, last = generate(stub, messages=messages, sampling=greedy(NEW_TOKENS))
 
     chat = client.chat.completions.create(model=MODEL, messages=CHAT, **GREEDY)
     assert chat.choices[0].message.content == text and chat.choices[0].message.role == "assistant"
@@ -87,12 +70,12 @@ def test_chat_completions_match_grpc_generate(client, grpc_stub):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_penalties_min_p_and_logit_bias_as_the_openai_package_sends_them(client, grpc_stub, bundled_tokenizer):
+def test_penalties_min_p_and_logit_bias_as_the_openai_package_sends_them(client, stub, bundled_tokenizer):
     """OpenAI's presence and frequency penalties and logit_bias are arguments of the package; vLLM's
     repetition_penalty and min_p go in ``extra_body``. Each changes the text as gRPC ``Generate`` with the same
     fields does."""
     prompt = "Once upon a time, there was a little cat. The cat"
-    _tokens, plain, _ = generate(grpc_stub, prompt=prompt, sampling=greedy(NEW_TOKENS))
+    _tokens, plain, _ = generate(stub, prompt=prompt, sampling=greedy(NEW_TOKENS))
     was, had = (bundled_tokenizer.encode(word)[0] for word in (" was", " had"))  # greedy: " was named Spark. ..."
     cases = [({"frequency_penalty": 1.0, "presence_penalty": 0.5}, {}),
              ({}, {"repetition_penalty": 1.3}),
@@ -102,7 +85,7 @@ def test_penalties_min_p_and_logit_bias_as_the_openai_package_sends_them(client,
         fields = {"temperature": 0.0, **arguments, **extra}
         if "logit_bias" in fields:
             fields["logit_bias"] = {int(token): bias for token, bias in fields["logit_bias"].items()}
-        _tokens, text, _ = generate(grpc_stub, prompt=prompt, sampling=gateway_pb2.SamplingParams(
+        _tokens, text, _ = generate(stub, prompt=prompt, sampling=gateway_pb2.SamplingParams(
             max_tokens=NEW_TOKENS, ignore_eos=True, **fields))
         completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=NEW_TOKENS,
                                                **{"temperature": 0.0, **arguments},
@@ -113,11 +96,11 @@ def test_penalties_min_p_and_logit_bias_as_the_openai_package_sends_them(client,
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=MODEL, prompt=prompt, frequency_penalty=2.5, max_tokens=2)
     assert refused.value.body["param"] == "frequency_penalty"
-    wait_idle(grpc_stub)
+    wait_idle(stub)
 
 
-def test_logprobs_as_the_openai_package_reads_them(client, grpc_stub, bundled_tokenizer):
-    _tokens, text, _ = generate(grpc_stub, messages=[gateway_pb2.ChatMessage(role=m["role"], content=m["content"])
+def test_logprobs_as_the_openai_package_reads_them(client, stub, bundled_tokenizer):
+    _tokens, text, _ = generate(stub, messages=[gateway_pb2.ChatMessage(role=m["role"], content=m["content"])
                                                      for m in CHAT], sampling=greedy(NEW_TOKENS))
     chat = client.chat.completions.create(model=MODEL, messages=CHAT, logprobs=True, top_logprobs=2, **GREEDY)
     content = chat.choices[0].logprobs.content
@@ -131,31 +114,31 @@ def test_logprobs_as_the_openai_package_reads_them(client, grpc_stub, bundled_to
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
 
 
-def test_n_choices_are_the_requests_seeded_seed_plus_index(client, grpc_stub):
+def test_n_choices_are_the_requests_seeded_seed_plus_index(client, stub):
     completion = client.completions.create(model=MODEL, prompt=PROMPT, n=2, max_tokens=8, temperature=0.9,
                                            seed=123, extra_body={"ignore_eos": True})
     assert [c.index for c in completion.choices] == [0, 1] and completion.usage.completion_tokens == 16
     for i, choice in enumerate(completion.choices):
         sampling = gateway_pb2.SamplingParams(max_tokens=8, temperature=0.9, seed=123 + i, ignore_eos=True)
-        _tokens, text, _ = generate(grpc_stub, prompt=PROMPT, sampling=sampling)
+        _tokens, text, _ = generate(stub, prompt=PROMPT, sampling=sampling)
         assert choice.text == text
 
 
-def test_a_batch_of_prompts_gives_each_prompt_what_it_gets_alone(client, grpc_stub, bundled_tokenizer):
+def test_a_batch_of_prompts_gives_each_prompt_what_it_gets_alone(client, stub, bundled_tokenizer):
     prompts = [PROMPT, "Once upon a time", bundled_tokenizer.encode("The sea is")]
     completion = client.completions.create(model=MODEL, prompt=prompts, **GREEDY)
     assert [c.index for c in completion.choices] == [0, 1, 2]
     prompt_tokens = 0
     for prompt, choice in zip(prompts, completion.choices, strict=True):
         by_text = isinstance(prompt, str)
-        _tokens, text, _ = generate(grpc_stub, sampling=greedy(NEW_TOKENS),
+        _tokens, text, _ = generate(stub, sampling=greedy(NEW_TOKENS),
                                    **({"prompt": prompt} if by_text else {"token_ids": prompt}))
         assert choice.text == text and choice.finish_reason == "length"
         prompt_tokens += len(bundled_tokenizer.encode(prompt)) if by_text else len(prompt)
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (prompt_tokens, 3 * NEW_TOKENS)
 
 
-def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, http_cluster, grpc_stub):
+def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, cluster, stub):
     with pytest.raises(openai.NotFoundError) as raised:
         client.completions.create(model="gpt-4o", prompt=PROMPT)
     assert (raised.value.status_code, raised.value.code, raised.value.param) == (404, "model_not_found", "model")
@@ -169,7 +152,7 @@ def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, http
         client.completions.create(model=MODEL, prompt=[1] * 9000)
     assert raised.value.param == "prompt"
 
-    with httpx.Client(base_url=http_cluster.http_url, timeout=60) as http:
+    with httpx.Client(base_url=cluster.http_url, timeout=60) as http:
         malformed = http.post("/v1/chat/completions", content=b'{"model": "' + MODEL.encode() + b'", "messages": [',
                               headers={"Content-Type": "application/json"})
         assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
@@ -178,12 +161,12 @@ def test_bad_input_gets_openai_errors_and_the_gateway_keeps_serving(client, http
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
 
     assert client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).usage.completion_tokens == NEW_TOKENS
-    wait_idle(grpc_stub)
+    wait_idle(stub)
 
 
-def test_a_stream_left_early_frees_every_block(http_cluster, grpc_stub):
+def test_a_stream_left_early_frees_every_block(cluster, stub):
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True, "stream": True}
-    with httpx.Client(base_url=http_cluster.http_url, timeout=60) as http, \
+    with httpx.Client(base_url=cluster.http_url, timeout=60) as http, \
             http.stream("POST", "/v1/completions", json=body) as reply:
         assert reply.status_code == 200
         received = 0
@@ -191,4 +174,4 @@ def test_a_stream_left_early_frees_every_block(http_cluster, grpc_stub):
             received += line.startswith("data: ")
             if received == 3:
                 break  # and leave: the response is closed mid-stream
-    wait_idle(grpc_stub, timeout_s=10)  # generating the 2000 tokens would take far longer: it was cancelled
+    wait_idle(stub, timeout_s=10)  # generating the 2000 tokens would take far longer: it was cancelled

@@ -3,17 +3,15 @@ recomputed, by the other; outputs equal the mixed engine's cold run; the store's
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import grpc
 import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
-from services.cluster.local import ClusterSpec, start_cluster
 from services.engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
-from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, greedy, wait_idle
+from tests.e2e.conftest import greedy, wait_idle
 from tests.engine.prompts import long_text
 
 pytestmark = pytest.mark.slow
@@ -22,12 +20,9 @@ BLOCK = 16
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(prefill_pair):
     # load routing: equally loaded prefill nodes rotate (cache-aware routing would keep the prefix on one node)
-    spec = ClusterSpec(num_prefill=2, engine_args=ENGINE_ARGS, gateway_args=(*GATEWAY_ARGS, "--routing", "load"),
-                       prefill_cache_store=True)
-    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
-        yield running
+    return prefill_pair
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +33,7 @@ def stub(cluster):
 
 @pytest.fixture(scope="module")
 def prompts(bundled_tokenizer):
-    prefix = bundled_tokenizer.encode(long_text(13))
+    prefix = bundled_tokenizer.encode("Prefix reuse. " + long_text(13))  # an opening no other module's prompt has
     assert len(prefix) > 800
     shared = [prefix + bundled_tokenizer.encode(f" Question {i}: who kept the clocks?") for i in range(2)]
     return [*shared, bundled_tokenizer.encode("Another story. " + long_text(3))]
@@ -65,8 +60,8 @@ def _status(stub) -> dict[str, gateway_pb2.NodeStatus]:
 
 
 def wait_written_back(stub, node: str, blocks: int, timeout_s: float = 20.0) -> None:
-    """Until ``node`` has written ``blocks`` prompt blocks to the cache-store: it does so in the background,
-    after the request has finished (a request that comes sooner rightly misses the store)."""
+    """Until ``node``'s count of prompt blocks written to the cache-store reaches ``blocks``: it writes them
+    in the background, after the request has finished (a request that comes sooner rightly misses the store)."""
     deadline = time.monotonic() + timeout_s
     while (written := _status(stub)[node].store_written_blocks_total) < blocks:
         assert time.monotonic() < deadline, f"{node} wrote {written} of {blocks} blocks back in {timeout_s} s"
@@ -75,12 +70,14 @@ def wait_written_back(stub, node: str, blocks: int, timeout_s: float = 20.0) -> 
 
 def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, stub, prompts, expected):
     shared_blocks = (len(prompts[0]) - 1) // BLOCK  # at most this many leading blocks can be served by a cache
+    before = _status(stub)  # the cluster is shared (conftest.PREFILL_PAIR): its counters count from here
     responses = _run(stub, prompts[0])
     first_node = responses[0].prefill_node
     assert _tokens(responses) == expected[0]
     assert responses[-1].usage.cached_tokens == 0
     wait_idle(stub)
-    wait_written_back(stub, first_node, shared_blocks)
+    written_before = before[first_node].store_written_blocks_total
+    wait_written_back(stub, first_node, written_before + shared_blocks)
 
     # The router rotates equally loaded prefill nodes: the next request lands on the other one.
     responses = _run(stub, prompts[1])
@@ -91,17 +88,19 @@ def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, st
     wait_idle(stub)
 
     status = _status(stub)
-    second = status[second_node]
-    assert second.store_hit_tokens_total >= 800, second
-    assert second.store_fetched_bytes_total > 0
-    assert status[first_node].store_written_blocks_total >= shared_blocks  # the first node wrote its blocks back
+    second, second_before = status[second_node], before[second_node]
+    assert second.store_hit_tokens_total - second_before.store_hit_tokens_total >= 800, second
+    assert second.store_fetched_bytes_total > second_before.store_fetched_bytes_total
+    # the first node wrote its blocks back
+    assert status[first_node].store_written_blocks_total - written_before >= shared_blocks
     store = next(n for n in status.values() if n.role == "cache_store")
-    assert store.hits_total >= 800 // BLOCK
+    assert store.hits_total - before[store.address].hits_total >= 800 // BLOCK
 
 
 def test_a_dead_cache_store_costs_only_the_computation(cluster, stub, prompts, expected):
     """kill -9 of the store: prefill nodes fall back to computing (and writing back nothing), outputs stay
-    right, nothing leaks. Runs last in this module: the store stays dead."""
+    right, nothing leaks. Runs last in this module: the store stays dead (a module that asks for the shared
+    PREFILL_PAIR after this gets a fresh cluster, ``conftest.SharedCluster``)."""
     cluster.cache_store.process.kill()
     cluster.cache_store.process.wait()
     nodes = set()

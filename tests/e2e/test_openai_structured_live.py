@@ -1,27 +1,23 @@
-"""Structured outputs through the HTTP front on one live cluster (real processes, the bundled model, float32
-greedy), with the official ``openai`` package unchanged: ``parse`` with a pydantic model, ``json_schema``
-strict (streamed and not: the same text), ``json_object``, vLLM's ``guided_choice``, ``guided_regex`` and
-``guided_grammar``; a schema, regex or grammar the compiler refuses is a 400 naming the param, and the
-cluster is idle and serving afterwards. Tools on a template with no tool section (SmolLM2's: the front
-describes them in a system block in the parser's format): ``tool_choice`` ``required`` gives a call whose
-arguments validate against the tool's parameters, ``auto`` an answer that is content or a call."""
+"""Structured outputs through the HTTP front on the session's live cluster (real processes, the bundled model,
+float32 greedy), with the official ``openai`` package unchanged: ``parse`` with a pydantic model,
+``json_schema`` strict (streamed and not: the same text), ``json_object``, vLLM's ``guided_choice``,
+``guided_regex`` and ``guided_grammar``; a schema, regex or grammar the compiler refuses is a 400 naming the
+param, and the cluster is idle and serving afterwards. Tools on a template with no tool section (SmolLM2's:
+the front describes them in a system block in the parser's format): ``tool_choice`` ``required`` gives a
+call whose arguments validate against the tool's parameters, ``auto`` an answer that is content or a call."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 from typing import Literal
 
-import grpc
 import jsonschema
 import openai
 import pytest
-from pdserve.v1 import gateway_pb2_grpc
 from pydantic import BaseModel, Field
 
-from services.cluster.local import ClusterSpec, start_cluster
-from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, wait_idle
+from tests.e2e.conftest import wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -50,23 +46,9 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def http_cluster():
-    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, http_listen="127.0.0.1:0")
-    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(http_cluster):
-    with openai.OpenAI(base_url=f"{http_cluster.http_url}/v1", api_key="unused", max_retries=0,
-                       timeout=300) as made:
+def client(cluster):
+    with openai.OpenAI(base_url=f"{cluster.http_url}/v1", api_key="unused", max_retries=0, timeout=300) as made:
         yield made
-
-
-@pytest.fixture(scope="module")
-def stub(http_cluster):
-    with grpc.insecure_channel(http_cluster.address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
 
 
 def test_parse_returns_the_pydantic_object(client):
