@@ -2,9 +2,10 @@
 
 Used by ``make run`` and by the end-to-end tests. The cache-store starts first, then every prefill and
 decode node at once (their model loads overlap), then the gateway, which is given their addresses; each is
-waited for until its health check says SERVING. On exit every process gets SIGTERM at once (graceful
-drains side by side), then SIGKILL if it lingers. :meth:`LocalCluster.lost` names the processes that exited
-while the cluster ran (``make run`` stops the cluster then, instead of running on without them).
+waited for until its health check says SERVING. On exit the gateway drains first, then every node gets
+SIGTERM at once (their drains side by side), then the cache-store; SIGKILL for any that lingers.
+:meth:`LocalCluster.lost` names the processes that exited while the cluster ran (``make run`` stops the
+cluster then, instead of running on without them).
 """
 
 from __future__ import annotations
@@ -133,14 +134,17 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
         gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
         http_url = _http_url(gateway.address, spec.api_key) if spec.http_listen else ""
         cluster = LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
-        stack.callback(_terminate_all, cluster)  # runs first on exit: every process drains at once
+        stack.callback(_terminate_all, cluster)  # runs first on exit: the gateway, then the nodes side by side
         yield cluster
 
 
 def _terminate_all(cluster: LocalCluster) -> None:
-    """SIGTERM to every process, the gateway first (its clients' streams end before the nodes behind them);
-    each ``launch`` then waits for its own process's exit (SIGKILL past its stop timeout)."""
-    for _, process in cluster.processes():
+    """Stop the gateway first and wait for it: its drain lets the streams in flight finish (or ends them)
+    while the nodes behind them still serve. Then SIGTERM to every prefill and decode node at once, so
+    their drains overlap; each ``launch`` waits for its own process's exit (SIGKILL past its stop timeout),
+    the cache-store's last, after the decode nodes that may write to it while draining."""
+    cluster.gateway.stop()
+    for process in (*cluster.prefill, *cluster.decode):
         process.terminate()
 
 

@@ -4,32 +4,52 @@ The options are vLLM's chat request fields: ``add_generation_prompt`` (open the 
 on), ``continue_final_message`` (leave the last message open, for the model to continue it: a prefilled
 answer) and ``chat_template_kwargs`` (variables the template reads, such as Qwen3's ``enable_thinking``).
 
-Template variables. A kwarg reaches the template only when the template reads a variable of that name (the
-template's undeclared variables, found by Jinja's own parser); other names change nothing and are left out,
-as vLLM leaves them out, so a client may send ``enable_thinking`` to every model. A name that
-``apply_chat_template`` takes as an argument of its own, or that the request sets by another field
-(``messages``, ``tools``, ``add_generation_prompt``, …), is refused: it would replace what the request says.
+Template variables. A kwarg reaches the template only when the template reads a variable of that name (its
+undeclared variables, found by Jinja's parser in transformers' own environment, so templates with
+``{% generation %}`` or ``{% break %}`` parse); other names change nothing and are left out, as vLLM leaves
+them out, so a client may send ``enable_thinking`` to every model. Refused with the name: an argument of
+transformers' ``apply_chat_template`` or of its renderer (``messages``, ``tools``, ``add_generation_prompt``,
+``chat_template``, …: the request sets those through its own fields) and a function of the template
+environment (``raise_exception``, ``strftime_now``, …). A kwarg may replace a special token's text a template
+writes (``bos_token``): that changes the client's own prompt only, as in vLLM. Values are JSON (strings
+valid Unicode, at most ``MAX_KWARG_DEPTH`` levels deep); a value the template cannot use is a 400 naming
+``chat_template_kwargs``, never an internal error.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import jinja2
 import jinja2.meta
-import jinja2.sandbox
+from transformers import PreTrainedTokenizerBase
+from transformers.utils import chat_template_utils
 
 from services.engine.errors import InvalidRequestError
+from services.engine.sampling_params import require_utf8
 
 KWARGS_FIELD = "chat_template_kwargs"
-RESERVED_VARIABLES = frozenset({
-    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
-})
+MAX_KWARG_DEPTH = 16
+MAX_ERROR_CHARS = 200  # of a template's own error text in a refusal (transformers' may hold the whole chat)
+
+
+def _parameters(function: Any) -> set[str]:
+    return {name for name, p in inspect.signature(function).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
+
+
+RESERVED_VARIABLES = frozenset({"messages", *_parameters(PreTrainedTokenizerBase.apply_chat_template),
+                                *_parameters(chat_template_utils.render_jinja_template)})
+
+
+@functools.cache
+def _environment_globals() -> frozenset[str]:
+    return frozenset(chat_template_utils._compile_jinja_template("").environment.globals)
 
 
 @dataclass(frozen=True)
@@ -43,54 +63,82 @@ class ChatTemplateOptions:
         if self.add_generation_prompt and self.continue_final_message:
             raise InvalidRequestError("continue_final_message", "cannot be true together with add_generation_prompt "
                                                                 "(set add_generation_prompt to false)")
-        for name in self.kwargs:
+        for name, value in self.kwargs.items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise InvalidRequestError(KWARGS_FIELD, f"{name!r} is not a template variable name")
             if name in RESERVED_VARIABLES:
                 raise InvalidRequestError(f"{KWARGS_FIELD}.{name}", "is set by the request itself, not by a "
                                                                     "template variable")
+            if name in _environment_globals():
+                raise InvalidRequestError(f"{KWARGS_FIELD}.{name}", "is a function of the template environment")
+            _check_value(f"{KWARGS_FIELD}.{name}", value, 0)
 
 
-DEFAULT_OPTIONS = ChatTemplateOptions()
+def _check_value(where: str, value: Any, depth: int) -> None:
+    if depth > MAX_KWARG_DEPTH:
+        raise InvalidRequestError(where, f"nests more than {MAX_KWARG_DEPTH} levels deep")
+    if isinstance(value, str):
+        require_utf8(where, value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            require_utf8(where, str(key))
+            _check_value(where, item, depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_value(where, item, depth + 1)
+
+
+DEFAULT_OPTIONS = ChatTemplateOptions(kwargs=MappingProxyType({}))
 
 
 @functools.lru_cache(maxsize=8)
 def template_variables(source: str) -> frozenset[str]:
-    """The variables ``source`` reads that it does not set itself (empty for an unparsable template)."""
+    """The variables ``source`` reads that it neither sets nor has as an environment function (empty for a
+    template transformers' environment cannot parse)."""
     try:
-        return frozenset(jinja2.meta.find_undeclared_variables(jinja2.sandbox.ImmutableSandboxedEnvironment()
-                                                               .parse(source)))
-    except jinja2.TemplateSyntaxError:
+        environment = chat_template_utils._compile_jinja_template(source).environment
+        return frozenset(jinja2.meta.find_undeclared_variables(environment.parse(source))
+                         - set(environment.globals))
+    except jinja2.TemplateError:
         return frozenset()
 
 
-def render(hf: Any, template: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
-           options: ChatTemplateOptions) -> str:
-    """The conversation as text (``hf``: a transformers tokenizer; ``template``: its chat template's source).
-    Raises ``InvalidRequestError`` where the template or the options refuse the conversation."""
+def render(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mapping[str, Any]],
+           tools: Sequence[Mapping[str, Any]], options: ChatTemplateOptions) -> str:
+    """The conversation as text (``hf``: a transformers tokenizer; ``template``: the chat template's source to
+    render). Raises ``InvalidRequestError`` where the template or the options refuse the conversation."""
     options.check()
     used = template_variables(template)
     variables = {name: value for name, value in options.kwargs.items() if name in used}
     try:
         return hf.apply_chat_template(list(messages), tools=[dict(tool) for tool in tools] or None, tokenize=False,
-                                      add_generation_prompt=options.add_generation_prompt,
+                                      chat_template=template, add_generation_prompt=options.add_generation_prompt,
                                       continue_final_message=options.continue_final_message, **variables)
     except jinja2.TemplateError as error:  # e.g. raise_exception("roles must alternate ...")
-        raise InvalidRequestError("messages", f"the model's chat template refused them: {error}") from None
-    except ValueError as error:  # continue_final_message on a message the template does not write as given
-        if options.continue_final_message:
-            raise InvalidRequestError("continue_final_message", f"the last message cannot be continued: {error}"
-                                      ) from None
+        raise InvalidRequestError("messages", f"the model's chat template refused them: {_short(error)}") from None
+    except (TypeError, ValueError, RecursionError, UnicodeError) as error:
+        if variables:  # a value of a type the template cannot use (a number where it slices a string, …)
+            raise InvalidRequestError(KWARGS_FIELD, f"the model's chat template could not use them: "
+                                                    f"{type(error).__name__}: {_short(error)}") from None
+        if options.continue_final_message and isinstance(error, ValueError):
+            raise InvalidRequestError("continue_final_message",
+                                      f"the last message cannot be continued: {_short(error)}") from None
         raise
 
 
-def open_turn(hf: Any, template: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
-              options: ChatTemplateOptions) -> str | None:
+def _short(error: BaseException) -> str:
+    text = str(error)
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}…"
+
+
+def open_turn(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mapping[str, Any]],
+              tools: Sequence[Mapping[str, Any]], options: ChatTemplateOptions, whole: str | None = None) -> str | None:
     """The text of the turn the model is to write, as far as the prompt has written it: the generation prompt
     (``<|im_start|>assistant\\n``, and Qwen3's ``<think>\\n\\n</think>\\n\\n`` when thinking is off), or with
-    ``continue_final_message`` the last message as rendered so far. None when the template does not render
-    the conversation before that turn as a prefix of the whole (then nothing is known of the turn)."""
-    whole = render(hf, template, messages, tools, options)
+    ``continue_final_message`` the last message as rendered so far. ``whole``: the conversation as
+    :func:`render` gives it, when the caller has it. None when the template does not render the conversation
+    before that turn as a prefix of the whole (then nothing is known of the turn)."""
+    whole = render(hf, template, messages, tools, options) if whole is None else whole
     before = messages[:-1] if options.continue_final_message else messages
     if not before:
         return whole
@@ -105,3 +153,15 @@ def closes_reasoning(turn: str, start_marker: str, end_marker: str) -> bool:
     """Does this (open) turn's text end a reasoning section: an end marker after its last start marker, or
     one without a start marker before it (a template that opened the thinking earlier)?"""
     return turn.rfind(end_marker) > turn.rfind(start_marker)
+
+
+def prompt_closes_reasoning(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mapping[str, Any]],
+                            tools: Sequence[Mapping[str, Any]], options: ChatTemplateOptions, start_marker: str,
+                            end_marker: str) -> bool:
+    """Did the prompt close the reasoning in the turn the model continues (:func:`open_turn`)? The open turn
+    ends the whole text, so a whole that does not close it settles the question with one rendering."""
+    whole = render(hf, template, messages, tools, options)
+    if not closes_reasoning(whole, start_marker, end_marker):
+        return False
+    turn = open_turn(hf, template, messages, tools, options, whole)
+    return turn is not None and closes_reasoning(turn, start_marker, end_marker)

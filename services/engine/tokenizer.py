@@ -189,13 +189,31 @@ class Tokenizer:
                             options: ChatTemplateOptions = DEFAULT_OPTIONS) -> list[int]:
         """``tools``: OpenAI tool definitions (``{"type": "function", "function": {...}}``), given to the
         template as its ``tools``; ``options``: see :mod:`services.engine.chat_template`."""
-        rendered = chat_template.render(self.hf, self.chat_template, self._template_messages(messages), tools, options)
+        rendered = chat_template.render(self.hf, self._template_source(tools), self._template_messages(messages),
+                                        tools, options)
         return list(self.hf(rendered, add_special_tokens=False)["input_ids"])
 
     def open_turn(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = (),
                   options: ChatTemplateOptions = DEFAULT_OPTIONS) -> str | None:
         """The text the prompt writes of the turn the model is to continue (``chat_template.open_turn``)."""
-        return chat_template.open_turn(self.hf, self.chat_template, self._template_messages(messages), tools, options)
+        return chat_template.open_turn(self.hf, self._template_source(tools), self._template_messages(messages),
+                                       tools, options)
+
+    def prompt_closes_reasoning(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]],
+                                options: ChatTemplateOptions, start_marker: str, end_marker: str) -> bool:
+        """Whether the turn the model continues already closed its reasoning (``chat_template``)."""
+        return chat_template.prompt_closes_reasoning(self.hf, self._template_source(tools),
+                                                     self._template_messages(messages), tools, options,
+                                                     start_marker, end_marker)
+
+    def _template_source(self, tools: Sequence[Mapping[str, Any]]) -> str:
+        """The chat template that renders a conversation (with ``tools``: a tokenizer's ``tool_use`` one, where
+        it has named templates)."""
+        try:
+            return self.hf.get_chat_template(tools=list(tools) or None)
+        except ValueError:
+            raise InvalidRequestError("messages", "this model has no chat template: send a prompt or token_ids"
+                                      ) from None
 
     @staticmethod
     def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

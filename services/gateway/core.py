@@ -30,7 +30,7 @@ from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.field_checks import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
 from services.common.sampling_convert import default_max_tokens, random_seed
-from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions, closes_reasoning
+from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
@@ -116,13 +116,13 @@ class GatewayCore:
 
     def _reasoning_closed(self, request: GenerateInput) -> bool:
         """Did the chat prompt close the reasoning itself: the turn the model continues holds the end marker
-        after its last start marker (``chat_template.open_turn``, ``closes_reasoning``)?"""
+        after its last start marker (``chat_template.prompt_closes_reasoning``)?"""
         if request.reasoning_closed is not None:
             return request.reasoning_closed
         if request.reasoning_markers is None or not request.messages or self.tokenizer is None:
             return False
-        turn = self.tokenizer.open_turn(request.messages, request.tools, request.template)
-        return turn is not None and closes_reasoning(turn, *request.reasoning_markers)
+        return self.tokenizer.prompt_closes_reasoning(request.messages, request.tools, request.template,
+                                                      *request.reasoning_markers)
 
     async def prepare_off_loop(self, request: GenerateInput) -> PreparedRequest:
         """``prepare``, on a worker thread when the prompt is long (the event loop keeps serving)."""

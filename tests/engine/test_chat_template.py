@@ -5,6 +5,9 @@ model continues (what says whether the prompt already closed the reasoning)."""
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
 
 from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions, closes_reasoning, template_variables
@@ -87,3 +90,50 @@ def test_open_turn_is_the_text_of_the_turn_the_model_continues(qwen3_shaped):
 ])
 def test_closes_reasoning(turn, closed):
     assert closes_reasoning(turn, "<think>", "</think>") is closed
+
+
+def with_template(tokenizer: Tokenizer, template: str | dict[str, str]) -> Tokenizer:
+    hf = copy.deepcopy(tokenizer.hf)
+    hf.chat_template = template
+    return Tokenizer(hf)
+
+
+DATED = ("{{ 'Today is ' + date_string + '.\\n' }}{% for m in messages %}{{ m.role }}: {{ m.content }}\\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"date_string": 5}, "chat_template_kwargs"),  # the template adds it to a string: a TypeError inside
+    ({"date_string": "\ud800"}, "chat_template_kwargs.date_string"),  # no UTF-8 form: the tokenizer would fail
+    ({"date_string": {"a": ["\ud800"]}}, "chat_template_kwargs.date_string"),
+    ({"date_string": functools.reduce(lambda inner, _: [inner], range(40), "x")}, "chat_template_kwargs.date_string"),
+    ({"raise_exception": "x"}, "chat_template_kwargs.raise_exception"),  # the environment's functions
+    ({"strftime_now": None}, "chat_template_kwargs.strftime_now"),
+    ({"documents": []}, "chat_template_kwargs.documents"),
+])
+def test_a_value_the_template_cannot_use_is_refused_naming_the_field(bundled_tokenizer, kwargs, field):
+    dated = with_template(bundled_tokenizer, DATED)
+    assert "date_string" in template_variables(dated.chat_template)
+    with pytest.raises(InvalidRequestError) as raised:
+        dated.apply_chat_template(HI, options=ChatTemplateOptions(kwargs=kwargs))
+    assert raised.value.field == field, raised.value
+    plain = dated.apply_chat_template(HI, options=ChatTemplateOptions(kwargs={"date_string": "Monday"}))
+    assert dated.hf.decode(plain).startswith("Today is Monday.")
+
+
+def test_templates_with_transformers_extensions_and_named_templates_get_their_variables(qwen3_shaped):
+    """``{% generation %}`` (training masks) parses only in transformers' environment; a tokenizer with named
+    templates renders ``default`` (or ``tool_use`` with tools) and reads that one's variables."""
+    source = qwen3_shaped.chat_template.replace("{{ message.content or '' }}",
+                                                "{% generation %}{{ message.content or '' }}{% endgeneration %}")
+    assert "{% generation %}" in source
+    for tokenizer in (with_template(qwen3_shaped, source), with_template(qwen3_shaped, {"default": source})):
+        assert text(tokenizer, HI, NO_THINKING).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert tokenizer.prompt_closes_reasoning(HI, (), NO_THINKING, "<think>", "</think>")
+        assert not tokenizer.prompt_closes_reasoning(HI, (), ChatTemplateOptions(), "<think>", "</think>")
+
+
+def test_a_model_without_a_chat_template_refuses_messages_by_name(bundled_tokenizer):
+    with pytest.raises(InvalidRequestError) as raised:
+        with_template(bundled_tokenizer, None).apply_chat_template(HI)
+    assert raised.value.field == "messages" and "no chat template" in raised.value.message
