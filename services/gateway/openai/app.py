@@ -215,7 +215,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         generate = chat_input(body, request_id, parsers, tools)
         split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None)
         answer_only = split if split.reasoning is None else dataclasses.replace(
-            split, reasoning=ClosedReasoning(split.reasoning))
+            split, reasoning=ClosedReasoning.of(split.reasoning))
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
             return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index,

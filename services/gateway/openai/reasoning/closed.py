@@ -21,23 +21,15 @@ class _AllContent:
 
 @dataclass(frozen=True)
 class ClosedReasoning:
-    parser: ReasoningParser  # the front's, whose markers these are
+    name: str
+    start_marker: str
+    end_marker: str
+    markers: tuple[str, ...]
 
-    @property
-    def name(self) -> str:
-        return self.parser.name
-
-    @property
-    def start_marker(self) -> str:
-        return self.parser.start_marker
-
-    @property
-    def end_marker(self) -> str:
-        return self.parser.end_marker
-
-    @property
-    def markers(self) -> tuple[str, ...]:
-        return self.parser.markers
+    @classmethod
+    def of(cls, parser: ReasoningParser) -> ClosedReasoning:
+        """Standing in for ``parser`` (the front's, whose markers these are)."""
+        return cls(parser.name, parser.start_marker, parser.end_marker, parser.markers)
 
     def split(self, text: str) -> ReasoningSplit:
         return ReasoningSplit(content=text)
