@@ -12,8 +12,8 @@ transformers' ``apply_chat_template`` or of its renderer (``messages``, ``tools`
 ``chat_template``, …: the request sets those through its own fields) and a function of the template
 environment (``raise_exception``, ``strftime_now``, …). A kwarg may replace a special token's text a template
 writes (``bos_token``): that changes the client's own prompt only, as in vLLM. Values are JSON (strings
-valid Unicode, at most ``MAX_KWARG_DEPTH`` levels deep); a value the template cannot use is a 400 naming
-``chat_template_kwargs``, never an internal error.
+valid Unicode, at most ``MAX_KWARG_DEPTH`` levels deep; so are the ``tools`` a template renders); a value
+the template cannot use is a 400 naming ``chat_template_kwargs``, never an internal error.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from services.engine.sampling_params import require_utf8
 
 KWARGS_FIELD = "chat_template_kwargs"
 MAX_KWARG_DEPTH = 16
+MAX_JSON_DEPTH = 256  # tools' schemas and calls' arguments: any real one, and well inside Python's recursion
 MAX_ERROR_CHARS = 200  # of a template's own error text in a refusal (transformers' may hold the whole chat)
 
 
@@ -71,21 +72,22 @@ class ChatTemplateOptions:
                                                                     "template variable")
             if name in _environment_globals():
                 raise InvalidRequestError(f"{KWARGS_FIELD}.{name}", "is a function of the template environment")
-            _check_value(f"{KWARGS_FIELD}.{name}", value, 0)
+            _check_value(f"{KWARGS_FIELD}.{name}", value)
 
 
-def _check_value(where: str, value: Any, depth: int) -> None:
-    if depth > MAX_KWARG_DEPTH:
-        raise InvalidRequestError(where, f"nests more than {MAX_KWARG_DEPTH} levels deep")
+def _check_value(where: str, value: Any, depth: int = 0, limit: int = MAX_KWARG_DEPTH) -> None:
+    """Refuse JSON whose strings have no UTF-8 form, or that nests past ``limit`` levels."""
+    if depth > limit:
+        raise InvalidRequestError(where, f"nests more than {limit} levels deep")
     if isinstance(value, str):
         require_utf8(where, value)
     elif isinstance(value, Mapping):
         for key, item in value.items():
             require_utf8(where, str(key))
-            _check_value(where, item, depth + 1)
+            _check_value(where, item, depth + 1, limit)
     elif isinstance(value, list | tuple):
         for item in value:
-            _check_value(where, item, depth + 1)
+            _check_value(where, item, depth + 1, limit)
 
 
 DEFAULT_OPTIONS = ChatTemplateOptions(kwargs=MappingProxyType({}))
@@ -108,6 +110,10 @@ def render(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mappin
     """The conversation as text (``hf``: a transformers tokenizer; ``template``: the chat template's source to
     render). Raises ``InvalidRequestError`` where the template or the options refuse the conversation."""
     options.check()
+    for i, tool in enumerate(tools):  # the client's JSON, rendered as it is: the tokenizer needs valid Unicode
+        _check_value(f"tools[{i}]", tool, limit=MAX_JSON_DEPTH)
+    for i, message in enumerate(messages):  # an assistant's calls' arguments too (contents are checked before)
+        _check_value(f"messages[{i}]", message, limit=MAX_JSON_DEPTH)
     used = template_variables(template)
     variables = {name: value for name, value in options.kwargs.items() if name in used}
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions, closes_reasoning, template_variables
 from services.engine.errors import InvalidRequestError
-from services.engine.tokenizer import ChatMessage, Tokenizer
+from services.engine.tokenizer import ChatMessage, Tokenizer, ToolCallRecord
 from tests.engine.tiny_chat_family import chat_tokenizer
 
 HI = [ChatMessage("user", "Hi")]
@@ -137,3 +137,21 @@ def test_a_model_without_a_chat_template_refuses_messages_by_name(bundled_tokeni
     with pytest.raises(InvalidRequestError) as raised:
         with_template(bundled_tokenizer, None).apply_chat_template(HI)
     assert raised.value.field == "messages" and "no chat template" in raised.value.message
+
+
+def test_tools_with_text_that_has_no_utf8_form_are_refused_naming_the_tool(qwen3_shaped):
+    """A template that renders ``tools`` writes their JSON as it is: a lone surrogate failed the tokenizer
+    (an internal error) before."""
+    tool = {"type": "function", "function": {"name": "f", "description": "bad \ud800"}}
+    with pytest.raises(InvalidRequestError) as raised:
+        qwen3_shaped.apply_chat_template(HI, tools=[{"type": "function", "function": {"name": "g"}}, tool])
+    assert raised.value.field == "tools[1]"
+    call = ToolCallRecord("call_1", "f", '{"city": "\\ud800"}')  # JSON text whose parsed string has no UTF-8 form
+    with pytest.raises(InvalidRequestError) as raised:
+        qwen3_shaped.apply_chat_template([*HI, ChatMessage("assistant", "", (call,))])
+    assert raised.value.field == "messages[1]"
+    deep = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}}}}
+    for _ in range(10):  # a deeply nested schema (40 levels) is still a schema
+        deep = {"type": "object", "properties": {"x": deep}}
+    assert qwen3_shaped.apply_chat_template(HI, tools=[{"type": "function", "function": {"name": "f",
+                                                                                        "parameters": deep}}])
