@@ -114,6 +114,12 @@ def render(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mappin
         _check_value(f"tools[{i}]", tool, limit=MAX_JSON_DEPTH)
     for i, message in enumerate(messages):  # an assistant's calls' arguments too (contents are checked before)
         _check_value(f"messages[{i}]", message, limit=MAX_JSON_DEPTH)
+    return _render(hf, template, messages, tools, options)
+
+
+def _render(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mapping[str, Any]],
+            tools: Sequence[Mapping[str, Any]], options: ChatTemplateOptions) -> str:
+    """:func:`render` of a conversation and options already checked."""
     used = template_variables(template)
     variables = {name: value for name, value in options.kwargs.items() if name in used}
     try:
@@ -142,14 +148,14 @@ def open_turn(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Map
     """The text of the turn the model is to write, as far as the prompt has written it: the generation prompt
     (``<|im_start|>assistant\\n``, and Qwen3's ``<think>\\n\\n</think>\\n\\n`` when thinking is off), or with
     ``continue_final_message`` the last message as rendered so far. ``whole``: the conversation as
-    :func:`render` gives it, when the caller has it. None when the template does not render the conversation
+    :func:`render` gave it (so checked), when the caller has it. None when the template does not render the conversation
     before that turn as a prefix of the whole (then nothing is known of the turn)."""
     whole = render(hf, template, messages, tools, options) if whole is None else whole
     before = messages[:-1] if options.continue_final_message else messages
     if not before:
         return whole
-    try:
-        head = render(hf, template, before, tools, ChatTemplateOptions(False, False, options.kwargs))
+    try:  # the same inputs as ``whole``'s, checked by its rendering
+        head = _render(hf, template, before, tools, ChatTemplateOptions(False, False, options.kwargs))
     except InvalidRequestError:  # a template that will not end a conversation there
         return None
     return whole[len(head):] if whole.startswith(head) else None
