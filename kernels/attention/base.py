@@ -22,9 +22,13 @@ class AttentionBackend(ABC):
     """Paged causal attention over a per-layer KV cache ``[num_blocks, 2, block_size, Hkv, D]``.
 
     Call ``plan`` once per scheduler step, then ``forward`` once per layer of that step.
+
+    ``supports_window``: ``forward`` takes a ``window`` (sliding-window layers, Gemma 3); a backend without
+    it is never handed one (the model runner picks one that has it, or refuses the model).
     """
 
     name: ClassVar[str]
+    supports_window: ClassVar[bool] = False
 
     @abstractmethod
     def plan(self, meta: AttentionMetadata) -> None:
@@ -43,6 +47,9 @@ class AttentionBackend(ABC):
         attends causally to its own sequence's KV: query j of sequence i (absolute position
         ``p = seq_lens[i] - query_lens[i] + j``) sees positions ``0..p`` (causal mask aligned
         bottom-right). Cache slots past a sequence's length are never read into the result.
+
+        A backend with ``supports_window`` also takes ``window=W`` (an int >= 1; None: full attention): query
+        position p then sees positions ``max(0, p - W + 1)..p`` only, as transformers' sliding-window mask.
         """
 
 

@@ -32,6 +32,7 @@ class TorchPagedAttention(AttentionBackend):
     """
 
     name: ClassVar[str] = "torch"
+    supports_window: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -52,7 +53,8 @@ class TorchPagedAttention(AttentionBackend):
         self._plan = build_plan(meta, self.group_waste_tokens)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         plan = self._plan
         if plan is None:
@@ -65,19 +67,21 @@ class TorchPagedAttention(AttentionBackend):
             raise ValueError(f"q {list(q.shape)} does not fit kv_cache {list(kv_cache.shape)}")
         write_kv_rows(kv_cache, k, v, plan.rows)
         if plan.decode_only_in_order:
-            return self._decode(plan.decode_groups[0], q, kv_cache, scale)
+            return self._decode(plan.decode_groups[0], q, kv_cache, scale, window)
         if not plan.decode_groups and len(plan.prefills) == 1:
-            return self._prefill(plan.prefills[0], q, k, v, kv_cache, scale).contiguous()
+            return self._prefill(plan.prefills[0], q, k, v, kv_cache, scale, window).contiguous()
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         for group in plan.decode_groups:
             group_q = q.index_select(0, group.token_index)
-            out.index_copy_(0, group.token_index, self._decode(group, group_q, kv_cache, scale))
+            out.index_copy_(0, group.token_index, self._decode(group, group_q, kv_cache, scale, window))
         for seq in plan.prefills:
-            out[seq.token_start : seq.token_end] = self._prefill(seq, q, k, v, kv_cache, scale)
+            out[seq.token_start : seq.token_end] = self._prefill(seq, q, k, v, kv_cache, scale, window)
         return out
 
-    def _decode(self, group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        return DECODE_IMPLS[self._pick_decode(group, kv_cache)](group, q, kv_cache, scale, self._workspace)
+    def _decode(self, group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float,
+                window: int | None) -> torch.Tensor:
+        impl = DECODE_IMPLS[self._pick_decode(group, kv_cache)]
+        return impl(group, q, kv_cache, scale, self._workspace, window)
 
     def _pick_decode(self, group: DecodeGroup, kv_cache: torch.Tensor) -> str:
         if self.decode_impl != "auto":
@@ -96,18 +100,21 @@ class TorchPagedAttention(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """``[query_len, Hq, D]`` (possibly a strided view) for one sequence."""
         span = slice(seq.token_start, seq.token_end)
         gqa = q.shape[1] != kv_cache.shape[3]
         query = q[span].unsqueeze(0).transpose(1, 2)
+        windowed = seq.windowed(window)
         if seq.block_index is None:
             key, value = k[span], v[span]
             out = F.scaled_dot_product_attention(
                 query,
                 key.unsqueeze(0).transpose(1, 2),
                 value.unsqueeze(0).transpose(1, 2),
-                is_causal=True,
+                attn_mask=seq.additive_mask(q.dtype, window) if windowed else None,
+                is_causal=not windowed,
                 scale=scale,
                 enable_gqa=gqa,
             )
@@ -118,7 +125,7 @@ class TorchPagedAttention(AttentionBackend):
                 query,
                 key.unsqueeze(0).transpose(1, 2),
                 value.unsqueeze(0).transpose(1, 2),
-                attn_mask=seq.additive_mask(q.dtype),
+                attn_mask=seq.additive_mask(q.dtype, window),
                 scale=scale,
                 enable_gqa=gqa,
             )

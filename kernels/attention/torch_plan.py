@@ -40,7 +40,8 @@ class DecodeGroup:
     """``[n, 1, 1, padded_len]`` bool, True at positions below the sequence's length."""
     pad_rows: torch.Tensor | None
     """Rows ``i * padded_len + pos`` (pos >= seq_len) of the gathered buffer, None when there are none."""
-    _additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+    _additive_masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
+    _windowed: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
     _value_rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @property
@@ -51,13 +52,26 @@ class DecodeGroup:
     def padded_len(self) -> int:
         return self.num_blocks * self.block_size
 
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """``[n, 1, 1, padded_len]``: 0 where visible, -inf past the sequence's length."""
-        mask = self._additive_masks.get(dtype)
+    def visible(self, window: int | None = None) -> torch.Tensor:
+        """``valid``, and with a sliding ``window`` only the last ``window`` positions of each sequence."""
+        if window is None or window >= max(self.seq_lens):
+            return self.valid
+        key = ("visible", window)
+        if key not in self._windowed:
+            first = torch.tensor(self.seq_lens).view(self.size, 1) - window
+            inside = torch.arange(self.padded_len) >= first
+            self._windowed[key] = self.valid & inside.view(self.valid.shape).to(self.valid.device)
+        return self._windowed[key]
+
+    def additive_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """``[n, 1, 1, padded_len]``: 0 where visible (see :meth:`visible`), -inf elsewhere."""
+        key = (dtype, window if window is not None and window < max(self.seq_lens) else None)
+        mask = self._additive_masks.get(key)
         if mask is None:
-            mask = torch.zeros(self.valid.shape, dtype=dtype, device=self.valid.device)
-            mask.masked_fill_(~self.valid, float("-inf"))
-            self._additive_masks[dtype] = mask
+            visible = self.visible(key[1])
+            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+            mask.masked_fill_(~visible, float("-inf"))
+            self._additive_masks[key] = mask
         return mask
 
     def value_rows(self, num_kv_heads: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,15 +106,34 @@ class PrefillSeq:
     are used directly)."""
     allowed: torch.Tensor | None
     """``[query_len, seq_len]`` bool bottom-right causal mask; None when there is no cached prefix."""
-    _additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _additive_masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        assert self.allowed is not None, "a prefill without cached prefix uses is_causal, not a mask"
-        mask = self._additive_masks.get(dtype)
+    @property
+    def context(self) -> int:
+        """Positions already in the cache: the first query is at this position."""
+        return self.seq_len - (self.token_end - self.token_start)
+
+    def windowed(self, window: int | None) -> bool:
+        """Whether a sliding ``window`` hides some position from some query of this step."""
+        return window is not None and window < self.seq_len
+
+    def additive_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """``[query_len, seq_len]``: 0 where query j (position ``context + j``) sees a position (causally, and
+        within ``window`` of it when given), -inf elsewhere."""
+        window = window if self.windowed(window) else None
+        assert self.allowed is not None or window is not None, "a prefill without cached prefix uses is_causal"
+        mask = self._additive_masks.get((dtype, window))
         if mask is None:
-            mask = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
-            mask.masked_fill_(~self.allowed, float("-inf"))
-            self._additive_masks[dtype] = mask
+            if window is None:
+                allowed = self.allowed
+            else:
+                query_pos = torch.arange(self.context, self.seq_len).view(-1, 1)
+                kv_pos = torch.arange(self.seq_len).view(1, -1)
+                allowed = ((kv_pos <= query_pos) & (kv_pos > query_pos - window)).to(self.device)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            mask.masked_fill_(~allowed, float("-inf"))
+            self._additive_masks[(dtype, window)] = mask
         return mask
 
 
@@ -180,8 +213,8 @@ def _prefill_seq(meta: AttentionMetadata, i: int) -> PrefillSeq:
     start, end = meta.query_starts[i], meta.query_starts[i + 1]
     seq_len, context = meta.seq_lens[i], meta.context_lens[i]
     if context == 0:
-        return PrefillSeq(start, end, seq_len, block_index=None, allowed=None)
+        return PrefillSeq(start, end, seq_len, block_index=None, allowed=None, device=meta.device)
     query_pos = torch.arange(context, seq_len).view(-1, 1)
     allowed = torch.arange(seq_len).view(1, -1) <= query_pos
     blocks = meta.block_tables[i, : _ceil_div(seq_len, meta.block_size)]
-    return PrefillSeq(start, end, seq_len, block_index=blocks, allowed=allowed.to(meta.device))
+    return PrefillSeq(start, end, seq_len, block_index=blocks, allowed=allowed.to(meta.device), device=meta.device)

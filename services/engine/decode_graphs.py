@@ -92,6 +92,8 @@ def graph_support(model: DecoderModel) -> str:
         return "the deterministic mode picks each row's path per step"
     if any(layer.moe is not None and layer.moe.grouped is None for layer in model.layers):
         return "its mixture-of-experts layers route tokens on the host (grouped experts are off)"
+    if model.config.has_windows:
+        return "its sliding-window layers (the graph attention has no window)"
     return ""
 
 

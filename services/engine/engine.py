@@ -30,6 +30,7 @@ from services.engine.kv_layout_spec import KVLayoutSpec
 from services.engine.kv_offload import KVOffload
 from services.engine.logprobs import TokenLogprobs
 from services.engine.model.decoder import DecoderModel, check_vocabulary
+from services.engine.model.registry import model_class
 from services.engine.model_runner import ModelRunner, StepSamples
 from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
@@ -139,7 +140,8 @@ class LLMEngine(PrefillRole, DecodeRole):
             torch.set_num_threads(config.num_threads)
         weights = load_weights(config.model_path, keep_q4=config.int4_max_rows > 0
                                and int4_supported(config.device, config.torch_dtype))
-        model = DecoderModel(weights.config, weights.tensors, config.torch_dtype, config.device,
+        model_type = model_class(weights.config.architecture)
+        model = model_type(weights.config, weights.tensors, config.torch_dtype, config.device,
                            quantized=weights.quantized, int4_max_rows=config.int4_max_rows,
                            deterministic=config.deterministic, fused_ops=config.fused_ops)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)

@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import structlog
 import torch
 
+from kernels.attention.base import AttentionBackend
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+from kernels.attention.torch_paged import TorchPagedAttention
 from kernels.linear import RowPaths
 from services.engine.decode_graphs import GraphOptions, build_decode_graphs
 from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
+
+log = structlog.get_logger(__name__)
 
 DETERMINISTIC_ATTENTION = "cpu_fixed_order"
 """The attention backend of the deterministic mode: one reduction order per query, whatever its step."""
@@ -46,7 +51,7 @@ class ModelRunner:
         self.kv_cache = torch.zeros(cfg.num_layers, num_blocks + sink, 2, block_size, cfg.num_kv_heads, cfg.head_dim,
                                     dtype=model.dtype, device=model.device)
         self.kv_layers = list(self.kv_cache.unbind(0))
-        self.attention = create_backend(attention_backend, model.device)
+        self.attention = _attention_for(model, attention_backend)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
                                                                       graphs)
         self.graph_steps = 0  # steps replayed from a graph
@@ -91,6 +96,24 @@ class ModelRunner:
         if not samplers:
             return StepSamples()
         return sample_step(logits, samplers)
+
+
+def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
+    """The backend ``name`` ("auto" by default) builds for the model's device. A model with sliding-window
+    layers needs one that takes a window: "auto" then falls back to the torch backend (logged); a backend named
+    that has none is refused (``ValueError`` naming it)."""
+    attention = create_backend(name, model.device)
+    if not model.config.has_windows or attention.supports_window:
+        return attention
+    if name == DETERMINISTIC_ATTENTION:
+        raise ValueError(f"the deterministic mode's attention ({name}) has no sliding window, which this "
+                         "model's layers use")
+    if name not in (None, "auto"):
+        raise ValueError(f"attention backend {name!r} has no sliding-window attention, which this model's "
+                         f"layers use; use 'torch' (or 'auto')")
+    log.info("attention: the model has sliding-window layers, which this backend does not take; using torch",
+             backend=attention.name)
+    return create_backend(TorchPagedAttention.name, model.device)
 
 
 def _row_paths(batch: StepBatch, device: torch.device) -> RowPaths:

@@ -34,13 +34,18 @@ def test_buckets_cover_max_num_seqs_and_stop_at_256():
 
 
 def test_what_a_graph_cannot_hold_is_named():
-    layer = SimpleNamespace(moe=None)
-    assert graph_support(SimpleNamespace(deterministic=False, layers=[layer])) == ""
-    assert "deterministic" in graph_support(SimpleNamespace(deterministic=True, layers=[layer]))
-    looped = SimpleNamespace(deterministic=False, layers=[layer, SimpleNamespace(moe=SimpleNamespace(grouped=None))])
+    layer, full = SimpleNamespace(moe=None), SimpleNamespace(has_windows=False)
+
+    def model(layers, deterministic=False, config=full):
+        return SimpleNamespace(deterministic=deterministic, layers=layers, config=config)
+
+    assert graph_support(model([layer])) == ""
+    assert "deterministic" in graph_support(model([layer], deterministic=True))
+    looped = model([layer, SimpleNamespace(moe=SimpleNamespace(grouped=None))])
     assert "mixture-of-experts layers route tokens on the host" in graph_support(looped)
-    grouped = SimpleNamespace(deterministic=False, layers=[layer, SimpleNamespace(moe=SimpleNamespace(grouped=1))])
+    grouped = model([layer, SimpleNamespace(moe=SimpleNamespace(grouped=1))])
     assert graph_support(grouped) == ""  # grouped experts: no host sync, capturable
+    assert "sliding-window layers" in graph_support(model([layer], config=SimpleNamespace(has_windows=True)))
 
 
 def test_cuda_graphs_need_a_cuda_device():

@@ -12,6 +12,16 @@ import torch
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, rms_norm_eps=1e-6)
 
+# Gemma 3: a window of 24 (so prompts of 300 and chunks of 64 cross it), two sliding layers around a full one,
+# the 4B+ models' linear rope scaling on the full layer, a softcap (Gemma 2's; Gemma 3 has none), and norm
+# weights drawn at random (Gemma initialises them to 0: a scale of 1 + 0, which would hide the offset)
+_GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                    final_logit_softcapping=30.0, tie_word_embeddings=True)
+RANDOM_NORMS = {"gemma3", "gemma3-multimodal"}
+
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
     "llama3": dict(model_type="llama", rope_theta=500000.0, tie_word_embeddings=False,
@@ -26,6 +36,13 @@ FAMILIES: dict[str, dict] = {
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                       rope_theta=1000000.0, tie_word_embeddings=False),
+    "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
+    # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
+    # softcap: as in Google's files; transformers' multimodal class would not apply one)
+    "gemma3-multimodal": dict(model_type="gemma3", text_config=_GEMMA3_TEXT | {"final_logit_softcapping": None},
+                              mm_tokens_per_image=4,
+                              vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=28, patch_size=14)),
 }
 
 
@@ -35,10 +52,19 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
 
     spec = dict(FAMILIES[name])
     model_type = spec.pop("model_type")
-    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer_hf), bos_token_id=1, eos_token_id=2,
-                                  **SHAPE, **spec)
+    ids = dict(vocab_size=len(tokenizer_hf), bos_token_id=1, eos_token_id=2)
+    if "text_config" in spec:  # a multimodal checkpoint: the shape is its text model's
+        spec["text_config"] = dict(**ids, **SHAPE, **spec["text_config"])
+        config = AutoConfig.for_model(model_type, **spec)
+    else:
+        config = AutoConfig.for_model(model_type, **ids, **SHAPE, **spec)
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if name in RANDOM_NORMS:
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if "norm" in param_name:
+                    param.normal_(0.0, 0.3)
     path = root / name
     model.save_pretrained(str(path), max_shard_size="2MB")
     tokenizer_hf.save_pretrained(str(path))

@@ -77,8 +77,10 @@ def make_sequences(
     return Sequences(keys, values, tables, cache.to(device), block_size)
 
 
-def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: list[int], scale: float) -> torch.Tensor:
-    """Dense float64 attention: query j of sequence i sees positions ``0..seq_len - query_len + j``."""
+def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: list[int], scale: float,
+           window: int | None = None) -> torch.Tensor:
+    """Dense float64 attention: query j of sequence i sees positions ``0..p`` where ``p = seq_len - query_len
+    + j`` (with a sliding ``window``: ``p - window + 1..p``)."""
     outputs, start = [], 0
     num_heads = q.shape[1]
     for key, value, query_len, seq_len in zip(seqs.keys, seqs.values, query_lens, seq_lens, strict=True):
@@ -89,6 +91,8 @@ def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: li
         scores = torch.einsum("thd,shd->hts", query, k) * scale
         query_pos = torch.arange(seq_len - query_len, seq_len).view(-1, 1)
         visible = torch.arange(seq_len).view(1, -1) <= query_pos
+        if window is not None:
+            visible &= torch.arange(seq_len).view(1, -1) > query_pos - window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         outputs.append(torch.einsum("hts,shd->thd", probs, v))
         start += query_len

@@ -24,11 +24,23 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class GemmaConfig:
+    """What Gemma 3 changes in the decoder (:mod:`services.engine.model.gemma_decoder`): RMSNorm scaled by
+    ``1 + weight``, norms after attention and the MLP as well as before, embeddings times ``sqrt(hidden)``,
+    a GELU (tanh) gated MLP, attention scaled by ``query_pre_attn_scalar ** -0.5``, and the sliding-window
+    layers' own rope base (no scaling)."""
+
+    query_pre_attn_scalar: float
+    local_rope_theta: float
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE).
+    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE, Gemma 3).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
-    (biases, q/k norms, experts, rope scaling) are what the families differ in.
+    (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
     """
 
     name: str
@@ -52,6 +64,10 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm over each head of q and k before rope (Qwen3)
     sliding_window: int | None = None  # the checkpoint's window (max_position is capped at it)
     moe: MoEConfig | None = None
+    layer_windows: tuple[int | None, ...] = ()
+    """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None
+    for full attention; empty: every layer full. Unlike ``sliding_window``, served exactly at any length."""
+    gemma: GemmaConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -62,6 +78,10 @@ class ModelConfig:
             raise ModelLoadError(f"{self.num_heads} heads do not divide into {self.num_kv_heads} KV heads")
         if self.head_dim % 2:
             raise ModelLoadError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelLoadError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise ModelLoadError(f"a sliding window must be >= 1, got {self.layer_windows}")
 
     @property
     def q_size(self) -> int:
@@ -73,6 +93,14 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention (None: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def has_windows(self) -> bool:
+        return any(w is not None for w in self.layer_windows)
 
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.sparse_layers

@@ -73,11 +73,13 @@ def served_length(cfg: Mapping[str, Any], window: int | None) -> int:
     return length
 
 
-def base_fields(cfg: Mapping[str, Any], architecture: str, window: int | None = None) -> dict[str, Any]:
-    """The fields of :class:`ModelConfig` a Llama-shaped ``config.json`` gives, for a family to extend."""
-    if cfg.get("hidden_act", "silu") != "silu":
+def base_fields(cfg: Mapping[str, Any], architecture: str, window: int | None = None,
+                check_mlp: bool = True) -> dict[str, Any]:
+    """The fields of :class:`ModelConfig` a Llama-shaped ``config.json`` gives, for a family to extend
+    (``check_mlp``: refuse an activation other than SiLU, and MLP biases; a family with its own MLP checks it)."""
+    if check_mlp and cfg.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (only 'silu')")
-    if cfg.get("mlp_bias"):
+    if check_mlp and cfg.get("mlp_bias"):
         raise ModelLoadError("mlp_bias is not supported")
     heads = int(required(cfg, "num_attention_heads"))
     hidden = int(required(cfg, "hidden_size"))

@@ -3,12 +3,15 @@
 A family module (``llama.py``, ``qwen3.py``, …) holds what that family adds to the shared decoder:
 ``config_from_hf(cfg)`` for a ``config.json`` and, where GGUF files of it exist, ``config_from_gguf(fields)``
 (``GGUF_ARCHITECTURE`` names its ``general.architecture``). Adding a family is one file and one line here.
+A family whose layers differ from the shared decoder's names its model class (``model``), and one whose
+checkpoints nest the text model names the function that maps their tensor names (``tensor_names``); both
+are ``"module:attribute"`` paths, imported only by the processes that load weights.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -23,6 +26,8 @@ class Family:
     module: str
     hf_model_types: tuple[str, ...]
     gguf_architecture: str | None = None
+    model: str = "services.engine.model.decoder:DecoderModel"
+    tensor_names: str | None = None  # name -> its name in the model, or None: not read
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -31,6 +36,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
+    Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"),
+           model="services.engine.model.gemma_decoder:GemmaDecoderModel",
+           tensor_names="services.engine.model.gemma3:text_tensor_name"),
 )
 
 
@@ -63,6 +71,22 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         if family.gguf_architecture is not None and arch == family.gguf_architecture:
             return _module(family).config_from_gguf(fields)
     raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {supported_gguf()}")
+
+
+def _attribute(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def model_class(architecture: str) -> type:
+    """The model class of a family (a :class:`~services.engine.model.decoder.DecoderModel`)."""
+    return _attribute(family(architecture).model)
+
+
+def tensor_renamer(architecture: str) -> Callable[[str], str | None] | None:
+    """The family's map from checkpoint tensor names to the model's (None: the names are the model's)."""
+    path = family(architecture).tensor_names
+    return None if path is None else _attribute(path)
 
 
 def family(architecture: str) -> Family:

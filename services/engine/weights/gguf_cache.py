@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from kernels.int4_linear import GroupQuantized
 from kernels.rope_scaling import RopeScaling
-from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.config import GemmaConfig, ModelConfig, MoEConfig
 from services.engine.weights.digest import weights_digest
 from services.engine.weights.loader import LoadedWeights
 
@@ -132,4 +132,7 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
         data["rope_scaling"] = RopeScaling(**rope)
     if data.get("moe") is not None:
         data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})
+    data["layer_windows"] = tuple(data.get("layer_windows") or ())
+    if data.get("gemma") is not None:
+        data["gemma"] = GemmaConfig(**data["gemma"])
     return ModelConfig(**data)

@@ -14,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.hf_config import eos_ids
-from services.engine.model.registry import config_from_hf
+from services.engine.model.registry import config_from_hf, tensor_renamer
 from services.engine.weights.loader import LoadedWeights
 
 INDEX = "model.safetensors.index.json"
@@ -63,12 +63,14 @@ def shard_files(path: Path) -> list[Path]:
 
 def load_safetensors_dir(path: Path) -> LoadedWeights:
     config = hf_dir_config(path)
+    rename = tensor_renamer(config.architecture) or (lambda name: name)
     tensors: dict[str, torch.Tensor] = {}
     for file in shard_files(path):
         try:
             with safe_open(str(file), framework="pt") as shard:
                 for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    tensors[name] = shard.get_tensor(name)
+                    if (model_name := rename(name)) is not None:  # None: a part of the checkpoint not served
+                        tensors[model_name] = shard.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
     if "lm_head.weight" in tensors and config.tie_word_embeddings:

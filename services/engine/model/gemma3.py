@@ -1,0 +1,83 @@
+"""Gemma 3: the Llama-shaped decoder with Gemma's norms, GELU MLP and embedding scale (see
+:class:`GemmaConfig`), q/k norms, and sliding-window attention on five layers of six (each with its own rope
+base), served exactly at any length (:mod:`services.engine.model.gemma_decoder`).
+
+Both checkpoints are read: ``Gemma3ForCausalLM`` (``gemma3_text``: the 1B, and text-only exports) and the
+multimodal ``Gemma3ForConditionalGeneration`` (``gemma3``: 4B, 12B, 27B), whose text model is served and whose
+vision tower is never read (:func:`text_tensor_name`). ``config.json`` is completed with transformers' own
+defaults (``Gemma3TextConfig``), as Google's files leave most fields out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import GemmaConfig, ModelConfig
+from services.engine.model.hf_config import base_fields, rope_settings
+
+ARCHITECTURE = "gemma3"
+ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of the tanh-approximated GELU
+LAYER_TYPES = ("sliding_attention", "full_attention")
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    text = _text_config(cfg)
+    if text.get("hidden_activation") not in ACTIVATIONS:
+        raise ModelLoadError(f"gemma3: hidden_activation {text.get('hidden_activation')!r} is not supported "
+                             f"(only {', '.join(ACTIVATIONS)})")
+    if text.get("attn_logit_softcapping") is not None:
+        raise ModelLoadError("gemma3: attn_logit_softcapping is not supported")
+    if text.get("use_bidirectional_attention"):
+        raise ModelLoadError("gemma3: use_bidirectional_attention (an embedding model) is not supported")
+    layer_types = list(text["layer_types"])
+    if len(layer_types) != int(text["num_hidden_layers"]) or set(layer_types) - set(LAYER_TYPES):
+        raise ModelLoadError(f"gemma3: layer_types must list {text['num_hidden_layers']} of {', '.join(LAYER_TYPES)}, "
+                             f"got {layer_types}")
+    window = int(text["sliding_window"])
+    ropes = text["rope_parameters"]
+    local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
+    if local_scaling is not None:
+        raise ModelLoadError(f"gemma3: the sliding layers' rope must be plain, got {ropes['sliding_attention']}")
+    fields = base_fields({**text, "rope_parameters": ropes["full_attention"]}, ARCHITECTURE, check_mlp=False)
+    bias = bool(text.get("attention_bias", False))
+    return ModelConfig(
+        **fields, qkv_bias=bias, o_bias=bias, qk_norm=True,
+        layer_windows=tuple(window if kind == "sliding_attention" else None for kind in layer_types),
+        gemma=GemmaConfig(query_pre_attn_scalar=float(text["query_pre_attn_scalar"]), local_rope_theta=local_theta,
+                          final_logit_softcap=None if text.get("final_logit_softcapping") is None
+                          else float(text["final_logit_softcapping"])),
+    )
+
+
+def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The text model's config with transformers' defaults filled in (a multimodal config's ``text_config``)."""
+    from transformers import Gemma3TextConfig
+
+    text = dict(cfg.get("text_config") or {}) if cfg.get("model_type") == "gemma3" else dict(cfg)
+    text["model_type"] = "gemma3_text"
+    if cfg.get("model_type") == "gemma3":  # the top level's ids and tying hold where the text model lacks them
+        for key in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):
+            if cfg.get(key) is not None:
+                text.setdefault(key, cfg[key])
+    try:
+        full = Gemma3TextConfig.from_dict(text).to_dict()
+    except Exception as exc:  # its validators raise their own classes: any of them means a bad config
+        raise ModelLoadError(f"gemma3: config.json is not a Gemma 3 config ({exc})") from exc
+    full.setdefault("_name_or_path", cfg.get("_name_or_path"))
+    return full
+
+
+def text_tensor_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the text model (``model.layers.…``), None for the vision tower's and the
+    projector's (not read). A ``Gemma3ForCausalLM`` name is already one."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    for prefix, replacement in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name.removeprefix(prefix)
+    return name

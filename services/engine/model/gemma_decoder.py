@@ -1,0 +1,105 @@
+"""Gemma 3's decoder: the shared decoder's weights and projections (:class:`DecoderModel`) in Gemma's layer.
+
+Per layer: ``h += post_attn_norm(attention(input_norm(h)))`` then ``h += post_ff_norm(mlp(pre_ff_norm(h)))``,
+every norm computed in float32 and scaled by ``1 + weight`` (kept in float32: the sum is never rounded to the
+serving dtype, as transformers computes it); the MLP is ``down(gelu_tanh(gate) * up)``; q and k are normed
+per head; embeddings are scaled by ``sqrt(hidden)`` rounded to the serving dtype. Sliding-window layers
+attend to their window (the backend's ``window``) with their own rope base; the others attend to everything
+with the checkpoint's rope (and its scaling). Elementwise steps run torch's ops (no fused kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from kernels.int4_linear import GroupQuantized
+from kernels.linear import RowPaths, linear
+from kernels.rope import RotaryEmbedding
+from services.engine.model.config import ModelConfig
+from services.engine.model.decoder import DecoderModel, LayerWeights
+
+if TYPE_CHECKING:
+    from kernels.attention.base import AttentionBackend
+
+
+@dataclass
+class GemmaLayerWeights(LayerWeights):
+    pre_ff_norm: torch.Tensor | None = None
+    post_ff_norm: torch.Tensor | None = None
+
+
+def offset_norm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """Gemma's norm scale ``1 + weight``, in float32."""
+    return 1.0 + weight.float()
+
+
+def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * scale`` in float32 (``scale`` from :func:`offset_norm_weight`), returned
+    in ``x.dtype``."""
+    return F.rms_norm(x.float(), (x.shape[-1],), scale, eps).to(x.dtype)
+
+
+class GemmaDecoderModel(DecoderModel):
+    """A :class:`DecoderModel` over a Gemma 3 checkpoint (``config.gemma`` set); same constructor, except
+    that the fused elementwise kernels are never used."""
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
+                 int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
+                 flashinfer_module: ModuleType | None = None, grouped_experts: bool | None = None):
+        assert config.gemma is not None, "GemmaDecoderModel needs a Gemma config"
+        super().__init__(config, tensors, dtype, device, quantized, int4_max_rows, deterministic, fused_ops=False,
+                         flashinfer_module=flashinfer_module, grouped_experts=grouped_experts)
+        self.final_norm = offset_norm_weight(self.final_norm)
+        self.local_rope = RotaryEmbedding(config.head_dim, config.max_position, config.gemma.local_rope_theta,
+                                          self.device)
+        self.scale = config.gemma.query_pre_attn_scalar**-0.5
+        self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype, device=self.device)
+
+    def _layer(self, i: int) -> GemmaLayerWeights:
+        base = super()._layer(i)
+        hidden, p = self.config.hidden_size, f"model.layers.{i}."
+        layer = GemmaLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
+        layer.pre_ff_norm = self._source.take(p + "pre_feedforward_layernorm.weight", (hidden,))
+        layer.post_ff_norm = self._source.take(p + "post_feedforward_layernorm.weight", (hidden,))
+        for name in ("input_norm", "post_norm", "q_norm", "k_norm", "pre_ff_norm", "post_ff_norm"):
+            setattr(layer, name, offset_norm_weight(getattr(layer, name)))
+        return layer
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                ) -> torch.Tensor:
+        """:meth:`DecoderModel.forward`'s contract, computed as Gemma 3 does (see the module)."""
+        cfg, eps = self.config, self.config.rms_norm_eps
+        assert cfg.gemma is not None
+        hidden = F.embedding(input_ids, self.embed) * self.embed_scale
+        tables = {False: self.rope.tables(positions, self.dtype), True: self.local_rope.tables(positions, self.dtype)}
+        num_tokens = input_ids.shape[0]
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            window = cfg.window(i)
+            x = gemma_rms_norm(hidden, layer.input_norm, eps)
+            q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = gemma_rms_norm(q.reshape(num_tokens, cfg.num_heads, cfg.head_dim), layer.q_norm, eps)
+            k = gemma_rms_norm(k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim), layer.k_norm, eps)
+            cos, sin = tables[window is not None]
+            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            if window is None:
+                attn = attention.forward(q, k, v, kv_cache, self.scale)
+            else:
+                attn = attention.forward(q, k, v, kv_cache, self.scale, window=window)
+            o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+            hidden = hidden + gemma_rms_norm(o, layer.post_norm, eps)
+            x = gemma_rms_norm(hidden, layer.pre_ff_norm, eps)
+            gate, up = linear(x, layer.gate_up, paths).chunk(2, dim=-1)
+            mlp = linear(F.gelu(gate, approximate="tanh") * up, layer.down, paths)
+            hidden = hidden + gemma_rms_norm(mlp, layer.post_ff_norm, eps)
+        last = gemma_rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+        logits = linear(last, self.lm_head).float()
+        cap = cfg.gemma.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -1,0 +1,58 @@
+"""Sliding-window attention (Gemma 3's local layers) in the pure-torch backend, against the dense float64
+oracle with transformers' window (query position p sees p - W + 1..p): prefill from scratch and after a cached
+prefix, decode groups of mixed lengths through both decode implementations, and a mixed step; windows below,
+at and past the sequences' lengths. Backends without windows say so (``supports_window``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_attention_oracle import TOLERANCE, make_sequences, oracle
+
+from kernels.attention import TorchPagedAttention
+from kernels.attention.registry import create_backend
+
+HEAD_DIM, BLOCK_SIZE, HEADS = 16, 4, (8, 2)
+
+
+def run_windowed(query_lens: list[int], seq_lens: list[int], window: int, dtype: torch.dtype,
+                 decode_impl: str = "auto", seed: int = 0) -> None:
+    num_heads, num_kv_heads = HEADS
+    context = [s - q for q, s in zip(query_lens, seq_lens, strict=True)]
+    seqs = make_sequences(seq_lens, context, num_kv_heads, HEAD_DIM, BLOCK_SIZE, dtype, seed)
+    meta, q, k, v = seqs.step(query_lens, seq_lens, num_heads, seed + 1)
+    backend = TorchPagedAttention("cpu", decode_impl=decode_impl)
+    backend.plan(meta)
+    scale = HEAD_DIM**-0.5
+    full = backend.forward(q, k, v, seqs.cache, scale)
+    out = backend.forward(q, k, v, seqs.cache, scale, window=window)  # the same plan serves both kinds of layer
+    expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window)
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
+    torch.testing.assert_close(full.double(), oracle(q, seqs, query_lens, seq_lens, scale), atol=TOLERANCE[dtype],
+                               rtol=0)
+    if window < max(seq_lens) - 1:  # the window hides something: the two layers differ
+        assert not torch.allclose(out, full)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 5, 8, 64])
+def test_prefill_from_scratch_and_after_a_prefix(window: int, dtype: torch.dtype) -> None:
+    run_windowed([37], [37], window, dtype)
+    run_windowed([20], [50], window, dtype, seed=1)
+    run_windowed([3, 9], [4, 24], window, dtype, seed=2)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "bag"])
+@pytest.mark.parametrize("window", [1, 6, 13, 64])
+def test_decode_groups(impl: str, window: int) -> None:
+    run_windowed([1], [29], window, torch.float32, impl)  # one sequence: sdpa slices the window
+    run_windowed([1, 1, 1, 1], [3, 29, 17, 40], window, torch.float32, impl, seed=3)
+
+
+def test_mixed_step_of_prefills_and_decodes() -> None:
+    run_windowed([1, 12, 1, 30], [33, 40, 9, 30], 10, torch.float32, seed=4)
+
+
+def test_backends_declare_whether_they_take_a_window() -> None:
+    assert create_backend("torch", "cpu").supports_window
+    assert not create_backend("cpu_fixed_order", "cpu").supports_window
