@@ -10,6 +10,10 @@ step (prefill, with or without a cached prefix, or prefill mixed with decode) ru
 (query j of a sequence at position ``seq_len - query_len + j`` sees positions ``0..that``). New K/V go
 into the cache with FlashInfer's ``append_paged_kv_cache``.
 
+Sliding-window layers (``forward(..., window=W)``) run their own pair of wrappers, planned once per step
+with ``window_left = W - 1`` (FlashInfer's count of positions left of the query that it sees: transformers'
+window of W), so that the full and the sliding layers of a step are not re-planned layer by layer.
+
 FlashInfer runs fp16/bf16 with head dims 64, 128 and 256; other steps (float32, the exact-parity mode)
 run the pure-torch backend on the same device. Nothing here imports flashinfer on a CPU-only install:
 ``check_available`` looks for CUDA first.
@@ -18,7 +22,7 @@ run the pure-torch backend on the same device. Nothing here imports flashinfer o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -58,8 +62,8 @@ class _Step:
     host: PageTable
     """The same arrays on the (pinned) host, for the wrappers' ``plan``."""
     decode_only: bool
-    planned_for: tuple[Any, ...] | None = None
-    """The layer shapes the FlashInfer wrapper of this step was planned for; None until the first forward."""
+    planned_for: dict[int | None, tuple[Any, ...]] = field(default_factory=dict)
+    """Per window (None: full attention), the layer shapes its wrapper was planned for in this step."""
     torch_planned: bool = False
 
 
@@ -72,6 +76,7 @@ class FlashInferBackend(AttentionBackend):
     """
 
     name: ClassVar[str] = "flashinfer"
+    supports_window: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -92,10 +97,10 @@ class FlashInferBackend(AttentionBackend):
             self.check_available()
             flashinfer_module = import_flashinfer()
         self._fi = flashinfer_module
-        workspace = torch.zeros(workspace_mib << 20, dtype=torch.uint8, device=self.device)
-        self._prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=prefill_backend)
-        self._decode = self._fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
-                                                                    use_tensor_cores=decode_tensor_cores)
+        self._workspace = torch.zeros(workspace_mib << 20, dtype=torch.uint8, device=self.device)
+        self._prefill_backend, self._decode_tensor_cores = prefill_backend, decode_tensor_cores
+        self._wrappers: dict[int | None, tuple[Any, Any]] = {}
+        self._prefill, self._decode = self._wrappers_for(None)
         self._torch = TorchPagedAttention(self.device)
         self._step: _Step | None = None
         self._warned: set[tuple[Any, ...]] = set()
@@ -110,12 +115,23 @@ class FlashInferBackend(AttentionBackend):
                 "(kernels.attention.flashinfer runs on CUDA only; 'torch' and 'cpu_native' run on CPUs)")
         import_flashinfer()
 
+    def _wrappers_for(self, window: int | None) -> tuple[Any, Any]:
+        """The (prefill, decode) wrappers of layers with ``window`` (made on first use; one float workspace)."""
+        if window not in self._wrappers:
+            fi = self._fi
+            self._wrappers[window] = (
+                fi.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=self._prefill_backend),
+                fi.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD",
+                                                      use_tensor_cores=self._decode_tensor_cores))
+        return self._wrappers[window]
+
     def plan(self, meta: AttentionMetadata) -> None:
         host = build_page_table(meta, pin_memory=self.device.type == "cuda")
         self._step = _Step(meta, host.on(self.device), host, decode_only=not meta.prefill_seqs)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         step = self._step
         if step is None:
@@ -128,15 +144,16 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"q {list(q.shape)} does not fit kv_cache {list(kv_cache.shape)} "
                              f"(block size {step.meta.block_size} planned)")
         if not self._runs(q, kv_cache):
-            return self._torch_forward(step, q, k, v, kv_cache, scale)
+            return self._torch_forward(step, q, k, v, kv_cache, scale, window)
         shapes = (num_heads, num_kv_heads, head_dim, block_size, q.dtype, scale)
-        if step.planned_for != shapes:
-            self._plan_wrapper(step, shapes)
+        if step.planned_for.get(window) != shapes:
+            self._plan_wrapper(step, shapes, window)
         table = step.table
         self._fi.append_paged_kv_cache(
             k.contiguous(), v.contiguous(), table.batch_indices, table.positions, kv_cache,
             table.kv_indices, table.kv_indptr, table.kv_last_page_len, kv_layout="NHD")
-        wrapper = self._decode if step.decode_only else self._prefill
+        prefill, decode = self._wrappers_for(window)
+        wrapper = decode if step.decode_only else prefill
         return wrapper.run(q.contiguous(), kv_cache)
 
     def _runs(self, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -150,22 +167,25 @@ class FlashInferBackend(AttentionBackend):
                          q.dtype, q.shape[2], kv_cache.is_contiguous())
         return fits
 
-    def _plan_wrapper(self, step: _Step, shapes: tuple[Any, ...]) -> None:
+    def _plan_wrapper(self, step: _Step, shapes: tuple[Any, ...], window: int | None) -> None:
         num_heads, num_kv_heads, head_dim, block_size, dtype, scale = shapes
-        host = step.host
+        host, window_left = step.host, -1 if window is None else window - 1
+        prefill, decode = self._wrappers_for(window)
         if step.decode_only:
-            self._decode.plan(host.kv_indptr, host.kv_indices, host.kv_last_page_len, num_heads, num_kv_heads,
-                              head_dim, block_size, pos_encoding_mode="NONE", q_data_type=dtype,
-                              kv_data_type=dtype, sm_scale=scale)
+            decode.plan(host.kv_indptr, host.kv_indices, host.kv_last_page_len, num_heads, num_kv_heads,
+                        head_dim, block_size, pos_encoding_mode="NONE", window_left=window_left, q_data_type=dtype,
+                        kv_data_type=dtype, sm_scale=scale)
         else:
-            self._prefill.plan(host.qo_indptr, host.kv_indptr, host.kv_indices, host.kv_last_page_len, num_heads,
-                               num_kv_heads, head_dim, block_size, causal=True, pos_encoding_mode="NONE",
-                               sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
-        step.planned_for = shapes
+            prefill.plan(host.qo_indptr, host.kv_indptr, host.kv_indices, host.kv_last_page_len, num_heads,
+                         num_kv_heads, head_dim, block_size, causal=True, pos_encoding_mode="NONE",
+                         window_left=window_left, sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
+        step.planned_for[window] = shapes
 
     def _torch_forward(self, step: _Step, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       kv_cache: torch.Tensor, scale: float) -> torch.Tensor:
+                       kv_cache: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
         if not step.torch_planned:
             self._torch.plan(step.meta)
             step.torch_planned = True
-        return self._torch.forward(q, k, v, kv_cache, scale)
+        if window is None:
+            return self._torch.forward(q, k, v, kv_cache, scale)
+        return self._torch.forward(q, k, v, kv_cache, scale, window=window)

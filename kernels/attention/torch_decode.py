@@ -1,7 +1,6 @@
 """Batched decode attention (one query token per sequence) over gathered KV blocks.
 
-Two implementations of the same contract, ``(group, q [n, Hq, D], kv_cache, scale, workspace, window) ->
-[n, Hq, D]`` (``window``: a sliding window, each query seeing its sequence's last ``window`` positions):
+Two implementations of the same contract, ``(group, q [n, Hq, D], kv_cache, scale) -> [n, Hq, D]``:
 
 - ``decode_sdpa`` gathers K and V blocks into ``[n, padded_len, Hkv, D]`` and runs one
   ``scaled_dot_product_attention`` with the G = Hq/Hkv query heads of a KV head folded into the query
@@ -34,8 +33,7 @@ def _gather(kv_cache: torch.Tensor, which: int, group: DecodeGroup, workspace: W
 
 
 def decode_sdpa(
-    group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float, workspace: Workspace,
-    window: int | None = None,
+    group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float, workspace: Workspace
 ) -> torch.Tensor:
     n, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[3]
@@ -43,8 +41,7 @@ def decode_sdpa(
     k = _gather(kv_cache, K_INDEX, group, workspace, "decode_k")
     v = _gather(kv_cache, V_INDEX, group, workspace, "decode_v")
     if n == 1:
-        length = group.seq_lens[0]
-        first = 0 if window is None else max(0, length - window)
+        length, first = group.seq_lens[0], group.starts[0] if group.starts else 0
         k, v, mask = k[:, first:length], v[:, first:length], None
     else:
         if group.pad_rows is not None:
@@ -52,7 +49,7 @@ def decode_sdpa(
             # turn NaN * 0 into NaN, so the gathered copies are zeroed there.
             k.view(-1, num_kv_heads, head_dim).index_fill_(0, group.pad_rows, 0)
             v.view(-1, num_kv_heads, head_dim).index_fill_(0, group.pad_rows, 0)
-        mask = group.additive_mask(q.dtype, window)
+        mask = group.additive_mask(q.dtype)
     out = F.scaled_dot_product_attention(
         q.view(n, num_kv_heads, group_size, head_dim),
         k.transpose(1, 2),
@@ -64,8 +61,7 @@ def decode_sdpa(
 
 
 def decode_bag(
-    group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float, workspace: Workspace,
-    window: int | None = None,
+    group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float, workspace: Workspace
 ) -> torch.Tensor:
     if not kv_cache.is_contiguous():
         raise ValueError("decode_bag reads V rows straight from the cache and needs it contiguous")
@@ -78,7 +74,7 @@ def decode_bag(
     scores = workspace.take("decode_scores", (n, num_heads, length * num_kv_heads), q.dtype, q.device)
     scores.baddbmm_(q, k.view(n, length * num_kv_heads, head_dim).transpose(1, 2), beta=0, alpha=scale)
     scores = scores.view(n, num_kv_heads, group_size, length, num_kv_heads).diagonal(0, 1, 4)
-    probs = torch.softmax(torch.where(group.visible(window), scores.permute(0, 3, 1, 2), float("-inf")), -1)
+    probs = torch.softmax(torch.where(group.valid, scores.permute(0, 3, 1, 2), float("-inf")), -1)
     rows, offsets = group.value_rows(num_kv_heads, group_size)
     out = F.embedding_bag(rows, kv_cache.view(-1, head_dim), offsets, mode="sum", per_sample_weights=probs.reshape(-1))
     return out.view(n, num_heads, head_dim)

@@ -80,8 +80,9 @@ class TorchPagedAttention(AttentionBackend):
 
     def _decode(self, group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float,
                 window: int | None) -> torch.Tensor:
-        impl = DECODE_IMPLS[self._pick_decode(group, kv_cache)]
-        return impl(group, q, kv_cache, scale, self._workspace, window)
+        if window is not None:
+            group = group.windowed(window)
+        return DECODE_IMPLS[self._pick_decode(group, kv_cache)](group, q, kv_cache, scale, self._workspace)
 
     def _pick_decode(self, group: DecodeGroup, kv_cache: torch.Tensor) -> str:
         if self.decode_impl != "auto":
@@ -106,7 +107,9 @@ class TorchPagedAttention(AttentionBackend):
         span = slice(seq.token_start, seq.token_end)
         gqa = q.shape[1] != kv_cache.shape[3]
         query = q[span].unsqueeze(0).transpose(1, 2)
-        windowed = seq.windowed(window)
+        windowed = seq.hides(window)
+        if windowed:
+            seq = seq.windowed(window, kv_cache.shape[2])
         if seq.block_index is None:
             key, value = k[span], v[span]
             out = F.scaled_dot_product_attention(
@@ -132,10 +135,11 @@ class TorchPagedAttention(AttentionBackend):
         return out[0].transpose(0, 1)
 
     def _gather_seq(self, kv_cache: torch.Tensor, which: int, seq: PrefillSeq, name: str) -> torch.Tensor:
-        """``[seq_len, Hkv, D]``: K or V of the sequence's positions, copied out of its blocks."""
+        """``[seq_len - offset, Hkv, D]``: K or V of the sequence's positions from ``offset``, copied out of its
+        blocks."""
         assert seq.block_index is not None
         _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
         shape = (seq.block_index.numel(), block_size, num_kv_heads, head_dim)
         buffer = self._workspace.take(name, shape, kv_cache.dtype, kv_cache.device)
         torch.index_select(kv_cache[:, which], 0, seq.block_index, out=buffer)
-        return buffer.view(-1, num_kv_heads, head_dim)[: seq.seq_len]
+        return buffer.view(-1, num_kv_heads, head_dim)[: seq.seq_len - seq.offset]

@@ -40,8 +40,10 @@ class DecodeGroup:
     """``[n, 1, 1, padded_len]`` bool, True at positions below the sequence's length."""
     pad_rows: torch.Tensor | None
     """Rows ``i * padded_len + pos`` (pos >= seq_len) of the gathered buffer, None when there are none."""
-    _additive_masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
-    _windowed: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
+    starts: list[int] | None = None
+    """The first position each sequence sees (a sliding window's, see :meth:`windowed`); None: 0."""
+    _additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+    _windowed: dict[int, DecodeGroup] = field(default_factory=dict, repr=False)
     _value_rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @property
@@ -52,27 +54,38 @@ class DecodeGroup:
     def padded_len(self) -> int:
         return self.num_blocks * self.block_size
 
-    def visible(self, window: int | None = None) -> torch.Tensor:
-        """``valid``, and with a sliding ``window`` only the last ``window`` positions of each sequence."""
-        if window is None or window >= max(self.seq_lens):
-            return self.valid
-        key = ("visible", window)
-        if key not in self._windowed:
-            first = torch.tensor(self.seq_lens).view(self.size, 1) - window
-            inside = torch.arange(self.padded_len) >= first
-            self._windowed[key] = self.valid & inside.view(self.valid.shape).to(self.valid.device)
-        return self._windowed[key]
-
-    def additive_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
-        """``[n, 1, 1, padded_len]``: 0 where visible (see :meth:`visible`), -inf elsewhere."""
-        key = (dtype, window if window is not None and window < max(self.seq_lens) else None)
-        mask = self._additive_masks.get(key)
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[n, 1, 1, padded_len]``: 0 where visible, -inf elsewhere."""
+        mask = self._additive_masks.get(dtype)
         if mask is None:
-            visible = self.visible(key[1])
-            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-            mask.masked_fill_(~visible, float("-inf"))
-            self._additive_masks[key] = mask
+            mask = torch.zeros(self.valid.shape, dtype=dtype, device=self.valid.device)
+            mask.masked_fill_(~self.valid, float("-inf"))
+            self._additive_masks[dtype] = mask
         return mask
+
+    def windowed(self, window: int) -> DecodeGroup:
+        """The group as a sliding-window layer attends it: each sequence's last ``window`` positions, from the
+        blocks that hold them only (a window of 512 gathers at most 33 blocks of 16 at any context length).
+        Positions are counted from the first block gathered (``seq_lens`` are lengths from there); ``valid``
+        and ``starts`` exclude the positions of that block before the window. Built once per step and window."""
+        if window >= max(self.seq_lens):
+            return self
+        if window not in self._windowed:
+            bs, n, device = self.block_size, self.size, self.block_index.device
+            firsts = torch.tensor([max(0, length - window) // bs for length in self.seq_lens])
+            local = torch.tensor(self.seq_lens) - firsts * bs
+            num_blocks = _ceil_div(int(local.max()), bs)
+            columns = (firsts.view(n, 1) + torch.arange(num_blocks)).clamp(max=self.num_blocks - 1)
+            block_index = self.block_index.view(n, self.num_blocks).gather(1, columns.to(device)).reshape(-1)
+            pos = torch.arange(num_blocks * bs)
+            valid = (pos < local.view(n, 1)) & (pos >= local.view(n, 1) - window)
+            pad = (~valid).view(-1).nonzero().view(-1)
+            self._windowed[window] = DecodeGroup(
+                seqs=self.seqs, seq_lens=local.tolist(), token_index=self.token_index, block_index=block_index,
+                num_blocks=num_blocks, block_size=bs, valid=valid.view(n, 1, 1, -1).to(device),
+                pad_rows=pad.to(device) if pad.numel() else None,
+                starts=(local - window).clamp(min=0).tolist())
+        return self._windowed[window]
 
     def value_rows(self, num_kv_heads: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Embedding-bag indices and offsets over the cache viewed as ``[-1, head_dim]`` rows: bag
@@ -102,26 +115,40 @@ class PrefillSeq:
     token_end: int
     seq_len: int
     block_index: torch.Tensor | None
-    """Blocks holding positions ``0..seq_len-1``; None when there is no cached prefix (the new K/V
+    """Blocks holding positions ``offset..seq_len-1``; None when there is no cached prefix (the new K/V
     are used directly)."""
     allowed: torch.Tensor | None
     """``[query_len, seq_len]`` bool bottom-right causal mask; None when there is no cached prefix."""
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    offset: int = 0
+    """The first position ``block_index`` holds (a multiple of the block size; > 0 only in :meth:`windowed`)."""
     _additive_masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
+    _windowed: dict[int, PrefillSeq] = field(default_factory=dict, repr=False)
 
     @property
     def context(self) -> int:
         """Positions already in the cache: the first query is at this position."""
         return self.seq_len - (self.token_end - self.token_start)
 
-    def windowed(self, window: int | None) -> bool:
+    def hides(self, window: int | None) -> bool:
         """Whether a sliding ``window`` hides some position from some query of this step."""
         return window is not None and window < self.seq_len
 
+    def windowed(self, window: int, block_size: int) -> PrefillSeq:
+        """The sequence as a sliding-window layer gathers it after a cached prefix: from the block holding the
+        first position any of its queries sees (``context - window + 1``) on."""
+        if self.block_index is None or not self.hides(window):
+            return self
+        if window not in self._windowed:
+            first = max(0, self.context - window + 1) // block_size
+            self._windowed[window] = PrefillSeq(self.token_start, self.token_end, self.seq_len,
+                                                self.block_index[first:], None, self.device, first * block_size)
+        return self._windowed[window]
+
     def additive_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
-        """``[query_len, seq_len]``: 0 where query j (position ``context + j``) sees a position (causally, and
-        within ``window`` of it when given), -inf elsewhere."""
-        window = window if self.windowed(window) else None
+        """``[query_len, seq_len - offset]``: 0 where query j (position ``context + j``) sees a position
+        (causally, and within ``window`` of it when given), -inf elsewhere."""
+        window = window if self.hides(window) else None
         assert self.allowed is not None or window is not None, "a prefill without cached prefix uses is_causal"
         mask = self._additive_masks.get((dtype, window))
         if mask is None:
@@ -129,7 +156,7 @@ class PrefillSeq:
                 allowed = self.allowed
             else:
                 query_pos = torch.arange(self.context, self.seq_len).view(-1, 1)
-                kv_pos = torch.arange(self.seq_len).view(1, -1)
+                kv_pos = torch.arange(self.offset, self.seq_len).view(1, -1)
                 allowed = ((kv_pos <= query_pos) & (kv_pos > query_pos - window)).to(self.device)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
             mask.masked_fill_(~allowed, float("-inf"))

@@ -1,5 +1,5 @@
 """``make bench-families``: pdserve's engine beside transformers on random-weight checkpoints of the real shapes
-of Qwen3-0.6B and Llama-3.2-1B (bf16), with the weight-bandwidth floor measured in the same run.
+of Qwen3-0.6B, Llama-3.2-1B and Gemma-3-1B (bf16), with the weight-bandwidth floor measured in the same run.
 
 For each shape, transformers builds the checkpoint (``from_config``, fixed seed, ``save_pretrained`` in bf16,
 the bundled model's tokenizer beside it) in a temporary directory. pdserve loads it with
@@ -48,7 +48,13 @@ SHAPES: dict[str, dict] = {
                          tie_word_embeddings=True,
                          rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
-    # the same two families, small enough for the test of this benchmark (the bundled tokenizer has 49152 ids)
+    # google/gemma-3-1b-it's shape: 26 layers (sliding window 512 on five of six), 4/1 heads of 256, 262144 ids
+    "gemma-3-1b": dict(model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                       num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                       max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
+                       rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    # the same families, small enough for the test of this benchmark (the bundled tokenizer has 49152 ids)
     "tiny-qwen3": dict(model_type="qwen3", vocab_size=49152, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                        max_position_embeddings=1024, rope_theta=1000000.0, tie_word_embeddings=True),
@@ -57,6 +63,10 @@ SHAPES: dict[str, dict] = {
                        max_position_embeddings=1024, rope_theta=500000.0, tie_word_embeddings=True,
                        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                          high_freq_factor=4.0, original_max_position_embeddings=256)),
+    "tiny-gemma3": dict(model_type="gemma3_text", vocab_size=49152, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                        max_position_embeddings=1024, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True),
 }
 SYSTEMS = ("pdserve", "transformers")
 
@@ -216,7 +226,8 @@ def report(result: dict[str, object], args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "llama-3.2-1b"], choices=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "llama-3.2-1b", "gemma-3-1b"],
+                        choices=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

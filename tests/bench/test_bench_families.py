@@ -16,11 +16,11 @@ from services.engine.random_llama import weight_bytes
 
 def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_path: Path, capsys) -> None:
     out = tmp_path / "families.json"
-    assert main(["--shapes", "tiny-qwen3", "tiny-llama", "--repeats", "2", "--b1-context", "8", "--b1-steps", "3",
-                 "--batch", "3", "--batch-context", "12", "--batch-steps", "2", "--prefill-tokens", "24",
-                 "--bandwidth-mib", "8", "--json", str(out)]) == 0
+    assert main(["--shapes", "tiny-qwen3", "tiny-llama", "tiny-gemma3", "--repeats", "2", "--b1-context", "8",
+                 "--b1-steps", "3", "--batch", "3", "--batch-context", "12", "--batch-steps", "2",
+                 "--prefill-tokens", "24", "--bandwidth-mib", "8", "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
-    assert [r["shape"] for r in results] == ["tiny-qwen3", "tiny-llama"]
+    assert [r["shape"] for r in results] == ["tiny-qwen3", "tiny-llama", "tiny-gemma3"]
     for result in results:
         runs = result["runs"]
         assert len(runs["bandwidth_gbs"]) == 2 and min(runs["bandwidth_gbs"]) > 0
@@ -30,11 +30,12 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_pa
         assert 0 < result["floor_b1_ms"] < result["floor_batch_step_ms"]
         assert result["seconds"] > 0 and "cpu_stall_share" in result
     printed = capsys.readouterr().out
-    assert printed.count("| bandwidth floor |") == 2 and "pdserve ÷ transformers" in printed
+    assert printed.count("| bandwidth floor |") == 3 and "pdserve ÷ transformers" in printed
 
 
 @pytest.mark.parametrize(("shape", "params", "architecture"),
-                         [("qwen3-0.6b", 596_049_920, "qwen3"), ("llama-3.2-1b", 1_235_814_400, "llama")])
+                         [("qwen3-0.6b", 596_049_920, "qwen3"), ("llama-3.2-1b", 1_235_814_400, "llama"),
+                          ("gemma-3-1b", 999_885_952, "gemma3")])
 def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_every_matrix(
         shape: str, params: int, architecture: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -84,13 +84,16 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         paged_kv_cache[page, 1, pos % page_size] = append_value[t]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+            window_left: int = -1) -> torch.Tensor:
     group = q.shape[1] // k.shape[1]
     k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
     scores = torch.einsum("thd,shd->hts", q.double(), k) * scale
+    query_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0]).view(-1, 1)
     if causal:
-        query_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0]).view(-1, 1)
         scores = scores.masked_fill(torch.arange(k.shape[0]).view(1, -1) > query_pos, float("-inf"))
+    if window_left >= 0:  # FlashInfer's window: the query's position and window_left positions left of it
+        scores = scores.masked_fill(torch.arange(k.shape[0]).view(1, -1) < query_pos - window_left, float("-inf"))
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
@@ -105,6 +108,7 @@ class _Plan:
     causal: bool
     scale: float
     dtype: torch.dtype
+    window_left: int = -1
 
 
 @dataclass
@@ -126,7 +130,7 @@ class _Wrapper:
         for i, length in enumerate(lens):
             start, end = plan.qo_indptr[i], plan.qo_indptr[i + 1]
             k, v = _gather(cache, plan.kv_indptr, plan.kv_indices, i, length)
-            out[start:end] = _attend(q[start:end], k, v, plan.scale, plan.causal).to(q.dtype)
+            out[start:end] = _attend(q[start:end], k, v, plan.scale, plan.causal, plan.window_left).to(q.dtype)
         return out
 
 
@@ -137,11 +141,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, causal=False, pos_encoding_mode="NONE", sm_scale=None,
-             q_data_type="float16", kv_data_type=None):
+             q_data_type="float16", kv_data_type=None, window_left=-1):
         assert pos_encoding_mode == "NONE" and kv_data_type in (None, q_data_type)
         self.plans.append(_Plan(qo_indptr.tolist(), paged_kv_indptr.clone(), paged_kv_indices.clone(),
                                 paged_kv_last_page_len.clone(), (num_qo_heads, num_kv_heads, head_dim_qk),
-                                page_size, causal, sm_scale or head_dim_qk**-0.5, q_data_type))
+                                page_size, causal, sm_scale or head_dim_qk**-0.5, q_data_type, window_left))
 
     def run(self, q, paged_kv_cache):
         return self._run(q, paged_kv_cache)
@@ -163,7 +167,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         self.buffers = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-             pos_encoding_mode="NONE", q_data_type="float16", kv_data_type=None, sm_scale=None):
+             pos_encoding_mode="NONE", window_left=-1, q_data_type="float16", kv_data_type=None, sm_scale=None):
         assert pos_encoding_mode == "NONE" and kv_data_type in (None, q_data_type)
         n = last_page_len.numel()
         if self.use_cuda_graph:
@@ -179,7 +183,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             indptr, indices, last_page_len = indptr.clone(), indices.clone(), last_page_len.clone()
         self.plans.append(_Plan(list(range(n + 1)), indptr, indices, last_page_len,
                                 (num_qo_heads, num_kv_heads, head_dim), page_size, False,
-                                sm_scale or head_dim**-0.5, q_data_type))
+                                sm_scale or head_dim**-0.5, q_data_type, window_left))
 
     def run(self, q, paged_kv_cache):
         assert q.shape[0] == len(self.plans[-1].qo_indptr) - 1, "decode: one query per sequence"

@@ -85,7 +85,7 @@ def fake_backend() -> FlashInferBackend:
 
 
 def run_steps(backend: FlashInferBackend, steps: list[tuple[list[int], list[int]]], heads: tuple[int, int],
-              dtype: torch.dtype, layers: int = 2) -> None:
+              dtype: torch.dtype, layers: int = 2, windows: tuple[int | None, ...] = (None,)) -> None:
     """Each step planned once, run over ``layers`` caches; output vs the float64 oracle, new K/V in place."""
     total = [max(s[i] for _, s in steps if i < len(s)) for i in range(len(steps[0][1]))]
     first = steps[0]
@@ -96,11 +96,15 @@ def run_steps(backend: FlashInferBackend, steps: list[tuple[list[int], list[int]
     for n, (query_lens, seq_lens) in enumerate(steps):
         meta, q, _, _ = caches[0].step(query_lens, seq_lens, heads[0], seed=100 + n)
         backend.plan(meta)
-        for layer in caches:
+        for i, layer in enumerate(caches):
+            window = windows[i % len(windows)]
             _, _, k, v = layer.step(query_lens, seq_lens, heads[0], seed=100 + n)
-            out = backend.forward(q, k, v, layer.cache, HEAD_DIM**-0.5)
+            if window is None:
+                out = backend.forward(q, k, v, layer.cache, HEAD_DIM**-0.5)
+            else:
+                out = backend.forward(q, k, v, layer.cache, HEAD_DIM**-0.5, window=window)
             assert out.shape == q.shape and out.dtype == dtype
-            want = oracle(q, layer, query_lens, seq_lens, HEAD_DIM**-0.5)
+            want = oracle(q, layer, query_lens, seq_lens, HEAD_DIM**-0.5, window=window)
             torch.testing.assert_close(out.double(), want, atol=TOLERANCE[dtype], rtol=0)
             slots = meta.slot_mapping
             assert torch.equal(layer.cache[slots // BLOCK_SIZE, 0, slots % BLOCK_SIZE], k)
@@ -117,6 +121,22 @@ def test_prefill_prefix_decode_and_mixed_steps_over_the_stand_in(heads: tuple[in
     assert len(decode.plans) == 1 and decode.runs == 2
     assert [p.causal for p in prefill.plans] == [True] * 3
     assert prefill.backend == "auto" and decode.use_tensor_cores
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # float32: through the torch backend
+def test_sliding_window_layers_plan_their_own_wrappers_once_a_step(dtype: torch.dtype) -> None:
+    """Layers alternate full and window 7 (Gemma's pattern): each kind plans its wrapper once per step with
+    FlashInfer's window_left = W - 1, and every layer matches the oracle's window."""
+    backend = fake_backend()
+    run_steps(backend, [([25, 10], [25, 10]), ([25, 13], [50, 23]), ([1, 1], [51, 24])], (8, 2), dtype, layers=4,
+              windows=(7, None))
+    if dtype == torch.float32:
+        return
+    (full_prefill, full_decode), (window_prefill, window_decode) = backend._wrappers[None], backend._wrappers[7]
+    assert [p.window_left for p in window_prefill.plans] == [6, 6]
+    assert [p.window_left for p in window_decode.plans] == [6]
+    assert [p.window_left for p in full_prefill.plans] == [-1, -1] and len(full_decode.plans) == 1
+    assert window_prefill.runs == full_prefill.runs == 2 * 2 and window_decode.runs == full_decode.runs == 2
 
 
 def test_float32_steps_run_the_torch_backend() -> None:

@@ -1,6 +1,6 @@
 """FlashInfer on a real GPU against the float64 oracle and the torch reference backend on the same device:
-prefill from scratch, after a cached prefix, batched decode, mixed steps, chunked prefill then decode,
-on permuted blocks of a garbage-filled cache (NaN and ±1e30 outside each sequence), bf16 and fp16, GQA.
+prefill from scratch, after a cached prefix, batched decode, mixed steps, chunked prefill then decode, sliding
+windows, on permuted blocks of a garbage-filled cache (NaN and ±1e30 outside each sequence), bf16 and fp16, GQA.
 Skipped where CUDA is absent (``gpu`` marker) or flashinfer does not import."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def flashinfer_backend():
     return FlashInferBackend("cuda")
 
 
-def check_steps(backend, steps, heads, dtype, head_dim=64, layers=2) -> None:
+def check_steps(backend, steps, heads, dtype, head_dim=64, layers=2, windows=(None,)) -> None:
     """Every step: one plan, ``layers`` forwards; FlashInfer vs the oracle and vs the torch backend on
     the same GPU (given the same cache), and the new K/V exactly in their slots."""
     total = [max(s[i] for _, s in steps if i < len(s)) for i in range(len(steps[0][1]))]
@@ -43,14 +43,16 @@ def check_steps(backend, steps, heads, dtype, head_dim=64, layers=2) -> None:
         q = q.cuda()
         backend.plan(meta)
         reference.plan(meta)
-        for layer in caches:
+        for i, layer in enumerate(caches):
+            window = windows[i % len(windows)]
+            extra = {} if window is None else {"window": window}
             _, _, k, v = layer.step(query_lens, seq_lens, heads[0], seed=100 + n)
             before = layer.cache.clone()
-            want_torch = reference.forward(q, k, v, before, scale)
-            out = backend.forward(q, k, v, layer.cache, scale)
+            want_torch = reference.forward(q, k, v, before, scale, **extra)
+            out = backend.forward(q, k, v, layer.cache, scale, **extra)
             torch.cuda.synchronize()
             assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
-            want = oracle(q, layer, query_lens, seq_lens, scale)
+            want = oracle(q, layer, query_lens, seq_lens, scale, window=window)
             torch.testing.assert_close(out.double().cpu(), want, atol=TOLERANCE[dtype], rtol=0)
             torch.testing.assert_close(out, want_torch, atol=TOLERANCE[dtype], rtol=0)
             slots = meta.slot_mapping
@@ -85,6 +87,14 @@ def test_mixed_and_chunked_steps(flashinfer_backend, heads) -> None:
     steps = [([250, 100], [250, 100]), ([250, 130], [500, 230]), ([190, 1], [690, 231]), ([1, 1], [691, 232]),
              ([1, 7], [692, 239])]
     check_steps(flashinfer_backend, steps, heads, torch.bfloat16, layers=3)
+
+
+@pytest.mark.parametrize("window", [1, 24, 512])
+def test_sliding_window_layers_match_transformers_window(flashinfer_backend, window) -> None:
+    """Layers alternate a sliding window and full attention (Gemma 3's head dim 256): prefill past the window,
+    a cached prefix, mixed and decode steps; FlashInfer's window_left = W - 1 against the oracle's window."""
+    steps = [([300, 40], [300, 40]), ([200, 1], [700, 41]), ([1, 1], [701, 42]), ([1, 9], [702, 51])]
+    check_steps(flashinfer_backend, steps, (8, 4), torch.bfloat16, head_dim=256, layers=4, windows=(window, None))
 
 
 def test_head_dim_128(flashinfer_backend) -> None:

@@ -56,3 +56,23 @@ def test_mixed_step_of_prefills_and_decodes() -> None:
 def test_backends_declare_whether_they_take_a_window() -> None:
     assert create_backend("torch", "cpu").supports_window
     assert not create_backend("cpu_fixed_order", "cpu").supports_window
+
+
+def test_a_windowed_decode_group_gathers_only_the_blocks_of_its_windows() -> None:
+    """A sliding layer's decode reads about its window, not the whole context: at lengths 3 to 4000 and a
+    window of 512 in blocks of 16, at most 33 blocks a sequence (full attention gathers 250)."""
+    from kernels.attention import AttentionMetadata
+    from kernels.attention.torch_plan import build_plan
+
+    lens = [3, 700, 4000, 513]
+    tables = [list(range(sum(-(-n // 16) for n in lens[:i]), sum(-(-n // 16) for n in lens[: i + 1])))
+              for i in range(len(lens))]
+    meta = AttentionMetadata.build([1] * 4, lens, tables, 16, "cpu")
+    (group,) = build_plan(meta, group_waste_tokens=10**9).decode_groups
+    windowed = group.windowed(512)
+    assert group.num_blocks == 250 and windowed.num_blocks == 33
+    assert windowed.valid.sum(-1).view(-1).tolist() == [3, 512, 512, 512]
+    first_blocks = windowed.block_index.view(4, 33)[:, 0].tolist()
+    assert first_blocks == [tables[0][0], tables[1][(700 - 512) // 16], tables[2][(4000 - 512) // 16],
+                            tables[3][(513 - 512) // 16]]
+    assert group.windowed(4000) is group  # a window past every length changes nothing
