@@ -70,17 +70,23 @@ class NativeCpuAttention(AttentionBackend):
     ``torch.get_num_threads()`` threads). Prefill sequences, and whole steps the kernel cannot serve
     (CUDA tensors, a strided cache, other dtypes, unsupported shapes), run ``TorchPagedAttention``.
 
+    Sliding-window layers (``window``) run whole steps on a second ``TorchPagedAttention``, planned once a
+    step, which gathers only the blocks of each window; the full layers keep the kernel.
+
     ``check_available()`` (called by the registry) compiles the kernel on first use and raises
     ``BackendUnavailableError`` with the compiler's message when that fails.
     """
 
     name: ClassVar[str] = "cpu_native"
+    supports_window: ClassVar[bool] = True
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._library = _library() if self.device.type == "cpu" else None
         self._torch = TorchPagedAttention(self.device)
         self._torch_planned: str | None = None
+        self._windowed = TorchPagedAttention(self.device)
+        self._windowed_planned = False
         self._plan: NativeStepPlan | None = None
         self._supported: dict[tuple[int, ...], bool] = {}
 
@@ -90,6 +96,7 @@ class NativeCpuAttention(AttentionBackend):
 
     def plan(self, meta: AttentionMetadata) -> None:
         self._torch_planned = None
+        self._windowed_planned = False
         if self._library is None or meta.device.type != "cpu" or not meta.decode_seqs:
             self._plan = NativeStepPlan(meta, None, meta, None)
             return
@@ -124,11 +131,17 @@ class NativeCpuAttention(AttentionBackend):
         self._plan = NativeStepPlan(meta, decode_plan, prefill_meta, prefill_index)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         plan = self._plan
         if plan is None:
             raise RuntimeError("NativeCpuAttention.forward called before plan()")
+        if window is not None:
+            if not self._windowed_planned:
+                self._windowed.plan(plan.meta)
+                self._windowed_planned = True
+            return self._windowed.forward(q, k, v, kv_cache, scale, window=window)
         if plan.decode is None or not self._native_fits(q, kv_cache):
             return self._torch_forward("all", plan.meta, q, k, v, kv_cache, scale)
         num_tokens = q.shape[0]

@@ -134,8 +134,11 @@ class TransformersRunner:
 
 
 def floor_ms(cfg: ModelConfig, bandwidth: float, batch: int, mean_context: float) -> float:
-    """The least time a bf16 decode step can take: the weights and the batch's KV, read once."""
-    return (weight_bytes(cfg, 2) + batch * mean_context * cfg.kv_bytes_per_token(2)) / bandwidth * 1000
+    """The least time a bf16 decode step can take: the weights and the batch's KV, read once (a sliding-window
+    layer reads at most its window of it)."""
+    kv_per_layer = cfg.kv_bytes_per_token(2) / cfg.num_layers
+    kv = sum(min(mean_context, cfg.window(i) or mean_context) for i in range(cfg.num_layers)) * kv_per_layer
+    return (weight_bytes(cfg, 2) + batch * kv) / bandwidth * 1000
 
 
 def _engine(path: Path, args: argparse.Namespace) -> LLMEngine:

@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-import structlog
 import torch
 
 from kernels.attention.base import AttentionBackend
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
-from kernels.attention.torch_paged import TorchPagedAttention
 from kernels.linear import RowPaths
 from services.engine.decode_graphs import GraphOptions, build_decode_graphs
 from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
-
-log = structlog.get_logger(__name__)
 
 DETERMINISTIC_ATTENTION = "cpu_fixed_order"
 """The attention backend of the deterministic mode: one reduction order per query, whatever its step."""
@@ -100,20 +96,16 @@ class ModelRunner:
 
 def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
     """The backend ``name`` ("auto" by default) builds for the model's device. A model with sliding-window
-    layers needs one that takes a window: "auto" then falls back to the torch backend (logged); a backend named
-    that has none is refused (``ValueError`` naming it)."""
+    layers needs one that takes a window (every backend "auto" picks does); another is refused, naming it
+    (``ValueError``)."""
     attention = create_backend(name, model.device)
     if not model.config.has_windows or attention.supports_window:
         return attention
-    if name == DETERMINISTIC_ATTENTION:
-        raise ValueError(f"the deterministic mode's attention ({name}) has no sliding window, which this "
-                         "model's layers use")
-    if name not in (None, "auto"):
-        raise ValueError(f"attention backend {name!r} has no sliding-window attention, which this model's "
-                         f"layers use; use 'torch' (or 'auto')")
-    log.info("attention: the model has sliding-window layers, which this backend does not take; using torch",
-             backend=attention.name)
-    return create_backend(TorchPagedAttention.name, model.device)
+    if model.deterministic:
+        raise ValueError(f"the deterministic mode's attention ({attention.name}) has no sliding window, which "
+                         "this model's layers use")
+    raise ValueError(f"attention backend {attention.name!r} has no sliding-window attention, which this model's "
+                     "layers use; use 'auto', 'torch', 'cpu_native' or 'flashinfer'")
 
 
 def _row_paths(batch: StepBatch, device: torch.device) -> RowPaths:

@@ -51,3 +51,8 @@ def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_eve
     assert weight_bytes(cfg, 2) == 2 * matrices
     assert floor_ms(cfg, 1e9, 1, 0) == pytest.approx(2 * matrices / 1e6)
     assert floor_ms(cfg, 1e9, 4, 10) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(40 * cfg.kv_bytes_per_token(2) / 1e6)
+    if cfg.has_windows:  # past the window, the sliding layers' KV stops growing: Gemma 3's five layers of six
+        full = sum(w is None for w in cfg.layer_windows)
+        per_layer = cfg.kv_bytes_per_token(2) / cfg.num_layers
+        assert floor_ms(cfg, 1e9, 1, 4096) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(
+            (full * 4096 + (cfg.num_layers - full) * 512) * per_layer / 1e6)

@@ -108,10 +108,11 @@ def test_llama3_rope_scaling_is_what_makes_it_exact(family_dir, bundled_tokenize
     assert outputs["unscaled"] != expected
 
 
-def test_mistral_is_served_up_to_its_sliding_window(family_dir):
+def test_mistral_is_served_past_its_sliding_window(family_dir):
+    """Mistral-7B-v0.1's window (4096 of 32768) holds on every layer, served exactly: the context is not capped."""
     engine = _engine(family_dir("mistral"))
-    assert engine.model.config.sliding_window == 512
-    assert engine.max_model_len == 512  # max_position_embeddings is 4096; past the window attention differs
+    assert engine.model.config.layer_windows == (24,) * 3
+    assert engine.max_model_len == 4096
 
 
 def test_generation_config_adds_its_eos_ids(family_dir, tmp_path):

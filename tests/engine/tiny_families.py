@@ -31,11 +31,14 @@ FAMILIES: dict[str, dict] = {
                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024)),
     "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
-    "mistral": dict(model_type="mistral", head_dim=32, sliding_window=512, rope_theta=1000000.0,
+    # Mistral-7B-v0.1: a window on every layer (4096 there; 24 here, so the test prompts cross it)
+    "mistral": dict(model_type="mistral", head_dim=32, sliding_window=24, rope_theta=1000000.0,
                     tie_word_embeddings=False),
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                       rope_theta=1000000.0, tie_word_embeddings=False),
+    # Phi-3/Phi-4: fused qkv_proj and gate_up_proj; a window on every layer as Phi-3-mini-4k has (2047 there)
+    "phi3": dict(model_type="phi3", sliding_window=24, rope_theta=250000.0, tie_word_embeddings=False),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
     # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
     # softcap: as in Google's files; transformers' multimodal class would not apply one)

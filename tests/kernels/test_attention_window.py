@@ -10,7 +10,7 @@ import torch
 from paged_attention_oracle import TOLERANCE, make_sequences, oracle
 
 from kernels.attention import TorchPagedAttention
-from kernels.attention.registry import create_backend
+from kernels.attention.registry import BackendUnavailableError, create_backend
 
 HEAD_DIM, BLOCK_SIZE, HEADS = 16, 4, (8, 2)
 
@@ -56,6 +56,34 @@ def test_mixed_step_of_prefills_and_decodes() -> None:
 def test_backends_declare_whether_they_take_a_window() -> None:
     assert create_backend("torch", "cpu").supports_window
     assert not create_backend("cpu_fixed_order", "cpu").supports_window
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_backend_runs_full_layers_in_its_kernel_and_windowed_ones_on_torch(dtype) -> None:
+    """Full and windowed layers alternate over the same step (mixed: decodes and a prefill after a prefix)."""
+    from kernels.attention.native_cpu import NativeCpuAttention
+
+    try:
+        backend = create_backend("cpu_native", "cpu")
+    except BackendUnavailableError as exc:  # no compiler here: the kernel's own tests skip too
+        pytest.skip(f"cpu_native unavailable: {exc}")
+    assert isinstance(backend, NativeCpuAttention) and backend.supports_window
+    kernel_calls, kernel = [], backend._decode
+    backend._decode = lambda *args: kernel_calls.append(1) or kernel(*args)
+    query_lens, seq_lens = [1, 12, 1, 1], [33, 40, 9, 70]
+    context = [s - q for q, s in zip(query_lens, seq_lens, strict=True)]
+    scale = HEAD_DIM**-0.5
+    tables = None
+    for layer, window in enumerate([None, 10, None, 10, 3]):
+        seqs = make_sequences(seq_lens, context, HEADS[1], HEAD_DIM, BLOCK_SIZE, dtype, seed=layer, tables=tables)
+        meta, q, k, v = seqs.step(query_lens, seq_lens, HEADS[0], seed=10 + layer)
+        if tables is None:  # one plan for the step: every layer's cache has the same block tables
+            tables = seqs.tables
+            backend.plan(meta)
+        out = backend.forward(q, k, v, seqs.cache, scale, **({} if window is None else {"window": window}))
+        expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window)
+        torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
+    assert len(kernel_calls) == 2  # the full layers' decodes
 
 
 def test_a_windowed_decode_group_gathers_only_the_blocks_of_its_windows() -> None:

@@ -53,7 +53,7 @@ class ModelConfig:
     head_dim: int
     rope_theta: float
     rms_norm_eps: float
-    max_position: int  # the longest sequence served exactly (capped at a sliding window, see the loaders)
+    max_position: int  # the longest sequence served exactly
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -62,11 +62,10 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False  # RMSNorm over each head of q and k before rope (Qwen3)
-    sliding_window: int | None = None  # the checkpoint's window (max_position is capped at it)
     moe: MoEConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None
-    for full attention; empty: every layer full. Unlike ``sliding_window``, served exactly at any length."""
+    for full attention; empty: every layer full. Served exactly at any length."""
     gemma: GemmaConfig | None = None
 
     def __post_init__(self) -> None:

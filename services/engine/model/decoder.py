@@ -123,12 +123,22 @@ class DecoderModel:
         return prepare_linear(dense, int4=codes, int4_max_rows=self.int4_max_rows, bias=fused_bias,
                               row_block=self._row_block, prompt_rows=by_row_kind)
 
+    def _qkv_parts(self, a: str) -> list[tuple[str, tuple[int, int]]]:
+        """The checkpoint tensors (name, shape) of a layer's q, k and v rows, in that order (``a``: the
+        attention's prefix); a family that stores them fused names its one tensor."""
+        cfg, hidden = self.config, self.config.hidden_size
+        return [(a + "q_proj.weight", (cfg.q_size, hidden)), (a + "k_proj.weight", (cfg.kv_size, hidden)),
+                (a + "v_proj.weight", (cfg.kv_size, hidden))]
+
+    def _gate_up_parts(self, p: str) -> list[tuple[str, tuple[int, int]]]:
+        """The checkpoint tensors of a dense MLP's gate rows, then its up rows (``p``: the layer's prefix)."""
+        inter, hidden = self.config.intermediate_size, self.config.hidden_size
+        return [(p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden))]
+
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
         hidden, a = cfg.hidden_size, p + "self_attn."
-        qkv = self._projection([(a + "q_proj.weight", (cfg.q_size, hidden)),
-                                (a + "k_proj.weight", (cfg.kv_size, hidden)),
-                                (a + "v_proj.weight", (cfg.kv_size, hidden))], bias=cfg.qkv_bias)
+        qkv = self._projection(self._qkv_parts(a), bias=cfg.qkv_bias)
         layer = LayerWeights(
             input_norm=take(p + "input_layernorm.weight", (hidden,)),
             qkv=qkv,
@@ -142,10 +152,8 @@ class DecoderModel:
         if cfg.is_sparse_layer(i):
             layer.moe = self._experts(p + "mlp.")
         else:
-            inter = cfg.intermediate_size
-            layer.gate_up = self._projection([(p + "mlp.gate_proj.weight", (inter, hidden)),
-                                              (p + "mlp.up_proj.weight", (inter, hidden))])
-            layer.down = self._projection([(p + "mlp.down_proj.weight", (hidden, inter))])
+            layer.gate_up = self._projection(self._gate_up_parts(p))
+            layer.down = self._projection([(p + "mlp.down_proj.weight", (hidden, cfg.intermediate_size))])
         return layer
 
     def _experts(self, p: str) -> MoEWeights:
@@ -198,7 +206,7 @@ class DecoderModel:
         hidden, delta = F.embedding(input_ids, self.embed), None
         rope = ops.rope.prepare(positions)
         num_tokens = input_ids.shape[0]
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, hidden = ops.add_rms_norm(delta, hidden, layer.input_norm, eps)
             q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
@@ -208,7 +216,10 @@ class DecoderModel:
                 k = rms_norm(k, layer.k_norm, eps)
             q, k = ops.rope(q, k, rope)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            attn = attention.forward(q, k, v, kv_cache, self.scale)
+            if (window := cfg.window(i)) is None:
+                attn = attention.forward(q, k, v, kv_cache, self.scale)
+            else:
+                attn = attention.forward(q, k, v, kv_cache, self.scale, window=window)
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
             x, hidden = ops.add_rms_norm(o, hidden, layer.post_norm, eps)
             delta = self._mlp(x, layer, paths)

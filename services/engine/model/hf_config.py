@@ -4,14 +4,11 @@ refusals that name the field for anything pdserve would otherwise serve wrong.""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from kernels.rope_scaling import RopeScaling, UnsupportedRopeError
 from services.engine.errors import ModelLoadError
-
-log = logging.getLogger(__name__)
 
 
 def required(cfg: Mapping[str, Any], name: str) -> Any:
@@ -61,20 +58,14 @@ def eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
 
 
-def served_length(cfg: Mapping[str, Any], window: int | None) -> int:
-    """The longest sequence served exactly: ``max_position_embeddings``, capped at a sliding window (every
-    token then sees its whole context, as full attention; the cap is logged). Dynamic NTK rope equals plain
-    rope up to ``max_position_embeddings`` (transformers rescales only past it), so it needs no cap."""
-    length = int(required(cfg, "max_position_embeddings"))
-    if window is not None and window < length:
-        log.warning("sliding_window %d: serving at most %d tokens (max_position_embeddings %d), where full "
-                    "attention equals the window", window, window, length)
-        length = window
-    return length
+def served_length(cfg: Mapping[str, Any]) -> int:
+    """The longest sequence served exactly: ``max_position_embeddings``. Dynamic NTK rope equals plain rope up to
+    it (transformers rescales only past it), so it needs no cap; a sliding window is served exactly
+    (``ModelConfig.layer_windows``)."""
+    return int(required(cfg, "max_position_embeddings"))
 
 
-def base_fields(cfg: Mapping[str, Any], architecture: str, window: int | None = None,
-                check_mlp: bool = True) -> dict[str, Any]:
+def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = True) -> dict[str, Any]:
     """The fields of :class:`ModelConfig` a Llama-shaped ``config.json`` gives, for a family to extend
     (``check_mlp``: refuse an activation other than SiLU, and MLP biases; a family with its own MLP checks it)."""
     if check_mlp and cfg.get("hidden_act", "silu") != "silu":
@@ -97,21 +88,30 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, window: int | None = 
         rope_theta=theta,
         rope_scaling=scaling,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position=served_length(cfg, window),
-        sliding_window=window,
+        max_position=served_length(cfg),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=None if cfg.get("bos_token_id") is None else int(cfg["bos_token_id"]),
         eos_token_ids=eos_ids(cfg.get("eos_token_id")),
     )
 
 
-def qwen_window(cfg: Mapping[str, Any]) -> int | None:
-    """Qwen2/Qwen3's window: only with ``use_sliding_window`` (and then on layers past ``max_window_layers``)."""
-    if not cfg.get("use_sliding_window") or cfg.get("sliding_window") is None:
-        return None
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    if layer_types is None and int(cfg.get("max_window_layers", 0)) >= int(required(cfg, "num_hidden_layers")):
-        return None
-    return int(cfg["sliding_window"])
+def every_layer_window(cfg: Mapping[str, Any], max_position: int) -> tuple[int | None, ...]:
+    """``ModelConfig.layer_windows`` of a checkpoint whose ``sliding_window`` holds on every layer (Mistral,
+    Phi-3): empty where there is none, or where it is no shorter than the context (it then hides nothing)."""
+    window = cfg.get("sliding_window")
+    if window is None or int(window) >= max_position:
+        return ()
+    return (int(window),) * int(required(cfg, "num_hidden_layers"))
+
+
+def qwen_layer_windows(cfg: Mapping[str, Any], max_position: int) -> tuple[int | None, ...]:
+    """Qwen2/Qwen3's windows, as transformers sets them: only with ``use_sliding_window``, on the layers that
+    ``layer_types`` names ``sliding_attention`` (by default those from ``max_window_layers`` on)."""
+    window = cfg.get("sliding_window")
+    if not cfg.get("use_sliding_window") or window is None or int(window) >= max_position:
+        return ()
+    layers = int(required(cfg, "num_hidden_layers"))
+    first = int(cfg.get("max_window_layers", 28))
+    kinds = cfg.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    windows = tuple(int(window) if kind == "sliding_attention" else None for kind in kinds)
+    return windows if any(w is not None for w in windows) else ()

@@ -7,13 +7,14 @@ from typing import Any
 
 from services.engine.model.config import ModelConfig
 from services.engine.model.gguf_config import gguf_base_fields
-from services.engine.model.hf_config import base_fields, qwen_window
+from services.engine.model.hf_config import base_fields, qwen_layer_windows
 
 ARCHITECTURE = "qwen2"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    return ModelConfig(**base_fields(cfg, ARCHITECTURE, window=qwen_window(cfg)), qkv_bias=True)
+    fields = base_fields(cfg, ARCHITECTURE)
+    return ModelConfig(**fields, qkv_bias=True, layer_windows=qwen_layer_windows(cfg, fields["max_position"]))
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

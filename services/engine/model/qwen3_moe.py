@@ -8,7 +8,7 @@ from typing import Any
 
 from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
-from services.engine.model.hf_config import base_fields, qwen_window, required
+from services.engine.model.hf_config import base_fields, every_layer_window, required
 
 ARCHITECTURE = "qwen3_moe"
 GGUF_ARCHITECTURE = "qwen3moe"
@@ -19,7 +19,7 @@ def sparse_layers(num_layers: int, step: int, dense_only: list[int]) -> tuple[in
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    fields = base_fields(cfg, ARCHITECTURE, window=qwen_window(cfg))
+    fields = base_fields(cfg, ARCHITECTURE)
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or required(cfg, "num_experts"))
     moe = MoEConfig(
         num_experts=experts, top_k=int(required(cfg, "num_experts_per_tok")),
@@ -29,7 +29,9 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                                     list(cfg.get("mlp_only_layers") or [])),
     )
     bias = bool(cfg.get("attention_bias", False))
-    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, moe=moe)
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, moe=moe,
+                       layer_windows=every_layer_window(cfg, fields["max_position"]) if cfg.get("use_sliding_window")
+                       else ())  # transformers' Qwen3-MoE: the window holds on every layer
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

@@ -35,7 +35,7 @@ from services.engine.weights.loader import LoadedWeights
 log = structlog.get_logger(__name__)
 
 CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
-VERSION = 1  # of the entry's layout; bumped when it or the loader's output changes
+VERSION = 2  # of the entry's layout; bumped when it or the loader's output changes
 _Q4 = ("q4.codes.", "q4.scales.", "q4.offsets.")
 
 

@@ -1,0 +1,79 @@
+"""Published config files read into the right sliding windows (per layer, as transformers sets them) beyond the
+family test's parity: Phi-3/Phi-4, Mistral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen3-MoE; and what pdserve
+does not compute (longrope, a partial rotary) is refused by name. Gemma 3's: ``test_gemma3.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.registry import config_from_hf
+
+# microsoft/phi-4 and microsoft/Phi-3-mini-4k-instruct's config.json, as published
+PHI4 = {
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 100257,
+    "embd_pdrop": 0.0, "eos_token_id": 100265, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+    "intermediate_size": 17920, "max_position_embeddings": 16384, "model_type": "phi3", "num_attention_heads": 40,
+    "num_hidden_layers": 40, "num_key_value_heads": 10, "original_max_position_embeddings": 16384,
+    "pad_token_id": 100349, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 250000,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 100352,
+}
+PHI3_MINI_4K = {
+    "architectures": ["Phi3ForCausalLM"], "bos_token_id": 1, "eos_token_id": 32000, "hidden_act": "silu",
+    "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096, "pad_token_id": 32000, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064,
+}
+
+
+def test_phi4_is_the_plain_decoder_with_fused_projections():
+    cfg = config_from_hf(PHI4)
+    shape = (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    assert shape == ("phi3", 40, 40, 10, 128)
+    assert not cfg.has_windows and cfg.max_position == 16384 and cfg.rope_theta == 250000
+
+
+def test_phi3_mini_4k_has_its_window_on_every_layer_and_keeps_its_whole_context():
+    cfg = config_from_hf(PHI3_MINI_4K)
+    assert cfg.layer_windows == (2047,) * 32 and cfg.max_position == 4096
+
+
+def test_a_window_past_the_context_is_no_window():
+    assert not config_from_hf(PHI4 | {"sliding_window": 262144}).has_windows
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}, "longrope"),
+    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+])
+def test_phi35_and_phi4_mini_features_are_refused_by_name(change, named):
+    with pytest.raises(ModelLoadError, match=named):
+        config_from_hf(PHI3_MINI_4K | change)
+
+
+LLAMA_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 1000}
+
+
+def test_mistral_7b_v01_has_its_window_on_every_layer_and_later_mistrals_none():
+    v01 = config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": 4096})
+    assert v01.layer_windows == (4096,) * 4 and v01.max_position == 32768
+    assert not config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": None}).has_windows
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_windows_hold_from_max_window_layers_on_and_only_with_use_sliding_window(model_type):
+    qwen = LLAMA_SHAPE | {"model_type": model_type, "sliding_window": 4096, "max_window_layers": 2}
+    assert not config_from_hf(qwen).has_windows  # use_sliding_window defaults to false (every Qwen release)
+    assert config_from_hf(qwen | {"use_sliding_window": True}).layer_windows == (None, None, 4096, 4096)
+    kinds = ["sliding_attention", "full_attention"] * 2
+    assert config_from_hf(qwen | {"use_sliding_window": True, "layer_types": kinds}).layer_windows == \
+        (4096, None, 4096, None)
+
+
+def test_qwen3_moe_window_holds_on_every_layer():
+    moe = LLAMA_SHAPE | {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                         "moe_intermediate_size": 32, "sliding_window": 4096}
+    assert not config_from_hf(moe).has_windows
+    assert config_from_hf(moe | {"use_sliding_window": True}).layer_windows == (4096,) * 4
