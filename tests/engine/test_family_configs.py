@@ -60,6 +60,28 @@ def test_mistral_7b_v01_has_its_window_on_every_layer_and_later_mistrals_none():
     v01 = config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": 4096})
     assert v01.layer_windows == (4096,) * 4 and v01.max_position == 32768
     assert not config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": None}).has_windows
+    assert config_from_hf(LLAMA_SHAPE | {"model_type": "mistral"}).layer_windows == (4096,) * 4  # transformers'
+
+
+def test_windows_no_shorter_than_the_served_context_are_dropped():
+    """A node capped at 4096 tokens serves Mistral-7B-v0.1 without windows (they hide nothing there)."""
+    v01 = config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": 4096})
+    assert not v01.windows_within(4096).has_windows and v01.windows_within(4097).layer_windows == (4096,) * 4
+    assert v01.windows_within(None) == v01
+    gemma_like = v01.__class__(**{**vars(v01), "layer_windows": (512, None, 512, None)})
+    assert gemma_like.windows_within(512).layer_windows == ()
+    assert gemma_like.windows_within(513).layer_windows == (512, None, 512, None)
+
+
+def test_a_node_capped_below_the_window_keeps_the_deterministic_mode_and_the_cpu_kernel(family_dir):
+    from services.engine.config import EngineConfig
+    from services.engine.engine import LLMEngine
+
+    settings = dict(model_path=str(family_dir("mistral")), dtype="float32", num_kv_blocks=16, max_model_len=24)
+    capped = LLMEngine.from_config(EngineConfig(**settings))
+    assert not capped.model.config.has_windows and capped.max_model_len == 24
+    deterministic = LLMEngine.from_config(EngineConfig(**settings, deterministic=True))
+    assert deterministic.runner.attention.name == "cpu_fixed_order"
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])

@@ -85,7 +85,8 @@ def test_multimodal_tensor_names_map_to_the_text_model_and_the_vision_tower_is_n
 
 
 def _engine(path, **overrides) -> LLMEngine:
-    return LLMEngine.from_config(EngineConfig(model_path=str(path), dtype="float32", num_kv_blocks=64, **overrides))
+    settings = dict(model_path=str(path), dtype="float32", num_kv_blocks=64)
+    return LLMEngine.from_config(EngineConfig(**(settings | overrides)))
 
 
 def test_auto_attention_takes_a_backend_with_windows_and_graphs_stay_off(family_dir):
@@ -102,6 +103,11 @@ def test_auto_attention_takes_a_backend_with_windows_and_graphs_stay_off(family_
 def test_a_backend_without_windows_is_refused_by_name(family_dir, overrides, named):
     with pytest.raises(ValueError, match=named):
         _engine(family_dir("gemma3"), **overrides)
+
+
+def test_float16_is_refused(family_dir):
+    with pytest.raises(ModelLoadError, match="float16"):
+        _engine(family_dir("gemma3"), dtype="float16")
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])

@@ -30,8 +30,10 @@ def run_windowed(query_lens: list[int], seq_lens: list[int], window: int, dtype:
     torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
     torch.testing.assert_close(full.double(), oracle(q, seqs, query_lens, seq_lens, scale), atol=TOLERANCE[dtype],
                                rtol=0)
-    if window < max(seq_lens) - 1:  # the window hides something: the two layers differ
+    if window < max(seq_lens):  # the window hides something from some query: the two layers differ
         assert not torch.allclose(out, full)
+    else:
+        assert torch.equal(out, full)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -40,6 +42,13 @@ def test_prefill_from_scratch_and_after_a_prefix(window: int, dtype: torch.dtype
     run_windowed([37], [37], window, dtype)
     run_windowed([20], [50], window, dtype, seed=1)
     run_windowed([3, 9], [4, 24], window, dtype, seed=2)
+
+
+@pytest.mark.parametrize("length", [36, 37])  # the window one short of the sequence, and equal to it
+def test_a_window_at_the_length_of_the_sequence(length: int) -> None:
+    run_windowed([37], [37], length, torch.float32)  # prefill: only the last query misses position 0 at 36
+    run_windowed([1], [37], length, torch.float32, seed=1)
+    run_windowed([1, 1], [37, 20], length, torch.float32, seed=2)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "bag"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
@@ -100,6 +100,14 @@ class ModelConfig:
     @property
     def has_windows(self) -> bool:
         return any(w is not None for w in self.layer_windows)
+
+    def windows_within(self, max_len: int | None) -> ModelConfig:
+        """This config served at most ``max_len`` tokens (None: ``max_position``): a window that long or longer
+        hides nothing there and is dropped, so that such a model keeps what windows cost (the CPU kernel on
+        every layer, CUDA graphs, the deterministic mode). The KV is the same either way."""
+        length = min(max_len or self.max_position, self.max_position)
+        windows = tuple(None if w is None or w >= length else w for w in self.layer_windows)
+        return replace(self, layer_windows=windows if any(w is not None for w in windows) else ())
 
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.sparse_layers

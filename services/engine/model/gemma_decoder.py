@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from kernels.int4_linear import GroupQuantized
 from kernels.linear import RowPaths, linear
 from kernels.rope import RotaryEmbedding
+from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.decoder import DecoderModel, LayerWeights
 
@@ -53,6 +54,9 @@ class GemmaDecoderModel(DecoderModel):
                  int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
                  flashinfer_module: ModuleType | None = None, grouped_experts: bool | None = None):
         assert config.gemma is not None, "GemmaDecoderModel needs a Gemma config"
+        if dtype == torch.float16:  # vLLM refuses it too: Gemma's activations overflow float16
+            raise ModelLoadError("gemma3 is not served in float16 (its activations overflow it); use bfloat16 or "
+                                 "float32")
         super().__init__(config, tensors, dtype, device, quantized, int4_max_rows, deterministic, fused_ops=False,
                          flashinfer_module=flashinfer_module, grouped_experts=grouped_experts)
         self.final_norm = offset_norm_weight(self.final_norm)

@@ -95,10 +95,13 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
     )
 
 
-def every_layer_window(cfg: Mapping[str, Any], max_position: int) -> tuple[int | None, ...]:
+def every_layer_window(cfg: Mapping[str, Any], max_position: int, default: int | None = None
+                       ) -> tuple[int | None, ...]:
     """``ModelConfig.layer_windows`` of a checkpoint whose ``sliding_window`` holds on every layer (Mistral,
-    Phi-3): empty where there is none, or where it is no shorter than the context (it then hides nothing)."""
-    window = cfg.get("sliding_window")
+    Phi-3): empty where there is none, or where it is no shorter than the context (it then hides nothing).
+    ``default``: transformers' value where the key is absent (Mistral's 4096; null, as every release writes
+    it, is none)."""
+    window = cfg.get("sliding_window", default)
     if window is None or int(window) >= max_position:
         return ()
     return (int(window),) * int(required(cfg, "num_hidden_layers"))
@@ -106,8 +109,9 @@ def every_layer_window(cfg: Mapping[str, Any], max_position: int) -> tuple[int |
 
 def qwen_layer_windows(cfg: Mapping[str, Any], max_position: int) -> tuple[int | None, ...]:
     """Qwen2/Qwen3's windows, as transformers sets them: only with ``use_sliding_window``, on the layers that
-    ``layer_types`` names ``sliding_attention`` (by default those from ``max_window_layers`` on)."""
-    window = cfg.get("sliding_window")
+    ``layer_types`` names ``sliding_attention`` (by default those from ``max_window_layers`` on; an absent
+    ``sliding_window`` is transformers' 4096)."""
+    window = cfg.get("sliding_window", 4096)
     if not cfg.get("use_sliding_window") or window is None or int(window) >= max_position:
         return ()
     layers = int(required(cfg, "num_hidden_layers"))

@@ -14,4 +14,4 @@ ARCHITECTURE = "mistral"
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     fields = base_fields(cfg, ARCHITECTURE)
-    return ModelConfig(**fields, layer_windows=every_layer_window(cfg, fields["max_position"]))
+    return ModelConfig(**fields, layer_windows=every_layer_window(cfg, fields["max_position"], default=4096))

@@ -29,9 +29,9 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                                     list(cfg.get("mlp_only_layers") or [])),
     )
     bias = bool(cfg.get("attention_bias", False))
-    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, moe=moe,
-                       layer_windows=every_layer_window(cfg, fields["max_position"]) if cfg.get("use_sliding_window")
-                       else ())  # transformers' Qwen3-MoE: the window holds on every layer
+    # transformers' Qwen3-MoE: with use_sliding_window, the window (4096 when absent) holds on every layer
+    windows = every_layer_window(cfg, fields["max_position"], 4096) if cfg.get("use_sliding_window") else ()
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, moe=moe, layer_windows=windows)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
