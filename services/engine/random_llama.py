@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.config import GemmaConfig, ModelConfig, MoEConfig
 from services.engine.model.decoder import DecoderModel
+from services.engine.model.registry import model_class
 
 
 def _config(name: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
@@ -44,14 +45,24 @@ PRESETS: dict[str, ModelConfig] = {
     # Llama-3.1-8B's KV layout (32 layers of 8 KV heads of 128: 128 KiB a token in bf16) on small weights:
     # what the KV transfer bench moves, in a checkpoint small enough to write there
     "kv-llama-8b": replace(_config("random-kv-llama-8b", 4096, 512, 1024, 32, 8, 8, 500000.0, False), head_dim=128),
+    # Gemma-3-12B's text model (48 layers, 16/8 heads of 256, a window of 1024 on five layers of six; 23 GB of
+    # bf16 weights): the GPU benchmark's sliding-window shape (decode_graphs leave it eager)
+    "gemma3-12b": replace(_config("random-gemma3-12b", 262208, 3840, 15360, 48, 16, 8, 1000000.0, True),
+                          architecture="gemma3", qk_norm=True, head_dim=256,
+                          layer_windows=tuple(None if (i + 1) % 6 == 0 else 1024 for i in range(48)),
+                          gemma=GemmaConfig(query_pre_attn_scalar=256, local_rope_theta=10000.0)),
+    "tiny-gemma3": replace(_config("random-tiny-gemma3", 512, 128, 256, 3, 4, 2, 10000.0, True, max_position=2048),
+                           architecture="gemma3", qk_norm=True, layer_windows=(16, None, 16),
+                           gemma=GemmaConfig(query_pre_attn_scalar=32, local_rope_theta=10000.0)),
 }
-"""``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b`` nor the MoE: no Llama tensors)."""
+"""``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b``, the MoE nor Gemma: no Llama tensors)."""
 
 
 def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                    seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
     """Hugging Face-named Llama tensors, N(0, std) weights and unit norms (drawn on ``device``); a sparse
-    layer's router and experts in transformers 5's stacked layout (``mlp.experts.gate_up_proj``)."""
+    layer's router and experts in transformers 5's stacked layout (``mlp.experts.gate_up_proj``); a Gemma
+    layer's two MLP norms too (Gemma scales by ``1 + weight``: its norms are zeros)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config.hidden_size, config.intermediate_size
 
@@ -84,16 +95,21 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
         if config.qk_norm:
             tensors |= {p + "self_attn.q_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device),
                         p + "self_attn.k_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device)}
+        if config.gemma is not None:
+            tensors |= {p + "pre_feedforward_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device),
+                        p + "post_feedforward_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device)}
+    if config.gemma is not None:  # unit scales: 1 + 0
+        tensors = {name: t.zero_() if "norm" in name else t for name, t in tensors.items()}
     return tensors
 
 
 def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
                  seed: int = 0, fused_ops: bool = True,
                  grouped_experts: bool | None = None) -> DecoderModel:
-    """A ``DecoderModel`` with random weights, drawn directly on ``device`` in ``dtype`` (``fused_ops``,
-    ``grouped_experts``: see ``DecoderModel``)."""
-    return DecoderModel(config, random_tensors(config, dtype, device, seed), dtype, device, fused_ops=fused_ops,
-                        grouped_experts=grouped_experts)
+    """A ``DecoderModel`` (the family's class) with random weights, drawn directly on ``device`` in ``dtype``
+    (``fused_ops``, ``grouped_experts``: see ``DecoderModel``)."""
+    return model_class(config.architecture)(config, random_tensors(config, dtype, device, seed), dtype, device,
+                                            fused_ops=fused_ops, grouped_experts=grouped_experts)
 
 
 def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:

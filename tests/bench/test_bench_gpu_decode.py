@@ -22,3 +22,14 @@ def test_a_batch_prefilled_over_many_steps_is_timed_whole() -> None:
 def test_the_mean_context_counts_the_tokens_decoded_during_prefill() -> None:
     assert mean_context(batch=128, prompt_len=1024, steps=32, max_batched_tokens=8192) == 1024 + 8 + 3 + 16
     assert mean_context(batch=1, prompt_len=1024, steps=32, max_batched_tokens=8192) == 1024 + 0 + 3 + 16
+
+
+def test_a_sliding_window_model_is_timed_eagerly_when_graphs_are_asked_for() -> None:
+    """The Gemma 3 shapes (``gemma3-12b`` on a GPU): the graphs leave a windowed model eager, and the harness
+    says so (``replayed`` False) instead of failing; prompts of 32 cross the tiny preset's window of 16."""
+    model = random_model(PRESETS["tiny-gemma3"], torch.bfloat16, "cpu", seed=1)
+    assert type(model).__name__ == "GemmaDecoderModel" and model.config.has_windows
+    for graphs in (False, True):
+        ms, backend, replayed = decode_step_ms(model, batch=4, prompt_len=32, steps=2, attention=None,
+                                               max_batched_tokens=64, graphs=graphs)
+        assert ms > 0 and backend and not replayed
