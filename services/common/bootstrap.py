@@ -20,7 +20,7 @@ import structlog
 from services.common.config import build_config
 from services.common.keepalive import set_keepalive
 from services.common.logging import setup_logging
-from services.common.server import NodeServer, run
+from services.common.server import NodeServer, ignore_sigint_if_launched, run
 from services.common.server_config import ServerConfig
 from services.common.tls.channels import set_identity
 from services.common.tracing import setup_tracing, shutdown_tracing
@@ -39,6 +39,7 @@ def run_service(config_type: type[C], argv: Sequence[str] | None, *, module: str
     (``tracing_name``: the service name its spans carry; off unless ``OTEL_TRACES_EXPORTER`` is set) →
     ``before_serve()`` → ``serve(config)`` until SIGTERM/SIGINT. Returns the exit code (0); failures exit
     through ``server.run``."""
+    ignore_sigint_if_launched()
     config = build_config(config_type, argv, prog=f"python -m {module}")
     setup_logging(config.log_level, config.log_format)
     set_keepalive(config.keepalive_s, config.keepalive_timeout_s)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.ports import wait_for_port_file, wait_until_serving
+from services.common.server import IGNORE_SIGINT
 from services.common.tls.identity import Identity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -99,8 +100,11 @@ def launch(
         port_file = Path(tmp) / "port"
         command = [sys.executable, "-m", module, "--listen", f"{host}:0", "--port-file", str(port_file),
                    *args]
-        process = subprocess.Popen(command, cwd=cwd or REPO_ROOT, env={**os.environ, **(env or {})},
-                                   stdout=stdout, stderr=stderr)
+        # IGNORE_SIGINT: a terminal's Ctrl-C (SIGINT to its whole foreground group) is for the launcher, which
+        # stops its services in order with one SIGTERM each; a SIGINT of their own would be a second signal,
+        # which cuts a drain short (SIGTERM from elsewhere, a timeout's, still stops them)
+        process = subprocess.Popen(command, cwd=cwd or REPO_ROOT,
+                                   env={**os.environ, IGNORE_SIGINT: "1", **(env or {})}, stdout=stdout, stderr=stderr)
         plain = "--insecure" in args or (env or {}).get("PDSERVE_INSECURE", "").lower() in ("1", "true", "yes")
         node = ServiceProcess(module, process, address="", port_file=port_file, host=host,
                               identity=None if plain else identity, given_role=role)

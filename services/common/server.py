@@ -49,6 +49,18 @@ from services.engine.errors import EngineError
 
 log = structlog.get_logger(__name__)
 
+IGNORE_SIGINT = "PDSERVE_IGNORE_SIGINT"
+"""Set to 1 by a launcher (``services.common.launch``) in its services' environment: they ignore SIGINT."""
+
+
+def ignore_sigint_if_launched() -> None:
+    """A launcher's service ignores SIGINT: a terminal's Ctrl-C reaches the whole foreground process group, and
+    the launcher stops its services itself, in order, with one SIGTERM each; a SIGINT of their own would be a
+    second stop request, which skips the rest of a drain."""
+    if os.environ.get(IGNORE_SIGINT) == "1":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 
@@ -279,13 +291,15 @@ class NodeServer:
         global _started
         _started = True  # past startup: what fails from now on is reported with its traceback (run())
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGINT ignored (a launcher's service, see ignore_sigint_if_launched) stays ignored
+        signals = [signal.SIGTERM] + ([] if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else [signal.SIGINT])
+        for sig in signals:
             loop.add_signal_handler(sig, self.request_stop)
         try:
             await self._stop_requested.wait()
             await self.shutdown()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
 
     async def shutdown(self) -> None:

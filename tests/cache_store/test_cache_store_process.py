@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.cache_store.keys import MAX_KEYS_PER_CALL
 from services.common.launch import ServiceProcess, launch
-from services.common.server import grpc_options
+from services.common.ports import wait_for_port_file
+from services.common.server import IGNORE_SIGINT, grpc_options
 from services.common.tls.channels import open_sync_channel
 from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
 from tests.tls_identities import session_root
@@ -206,6 +208,32 @@ def test_grpcurl_lists_services_and_checks_health(node):
     reply = grpcurl("-d", '{"service": "pdserve.v1.CacheStore"}', node.address, "grpc.health.v1.Health/Check")
     assert json.loads(reply) == {"status": "SERVING"}
     assert json.loads(grpcurl(node.address, "pdserve.v1.CacheStore/NodeStatus"))["role"] == "cache_store"
+
+
+def test_a_launched_service_leaves_ctrl_c_to_its_launcher():
+    """A terminal sends Ctrl-C's SIGINT to its whole foreground process group; the launcher (``make run``) stops
+    its services itself, in order, with one SIGTERM each. So a launched service ignores SIGINT (which would be a
+    second signal, cutting its drain short), and its one SIGTERM drains it as before."""
+    with launch("services.cache_store", "--log-level", "warning", stderr=subprocess.PIPE) as process:
+        process.process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert process.process.poll() is None
+        with open_sync_channel(process.address, "cache-store") as channel:
+            stub = cache_store_pb2_grpc.CacheStoreStub(channel)
+            stub.Put(put_stream([(key("k"), b"v" * 100)]), timeout=5)
+        process.process.send_signal(signal.SIGTERM)
+        assert process.process.wait(timeout=5) == 0
+        assert b"second stop request" not in process.process.stderr.read()
+
+
+def test_run_by_hand_ctrl_c_still_stops_a_service(tmp_path):
+    port_file = tmp_path / "port"
+    env = {key: value for key, value in os.environ.items() if key != IGNORE_SIGINT}
+    with subprocess.Popen([sys.executable, "-m", "services.cache_store", "--listen", "127.0.0.1:0", "--port-file",
+                           str(port_file), "--insecure", "--log-level", "warning"], env=env) as process:
+        wait_for_port_file(port_file, 20, process)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=10) == 0
 
 
 def test_sigterm_drains_and_exits_cleanly():

@@ -76,7 +76,7 @@ def cli(models):
     try:
         yield read_until_up(process, timeout_s=180)
     finally:
-        process.send_signal(signal.SIGINT)  # the CLI's Ctrl-C: every process drains and stops
+        os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C, to the whole group: the CLI stops them all
         try:
             assert process.wait(timeout=60) == 0
         finally:
