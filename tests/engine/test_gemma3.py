@@ -134,3 +134,34 @@ def test_logits_track_transformers_in_both_dtypes(family_dir, name, dtype, toler
     logits = model.forward(torch.tensor(prompt), torch.arange(60), kv, attention, torch.arange(60))
     error = ((logits - expected).abs().amax(-1) / expected.abs().amax(-1)).max()
     assert error < tolerance, f"{dtype} logits differ from transformers' by {error:.2e} of their range"
+
+
+def _gguf_fields(**overrides):
+    """llama.cpp's metadata of google/gemma-3-27b-it's GGUF (the keys its converter writes)."""
+    fields = {"general.architecture": "gemma3", "general.name": "Gemma 3 27b It", "gemma3.block_count": 62,
+              "gemma3.context_length": 131072, "gemma3.embedding_length": 5376, "gemma3.feed_forward_length": 21504,
+              "gemma3.attention.head_count": 32, "gemma3.attention.head_count_kv": 16,
+              "gemma3.attention.key_length": 128, "gemma3.attention.value_length": 128,
+              "gemma3.attention.layer_norm_rms_epsilon": 1e-6, "gemma3.rope.freq_base": 1e6,
+              "gemma3.attention.sliding_window": 1024, "gemma3.rope.scaling.type": "linear",
+              "gemma3.rope.scaling.factor": 8.0, "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+              "tokenizer.ggml.eot_token_id": 106, "pdserve.derived_vocab_size": 262208}
+    return {key: value for key, value in {**fields, **overrides}.items() if value is not None}
+
+
+def test_a_llama_cpp_file_reads_as_llama_cpp_reads_it():
+    from services.engine.model.registry import config_from_gguf
+
+    cfg = config_from_gguf(_gguf_fields())
+    assert cfg.gemma.query_pre_attn_scalar == 5376 // 32 == 168  # the 27B's, as llama.cpp hardcodes it
+    assert cfg.layer_windows == tuple(None if (i + 1) % 6 == 0 else 1024 for i in range(62))
+    assert cfg.rope_scaling.rope_type == "linear" and cfg.gemma.local_rope_theta == 1e4
+    assert cfg.eos_token_ids == (1, 106)  # <end_of_turn> ends a chat turn
+    smaller = config_from_gguf(_gguf_fields(**{"gemma3.block_count": 34, "gemma3.embedding_length": 2560,
+                                               "gemma3.attention.head_count": 8, "gemma3.attention.head_count_kv": 4,
+                                               "gemma3.attention.key_length": 256}))
+    assert smaller.gemma.query_pre_attn_scalar == 256  # head_dim
+    assert not config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window": None})).has_windows
+    own = config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window_pattern": 2,
+                                           "gemma3.rope.freq_base_swa": 5e4}))
+    assert own.layer_windows[:4] == (1024, None, 1024, None) and own.gemma.local_rope_theta == 5e4

@@ -1,5 +1,5 @@
-"""GGUF files of every GGUF family (``llama``, ``qwen2``, ``qwen3``, ``qwen3moe``), written the way llama.cpp
-writes them from tiny transformers models, load into a ``DecoderModel`` whose float32 logits equal the HF
+"""GGUF files of every GGUF family (``llama``, ``qwen2``, ``qwen3``, ``qwen3moe``, ``gemma3``), written the way
+llama.cpp writes them from tiny transformers models, load into a ``DecoderModel`` whose float32 logits equal the HF
 twin's (the twin carries the file's dequantised weights, so quantised files are held to the same bar);
 what the loader cannot serve exactly is refused with the culprit named."""
 
@@ -13,6 +13,7 @@ from kernels.int4_linear import int4_supported
 from kernels.rope_scaling import rope_frequencies
 from services.engine.errors import ModelLoadError
 from services.engine.model.decoder import DecoderModel
+from services.engine.model.registry import model_class
 from services.engine.weights import load_model_config, load_weights
 from tests.engine.tiny_gguf import (
     Q4_0,
@@ -37,6 +38,12 @@ FAMILIES = {
     "llama": dict(model_type="llama", tie_word_embeddings=True),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
     "llama3-bias": dict(model_type="llama", attention_bias=True, tie_word_embeddings=False, rope_scaling=LLAMA3),
+    # Gemma 3 as llama.cpp reads it: six layers (five sliding, window 8 < the 45 tokens), queries scaled by
+    # head_dim, the 4B+ models' linear rope scaling on the full layer
+    "gemma3": dict(model_type="gemma3_text", num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16,
+                   sliding_window=8, tie_word_embeddings=True,
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
 }
 
 
@@ -54,7 +61,7 @@ def test_gguf_forward_equals_its_hf_twin(name, quant, tmp_path):
     hf, path = _write(name, tmp_path, quant)
     weights = load_weights(path)
     assert weights.config == load_model_config(path)  # the config alone (gateway) agrees with the full load
-    model = DecoderModel(weights.config, weights.tensors, torch.float32)
+    model = model_class(weights.config.architecture)(weights.config, weights.tensors, torch.float32)
     expected, actual = hf_logits(hf, IDS), pdserve_logits(model, IDS)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=2e-5)
     assert torch.equal(actual.argmax(-1), expected.argmax(-1))
@@ -133,7 +140,7 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     for load in (load_weights, load_model_config):
-        with pytest.raises(ModelLoadError, match=r"gpt2.*supported: llama, qwen2, qwen3, qwen3moe"):
+        with pytest.raises(ModelLoadError, match=r"gpt2.*supported: llama, qwen2, qwen3, qwen3moe, gemma3"):
             load(path)
 
 

@@ -1,6 +1,7 @@
 """Tiny random-weight transformers models written as GGUF files the way llama.cpp's converter writes them
 (its tensor names from ``gguf.get_tensor_name_map``, its metadata keys, q/k rows permuted for ``llama`` only,
-experts stacked into one 3-D tensor per projection, Llama 3.1+'s ``rope_freqs``), and their HF twins whose
+experts stacked into one 3-D tensor per projection, Llama 3.1+'s ``rope_freqs``, Gemma 3's norms stored as
+``1 + weight``), and their HF twins whose
 weights are the file's dequantised values, so a float32 forward of both must agree."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
                               gguf.GGMLQuantizationType.Q4_1)
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
-GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -126,7 +127,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
         "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
         "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
-        "rope.freq_base": float(cfg.rope_parameters["rope_theta"]),
+        "rope.freq_base": float(cfg.rope_parameters.get("full_attention", cfg.rope_parameters)["rope_theta"]),
         "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
         "attention.key_length": head_dim, "attention.value_length": head_dim, "rope.dimension_count": head_dim,
     }
@@ -135,12 +136,19 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     if cfg.model_type == "qwen3_moe":
         keys.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
                      "expert_feed_forward_length": cfg.moe_intermediate_size})
+    if cfg.model_type == "gemma3_text":  # llama.cpp reads the pattern (6), local base (1e4) and scale as its own
+        keys["attention.sliding_window"] = cfg.sliding_window
+        full = cfg.rope_parameters["full_attention"]
+        if full.get("rope_type") == "linear":  # the 4B+ models' scaling, as its converter writes it
+            keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])})
     keys.update(metadata or {})
     writer.add_name(f"tiny-{arch}")
     for key, value in keys.items():
         if value is None:
             continue
-        if isinstance(value, float):
+        if isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
             writer.add_float32(f"{arch}.{key}", value)
         else:
             writer.add_uint32(f"{arch}.{key}", int(value))
@@ -153,7 +161,9 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
         qtype = quant(name)
-        stored, twin[hf_name] = _roundtrip(array, qtype)
+        offset = 1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0  # llama.cpp stores 1 + w
+        stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
+        twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
         if cfg.model_type == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             # rows are quantised independently: permuting the stored rows permutes the weight's rows
             heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads

@@ -5,7 +5,8 @@ base), served exactly at any length (:mod:`services.engine.model.gemma_decoder`)
 Both checkpoints are read: ``Gemma3ForCausalLM`` (``gemma3_text``: the 1B, and text-only exports) and the
 multimodal ``Gemma3ForConditionalGeneration`` (``gemma3``: 4B, 12B, 27B), whose text model is served and whose
 vision tower is never read (:func:`text_tensor_name`). ``config.json`` is completed with transformers' own
-defaults (``Gemma3TextConfig``), as Google's files leave most fields out.
+defaults (``Gemma3TextConfig``), as Google's files leave most fields out. llama.cpp's ``gemma3`` GGUF files too
+(:func:`config_from_gguf`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, rope_settings
 
 ARCHITECTURE = "gemma3"
+GGUF_ARCHITECTURE = "gemma3"
+LLAMA_CPP_27B_LAYERS = 62  # llama.cpp scales Gemma-3-27B's queries by hidden / heads, the others' by head_dim
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of the tanh-approximated GELU
 LAYER_TYPES = ("sliding_attention", "full_attention")
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
@@ -51,6 +55,29 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         gemma=GemmaConfig(query_pre_attn_scalar=float(text["query_pre_attn_scalar"]), local_rope_theta=local_theta,
                           final_logit_softcap=None if text.get("final_logit_softcapping") is None
                           else float(text["final_logit_softcapping"])),
+    )
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A llama.cpp ``gemma3`` file's config, read as llama.cpp reads it: the window (none without
+    ``attention.sliding_window``) on five layers of six unless ``attention.sliding_window_pattern`` says
+    otherwise, the sliding layers' rope base 10000 unless ``rope.freq_base_swa`` is set, queries scaled by
+    ``head_dim`` (Gemma-3-27B's 62 layers: ``hidden / heads``), a linear rope scaling where the file has one."""
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    layers, window = base["num_layers"], f.get("attention.sliding_window")
+    pattern = int(f.get("attention.sliding_window_pattern") or 6)
+    scalar = (base["hidden_size"] // base["num_heads"] if layers == LLAMA_CPP_27B_LAYERS else base["head_dim"])
+    softcap = f.get("final_logit_softcapping")
+    eot = fields.get("tokenizer.ggml.eot_token_id")  # <end_of_turn>, where a chat turn ends
+    eos = tuple(dict.fromkeys((*base["eos_token_ids"], *(() if eot is None else (int(eot),)))))
+    return ModelConfig(
+        **{**base, "architecture": ARCHITECTURE, "eos_token_ids": eos}, qk_norm=True,
+        layer_windows=() if not window else tuple(None if (i + 1) % pattern == 0 else int(window)
+                                                   for i in range(layers)),
+        gemma=GemmaConfig(query_pre_attn_scalar=float(scalar),
+                          local_rope_theta=float(f.get("rope.freq_base_swa") or 10000.0),
+                          final_logit_softcap=float(softcap) if softcap else None),
     )
 
 

@@ -1,10 +1,12 @@
-"""Read a GGUF file (architectures ``llama``, ``qwen2``, ``qwen3``, ``qwen3moe``) with the ``gguf`` package,
+"""Read a GGUF file (architectures ``llama``, ``qwen2``, ``qwen3``, ``qwen3moe``, ``gemma3``) with the ``gguf`` package,
 dequantise to float32 and rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama`` architecture only (its
   Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight.
+- Gemma 3's norms are stored as ``1 + weight`` (:data:`~services.engine.weights.gguf_names.NORM_OFFSETS`); the
+  1 is taken off (in float32) and its layers' own names are mapped.
 - ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is
   how llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``.
 - Whether the head is tied and whether attention has biases is read from the tensors present.
@@ -28,7 +30,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gguf_config import DERIVED_VOCAB_KEY
 from services.engine.model.registry import config_from_gguf
-from services.engine.weights.gguf_names import ROPE_FREQS, TensorRole, tensor_role
+from services.engine.weights.gguf_names import NORM_OFFSETS, ROPE_FREQS, TensorRole, tensor_role
 from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
 from services.engine.weights.loader import LoadedWeights
 
@@ -81,7 +83,9 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     """``keep_q4``: also keep the 4-bit codes of the layers' Q4_0/Q4_1 matrices (see :class:`LoadedWeights`)."""
     reader = open_gguf(path)
     roles = _roles(reader)  # every name is checked before anything is dequantised
-    config = config_from_gguf(read_fields(reader))
+    fields = read_fields(reader)
+    config = config_from_gguf(fields)
+    norm_offset = NORM_OFFSETS.get(str(fields.get("general.architecture")), 0.0)
     tensors: dict[str, torch.Tensor] = {}
     quantized: dict[str, GroupQuantized] = {}
     rope_freqs = None
@@ -106,6 +110,8 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
         heads = _rope_heads(name, config)
         if heads:
             array = unpermute_rope_rows(array, heads)
+        if norm_offset and tensor.name.endswith("norm.weight"):
+            array = array - np.float32(norm_offset)
         tensors[name] = torch.from_numpy(array)
         if keep_q4 and tensor.tensor_type in Q4_TYPES and ".layers." in name and array.ndim == 2:
             codes = decode_q4(tensor.data, tensor.tensor_type, array.shape)
@@ -116,7 +122,9 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
 
 
 def _roles(reader: GGUFReader) -> list[tuple[ReaderTensor, TensorRole]]:
-    return [(tensor, tensor_role(tensor.name)) for tensor in reader.tensors]
+    field = reader.fields.get("general.architecture")
+    architecture = "" if field is None else str(field.contents())
+    return [(tensor, tensor_role(tensor.name, architecture)) for tensor in reader.tensors]
 
 
 def _dequantize(tensor: ReaderTensor) -> np.ndarray:

@@ -43,6 +43,16 @@ _EXPERT_NAMES = {
     "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
     "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
 }
+# Where an architecture names a layer's tensors otherwise (llama.cpp's Gemma 3: ``ffn_norm`` is the norm before
+# the MLP, and the two norms after attention and the MLP are its own)
+_ARCH_LAYER_NAMES = {
+    "gemma3": {"post_attention_norm.weight": "post_attention_layernorm.weight",
+               "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+}
+NORM_OFFSETS = {"gemma3": 1.0}
+"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's ``1 + weight`` scale,
+stored whole); the loader takes it off again, as the model adds it itself."""
 # Redundant tensors, skipped: ``attn_rot_embd`` is the rotary ``inv_freq`` buffer that old conversions
 # stored per layer; the rope tables are recomputed from the metadata (as for safetensors' rotary_emb.inv_freq).
 REDUNDANT = frozenset({"attn_rot_embd"})
@@ -61,8 +71,9 @@ class TensorRole:
         return self.hf_name.format(expert)
 
 
-def tensor_role(gguf_name: str) -> TensorRole:
-    """The role of ``gguf_name``; raises :class:`ModelLoadError` for a name this loader does not know."""
+def tensor_role(gguf_name: str, architecture: str = "") -> TensorRole:
+    """The role of ``gguf_name`` in a file of ``architecture`` (its ``general.architecture``); raises
+    :class:`ModelLoadError` for a name this loader does not know."""
     if gguf_name in _GLOBAL_NAMES:
         return TensorRole("weight", _GLOBAL_NAMES[gguf_name])
     if gguf_name == ROPE_FREQS:
@@ -71,8 +82,9 @@ def tensor_role(gguf_name: str) -> TensorRole:
     if match:
         layer, rest = match.group(1), match.group(2)
         prefix = f"model.layers.{layer}."
-        if rest in _LAYER_NAMES:
-            return TensorRole("weight", prefix + _LAYER_NAMES[rest])
+        names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
+        if rest in names:
+            return TensorRole("weight", prefix + names[rest])
         if rest in _EXPERT_NAMES:
             return TensorRole("experts", prefix + _EXPERT_NAMES[rest])
         if rest in REDUNDANT:
