@@ -162,6 +162,4 @@ def test_a_llama_cpp_file_reads_as_llama_cpp_reads_it():
                                                "gemma3.attention.key_length": 256}))
     assert smaller.gemma.query_pre_attn_scalar == 256  # head_dim
     assert not config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window": None})).has_windows
-    own = config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window_pattern": 2,
-                                           "gemma3.rope.freq_base_swa": 5e4}))
-    assert own.layer_windows[:4] == (1024, None, 1024, None) and own.gemma.local_rope_theta == 5e4
+    assert not config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window": 0})).has_windows

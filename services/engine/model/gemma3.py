@@ -59,14 +59,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    """A llama.cpp ``gemma3`` file's config, read as llama.cpp reads it: the window (none without
-    ``attention.sliding_window``) on five layers of six unless ``attention.sliding_window_pattern`` says
-    otherwise, the sliding layers' rope base 10000 unless ``rope.freq_base_swa`` is set, queries scaled by
-    ``head_dim`` (Gemma-3-27B's 62 layers: ``hidden / heads``), a linear rope scaling where the file has one."""
+    """A llama.cpp ``gemma3`` file's config, read as llama.cpp's loader reads it: the window (none without
+    ``attention.sliding_window``) on five layers of six, the sliding layers' rope base 10000, queries scaled by
+    ``head_dim`` (Gemma-3-27B's 62 layers: ``hidden / heads``; both fixed in its code, not in the file), a
+    linear rope scaling where the file has one."""
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    layers, window = base["num_layers"], f.get("attention.sliding_window")
-    pattern = int(f.get("attention.sliding_window_pattern") or 6)
+    layers, window, pattern = base["num_layers"], f.get("attention.sliding_window"), 6
     scalar = (base["hidden_size"] // base["num_heads"] if layers == LLAMA_CPP_27B_LAYERS else base["head_dim"])
     softcap = f.get("final_logit_softcapping")
     eot = fields.get("tokenizer.ggml.eot_token_id")  # <end_of_turn>, where a chat turn ends
@@ -76,7 +75,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         layer_windows=() if not window else tuple(None if (i + 1) % pattern == 0 else int(window)
                                                    for i in range(layers)),
         gemma=GemmaConfig(query_pre_attn_scalar=float(scalar),
-                          local_rope_theta=float(f.get("rope.freq_base_swa") or 10000.0),
+                          local_rope_theta=10000.0,
                           final_logit_softcap=float(softcap) if softcap else None),
     )
 
