@@ -60,9 +60,10 @@ class TorchRope:
 
 
 def cos_sin_cache(rope: RotaryEmbedding) -> torch.Tensor:
-    """FlashInfer's float32 ``[max_position, head_dim]`` table (cos half, then sin half) from ``rope``'s own
-    float32 tables, so that its rope scaling (and attention factor) carries over."""
-    half = rope.head_dim // 2
+    """FlashInfer's float32 ``[max_position, rotary_dim]`` table (cos half, then sin half) from ``rope``'s own
+    float32 tables, so that its rope scaling (and attention factor) carries over; a partial rotary dim is the
+    table's width, which FlashInfer's kernel reads as the dims it rotates."""
+    half = rope.rotary_dim // 2
     return torch.cat((rope.cos[:, :half], rope.sin[:, half:]), dim=-1).contiguous()  # sin: [-sin | sin]
 
 

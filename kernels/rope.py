@@ -21,11 +21,13 @@ class RotaryEmbedding:
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float, device: torch.device | str = "cpu",
-                 scaling: RopeScaling | None = None):
-        assert head_dim % 2 == 0, f"head_dim must be even, got {head_dim}"
+                 scaling: RopeScaling | None = None, rotary_dim: int | None = None):
+        """``rotary_dim``: the leading dims of each head that rotate (a partial rotary factor; None: all)."""
+        self.rotary_dim = rotary_dim or head_dim
+        assert self.rotary_dim % 2 == 0 and self.rotary_dim <= head_dim, f"bad rotary dim {rotary_dim} of {head_dim}"
         self.head_dim = head_dim
         self.max_position = max_position
-        inv_freq, attention_factor = rope_frequencies(head_dim, theta, scaling)
+        inv_freq, attention_factor = rope_frequencies(self.rotary_dim, theta, scaling)
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         cos, sin = freqs.cos(), freqs.sin()
@@ -49,5 +51,9 @@ class RotaryEmbedding:
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables` ("rotate half":
-        ``[x1 * cos - x2 * sin | x2 * cos + x1 * sin]``)."""
-        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+        ``[x1 * cos - x2 * sin | x2 * cos + x1 * sin]``); with tables narrower than the head (a partial rotary
+        dim), its leading dims only, the rest passed through, as transformers does."""
+        rotary = cos.shape[-1]
+        if rotary < x.shape[-1]:
+            return torch.cat((RotaryEmbedding.apply(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+        return x * cos + x.roll(rotary // 2, dims=-1) * sin

@@ -4,8 +4,10 @@ A checkpoint's ``rope_scaling`` (``rope_parameters`` in newer configs) names one
 ``linear`` (positions interpolated by ``factor``), ``dynamic`` (NTK: equal to ``default`` within the
 pre-training context, which is all pdserve serves of such a model), ``llama3`` (Llama 3.1+: low frequencies
 divided by ``factor``, a smooth ramp between) and ``yarn`` (per-dimension blend of interpolation and
-extrapolation plus an attention factor on cos/sin). GGUF files of Llama 3.1+ carry the llama3 result as
-per-dimension divisors (``rope_freqs``): ``freq_factors``.
+extrapolation plus an attention factor on cos/sin) and ``longrope`` (Phi-3.5, Phi-4-mini: per-dimension
+``short_factor`` divisors and an attention factor from the context's growth; transformers switches to
+``long_factor`` past ``original_max_position_embeddings``, which pdserve does not serve of such a model). GGUF
+files of Llama 3.1+ carry the llama3 result as per-dimension divisors (``rope_freqs``): ``freq_factors``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")  # dynamic: plain rope within the context
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")  # dynamic: plain rope within the context
 
 
 class UnsupportedRopeError(ValueError):
@@ -36,13 +38,16 @@ class RopeScaling:
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn
     freq_factors: tuple[float, ...] | None = None  # GGUF rope_freqs: inv_freq is divided by these
+    short_factor: tuple[float, ...] | None = None  # longrope: inv_freq's divisors within the original context
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
             raise UnsupportedRopeError(
                 f"rope type {self.rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-        if self.rope_type in ("llama3", "yarn") and not self.original_max_position:
+        if self.rope_type in ("llama3", "yarn", "longrope") and not self.original_max_position:
             raise UnsupportedRopeError(f"rope type {self.rope_type!r} needs original_max_position_embeddings")
+        if self.rope_type == "longrope" and not self.short_factor:
+            raise UnsupportedRopeError("rope type 'longrope' needs short_factor")
         if self.factor <= 0:
             raise UnsupportedRopeError(f"rope scaling factor must be > 0, got {self.factor}")
 
@@ -90,11 +95,28 @@ def _yarn(dim: int, theta: float, s: RopeScaling) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention)
 
 
+def _longrope(dim: int, theta: float, s: RopeScaling) -> tuple[torch.Tensor, float]:
+    """transformers' longrope within the original context: the short factors, and its attention factor."""
+    assert s.short_factor is not None and s.original_max_position
+    if len(s.short_factor) != dim // 2:
+        raise UnsupportedRopeError(f"longrope has {len(s.short_factor)} short factors, the rotary dim {dim} needs "
+                                   f"{dim // 2}")
+    if s.attention_factor is not None:
+        attention = s.attention_factor
+    else:
+        attention = 1.0 if s.factor <= 1.0 else math.sqrt(1 + math.log(s.factor) / math.log(s.original_max_position))
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (torch.tensor(s.short_factor, dtype=torch.float32) * theta**shape), float(attention)
+
+
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> tuple[torch.Tensor, float]:
-    """``inv_freq`` (float32, ``head_dim // 2``) and the factor cos/sin are multiplied by."""
+    """``inv_freq`` (float32, ``head_dim // 2``; ``head_dim``: the rotated dims) and the factor cos/sin are
+    multiplied by."""
     s = scaling or RopeScaling()
     if s.rope_type == "yarn":
         inv_freq, attention = _yarn(head_dim, theta, s)
+    elif s.rope_type == "longrope":
+        inv_freq, attention = _longrope(head_dim, theta, s)
     else:
         inv_freq, attention = _default_inv_freq(head_dim, theta), 1.0
         if s.rope_type == "linear":

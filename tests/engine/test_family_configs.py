@@ -1,6 +1,6 @@
 """Published config files read into the right sliding windows (per layer, as transformers sets them) beyond the
-family test's parity: Phi-3/Phi-4, Mistral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen3-MoE; and what pdserve
-does not compute (longrope, a partial rotary) is refused by name. Gemma 3's: ``test_gemma3.py``."""
+family test's parity: Phi-3/Phi-4, Mistral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen3-MoE; Phi-3.5 and
+Phi-4-mini's longrope (served up to its original context) and partial rotary. Gemma 3's: ``test_gemma3.py``."""
 
 from __future__ import annotations
 
@@ -43,13 +43,35 @@ def test_a_window_past_the_context_is_no_window():
     assert not config_from_hf(PHI4 | {"sliding_window": 262144}).has_windows
 
 
+LONGROPE = {"type": "longrope", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}
+
+
+def test_phi4_mini_rotates_three_quarters_of_each_head_and_is_served_up_to_its_original_context():
+    """microsoft/Phi-4-mini-instruct: 128-dim heads, 96 of them rotating, longrope from 4096 to 131072."""
+    mini = PHI3_MINI_4K | {"hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
+                           "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+                           "original_max_position_embeddings": 4096, "sliding_window": 262144,
+                           "rope_scaling": LONGROPE, "tie_word_embeddings": True}
+    cfg = config_from_hf(mini)
+    assert cfg.head_dim == 128 and cfg.rotary_dim == 96 and cfg.max_position == 4096 and not cfg.has_windows
+    assert cfg.rope_scaling.rope_type == "longrope" and cfg.rope_scaling.factor == 32.0
+    assert len(cfg.rope_scaling.short_factor) == 48
+
+
+def test_phi35_mini_longrope_su_is_longrope():
+    cfg = config_from_hf(PHI3_MINI_4K | {"max_position_embeddings": 131072, "sliding_window": 262144,
+                                         "rope_scaling": LONGROPE | {"type": "su"}})
+    assert cfg.rope_scaling.rope_type == "longrope" and cfg.rotary_dim is None and cfg.max_position == 4096
+
+
 @pytest.mark.parametrize(("change", "named"), [
-    ({"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}, "longrope"),
-    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+    ({"rope_scaling": LONGROPE | {"short_factor": [1.0] * 40}}, "40 short factors"),
+    ({"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48}}, "short_factor"),
+    ({"partial_rotary_factor": 0.7}, "partial_rotary_factor 0.7"),
 ])
-def test_phi35_and_phi4_mini_features_are_refused_by_name(change, named):
+def test_what_longrope_or_a_partial_rotary_cannot_be_is_refused_by_name(change, named):
     with pytest.raises(ModelLoadError, match=named):
-        config_from_hf(PHI3_MINI_4K | change)
+        config_from_hf(PHI3_MINI_4K | {"max_position_embeddings": 8192} | change)
 
 
 LLAMA_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,

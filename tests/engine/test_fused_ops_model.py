@@ -225,3 +225,16 @@ def test_the_nodes_flag_turns_them_off_and_names_a_bad_value() -> None:
     assert not PrefillNodeConfig(fused_ops="off").engine_config().fused_ops
     with pytest.raises(ValueError, match="fused_ops must be one of on, off, got 'maybe'"):
         DecodeNodeConfig(fused_ops="maybe")
+
+
+def test_a_partial_rotary_model_fuses_its_rope_over_the_rotated_dims() -> None:
+    """Phi-4-mini rotates 3/4 of each head: FlashInfer's cache is that wide, which its kernel reads as the dims it
+    rotates (the rest pass through); the rope passes its load check and the logits are the torch path's."""
+    config = replace(TINY, rotary_dim=TINY.head_dim // 2)
+    with structlog.testing.capture_logs() as logs:
+        fused = model(config, flashinfer_module=fake_flashinfer)
+    assert fused.ops.flashinfer == OPS and not [entry for entry in logs if entry["log_level"] == "warning"]
+    prompt = [(i * 7) % TINY.vocab_size for i in range(12)]
+    for got, plain in zip(prefill_then_decode(fused, prompt, 17), prefill_then_decode(model(config), prompt, 17),
+                          strict=True):
+        assert (got - plain).abs().max() < 0.05 * plain.abs().max()

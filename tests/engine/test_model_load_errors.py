@@ -94,9 +94,9 @@ def test_an_unknown_architecture_is_refused_listing_the_supported_ones(checkpoin
 
 
 def test_an_unsupported_rope_type_is_refused_at_startup(checkpoint):
-    _edit_config(checkpoint, rope_parameters=None, rope_theta=10000.0,
-                 rope_scaling={"rope_type": "longrope", "factor": 4.0, "short_factor": [1.0], "long_factor": [1.0]})
-    with pytest.raises(ModelLoadError, match="longrope"):
+    _edit_config(checkpoint, rope_parameters=None, rope_theta=10000.0,  # Qwen2-VL's multimodal rope
+                 rope_scaling={"rope_type": "mrope", "mrope_section": [16, 24, 24]})
+    with pytest.raises(ModelLoadError, match="mrope"):
         _load(checkpoint)
 
 

@@ -39,6 +39,13 @@ FAMILIES: dict[str, dict] = {
                       rope_theta=1000000.0, tie_word_embeddings=False),
     # Phi-3/Phi-4: fused qkv_proj and gate_up_proj; a window on every layer as Phi-3-mini-4k has (2047 there)
     "phi3": dict(model_type="phi3", sliding_window=24, rope_theta=250000.0, tie_word_embeddings=False),
+    # Phi-4-mini / Phi-3.5-mini: 3/4 of each head rotates; longrope (served up to its original 512 here: past it
+    # transformers switches to the long factors, 4096 / 512 sets the attention factor)
+    "phi3-longrope": dict(model_type="phi3", partial_rotary_factor=0.75, rope_theta=10000.0,
+                          tie_word_embeddings=True, original_max_position_embeddings=512,
+                          rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.9, 2.6, 4.0, 7.5],
+                                        "long_factor": [1.1, 2.0, 3.5, 8.0, 16.0, 40.0],
+                                        "original_max_position_embeddings": 512}),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
     # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
     # softcap: as in Google's files; transformers' multimodal class would not apply one)

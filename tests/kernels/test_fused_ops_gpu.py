@@ -15,12 +15,16 @@ from kernels.rope_scaling import RopeScaling
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
-MODELS = {  # shapes, (max_position, theta, rope scaling)
+MODELS = {  # shapes, (max_position, theta, rope scaling[, rotary dim])
     "smollm2-135m": (CheckShapes(576, (1536,), 9, 3, 64, 1e-5), (8192, 100000.0, None)),
     "llama-3.1-8b": (CheckShapes(4096, (14336,), 32, 8, 128, 1e-5),
                      (131072, 500000.0, RopeScaling("llama3", factor=8.0, original_max_position=8192))),
     "qwen3-moe": (CheckShapes(2048, (6144, 768), 32, 4, 128, 1e-6),
                   (32768, 1000000.0, RopeScaling("yarn", factor=4.0, original_max_position=8192))),
+    # Phi-4-mini: 96 of 128 dims rotate, longrope's short factors
+    "phi-4-mini": (CheckShapes(3072, (8192,), 24, 8, 128, 1e-5),
+                   (4096, 10000.0, RopeScaling("longrope", factor=32.0, original_max_position=4096,
+                                               short_factor=tuple(1.0 + i / 16 for i in range(48))), 96)),
 }
 
 
@@ -30,8 +34,8 @@ def flashinfer():
 
 
 def rope_of(name: str) -> RotaryEmbedding:
-    shapes, (max_position, theta, scaling) = MODELS[name]
-    return RotaryEmbedding(shapes.head_dim, max_position, theta, CUDA, scaling)
+    shapes, (max_position, theta, scaling, *rotary) = MODELS[name]
+    return RotaryEmbedding(shapes.head_dim, max_position, theta, CUDA, scaling, *rotary)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

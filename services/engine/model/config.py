@@ -67,6 +67,7 @@ class ModelConfig:
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None
     for full attention; empty: every layer full. Served exactly at any length."""
     gemma: GemmaConfig | None = None
+    rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -77,6 +78,9 @@ class ModelConfig:
             raise ModelLoadError(f"{self.num_heads} heads do not divide into {self.num_kv_heads} KV heads")
         if self.head_dim % 2:
             raise ModelLoadError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rotary_dim is not None and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim):
+            raise ModelLoadError(f"the rotary dim must be even and in [2, head_dim={self.head_dim}], got "
+                                 f"{self.rotary_dim}")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ModelLoadError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if any(w is not None and w < 1 for w in self.layer_windows):

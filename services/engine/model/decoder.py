@@ -100,7 +100,8 @@ class DecoderModel:
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
         source.check_all_taken()
         del self._source, self._quantized
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
+                                    cfg.rotary_dim)
         self.scale = cfg.head_dim**-0.5
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops, deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)

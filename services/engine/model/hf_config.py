@@ -4,11 +4,14 @@ refusals that name the field for anything pdserve would otherwise serve wrong.""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from kernels.rope_scaling import RopeScaling, UnsupportedRopeError
 from services.engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 def required(cfg: Mapping[str, Any], name: str) -> Any:
@@ -22,9 +25,8 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     """``(theta, scaling)`` from either spelling; an unknown rope type is refused by name."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
-    if float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0) != 1.0:
-        raise ModelLoadError("partial_rotary_factor != 1 is not supported")
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type == "default":
         return theta, None
     original = (params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
@@ -35,7 +37,7 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
         return default if params.get(key) is None else float(params[key])
 
     factor = params.get("factor")
-    if factor is None and rope_type == "yarn" and original:  # transformers: the context's growth
+    if factor is None and rope_type in ("yarn", "longrope") and original:  # transformers: the context's growth
         factor = int(required(cfg, "max_position_embeddings")) / int(original)
     try:
         return theta, RopeScaling(
@@ -47,6 +49,8 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
             beta_slow=number("beta_slow", defaults.beta_slow) or defaults.beta_slow,
             attention_factor=number("attention_factor", None), mscale=number("mscale", None),
             mscale_all_dim=number("mscale_all_dim", None), truncate=bool(params.get("truncate", True)),
+            short_factor=None if params.get("short_factor") is None
+            else tuple(float(f) for f in params["short_factor"]),
         )
     except UnsupportedRopeError as exc:
         raise ModelLoadError(f"{cfg.get('model_type')}: {exc}") from exc
@@ -58,11 +62,30 @@ def eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
 
 
-def served_length(cfg: Mapping[str, Any]) -> int:
+def served_length(cfg: Mapping[str, Any], scaling: RopeScaling | None) -> int:
     """The longest sequence served exactly: ``max_position_embeddings``. Dynamic NTK rope equals plain rope up to
     it (transformers rescales only past it), so it needs no cap; a sliding window is served exactly
-    (``ModelConfig.layer_windows``)."""
-    return int(required(cfg, "max_position_embeddings"))
+    (``ModelConfig.layer_windows``). Longrope is capped at ``original_max_position_embeddings`` (logged):
+    transformers rotates a longer sequence's every position with other factors, which a KV cache cannot."""
+    length = int(required(cfg, "max_position_embeddings"))
+    if scaling is not None and scaling.rope_type == "longrope" and scaling.original_max_position < length:
+        log.warning("longrope: serving at most %d tokens (max_position_embeddings %d): past them transformers "
+                    "switches every position to its long factors", scaling.original_max_position, length)
+        length = scaling.original_max_position
+    return length
+
+
+def rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int | None:
+    """The rotated dims of a head (``partial_rotary_factor`` of it, as transformers rounds it); None: all."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    factor = float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
+    if factor == 1.0:
+        return None
+    dim = int(head_dim * factor)
+    if dim % 2 or not 0 < dim <= head_dim:
+        raise ModelLoadError(f"partial_rotary_factor {factor} of head_dim {head_dim} gives {dim} rotary dims "
+                             "(must be even, and at most head_dim)")
+    return dim
 
 
 def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = True) -> dict[str, Any]:
@@ -75,6 +98,12 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
     heads = int(required(cfg, "num_attention_heads"))
     hidden = int(required(cfg, "hidden_size"))
     theta, scaling = rope_settings(cfg)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    rotary = rotary_dim(cfg, head_dim)
+    if scaling is not None and scaling.short_factor is not None \
+            and len(scaling.short_factor) != (rotary or head_dim) // 2:
+        raise ModelLoadError(f"longrope has {len(scaling.short_factor)} short factors, the rotary dim "
+                             f"{rotary or head_dim} needs {(rotary or head_dim) // 2}")
     return dict(
         architecture=architecture,
         name=str(cfg.get("_name_or_path") or architecture),
@@ -84,11 +113,12 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
         num_layers=int(required(cfg, "num_hidden_layers")),
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        head_dim=head_dim,
+        rotary_dim=rotary,
         rope_theta=theta,
         rope_scaling=scaling,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position=served_length(cfg),
+        max_position=served_length(cfg, scaling),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=None if cfg.get("bos_token_id") is None else int(cfg["bos_token_id"]),
         eos_token_ids=eos_ids(cfg.get("eos_token_id")),
