@@ -14,7 +14,8 @@ class RotaryEmbedding:
     checkpoint's rope scaling, outer product with positions, cos/sin times the scaling's attention factor),
     so float32 runs match the reference bit for bit where possible.
 
-    The tables span the whole head: ``cos`` is ``[cos | cos]`` and ``sin`` is ``[-sin | sin]``, so that
+    The tables span the rotated dims (the whole head, or its leading ``rotary_dim``): ``cos`` is ``[cos | cos]``
+    and ``sin`` is ``[-sin | sin]``, so that
     rotating is ``x * cos + roll(x, half) * sin``: 4 elementwise kernels instead of the 7 of halves and a
     concatenation, with the same bits in every dtype (a sign flip is exact, and each product and the sum
     are rounded as the half-by-half form rounds them).
@@ -41,7 +42,7 @@ class RotaryEmbedding:
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (see the class) for ``positions`` as ``[T, 1, head_dim]`` in ``dtype`` (gather once per
+        """cos and sin (see the class) for ``positions`` as ``[T, 1, rotary_dim]`` in ``dtype`` (gather once per
         step)."""
         if dtype not in self._cast:
             self._cast[dtype] = (self.cos.to(self.device, dtype), self.sin.to(self.device, dtype))

@@ -202,11 +202,23 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
 def main(argv: list[str] | None = None) -> int:
     spec = parse_spec(argv)
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # while starting, Ctrl-C or SIGTERM unwinds the start at once (KeyboardInterrupt): each process started so
+    # far gets its SIGTERM (they ignore the terminal's SIGINT, see services.common.launch)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     model = spec.model or "the bundled SmolLM2-135M"
     sys.stdout.write(f"starting the cluster (loading {model} in each node)...\n")
+    sys.stdout.flush()
+    try:
+        return _serve(spec, model, stop)
+    except KeyboardInterrupt:
+        sys.stdout.write("stopped while starting\n")
+        return 130
+
+
+def _serve(spec: ClusterSpec, model: str, stop: threading.Event) -> int:
     with start_cluster(spec) as cluster, linked_admin_certificate(cluster):
+        signal.signal(signal.SIGINT, lambda *_: stop.set())  # up: stop in order, each process drained once
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         sys.stdout.write(USAGE.format(
             gateway=cluster.address, model=model_line(cluster.address, spec.api_key), http=cluster.http_url or "off",
             http_usage=http_usage(cluster.http_url, spec.api_key), key_usage=KEY_USAGE if spec.api_key else "",

@@ -291,8 +291,9 @@ class NodeServer:
         global _started
         _started = True  # past startup: what fails from now on is reported with its traceback (run())
         loop = asyncio.get_running_loop()
-        # SIGINT ignored (a launcher's service, see ignore_sigint_if_launched) stays ignored
-        signals = [signal.SIGTERM] + ([] if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else [signal.SIGINT])
+        # a launcher's service leaves SIGINT ignored (ignore_sigint_if_launched); any other takes it, even when
+        # started with it ignored (a background job of a shell, make's children)
+        signals = [signal.SIGTERM] + ([] if os.environ.get(IGNORE_SIGINT) == "1" else [signal.SIGINT])
         for sig in signals:
             loop.add_signal_handler(sig, self.request_stop)
         try:

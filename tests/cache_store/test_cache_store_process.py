@@ -18,7 +18,7 @@ from pdserve.v1 import cache_store_pb2, cache_store_pb2_grpc, node_pb2
 
 from services.cache_store.keys import MAX_KEYS_PER_CALL
 from services.common.launch import ServiceProcess, launch
-from services.common.ports import wait_for_port_file
+from services.common.ports import wait_for_port_file, wait_until_serving
 from services.common.server import IGNORE_SIGINT, grpc_options
 from services.common.tls.channels import open_sync_channel
 from tests.cache_store.helpers import CRC32, FP, OTHER_FP, crc, key, layout, put_stream
@@ -227,13 +227,21 @@ def test_a_launched_service_leaves_ctrl_c_to_its_launcher():
 
 
 def test_run_by_hand_ctrl_c_still_stops_a_service(tmp_path):
+    """Also where it starts with SIGINT ignored, as a shell's background job or make's child does (CI)."""
     port_file = tmp_path / "port"
     env = {key: value for key, value in os.environ.items() if key != IGNORE_SIGINT}
-    with subprocess.Popen([sys.executable, "-m", "services.cache_store", "--listen", "127.0.0.1:0", "--port-file",
-                           str(port_file), "--insecure", "--log-level", "warning"], env=env) as process:
+    process = subprocess.Popen([sys.executable, "-m", "services.cache_store", "--listen", "127.0.0.1:0",
+                                "--port-file", str(port_file), "--insecure", "--log-level", "warning"], env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
         wait_for_port_file(port_file, 20, process)
+        wait_until_serving(f"127.0.0.1:{port_file.read_text().strip()}", timeout_s=20, identity=None)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def test_sigterm_drains_and_exits_cleanly():

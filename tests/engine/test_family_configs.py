@@ -64,6 +64,25 @@ def test_phi35_mini_longrope_su_is_longrope():
     assert cfg.rope_scaling.rope_type == "longrope" and cfg.rotary_dim is None and cfg.max_position == 4096
 
 
+def test_longrope_takes_the_top_levels_original_context_first_and_phi3s_default_without_one():
+    """transformers' precedence: the top level's original_max_position_embeddings over the scaling's own, and
+    Phi3Config's 4096 where neither says."""
+    base = PHI3_MINI_4K | {"max_position_embeddings": 131072, "sliding_window": None}
+    both = config_from_hf(base | {"original_max_position_embeddings": 4096,
+                                  "rope_scaling": LONGROPE | {"original_max_position_embeddings": 2048}})
+    assert both.max_position == 4096 and both.rope_scaling.original_max_position == 4096
+    assert both.rope_scaling.factor == 32.0
+    neither = config_from_hf({k: v for k, v in base.items() if k != "original_max_position_embeddings"}
+                             | {"rope_scaling": LONGROPE})
+    assert neither.max_position == 4096 and neither.rope_scaling.original_max_position == 4096
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "mistral"])
+def test_a_partial_rotary_factor_is_refused_where_transformers_rotates_the_whole_head(model_type):
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor is not supported"):
+        config_from_hf(LLAMA_SHAPE | {"model_type": model_type, "partial_rotary_factor": 0.5})
+
+
 @pytest.mark.parametrize(("change", "named"), [
     ({"rope_scaling": LONGROPE | {"short_factor": [1.0] * 40}}, "40 short factors"),
     ({"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48}}, "short_factor"),

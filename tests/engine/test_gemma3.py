@@ -163,3 +163,7 @@ def test_a_llama_cpp_file_reads_as_llama_cpp_reads_it():
     assert smaller.gemma.query_pre_attn_scalar == 256  # head_dim
     assert not config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window": None})).has_windows
     assert not config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window": 0})).has_windows
+    # a file without eot_token_id: <end_of_turn> found by its text (the loader's derived key), as llama.cpp does
+    found = config_from_gguf(_gguf_fields(**{"tokenizer.ggml.eot_token_id": None,
+                                             "pdserve.end_of_turn_token_id": 106}))
+    assert found.eos_token_ids == (1, 106)

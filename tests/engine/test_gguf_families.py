@@ -15,6 +15,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.decoder import DecoderModel
 from services.engine.model.registry import model_class
 from services.engine.weights import load_model_config, load_weights
+from services.engine.weights.gguf_loader import read_gguf_config
 from tests.engine.tiny_gguf import (
     Q4_0,
     all_f32,
@@ -60,7 +61,8 @@ def _write(name: str, tmp_path, quant=all_f32, **kwargs):
 def test_gguf_forward_equals_its_hf_twin(name, quant, tmp_path):
     hf, path = _write(name, tmp_path, quant)
     weights = load_weights(path)
-    assert weights.config == load_model_config(path)  # the config alone (gateway) agrees with the full load
+    assert weights.config == load_model_config(path)  # the weights cache's copy of the config agrees
+    assert weights.config == read_gguf_config(path)  # and so does the file's metadata alone (the gateway's read)
     model = model_class(weights.config.architecture)(weights.config, weights.tensors, torch.float32)
     expected, actual = hf_logits(hf, IDS), pdserve_logits(model, IDS)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=2e-5)
@@ -185,3 +187,13 @@ def test_experts_in_a_dense_family_are_refused(tmp_path):
     weights = load_weights(path)
     with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.mlp\.gate\.weight"):
         DecoderModel(weights.config, weights.tensors, torch.float32)
+
+
+def test_a_gemma3_file_without_an_eot_id_ends_turns_at_its_end_of_turn_token(tmp_path):
+    """Converters write ``tokenizer.ggml.eot_token_id`` only sometimes; llama.cpp finds ``<end_of_turn>`` by its
+    text, and so does the loader (else generation would run past the end of a chat turn)."""
+    tokens = [f"<t{i}>" for i in range(96)]
+    tokens[7] = "<end_of_turn>"
+    _, path = _write("gemma3", tmp_path, tokens=tokens)
+    assert load_weights(path).config.eos_token_ids == (2, 7)
+    assert read_gguf_config(path).eos_token_ids == (2, 7)

@@ -112,11 +112,13 @@ def _roundtrip(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.
 
 
 def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict | None = None,
-               extra: dict[str, np.ndarray] | None = None, vocab_size: bool = True) -> Path:
+               extra: dict[str, np.ndarray] | None = None, vocab_size: bool = True,
+               tokens: list[str] | None = None) -> Path:
     """Write ``model`` as llama.cpp would, and load the file's dequantised values into ``model`` (its twin).
 
     ``metadata`` adds or overrides ``{arch}.*`` keys (``None`` values drop one); ``extra`` adds raw tensors
-    under GGUF names (written as they are); ``vocab_size=False`` leaves ``{arch}.vocab_size`` out.
+    under GGUF names (written as they are); ``vocab_size=False`` leaves ``{arch}.vocab_size`` out; ``tokens``:
+    the token list (default ``<t0>``, ``<t1>``, …).
     """
     cfg = model.config
     arch = GGUF_ARCH[cfg.model_type]
@@ -154,7 +156,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
             writer.add_uint32(f"{arch}.{key}", int(value))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    writer.add_token_list(tokens or [f"<t{i}>" for i in range(cfg.vocab_size)])
 
     twin = {}
     for hf_name, array in _hf_tensors(model).items():

@@ -16,7 +16,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
+from services.engine.model.gguf_config import END_OF_TURN_KEY, GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, rope_settings
 
 ARCHITECTURE = "gemma3"
@@ -68,7 +68,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     layers, window, pattern = base["num_layers"], f.get("attention.sliding_window"), 6
     scalar = (base["hidden_size"] // base["num_heads"] if layers == LLAMA_CPP_27B_LAYERS else base["head_dim"])
     softcap = f.get("final_logit_softcapping")
-    eot = fields.get("tokenizer.ggml.eot_token_id")  # <end_of_turn>, where a chat turn ends
+    eot = fields.get("tokenizer.ggml.eot_token_id", fields.get(END_OF_TURN_KEY))  # <end_of_turn>: a turn's end
     eos = tuple(dict.fromkeys((*base["eos_token_ids"], *(() if eot is None else (int(eot),)))))
     return ModelConfig(
         **{**base, "architecture": ARCHITECTURE, "eos_token_ids": eos}, qk_norm=True,

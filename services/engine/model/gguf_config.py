@@ -13,6 +13,10 @@ from services.engine.errors import ModelLoadError
 # Set by the GGUF loader from the file's tensors: the embedding's rows, else the token count. Read when the
 # metadata lacks ``{arch}.vocab_size`` (llama.cpp's converters write it for some architectures only).
 DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
+# Set by the GGUF loader for a Gemma 3 file: the id of the token ``<end_of_turn>`` (llama.cpp finds it by its text
+# too: converters write ``tokenizer.ggml.eot_token_id`` only sometimes).
+END_OF_TURN_KEY = "pdserve.end_of_turn_token_id"
+END_OF_TURN_TEXT = "<end_of_turn>"
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 

@@ -29,7 +29,8 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type == "default":
         return theta, None
-    original = (params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    # transformers' precedence (standardize_rope_params): the top level's, then the scaling's own, then the context
+    original = (cfg.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
                 or cfg.get("max_position_embeddings"))
     defaults = RopeScaling()
 
@@ -88,9 +89,12 @@ def rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int | None:
     return dim
 
 
-def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = True) -> dict[str, Any]:
+def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = True,
+                partial_rotary: bool = False) -> dict[str, Any]:
     """The fields of :class:`ModelConfig` a Llama-shaped ``config.json`` gives, for a family to extend
-    (``check_mlp``: refuse an activation other than SiLU, and MLP biases; a family with its own MLP checks it)."""
+    (``check_mlp``: refuse an activation other than SiLU, and MLP biases; a family with its own MLP checks it;
+    ``partial_rotary``: the family's rope reads ``partial_rotary_factor``, which the others' refuse by name, as
+    transformers' rotate the whole head whatever it says)."""
     if check_mlp and cfg.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (only 'silu')")
     if check_mlp and cfg.get("mlp_bias"):
@@ -100,6 +104,8 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
     theta, scaling = rope_settings(cfg)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     rotary = rotary_dim(cfg, head_dim)
+    if rotary is not None and not partial_rotary:
+        raise ModelLoadError(f"partial_rotary_factor is not supported for {architecture} (only phi3)")
     if scaling is not None and scaling.short_factor is not None \
             and len(scaling.short_factor) != (rotary or head_dim) // 2:
         raise ModelLoadError(f"longrope has {len(scaling.short_factor)} short factors, the rotary dim "

@@ -35,7 +35,7 @@ from services.engine.weights.loader import LoadedWeights
 log = structlog.get_logger(__name__)
 
 CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
-VERSION = 2  # of the entry's layout; bumped when it or the loader's output changes
+VERSION = 3  # of the entry's layout; bumped when it or the loader's output changes
 _Q4 = ("q4.codes.", "q4.scales.", "q4.offsets.")
 
 
@@ -127,8 +127,9 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     data["eos_token_ids"] = tuple(data["eos_token_ids"])
     if data.get("rope_scaling") is not None:
         rope = dict(data["rope_scaling"])
-        if rope.get("freq_factors") is not None:
-            rope["freq_factors"] = tuple(rope["freq_factors"])
+        for key in ("freq_factors", "short_factor"):
+            if rope.get(key) is not None:
+                rope[key] = tuple(rope[key])
         data["rope_scaling"] = RopeScaling(**rope)
     if data.get("moe") is not None:
         data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})

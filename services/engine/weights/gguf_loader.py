@@ -28,7 +28,7 @@ from kernels.int4_linear import GroupQuantized
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import DERIVED_VOCAB_KEY
+from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, END_OF_TURN_KEY, END_OF_TURN_TEXT
 from services.engine.model.registry import config_from_gguf
 from services.engine.weights.gguf_names import NORM_OFFSETS, ROPE_FREQS, TensorRole, tensor_role
 from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
@@ -46,7 +46,8 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def read_fields(reader: GGUFReader) -> dict[str, Any]:
     """Scalar and string metadata of the file (token lists are skipped: the tokenizer reads them), plus
-    :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``."""
+    :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``;
+    for Gemma 3, :data:`END_OF_TURN_KEY`."""
     fields: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
@@ -54,6 +55,10 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
         fields[key] = field.contents()
     embedding = next((t for t in reader.tensors if t.name == _EMBEDDING), None)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None and fields.get("general.architecture") == "gemma3":
+        texts = tokens.contents()
+        if END_OF_TURN_TEXT in texts:
+            fields[END_OF_TURN_KEY] = texts.index(END_OF_TURN_TEXT)
     if embedding is not None:
         fields[DERIVED_VOCAB_KEY] = int(embedding.shape[-1])  # GGUF shapes are innermost first: [hidden, vocab]
     elif tokens is not None:
