@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = parse_spec(argv)
     stop = threading.Event()
     # while starting, Ctrl-C or SIGTERM unwinds the start at once (KeyboardInterrupt): each process started so
-    # far gets its SIGTERM (they ignore the terminal's SIGINT, see services.common.launch)
+    # far gets its SIGTERM (they ignore the terminal's SIGINT, see services.common.launch); set here, not
+    # inherited, as the handlers after the start are (make's children start with SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     model = spec.model or "the bundled SmolLM2-135M"
     sys.stdout.write(f"starting the cluster (loading {model} in each node)...\n")
