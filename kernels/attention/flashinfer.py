@@ -143,7 +143,7 @@ class FlashInferBackend(AttentionBackend):
         if two != 2 or num_heads % num_kv_heads or cache_head_dim != head_dim or block_size != step.meta.block_size:
             raise ValueError(f"q {list(q.shape)} does not fit kv_cache {list(kv_cache.shape)} "
                              f"(block size {step.meta.block_size} planned)")
-        if window is not None and window >= max(step.meta.seq_lens):
+        if window is not None and window >= step.meta.max_seq_len:
             window = None  # it hides nothing in this step: the full layers' plan serves it
         if not self._runs(q, kv_cache):
             return self._torch_forward(step, q, k, v, kv_cache, scale, window)

@@ -43,6 +43,8 @@ class AttentionMetadata:
     """Sequences with exactly one new token, in batch order."""
     prefill_seqs: list[int] = field(init=False)
     """Sequences with more than one new token, in batch order."""
+    max_seq_len: int = field(init=False)
+    """The longest sequence (0 without any): a sliding window at least this long hides nothing in the step."""
 
     def __post_init__(self) -> None:
         self.query_lens = [int(n) for n in self.query_lens]
@@ -81,6 +83,7 @@ class AttentionMetadata:
         self.context_lens = [s - q for q, s in zip(self.query_lens, self.seq_lens, strict=True)]
         self.decode_seqs = [i for i, q in enumerate(self.query_lens) if q == 1]
         self.prefill_seqs = [i for i, q in enumerate(self.query_lens) if q > 1]
+        self.max_seq_len = max(self.seq_lens, default=0)
 
     @property
     def num_seqs(self) -> int:

@@ -137,7 +137,7 @@ class NativeCpuAttention(AttentionBackend):
         plan = self._plan
         if plan is None:
             raise RuntimeError("NativeCpuAttention.forward called before plan()")
-        if window is not None and window < max(plan.meta.seq_lens):  # a window that hides nothing is none
+        if window is not None and window < plan.meta.max_seq_len:  # a window that hides nothing is none
             if not self._windowed_planned:
                 self._windowed.plan(plan.meta)
                 self._windowed_planned = True

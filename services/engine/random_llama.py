@@ -66,18 +66,23 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
     gen = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config.hidden_size, config.intermediate_size
 
+    unit = torch.zeros if config.gemma is not None else torch.ones  # a norm's weight that scales by 1
+
+    def norm(size: int) -> torch.Tensor:
+        return unit(size, dtype=dtype, device=device)
+
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
 
     tensors = {"model.embed_tokens.weight": normal(config.vocab_size, hidden),
-               "model.norm.weight": torch.ones(hidden, dtype=dtype, device=device)}
+               "model.norm.weight": norm(hidden)}
     if not config.tie_word_embeddings:
         tensors["lm_head.weight"] = normal(config.vocab_size, hidden)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         tensors |= {
-            p + "input_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device),
-            p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device),
+            p + "input_layernorm.weight": norm(hidden),
+            p + "post_attention_layernorm.weight": norm(hidden),
             p + "self_attn.q_proj.weight": normal(config.q_size, hidden),
             p + "self_attn.k_proj.weight": normal(config.kv_size, hidden),
             p + "self_attn.v_proj.weight": normal(config.kv_size, hidden),
@@ -93,13 +98,11 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
                         p + "mlp.up_proj.weight": normal(inter, hidden),
                         p + "mlp.down_proj.weight": normal(hidden, inter)}
         if config.qk_norm:
-            tensors |= {p + "self_attn.q_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device),
-                        p + "self_attn.k_norm.weight": torch.ones(config.head_dim, dtype=dtype, device=device)}
+            tensors |= {p + "self_attn.q_norm.weight": norm(config.head_dim),
+                        p + "self_attn.k_norm.weight": norm(config.head_dim)}
         if config.gemma is not None:
-            tensors |= {p + "pre_feedforward_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device),
-                        p + "post_feedforward_layernorm.weight": torch.ones(hidden, dtype=dtype, device=device)}
-    if config.gemma is not None:  # unit scales: 1 + 0
-        tensors = {name: t.zero_() if "norm" in name else t for name, t in tensors.items()}
+            tensors |= {p + "pre_feedforward_layernorm.weight": norm(hidden),
+                        p + "post_feedforward_layernorm.weight": norm(hidden)}
     return tensors
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 import torch
@@ -72,6 +72,8 @@ class DecoderModel:
     Raises :class:`ModelLoadError` naming the tensor when one is missing, misshapen, not a float, or left
     over (a feature of the checkpoint this family does not have)."""
 
+    FUSED_OPS: ClassVar[bool] = True  # a family whose layer calls torch's ops directly sets it False
+
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
                  int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
@@ -103,7 +105,8 @@ class DecoderModel:
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
                                     cfg.rotary_dim)
         self.scale = cfg.head_dim**-0.5
-        self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops, deterministic=deterministic,
+        self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
+                                    deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
 
     def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,

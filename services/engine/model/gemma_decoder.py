@@ -11,13 +11,11 @@ with the checkpoint's rope (and its scaling). Elementwise steps run torch's ops 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from kernels.int4_linear import GroupQuantized
 from kernels.linear import RowPaths, linear
 from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
@@ -49,16 +47,15 @@ class GemmaDecoderModel(DecoderModel):
     """A :class:`DecoderModel` over a Gemma 3 checkpoint (``config.gemma`` set); same constructor, except
     that the fused elementwise kernels are never used."""
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
-                 int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
-                 flashinfer_module: ModuleType | None = None, grouped_experts: bool | None = None):
+    FUSED_OPS = False
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, *args: Any,
+                 **kwargs: Any):
         assert config.gemma is not None, "GemmaDecoderModel needs a Gemma config"
         if dtype == torch.float16:  # vLLM refuses it too: Gemma's activations overflow float16
             raise ModelLoadError("gemma3 is not served in float16 (its activations overflow it); use bfloat16 or "
                                  "float32")
-        super().__init__(config, tensors, dtype, device, quantized, int4_max_rows, deterministic, fused_ops=False,
-                         flashinfer_module=flashinfer_module, grouped_experts=grouped_experts)
+        super().__init__(config, tensors, dtype, *args, **kwargs)
         self.final_norm = offset_norm_weight(self.final_norm)
         self.local_rope = RotaryEmbedding(config.head_dim, config.max_position, config.gemma.local_rope_theta,
                                           self.device)

@@ -79,16 +79,17 @@ def open_gguf(path: Path) -> GGUFReader:
 def read_gguf_config(path: Path) -> ModelConfig:
     """The configuration :func:`load_gguf` would give, without dequantising the weights."""
     reader = open_gguf(path)
-    roles = _roles(reader)
+    fields = read_fields(reader)
+    roles = _roles(reader, fields)
     rope_freqs = next((_dequantize(t) for t, role in roles if role.kind == "rope_freqs"), None)
-    return _complete(config_from_gguf(read_fields(reader)), {t.name for t in reader.tensors}, rope_freqs)
+    return _complete(config_from_gguf(fields), {t.name for t in reader.tensors}, rope_freqs)
 
 
 def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     """``keep_q4``: also keep the 4-bit codes of the layers' Q4_0/Q4_1 matrices (see :class:`LoadedWeights`)."""
     reader = open_gguf(path)
-    roles = _roles(reader)  # every name is checked before anything is dequantised
     fields = read_fields(reader)
+    roles = _roles(reader, fields)  # every name is checked before anything is dequantised
     config = config_from_gguf(fields)
     norm_offset = NORM_OFFSETS.get(str(fields.get("general.architecture")), 0.0)
     tensors: dict[str, torch.Tensor] = {}
@@ -126,9 +127,8 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     return LoadedWeights(config=config, tensors=tensors, source=path, quantized=quantized)
 
 
-def _roles(reader: GGUFReader) -> list[tuple[ReaderTensor, TensorRole]]:
-    field = reader.fields.get("general.architecture")
-    architecture = "" if field is None else str(field.contents())
+def _roles(reader: GGUFReader, fields: dict[str, Any]) -> list[tuple[ReaderTensor, TensorRole]]:
+    architecture = str(fields.get("general.architecture", ""))
     return [(tensor, tensor_role(tensor.name, architecture)) for tensor in reader.tensors]
 
 
