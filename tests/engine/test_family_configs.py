@@ -1,5 +1,5 @@
 """Published config files read into the right sliding windows (per layer, as transformers sets them) beyond the
-family test's parity: Phi-3/Phi-4, Mistral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen3-MoE; Phi-3.5 and
+family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen3-MoE; Phi-3.5 and
 Phi-4-mini's longrope (served up to its original context) and partial rotary. Gemma 3's: ``test_gemma3.py``."""
 
 from __future__ import annotations
@@ -140,3 +140,36 @@ def test_qwen3_moe_window_holds_on_every_layer():
                          "moe_intermediate_size": 32, "sliding_window": 4096}
     assert not config_from_hf(moe).has_windows
     assert config_from_hf(moe | {"use_sliding_window": True}).layer_windows == (4096,) * 4
+
+
+# mistralai/Mixtral-8x7B-Instruct-v0.1's config.json, as published
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000,
+}
+
+
+def test_mixtral_8x7b_has_eight_experts_of_its_intermediate_size_on_every_layer_and_no_window():
+    cfg = config_from_hf(MIXTRAL_8X7B)
+    assert (cfg.architecture, cfg.head_dim, cfg.num_kv_heads, cfg.max_position) == ("mixtral", 128, 8, 32768)
+    assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.intermediate_size) == (8, 2, 14336)
+    assert cfg.moe.norm_topk_prob and cfg.moe.sparse_layers == tuple(range(32))
+    assert not cfg.has_windows
+    assert config_from_hf(MIXTRAL_8X7B | {"sliding_window": 4096}).layer_windows == (4096,) * 32
+    with pytest.raises(ModelLoadError, match="num_local_experts"):
+        config_from_hf({k: v for k, v in MIXTRAL_8X7B.items() if k != "num_local_experts"})
+
+
+def test_mixtral_checkpoint_names_map_to_the_shared_decoders():
+    from services.engine.model.mixtral import mixtral_tensor_name
+
+    p = "model.layers.7."
+    assert mixtral_tensor_name(p + "block_sparse_moe.gate.weight") == p + "mlp.gate.weight"
+    assert mixtral_tensor_name(p + "block_sparse_moe.experts.5.w1.weight") == p + "mlp.experts.5.gate_proj.weight"
+    assert mixtral_tensor_name(p + "block_sparse_moe.experts.5.w3.weight") == p + "mlp.experts.5.up_proj.weight"
+    assert mixtral_tensor_name(p + "block_sparse_moe.experts.5.w2.weight") == p + "mlp.experts.5.down_proj.weight"
+    assert mixtral_tensor_name(p + "self_attn.q_proj.weight") == p + "self_attn.q_proj.weight"

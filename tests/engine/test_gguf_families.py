@@ -37,6 +37,8 @@ FAMILIES = {
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=4, num_experts_per_tok=2,
                       moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False),
     "llama": dict(model_type="llama", tie_word_embeddings=True),
+    # Mixtral as llama.cpp writes it: the llama architecture with expert_count, q/k rows permuted
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
     "llama3-bias": dict(model_type="llama", attention_bias=True, tie_word_embeddings=False, rope_scaling=LLAMA3),
     # Gemma 3 as llama.cpp reads it: six layers (five sliding, window 8 < the 45 tokens), queries scaled by
@@ -180,9 +182,22 @@ def test_rope_freqs_of_the_wrong_length_are_refused(tmp_path):
         load_weights(path)
 
 
+def test_mixtral_with_one_tensor_per_expert_equals_its_hf_twin(tmp_path):
+    """Mixtral files converted before llama.cpp stacked the experts (``blk.N.ffn_gate.E.weight``), which
+    llama.cpp still loads, quantised as such files are."""
+    hf, path = _write("mixtral", tmp_path, mixed, one_tensor_per_expert=True)
+    weights = load_weights(path, keep_q4=True)
+    assert weights.config.moe is not None and weights.config.moe.num_experts == 4 and weights.config.moe.top_k == 2
+    assert weights.config.moe.intermediate_size == 96 and weights.config.moe.norm_topk_prob
+    down = "model.layers.1.mlp.experts.3.down_proj.weight"
+    assert torch.equal(weights.quantized[down].dequantize(), weights.tensors[down])  # its 4-bit codes kept
+    model = DecoderModel(weights.config, weights.tensors, torch.float32)
+    torch.testing.assert_close(pdserve_logits(model, IDS), hf_logits(hf, IDS), rtol=1e-5, atol=2e-5)
+
+
 def test_experts_in_a_dense_family_are_refused(tmp_path):
-    """A llama-architecture GGUF with experts (Mixtral-style): the llama family has no MoE, so the router and
-    experts are left over and refused by name rather than ignored."""
+    """A llama-architecture GGUF with a router but no ``llama.expert_count``: not Mixtral, so the router is
+    left over and refused by name rather than ignored."""
     _, path = _write("llama", tmp_path, extra={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), dtype=np.float32)})
     weights = load_weights(path)
     with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.mlp\.gate\.weight"):

@@ -22,7 +22,8 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
                               gguf.GGMLQuantizationType.Q4_1)
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
-GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}
+GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+             "gemma3_text": "gemma3"}
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -113,12 +114,13 @@ def _roundtrip(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.
 
 def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict | None = None,
                extra: dict[str, np.ndarray] | None = None, vocab_size: bool = True,
-               tokens: list[str] | None = None) -> Path:
+               tokens: list[str] | None = None, one_tensor_per_expert: bool = False) -> Path:
     """Write ``model`` as llama.cpp would, and load the file's dequantised values into ``model`` (its twin).
 
     ``metadata`` adds or overrides ``{arch}.*`` keys (``None`` values drop one); ``extra`` adds raw tensors
     under GGUF names (written as they are); ``vocab_size=False`` leaves ``{arch}.vocab_size`` out; ``tokens``:
-    the token list (default ``<t0>``, ``<t1>``, …).
+    the token list (default ``<t0>``, ``<t1>``, …); ``one_tensor_per_expert``: experts as early-2024 Mixtral
+    files store them (``blk.N.ffn_gate.E.weight``, not one 3-D ``ffn_gate_exps``).
     """
     cfg = model.config
     arch = GGUF_ARCH[cfg.model_type]
@@ -138,6 +140,8 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     if cfg.model_type == "qwen3_moe":
         keys.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
                      "expert_feed_forward_length": cfg.moe_intermediate_size})
+    if cfg.model_type == "mixtral":  # llama.cpp's llama with experts: they are feed_forward_length wide
+        keys.update({"expert_count": cfg.num_local_experts, "expert_used_count": cfg.num_experts_per_tok})
     if cfg.model_type == "gemma3_text":  # llama.cpp reads the pattern (6), local base (1e4) and scale as its own
         keys["attention.sliding_window"] = cfg.sliding_window
         full = cfg.rope_parameters["full_attention"]
@@ -166,11 +170,16 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         offset = 1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0  # llama.cpp stores 1 + w
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
         twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
-        if cfg.model_type == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
+        if arch == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             # rows are quantised independently: permuting the stored rows permutes the weight's rows
             heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads
             stored = llama_permute(stored, heads)
-        writer.add_tensor(name, stored, raw_dtype=qtype if qtype not in (F32, F16) else None)
+        raw_dtype = qtype if qtype not in (F32, F16) else None
+        if one_tensor_per_expert and "_exps." in name:
+            for expert, rows in enumerate(stored):  # rows are quantised independently: a slice is one expert's
+                writer.add_tensor(name.replace("_exps.", f".{expert}."), rows, raw_dtype=raw_dtype)
+            continue
+        writer.add_tensor(name, stored, raw_dtype=raw_dtype)
     for name, array in (extra or {}).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()

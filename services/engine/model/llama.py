@@ -1,4 +1,6 @@
-"""Llama 1/2/3.x (and SmolLM2, TinyLlama, …): the plain decoder; rope scaling llama3, yarn, linear, dynamic."""
+"""Llama 1/2/3.x (and SmolLM2, TinyLlama, …): the plain decoder; rope scaling llama3, yarn, linear, dynamic.
+llama.cpp writes Mistral and Mixtral as ``llama`` too: a file with ``llama.expert_count`` is Mixtral's mixture of
+experts on every layer, routed as llama.cpp's llama graph routes it (softmax, top-k renormalised)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import gguf_base_fields
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields
+from services.engine.model.mixtral import every_layer_experts
 
 ARCHITECTURE = "llama"
 
@@ -18,4 +21,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    return ModelConfig(**gguf_base_fields(fields, ARCHITECTURE))
+    base = gguf_base_fields(fields, ARCHITECTURE)
+    f = GGUFFields(fields, ARCHITECTURE)
+    experts = int(f.get("expert_count") or 0)
+    if not experts:
+        return ModelConfig(**base)
+    inter = int(f.get("expert_feed_forward_length") or f.key("feed_forward_length"))
+    return ModelConfig(**base, moe=every_layer_experts(experts, int(f.key("expert_used_count")), inter,
+                                                       base["num_layers"]))

@@ -35,6 +35,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", "services.engine.model.qwen2", ("qwen2",), "qwen2"),
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),
+    Family("mixtral", "services.engine.model.mixtral", ("mixtral",),
+           tensor_names="services.engine.model.mixtral:mixtral_tensor_name"),
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
     Family("phi3", "services.engine.model.phi3", ("phi3",),
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),

@@ -57,6 +57,8 @@ stored whole); the loader takes it off again, as the model adds it itself."""
 # stored per layer; the rope tables are recomputed from the metadata (as for safetensors' rotary_emb.inv_freq).
 REDUNDANT = frozenset({"attn_rot_embd"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+# Mixtral files converted before llama.cpp stacked experts (early 2024): one 2-D tensor per expert and projection
+_ONE_EXPERT_RE = re.compile(r"^ffn_(gate|up|down)\.(\d+)\.weight$")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ def tensor_role(gguf_name: str, architecture: str = "") -> TensorRole:
             return TensorRole("weight", prefix + names[rest])
         if rest in _EXPERT_NAMES:
             return TensorRole("experts", prefix + _EXPERT_NAMES[rest])
+        if (one := _ONE_EXPERT_RE.match(rest)) is not None:
+            return TensorRole("weight", prefix + f"mlp.experts.{one.group(2)}.{one.group(1)}_proj.weight")
         if rest in REDUNDANT:
             return TensorRole("redundant")
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not one pdserve knows (a feature of another architecture "
