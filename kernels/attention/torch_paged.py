@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from kernels.attention.base import K_INDEX, V_INDEX, AttentionBackend, write_kv_rows
 from kernels.attention.metadata import AttentionMetadata
-from kernels.attention.torch_decode import DECODE_IMPLS
+from kernels.attention.sinks import sdpa_with_sinks
+from kernels.attention.torch_decode import DECODE_IMPLS, decode_sdpa
 from kernels.attention.torch_plan import DEFAULT_GROUP_WASTE_TOKENS, DecodeGroup, PrefillSeq, StepPlan, build_plan
 from kernels.attention.workspace import Workspace
 
@@ -28,11 +29,13 @@ class TorchPagedAttention(AttentionBackend):
     Decode sequences are batched into length groups (one gather + one batched attention per group);
     prefill sequences run one ``scaled_dot_product_attention`` each: ``is_causal`` when they have no
     cached prefix (their new K/V are used directly), else over their gathered blocks with a
-    bottom-right causal mask built in ``plan``.
+    bottom-right causal mask built in ``plan``. With ``sinks``, the same masks and gathers go through
+    :func:`~kernels.attention.sinks.sdpa_with_sinks` instead.
     """
 
     name: ClassVar[str] = "torch"
     supports_window: ClassVar[bool] = True
+    supports_sinks: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -54,7 +57,7 @@ class TorchPagedAttention(AttentionBackend):
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
-        window: int | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan = self._plan
         if plan is None:
@@ -67,21 +70,23 @@ class TorchPagedAttention(AttentionBackend):
             raise ValueError(f"q {list(q.shape)} does not fit kv_cache {list(kv_cache.shape)}")
         write_kv_rows(kv_cache, k, v, plan.rows)
         if plan.decode_only_in_order:
-            return self._decode(plan.decode_groups[0], q, kv_cache, scale, window)
+            return self._decode(plan.decode_groups[0], q, kv_cache, scale, window, sinks)
         if not plan.decode_groups and len(plan.prefills) == 1:
-            return self._prefill(plan.prefills[0], q, k, v, kv_cache, scale, window).contiguous()
+            return self._prefill(plan.prefills[0], q, k, v, kv_cache, scale, window, sinks).contiguous()
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         for group in plan.decode_groups:
             group_q = q.index_select(0, group.token_index)
-            out.index_copy_(0, group.token_index, self._decode(group, group_q, kv_cache, scale, window))
+            out.index_copy_(0, group.token_index, self._decode(group, group_q, kv_cache, scale, window, sinks))
         for seq in plan.prefills:
-            out[seq.token_start : seq.token_end] = self._prefill(seq, q, k, v, kv_cache, scale, window)
+            out[seq.token_start : seq.token_end] = self._prefill(seq, q, k, v, kv_cache, scale, window, sinks)
         return out
 
     def _decode(self, group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float,
-                window: int | None) -> torch.Tensor:
+                window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         if window is not None:
             group = group.windowed(window)
+        if sinks is not None:
+            return decode_sdpa(group, q, kv_cache, scale, self._workspace, sinks=sinks)
         return DECODE_IMPLS[self._pick_decode(group, kv_cache)](group, q, kv_cache, scale, self._workspace)
 
     def _pick_decode(self, group: DecodeGroup, kv_cache: torch.Tensor) -> str:
@@ -102,17 +107,19 @@ class TorchPagedAttention(AttentionBackend):
         kv_cache: torch.Tensor,
         scale: float,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[query_len, Hq, D]`` (possibly a strided view) for one sequence."""
         span = slice(seq.token_start, seq.token_end)
         gqa = q.shape[1] != kv_cache.shape[3]
         query = q[span].unsqueeze(0).transpose(1, 2)
+        attend = F.scaled_dot_product_attention if sinks is None else _with_sinks(sinks.view(1, -1, 1, 1))
         windowed = seq.hides(window)
         if windowed:
             seq = seq.windowed(window, kv_cache.shape[2])
         if seq.block_index is None:
             key, value = k[span], v[span]
-            out = F.scaled_dot_product_attention(
+            out = attend(
                 query,
                 key.unsqueeze(0).transpose(1, 2),
                 value.unsqueeze(0).transpose(1, 2),
@@ -124,7 +131,7 @@ class TorchPagedAttention(AttentionBackend):
         else:
             key = self._gather_seq(kv_cache, K_INDEX, seq, "prefill_k")
             value = self._gather_seq(kv_cache, V_INDEX, seq, "prefill_v")
-            out = F.scaled_dot_product_attention(
+            out = attend(
                 query,
                 key.unsqueeze(0).transpose(1, 2),
                 value.unsqueeze(0).transpose(1, 2),
@@ -143,3 +150,13 @@ class TorchPagedAttention(AttentionBackend):
         buffer = self._workspace.take(name, shape, kv_cache.dtype, kv_cache.device)
         torch.index_select(kv_cache[:, which], 0, seq.block_index, out=buffer)
         return buffer.view(-1, num_kv_heads, head_dim)[: seq.seq_len - seq.offset]
+
+
+def _with_sinks(sinks: torch.Tensor):
+    """``F.scaled_dot_product_attention``'s call with ``sinks`` (shaped for its heads) added."""
+
+    def attend(query, key, value, *, attn_mask=None, is_causal=False, scale, enable_gqa=False):
+        return sdpa_with_sinks(query, key, value, sinks, scale, attn_mask=attn_mask, is_causal=is_causal,
+                               enable_gqa=enable_gqa)
+
+    return attend

@@ -94,6 +94,8 @@ def graph_support(model: DecoderModel) -> str:
         return "its mixture-of-experts layers route tokens on the host (grouped experts are off)"
     if model.config.has_windows:
         return "its sliding-window layers (the graph attention has no window)"
+    if model.config.attention_sinks:
+        return "its attention sinks (the graph attention has none)"
     return ""
 
 

@@ -96,16 +96,19 @@ class ModelRunner:
 
 def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
     """The backend ``name`` ("auto" by default) builds for the model's device. A model with sliding-window
-    layers needs one that takes a window (every backend "auto" picks does); another is refused, naming it
-    (``ValueError``)."""
+    layers or attention sinks needs one that takes them (every backend "auto" picks does); another is refused,
+    naming it (``ValueError``)."""
     attention = create_backend(name, model.device)
-    if not model.config.has_windows or attention.supports_window:
+    lacking = [what for what, needed, has in (
+        ("sliding-window attention", model.config.has_windows, attention.supports_window),
+        ("attention sinks", model.config.attention_sinks, attention.supports_sinks)) if needed and not has]
+    if not lacking:
         return attention
     if model.deterministic:
-        raise ValueError(f"the deterministic mode's attention ({attention.name}) has no sliding window, which "
-                         "this model's layers use")
-    raise ValueError(f"attention backend {attention.name!r} has no sliding-window attention, which this model's "
-                     "layers use; use 'auto', 'torch', 'cpu_native' or 'flashinfer'")
+        raise ValueError(f"the deterministic mode's attention ({attention.name}) has no {lacking[0]}, which this "
+                         "model's layers use")
+    raise ValueError(f"attention backend {attention.name!r} has no {lacking[0]}, which this model's layers use; "
+                     "use 'auto', 'torch', 'cpu_native' or 'flashinfer'")
 
 
 def _row_paths(batch: StepBatch, device: torch.device) -> RowPaths:

@@ -21,6 +21,7 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
 RANDOM_NORMS = {"gemma3", "gemma3-multimodal"}
+RANDOM_BIASES = {"gpt_oss"}  # biases and sinks drawn at random (transformers starts them at 0), so each one shows
 
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
@@ -49,6 +50,13 @@ FAMILIES: dict[str, dict] = {
                           rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.9, 2.6, 4.0, 7.5],
                                         "long_factor": [1.1, 2.0, 3.5, 8.0, 16.0, 40.0],
                                         "original_max_position_embeddings": 512}),
+    # GPT-OSS: attention sinks, sliding (24 here, 128 there) and full layers alternating, yarn, experts with
+    # biases behind a biased router (softmax of the top-k), a clamped SwiGLU
+    "gpt_oss": dict(model_type="gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
+                    rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False, "original_max_position_embeddings": 512,
+                                     "rope_theta": 150000.0},
+                    tie_word_embeddings=False),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
     # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
     # softcap: as in Google's files; transformers' multimodal class would not apply one)
@@ -78,6 +86,11 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
             for param_name, param in model.named_parameters():
                 if "norm" in param_name:
                     param.normal_(0.0, 0.3)
+    if name in RANDOM_BIASES:
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if param_name.endswith(("bias", "sinks")):
+                    param.normal_(0.0, 0.5)
     path = root / name
     model.save_pretrained(str(path), max_shard_size="2MB")
     tokenizer_hf.save_pretrained(str(path))

@@ -78,9 +78,10 @@ def make_sequences(
 
 
 def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: list[int], scale: float,
-           window: int | None = None) -> torch.Tensor:
+           window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Dense float64 attention: query j of sequence i sees positions ``0..p`` where ``p = seq_len - query_len
-    + j`` (with a sliding ``window``: ``p - window + 1..p``)."""
+    + j`` (with a sliding ``window``: ``p - window + 1..p``); ``sinks [Hq]``: each head's softmax also counts
+    ``exp(sinks[h])``, with no value (transformers' GPT-OSS eager attention)."""
     outputs, start = [], 0
     num_heads = q.shape[1]
     for key, value, query_len, seq_len in zip(seqs.keys, seqs.values, query_lens, seq_lens, strict=True):
@@ -93,7 +94,12 @@ def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: li
         visible = torch.arange(seq_len).view(1, -1) <= query_pos
         if window is not None:
             visible &= torch.arange(seq_len).view(1, -1) > query_pos - window
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.double().view(-1, 1, 1).expand(-1, query_len, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
         outputs.append(torch.einsum("hts,shd->thd", probs, v))
         start += query_len
     return torch.cat(outputs)

@@ -10,13 +10,17 @@ from services.engine.errors import ModelLoadError
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A sparse mixture-of-experts MLP: each token goes to its ``top_k`` experts by router softmax."""
+    """A sparse mixture-of-experts MLP: each token goes to its ``top_k`` experts by router softmax (the top-k of
+    the softmax, or with ``softmax_after_topk`` the softmax of the top-k logits)."""
 
     num_experts: int
     top_k: int
     intermediate_size: int  # of one expert
     norm_topk_prob: bool  # the top-k probabilities are renormalised to sum to 1
     sparse_layers: tuple[int, ...]  # layers whose MLP is the sparse block; the others are dense
+    softmax_after_topk: bool = False  # GPT-OSS: the softmax of the top-k logits (else the top-k of the softmax)
+    swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU (see services.engine.model.gpt_oss_decoder)
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -37,7 +41,8 @@ class GemmaConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE, Gemma 3).
+    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
+    Phi-3, Gemma 3, GPT-OSS).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -68,6 +73,7 @@ class ModelConfig:
     for full attention; empty: every layer full. Served exactly at any length."""
     gemma: GemmaConfig | None = None
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
+    attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -46,6 +46,7 @@ class LayerWeights:
     q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3)
     k_norm: torch.Tensor | None = None
     moe: MoEWeights | None = None
+    sinks: torch.Tensor | None = None  # [num_heads] float32: the attention sinks' logits (GPT-OSS)
 
 
 class DecoderModel:
@@ -220,10 +221,7 @@ class DecoderModel:
                 k = rms_norm(k, layer.k_norm, eps)
             q, k = ops.rope(q, k, rope)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            if (window := cfg.window(i)) is None:
-                attn = attention.forward(q, k, v, kv_cache, self.scale)
-            else:
-                attn = attention.forward(q, k, v, kv_cache, self.scale, window=window)
+            attn = attention.forward(q, k, v, kv_cache, self.scale, **_attention_options(cfg.window(i), layer.sinks))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
             x, hidden = ops.add_rms_norm(o, hidden, layer.post_norm, eps)
             delta = self._mlp(x, layer, paths)
@@ -234,6 +232,17 @@ class DecoderModel:
         if layer.moe is not None:
             return moe_forward(x, layer.moe, self.config.moe, self.ops.silu_and_mul)
         return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
+
+
+def _attention_options(window: int | None, sinks: torch.Tensor | None) -> dict[str, object]:
+    """The layer's options to the backend's ``forward``: only those it has (a backend without windows or sinks
+    takes neither keyword, and is never chosen for a model that has them)."""
+    options: dict[str, object] = {}
+    if window is not None:
+        options["window"] = window
+    if sinks is not None:
+        options["sinks"] = sinks
+    return options
 
 
 def _grouped_experts(wanted: bool | None, device: torch.device, dtype: torch.dtype, deterministic: bool) -> bool:

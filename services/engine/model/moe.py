@@ -1,6 +1,8 @@
-"""The sparse mixture-of-experts MLP of Qwen3-MoE: a router picks each token's top-k experts; each expert
-is a SwiGLU MLP. Tokens are grouped by expert (one gather, two GEMMs and one scatter-add per expert that
-has tokens), in ascending expert order as transformers adds them, so float32 sums agree. With
+"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral and GPT-OSS: a router picks each token's top-k
+experts; each expert is a gated MLP (SwiGLU; GPT-OSS passes its clamped one as ``silu_and_mul``, and its
+experts and router have biases, held by their :class:`LinearWeight`). Tokens are grouped by expert (one
+gather, two GEMMs and one scatter-add per expert that has tokens), in ascending expert order as transformers
+adds them, so float32 sums agree. With
 ``MoEWeights.grouped`` (the GPU path) the same numbers come from two grouped GEMMs and no host read
 (:mod:`moe_grouped`)."""
 
@@ -31,8 +33,12 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
                 silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
     """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
     router_logits = linear(x, weights.router)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    top_probs, top_experts = probs.topk(config.top_k, dim=-1)
+    if config.softmax_after_topk:
+        top_logits, top_experts = router_logits.topk(config.top_k, dim=-1)
+        top_probs = torch.softmax(top_logits, dim=-1, dtype=torch.float32)
+    else:
+        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+        top_probs, top_experts = probs.topk(config.top_k, dim=-1)
     if config.norm_topk_prob:
         top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
     if weights.grouped is not None:

@@ -40,6 +40,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
     Family("phi3", "services.engine.model.phi3", ("phi3",),
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),
+    Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",),
+           model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel"),
     Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"), "gemma3",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel",
            tensor_names="services.engine.model.gemma3:text_tensor_name"),

@@ -38,6 +38,18 @@ class WeightSource:
         self.taken.add(name)
         return tensor.to(device=self.device, dtype=self.dtype).contiguous()
 
+    def take_raw(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The packed tensor ``name`` as stored (on the CPU), after checking its shape and that it is ``dtype``
+        (a quantized format's bytes, which a family's loader unpacks)."""
+        if name not in self.tensors:
+            raise ModelLoadError(f"weights lack tensor {name!r}")
+        tensor = self.tensors[name]
+        if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+            raise ModelLoadError(f"tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype}, the config implies "
+                                 f"{tuple(shape)} {dtype}")
+        self.taken.add(name)
+        return tensor
+
     def check_all_taken(self) -> None:
         unused = sorted(n for n in self.tensors if n not in self.taken and not n.endswith(IGNORED_SUFFIXES))
         if unused:

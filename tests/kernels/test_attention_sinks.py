@@ -1,0 +1,91 @@
+"""Attention sinks (GPT-OSS: a learned logit per head joins every softmax, with no value) in the pure-torch
+backend, against the dense float64 oracle: prefill from scratch and after a cached prefix, decode groups of
+mixed lengths (the bag implementation is never picked for them), a mixed step, with and without a sliding
+window; sinks of -inf are no sinks; the native backend runs such layers on torch; which backends take them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_attention_oracle import TOLERANCE, make_sequences, oracle
+
+from kernels.attention import TorchPagedAttention
+from kernels.attention.registry import BackendUnavailableError, create_backend
+
+HEAD_DIM, BLOCK_SIZE, HEADS = 16, 4, (8, 2)
+
+
+def _step(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, seed: int):
+    num_heads, num_kv_heads = HEADS
+    context = [s - q for q, s in zip(query_lens, seq_lens, strict=True)]
+    seqs = make_sequences(seq_lens, context, num_kv_heads, HEAD_DIM, BLOCK_SIZE, dtype, seed)
+    meta, q, k, v = seqs.step(query_lens, seq_lens, num_heads, seed + 1)
+    sinks = torch.linspace(-2.0, 3.0, num_heads)  # some below the scores, some above: weight goes to nothing
+    return seqs, meta, q, k, v, sinks
+
+
+def run_with_sinks(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, window: int | None = None,
+                   decode_impl: str = "auto", seed: int = 0) -> None:
+    seqs, meta, q, k, v, sinks = _step(query_lens, seq_lens, dtype, seed)
+    backend = TorchPagedAttention("cpu", decode_impl=decode_impl)
+    backend.plan(meta)
+    scale = HEAD_DIM**-0.5
+    out = backend.forward(q, k, v, seqs.cache, scale, window=window, sinks=sinks)
+    expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window, sinks=sinks)
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
+    plain = backend.forward(q, k, v, seqs.cache, scale, window=window)  # the same plan, a layer without sinks
+    assert (out.double() - plain.double()).abs().max() > 0.01 * plain.double().abs().max()  # they take weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_prefill_from_scratch_and_after_a_prefix(window, dtype) -> None:
+    run_with_sinks([37], [37], dtype, window)
+    run_with_sinks([20], [50], dtype, window, seed=1)
+    run_with_sinks([3, 9], [4, 24], dtype, window, seed=2)
+
+
+@pytest.mark.parametrize("impl", ["auto", "sdpa", "bag"])  # bag asked for: sdpa's path runs (bag has no sinks)
+@pytest.mark.parametrize("window", [None, 6])
+def test_decode_groups(impl, window) -> None:
+    run_with_sinks([1], [29], torch.float32, window, impl)
+    run_with_sinks([1, 1, 1, 1], [3, 29, 17, 40], torch.float32, window, impl, seed=3)
+    run_with_sinks([1] * 6, [700, 650, 800, 720, 690, 710], torch.float32, window, impl, seed=5)  # bag's size
+
+
+def test_mixed_step_of_prefills_and_decodes() -> None:
+    run_with_sinks([1, 12, 1, 30], [33, 40, 9, 30], torch.float32, seed=4)
+    run_with_sinks([1, 12, 1, 30], [33, 40, 9, 30], torch.float32, window=10, seed=4)
+
+
+def test_sinks_of_minus_infinity_are_no_sinks() -> None:
+    seqs, meta, q, k, v, sinks = _step([1, 12, 1], [33, 40, 9], torch.float32, seed=6)
+    backend = TorchPagedAttention("cpu")
+    backend.plan(meta)
+    none = backend.forward(q, k, v, seqs.cache, 0.25)
+    vanishing = backend.forward(q, k, v, seqs.cache, 0.25, sinks=torch.full_like(sinks, float("-inf")))
+    torch.testing.assert_close(vanishing, none, atol=2e-6, rtol=0)
+
+
+def test_backends_declare_whether_they_take_sinks() -> None:
+    assert create_backend("torch", "cpu").supports_sinks
+    assert not create_backend("cpu_fixed_order", "cpu").supports_sinks
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_the_native_backend_runs_layers_with_sinks_on_torch(window) -> None:
+    try:
+        backend = create_backend("cpu_native", "cpu")
+    except BackendUnavailableError as exc:  # no compiler here: the kernel's own tests skip too
+        pytest.skip(f"cpu_native unavailable: {exc}")
+    assert backend.supports_sinks
+    query_lens, seq_lens = [1, 1, 9], [30, 12, 20]
+    seqs, meta, q, k, v, sinks = _step(query_lens, seq_lens, torch.float32, seed=7)
+    backend.plan(meta)
+    scale = HEAD_DIM**-0.5
+    out = backend.forward(q, k, v, seqs.cache, scale, window=window, sinks=sinks)
+    expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window, sinks=sinks)
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[torch.float32], rtol=0)
+    plain = backend.forward(q, k, v, seqs.cache, scale)  # a layer without sinks: the kernel's, still exact
+    torch.testing.assert_close(plain.double(), oracle(q, seqs, query_lens, seq_lens, scale),
+                               atol=TOLERANCE[torch.float32], rtol=0)
