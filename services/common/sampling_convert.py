@@ -144,16 +144,20 @@ def sampling_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
 def structured_from_proto(message: gateway_pb2.StructuredOutput) -> StructuredSpec:
     """The spec of a set ``StructuredOutput`` (no kind set: kind "" — refused by ``check_shape``)."""
     kind = message.WhichOneof("kind") or ""
-    after = message.starts_after_token_id if message.HasField("starts_after_token_id") else None
+    after = tuple(message.starts_after_token_ids)
+    if not after and message.HasField("starts_after_token_id"):  # a sender of an earlier version
+        after = (message.starts_after_token_id,)
     if kind == "choice":
-        return StructuredSpec("choice", choices=tuple(message.choice.choices), starts_after_token_id=after)
+        return StructuredSpec("choice", choices=tuple(message.choice.choices), starts_after_token_ids=after)
     if kind == "json_object":
-        return StructuredSpec("json_object", starts_after_token_id=after)
-    return StructuredSpec(kind, text=getattr(message, kind) if kind else "", starts_after_token_id=after)
+        return StructuredSpec("json_object", starts_after_token_ids=after)
+    return StructuredSpec(kind, text=getattr(message, kind) if kind else "", starts_after_token_ids=after)
 
 
 def structured_to_proto(spec: StructuredSpec) -> gateway_pb2.StructuredOutput:
-    message = gateway_pb2.StructuredOutput(starts_after_token_id=spec.starts_after_token_id)
+    after = spec.starts_after_token_ids
+    message = gateway_pb2.StructuredOutput(starts_after_token_ids=after,  # and alone for earlier versions' nodes:
+                                           starts_after_token_id=after[0] if len(after) == 1 else None)
     if spec.kind == "choice":
         message.choice.choices.extend(spec.choices)
     elif spec.kind == "json_object":

@@ -193,7 +193,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.structured.check(spec)
         compiled = self.structured.compile(spec)  # cached by check
         if token_ids:
-            check_tokens(compiled, token_ids, field, spec.starts_after_token_id)
+            check_tokens(compiled, token_ids, field, spec.starts_after_token_ids)
 
     def holds(self, request_id: str) -> bool:
         """The id is in use here: a request queued, running (an abort of one in the running step takes effect

@@ -26,15 +26,15 @@ MAX_CHOICES = 1024
 @dataclass(frozen=True)
 class StructuredSpec:
     """``kind``: one of ``KINDS``. ``text``: the JSON schema (as JSON text), the regex or the grammar; empty
-    for ``json_object`` and ``choice``. ``choices``: the strings of a ``choice``. ``starts_after_token_id``:
-    the constraint applies only to the output after the first such token (a reasoning model's end of
-    thinking, e.g. Qwen3's ``</think>``); before it any token may come, EOS included. Not part of ``key``:
-    the compiled grammar is the same."""
+    for ``json_object`` and ``choice``. ``choices``: the strings of a ``choice``. ``starts_after_token_ids``:
+    the constraint applies only to the output after the first run of these tokens (a reasoning model's end of
+    thinking: Qwen3's ``</think>``, GPT-OSS's ``<|channel|>final<|message|>``); before it any token may come,
+    EOS included; empty: from the first token. Not part of ``key``: the compiled grammar is the same."""
 
     kind: str
     text: str = ""
     choices: tuple[str, ...] = ()
-    starts_after_token_id: int | None = None
+    starts_after_token_ids: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -61,9 +61,9 @@ class StructuredSpec:
             raise InvalidRequestError(field, "json_object takes no text (use json_schema for a schema)")
         elif self.kind not in ("json_object",) and not self.text:
             raise InvalidRequestError(field, f"{self.kind} needs its text")
-        if self.starts_after_token_id is not None and self.starts_after_token_id < 0:
-            raise InvalidRequestError(field, f"starts_after_token_id must be a token id, got "
-                                             f"{self.starts_after_token_id}")
+        if any(token < 0 for token in self.starts_after_token_ids):
+            raise InvalidRequestError(field, f"starts_after_token_ids must be token ids, got "
+                                             f"{list(self.starts_after_token_ids)}")
         size = len(self.text) + sum(len(c) for c in self.choices)
         if size > MAX_SPEC_CHARS:
             raise InvalidRequestError(field, f"the spec is {size} characters, over the limit of {MAX_SPEC_CHARS}")

@@ -12,8 +12,8 @@ from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 from services.gateway.router import ROUTING_POLICIES
 
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")  # services/gateway/openai/tools/
-REASONING_PARSERS = ("qwen3", "deepseek_r1")  # services/gateway/openai/reasoning/
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai")  # services/gateway/openai/tools/
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "openai_gptoss")  # services/gateway/openai/reasoning/
 
 
 def split_addresses(text: str) -> tuple[str, ...]:
@@ -92,11 +92,13 @@ class GatewayConfig(ServerConfig):
     tool_call_parser: str = setting("auto", "how the HTTP front reads tool calls in the output and forces them "
                                             "(tool_choice required or named): hermes (<tool_call>{json}"
                                             "</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json (Llama 3.1+), "
-                                            "mistral ([TOOL_CALLS][...]); auto: chosen from the chat template "
-                                            "(hermes when it has no tool section)")
+                                            "mistral ([TOOL_CALLS][...]), gpt_oss (alias openai: GPT-OSS's "
+                                            "harmony commentary to=functions.NAME; not forced); auto: chosen "
+                                            "from the chat template (hermes when it has no tool section)")
     reasoning_parser: str = setting("", "qwen3 or deepseek_r1: the HTTP front moves the output's <think>…</think> "
-                                        "into reasoning_content, and a response_format applies after it; "
-                                        "empty: none")
+                                        "into reasoning_content; gpt_oss (alias openai_gptoss): GPT-OSS's "
+                                        "analysis channel, its final channel the content; a response_format "
+                                        "applies after the reasoning; empty: none")
     served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
                                          "name); empty = the model file's name without extension and "
                                          "quantization, e.g. SmolLM2-135M-Instruct")

@@ -109,8 +109,8 @@ class GatewayCore:
         sampling = fields.resolve(default_max_tokens=cap, default_seed=random_seed())
         closed = self._reasoning_closed(request)
         spec = sampling.structured
-        if closed and spec is not None and spec.starts_after_token_id is not None:  # no end marker will come
-            sampling = dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_id=None))
+        if closed and spec is not None and spec.starts_after_token_ids:  # no end marker will come
+            sampling = dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_ids=()))
         self.validator.validate(ids, sampling)
         return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling, closed)
 

@@ -147,3 +147,14 @@ async def test_a_compiler_that_cannot_be_built_fails_the_check_at_once():
             await asyncio.wait_for(checks.check(StructuredSpec("regex", "a")), 5)
     finally:
         checks.close()
+
+
+@pytest.mark.parametrize("after", [(), (7,), (200005, 17196, 200008)])
+def test_the_marker_tokens_cross_the_wire_and_a_single_one_also_as_earlier_versions_read_it(after):
+    from services.common.sampling_convert import structured_to_proto
+
+    message = structured_to_proto(StructuredSpec("regex", "[0-9]+", starts_after_token_ids=after))
+    assert structured_from_proto(message).starts_after_token_ids == after
+    assert message.HasField("starts_after_token_id") is (len(after) == 1)  # what an earlier node reads
+    earlier = gateway_pb2.StructuredOutput(regex="[0-9]+", starts_after_token_id=9)  # an earlier gateway's
+    assert structured_from_proto(earlier).starts_after_token_ids == (9,)

@@ -105,10 +105,10 @@ class StructuredCompiler:
 
     def check(self, spec: StructuredSpec) -> None:
         """Raise :class:`InvalidRequestError` (field ``structured_output``) if ``spec`` does not compile, or
-        its ``starts_after_token_id`` is not a token of the vocabulary."""
-        after = spec.starts_after_token_id
-        if after is not None and not 0 <= after < self.vocab_size:
-            raise InvalidRequestError("structured_output", f"starts_after_token_id {after} is outside the "
+        its ``starts_after_token_ids`` are not tokens of the vocabulary."""
+        outside = [after for after in spec.starts_after_token_ids if not 0 <= after < self.vocab_size]
+        if outside:
+            raise InvalidRequestError("structured_output", f"starts_after_token_ids {outside} are outside the "
                                                            f"vocabulary [0, {self.vocab_size})")
         self.compile(spec)
 

@@ -64,7 +64,7 @@ class GrammarMasker:
         assert spec is not None and self.compiler is not None
         state = request.structured
         if not isinstance(state, RequestGrammar) or state.stale(spec.key, request.output_token_ids):
-            state = RequestGrammar(self.compiler.compile(spec), spec.starts_after_token_id)  # cached: validated
+            state = RequestGrammar(self.compiler.compile(spec), spec.starts_after_token_ids)  # cached: validated
             request.structured = state
         return state
 

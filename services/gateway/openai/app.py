@@ -202,7 +202,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
             return CompletionRenderer(who, logprobs, index)
 
-        inputs = completion_inputs(body, request_id, parsers.reasoning_end_id)
+        inputs = completion_inputs(body, request_id, parsers.reasoning_end_ids)
         return echoed(await generations.run(request, inputs, renderer, body), echo)
 
     @app.post("/v1/chat/completions")

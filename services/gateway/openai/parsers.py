@@ -1,14 +1,14 @@
 """The front's output parsers, resolved once at startup from ``--tool-call-parser`` and
 ``--reasoning-parser``: the tool-call parser (``auto``: the family the chat template's source shows), and
-the reasoning parser with its end marker's token id (what a constraint starts after). A reasoning marker
-that is not one token of the model's vocabulary stops the gateway at startup, naming the flag."""
+the reasoning parser with its end marker's tokens (what a constraint starts after). A reasoning marker
+whose pieces are not each one token of the model's vocabulary stops the gateway at startup, naming the flag."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from services.engine.tokenizer import Tokenizer
-from services.gateway.openai.reasoning.registry import end_token_id, reasoning_parser
+from services.gateway.openai.reasoning.registry import end_token_ids, reasoning_parser
 from services.gateway.openai.reasoning.types import ReasoningParser
 from services.gateway.openai.tools.registry import tool_call_parser
 from services.gateway.openai.tools.types import ToolCallParser
@@ -19,7 +19,7 @@ class FrontParsers:
     tools: ToolCallParser
     template_takes_tools: bool  # the chat template renders ``tools`` (else: the parser's text in a system block)
     reasoning: ReasoningParser | None = None
-    reasoning_end_id: int | None = None  # the token id of ``reasoning.end_marker``
+    reasoning_end_ids: tuple[int, ...] = ()  # the tokens of ``reasoning.end_marker``
 
     @property
     def reasoning_markers(self) -> tuple[str, str] | None:
@@ -43,8 +43,8 @@ def resolve_parsers(tool_parser_name: str, reasoning_parser_name: str, tokenizer
         return FrontParsers(tools, tokenizer.template_takes_tools)
     try:
         reasoning = reasoning_parser(reasoning_parser_name)
-        end_id = end_token_id(reasoning, tokenizer)
+        end_ids = end_token_ids(reasoning, tokenizer)
     except ValueError as error:
         raise _naming("--reasoning-parser", reasoning_parser_name, error) from error
     tokenizer.keep_special_tokens(reasoning.markers)
-    return FrontParsers(tools, tokenizer.template_takes_tools, reasoning, end_id)
+    return FrontParsers(tools, tokenizer.template_takes_tools, reasoning, end_ids)

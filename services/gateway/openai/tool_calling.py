@@ -88,7 +88,10 @@ def constraint_of(body: ChatCompletionBody, request: ToolRequest, parser: ToolCa
         param = constraint_param(body)
         raise _bad(f"{param}", f"tool_choice {request.choice} and {param} both constrain the output; give "
                                f"one of them")
-    grammar = parser.forced_grammar(request.forced, parallel=request.parallel and request.choice == "required")
+    try:
+        grammar = parser.forced_grammar(request.forced, parallel=request.parallel and request.choice == "required")
+    except ValueError as error:  # a format whose calls no grammar here can force (GPT-OSS's harmony)
+        raise _bad("tool_choice", str(error)) from None
     return StructuredSpec("grammar", grammar)
 
 

@@ -50,17 +50,17 @@ def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | No
                           structured=structured_of(body) if isinstance(structured, EllipsisType) else structured)
 
 
-def after_reasoning(spec: StructuredSpec | None, end_id: int | None) -> StructuredSpec | None:
-    """With a reasoning parser (``end_id``: its end marker's token id), a constraint applies after the
-    thinking: the output is free until that token."""
-    return spec if spec is None or end_id is None else dataclasses.replace(spec, starts_after_token_id=end_id)
+def after_reasoning(spec: StructuredSpec | None, end_ids: tuple[int, ...]) -> StructuredSpec | None:
+    """With a reasoning parser (``end_ids``: its end marker's tokens), a constraint applies after the
+    thinking: the output is free until those tokens."""
+    return spec if spec is None or not end_ids else dataclasses.replace(spec, starts_after_token_ids=end_ids)
 
 
-def completion_inputs(body: CompletionBody, request_id: str, reasoning_end_id: int | None = None
+def completion_inputs(body: CompletionBody, request_id: str, reasoning_end_ids: tuple[int, ...] = ()
                       ) -> list[GenerateInput]:
     """One input per prompt of the body (a batch has several), each under ``request_id``."""
     sampling = sampling_of(body, body.max_tokens, body.logprobs, after_reasoning(structured_of(body),
-                                                                                  reasoning_end_id))
+                                                                                  reasoning_end_ids))
     return [GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
                           token_ids=None if isinstance(prompt, str) else tuple(prompt), sampling=sampling)
             for prompt in body.prompt]
@@ -80,7 +80,7 @@ def chat_input(body: ChatCompletionBody, request_id: str, parsers: FrontParsers 
         structured = constraint_of(body, tools, parser)
     messages, tool_dicts = template_inputs(body, tools, parser, parsers is not None and parsers.template_takes_tools)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    structured = after_reasoning(structured, parsers.reasoning_end_id if parsers is not None else None)
+    structured = after_reasoning(structured, parsers.reasoning_end_ids if parsers is not None else ())
     return GenerateInput(request_id=request_id, messages=messages, tools=tool_dicts, template=body.template_options(),
                          sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
                                               structured),

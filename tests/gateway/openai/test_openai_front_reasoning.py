@@ -103,7 +103,7 @@ def test_deepseek_r1_reasoning_has_no_opening_marker():
 @pytest.fixture
 async def reasoning_front(tokenizer, model_config, monkeypatch):
     """The front with --reasoning-parser qwen3; the end marker stands as token END_ID."""
-    monkeypatch.setattr(parsers, "end_token_id", lambda parser, tokenizer: END_ID)
+    monkeypatch.setattr(parsers, "end_token_ids", lambda parser, tokenizer: (END_ID,))
     running = await start_front(tokenizer, model_config, reasoning_parser="qwen3")
     try:
         yield running
@@ -126,7 +126,8 @@ async def test_every_constraint_starts_after_the_reasoning(reasoning_front, toke
     reply = await front.http.post(path, json={**body, **extra})
     assert reply.status_code == 200, reply.text
     structured = front.cluster.p.requests[0].sampling.structured
-    assert structured.WhichOneof("kind") == kind and structured.starts_after_token_id == END_ID
+    assert structured.WhichOneof("kind") == kind and list(structured.starts_after_token_ids) == [END_ID]
+    assert structured.starts_after_token_id == END_ID  # one token: for nodes of an earlier version too
 
 
 async def test_no_constraint_stays_none_with_a_reasoning_parser(reasoning_front, tokenizer):

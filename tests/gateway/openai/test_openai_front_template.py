@@ -99,6 +99,7 @@ async def test_a_constraint_applies_from_the_first_token_when_the_prompt_closed_
             assert structured.HasField("starts_after_token_id") is starts_after_end, (extra, constraint, n)
             if starts_after_end:
                 assert structured.starts_after_token_id == end_id
+                assert list(structured.starts_after_token_ids) == [end_id]
 
 
 async def test_a_prefilled_answer_after_the_thinking_is_constrained_from_the_first_token(thinking_front):

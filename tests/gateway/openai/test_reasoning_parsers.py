@@ -8,7 +8,7 @@ import pytest
 
 from services.engine.tokenizer import Tokenizer
 from services.gateway.openai.reasoning.markers import MarkerScanner, held_back_length
-from services.gateway.openai.reasoning.registry import end_token_id, reasoning_parser
+from services.gateway.openai.reasoning.registry import end_token_ids, reasoning_parser
 from services.gateway.openai.reasoning.types import ReasoningParser, ReasoningSplit
 
 QWEN3 = reasoning_parser("qwen3")
@@ -131,13 +131,13 @@ def test_registry_names_the_choices():
 
 def test_the_end_marker_must_be_one_token(bundled_tokenizer):
     with pytest.raises(ValueError, match=r"--reasoning-parser qwen3 needs '</think>' to be one token"):
-        end_token_id(QWEN3, bundled_tokenizer)  # SmolLM2 spells it in several tokens
+        end_token_ids(QWEN3, bundled_tokenizer)  # SmolLM2 spells it in several tokens
 
 
 def test_the_end_marker_as_an_added_token_is_found(tmp_path, bundled_tokenizer):
     bundled_tokenizer.hf.save_pretrained(str(tmp_path))
     tokenizer = Tokenizer.load(tmp_path)
     tokenizer.hf.add_tokens(["<think>", "</think>"])
-    marker = end_token_id(R1, tokenizer)
+    (marker,) = end_token_ids(R1, tokenizer)
     assert marker == len(tokenizer.hf) - 1
     assert tokenizer.decode([marker], skip_special_tokens=False) == "</think>"

@@ -190,8 +190,8 @@ def test_auto_picks_the_template_family(template, family):
 
 
 def test_registry_by_name_and_unknown_names():
-    assert set(CHOICES) == {"auto", "hermes", "llama3_json", "mistral"}
-    for name in ("hermes", "llama3_json", "mistral"):
+    assert set(CHOICES) == {"auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai"}
+    for name in ("hermes", "llama3_json", "mistral", "gpt_oss"):
         assert tool_call_parser(name, "[TOOL_CALLS]").name == name
-    with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral"):
+    with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral, gpt_oss, openai"):
         tool_call_parser("pythonic", "")

@@ -1,18 +1,22 @@
 """The reasoning parsers by the name ``--reasoning-parser`` gives, and the token id their end marker must be
-(a constraint applies after it: ``StructuredSpec.starts_after_token_id``)."""
+(a constraint applies after them: ``StructuredSpec.starts_after_token_ids``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from services.engine.tokenizer import Tokenizer
 from services.gateway.openai.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
+from services.gateway.openai.reasoning.gpt_oss import GptOssReasoningParser
 from services.gateway.openai.reasoning.qwen3 import Qwen3ReasoningParser
 from services.gateway.openai.reasoning.types import ReasoningParser
 
 PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "qwen3": Qwen3ReasoningParser,
     "deepseek_r1": DeepSeekR1ReasoningParser,
+    "gpt_oss": GptOssReasoningParser,
+    "openai_gptoss": GptOssReasoningParser,  # vLLM's name for it
 }
 
 
@@ -24,12 +28,23 @@ def reasoning_parser(name: str) -> ReasoningParser:
     return made()
 
 
-def end_token_id(parser: ReasoningParser, tokenizer: Tokenizer) -> int:
-    """The id of ``parser.end_marker`` when the tokenizer writes it as ONE token (an added token such as
-    Qwen3's ``</think>``, which encodes whole and decodes back to itself); ValueError otherwise — the
-    marker could then be split across tokens and a constraint could not start after it."""
-    ids = tokenizer.hf.encode(parser.end_marker, add_special_tokens=False)
-    if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=False) == parser.end_marker:
-        return int(ids[0])
-    raise ValueError(f"--reasoning-parser {parser.name} needs {parser.end_marker!r} to be one token of the "
-                     "model's vocabulary")
+def end_token_ids(parser: ReasoningParser, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The tokens the model writes ``parser.end_marker`` in: each of its pieces — the parser's markers in it
+    and the text between them (GPT-OSS's ``<|channel|>``, ``final``, ``<|message|>``) — ONE token that
+    decodes back to it (an added token such as Qwen3's ``</think>``); ValueError otherwise — a piece spelled
+    in several tokens could be written in other ones, and a constraint could not start after it."""
+    ids = []
+    for piece in _pieces(parser.end_marker, parser.markers):
+        piece_ids = tokenizer.hf.encode(piece, add_special_tokens=False)
+        if len(piece_ids) != 1 or tokenizer.decode(piece_ids, skip_special_tokens=False) != piece:
+            what = "" if piece == parser.end_marker else f" (its piece {piece!r})"
+            raise ValueError(f"--reasoning-parser {parser.name} needs {parser.end_marker!r}{what} to be one token "
+                             "of the model's vocabulary")
+        ids.append(int(piece_ids[0]))
+    return tuple(ids)
+
+
+def _pieces(text: str, markers: tuple[str, ...]) -> list[str]:
+    """``text`` cut before and after each of ``markers`` in it (empty pieces left out)."""
+    pattern = "(" + "|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True)) + ")"
+    return [piece for piece in re.split(pattern, text) if piece]

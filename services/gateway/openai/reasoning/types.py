@@ -1,7 +1,7 @@
 """The contract of reasoning parsers (``--reasoning-parser``): a reasoning model writes its thinking between
 markers (``<think>…</think>`` for Qwen3 and DeepSeek-R1) before the answer; the HTTP front moves the
 thinking into ``reasoning_content`` and keeps the answer as ``content``. A response_format or a forced tool
-call then applies after ``end_marker`` (``StructuredSpec.starts_after_token_id``: the marker's token id)."""
+call then applies after ``end_marker`` (``StructuredSpec.starts_after_token_ids``: the marker's tokens)."""
 
 from __future__ import annotations
 

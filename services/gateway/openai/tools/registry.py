@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.gateway.openai.tools.gpt_oss import GptOssToolParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.mistral import MistralParser
@@ -13,17 +14,22 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "hermes": HermesParser,
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
+    "gpt_oss": GptOssToolParser,
+    "openai": GptOssToolParser,  # vLLM's name for it
 }
 CHOICES = ("auto", *PARSERS)
 _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
 
 
 def detect_family(chat_template: str) -> str:
-    """The family a chat template writes tool calls in: ``[TOOL_CALLS]`` → mistral; ``<tool_call>`` →
-    hermes; ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON hint →
-    llama3_json; anything else (a template with no tool section included) → hermes."""
+    """The family a chat template writes tool calls in: ``[TOOL_CALLS]`` → mistral; harmony's
+    ``<|channel|>`` → gpt_oss; ``<tool_call>`` → hermes; ``<|python_tag|>``, Llama 3's ``Environment: ipython``
+    or a ``"parameters"`` JSON hint → llama3_json; anything else (a template with no tool section included) →
+    hermes."""
     if "[TOOL_CALLS]" in chat_template:
         return "mistral"
+    if "<|channel|>" in chat_template:
+        return "gpt_oss"
     if "<tool_call>" in chat_template:
         return "hermes"
     if any(hint in chat_template for hint in _LLAMA3_HINTS):
