@@ -1,6 +1,7 @@
-"""Published config files read into the right sliding windows (per layer, as transformers sets them) beyond the
-family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen3-MoE; Phi-3.5 and
-Phi-4-mini's longrope (served up to its original context) and partial rotary. Gemma 3's: ``test_gemma3.py``."""
+"""Published config files read into the right sliding windows (per layer, as transformers sets them) and
+experts, beyond the family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``,
+Qwen2-MoE, Qwen3-MoE; Phi-3.5 and Phi-4-mini's longrope (served up to its original context) and partial rotary.
+Gemma 3's: ``test_gemma3.py``; GPT-OSS's: ``test_gpt_oss.py``."""
 
 from __future__ import annotations
 
@@ -173,3 +174,29 @@ def test_mixtral_checkpoint_names_map_to_the_shared_decoders():
     assert mixtral_tensor_name(p + "block_sparse_moe.experts.5.w3.weight") == p + "mlp.experts.5.up_proj.weight"
     assert mixtral_tensor_name(p + "block_sparse_moe.experts.5.w2.weight") == p + "mlp.experts.5.down_proj.weight"
     assert mixtral_tensor_name(p + "self_attn.q_proj.weight") == p + "self_attn.q_proj.weight"
+
+
+# Qwen/Qwen1.5-MoE-A2.7B's config.json, as published
+QWEN15_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+    "model_type": "qwen2_moe", "moe_intermediate_size": 1408, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_qwen15_moe_has_sixty_experts_beside_a_shared_one_and_qkv_biases():
+    cfg = config_from_hf(QWEN15_MOE)
+    moe = cfg.moe
+    assert (cfg.architecture, cfg.qkv_bias, cfg.o_bias, cfg.has_windows) == ("qwen2_moe", True, False, False)
+    assert (moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_expert_intermediate_size) == \
+        (60, 4, 1408, 5632)
+    assert not moe.norm_topk_prob and moe.sparse_layers == tuple(range(24))
+    with pytest.raises(ModelLoadError, match="use_sliding_window"):
+        config_from_hf(QWEN15_MOE | {"use_sliding_window": True})
+    with pytest.raises(ModelLoadError, match="shared_expert_intermediate_size"):
+        config_from_hf({k: v for k, v in QWEN15_MOE.items() if k != "shared_expert_intermediate_size"})

@@ -1,7 +1,8 @@
-"""GGUF files of every GGUF family (``llama``, ``qwen2``, ``qwen3``, ``qwen3moe``, ``gemma3``), written the way
-llama.cpp writes them from tiny transformers models, load into a ``DecoderModel`` whose float32 logits equal the HF
-twin's (the twin carries the file's dequantised weights, so quantised files are held to the same bar);
-what the loader cannot serve exactly is refused with the culprit named."""
+"""GGUF files of every GGUF family (``llama`` with Mixtral's experts too, ``qwen2``, ``qwen3``, ``qwen2moe``,
+``qwen3moe``, ``gemma3``), written the way llama.cpp writes them from tiny transformers models, load into a
+``DecoderModel`` whose float32 logits equal the HF twin's (the twin carries the file's dequantised weights, so
+quantised files are held to the same bar); what the loader cannot serve exactly is refused with the culprit
+named."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ FAMILIES = {
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=False, rope_theta=1000000.0),  # q/k/v biases
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=4, num_experts_per_tok=2,
                       moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False),
+    # Qwen2-MoE as llama.cpp's qwen2moe: experts beside a gated shared expert on every layer, q/k/v biases
+    "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64, tie_word_embeddings=False),
     "llama": dict(model_type="llama", tie_word_embeddings=True),
     # Mixtral as llama.cpp writes it: the llama architecture with expert_count, q/k rows permuted
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
@@ -144,7 +148,7 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     for load in (load_weights, load_model_config):
-        with pytest.raises(ModelLoadError, match=r"gpt2.*supported: llama, qwen2, qwen3, qwen3moe, gemma3"):
+        with pytest.raises(ModelLoadError, match=r"gpt2.*supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3"):
             load(path)
 
 

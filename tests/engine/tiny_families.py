@@ -38,6 +38,10 @@ FAMILIES: dict[str, dict] = {
     # Mixtral: Mistral's attention, experts on every layer (block_sparse_moe, w1/w3/w2); a window as Mistral's
     "mixtral": dict(model_type="mixtral", head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
                     rope_theta=1000000.0, tie_word_embeddings=False),
+    # Qwen1.5-MoE / Qwen2-57B-A14B: Qwen2's attention (q/k/v biases), experts beside a gated shared expert
+    "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                      shared_expert_intermediate_size=96, decoder_sparse_step=1, mlp_only_layers=[2],
+                      rope_theta=1000000.0, tie_word_embeddings=False),
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                       rope_theta=1000000.0, tie_word_embeddings=False),

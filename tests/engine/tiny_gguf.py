@@ -23,7 +23,7 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-             "gemma3_text": "gemma3"}
+             "qwen2_moe": "qwen2moe", "gemma3_text": "gemma3"}
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -32,8 +32,9 @@ def all_f32(name: str) -> gguf.GGMLQuantizationType:
 
 
 def mixed(name: str) -> gguf.GGMLQuantizationType:
-    """Norms, biases and the router in F32; attention Q8_0, MLP and experts Q4_1/Q4_0, the head F16."""
-    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "rope_freqs.weight")):
+    """Norms, biases, the router and the shared expert's gate in F32; attention Q8_0, MLP and experts
+    Q4_1/Q4_0, the head F16."""
+    if name.endswith(("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "rope_freqs.weight")):
         return F32
     if name == "output.weight":
         return F16
@@ -140,6 +141,10 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     if cfg.model_type == "qwen3_moe":
         keys.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
                      "expert_feed_forward_length": cfg.moe_intermediate_size})
+    if cfg.model_type == "qwen2_moe":
+        keys.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
+                     "expert_feed_forward_length": cfg.moe_intermediate_size,
+                     "expert_shared_feed_forward_length": cfg.shared_expert_intermediate_size})
     if cfg.model_type == "mixtral":  # llama.cpp's llama with experts: they are feed_forward_length wide
         keys.update({"expert_count": cfg.num_local_experts, "expert_used_count": cfg.num_experts_per_tok})
     if cfg.model_type == "gemma3_text":  # llama.cpp reads the pattern (6), local base (1e4) and scale as its own

@@ -21,6 +21,7 @@ class MoEConfig:
     softmax_after_topk: bool = False  # GPT-OSS: the softmax of the top-k logits (else the top-k of the softmax)
     swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU (see services.engine.model.gpt_oss_decoder)
     swiglu_alpha: float = 1.702
+    shared_expert_intermediate_size: int | None = None  # Qwen2-MoE: a shared expert, gated by a sigmoid
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

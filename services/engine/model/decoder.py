@@ -25,7 +25,7 @@ from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.fused_choice import choose_fused_ops
-from services.engine.model.moe import MoEWeights, moe_forward
+from services.engine.model.moe import MoEWeights, SharedExpert, moe_forward
 from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_problem
 from services.engine.model.weight_source import WeightSource
 
@@ -162,6 +162,25 @@ class DecoderModel:
         return layer
 
     def _experts(self, p: str) -> MoEWeights:
+        experts = self._routed_experts(p)
+        experts.shared = self._shared_expert(p)
+        return experts
+
+    def _shared_expert(self, p: str) -> SharedExpert | None:
+        moe, hidden = self.config.moe, self.config.hidden_size
+        assert moe is not None
+        inter = moe.shared_expert_intermediate_size
+        if inter is None:
+            return None
+        s = p + "shared_expert."
+        parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))]
+        return SharedExpert(
+            gate_up=self._projection(parts, by_row_kind=False),
+            down=self._projection([(s + "down_proj.weight", (hidden, inter))], by_row_kind=False),
+            gate=prepare_linear(self._source.take(p + "shared_expert_gate.weight", (1, hidden)),
+                                row_block=self._row_block))
+
+    def _routed_experts(self, p: str) -> MoEWeights:
         moe, hidden = self.config.moe, self.config.hidden_size
         assert moe is not None
         inter, source = moe.intermediate_size, self._source

@@ -19,6 +19,15 @@ from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_fo
 
 
 @dataclass
+class SharedExpert:
+    """Qwen2-MoE's shared expert: a SwiGLU MLP every token goes through, scaled by ``sigmoid(gate · x)``."""
+
+    gate_up: LinearWeight  # [2 * shared_intermediate, hidden]
+    down: LinearWeight  # [hidden, shared_intermediate]
+    gate: LinearWeight  # [1, hidden]
+
+
+@dataclass
 class MoEWeights:
     """``grouped``: every expert stacked, run as grouped GEMMs (:mod:`moe_grouped`, the GPU path); then the
     per-expert lists are empty."""
@@ -27,6 +36,7 @@ class MoEWeights:
     gate_up: list[LinearWeight]  # per expert [2 * expert_intermediate, hidden]
     down: list[LinearWeight]  # per expert [hidden, expert_intermediate]
     grouped: GroupedExperts | None = None
+    shared: SharedExpert | None = None
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
@@ -42,7 +52,18 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
     if config.norm_topk_prob:
         top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
     if weights.grouped is not None:
-        return grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
+        out = grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
+    else:
+        out = _experts_loop(x, weights, config, top_probs, top_experts, silu_and_mul)
+    if weights.shared is not None:
+        shared = weights.shared
+        out = out + torch.sigmoid(linear(x, shared.gate)) * linear(silu_and_mul(linear(x, shared.gate_up)),
+                                                                   shared.down)
+    return out
+
+
+def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_probs: torch.Tensor,
+                  top_experts: torch.Tensor, silu_and_mul: SiluAndMul) -> torch.Tensor:
     top_probs = top_probs.to(x.dtype).flatten()
     flat_experts = top_experts.flatten()
     order = flat_experts.argsort(stable=True)

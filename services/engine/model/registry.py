@@ -37,6 +37,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("mistral", "services.engine.model.mistral", ("mistral",)),
     Family("mixtral", "services.engine.model.mixtral", ("mixtral",),
            tensor_names="services.engine.model.mixtral:mixtral_tensor_name"),
+    Family("qwen2_moe", "services.engine.model.qwen2_moe", ("qwen2_moe",), "qwen2moe"),
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
     Family("phi3", "services.engine.model.phi3", ("phi3",),
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),
