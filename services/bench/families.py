@@ -1,5 +1,6 @@
 """``make bench-families``: pdserve's engine beside transformers on random-weight checkpoints of the real shapes
-of Qwen3-0.6B, Llama-3.2-1B and Gemma-3-1B (bf16), with the weight-bandwidth floor measured in the same run.
+of Qwen3-0.6B, Llama-3.2-1B and Gemma-3-1B (bf16), and on request GPT-OSS-20B's widths with 2 of its layers,
+with the weight-bandwidth floor measured in the same run.
 
 For each shape, transformers builds the checkpoint (``from_config``, fixed seed, ``save_pretrained`` in bf16,
 the bundled model's tokenizer beside it) in a temporary directory. pdserve loads it with
@@ -54,6 +55,17 @@ SHAPES: dict[str, dict] = {
                        max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
                        rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # openai/gpt-oss-20b's widths and routing (32 experts of 2880, top 4; 64/8 heads of 64; attention sinks; a
+    # sliding window of 128 on every other layer) with 2 of its 24 layers, one of each kind: 2.8 B parameters,
+    # its experts in bf16 (the published checkpoint's MXFP4, dequantised, as pdserve loads it)
+    "gpt-oss-20b-2l": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                           num_hidden_layers=2, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                           num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=131072,
+                           rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                            "beta_slow": 1.0, "truncate": False,
+                                            "original_max_position_embeddings": 4096, "rope_theta": 150000.0},
+                           rms_norm_eps=1e-5, tie_word_embeddings=False),
     # the same families, small enough for the test of this benchmark (the bundled tokenizer has 49152 ids)
     "tiny-qwen3": dict(model_type="qwen3", vocab_size=49152, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -134,11 +146,12 @@ class TransformersRunner:
 
 
 def floor_ms(cfg: ModelConfig, bandwidth: float, batch: int, mean_context: float) -> float:
-    """The least time a bf16 decode step can take: the weights and the batch's KV, read once (a sliding-window
-    layer reads at most its window of it)."""
+    """The least time a bf16 decode step can take: the weights the batch's tokens use (a sparse layer: the
+    experts they pick, expected under uniform routing) and the batch's KV, read once (a sliding-window layer
+    reads at most its window of it)."""
     kv_per_layer = cfg.kv_bytes_per_token(2) / cfg.num_layers
     kv = sum(min(mean_context, cfg.window(i) or mean_context) for i in range(cfg.num_layers)) * kv_per_layer
-    return (weight_bytes(cfg, 2) + batch * kv) / bandwidth * 1000
+    return (weight_bytes(cfg, 2, batch) + batch * kv) / bandwidth * 1000
 
 
 def _engine(path: Path, args: argparse.Namespace) -> LLMEngine:

@@ -56,3 +56,23 @@ def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_eve
         per_layer = cfg.kv_bytes_per_token(2) / cfg.num_layers
         assert floor_ms(cfg, 1e9, 1, 4096) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(
             (full * 4096 + (cfg.num_layers - full) * 512) * per_layer / 1e6)
+
+
+def test_the_gpt_oss_shape_is_gpt_oss_20b_with_two_of_its_layers_and_the_floor_reads_the_picked_experts() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(SHAPES["gpt-oss-20b-2l"])
+    model_type = spec.pop("model_type")
+    whole = dict(spec, num_hidden_layers=24, layer_types=["sliding_attention", "full_attention"] * 12)
+    with torch.device("meta"):
+        published = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **whole))
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **spec))
+    assert sum(p.numel() for p in published.parameters()) == 20_914_757_184  # openai/gpt-oss-20b
+    cfg = config_from_hf(model.config.to_dict())
+    assert cfg.architecture == "gpt_oss" and cfg.layer_windows == (128, None) and cfg.attention_sinks
+    read = sum(p.numel() for name, p in model.named_parameters()  # what a step multiplies (not biases, sinks,
+               if not name.endswith(("bias", "sinks", "norm.weight", "embed_tokens.weight")))  # norms, the table)
+    assert weight_bytes(cfg, 2, batch=10**6) == 2 * read  # every expert picked
+    expert = 3 * cfg.hidden_size * cfg.moe.intermediate_size
+    assert weight_bytes(cfg, 2) == 2 * (read - cfg.num_layers * (32 - 4) * expert)  # batch 1: its 4 of 32
+    assert floor_ms(cfg, 1e9, 32, 0) > floor_ms(cfg, 1e9, 1, 0)  # a batch picks more of them
