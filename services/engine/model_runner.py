@@ -104,10 +104,11 @@ def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
         ("attention sinks", model.config.attention_sinks, attention.supports_sinks)) if needed and not has]
     if not lacking:
         return attention
+    missing = " nor ".join(lacking)
     if model.deterministic:
-        raise ValueError(f"the deterministic mode's attention ({attention.name}) has no {lacking[0]}, which this "
+        raise ValueError(f"the deterministic mode's attention ({attention.name}) has no {missing}, which this "
                          "model's layers use")
-    raise ValueError(f"attention backend {attention.name!r} has no {lacking[0]}, which this model's layers use; "
+    raise ValueError(f"attention backend {attention.name!r} has no {missing}, which this model's layers use; "
                      "use 'auto', 'torch', 'cpu_native' or 'flashinfer'")
 
 

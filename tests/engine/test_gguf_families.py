@@ -216,3 +216,15 @@ def test_a_gemma3_file_without_an_eot_id_ends_turns_at_its_end_of_turn_token(tmp
     _, path = _write("gemma3", tmp_path, tokens=tokens)
     assert load_weights(path).config.eos_token_ids == (2, 7)
     assert read_gguf_config(path).eos_token_ids == (2, 7)
+
+
+def test_an_early_qwen2moe_file_without_its_expert_widths_takes_llama_cpps_fallbacks(tmp_path):
+    """Early Qwen1.5-MoE conversions lack ``expert_feed_forward_length`` and ``expert_shared_feed_forward_length``:
+    llama.cpp takes ``feed_forward_length / expert_used_count`` and ``feed_forward_length``."""
+    hf, path = _write("qwen2_moe", tmp_path, metadata={"feed_forward_length": 64, "expert_feed_forward_length": None,
+                                                        "expert_shared_feed_forward_length": None})
+    moe = load_model_config(path).moe
+    assert (moe.intermediate_size, moe.shared_expert_intermediate_size) == (32, 64)
+    weights = load_weights(path)
+    model = DecoderModel(weights.config, weights.tensors, torch.float32)
+    torch.testing.assert_close(pdserve_logits(model, IDS), hf_logits(hf, IDS), rtol=1e-5, atol=2e-5)

@@ -172,16 +172,24 @@ def test_auto_attention_takes_a_backend_with_sinks_and_graphs_stay_off(family_di
     assert graph_support(engine.model)  # windows and sinks: the graph attention has neither
 
 
-def test_the_deterministic_mode_is_refused_by_name(family_dir):
-    with pytest.raises(ValueError, match="deterministic mode's attention"):
-        _engine(family_dir("gpt_oss"), deterministic=True)
-
-
-def test_a_backend_without_sinks_is_refused_by_name(family_dir, tmp_path):
-    path = tmp_path / "no-window"  # the tiny checkpoint with no windows: only the sinks are lacking
+def _without_windows(family_dir, tmp_path):
+    """The tiny checkpoint with no sliding windows: of what a backend may lack, only the sinks are left."""
+    path = tmp_path / "no-window"
     shutil.copytree(family_dir("gpt_oss"), path)
     config = json.loads((path / "config.json").read_text())
     config["sliding_window"] = None
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="'cpu_fixed_order' has no attention sinks"):
-        _engine(path, attention_backend="cpu_fixed_order")
+    return path
+
+
+def test_the_deterministic_mode_is_refused_naming_what_its_attention_lacks(family_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"deterministic mode's attention .* has no sliding-window attention nor "
+                                         r"attention sinks"):
+        _engine(family_dir("gpt_oss"), deterministic=True)
+    with pytest.raises(ValueError, match=r"deterministic mode's attention .* has no attention sinks, which"):
+        _engine(_without_windows(family_dir, tmp_path), deterministic=True)
+
+
+def test_a_backend_without_sinks_is_refused_by_name(family_dir, tmp_path):
+    with pytest.raises(ValueError, match="'cpu_fixed_order' has no attention sinks, which"):
+        _engine(_without_windows(family_dir, tmp_path), attention_backend="cpu_fixed_order")

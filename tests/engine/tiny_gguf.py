@@ -171,6 +171,8 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     for hf_name, array in _hf_tensors(model).items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
+        if name.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp's converter squeezes it to [hidden]
+            array = array.reshape(-1)
         qtype = quant(name)
         offset = 1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0  # llama.cpp stores 1 + w
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
@@ -205,7 +207,7 @@ def _load_twin(model, twin: dict[str, np.ndarray]) -> None:
         elif name.endswith("mlp.experts.down_proj"):
             state[name] = torch.from_numpy(twin[name + ".weight"])
         elif name in twin:
-            state[name] = torch.from_numpy(twin[name])
+            state[name] = torch.from_numpy(twin[name]).reshape(state[name].shape)  # a squeezed one, as stored
     if model.config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state)

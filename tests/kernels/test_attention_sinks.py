@@ -89,3 +89,15 @@ def test_the_native_backend_runs_layers_with_sinks_on_torch(window) -> None:
     plain = backend.forward(q, k, v, seqs.cache, scale)  # a layer without sinks: the kernel's, still exact
     torch.testing.assert_close(plain.double(), oracle(q, seqs, query_lens, seq_lens, scale),
                                atol=TOLERANCE[torch.float32], rtol=0)
+
+
+@pytest.mark.parametrize("budget", [1, 40, 1000])  # a row at a time, a few rows, a few sequences per piece
+def test_pieces_under_the_score_budget_give_the_same_attention(monkeypatch, budget) -> None:
+    """Long prompts are computed in pieces of at most ``SCORE_BUDGET`` scores: every piecing gives the oracle's
+    numbers, in prefills (from scratch: causal; after a prefix: the mask) and decode groups."""
+    from kernels.attention import sinks as sinks_module
+
+    monkeypatch.setattr(sinks_module, "SCORE_BUDGET", budget)
+    run_with_sinks([37], [37], torch.float32)
+    run_with_sinks([20], [50], torch.float32, window=5, seed=1)
+    run_with_sinks([1, 1, 1, 1], [3, 29, 17, 40], torch.float32, seed=3)

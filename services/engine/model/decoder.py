@@ -177,8 +177,14 @@ class DecoderModel:
         return SharedExpert(
             gate_up=self._projection(parts, by_row_kind=False),
             down=self._projection([(s + "down_proj.weight", (hidden, inter))], by_row_kind=False),
-            gate=prepare_linear(self._source.take(p + "shared_expert_gate.weight", (1, hidden)),
-                                row_block=self._row_block))
+            gate=prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block))
+
+    def _shared_gate(self, name: str) -> torch.Tensor:
+        """The shared expert's gate ``[1, hidden]``; llama.cpp's files store it squeezed, ``[hidden]``."""
+        hidden = self.config.hidden_size
+        if self._source.has(name) and self._source.tensors[name].dim() == 1:
+            return self._source.take(name, (hidden,)).view(1, hidden)
+        return self._source.take(name, (1, hidden))
 
     def _routed_experts(self, p: str) -> MoEWeights:
         moe, hidden = self.config.moe, self.config.hidden_size

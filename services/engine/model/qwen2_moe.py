@@ -34,13 +34,16 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     """As llama.cpp's ``qwen2moe`` reads it: experts on every layer, the router's softmax not renormalised,
-    the shared expert ``expert_shared_feed_forward_length`` wide (q/k/v biases: from the tensors)."""
+    the shared expert ``expert_shared_feed_forward_length`` wide (q/k/v biases: from the tensors). Files converted
+    before those keys existed (early Qwen1.5-MoE ones) get llama.cpp's fallbacks: an expert
+    ``feed_forward_length / expert_used_count`` wide, the shared one ``feed_forward_length``."""
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    top_k = int(f.key("expert_used_count"))
+    expert = f.get("expert_feed_forward_length") or int(f.key("feed_forward_length")) // top_k
+    shared = f.get("expert_shared_feed_forward_length") or f.key("feed_forward_length")
     moe = MoEConfig(
-        num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
-        intermediate_size=int(f.key("expert_feed_forward_length")), norm_topk_prob=False,
-        sparse_layers=tuple(range(base["num_layers"])),
-        shared_expert_intermediate_size=int(f.key("expert_shared_feed_forward_length")),
+        num_experts=int(f.key("expert_count")), top_k=top_k, intermediate_size=int(expert), norm_topk_prob=False,
+        sparse_layers=tuple(range(base["num_layers"])), shared_expert_intermediate_size=int(shared),
     )
     return ModelConfig(**{**base, "architecture": ARCHITECTURE}, moe=moe)

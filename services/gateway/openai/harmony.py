@@ -8,8 +8,10 @@ and a body::
 
 The first header follows the prompt's ``<|start|>assistant``; a header names the message's channel
 (``analysis``: the reasoning, ``commentary``: calls and preambles, ``final``: the answer) and, for a call, its
-recipient (``to=functions.get_weather``); a body ends at ``<|end|>``, ``<|call|>`` or ``<|return|>`` (the last
-two are end-of-sequence tokens, usually cut from the output) or where the output ends. Text outside any message
+recipient (``to=functions.get_weather``: one of the request's tools; ``to=python`` or ``to=browser.search``: a
+built-in tool of OpenAI's, not served here, read as the text of its channel); a body ends at ``<|end|>``,
+``<|call|>`` or ``<|return|>`` (the last two are end-of-sequence tokens, usually cut from the output) or where
+the output ends. Text outside any message
 (an output that is not harmony at all) is read as such. The markers are special tokens: the output must be
 decoded with them kept (the parsers' ``markers``).
 
@@ -23,6 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from services.gateway.openai.reasoning.markers import held_back_length
+
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 MARKERS = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
@@ -30,6 +34,7 @@ _OPENERS = (START, CHANNEL)  # what begins a header outside a message
 _CLOSERS = (END, CALL, RETURN, START)  # what ends a body (a START: the next message, its end left out)
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([\w-]+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+FUNCTIONS = "functions."  # the recipients that are the request's tools (others: built-in browser, python)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,13 @@ class Header:
         channel = _CHANNEL.search(raw)
         recipient = _RECIPIENT.search(raw)
         return cls(raw, channel.group(1) if channel else None, recipient.group(1) if recipient else None)
+
+    @property
+    def function(self) -> str | None:
+        """The tool this message calls (``to=functions.NAME``), None for any other message."""
+        if self.recipient is None or not self.recipient.startswith(FUNCTIONS):
+            return None
+        return self.recipient.removeprefix(FUNCTIONS)
 
 
 @dataclass(frozen=True)
@@ -67,10 +79,7 @@ def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str]:
 
 def _held(text: str, markers: tuple[str, ...]) -> int:
     """The length of the longest end of ``text`` that is a proper start of one of ``markers``."""
-    for size in range(min(len(text), max(len(m) for m in markers) - 1), 0, -1):
-        if any(m.startswith(text[-size:]) and len(m) > size for m in markers):
-            return size
-    return 0
+    return max(held_back_length(text, marker) for marker in markers)
 
 
 class HarmonyReader:

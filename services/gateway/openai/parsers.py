@@ -1,10 +1,12 @@
 """The front's output parsers, resolved once at startup from ``--tool-call-parser`` and
 ``--reasoning-parser``: the tool-call parser (``auto``: the family the chat template's source shows), and
-the reasoning parser with its end marker's tokens (what a constraint starts after). A reasoning marker
+the reasoning parser with its end marker's tokens (what a constraint starts after; harmony's tool parser,
+which ``auto`` picks for GPT-OSS, brings its reasoning parser where none is named). A reasoning marker
 whose pieces are not each one token of the model's vocabulary stops the gateway at startup, naming the flag."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from services.engine.tokenizer import Tokenizer
@@ -12,6 +14,9 @@ from services.gateway.openai.reasoning.registry import end_token_ids, reasoning_
 from services.gateway.openai.reasoning.types import ReasoningParser
 from services.gateway.openai.tools.registry import tool_call_parser
 from services.gateway.openai.tools.types import ToolCallParser
+
+log = logging.getLogger(__name__)
+HARMONY = "gpt_oss"  # the parsers of GPT-OSS's harmony format: a tool parser of it brings its reasoning parser
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,11 @@ def resolve_parsers(tool_parser_name: str, reasoning_parser_name: str, tokenizer
     except ValueError as error:
         raise _naming("--tool-call-parser", tool_parser_name, error) from error
     tokenizer.keep_special_tokens(tools.markers)  # e.g. Mistral's [TOOL_CALLS]: the parser must see it
+    if not reasoning_parser_name and tools.name == HARMONY:
+        # the harmony markers are kept for the tool parser: without its reasoning parser every answer would show
+        # them, and its analysis (as vLLM always reads GPT-OSS's output)
+        log.info("harmony output (GPT-OSS): --reasoning-parser gpt_oss with --tool-call-parser gpt_oss")
+        reasoning_parser_name = HARMONY
     if not reasoning_parser_name:
         return FrontParsers(tools, tokenizer.template_takes_tools)
     try:

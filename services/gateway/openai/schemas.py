@@ -15,7 +15,7 @@ default. Extensions (as vLLM names them): ``top_k`` (-1 or 0 = off), ``min_p`` (
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -220,6 +220,9 @@ class ChatCompletionBody(GenerationBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # variables the chat template reads (enable_thinking, …)
+    # OpenAI's; given to the chat template as its variable reasoning_effort (GPT-OSS's "Reasoning: high"; a
+    # template that reads no such variable renders the same prompt), unless chat_template_kwargs sets it
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     @field_validator("add_generation_prompt", "continue_final_message", mode="before")
     @classmethod
@@ -228,8 +231,10 @@ class ChatCompletionBody(GenerationBody):
 
     def template_options(self) -> ChatTemplateOptions:
         """The chat template's options of this request (checked when the prompt is rendered)."""
-        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message,
-                                   self.chat_template_kwargs or {})
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, kwargs)
 
     @field_validator("tool_choice", mode="before")
     @classmethod

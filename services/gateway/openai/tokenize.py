@@ -35,6 +35,7 @@ class TokenizeBody(BaseModel):
     add_generation_prompt: Any = None  # the chat template's options, checked as chat completions check them
     continue_final_message: Any = None
     chat_template_kwargs: Any = None
+    reasoning_effort: Any = None
     return_token_strs: bool = False
 
 
@@ -73,7 +74,7 @@ def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str, pars
                     "messages": body.messages, "tools": body.tools, "tool_choice": body.tool_choice,
                     "add_generation_prompt": body.add_generation_prompt,
                     "continue_final_message": body.continue_final_message,
-                    "chat_template_kwargs": body.chat_template_kwargs})
+                    "chat_template_kwargs": body.chat_template_kwargs, "reasoning_effort": body.reasoning_effort})
             except ValidationError as error:  # a 400 naming the param, as the request body's own
                 raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
             templated = chat_input(chat, "tokenize", parsers)  # tool checks: a 400 naming the param

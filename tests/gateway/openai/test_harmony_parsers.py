@@ -49,6 +49,9 @@ CASES = [
      "<|start|>assistant<|channel|>final<|message|>x <| y < z |>", "ab", "x <| y < z |>", ()),
     ("<|channel|>analy", "", "<|channel|>analy", ()),  # a header never completed: as written
     ("<|channel|>final<|message|>é 🙂", "", "é 🙂", ()),
+    # a built-in tool of OpenAI's (not served here): read as its channel's text, not a call of the request
+    ("<|channel|>analysis to=python<|message|>print(1)<|call|>", "print(1)", "", ()),
+    ("<|channel|>commentary to=browser.search<|message|>{\"query\": \"x\"}", "", "{\"query\": \"x\"}", ()),
 ]
 
 
@@ -157,3 +160,14 @@ def test_the_end_marker_is_three_tokens_each_one_of_the_vocabulary(bundled_token
     with pytest.raises(ValueError, match=r"gpt_oss needs '<\|channel\|>final<\|message\|>' \(its piece "
                                          r"'<\|channel\|>'\) to be one token"):
         end_token_ids(REASONING, bundled_tokenizer)  # SmolLM2 has no harmony markers
+
+
+def test_the_harmony_tool_parser_brings_its_reasoning_parser(bundled_tokenizer):
+    """Without it every answer would show harmony's markers (kept for the tool parser) and its analysis."""
+    from services.gateway.openai.parsers import resolve_parsers
+
+    tokenizer = harmony_tokenizer(bundled_tokenizer.hf)
+    parsers = resolve_parsers("gpt_oss", "", tokenizer)
+    assert parsers.reasoning is not None and parsers.reasoning.name == "gpt_oss"
+    assert len(parsers.reasoning_end_ids) == 3
+    assert resolve_parsers("hermes", "", tokenizer).reasoning is None

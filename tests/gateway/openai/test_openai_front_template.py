@@ -136,3 +136,35 @@ async def test_the_output_of_a_prompt_that_closed_the_thinking_is_all_answer(thi
         content = "".join(d.content or "" for d in chunks)
         reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in chunks)
         assert (content, reasoning) == (("red and blue", "") if answer else ("", "red and blue")), extra
+
+
+EFFORT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "<|im_start|>assistant\nReasoning: {{ reasoning_effort | default('medium') }}\n")
+
+
+@pytest.fixture
+async def effort_front(tokenizer, model_config):
+    """The front over a tokenizer whose template reads ``reasoning_effort`` (as GPT-OSS's does)."""
+    hf = chat_tokenizer(tokenizer.hf)
+    hf.chat_template = EFFORT_TEMPLATE
+    shaped = Tokenizer(hf, model_config.eos_token_ids)
+    running = await start_front(shaped, dataclasses.replace(model_config, vocab_size=len(hf)))
+    try:
+        yield running, shaped
+    finally:
+        await stop_front(running)
+
+
+async def test_reasoning_effort_reaches_the_template_unless_its_kwargs_set_it(effort_front):
+    front, shaped = effort_front
+    for extra, effort in (({}, "medium"), ({"reasoning_effort": "high"}, "high"),
+                          ({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}, "low")):
+        script(front, shaped)
+        reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, **extra})
+        assert reply.status_code == 200, reply.text
+        assert shaped.hf.decode(prompt_ids(front)).endswith(f"Reasoning: {effort}"), extra
+        tokenized = await front.http.post("/tokenize", json={"model": MODEL, "messages": CHAT, **extra})
+        assert tokenized.json()["tokens"] == prompt_ids(front)
+    error = error_of(await front.http.post("/v1/chat/completions", json={"messages": CHAT,
+                                                                          "reasoning_effort": "extreme"}), 400)
+    assert "reasoning_effort" in error["param"]

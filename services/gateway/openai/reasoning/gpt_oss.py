@@ -1,8 +1,9 @@
 """GPT-OSS's reasoning (``--reasoning-parser gpt_oss``; vLLM's name ``openai_gptoss`` too): the bodies of its
 ``analysis`` messages are the reasoning; those of ``final`` messages, commentary without a recipient (a
-preamble to the user) and text outside any message are the content. A message with a recipient (a tool call,
-``to=functions.get_weather``) goes to the content as written, markers and all, for the tool-call parser
-(``--tool-call-parser gpt_oss``) to read. See :mod:`services.gateway.openai.harmony` for the format.
+preamble to the user) and text outside any message are the content. A call of a tool (``to=functions.NAME``)
+goes to the content as written, markers and all, for the tool-call parser (``--tool-call-parser gpt_oss``) to
+read; a message to a built-in tool (``to=python``) is read as its channel's text. See
+:mod:`services.gateway.openai.harmony` for the format.
 
 Streaming gives the same split as :meth:`GptOssReasoningParser.split` for any chunking: both are the same
 reader fed the text whole or in pieces.
@@ -33,9 +34,9 @@ class HarmonyReasoningStream:
                 content.append(event.text)
             elif event.kind == "open":
                 self._header = event.header
-                if event.header is not None and event.header.recipient is not None:
+                if event.header is not None and event.header.function is not None:
                     content.append(event.header.raw)
-            elif header is not None and header.recipient is not None:  # a call: as written
+            elif header is not None and header.function is not None:  # a call: as written
                 content.append(event.text)
             elif event.kind == "body":
                 (reasoning if header is not None and header.channel == "analysis" else content).append(event.text)

@@ -3,11 +3,11 @@ too; see :mod:`services.gateway.openai.harmony`)::
 
     <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}
 
-A message with a recipient is a call of that function (``functions.`` taken off the name) when its body is a
-JSON object, released whole when the message ends (at ``<|call|>``, usually cut from the output as an
-end-of-sequence token, so at the end of the output); one whose body is not an object stays content. The bodies
-of the other messages, and text outside any message, are content (with ``--reasoning-parser gpt_oss`` the
-analysis is taken out before). The chat template of GPT-OSS renders tools, calls and results itself; the
+A message to ``functions.NAME`` is a call of NAME when its body is a JSON object, released whole when the
+message ends (at ``<|call|>``, usually cut from the output as an end-of-sequence token, so at the end of the
+output); one whose body is not an object stays content. The bodies of the other messages (those to a built-in
+tool, ``to=python``, included), and text outside any message, are content (with ``--reasoning-parser gpt_oss``
+the analysis is taken out before). The chat template of GPT-OSS renders tools, calls and results itself; the
 text forms below are for a template without a tool section. A forced call (``tool_choice`` ``required`` or a
 named function) is refused: its grammar would have to write harmony's special tokens.
 """
@@ -17,7 +17,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from services.gateway.openai.harmony import CALL, CHANNEL, CONSTRAIN, MARKERS, MESSAGE, START, HarmonyReader
+from services.gateway.openai.harmony import (
+    CALL,
+    CHANNEL,
+    CONSTRAIN,
+    FUNCTIONS,
+    MARKERS,
+    MESSAGE,
+    START,
+    Event,
+    HarmonyReader,
+)
 from services.gateway.openai.tools.scan import (
     ContentEmitter,
     arguments_value,
@@ -28,21 +38,19 @@ from services.gateway.openai.tools.scan import (
 )
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
 
-FUNCTIONS = "functions."
 
-
-def _call(recipient: str, body: str) -> ParsedToolCall | None:
+def _call(function: str, body: str) -> ParsedToolCall | None:
     found = decode_json(body)
     if found is None or not isinstance(found[0], dict) or skip_space(body, found[1]) != len(body):
         return None
-    return ParsedToolCall(recipient.removeprefix(FUNCTIONS), json.dumps(found[0], ensure_ascii=False))
+    return ParsedToolCall(function, json.dumps(found[0], ensure_ascii=False))
 
 
 class HarmonyToolStream:
     def __init__(self) -> None:
         self._reader = HarmonyReader()
         self._content = ContentEmitter()
-        self._recipient: str | None = None
+        self._function: str | None = None
         self._call_text: list[str] = []  # a call's header and body as written, while it is open
 
     def feed(self, text: str) -> list[StreamPiece]:
@@ -51,12 +59,12 @@ class HarmonyToolStream:
     def finish(self) -> list[StreamPiece]:
         return self._pieces(self._reader.finish())
 
-    def _pieces(self, events) -> list[StreamPiece]:
+    def _pieces(self, events: list[Event]) -> list[StreamPiece]:
         pieces: list[StreamPiece] = []
         for event in events:
-            if event.kind == "open" and event.header is not None and event.header.recipient is not None:
-                self._recipient, self._call_text = event.header.recipient, [event.header.raw]
-            elif self._recipient is not None:
+            if event.kind == "open" and event.header is not None and event.header.function is not None:
+                self._function, self._call_text = event.header.function, [event.header.raw]
+            elif self._function is not None:
                 self._call_text.append(event.text)
                 if event.kind == "close":
                     pieces += self._close_call()
@@ -65,11 +73,11 @@ class HarmonyToolStream:
         return pieces
 
     def _close_call(self) -> list[StreamPiece]:
-        recipient, written = self._recipient, self._call_text
-        self._recipient, self._call_text = None, []
-        assert recipient is not None
+        function, written = self._function, self._call_text
+        self._function, self._call_text = None, []
+        assert function is not None
         body = "".join(written[1:-1])
-        call = _call(recipient, body)
+        call = _call(function, body)
         return [StreamPiece(call=call)] if call is not None else self._content.emit(body)
 
 
