@@ -41,13 +41,16 @@ class ToolCallRecord:
 @dataclass(frozen=True)
 class ChatMessage:
     """One message of a conversation. ``tool_calls``: an assistant's calls; ``tool_call_id`` and ``name``:
-    a ``tool`` message's answer to one of them."""
+    a ``tool`` message's answer to one of them; ``reasoning``: an assistant's earlier reasoning (the
+    ``reasoning_content`` a client sends back), given to the template under both names templates read it by:
+    ``reasoning_content`` (Qwen3's) and ``thinking`` (GPT-OSS's, which keeps a tool call's analysis)."""
 
     role: str
     content: str
     tool_calls: tuple[ToolCallRecord, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning: str | None = None
 
     def template_dict(self) -> dict[str, Any]:
         """The message as Hugging Face chat templates take it."""
@@ -60,6 +63,8 @@ class ChatMessage:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
+        if self.reasoning is not None:
+            out["reasoning_content"] = out["thinking"] = self.reasoning
         return out
 
 

@@ -185,6 +185,7 @@ class ChatMessageBody(BaseModel):
     tool_calls: list[ToolCallBody] | None = None  # an assistant's
     tool_call_id: str | None = None  # a tool's: the call it answers
     name: str | None = None
+    reasoning_content: str | None = None  # an assistant's earlier reasoning, sent back (the template may read it)
 
     @field_validator("content")
     @classmethod

@@ -100,8 +100,11 @@ def _message(body: ChatMessageBody, i: int) -> ChatMessage:
         raise _bad(f"messages[{i}].tool_calls", f"only an assistant's message has tool calls, not a {body.role}'s")
     if body.role == "tool" and not body.tool_call_id:
         raise _bad(f"messages[{i}].tool_call_id", "a tool message names the call it answers")
+    if body.reasoning_content is not None and body.role != "assistant":
+        raise _bad(f"messages[{i}].reasoning_content", f"only an assistant's message has reasoning, not a "
+                                                       f"{body.role}'s")
     calls = tuple(ToolCallRecord(c.id, c.function.name, c.function.arguments) for c in body.tool_calls or ())
-    return ChatMessage(body.role, body.text, calls, body.tool_call_id, body.name)
+    return ChatMessage(body.role, body.text, calls, body.tool_call_id, body.name, body.reasoning_content)
 
 
 def _names_of_calls(messages: Sequence[ChatMessage]) -> dict[str, str]:
@@ -115,7 +118,8 @@ def _as_text(messages: Sequence[ChatMessage], parser: ToolCallParser) -> list[Ch
     for message in messages:
         if message.tool_calls:
             calls = parser.render_calls([ParsedToolCall(c.name, c.arguments) for c in message.tool_calls])
-            out.append(ChatMessage(message.role, "\n".join(t for t in (message.content, calls) if t)))
+            out.append(ChatMessage(message.role, "\n".join(t for t in (message.content, calls) if t),
+                                   reasoning=message.reasoning))
         elif message.role == "tool":
             name = message.name or names.get(message.tool_call_id or "")
             out.append(ChatMessage("user", parser.render_result(message.content, name)))

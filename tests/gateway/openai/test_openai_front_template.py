@@ -168,3 +168,27 @@ async def test_reasoning_effort_reaches_the_template_unless_its_kwargs_set_it(ef
     error = error_of(await front.http.post("/v1/chat/completions", json={"messages": CHAT,
                                                                           "reasoning_effort": "extreme"}), 400)
     assert "reasoning_effort" in error["param"]
+
+
+ECHO_REASONING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                  "{% if m.thinking is defined %} thinking={{ m.thinking }}{% endif %}"
+                  "{% if m.reasoning_content is defined %} reasoning_content={{ m.reasoning_content }}{% endif %}"
+                  "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+async def test_an_assistants_reasoning_sent_back_reaches_the_template_under_both_names(effort_front):
+    """``reasoning_content`` on an earlier assistant turn: Qwen3's templates read it by that name, GPT-OSS's as
+    ``thinking`` (a tool call's analysis); on another role's message it is a 400 naming it."""
+    front, shaped = effort_front
+    shaped.hf.chat_template = ECHO_REASONING
+    turns = [*CHAT, {"role": "assistant", "content": "Red.", "reasoning_content": "Any will do."},
+             {"role": "user", "content": "Another?"}]
+    script(front, shaped)
+    reply = await front.http.post("/v1/chat/completions", json={"messages": turns})
+    assert reply.status_code == 200, reply.text
+    prompt = shaped.hf.decode(prompt_ids(front))
+    assert "Red. thinking=Any will do. reasoning_content=Any will do.<|im_end|>" in prompt
+    assert prompt.count("thinking=") == 1  # the other turns have none
+    bad = [{"role": "user", "content": "Hi", "reasoning_content": "no"}]
+    error = error_of(await front.http.post("/v1/chat/completions", json={"messages": bad}), 400)
+    assert error["param"] == "messages[0].reasoning_content"
