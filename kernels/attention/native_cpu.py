@@ -87,8 +87,8 @@ class NativeCpuAttention(AttentionBackend):
         self._library = _library() if self.device.type == "cpu" else None
         self._torch = TorchPagedAttention(self.device)
         self._torch_planned: str | None = None
-        self._windowed = TorchPagedAttention(self.device)
-        self._windowed_planned = False
+        self._torch_layers = TorchPagedAttention(self.device)
+        self._torch_layers_planned = False
         self._plan: NativeStepPlan | None = None
         self._supported: dict[tuple[int, ...], bool] = {}
 
@@ -98,7 +98,7 @@ class NativeCpuAttention(AttentionBackend):
 
     def plan(self, meta: AttentionMetadata) -> None:
         self._torch_planned = None
-        self._windowed_planned = False
+        self._torch_layers_planned = False
         if self._library is None or meta.device.type != "cpu" or not meta.decode_seqs:
             self._plan = NativeStepPlan(meta, None, meta, None)
             return
@@ -142,10 +142,10 @@ class NativeCpuAttention(AttentionBackend):
         if window is not None and window >= plan.meta.max_seq_len:
             window = None  # a window that hides nothing is none
         if window is not None or sinks is not None:
-            if not self._windowed_planned:
-                self._windowed.plan(plan.meta)
-                self._windowed_planned = True
-            return self._windowed.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks)
+            if not self._torch_layers_planned:
+                self._torch_layers.plan(plan.meta)
+                self._torch_layers_planned = True
+            return self._torch_layers.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks)
         if plan.decode is None or not self._native_fits(q, kv_cache):
             return self._torch_forward("all", plan.meta, q, k, v, kv_cache, scale)
         num_tokens = q.shape[0]

@@ -27,7 +27,7 @@ def sdpa_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     key_len = key.shape[2]
     per_row = heads * key_len
     seqs = max(1, SCORE_BUDGET // (per_row * query_len))
-    rows = query_len if seqs > 1 or per_row * query_len <= SCORE_BUDGET else max(1, SCORE_BUDGET // per_row)
+    rows = query_len if per_row * query_len <= SCORE_BUDGET else max(1, SCORE_BUDGET // per_row)
     sinks = sinks.to(device=query.device, dtype=torch.float32).expand(batch, heads, query_len, 1)
     mask = None if attn_mask is None else attn_mask.expand(batch, heads, query_len, key_len)
     out = torch.empty(batch, heads, query_len, value.shape[-1], dtype=value.dtype, device=value.device)

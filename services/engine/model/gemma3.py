@@ -17,13 +17,12 @@ from typing import Any
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig
 from services.engine.model.gguf_config import END_OF_TURN_KEY, GGUFFields, gguf_base_fields
-from services.engine.model.hf_config import base_fields, rope_settings
+from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows
 
 ARCHITECTURE = "gemma3"
 GGUF_ARCHITECTURE = "gemma3"
 LLAMA_CPP_27B_LAYERS = 62  # llama.cpp scales Gemma-3-27B's queries by hidden / heads, the others' by head_dim
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of the tanh-approximated GELU
-LAYER_TYPES = ("sliding_attention", "full_attention")
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
@@ -38,11 +37,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         raise ModelLoadError("gemma3: attn_logit_softcapping is not supported")
     if text.get("use_bidirectional_attention"):
         raise ModelLoadError("gemma3: use_bidirectional_attention (an embedding model) is not supported")
-    layer_types = list(text["layer_types"])
-    if len(layer_types) != int(text["num_hidden_layers"]) or set(layer_types) - set(LAYER_TYPES):
-        raise ModelLoadError(f"gemma3: layer_types must list {text['num_hidden_layers']} of {', '.join(LAYER_TYPES)}, "
-                             f"got {layer_types}")
-    window = int(text["sliding_window"])
+    windows = typed_layer_windows(ARCHITECTURE, list(text["layer_types"]), int(text["num_hidden_layers"]),
+                                  int(text["sliding_window"]))
     ropes = text["rope_parameters"]
     local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
     if local_scaling is not None:
@@ -51,7 +47,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(text.get("attention_bias", False))
     return ModelConfig(
         **fields, qkv_bias=bias, o_bias=bias, qk_norm=True,
-        layer_windows=tuple(window if kind == "sliding_attention" else None for kind in layer_types),
+        layer_windows=windows,
         gemma=GemmaConfig(query_pre_attn_scalar=float(text["query_pre_attn_scalar"]), local_rope_theta=local_theta,
                           final_logit_softcap=None if text.get("final_logit_softcapping") is None
                           else float(text["final_logit_softcapping"])),

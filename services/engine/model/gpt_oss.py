@@ -11,7 +11,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.hf_config import base_fields
+from services.engine.model.hf_config import base_fields, typed_layer_windows
 
 ARCHITECTURE = "gpt_oss"
 SUPPORTED_QUANTIZATION = "mxfp4"  # the experts only, as OpenAI's checkpoints hold them
@@ -36,13 +36,9 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     full = _full_config(cfg)
     fields = base_fields(full, ARCHITECTURE, check_mlp=False)  # the experts' activation is GPT-OSS's own
     layers, window = fields["num_layers"], full.get("sliding_window")
-    kinds = full["layer_types"]
-    if len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
-        raise ModelLoadError(f"gpt_oss: layer_types must name {layers} layers, each sliding_attention or "
-                             f"full_attention, got {kinds}")
-    windows: tuple[int | None, ...] = ()
-    if window is not None and int(window) < fields["max_position"]:
-        windows = tuple(int(window) if kind == "sliding_attention" else None for kind in kinds)
+    windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), layers, int(window or 0))
+    # no window, or one the context never outgrows: every layer full (ModelConfig.windows_within drops the latter)
+    windows = windows if window is not None and int(window) < fields["max_position"] else ()
     moe = MoEConfig(num_experts=int(full["num_local_experts"]), top_k=int(full["num_experts_per_tok"]),
                     intermediate_size=fields["intermediate_size"], norm_topk_prob=False,
                     sparse_layers=tuple(range(layers)), softmax_after_topk=True,

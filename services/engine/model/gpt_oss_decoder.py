@@ -11,6 +11,7 @@ the activation. The grouped-GEMM path has no biases: GPT-OSS always runs the loo
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ class GptOssDecoderModel(DecoderModel):
         assert config.moe is not None and config.moe.swiglu_limit is not None, "GptOssDecoderModel needs GPT-OSS's"
         kwargs["grouped_experts"] = False
         super().__init__(config, tensors, dtype, *args, **kwargs)
+        self._activation = partial(clamped_swiglu, limit=config.moe.swiglu_limit, alpha=config.moe.swiglu_alpha)
 
     def _layer(self, i: int) -> LayerWeights:
         layer = super()._layer(i)
@@ -86,7 +88,5 @@ class GptOssDecoderModel(DecoderModel):
         return values.to(device=self.device, dtype=self.dtype)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: Any) -> torch.Tensor:
-        moe = self.config.moe
-        assert layer.moe is not None and moe is not None and moe.swiglu_limit is not None
-        limit, alpha = moe.swiglu_limit, moe.swiglu_alpha
-        return moe_forward(x, layer.moe, moe, lambda gate_up: clamped_swiglu(gate_up, limit, alpha))
+        assert layer.moe is not None and self.config.moe is not None
+        return moe_forward(x, layer.moe, self.config.moe, self._activation)
