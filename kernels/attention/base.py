@@ -23,14 +23,16 @@ class AttentionBackend(ABC):
 
     Call ``plan`` once per scheduler step, then ``forward`` once per layer of that step.
 
-    ``supports_window``: ``forward`` takes a ``window`` (sliding-window layers, Gemma 3); ``supports_sinks``:
-    it takes ``sinks`` (GPT-OSS's attention sinks). A backend without one is never handed it (the model runner
-    picks one that has it, or refuses the model).
+    ``supports_window``: ``forward`` takes a ``window`` (sliding-window layers, Gemma 2 and 3); ``supports_sinks``:
+    it takes ``sinks`` (GPT-OSS's attention sinks); ``supports_softcap``: it takes ``softcap`` (Gemma 2's
+    attention logit softcapping). A backend without one is never handed it (the model runner picks one that
+    has it, or refuses the model).
     """
 
     name: ClassVar[str]
     supports_window: ClassVar[bool] = False
     supports_sinks: ClassVar[bool] = False
+    supports_softcap: ClassVar[bool] = False
 
     @abstractmethod
     def plan(self, meta: AttentionMetadata) -> None:
@@ -53,7 +55,9 @@ class AttentionBackend(ABC):
         A backend with ``supports_window`` also takes ``window=W`` (an int >= 1; None: full attention): query
         position p then sees positions ``max(0, p - W + 1)..p`` only, as transformers' sliding-window mask.
         A backend with ``supports_sinks`` also takes ``sinks``, a float32 ``[Hq]`` tensor (None: no sinks): the
-        softmax of each query of head h also counts ``exp(sinks[h])``, with no value (:mod:`.sinks`).
+        softmax of each query of head h also counts ``exp(sinks[h])``, with no value (:mod:`.explicit`).
+        A backend with ``supports_softcap`` also takes ``softcap``, a float > 0 (None: none): each scaled score
+        ``s`` becomes ``softcap * tanh(s / softcap)`` before the mask and the softmax.
         """
 
 

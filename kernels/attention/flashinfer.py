@@ -13,8 +13,8 @@ into the cache with FlashInfer's ``append_paged_kv_cache``.
 Sliding-window layers (``forward(..., window=W)``) run their own pair of wrappers, planned once per step
 with ``window_left = W - 1`` (FlashInfer's count of positions left of the query that it sees: transformers'
 window of W), so that the full and the sliding layers of a step are not re-planned layer by layer. Layers
-with attention sinks (GPT-OSS) run the torch backend: FlashInfer's sink variant is not wired (no GPU to check
-it against here).
+with attention sinks (GPT-OSS) or a logit softcap (Gemma 2) run the torch backend: FlashInfer's sink variant
+and its ``logits_soft_cap`` are not wired (no GPU to check them against here).
 
 FlashInfer runs fp16/bf16 with head dims 64, 128 and 256; other steps (float32, the exact-parity mode)
 run the pure-torch backend on the same device. Nothing here imports flashinfer on a CPU-only install:
@@ -80,6 +80,7 @@ class FlashInferBackend(AttentionBackend):
     name: ClassVar[str] = "flashinfer"
     supports_window: ClassVar[bool] = True
     supports_sinks: ClassVar[bool] = True  # on the torch backend: FlashInfer's sink variant is not wired yet
+    supports_softcap: ClassVar[bool] = True  # on the torch backend: its logits_soft_cap is not wired yet
 
     def __init__(
         self,
@@ -134,7 +135,7 @@ class FlashInferBackend(AttentionBackend):
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
-        window: int | None = None, sinks: torch.Tensor | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None, softcap: float | None = None,
     ) -> torch.Tensor:
         step = self._step
         if step is None:
@@ -148,8 +149,8 @@ class FlashInferBackend(AttentionBackend):
                              f"(block size {step.meta.block_size} planned)")
         if window is not None and window >= step.meta.max_seq_len:
             window = None  # it hides nothing in this step: the full layers' plan serves it
-        if sinks is not None:
-            return self._torch_forward(step, q, k, v, kv_cache, scale, window, sinks)
+        if sinks is not None or softcap is not None:
+            return self._torch_forward(step, q, k, v, kv_cache, scale, window, sinks, softcap)
         if not self._runs(q, kv_cache):
             return self._torch_forward(step, q, k, v, kv_cache, scale, window)
         shapes = (num_heads, num_kv_heads, head_dim, block_size, q.dtype, scale)
@@ -190,8 +191,8 @@ class FlashInferBackend(AttentionBackend):
 
     def _torch_forward(self, step: _Step, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        kv_cache: torch.Tensor, scale: float, window: int | None,
-                       sinks: torch.Tensor | None = None) -> torch.Tensor:
+                       sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
         if not step.torch_planned:
             self._torch.plan(step.meta)
             step.torch_planned = True
-        return self._torch.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks)
+        return self._torch.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks, softcap=softcap)

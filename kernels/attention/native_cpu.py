@@ -70,7 +70,8 @@ class NativeCpuAttention(AttentionBackend):
     ``torch.get_num_threads()`` threads). Prefill sequences, and whole steps the kernel cannot serve
     (CUDA tensors, a strided cache, other dtypes, unsupported shapes), run ``TorchPagedAttention``.
 
-    Sliding-window layers (``window``) and layers with attention sinks (``sinks``) run whole steps on a second
+    Sliding-window layers (``window``), layers with attention sinks (``sinks``) and softcapped layers
+    (``softcap``) run whole steps on a second
     ``TorchPagedAttention``, planned once a step, which gathers only the blocks of each window; the other
     layers keep the kernel.
 
@@ -81,6 +82,7 @@ class NativeCpuAttention(AttentionBackend):
     name: ClassVar[str] = "cpu_native"
     supports_window: ClassVar[bool] = True
     supports_sinks: ClassVar[bool] = True
+    supports_softcap: ClassVar[bool] = True
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -134,18 +136,18 @@ class NativeCpuAttention(AttentionBackend):
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
-        window: int | None = None, sinks: torch.Tensor | None = None,
+        window: int | None = None, sinks: torch.Tensor | None = None, softcap: float | None = None,
     ) -> torch.Tensor:
         plan = self._plan
         if plan is None:
             raise RuntimeError("NativeCpuAttention.forward called before plan()")
         if window is not None and window >= plan.meta.max_seq_len:
             window = None  # a window that hides nothing is none
-        if window is not None or sinks is not None:
+        if window is not None or sinks is not None or softcap is not None:
             if not self._torch_layers_planned:
                 self._torch_layers.plan(plan.meta)
                 self._torch_layers_planned = True
-            return self._torch_layers.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks)
+            return self._torch_layers.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks, softcap=softcap)
         if plan.decode is None or not self._native_fits(q, kv_cache):
             return self._torch_forward("all", plan.meta, q, k, v, kv_cache, scale)
         num_tokens = q.shape[0]

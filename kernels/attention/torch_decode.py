@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention.base import K_INDEX, V_INDEX
-from kernels.attention.sinks import sdpa_with_sinks
+from kernels.attention.explicit import explicit_sdpa
 from kernels.attention.torch_plan import DecodeGroup
 from kernels.attention.workspace import Workspace
 
@@ -35,9 +35,10 @@ def _gather(kv_cache: torch.Tensor, which: int, group: DecodeGroup, workspace: W
 
 def decode_sdpa(
     group: DecodeGroup, q: torch.Tensor, kv_cache: torch.Tensor, scale: float, workspace: Workspace,
-    sinks: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
-    """``sinks``: each query head's sink logit ([Hq], :mod:`kernels.attention.sinks`); None: none."""
+    """``sinks``: each query head's sink logit ([Hq]); ``softcap``: the scores' cap (:mod:`kernels.attention.explicit`);
+    None: none."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[3]
     group_size = num_heads // num_kv_heads
@@ -54,9 +55,10 @@ def decode_sdpa(
             v.view(-1, num_kv_heads, head_dim).index_fill_(0, group.pad_rows, 0)
         mask = group.additive_mask(q.dtype)
     query = q.view(n, num_kv_heads, group_size, head_dim)
-    if sinks is not None:  # the query heads of a KV head are the query length here: their sinks go there too
-        out = sdpa_with_sinks(query, k.transpose(1, 2), v.transpose(1, 2), sinks.view(1, num_kv_heads, group_size, 1),
-                              scale, attn_mask=mask)
+    if sinks is not None or softcap is not None:
+        # the query heads of a KV head are the query length here: their sinks go there too
+        out = explicit_sdpa(query, k.transpose(1, 2), v.transpose(1, 2), scale, attn_mask=mask, softcap=softcap,
+                            sinks=None if sinks is None else sinks.view(1, num_kv_heads, group_size, 1))
         return out.reshape(n, num_heads, head_dim)
     out = F.scaled_dot_product_attention(query, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
     return out.reshape(n, num_heads, head_dim)

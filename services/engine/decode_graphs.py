@@ -96,6 +96,8 @@ def graph_support(model: DecoderModel) -> str:
         return "its sliding-window layers (the graph attention has no window)"
     if model.config.attention_sinks:
         return "its attention sinks (the graph attention has none)"
+    if model.config.attn_logit_softcap is not None:
+        return "its attention logit softcapping (the graph attention has none)"
     return ""
 
 

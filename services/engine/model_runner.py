@@ -96,12 +96,14 @@ class ModelRunner:
 
 def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
     """The backend ``name`` ("auto" by default) builds for the model's device. A model with sliding-window
-    layers or attention sinks needs one that takes them (every backend "auto" picks does); another is refused,
-    naming it (``ValueError``)."""
+    layers, attention sinks or an attention logit softcap needs one that takes them (every backend "auto" picks
+    does); another is refused, naming what it lacks (``ValueError``)."""
     attention = create_backend(name, model.device)
     lacking = [what for what, needed, has in (
         ("sliding-window attention", model.config.has_windows, attention.supports_window),
-        ("attention sinks", model.config.attention_sinks, attention.supports_sinks)) if needed and not has]
+        ("attention sinks", model.config.attention_sinks, attention.supports_sinks),
+        ("attention logit softcapping", model.config.attn_logit_softcap is not None, attention.supports_softcap),
+    ) if needed and not has]
     if not lacking:
         return attention
     missing = " nor ".join(lacking)

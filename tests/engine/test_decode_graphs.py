@@ -34,7 +34,8 @@ def test_buckets_cover_max_num_seqs_and_stop_at_256():
 
 
 def test_what_a_graph_cannot_hold_is_named():
-    layer, full = SimpleNamespace(moe=None), SimpleNamespace(has_windows=False, attention_sinks=False)
+    layer = SimpleNamespace(moe=None)
+    full = SimpleNamespace(has_windows=False, attention_sinks=False, attn_logit_softcap=None)
 
     def model(layers, deterministic=False, config=full):
         return SimpleNamespace(deterministic=deterministic, layers=layers, config=config)
@@ -46,8 +47,10 @@ def test_what_a_graph_cannot_hold_is_named():
     grouped = model([layer, SimpleNamespace(moe=SimpleNamespace(grouped=1))])
     assert graph_support(grouped) == ""  # grouped experts: no host sync, capturable
     assert "sliding-window layers" in graph_support(model([layer], config=SimpleNamespace(has_windows=True)))
-    sinks = SimpleNamespace(has_windows=False, attention_sinks=True)
-    assert "attention sinks" in graph_support(model([layer], config=sinks))
+    assert "attention sinks" in graph_support(model([layer], config=SimpleNamespace(**vars(full) | {
+        "attention_sinks": True})))
+    capped = SimpleNamespace(**vars(full) | {"attn_logit_softcap": 50.0})
+    assert "attention logit softcapping" in graph_support(model([layer], config=capped))
 
 
 def test_cuda_graphs_need_a_cuda_device():

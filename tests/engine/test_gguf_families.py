@@ -1,5 +1,5 @@
 """GGUF files of every GGUF family (``llama`` with Mixtral's experts too, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``gemma3``), written the way llama.cpp writes them from tiny transformers models, load into a
+``qwen3moe``, ``gemma2``, ``gemma3``), written the way llama.cpp writes them from tiny transformers models, load into a
 ``DecoderModel`` whose float32 logits equal the HF twin's (the twin carries the file's dequantised weights, so
 quantised files are held to the same bar); what the loader cannot serve exactly is refused with the culprit
 named."""
@@ -45,6 +45,10 @@ FAMILIES = {
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
     "llama3-bias": dict(model_type="llama", attention_bias=True, tie_word_embeddings=False, rope_scaling=LLAMA3),
+    # Gemma 2 as llama.cpp reads it: sliding (window 8 < the 45 tokens) and full layers alternating, queries
+    # scaled by head_dim, softcaps low enough to matter in a tiny model
+    "gemma2": dict(model_type="gemma2", num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                   attn_logit_softcapping=3.0, final_logit_softcapping=5.0, tie_word_embeddings=True),
     # Gemma 3 as llama.cpp reads it: six layers (five sliding, window 8 < the 45 tokens), queries scaled by
     # head_dim, the 4B+ models' linear rope scaling on the full layer
     "gemma3": dict(model_type="gemma3_text", num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16,
@@ -148,7 +152,8 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     for load in (load_weights, load_model_config):
-        with pytest.raises(ModelLoadError, match=r"gpt2.*supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3"):
+        with pytest.raises(ModelLoadError,
+                           match=r"gpt2.*supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3"):
             load(path)
 
 

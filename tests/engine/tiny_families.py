@@ -20,7 +20,7 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"gemma3", "gemma3-multimodal"}
+RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal"}
 RANDOM_BIASES = {"gpt_oss"}  # biases and sinks drawn at random (transformers starts them at 0), so each one shows
 
 FAMILIES: dict[str, dict] = {
@@ -61,6 +61,13 @@ FAMILIES: dict[str, dict] = {
                                      "truncate": False, "original_max_position_embeddings": 512,
                                      "rope_theta": 150000.0},
                     tie_word_embeddings=False),
+    # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k
+    # norms, every attention score softcapped (at 3 here, where the tiny model's scores reach it; 50 there) and
+    # the logits (30)
+    "gemma2": dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   attn_logit_softcapping=3.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+                   tie_word_embeddings=True),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
     # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
     # softcap: as in Google's files; transformers' multimodal class would not apply one)

@@ -1,6 +1,6 @@
 """Tiny random-weight transformers models written as GGUF files the way llama.cpp's converter writes them
 (its tensor names from ``gguf.get_tensor_name_map``, its metadata keys, q/k rows permuted for ``llama`` only,
-experts stacked into one 3-D tensor per projection, Llama 3.1+'s ``rope_freqs``, Gemma 3's norms stored as
+experts stacked into one 3-D tensor per projection, Llama 3.1+'s ``rope_freqs``, Gemma 2's and 3's norms stored as
 ``1 + weight``), and their HF twins whose
 weights are the file's dequantised values, so a float32 forward of both must agree."""
 
@@ -23,7 +23,7 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-             "qwen2_moe": "qwen2moe", "gemma3_text": "gemma3"}
+             "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -152,6 +152,10 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         full = cfg.rope_parameters["full_attention"]
         if full.get("rope_type") == "linear":  # the 4B+ models' scaling, as its converter writes it
             keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])})
+    if cfg.model_type == "gemma2":  # llama.cpp reads the pattern (2) and the scale as its own
+        keys.update({"attention.sliding_window": cfg.sliding_window,
+                     "attn_logit_softcapping": float(cfg.attn_logit_softcapping),
+                     "final_logit_softcapping": float(cfg.final_logit_softcapping)})
     keys.update(metadata or {})
     writer.add_name(f"tiny-{arch}")
     for key, value in keys.items():
@@ -174,7 +178,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         if name.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp's converter squeezes it to [hidden]
             array = array.reshape(-1)
         qtype = quant(name)
-        offset = 1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0  # llama.cpp stores 1 + w
+        offset = 1.0 if arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else 0.0  # stored: 1 + w
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
         twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
         if arch == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):

@@ -30,10 +30,10 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class GemmaConfig:
-    """What Gemma 3 changes in the decoder (:mod:`services.engine.model.gemma_decoder`): RMSNorm scaled by
+    """What Gemma 2 and 3 change in the decoder (:mod:`services.engine.model.gemma_decoder`): RMSNorm scaled by
     ``1 + weight``, norms after attention and the MLP as well as before, embeddings times ``sqrt(hidden)``,
     a GELU (tanh) gated MLP, attention scaled by ``query_pre_attn_scalar ** -0.5``, and the sliding-window
-    layers' own rope base (no scaling)."""
+    layers' own rope base (no scaling; Gemma 2's is the full layers' base)."""
 
     query_pre_attn_scalar: float
     local_rope_theta: float
@@ -42,8 +42,8 @@ class GemmaConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE,
-    Phi-3, Gemma 3, GPT-OSS).
+    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE,
+    Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -75,6 +75,7 @@ class ModelConfig:
     gemma: GemmaConfig | None = None
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
+    attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -92,6 +93,8 @@ class ModelConfig:
             raise ModelLoadError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if any(w is not None and w < 1 for w in self.layer_windows):
             raise ModelLoadError(f"a sliding window must be >= 1, got {self.layer_windows}")
+        if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
+            raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
 
     @property
     def q_size(self) -> int:

@@ -246,7 +246,7 @@ class DecoderModel:
                 k = rms_norm(k, layer.k_norm, eps)
             q, k = ops.rope(q, k, rope)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            attn = attention.forward(q, k, v, kv_cache, self.scale, **_attention_options(cfg.window(i), layer.sinks))
+            attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
             x, hidden = ops.add_rms_norm(o, hidden, layer.post_norm, eps)
             delta = self._mlp(x, layer, paths)
@@ -259,14 +259,17 @@ class DecoderModel:
         return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
 
 
-def _attention_options(window: int | None, sinks: torch.Tensor | None) -> dict[str, object]:
-    """The layer's options to the backend's ``forward``: only those it has (a backend without windows or sinks
-    takes neither keyword, and is never chosen for a model that has them)."""
+def attention_options(config: ModelConfig, layer: int, sinks: torch.Tensor | None = None) -> dict[str, object]:
+    """Layer ``layer``'s options to the backend's ``forward``: only those it has (a backend without windows,
+    sinks or a softcap takes none of those keywords, and is never chosen for a model that has them)."""
     options: dict[str, object] = {}
+    window = config.window(layer)
     if window is not None:
         options["window"] = window
     if sinks is not None:
         options["sinks"] = sinks
+    if config.attn_logit_softcap is not None:
+        options["softcap"] = config.attn_logit_softcap
     return options
 
 

@@ -64,16 +64,21 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     layers, window, pattern = base["num_layers"], f.get("attention.sliding_window"), 6
     scalar = (base["hidden_size"] // base["num_heads"] if layers == LLAMA_CPP_27B_LAYERS else base["head_dim"])
     softcap = f.get("final_logit_softcapping")
-    eot = fields.get("tokenizer.ggml.eot_token_id", fields.get(END_OF_TURN_KEY))  # <end_of_turn>: a turn's end
-    eos = tuple(dict.fromkeys((*base["eos_token_ids"], *(() if eot is None else (int(eot),)))))
     return ModelConfig(
-        **{**base, "architecture": ARCHITECTURE, "eos_token_ids": eos}, qk_norm=True,
+        **{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)}, qk_norm=True,
         layer_windows=() if not window else tuple(None if (i + 1) % pattern == 0 else int(window)
                                                    for i in range(layers)),
         gemma=GemmaConfig(query_pre_attn_scalar=float(scalar),
                           local_rope_theta=10000.0,
                           final_logit_softcap=float(softcap) if softcap else None),
     )
+
+
+def gguf_turn_end_ids(base: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[int, ...]:
+    """A Gemma GGUF file's end ids: its EOS and ``<end_of_turn>`` (``eot_token_id``, else the loader's
+    :data:`END_OF_TURN_KEY`), which ends a chat turn."""
+    eot = fields.get("tokenizer.ggml.eot_token_id", fields.get(END_OF_TURN_KEY))
+    return tuple(dict.fromkeys((*base["eos_token_ids"], *(() if eot is None else (int(eot),)))))
 
 
 def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,14 @@
-"""Gemma 3's decoder: the shared decoder's weights and projections (:class:`DecoderModel`) in Gemma's layer.
+"""Gemma 2's and Gemma 3's decoder: the shared decoder's weights and projections (:class:`DecoderModel`) in
+Gemma's layer.
 
 Per layer: ``h += post_attn_norm(attention(input_norm(h)))`` then ``h += post_ff_norm(mlp(pre_ff_norm(h)))``,
 every norm computed in float32 and scaled by ``1 + weight`` (kept in float32: the sum is never rounded to the
 serving dtype, as transformers computes it); the MLP is ``down(gelu_tanh(gate) * up)``; q and k are normed
-per head; embeddings are scaled by ``sqrt(hidden)`` rounded to the serving dtype. Sliding-window layers
-attend to their window (the backend's ``window``) with their own rope base; the others attend to everything
-with the checkpoint's rope (and its scaling). Elementwise steps run torch's ops (no fused kernels).
+per head (Gemma 3's ``qk_norm``); embeddings are scaled by ``sqrt(hidden)`` rounded to the serving dtype.
+Sliding-window layers attend to their window (the backend's ``window``) with their own rope base; the others
+attend to everything with the checkpoint's rope (and its scaling). Gemma 2 caps every attention score
+(``attn_logit_softcap``, the backend's ``softcap``) and, as Gemma 3 may, the final logits. Elementwise steps
+run torch's ops (no fused kernels).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from kernels.linear import RowPaths, linear
 from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.decoder import DecoderModel, LayerWeights
+from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -44,8 +47,8 @@ def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Te
 
 
 class GemmaDecoderModel(DecoderModel):
-    """A :class:`DecoderModel` over a Gemma 3 checkpoint (``config.gemma`` set); same constructor, except
-    that the fused elementwise kernels are never used."""
+    """A :class:`DecoderModel` over a Gemma 2 or Gemma 3 checkpoint (``config.gemma`` set); same constructor,
+    except that the fused elementwise kernels are never used."""
 
     FUSED_OPS = False
 
@@ -53,8 +56,8 @@ class GemmaDecoderModel(DecoderModel):
                  **kwargs: Any):
         assert config.gemma is not None, "GemmaDecoderModel needs a Gemma config"
         if dtype == torch.float16:  # vLLM refuses it too: Gemma's activations overflow float16
-            raise ModelLoadError("gemma3 is not served in float16 (its activations overflow it); use bfloat16 or "
-                                 "float32")
+            raise ModelLoadError(f"{config.architecture} is not served in float16 (its activations overflow it); "
+                                 "use bfloat16 or float32")
         super().__init__(config, tensors, dtype, *args, **kwargs)
         self.final_norm = offset_norm_weight(self.final_norm)
         self.local_rope = RotaryEmbedding(config.head_dim, config.max_position, config.gemma.local_rope_theta,
@@ -68,14 +71,16 @@ class GemmaDecoderModel(DecoderModel):
         layer = GemmaLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
         layer.pre_ff_norm = self._source.take(p + "pre_feedforward_layernorm.weight", (hidden,))
         layer.post_ff_norm = self._source.take(p + "post_feedforward_layernorm.weight", (hidden,))
-        for name in ("input_norm", "post_norm", "q_norm", "k_norm", "pre_ff_norm", "post_ff_norm"):
+        norms = ("input_norm", "post_norm", "pre_ff_norm", "post_ff_norm", *(("q_norm", "k_norm")
+                                                                               if self.config.qk_norm else ()))
+        for name in norms:
             setattr(layer, name, offset_norm_weight(getattr(layer, name)))
         return layer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
                 ) -> torch.Tensor:
-        """:meth:`DecoderModel.forward`'s contract, computed as Gemma 3 does (see the module)."""
+        """:meth:`DecoderModel.forward`'s contract, computed as Gemma 2 and 3 do (see the module)."""
         cfg, eps = self.config, self.config.rms_norm_eps
         assert cfg.gemma is not None
         hidden = F.embedding(input_ids, self.embed) * self.embed_scale
@@ -85,15 +90,14 @@ class GemmaDecoderModel(DecoderModel):
             window = cfg.window(i)
             x = gemma_rms_norm(hidden, layer.input_norm, eps)
             q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = gemma_rms_norm(q.reshape(num_tokens, cfg.num_heads, cfg.head_dim), layer.q_norm, eps)
-            k = gemma_rms_norm(k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim), layer.k_norm, eps)
+            q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            if layer.q_norm is not None:
+                q, k = gemma_rms_norm(q, layer.q_norm, eps), gemma_rms_norm(k, layer.k_norm, eps)
             cos, sin = tables[window is not None]
             q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            if window is None:
-                attn = attention.forward(q, k, v, kv_cache, self.scale)
-            else:
-                attn = attention.forward(q, k, v, kv_cache, self.scale, window=window)
+            attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
             hidden = hidden + gemma_rms_norm(o, layer.post_norm, eps)
             x = gemma_rms_norm(hidden, layer.pre_ff_norm, eps)

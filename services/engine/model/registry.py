@@ -43,6 +43,8 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),
     Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",),
            model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel"),
+    Family("gemma2", "services.engine.model.gemma2", ("gemma2",), "gemma2",
+           model="services.engine.model.gemma_decoder:GemmaDecoderModel"),
     Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"), "gemma3",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel",
            tensor_names="services.engine.model.gemma3:text_tensor_name"),

@@ -1,11 +1,12 @@
-"""Read a GGUF file (architectures ``llama``, ``qwen2``, ``qwen3``, ``qwen3moe``, ``gemma3``) with the ``gguf`` package,
+"""Read a GGUF file (architectures ``llama``, ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma2``, ``gemma3``)
+with the ``gguf`` package,
 dequantise to float32 and rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama`` architecture only (its
   Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight.
-- Gemma 3's norms are stored as ``1 + weight`` (:data:`~services.engine.weights.gguf_names.NORM_OFFSETS`); the
+- Gemma 2's and 3's norms are stored as ``1 + weight`` (:data:`~services.engine.weights.gguf_names.NORM_OFFSETS`); the
   1 is taken off (in float32) and its layers' own names are mapped.
 - ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is
   how llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``.
@@ -47,7 +48,7 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def read_fields(reader: GGUFReader) -> dict[str, Any]:
     """Scalar and string metadata of the file (token lists are skipped: the tokenizer reads them), plus
     :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``;
-    for Gemma 3, :data:`END_OF_TURN_KEY`."""
+    for Gemma 2 and 3, :data:`END_OF_TURN_KEY`."""
     fields: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
@@ -55,7 +56,7 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
         fields[key] = field.contents()
     embedding = next((t for t in reader.tensors if t.name == _EMBEDDING), None)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and fields.get("general.architecture") == "gemma3":
+    if tokens is not None and fields.get("general.architecture") in ("gemma2", "gemma3"):
         texts = tokens.contents()
         if END_OF_TURN_TEXT in texts:
             fields[END_OF_TURN_KEY] = texts.index(END_OF_TURN_TEXT)

@@ -43,18 +43,21 @@ _EXPERT_NAMES = {
     "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
     "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
 }
-# Where an architecture names a layer's tensors otherwise or has its own (llama.cpp's Gemma 3: ``ffn_norm`` is the
-# norm before the MLP, and the two norms after attention and the MLP are its own; Qwen2-MoE's shared expert)
+# Where an architecture names a layer's tensors otherwise or has its own (llama.cpp's Gemma 2 and 3: ``ffn_norm``
+# is the norm before the MLP, and the two norms after attention and the MLP are its own; Qwen2-MoE's shared
+# expert)
+_GEMMA_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _ARCH_LAYER_NAMES = {
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",  # the shared expert and its gate
                  "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
                  "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
                  "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"},
-    "gemma3": {"post_attention_norm.weight": "post_attention_layernorm.weight",
-               "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+    "gemma3": _GEMMA_NORMS,
+    "gemma2": _GEMMA_NORMS,
 }
-NORM_OFFSETS = {"gemma3": 1.0}
+NORM_OFFSETS = {"gemma2": 1.0, "gemma3": 1.0}
 """What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's ``1 + weight`` scale,
 stored whole); the loader takes it off again, as the model adds it itself."""
 # Redundant tensors, skipped: ``attn_rot_embd`` is the rotary ``inv_freq`` buffer that old conversions
