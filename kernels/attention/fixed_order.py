@@ -111,7 +111,7 @@ class FixedOrderCpuAttention(AttentionBackend):
         status = kernel(
             q.data_ptr(), None, None, None, kv_cache.data_ptr(), rows.tables.data_ptr(), rows.lens.data_ptr(),
             q.shape[0], rows.tables.shape[1], q.shape[1], kv_cache.shape[3], q.shape[2], kv_cache.shape[2], scale,
-            out.data_ptr(), torch.get_num_threads(), 1,
+            out.data_ptr(), torch.get_num_threads(), 1, None, 0.0, 0,
         )
         _raise_on(status, "paged_decode", q, kv_cache)
 

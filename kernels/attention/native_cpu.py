@@ -1,5 +1,6 @@
 """CPU paged attention whose decode rows run a native C kernel (``native/paged_decode.c``) that reads K
-and V straight from the paged cache; everything else goes to the pure-torch reference backend."""
+and V straight from the paged cache (with a layer's window, sinks and softcap); everything else goes to the
+pure-torch reference backend."""
 
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ class DecodePlan:
     since C does not bound-check."""
 
 
+@dataclass(frozen=True)
+class LayerOptions:
+    """A layer's options to ``forward`` (see :class:`~kernels.attention.base.AttentionBackend`); None: none."""
+
+    window: int | None = None
+    sinks: torch.Tensor | None = None
+    softcap: float | None = None
+
+    def keywords(self) -> dict[str, object]:
+        """The options that are set, as ``forward``'s keywords."""
+        return {name: value for name, value in (("window", self.window), ("sinks", self.sinks),
+                                                ("softcap", self.softcap)) if value is not None}
+
+
 @dataclass
 class NativeStepPlan:
     meta: AttentionMetadata
@@ -52,7 +67,8 @@ def _library() -> ctypes.CDLL:
         raise BackendUnavailableError(f"attention backend 'cpu_native' is unavailable: {exc}") from exc
     pointer, c_int = ctypes.c_void_p, ctypes.c_int
     for function in (library.paged_decode_bf16, library.paged_decode_f32):
-        function.argtypes = [pointer] * 7 + [c_int] * 6 + [ctypes.c_float, pointer, c_int, c_int]
+        function.argtypes = [pointer] * 7 + [c_int] * 6 + [ctypes.c_float, pointer, c_int, c_int, pointer,
+                                                            ctypes.c_float, c_int]
         function.restype = c_int
     library.paged_decode_supports.argtypes = [c_int] * 4
     library.paged_decode_supports.restype = c_int
@@ -70,10 +86,8 @@ class NativeCpuAttention(AttentionBackend):
     ``torch.get_num_threads()`` threads). Prefill sequences, and whole steps the kernel cannot serve
     (CUDA tensors, a strided cache, other dtypes, unsupported shapes), run ``TorchPagedAttention``.
 
-    Sliding-window layers (``window``), layers with attention sinks (``sinks``) and softcapped layers
-    (``softcap``) run whole steps on a second
-    ``TorchPagedAttention``, planned once a step, which gathers only the blocks of each window; the other
-    layers keep the kernel.
+    A layer's options (a sliding ``window``, attention ``sinks``, a logit ``softcap``) go to the kernel with its
+    decode rows (it reads only the blocks of each window) and to the torch backend with its prefill rows.
 
     ``check_available()`` (called by the registry) compiles the kernel on first use and raises
     ``BackendUnavailableError`` with the compiler's message when that fails.
@@ -89,8 +103,6 @@ class NativeCpuAttention(AttentionBackend):
         self._library = _library() if self.device.type == "cpu" else None
         self._torch = TorchPagedAttention(self.device)
         self._torch_planned: str | None = None
-        self._torch_layers = TorchPagedAttention(self.device)
-        self._torch_layers_planned = False
         self._plan: NativeStepPlan | None = None
         self._supported: dict[tuple[int, ...], bool] = {}
 
@@ -100,7 +112,6 @@ class NativeCpuAttention(AttentionBackend):
 
     def plan(self, meta: AttentionMetadata) -> None:
         self._torch_planned = None
-        self._torch_layers_planned = False
         if self._library is None or meta.device.type != "cpu" or not meta.decode_seqs:
             self._plan = NativeStepPlan(meta, None, meta, None)
             return
@@ -143,13 +154,9 @@ class NativeCpuAttention(AttentionBackend):
             raise RuntimeError("NativeCpuAttention.forward called before plan()")
         if window is not None and window >= plan.meta.max_seq_len:
             window = None  # a window that hides nothing is none
-        if window is not None or sinks is not None or softcap is not None:
-            if not self._torch_layers_planned:
-                self._torch_layers.plan(plan.meta)
-                self._torch_layers_planned = True
-            return self._torch_layers.forward(q, k, v, kv_cache, scale, window=window, sinks=sinks, softcap=softcap)
+        options = LayerOptions(window, sinks, softcap)
         if plan.decode is None or not self._native_fits(q, kv_cache):
-            return self._torch_forward("all", plan.meta, q, k, v, kv_cache, scale)
+            return self._torch_forward("all", plan.meta, q, k, v, kv_cache, scale, options)
         num_tokens = q.shape[0]
         if num_tokens != plan.meta.num_tokens:
             raise ValueError(f"planned {plan.meta.num_tokens} tokens, got q of {num_tokens}")
@@ -160,14 +167,14 @@ class NativeCpuAttention(AttentionBackend):
                 f"the cache is {list(kv_cache.shape)}"
             )
         if decode.token_index is None:
-            return self._decode(decode, q, k, v, kv_cache, scale)
+            return self._decode(decode, q, k, v, kv_cache, scale, options)
         index = decode.token_index
         out = torch.empty(q.shape, dtype=q.dtype)
-        out[index] = self._decode(decode, q[index], k[index], v[index], kv_cache, scale)
+        out[index] = self._decode(decode, q[index], k[index], v[index], kv_cache, scale, options)
         if plan.prefill_meta is not None:
             assert plan.prefill_index is not None
             i = plan.prefill_index
-            out[i] = self._torch_forward("prefill", plan.prefill_meta, q[i], k[i], v[i], kv_cache, scale)
+            out[i] = self._torch_forward("prefill", plan.prefill_meta, q[i], k[i], v[i], kv_cache, scale, options)
         return out
 
     def _native_fits(self, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -194,6 +201,7 @@ class NativeCpuAttention(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         scale: float,
+        options: LayerOptions,
     ) -> torch.Tensor:
         """Writes the decode tokens' K/V into the cache (inside the kernel, into the block that it has
         just prefetched) and returns their attention ``[n, Hq, D]``."""
@@ -208,6 +216,9 @@ class NativeCpuAttention(AttentionBackend):
             raise TypeError(f"k/v dtype {k.dtype}/{v.dtype} differs from the cache's {kv_cache.dtype}")
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.empty_like(q)
+        sinks = None if options.sinks is None else options.sinks.to(torch.float32).contiguous()
+        if sinks is not None and sinks.shape != (num_heads,):
+            raise ValueError(f"sinks must be [{num_heads}], got {list(sinks.shape)}")
         kernel = self._library.paged_decode_bf16 if q.dtype == torch.bfloat16 else self._library.paged_decode_f32
         status = kernel(
             q.data_ptr(),
@@ -227,6 +238,9 @@ class NativeCpuAttention(AttentionBackend):
             out.data_ptr(),
             torch.get_num_threads(),
             0,
+            None if sinks is None else sinks.data_ptr(),
+            options.softcap or 0.0,
+            options.window or 0,
         )
         if status != 0:
             raise RuntimeError(
@@ -243,8 +257,9 @@ class NativeCpuAttention(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         scale: float,
+        options: LayerOptions,
     ) -> torch.Tensor:
         if self._torch_planned != which:
             self._torch.plan(meta)
             self._torch_planned = which
-        return self._torch.forward(q, k, v, kv_cache, scale)
+        return self._torch.forward(q, k, v, kv_cache, scale, **options.keywords())

@@ -2,8 +2,8 @@
 attention sinks (GPT-OSS: a learned logit per head joins every softmax, with no value), a logit softcap
 (Gemma 2: each score s becomes cap * tanh(s / cap)), and both. Prefill from scratch and after a cached prefix,
 decode groups of mixed lengths (the bag implementation is never picked for them), a mixed step, with and
-without a sliding window; sinks of -inf are no sinks; the native backend runs such layers on torch; which
-backends take them."""
+without a sliding window; sinks of -inf are no sinks; the native backend's kernel computes them (with windows)
+in its decode rows, on its portable and AVX-512 loops and split across threads; which backends take them."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def test_backends_declare_what_they_take() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("window", [None, 7])
-def test_the_native_backend_runs_such_layers_on_torch(kind, window) -> None:
+def test_the_native_backend_takes_such_layers(kind, window) -> None:
+    """Its kernel serves the decode rows (sinks, cap and window inside it), torch the prefill row."""
     try:
         backend = create_backend("cpu_native", "cpu")
     except BackendUnavailableError as exc:  # no compiler here: the kernel's own tests skip too
@@ -108,6 +109,43 @@ def test_the_native_backend_runs_such_layers_on_torch(kind, window) -> None:
     plain = backend.forward(q, k, v, seqs.cache, scale)  # a plain layer: the kernel's, still exact
     torch.testing.assert_close(plain.double(), oracle(q, seqs, query_lens, seq_lens, scale),
                                atol=TOLERANCE[torch.float32], rtol=0)
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "none"])
+@pytest.mark.parametrize("head_dim", [16, 64, 128])  # the portable loop; AVX-512's (dims of 32k), where built
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5, 300])
+def test_the_native_kernel_takes_windows_sinks_and_caps_on_every_path(kind, head_dim, dtype, window) -> None:
+    """Decode steps of the native kernel against the oracle: a batch of mixed lengths (a sequence a thread),
+    and one long sequence alone, which the kernel splits across threads (split-KV, merged after) when there are
+    enough positions in its window; window starts inside blocks and at block edges."""
+    try:
+        backend = create_backend("cpu_native", "cpu")
+    except BackendUnavailableError as exc:
+        pytest.skip(f"cpu_native unavailable: {exc}")
+    spec = KINDS.get(kind, {})
+    num_heads, num_kv_heads = HEADS
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # split-KV needs two threads
+    kernel_calls, kernel = [], backend._decode
+    backend._decode = lambda *args: kernel_calls.append(1) or kernel(*args)
+    try:
+        for seed, seq_lens in enumerate(([3, 29, 17, 40, 64], [1000], [301])):
+            query_lens = [1] * len(seq_lens)
+            seqs = make_sequences(seq_lens, [s - 1 for s in seq_lens], num_kv_heads, head_dim, BLOCK_SIZE, dtype,
+                                  seed)
+            meta, q, k, v = seqs.step(query_lens, seq_lens, num_heads, seed + 1)
+            sinks = torch.linspace(-2.0, 3.0, num_heads)
+            options = {"sinks": sinks if spec.get("sinks") else None, "softcap": spec.get("softcap")}
+            backend.plan(meta)
+            kernel_calls.clear()
+            scale = head_dim**-0.5
+            out = backend.forward(q, k, v, seqs.cache, scale, window=window, **options)
+            expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window, **options)
+            torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
+            assert kernel_calls == [1], "the decode step did not run the kernel"
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("budget", [1, 40, 1000])  # a row at a time, a few rows, a few sequences per piece

@@ -172,9 +172,9 @@ def spy_on_torch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     original = TorchPagedAttention.forward
 
-    def forward(self: TorchPagedAttention, q: torch.Tensor, *args: object) -> torch.Tensor:
+    def forward(self: TorchPagedAttention, q: torch.Tensor, *args: object, **options: object) -> torch.Tensor:
         calls.append(q.shape[0])
-        return original(self, q, *args)  # type: ignore[arg-type]
+        return original(self, q, *args, **options)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TorchPagedAttention, "forward", forward)
     return calls

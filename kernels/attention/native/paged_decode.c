@@ -11,6 +11,11 @@
  * they hold (NaN included) cannot reach the result. The step's new K/V row of each sequence is stored
  * into its block just before that block is read (it has been prefetched by then).
  *
+ * Options of a layer: a sliding window (a query at position p sees positions p-W+1..p only: blocks before
+ * the window are never read, nor the slots before it in its first block), a logit softcap (each scaled
+ * score s becomes cap * tanh(s / cap) before the softmax; Gemma 2) and attention sinks (a logit per query
+ * head that joins the softmax's sum with no value, added when the rows are normalised; GPT-OSS).
+ *
  * Two inner loops: portable C (OpenMP simd; any compiler and CPU, any head dim) and, where the
  * compiler targets AVX-512 and the head dim is a multiple of 32, intrinsics: bf16 dot products with
  * VDPBF16PS (when AVX512-BF16 is there), one transposing reduction for 16 dot products, an AVX-512
@@ -50,7 +55,19 @@ typedef struct {
     int fast;          /* AVX-512 tiles; with bf16 their accumulators hold even dims, then odd, per 32 */
     size_t row_stride; /* elements from one slot of a block to the next: num_kv_heads * head_dim */
     float scale;       /* softmax scale * log2(e): scores live in the base-2 domain */
+    float softcap;     /* the logit softcap * log2(e) (the base-2 domain's); 0: none */
+    const float *sinks; /* [num_heads] natural-log sink logits; NULL: none */
+    int window;        /* sliding window in positions; 0: none */
 } Ctx;
+
+/* The first position sequence seq attends to. */
+static inline int window_start(const Ctx *c, int seq) {
+    const int seq_len = c->seq_lens[seq];
+    return c->window > 0 && seq_len > c->window ? seq_len - c->window : 0;
+}
+
+/* cap * tanh(s / cap), s and cap in the base-2 domain (the ratio is the natural domain's). */
+static inline float soft_capped(float s, float cap) { return cap * tanhf(s / cap); }
 
 typedef struct { /* online-softmax state of every query head of one item, not normalised */
     float acc[MAX_STATE] __attribute__((aligned(64))); /* [num_heads][head_dim] */
@@ -80,7 +97,7 @@ static void tile_portable(const Ctx *c, const float *q_scaled, size_t k_index, s
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
             for (int d = 0; d < dim; d++) dot += qg[d] * row[d];
-            s[g * TILE + t] = dot;
+            s[g * TILE + t] = c->softcap > 0.0f ? soft_capped(dot, c->softcap) : dot;
         }
     }
     for (int g = 0; g < group; g++) {
@@ -152,6 +169,14 @@ static inline __m512 transpose_sum16(const __m512 v[TILE]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
 }
 
+/* cap * tanh(x / cap) per lane, as 1 - 2 / (e^(2x/cap) + 1) (|error| < 1e-6 * cap; saturates to +-cap). */
+static inline __m512 soft_capped512(__m512 x, float cap) {
+    const __m512 e = exp2_512(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * (float)LOG2E / cap)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+    return _mm512_mul_ps(t, _mm512_set1_ps(cap));
+}
+
 static inline __m512 max_all_lanes(__m512 x) {
     x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
     x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
@@ -201,7 +226,9 @@ static inline __attribute__((always_inline)) void tile_avx512(const Ctx *c, cons
     for (int g = 0; g < group; g++) {
         const void *qg = (const char *)q_raw + (size_t)g * dim * elem;
         const __m512 dots = tile_scores(c, qg, k_index, rows, dim);
-        const __m512 s = _mm512_mask_mov_ps(minus_inf, valid, _mm512_mul_ps(dots, scale));
+        __m512 scaled = _mm512_mul_ps(dots, scale);
+        if (c->softcap > 0.0f) scaled = soft_capped512(scaled, c->softcap);
+        const __m512 s = _mm512_mask_mov_ps(minus_inf, valid, scaled);
         const __m512 old = _mm512_set1_ps(max[g]);
         const __m512 m = _mm512_max_ps(old, max_all_lanes(s));
         const __m512 a = exp2_512(_mm512_sub_ps(old, m));
@@ -271,11 +298,12 @@ static inline void prefetch_lines(const char *start, int lines) {
 #endif
 }
 
-/* Attends blocks [first, last) of sequence seq for every query head, into st (not normalised). The
- * next block is prefetched while the current one is worked on, a share per (KV head, tile). */
+/* Attends blocks [first, last) of sequence seq for every query head, into st (not normalised), from its
+ * window's first position on. The next block is prefetched while the current one is worked on, a share per
+ * (KV head, tile). */
 static void attend_range(const Ctx *c, int seq, int first, int last, State *st) {
     const int dim = c->head_dim, group = c->group, bs = c->block_size;
-    const int seq_len = c->seq_lens[seq];
+    const int seq_len = c->seq_lens[seq], start = window_start(c, seq);
     const int32_t *table = c->block_tables + (size_t)seq * c->max_blocks;
     const size_t q_row = (size_t)seq * c->num_heads * dim, elem = c->is_bf16 ? 2 : 4;
     const size_t block_elems = 2 * (size_t)bs * c->row_stride;
@@ -297,9 +325,10 @@ static void attend_range(const Ctx *c, int seq, int first, int last, State *st) 
         }
         const char *next = j + 1 < last ? (const char *)c->kv + table[j + 1] * block_elems * elem : NULL;
         const int slots = seq_len - j * bs < bs ? seq_len - j * bs : bs;
+        const int from_slot = j == start / bs ? start % bs : 0; /* the window's first slot */
         for (int h = 0; h < c->num_kv_heads; h++) {
             const int g0 = h * group;
-            for (int t0 = 0, tile = 0; t0 < slots; t0 += TILE, tile++) {
+            for (int t0 = from_slot, tile = 0; t0 < slots; t0 += TILE, tile++) {
                 const int rows = slots - t0 < TILE ? slots - t0 : TILE;
                 const size_t k_index = block_index + t0 * c->row_stride + (size_t)h * dim;
                 const size_t v_index = k_index + bs * c->row_stride;
@@ -339,12 +368,21 @@ static void store_row(const Ctx *c, void *out, size_t index, const float *acc, f
     }
 }
 
-static void store_seq(const Ctx *c, int seq, const State *st, void *out) {
-    for (int h = 0; h < c->num_heads; h++) {
-        const float sum = lane_total(st->sum[h]);
-        store_row(c, out, ((size_t)seq * c->num_heads + h) * c->head_dim, st->acc + (size_t)h * c->head_dim,
-                  sum > 0.0f ? 1.0f / sum : 0.0f);
+/* The weight of head h's accumulators (taken relative to max, their sum sum): 1 / sum, or with a sink, whose
+ * exp joins the sum with no value, their share of the larger total. */
+static float row_weight(const Ctx *c, int h, float max, float sum) {
+    if (c->sinks) {
+        const float sink = c->sinks[h] * (float)LOG2E, top = max > sink ? max : sink, rescale = exp2f(max - top);
+        sum = sum * rescale + exp2f(sink - top);
+        return sum > 0.0f ? rescale / sum : 0.0f;
     }
+    return sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
+static void store_seq(const Ctx *c, int seq, const State *st, void *out) {
+    for (int h = 0; h < c->num_heads; h++)
+        store_row(c, out, ((size_t)seq * c->num_heads + h) * c->head_dim, st->acc + (size_t)h * c->head_dim,
+                  row_weight(c, h, st->max[h], lane_total(st->sum[h])));
 }
 
 /* Combines the splits' partial states of sequence seq into its output rows. */
@@ -363,7 +401,7 @@ static void merge_splits(const Ctx *c, int seq, const State *parts, void *out) {
             const float *acc = parts[k].acc + (size_t)h * dim;
             for (int d = 0; d < dim; d++) row[d] += acc[d] * w;
         }
-        store_row(c, out, ((size_t)seq * c->num_heads + h) * dim, row, sum > 0.0f ? 1.0f / sum : 0.0f);
+        store_row(c, out, ((size_t)seq * c->num_heads + h) * dim, row, row_weight(c, h, max, sum));
     }
 }
 
@@ -384,9 +422,13 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads, int fixed_order
     c->fast = c->head_dim % 32 == 0;
 #endif
     c->scale *= LOG2E;
+    c->softcap *= LOG2E;
     /* Split-KV only when there are fewer than two sequences per thread. */
     int longest = 0;
-    for (int i = 0; i < num_seqs; i++) longest = c->seq_lens[i] > longest ? c->seq_lens[i] : longest;
+    for (int i = 0; i < num_seqs; i++) {
+        const int seen = c->seq_lens[i] - window_start(c, i);
+        longest = seen > longest ? seen : longest;
+    }
     const int wanted = (2 * num_threads + num_seqs - 1) / num_seqs, cap = longest / MIN_SPLIT_TOKENS;
     c->splits = wanted < cap ? wanted : cap;
     c->splits = c->splits < 1 || fixed_order ? 1 : c->splits;
@@ -405,13 +447,14 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads, int fixed_order
         for (int item = 0; item < items; item++) {
             const int seq = item / c->splits, split = item % c->splits;
             const int blocks = (c->seq_lens[seq] + c->block_size - 1) / c->block_size;
+            const int lowest = window_start(c, seq) / c->block_size; /* the window's first block */
             if (c->splits > 1) {
-                const int per = (blocks + c->splits - 1) / c->splits;
-                const int first = split * per < blocks ? split * per : blocks;
+                const int per = (blocks - lowest + c->splits - 1) / c->splits;
+                const int first = lowest + split * per < blocks ? lowest + split * per : blocks;
                 const int last = first + per < blocks ? first + per : blocks;
                 attend_range(c, seq, first, last, states + item);
             } else {
-                attend_range(c, seq, 0, blocks, own);
+                attend_range(c, seq, lowest, blocks, own);
                 store_seq(c, seq, own, out);
             }
         }
@@ -428,11 +471,12 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads, int fixed_order
     int NAME(const T *q, const T *k_new, const T *v_new, const int64_t *new_rows, T *kv_cache,                   \
              const int32_t *block_tables, const int32_t *seq_lens, int num_seqs, int max_blocks, int num_heads,  \
              int num_kv_heads, int head_dim, int block_size, float scale, T *out, int num_threads,               \
-             int fixed_order) {                                                                                  \
+             int fixed_order, const float *sinks, float softcap, int window) {                                  \
         Ctx c = {.q = q, .k_new = k_new, .v_new = v_new, .new_rows = new_rows, .kv = kv_cache,                   \
                  .block_tables = block_tables, .seq_lens = seq_lens,                                             \
                  .max_blocks = max_blocks, .num_heads = num_heads, .num_kv_heads = num_kv_heads,                 \
-                 .head_dim = head_dim, .block_size = block_size, .is_bf16 = IS_BF16, .scale = scale};            \
+                 .head_dim = head_dim, .block_size = block_size, .is_bf16 = IS_BF16, .scale = scale,             \
+                 .softcap = softcap > 0.0f ? softcap : 0.0f, .sinks = sinks, .window = window > 0 ? window : 0};  \
         return run(&c, out, num_seqs, num_threads, fixed_order);                                                \
     }
 
@@ -445,7 +489,10 @@ static int run(Ctx *c, void *out, int num_seqs, int num_threads, int fixed_order
  * be position seq_lens[s] - 1. Runs on up to num_threads OpenMP threads. Unless fixed_order is 0, a
  * sequence is never split across threads (split-KV): each query then sums its slots in one order, blocks
  * and tiles ascending, whatever the number of sequences and threads (the deterministic mode; a step's
- * prefill rows may be passed as sequences of their own, k_new NULL). Returns 0, or a negative code
- * having touched nothing: -1 unsupported shape (see paged_decode_supports), -2 out of memory. */
+ * prefill rows may be passed as sequences of their own, k_new NULL). A layer's options: sinks (NULL: none)
+ * holds each query head's sink logit, whose exp joins its softmax's sum with no value; softcap > 0 caps each
+ * scaled score s at softcap * tanh(s / softcap); window > 0 lets a sequence see only its last window slots.
+ * Returns 0, or a negative code having touched nothing: -1 unsupported shape (see paged_decode_supports),
+ * -2 out of memory. */
 DEFINE_DECODE(paged_decode_bf16, uint16_t, 1)
 DEFINE_DECODE(paged_decode_f32, float, 0)
