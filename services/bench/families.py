@@ -1,6 +1,6 @@
 """``make bench-families``: pdserve's engine beside transformers on random-weight checkpoints of the real shapes
-of Qwen3-0.6B, Llama-3.2-1B and Gemma-3-1B (bf16), and on request GPT-OSS-20B's widths with 2 of its layers,
-with the weight-bandwidth floor measured in the same run.
+of Qwen3-0.6B, Llama-3.2-1B and Gemma-3-1B (bf16), and on request Gemma-2-2B and GPT-OSS-20B's widths with 2 of
+its layers, with the weight-bandwidth floor measured in the same run.
 
 For each shape, transformers builds the checkpoint (``from_config``, fixed seed, ``save_pretrained`` in bf16,
 the bundled model's tokenizer beside it) in a temporary directory. pdserve loads it with
@@ -55,6 +55,13 @@ SHAPES: dict[str, dict] = {
                        max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
                        rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # google/gemma-2-2b's shape: 26 layers (sliding window 4096 on every other one), 8/4 heads of 256, every
+    # attention score softcapped at 50, the logits at 30
+    "gemma-2-2b": dict(model_type="gemma2", vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                       num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                       max_position_embeddings=8192, query_pre_attn_scalar=256, sliding_window=4096,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True),
     # openai/gpt-oss-20b's widths and routing (32 experts of 2880, top 4; 64/8 heads of 64; attention sinks; a
     # sliding window of 128 on every other layer) with 2 of its 24 layers, one of each kind: 2.8 B parameters,
     # its experts in bf16 (the published checkpoint's MXFP4, dequantised, as pdserve loads it)

@@ -35,7 +35,7 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_pa
 
 @pytest.mark.parametrize(("shape", "params", "architecture"),
                          [("qwen3-0.6b", 596_049_920, "qwen3"), ("llama-3.2-1b", 1_235_814_400, "llama"),
-                          ("gemma-3-1b", 999_885_952, "gemma3")])
+                          ("gemma-3-1b", 999_885_952, "gemma3"), ("gemma-2-2b", 2_614_341_888, "gemma2")])
 def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_every_matrix(
         shape: str, params: int, architecture: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -52,10 +52,10 @@ def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_eve
     assert floor_ms(cfg, 1e9, 1, 0) == pytest.approx(2 * matrices / 1e6)
     assert floor_ms(cfg, 1e9, 4, 10) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(40 * cfg.kv_bytes_per_token(2) / 1e6)
     if cfg.has_windows:  # past the window, the sliding layers' KV stops growing: Gemma 3's five layers of six
-        full = sum(w is None for w in cfg.layer_windows)
-        per_layer = cfg.kv_bytes_per_token(2) / cfg.num_layers
-        assert floor_ms(cfg, 1e9, 1, 4096) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(
-            (full * 4096 + (cfg.num_layers - full) * 512) * per_layer / 1e6)
+        full, window = sum(w is None for w in cfg.layer_windows), max(w or 0 for w in cfg.layer_windows)
+        per_layer, context = cfg.kv_bytes_per_token(2) / cfg.num_layers, 2 * window
+        assert floor_ms(cfg, 1e9, 1, context) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(
+            (full * context + (cfg.num_layers - full) * window) * per_layer / 1e6)
 
 
 def test_the_gpt_oss_shape_is_gpt_oss_20b_with_two_of_its_layers_and_the_floor_reads_the_picked_experts() -> None:
