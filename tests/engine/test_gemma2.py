@@ -57,6 +57,7 @@ def test_the_9b_config_reads_as_transformers_defines_it():
     ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling"),
     ({"attn_logit_softcapping": -1.0}, "softcap must be > 0"),
+    ({"sliding_window": None}, "sliding_window is null"),
 ])
 def test_what_is_not_served_is_refused_by_name(change, named):
     with pytest.raises(ModelLoadError, match=named):

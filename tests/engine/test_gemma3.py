@@ -67,6 +67,7 @@ def test_the_4b_multimodal_config_reads_its_text_model_with_the_defaults():
     ({"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
+    ({"sliding_window": None}, "sliding_window is null"),
 ])
 def test_what_is_not_served_is_refused_by_name(change, named):
     with pytest.raises(ModelLoadError, match=named):

@@ -89,14 +89,23 @@ def test_backends_declare_what_they_take() -> None:
     assert not fixed.supports_sinks and not fixed.supports_softcap
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("window", [None, 7])
-def test_the_native_backend_takes_such_layers(kind, window) -> None:
-    """Its kernel serves the decode rows (sinks, cap and window inside it), torch the prefill row."""
+def _native_backend():
+    """The native backend, with its kernel's decode calls counted (``backend.kernel_calls``)."""
     try:
         backend = create_backend("cpu_native", "cpu")
     except BackendUnavailableError as exc:  # no compiler here: the kernel's own tests skip too
         pytest.skip(f"cpu_native unavailable: {exc}")
+    calls, kernel = [], backend._decode
+    backend._decode = lambda *args: calls.append(1) or kernel(*args)
+    backend.kernel_calls = calls
+    return backend
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("window", [None, 7])
+def test_the_native_backend_takes_such_layers(kind, window) -> None:
+    """Its kernel serves the decode rows (sinks, cap and window inside it), torch the prefill row."""
+    backend = _native_backend()
     assert backend.supports_sinks and backend.supports_softcap
     query_lens, seq_lens = [1, 1, 9], [30, 12, 20]
     seqs, meta, q, k, v, sinks = _step(query_lens, seq_lens, torch.float32, seed=7)
@@ -106,44 +115,47 @@ def test_the_native_backend_takes_such_layers(kind, window) -> None:
     out = backend.forward(q, k, v, seqs.cache, scale, window=window, **options)
     expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window, **options)
     torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[torch.float32], rtol=0)
+    assert backend.kernel_calls == [1]
     plain = backend.forward(q, k, v, seqs.cache, scale)  # a plain layer: the kernel's, still exact
     torch.testing.assert_close(plain.double(), oracle(q, seqs, query_lens, seq_lens, scale),
                                atol=TOLERANCE[torch.float32], rtol=0)
 
 
+# (sequence lengths, block size, query scale): a batch of mixed lengths (a sequence a thread) in blocks of 4;
+# one long sequence alone in blocks of 16 (full 16-row tiles), which the kernel splits across threads (split-KV,
+# merged after) where its window holds enough positions; one in blocks of 32 (a window starting mid-block, past a
+# tile's 16 rows) with queries 30x larger, so that scores far exceed the cap (its tanh saturates)
+NATIVE_STEPS = (([3, 29, 17, 40, 64], 4, 1.0), ([1000], 16, 1.0), ([301], 32, 30.0))
+
+
 @pytest.mark.parametrize("kind", [*KINDS, "none"])
 @pytest.mark.parametrize("head_dim", [16, 64, 128])  # the portable loop; AVX-512's (dims of 32k), where built
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("window", [None, 5, 300])
+@pytest.mark.parametrize("window", [None, 5, 300, 317])
 def test_the_native_kernel_takes_windows_sinks_and_caps_on_every_path(kind, head_dim, dtype, window) -> None:
-    """Decode steps of the native kernel against the oracle: a batch of mixed lengths (a sequence a thread),
-    and one long sequence alone, which the kernel splits across threads (split-KV, merged after) when there are
-    enough positions in its window; window starts inside blocks and at block edges."""
-    try:
-        backend = create_backend("cpu_native", "cpu")
-    except BackendUnavailableError as exc:
-        pytest.skip(f"cpu_native unavailable: {exc}")
+    """Decode steps of the native kernel against the oracle (see ``NATIVE_STEPS``); windows starting inside
+    blocks and at block edges."""
+    backend = _native_backend()
     spec = KINDS.get(kind, {})
     num_heads, num_kv_heads = HEADS
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, 2))  # split-KV needs two threads
-    kernel_calls, kernel = [], backend._decode
-    backend._decode = lambda *args: kernel_calls.append(1) or kernel(*args)
     try:
-        for seed, seq_lens in enumerate(([3, 29, 17, 40, 64], [1000], [301])):
+        for seed, (seq_lens, block_size, query_scale) in enumerate(NATIVE_STEPS):
             query_lens = [1] * len(seq_lens)
-            seqs = make_sequences(seq_lens, [s - 1 for s in seq_lens], num_kv_heads, head_dim, BLOCK_SIZE, dtype,
+            seqs = make_sequences(seq_lens, [s - 1 for s in seq_lens], num_kv_heads, head_dim, block_size, dtype,
                                   seed)
             meta, q, k, v = seqs.step(query_lens, seq_lens, num_heads, seed + 1)
+            q = (q.float() * query_scale).to(dtype)
             sinks = torch.linspace(-2.0, 3.0, num_heads)
             options = {"sinks": sinks if spec.get("sinks") else None, "softcap": spec.get("softcap")}
             backend.plan(meta)
-            kernel_calls.clear()
+            backend.kernel_calls.clear()
             scale = head_dim**-0.5
             out = backend.forward(q, k, v, seqs.cache, scale, window=window, **options)
             expected = oracle(q, seqs, query_lens, seq_lens, scale, window=window, **options)
             torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
-            assert kernel_calls == [1], "the decode step did not run the kernel"
+            assert backend.kernel_calls == [1], "the decode step did not run the kernel"
     finally:
         torch.set_num_threads(threads)
 

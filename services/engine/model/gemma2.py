@@ -36,7 +36,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         raise ModelLoadError(f"gemma2: rope scaling is not supported (no release has one), got "
                              f"{fields['rope_scaling'].rope_type}")
     windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), fields["num_layers"],
-                                  int(full["sliding_window"]))
+                                  full.get("sliding_window"))
     bias = bool(full.get("attention_bias", False))
     return ModelConfig(
         **fields, qkv_bias=bias, o_bias=bias, layer_windows=windows,

@@ -38,7 +38,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if text.get("use_bidirectional_attention"):
         raise ModelLoadError("gemma3: use_bidirectional_attention (an embedding model) is not supported")
     windows = typed_layer_windows(ARCHITECTURE, list(text["layer_types"]), int(text["num_hidden_layers"]),
-                                  int(text["sliding_window"]))
+                                  text.get("sliding_window"))
     ropes = text["rope_parameters"]
     local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
     if local_scaling is not None:

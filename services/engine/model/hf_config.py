@@ -146,15 +146,17 @@ def every_layer_window(cfg: Mapping[str, Any], max_position: int, default: int |
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-def typed_layer_windows(architecture: str, layer_types: list[str], num_layers: int, window: int
+def typed_layer_windows(architecture: str, layer_types: list[str], num_layers: int, window: int | None
                         ) -> tuple[int | None, ...]:
-    """``ModelConfig.layer_windows`` of a config's ``layer_types`` (Gemma 3, GPT-OSS): ``window`` on each
-    ``sliding_attention`` layer, None on each ``full_attention`` one; a list of another length or kind is
-    refused naming it."""
+    """``ModelConfig.layer_windows`` of a config's ``layer_types`` (Gemma 2 and 3, GPT-OSS): ``window`` on each
+    ``sliding_attention`` layer, None on each ``full_attention`` one; a list of another length or kind, or sliding
+    layers without a window, is refused naming it."""
     if len(layer_types) != num_layers or set(layer_types) - set(LAYER_TYPES):
         raise ModelLoadError(f"{architecture}: layer_types must list {num_layers} of {', '.join(LAYER_TYPES)}, "
                              f"got {layer_types}")
-    return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    if window is None and "sliding_attention" in layer_types:
+        raise ModelLoadError(f"{architecture}: layer_types has sliding_attention layers but sliding_window is null")
+    return tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
 
 
 def qwen_layer_windows(cfg: Mapping[str, Any], max_position: int) -> tuple[int | None, ...]:
