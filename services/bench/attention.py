@@ -1,13 +1,15 @@
 """Milliseconds per layer call of the paged attention backends (write + attend), on the shapes of SmolLM2-135M.
 
     python -m services.bench.attention [--layers 30] [--dtype bf16 fp32] [--backend torch cpu_native]
-        [--impl auto sdpa bag] [--settle]
+        [--impl auto sdpa bag] [--options plain window=512 sinks softcap=50] [--cases decode] [--settle]
 
 Each case plans one step, then times ``forward`` over ``--layers`` distinct layer caches (views into one
 ``[layers, num_blocks, 2, block_size, Hkv, D]`` tensor, like the model's), so that KV is read cold as in
 a real step; the figures are the median and the best of the per-layer means over the repeats. ``--impl``
-picks the torch backend's decode implementation. On a shared machine, ``--settle`` waits (up to a minute)
-for the CPUs to go idle before each case.
+picks the torch backend's decode implementation. ``--options`` runs every case as layers with those options
+(a sliding ``window``, attention ``sinks``, a logit ``softcap``; ``plain``: none), and ``--cases`` keeps the
+cases whose name contains one of its words. On a shared machine, ``--settle`` waits (up to a minute) for the
+CPUs to go idle before each case.
 """
 
 from __future__ import annotations
@@ -43,7 +45,23 @@ CASES = [
     Case("prefill 512 from scratch", [512], [512]),
     Case("prefill 512 after 1536 cached", [512], [2048]),
     Case("mixed 31 decode@512 + prefill 128", [1] * 31 + [128], [512] * 31 + [128]),
+    Case("decode  1 x ctx 4096", [1], [4096]),
+    Case("decode  8 x ctx 2048", [1] * 8, [2048] * 8),
 ]
+
+
+def layer_options(spec: str) -> dict[str, object]:
+    """``forward``'s keywords for ``spec``: ``plain``, ``window=W``, ``sinks`` or ``softcap=C``."""
+    name, _, value = spec.partition("=")
+    if name == "plain":
+        return {}
+    if name == "window":
+        return {"window": int(value)}
+    if name == "sinks":
+        return {"sinks": torch.linspace(-2.0, 3.0, NUM_HEADS)}
+    if name == "softcap":
+        return {"softcap": float(value)}
+    raise ValueError(f"unknown layer option {spec!r} (plain, window=W, sinks, softcap=C)")
 
 
 def _times_ms(fn: Callable[[], object], calls: int, repeats: int) -> tuple[float, float]:
@@ -86,7 +104,8 @@ def make_backend(name: str, impl: str) -> AttentionBackend:
 
 
 def bench_case(
-    case: Case, dtype: torch.dtype, backend_name: str, impl: str, layers: int, repeats: int
+    case: Case, dtype: torch.dtype, backend_name: str, impl: str, layers: int, repeats: int,
+    options: dict[str, object] | None = None,
 ) -> tuple[float, float, float]:
     """(median and best ms per layer forward, best ms per plan) for one step shape."""
     blocks_per_seq = [-(-s // BLOCK_SIZE) for s in case.seq_lens]
@@ -108,7 +127,7 @@ def bench_case(
 
     def step() -> None:
         for layer in range(layers):
-            backend.forward(q, k, v, caches[layer], HEAD_DIM**-0.5)
+            backend.forward(q, k, v, caches[layer], HEAD_DIM**-0.5, **(options or {}))
 
     return (*_times_ms(step, layers, repeats), plan_ms)
 
@@ -121,6 +140,8 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--backend", nargs="+", default=["torch", "cpu_native"])
     parser.add_argument("--impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "bag"])
+    parser.add_argument("--options", nargs="+", default=["plain"], help="plain, window=W, sinks, softcap=C")
+    parser.add_argument("--cases", nargs="+", default=[], help="keep the cases whose name contains one of these")
     parser.add_argument("--settle", action="store_true", help="wait for idle CPUs before each case")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -129,19 +150,22 @@ def main() -> None:
         f"Hkv={NUM_KV_HEADS} D={HEAD_DIM} block={BLOCK_SIZE}; ms per layer call (write + attend)"
     )
     variants = [(b, i) for b in args.backend for i in (args.impl if b == TorchPagedAttention.name else ["-"])]
-    print(f"{'dtype':5s} {'backend':10s} {'impl':5s} {'case':36s} {'median':>8s} {'best':>8s} ms/layer   plan")
+    cases = [c for c in CASES if not args.cases or any(word in c.name for word in args.cases)]
+    print(f"{'dtype':5s} {'options':12s} {'backend':10s} {'impl':5s} {'case':36s} {'median':>8s} {'best':>8s} "
+          "ms/layer   plan")
     for dtype_name in args.dtype:
-        for case in CASES:
-            for backend_name, impl in variants:
-                if args.settle:
-                    settle()
-                median, best, plan_ms = bench_case(
-                    case, DTYPES[dtype_name], backend_name, impl, args.layers, args.repeats
-                )
-                print(
-                    f"{dtype_name:5s} {backend_name:10s} {impl:5s} {case.name:36s} {median:8.3f} {best:8.3f}"
-                    f"            {plan_ms:6.3f} ms"
-                )
+        for spec in args.options:
+            for case in cases:
+                for backend_name, impl in variants:
+                    if args.settle:
+                        settle()
+                    median, best, plan_ms = bench_case(
+                        case, DTYPES[dtype_name], backend_name, impl, args.layers, args.repeats, layer_options(spec)
+                    )
+                    print(
+                        f"{dtype_name:5s} {spec:12s} {backend_name:10s} {impl:5s} {case.name:36s} {median:8.3f} "
+                        f"{best:8.3f}            {plan_ms:6.3f} ms"
+                    )
 
 
 if __name__ == "__main__":
