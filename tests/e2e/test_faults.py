@@ -27,14 +27,17 @@ PREFILL_ARGS = (*ENGINE_ARGS, "--max-num-batched-tokens", "32", *KEEPALIVE_ARGS)
 class Nodes:
     def __init__(self, stack: contextlib.ExitStack, *gateway_args: str):
         self.stack = stack
-        self.decode = self.start("services.decode_node", *DECODE_ARGS)
-        self.prefill = self.start("services.prefill_node", *PREFILL_ARGS)
+        self.decode = self.start("services.decode_node", *DECODE_ARGS, wait=False)  # the nodes start together
+        self.prefill = self.start("services.prefill_node", *PREFILL_ARGS, wait=False)
+        for node in (self.decode, self.prefill):
+            node.wait_serving(120)
         self.gateway = self.start("services.gateway", "--prefill", self.prefill.address, "--decode",
                                   self.decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS, *gateway_args)
         self.stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(self.gateway.address)))
 
-    def start(self, module: str, *args: str):
-        return self.stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL))
+    def start(self, module: str, *args: str, wait: bool = True):
+        return self.stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
+                                               wait=wait))
 
     def decode_status(self) -> gateway_pb2.NodeStatus:
         with open_sync_channel(self.decode.address, "decode") as channel:

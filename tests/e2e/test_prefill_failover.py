@@ -27,11 +27,14 @@ PROMPT = " ".join(f"item{i}" for i in range(500))  # about 2000 tokens: seconds 
 @pytest.fixture(scope="module")
 def cluster():
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str):
-            return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL))
+        def start(module: str, *args: str, wait: bool = True):
+            return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
+                                              wait=wait))
 
-        decode = start("services.decode_node", *ENGINE_ARGS, *KEEPALIVE_ARGS)
-        prefill = [start("services.prefill_node", *PREFILL_ARGS) for _ in range(2)]
+        decode = start("services.decode_node", *ENGINE_ARGS, *KEEPALIVE_ARGS, wait=False)  # the nodes start together
+        prefill = [start("services.prefill_node", *PREFILL_ARGS, wait=False) for _ in range(2)]
+        for node in (decode, *prefill):
+            node.wait_serving(120)
         gateway = start("services.gateway", "--prefill", ",".join(p.address for p in prefill),
                         "--decode", decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS)
         stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(gateway.address)))

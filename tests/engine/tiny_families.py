@@ -30,6 +30,10 @@ FAMILIES: dict[str, dict] = {
                                      original_max_position_embeddings=64)),
     "llama-yarn": dict(model_type="llama", rope_theta=10000.0, tie_word_embeddings=True,
                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024)),
+    # IBM Granite 3.x: Llama with its four scalars (granite-3.1-8b's: 12, 1/128, 0.22, 16; here the attention's
+    # differs from head_dim ** -0.5 = 0.25 too)
+    "granite": dict(model_type="granite", rope_theta=10000000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
+                    attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
     "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
     # Mistral-7B-v0.1: a window on every layer (4096 there; 24 here, so the test prompts cross it)

@@ -22,8 +22,8 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
                               gguf.GGMLQuantizationType.Q4_1)
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
-GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-             "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+GGUF_ARCH = {"llama": "llama", "granite": "granite", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -152,6 +152,10 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         full = cfg.rope_parameters["full_attention"]
         if full.get("rope_type") == "linear":  # the 4B+ models' scaling, as its converter writes it
             keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])})
+    if cfg.model_type == "granite":  # its converter renames the multipliers to *_scale
+        keys.update({"embedding_scale": float(cfg.embedding_multiplier),
+                     "residual_scale": float(cfg.residual_multiplier),
+                     "attention.scale": float(cfg.attention_multiplier), "logit_scale": float(cfg.logits_scaling)})
     if cfg.model_type == "gemma2":  # llama.cpp reads the pattern (2) and the scale as its own
         keys.update({"attention.sliding_window": cfg.sliding_window,
                      "attn_logit_softcapping": float(cfg.attn_logit_softcapping),
@@ -181,7 +185,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         offset = 1.0 if arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else 0.0  # stored: 1 + w
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
         twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
-        if arch == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
+        if arch in ("llama", "granite") and (".q_proj." in hf_name or ".k_proj." in hf_name):
             # rows are quantised independently: permuting the stored rows permutes the weight's rows
             heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads
             stored = llama_permute(stored, heads)

@@ -41,9 +41,25 @@ class GemmaConfig:
 
 
 @dataclass(frozen=True)
+class Multipliers:
+    """IBM Granite's four scalars: embeddings times ``embedding``, attention scores scaled by ``attention``
+    (instead of ``head_dim ** -0.5``), each block's output times ``residual`` before it joins the residual
+    stream, and the logits divided by ``logits_divisor``."""
+
+    embedding: float = 1.0
+    attention: float | None = None  # None: head_dim ** -0.5
+    residual: float = 1.0
+    logits_divisor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.logits_divisor:
+            raise ModelLoadError("the logits divisor (logits_scaling) must not be 0")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE,
-    Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS).
+    """Shape and constants of a decoder of the Llama family (Llama, Granite, Qwen2, Qwen3, Mistral, Mixtral,
+    Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -76,6 +92,7 @@ class ModelConfig:
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
+    multipliers: Multipliers | None = None  # Granite's embedding, attention, residual and logits scalars
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -105,7 +105,9 @@ class DecoderModel:
         del self._source, self._quantized
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
                                     cfg.rotary_dim)
-        self.scale = cfg.head_dim**-0.5
+        multipliers = cfg.multipliers
+        self.scale = cfg.head_dim**-0.5 if multipliers is None or multipliers.attention is None \
+            else multipliers.attention
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
                                     deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
@@ -234,6 +236,10 @@ class DecoderModel:
         # the residual stream, and what the last block adds to it (added where the next norm reads it: one
         # fused kernel on the FlashInfer path, which writes both in place)
         hidden, delta = F.embedding(input_ids, self.embed), None
+        scalars = cfg.multipliers
+        if scalars is not None and scalars.embedding != 1.0:
+            hidden = hidden * scalars.embedding
+        residual = 1.0 if scalars is None else scalars.residual
         rope = ops.rope.prepare(positions)
         num_tokens = input_ids.shape[0]
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
@@ -248,10 +254,13 @@ class DecoderModel:
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
-            x, hidden = ops.add_rms_norm(o, hidden, layer.post_norm, eps)
+            x, hidden = ops.add_rms_norm(o if residual == 1.0 else o * residual, hidden, layer.post_norm, eps)
             delta = self._mlp(x, layer, paths)
+            if residual != 1.0:
+                delta = delta * residual
         last = ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
-        return linear(last, self.lm_head).float()
+        logits = linear(last, self.lm_head).float()
+        return logits if scalars is None or scalars.logits_divisor == 1.0 else logits / scalars.logits_divisor
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
         if layer.moe is not None:

@@ -32,6 +32,7 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "services.engine.model.llama", ("llama",), "llama"),
+    Family("granite", "services.engine.model.granite", ("granite",), "granite"),
     Family("qwen2", "services.engine.model.qwen2", ("qwen2",), "qwen2"),
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),

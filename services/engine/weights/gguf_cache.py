@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from kernels.int4_linear import GroupQuantized
 from kernels.rope_scaling import RopeScaling
-from services.engine.model.config import GemmaConfig, ModelConfig, MoEConfig
+from services.engine.model.config import GemmaConfig, ModelConfig, MoEConfig, Multipliers
 from services.engine.weights.digest import weights_digest
 from services.engine.weights.loader import LoadedWeights
 
@@ -136,4 +136,6 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     data["layer_windows"] = tuple(data.get("layer_windows") or ())
     if data.get("gemma") is not None:
         data["gemma"] = GemmaConfig(**data["gemma"])
+    if data.get("multipliers") is not None:
+        data["multipliers"] = Multipliers(**data["multipliers"])
     return ModelConfig(**data)

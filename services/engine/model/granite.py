@@ -1,0 +1,37 @@
+"""IBM Granite 3.x (granite-3.0 … 3.3, 2B and 8B, base and instruct): Llama's decoder with four scalars
+(:class:`~services.engine.model.config.Multipliers`): embeddings times ``embedding_multiplier``, attention
+scores scaled by ``attention_multiplier`` (not ``head_dim ** -0.5``), each block's output times
+``residual_multiplier``, the logits divided by ``logits_scaling``. llama.cpp's ``granite`` GGUF files too (q/k
+rows permuted as its llama converter does; the scalars as ``*_scale`` keys). Granite's MoE (``granitemoe``)
+and hybrid (``granitemoehybrid``, Granite 4) models are other architectures, refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.model.config import ModelConfig, Multipliers
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
+from services.engine.model.hf_config import base_fields
+
+ARCHITECTURE = "granite"
+GGUF_ARCHITECTURE = "granite"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    """transformers' defaults where a key is absent: every multiplier 1.0 (the attention's too)."""
+    bias = bool(cfg.get("attention_bias", False))
+    return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias, multipliers=Multipliers(
+        embedding=float(cfg.get("embedding_multiplier", 1.0)), attention=float(cfg.get("attention_multiplier", 1.0)),
+        residual=float(cfg.get("residual_multiplier", 1.0)), logits_divisor=float(cfg.get("logits_scaling", 1.0))))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """As llama.cpp's loader reads it: its converter writes each scale only where it is not 0, and a missing one
+    is no scaling (the attention's: ``head_dim ** -0.5``)."""
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    attention = f.get("attention.scale")
+    return ModelConfig(**gguf_base_fields(fields, GGUF_ARCHITECTURE), multipliers=Multipliers(
+        embedding=float(f.get("embedding_scale") or 1.0), attention=float(attention) if attention else None,
+        residual=float(f.get("residual_scale") or 1.0), logits_divisor=float(f.get("logit_scale") or 1.0)))
