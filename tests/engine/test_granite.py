@@ -7,10 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from services.engine.model.registry import config_from_gguf, config_from_hf
-from services.engine.sampling_params import SamplingParams
 from services.engine.weights import load_weights
-from tests.conftest import make_engine
-from tests.engine.test_model_families import NEW_TOKENS, _prompts
+from tests.engine.test_model_families import NEW_TOKENS, _prompts, greedy_tokens
 from tests.engine.tiny_families import greedy_full_forward, load_reference
 
 # ibm-granite/granite-3.1-8b-instruct's config.json, as published
@@ -53,17 +51,10 @@ def test_a_llama_cpp_file_reads_its_scales_and_a_missing_one_is_no_scaling():
 
 
 def test_the_scalars_are_what_makes_it_exact(family_dir, bundled_tokenizer):
-    from services.engine.model.decoder import DecoderModel
-
     path = family_dir("granite")
     weights = load_weights(path)
     prompt = _prompts()["long"]
     expected = greedy_full_forward(load_reference(path), prompt, NEW_TOKENS).token_ids
-    sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs = {}
-    for label, config in (("granite", weights.config), ("as llama", dataclasses.replace(weights.config,
-                                                                                        multipliers=None))):
-        model = DecoderModel(config, weights.tensors, weights.tensors["model.embed_tokens.weight"].dtype)
-        outputs[label] = make_engine(model, bundled_tokenizer).generate([prompt], sampling)[0].token_ids
-    assert outputs["granite"] == expected
-    assert outputs["as llama"] != expected
+    assert greedy_tokens(weights, weights.config, bundled_tokenizer, prompt) == expected
+    as_llama = dataclasses.replace(weights.config, multipliers=None)
+    assert greedy_tokens(weights, as_llama, bundled_tokenizer, prompt) != expected

@@ -98,14 +98,17 @@ def test_llama3_rope_scaling_is_what_makes_it_exact(family_dir, bundled_tokenize
     assert weights.config.rope_scaling is not None and weights.config.rope_scaling.rope_type == "llama3"
     prompt = _prompts()["long"]
     expected = greedy_full_forward(load_reference(path), prompt, NEW_TOKENS).token_ids
+    assert greedy_tokens(weights, weights.config, bundled_tokenizer, prompt) == expected
+    unscaled = dataclasses.replace(weights.config, rope_scaling=None)
+    assert greedy_tokens(weights, unscaled, bundled_tokenizer, prompt) != expected
+
+
+def greedy_tokens(weights, config, tokenizer, prompt: list[int]) -> list[int]:
+    """The greedy tokens of ``weights`` run as ``config`` (a config with a feature taken away shows that the
+    parity depends on it)."""
+    model = DecoderModel(config, weights.tensors, weights.tensors["model.embed_tokens.weight"].dtype)
     sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs = {}
-    for label, config in (("scaled", weights.config), ("unscaled", dataclasses.replace(weights.config,
-                                                                                       rope_scaling=None))):
-        model = DecoderModel(config, weights.tensors, weights.tensors["model.embed_tokens.weight"].dtype)
-        outputs[label] = make_engine(model, bundled_tokenizer).generate([prompt], sampling)[0].token_ids
-    assert outputs["scaled"] == expected
-    assert outputs["unscaled"] != expected
+    return make_engine(model, tokenizer).generate([prompt], sampling)[0].token_ids
 
 
 def test_mistral_is_served_past_its_sliding_window(family_dir):

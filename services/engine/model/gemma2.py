@@ -14,7 +14,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig
 from services.engine.model.gemma3 import ACTIVATIONS, gguf_turn_end_ids
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
-from services.engine.model.hf_config import base_fields, typed_layer_windows
+from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "gemma2"
 GGUF_ARCHITECTURE = "gemma2"
@@ -79,9 +79,4 @@ def _full_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``config.json`` with transformers' defaults filled in (Google's files predate ``layer_types``)."""
     from transformers import Gemma2Config
 
-    try:
-        full = Gemma2Config.from_dict(dict(cfg)).to_dict()
-    except Exception as exc:  # its validators raise their own classes: any of them means a bad config
-        raise ModelLoadError(f"gemma2: config.json is not a Gemma 2 config ({exc})") from exc
-    full.setdefault("_name_or_path", cfg.get("_name_or_path"))
-    return full
+    return with_defaults(ARCHITECTURE, Gemma2Config, cfg)

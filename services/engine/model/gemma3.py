@@ -17,7 +17,7 @@ from typing import Any
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig
 from services.engine.model.gguf_config import END_OF_TURN_KEY, GGUFFields, gguf_base_fields
-from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows
+from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "gemma3"
 GGUF_ARCHITECTURE = "gemma3"
@@ -91,12 +91,7 @@ def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for key in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):
             if cfg.get(key) is not None:
                 text.setdefault(key, cfg[key])
-    try:
-        full = Gemma3TextConfig.from_dict(text).to_dict()
-    except Exception as exc:  # its validators raise their own classes: any of them means a bad config
-        raise ModelLoadError(f"gemma3: config.json is not a Gemma 3 config ({exc})") from exc
-    full.setdefault("_name_or_path", cfg.get("_name_or_path"))
-    return full
+    return with_defaults(ARCHITECTURE, Gemma3TextConfig, text)
 
 
 def text_tensor_name(name: str) -> str | None:

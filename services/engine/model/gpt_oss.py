@@ -11,7 +11,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.hf_config import base_fields, typed_layer_windows
+from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "gpt_oss"
 SUPPORTED_QUANTIZATION = "mxfp4"  # the experts only, as OpenAI's checkpoints hold them
@@ -24,12 +24,7 @@ def _full_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if quantization and quantization.get("quant_method") != SUPPORTED_QUANTIZATION:
         raise ModelLoadError(f"gpt_oss: quantization {quantization.get('quant_method')!r} is not supported (only "
                              f"{SUPPORTED_QUANTIZATION!r}, dequantised at load)")
-    try:
-        full = GptOssConfig.from_dict(dict(cfg)).to_dict()
-    except Exception as exc:  # its validators raise their own classes: any of them means a bad config
-        raise ModelLoadError(f"gpt_oss: config.json is not a GPT-OSS config ({exc})") from exc
-    full.setdefault("_name_or_path", cfg.get("_name_or_path"))
-    return full
+    return with_defaults(ARCHITECTURE, GptOssConfig, cfg)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:

@@ -171,3 +171,12 @@ def qwen_layer_windows(cfg: Mapping[str, Any], max_position: int) -> tuple[int |
     kinds = cfg.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
     windows = tuple(int(window) if kind == "sliding_attention" else None for kind in kinds)
     return windows if any(w is not None for w in windows) else ()
+
+
+def with_defaults(architecture: str, config_class: type, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` completed with transformers' defaults (``config_class``, e.g. ``Gemma2Config``), as transformers
+    reads it; a config its validators refuse is a :class:`ModelLoadError` naming the family."""
+    try:
+        return config_class.from_dict(dict(cfg)).to_dict()
+    except Exception as exc:  # its validators raise their own classes: any of them means a bad config
+        raise ModelLoadError(f"{architecture}: config.json is not a {config_class.__name__} ({exc})") from exc
