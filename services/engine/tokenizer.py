@@ -88,6 +88,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))
 
 
+GGUF_TOKENIZER_AS = {"granite": "llama"}
+"""llama.cpp architectures whose GGUF tokenizer transformers does not read by name, and the architecture whose
+reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields."""
+
+
+def _read_gguf_tokenizers_as_their_kin() -> None:
+    """Lets transformers' GGUF reader take the architectures of :data:`GGUF_TOKENIZER_AS` (its table of
+    architectures gains each, with its kin's metadata names); only the tokenizer is read from it here."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reading
+
+    names = gguf_reading.GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    for architecture, kin in GGUF_TOKENIZER_AS.items():
+        if architecture not in gguf_reading.GGUF_SUPPORTED_ARCHITECTURES:
+            names.setdefault(architecture, names[kin])
+            gguf_reading.GGUF_SUPPORTED_ARCHITECTURES.append(architecture)
+
+
 def _load_hf(path: Path) -> PreTrainedTokenizerBase:
     if path.is_dir():
         return AutoTokenizer.from_pretrained(str(path))
@@ -96,6 +113,7 @@ def _load_hf(path: Path) -> PreTrainedTokenizerBase:
     cached = cache_dir() / "tokenizers" / key
     if (cached / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(str(cached))
+    _read_gguf_tokenizers_as_their_kin()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     cached.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=cached.parent))

@@ -24,7 +24,7 @@ def _same(a, b) -> None:
                                                    (q.offsets, other.offsets)))
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "llama3-bias"])  # experts (shared slices), rope scaling
+@pytest.mark.parametrize("family", ["qwen3_moe", "llama3-bias", "granite", "gemma2"])  # experts, rope scaling, scalars, caps
 def test_a_second_load_reads_the_entry_without_opening_the_file(family, tmp_path, monkeypatch):
     monkeypatch.setenv(gguf_cache.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
     _, path = _write(family, tmp_path, mixed)

@@ -34,6 +34,8 @@ def test_the_published_config_reads_its_four_scalars():
     defaults = config_from_hf({k: v for k, v in GRANITE_31_8B.items() if not k.endswith(("multiplier", "scaling"))})
     assert defaults.multipliers == dataclasses.replace(scalars, embedding=1.0, attention=1.0, residual=1.0,
                                                        logits_divisor=1.0)  # transformers' defaults: all 1.0
+    nulls = config_from_hf(GRANITE_31_8B | {"embedding_multiplier": None, "logits_scaling": None})
+    assert (nulls.multipliers.embedding, nulls.multipliers.logits_divisor) == (1.0, 1.0)
 
 
 def test_a_llama_cpp_file_reads_its_scales_and_a_missing_one_is_no_scaling():
@@ -58,3 +60,35 @@ def test_the_scalars_are_what_makes_it_exact(family_dir, bundled_tokenizer):
     assert greedy_tokens(weights, weights.config, bundled_tokenizer, prompt) == expected
     as_llama = dataclasses.replace(weights.config, multipliers=None)
     assert greedy_tokens(weights, as_llama, bundled_tokenizer, prompt) != expected
+
+
+def test_a_llama_cpp_file_s_tokenizer_reads_as_llama_s(tmp_path, monkeypatch, bundled_model_path, bundled_tokenizer):
+    """transformers' GGUF reader does not know ``granite`` by name; its tokenizer fields are llama's kind (the
+    bundled model's, here, under a granite header), and read as such they give the same tokens."""
+    import gguf
+    import numpy as np
+
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    source = gguf.GGUFReader(str(bundled_model_path))
+    path = tmp_path / "granite.gguf"
+    writer = gguf.GGUFWriter(str(path), "granite")
+    for key, field in source.fields.items():
+        if key.startswith("tokenizer.ggml."):
+            kind = field.types[0]
+            writer.add_key_value(key, field.contents(), kind,
+                                 sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for key, value in {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+                       "attention.head_count": 1}.items():
+        writer.add_uint32(f"granite.{key}", value)
+    writer.add_float32("granite.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = Tokenizer.load(path)
+    text = "Granite reads its tokenizer: naïve café, 12345."
+    assert tokenizer.vocab_size == bundled_tokenizer.vocab_size
+    assert tokenizer.hf.encode(text) == bundled_tokenizer.hf.encode(text)

@@ -2,7 +2,8 @@
 (:class:`~services.engine.model.config.Multipliers`): embeddings times ``embedding_multiplier``, attention
 scores scaled by ``attention_multiplier`` (not ``head_dim ** -0.5``), each block's output times
 ``residual_multiplier``, the logits divided by ``logits_scaling``. llama.cpp's ``granite`` GGUF files too (q/k
-rows permuted as its llama converter does; the scalars as ``*_scale`` keys). Granite's MoE (``granitemoe``)
+rows permuted as its llama converter does; the scalars as ``*_scale`` keys; its tokenizer read as llama's,
+:data:`~services.engine.tokenizer.GGUF_TOKENIZER_AS`). Granite's MoE (``granitemoe``)
 and hybrid (``granitemoehybrid``, Granite 4) models are other architectures, refused by name.
 """
 
@@ -20,11 +21,15 @@ GGUF_ARCHITECTURE = "granite"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    """transformers' defaults where a key is absent: every multiplier 1.0 (the attention's too)."""
+    """transformers' defaults where a key is absent or null: every multiplier 1.0 (the attention's too)."""
     bias = bool(cfg.get("attention_bias", False))
+
+    def scalar(key: str) -> float:
+        return 1.0 if cfg.get(key) is None else float(cfg[key])
+
     return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias, multipliers=Multipliers(
-        embedding=float(cfg.get("embedding_multiplier", 1.0)), attention=float(cfg.get("attention_multiplier", 1.0)),
-        residual=float(cfg.get("residual_multiplier", 1.0)), logits_divisor=float(cfg.get("logits_scaling", 1.0))))
+        embedding=scalar("embedding_multiplier"), attention=scalar("attention_multiplier"),
+        residual=scalar("residual_multiplier"), logits_divisor=scalar("logits_scaling")))
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
