@@ -24,7 +24,8 @@ def _same(a, b) -> None:
                                                    (q.offsets, other.offsets)))
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "llama3-bias", "granite", "gemma2"])  # experts, rope scaling, scalars, caps
+# experts (shared slices), rope scaling, Granite's scalars, Gemma 2's windows and caps
+@pytest.mark.parametrize("family", ["qwen3_moe", "llama3-bias", "granite", "gemma2"])
 def test_a_second_load_reads_the_entry_without_opening_the_file(family, tmp_path, monkeypatch):
     monkeypatch.setenv(gguf_cache.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
     _, path = _write(family, tmp_path, mixed)
