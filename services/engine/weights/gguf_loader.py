@@ -31,7 +31,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, END_OF_TURN_KEY, END_OF_TURN_TEXT
 from services.engine.model.registry import config_from_gguf
-from services.engine.weights.gguf_names import NORM_OFFSETS, ROPE_FREQS, TensorRole, tensor_role
+from services.engine.weights.gguf_names import GEMMA_ARCHITECTURES, NORM_OFFSETS, ROPE_FREQS, TensorRole, tensor_role
 from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
 from services.engine.weights.loader import LoadedWeights
 
@@ -56,7 +56,7 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
         fields[key] = field.contents()
     embedding = next((t for t in reader.tensors if t.name == _EMBEDDING), None)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and fields.get("general.architecture") in ("gemma2", "gemma3"):
+    if tokens is not None and fields.get("general.architecture") in GEMMA_ARCHITECTURES:
         texts = tokens.contents()
         if END_OF_TURN_TEXT in texts:
             fields[END_OF_TURN_KEY] = texts.index(END_OF_TURN_TEXT)

@@ -46,6 +46,8 @@ _EXPERT_NAMES = {
 # Where an architecture names a layer's tensors otherwise or has its own (llama.cpp's Gemma 2 and 3: ``ffn_norm``
 # is the norm before the MLP, and the two norms after attention and the MLP are its own; Qwen2-MoE's shared
 # expert)
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
+"""llama.cpp's Gemma architectures: the norms below, stored as ``1 + weight``, and ``<end_of_turn>`` as an EOS."""
 _GEMMA_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
@@ -54,10 +56,9 @@ _ARCH_LAYER_NAMES = {
                  "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
                  "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
                  "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"},
-    "gemma3": _GEMMA_NORMS,
-    "gemma2": _GEMMA_NORMS,
+    **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
 }
-NORM_OFFSETS = {"gemma2": 1.0, "gemma3": 1.0}
+NORM_OFFSETS = dict.fromkeys(GEMMA_ARCHITECTURES, 1.0)
 """What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's ``1 + weight`` scale,
 stored whole); the loader takes it off again, as the model adds it itself."""
 # Redundant tensors, skipped: ``attn_rot_embd`` is the rotary ``inv_freq`` buffer that old conversions
