@@ -178,8 +178,9 @@ class LLMEngine(PrefillRole, DecodeRole):
         request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids, prefill_only=prefill_only)
         self._requests[request_id] = request
         if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, sampling.stop,
-                                                                          sampling.min_tokens)
+            self._detokenizers[request_id] = IncrementalDetokenizer(
+                self.tokenizer, sampling.stop, sampling.min_tokens, include_stop=sampling.include_stop_str_in_output,
+                skip_special_tokens=sampling.skip_special_tokens)
         self.scheduler.add(request)
         return request
 
@@ -316,7 +317,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [])
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
-            out.new_text = detok.push([token])
+            ended_by_token = request.status is RequestStatus.FINISHED_STOPPED and isinstance(request.stop_reason, int)
+            out.new_text = detok.push([token], ends_on_stop_token=ended_by_token)
             if detok.matched_stop is not None and not request.status.finished:
                 request.stop_reason = detok.matched_stop
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)

@@ -78,6 +78,10 @@ class SamplingParams:
     ``min_p`` (random sampling only, after the temperature) drops the tokens less likely than ``min_p``
     times the most likely one. ``logit_bias`` (OpenAI's) adds each bias to its token's logit, before the
     penalties: -100 all but bans a token, +100 all but forces it. Logprobs stay those of the raw distribution.
+
+    The text (``detokenizer.py``; vLLM's semantics): a stop string ends it and is cut from it, and so is the
+    end-of-sequence or stop token that ended a request, unless ``include_stop_str_in_output``; special tokens
+    have no text unless ``skip_special_tokens`` is False. Neither changes the tokens.
     """
 
     max_tokens: int = unset_takes(DEFAULT_MAX_TOKENS)  # the gateway's default depends on the prompt
@@ -96,6 +100,8 @@ class SamplingParams:
     min_p: float = unset_takes(0.0)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
     structured: StructuredSpec | None = None  # constrained output (structured_spec.py); None = free
+    include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
+    skip_special_tokens: bool = unset_takes(True)  # False: special tokens' text is in the output
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False, metadata={ENGINE_ONLY: True})
 
     @property

@@ -29,8 +29,7 @@ class ClientOutput:
         self.request_id = request.request_id
         self.generated: list[int] = []  # every token the nodes sent (a resume hands them over)
         self.first_sent = False
-        self._text = CompletionText(tokenizer, request.sampling.stop, len(request.prompt_ids),
-                                    request.sampling.min_tokens)
+        self._text = CompletionText(tokenizer, request.sampling, len(request.prompt_ids))
         self._trace = trace
         self._detokenize: Span | None = None  # from the first token to the end (not a span per token)
         self._started = time.monotonic()  # the flow opens once the request is tokenized and valid

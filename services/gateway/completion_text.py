@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.engine.detokenizer import IncrementalDetokenizer
+from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import Tokenizer
 from services.gateway.generation import Usage
 
@@ -28,11 +29,17 @@ class CompletionText:
     """Turns the tokens of one request into text, matching stop strings; counts them for ``usage``.
 
     Stop strings are the gateway's: a match keeps the tokens up to the one that completed it, drops the
-    rest, and finishes the request with ``"stop"`` (the caller aborts the nodes still running it).
+    rest, and finishes the request with ``"stop"`` (the caller aborts the nodes still running it). A request
+    a node finished with ``"stop"`` on one of its stop tokens (an end of sequence unless ``ignore_eos``, a
+    stop token id) gives that token no text unless ``include_stop_str_in_output``, as vLLM.
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], prompt_tokens: int, min_tokens: int = 0) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer, stop=tuple(stop), min_tokens=min_tokens)
+    def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, prompt_tokens: int) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, stop=sampling.stop, min_tokens=sampling.min_tokens,
+                                                   include_stop=sampling.include_stop_str_in_output,
+                                                   skip_special_tokens=sampling.skip_special_tokens)
+        self._stop_tokens = frozenset((*sampling.stop_token_ids,
+                                       *(() if sampling.ignore_eos else tokenizer.eos_token_ids)))
         self._prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -42,9 +49,11 @@ class CompletionText:
         kept: list[int] = []
         text: list[str] = []
         stop_matched = None
-        for token_id in token_ids:
+        last = len(token_ids) - 1
+        for i, token_id in enumerate(token_ids):
             kept.append(token_id)
-            text.append(detokenizer.push([token_id]))
+            ends = i == last and finish_reason == "stop" and token_id in self._stop_tokens  # the node stopped on it
+            text.append(detokenizer.push([token_id], ends_on_stop_token=ends))
             if detokenizer.matched_stop is not None:
                 finish_reason = "stop"
                 stop_matched = detokenizer.matched_stop

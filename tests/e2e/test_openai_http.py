@@ -56,6 +56,19 @@ def test_completions_match_grpc_generate(client, stub, bundled_tokenizer):
     assert as_ids.choices[0].text == text
 
 
+def test_a_stop_string_stays_in_the_text_with_include_stop_str_in_output(client, stub):
+    _, text, _ = generate(stub, prompt=PROMPT, sampling=greedy(NEW_TOKENS))
+    words = text.split()
+    stop = f" {words[len(words) // 2]}"  # a word in the middle of the greedy text
+    assert stop in text
+    before = text[:text.index(stop)]
+    cut = client.completions.create(model=MODEL, prompt=PROMPT, stop=[stop], **GREEDY).choices[0]
+    kept = client.completions.create(model=MODEL, prompt=PROMPT, stop=[stop], **{
+        **GREEDY, "extra_body": {**GREEDY["extra_body"], "include_stop_str_in_output": True}}).choices[0]
+    assert (cut.text, cut.finish_reason) == (before, "stop")
+    assert (kept.text, kept.finish_reason) == (before + stop, "stop")
+
+
 def test_chat_completions_match_grpc_generate(client, stub):
     messages = [gateway_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
     _tokens, text, last = generate(stub, messages=messages, sampling=greedy(NEW_TOKENS))

@@ -1,7 +1,10 @@
 """Stop strings in the mixed engine: the text ends just before the stop string, the finish reason is
-``stop`` and ``stop_reason`` names it, also when the token that completes it is the last one allowed."""
+``stop`` and ``stop_reason`` names it, also when the token that completes it is the last one allowed;
+vLLM's ``include_stop_str_in_output`` and ``skip_special_tokens`` change the text, never the tokens."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -69,3 +72,30 @@ def test_min_tokens_keeps_stop_strings_and_eos_from_ending_the_request_early(eng
     assert len(held.token_ids) >= 20
     assert held.token_ids[:len(short.token_ids) - 1] == short.token_ids[:-1]  # the same until EOS was banned
     engine.check_integrity()
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_the_stop_token(engine, free_run):
+    token_ids, texts = free_run
+    stop = texts[2][len(texts[1]):].strip()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, stop=(stop,), include_stop_str_in_output=True)
+    kept = engine.generate([PROMPT], params)[0]
+    assert kept.token_ids == token_ids[:2] and kept.text == texts[2][:texts[2].index(stop) + len(stop)]
+    # a stop token id: its text is cut, as vLLM, unless included
+    by_token = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, stop_token_ids=(token_ids[2],))
+    cut = engine.generate([PROMPT], by_token)[0]
+    with_it = engine.generate([PROMPT], dataclasses.replace(by_token, include_stop_str_in_output=True))[0]
+    assert cut.token_ids == with_it.token_ids == token_ids[:3]
+    assert (cut.text, with_it.text) == (texts[2], texts[3])
+    assert (cut.finish_reason, cut.stop_reason) == ("stop", token_ids[2])
+
+
+def test_skip_special_tokens_false_shows_them_but_not_the_end_of_sequence_that_stopped(engine):
+    chat = "<|im_start|>user\nSay yes.<|im_end|>\n<|im_start|>assistant\n"
+    plain = engine.generate([chat], SamplingParams(max_tokens=40, temperature=0))[0]
+    shown = engine.generate([chat], SamplingParams(max_tokens=40, temperature=0, skip_special_tokens=False))[0]
+    assert plain.finish_reason == shown.finish_reason == "stop" and plain.token_ids == shown.token_ids
+    assert shown.text == plain.text  # a turn of plain text: only its end of sequence is special, and it is cut
+    spelled = engine.tokenizer.hf.convert_ids_to_tokens(plain.token_ids[-1])
+    both = engine.generate([chat], SamplingParams(max_tokens=40, temperature=0, skip_special_tokens=False,
+                                                  include_stop_str_in_output=True))[0]
+    assert both.text == plain.text + spelled and spelled == "<|im_end|>"

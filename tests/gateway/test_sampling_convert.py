@@ -93,10 +93,11 @@ def test_random_seeds_are_63_bit_and_differ():
 _NON_DEFAULT = {"int": 7, "float": 0.5, "bool": True, "int | None": 5, "tuple[str, ...]": ("END", "\n"),
                 "tuple[int, ...]": (3, 9), "tuple[tuple[int, float], ...]": ((3, -100.0), (11, 0.5)),
                 "StructuredSpec | None": StructuredSpec("regex", "[0-9]+")}
+_NON_DEFAULT_OF = {"skip_special_tokens": False}  # a field whose default is its type's value above
 
 
 def _non_default_params() -> SamplingParams:
-    values = {f.name: _NON_DEFAULT[str(f.type)] for f in client_fields()}
+    values = {f.name: _NON_DEFAULT_OF.get(f.name, _NON_DEFAULT[str(f.type)]) for f in client_fields()}
     assert all(values[f.name] != f.default for f in client_fields())
     return SamplingParams(**values)
 

@@ -76,6 +76,8 @@ class GenerationBody(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0)
     min_p: float | None = Field(None, ge=0, le=1)
     logit_bias: dict[str, float] | None = None
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string (or stop token) stays in the text
+    skip_special_tokens: bool | None = None  # vLLM's: False = special tokens' text is in the output
 
     @field_validator("*", mode="before")  # the endpoints' fields too
     @classmethod

@@ -35,8 +35,6 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_one_of("none", "auto"), "function calling"),
     "length_penalty": (_one_of(1, 1.0), "beam search"),
     "use_beam_search": (_one_of(False), "beam search"),
-    "include_stop_str_in_output": (_one_of(False), "the stop string in the output"),
-    "skip_special_tokens": (_one_of(True), "special tokens in the text"),
     "spaces_between_special_tokens": (_one_of(True), "another rendering of special tokens"),
     "chat_template": (_unset, "a custom chat template"),
     "documents": (_empty, "documents in the chat template"),

@@ -93,8 +93,8 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
     ({"prompt": "Hi", "min_tokens": -1}, "min_tokens"),
     ({"prompt": "Hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
-    ({"prompt": "Hi", "include_stop_str_in_output": True}, "include_stop_str_in_output"),
-    ({"prompt": "Hi", "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"prompt": "Hi", "include_stop_str_in_output": "yes please"}, "include_stop_str_in_output"),
+    ({"prompt": "Hi", "spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ({"prompt": "Hi", "prompt_logprobs": 1}, "prompt_logprobs"),
     ({"prompt": "Hi", "max_completion_tokens": 3}, "max_completion_tokens"),  # chat's: it was ignored here
     ({"prompt": "Hi", "prompt_embeds": "AAAA"}, "prompt_embeds"),

@@ -12,11 +12,13 @@ from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, 
 # non-default values, as the HTTP API takes them
 BODY = {"temperature": 0.5, "top_p": 0.25, "top_k": 40, "seed": 9, "stop": ["END"], "stop_token_ids": [2, 7],
         "ignore_eos": True, "min_tokens": 3, "presence_penalty": -0.5, "frequency_penalty": 1.25,
-        "repetition_penalty": 1.125, "min_p": 0.0625, "logit_bias": {"11": 0.5, "3": -100.0}}
+        "repetition_penalty": 1.125, "min_p": 0.0625, "logit_bias": {"11": 0.5, "3": -100.0},
+        "include_stop_str_in_output": True, "skip_special_tokens": False}
 EXPECTED = SamplingFields(max_tokens=12, logprobs=2, temperature=0.5, top_p=0.25, top_k=40, seed=9, stop=("END",),
                           stop_token_ids=(2, 7), ignore_eos=True, min_tokens=3, presence_penalty=-0.5,
                           frequency_penalty=1.25, repetition_penalty=1.125, min_p=0.0625,
-                          logit_bias=((11, 0.5), (3, -100.0)))
+                          logit_bias=((11, 0.5), (3, -100.0)), include_stop_str_in_output=True,
+                          skip_special_tokens=False)
 
 
 def test_every_sampling_field_is_read_from_the_body():
@@ -43,3 +45,4 @@ def test_unset_stays_unset():
     body = CompletionBody.model_validate({"prompt": "Hi"})
     assert translate.completion_inputs(body, "r")[0].sampling == SamplingFields(presence_penalty=0.0,
                                                                                  frequency_penalty=0.0)
+    assert SamplingFields().resolve().skip_special_tokens is True
