@@ -11,7 +11,7 @@ from services.engine.logprobs import TokenLogprobs
 
 def logprob_to_proto(logprobs: TokenLogprobs) -> gateway_pb2.TokenLogprob:
     return gateway_pb2.TokenLogprob(
-        token_id=logprobs.token_id, logprob=logprobs.logprob,
+        token_id=logprobs.token_id, logprob=logprobs.logprob, rank=logprobs.rank,
         top=[gateway_pb2.TopLogprob(token_id=token_id, logprob=value) for token_id, value in logprobs.top])
 
 
@@ -20,7 +20,8 @@ def logprobs_to_proto(logprobs: Iterable[TokenLogprobs]) -> list[gateway_pb2.Tok
 
 
 def logprob_from_proto(message: gateway_pb2.TokenLogprob) -> TokenLogprobs:
-    return TokenLogprobs(message.token_id, message.logprob, tuple((t.token_id, t.logprob) for t in message.top))
+    return TokenLogprobs(message.token_id, message.logprob, tuple((t.token_id, t.logprob) for t in message.top),
+                         message.rank)
 
 
 def logprobs_from_proto(messages: Iterable[gateway_pb2.TokenLogprob]) -> list[TokenLogprobs]:

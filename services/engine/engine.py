@@ -300,6 +300,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.offload.reclaim()
         for item in planned.batch.scheduled:  # finish as "stop" once nothing more may follow
             item.request.grammar_complete = item.request.request_id in sampled.completed
+            item.request.prompt_logprobs += sampled.prompt_logprobs.get(item.request.request_id, ())
         advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
         outputs = [self._output(request, sampled.logprobs.get(request.request_id)) for request in advanced]
@@ -315,6 +316,8 @@ class LLMEngine(PrefillRole, DecodeRole):
     def _output(self, request: Request, logprobs: TokenLogprobs | None = None) -> RequestOutput:
         token = request.output_token_ids[-1]
         out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [])
+        if request.num_output_tokens == 1 and request.sampling.prompt_logprobs is not None:
+            out.prompt_logprobs = list(request.prompt_logprobs)  # with the first token, as vLLM
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
             ended_by_token = request.status is RequestStatus.FINISHED_STOPPED and isinstance(request.stop_reason, int)
@@ -360,12 +363,15 @@ class LLMEngine(PrefillRole, DecodeRole):
                 order.append(self.add_request(sampling=sp, token_ids=prompt))
         texts = {r.request_id: "" for r in order}
         logprobs: dict[str, list[TokenLogprobs]] = {r.request_id: [] for r in order}
+        prompt_logprobs: dict[str, list[TokenLogprobs]] = {r.request_id: [] for r in order}
         while self.has_unfinished():
             for out in self.step():
                 texts[out.request_id] += out.new_text
                 logprobs[out.request_id] += out.new_logprobs
+                prompt_logprobs[out.request_id] += out.prompt_logprobs
         return [CompletedRequest(r.request_id, r.prompt_token_ids, list(r.output_token_ids), texts[r.request_id],
-                                 r.finish_reason, r.num_cached_tokens, r.stop_reason, logprobs[r.request_id])
+                                 r.finish_reason, r.num_cached_tokens, r.stop_reason, logprobs[r.request_id],
+                                 prompt_logprobs[r.request_id])
                 for r in order]
 
     def check_integrity(self) -> None:

@@ -20,3 +20,4 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) of the k most likely, most likely first
+    rank: int = 0  # 1 = the most likely (tokens at least as likely, itself included); 0 = not known

@@ -10,6 +10,7 @@ from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 from kernels.linear import RowPaths
 from services.engine.decode_graphs import GraphOptions, build_decode_graphs
+from services.engine.logprob_compute import token_logprobs
 from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
@@ -61,9 +62,17 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens, seq_lens, tables, logits_indices, samplers, prompt_lens = [], [], [], [], [], []
+        prompt_rows: list[tuple[int, int, int]] = []  # (input row, the prompt token it predicts, k)
+        prompt_askers: list[tuple[str, int]] = []  # (request id, its rows), in row order
         for item in batch.scheduled:
             request = item.request
             end = item.start + item.num_new_tokens
+            asked = request.sampling.prompt_logprobs
+            if asked is not None and item.start < request.num_prompt_tokens - 1:
+                last = min(end, request.num_prompt_tokens - 1)  # a row predicting a prompt token
+                prompt_rows += [(len(input_ids) + p - item.start, request.token_ids[p + 1], asked)
+                                for p in range(item.start, last)]
+                prompt_askers.append((request.request_id, last - item.start))
             input_ids.extend(request.token_ids[item.start:end])
             positions.extend(range(item.start, end))
             query_lens.append(item.num_new_tokens)
@@ -74,7 +83,7 @@ class ModelRunner:
                 logits_indices.append(len(input_ids) - 1)
                 samplers.append(request)
         if self.graphs is not None and len(samplers) == len(query_lens) and max(query_lens) == 1 \
-                and self.graphs.bucket_for(len(query_lens)) is not None:
+                and not prompt_rows and self.graphs.bucket_for(len(query_lens)) is not None:
             self.graph_steps += 1
             return sample_step(self.graphs.run(input_ids, positions, seq_lens, tables), samplers)
         device = self.model.device
@@ -86,12 +95,15 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.long, device=device),
             self.kv_layers,
             self.attention,
-            torch.tensor(logits_indices, dtype=torch.long, device=device),
+            torch.tensor(logits_indices + [row for row, _, _ in prompt_rows], dtype=torch.long, device=device),
             _row_paths(batch, device) if self.model.deterministic else None,
         )
-        if not samplers:
-            return StepSamples()
-        return sample_step(logits, samplers)
+        samples = sample_step(logits[:len(samplers)], samplers) if samplers else StepSamples()
+        if prompt_rows:
+            entries = iter(token_logprobs(logits[len(samplers):], [t for _, t, _ in prompt_rows],
+                                          [k for _, _, k in prompt_rows]))
+            samples.prompt_logprobs = {rid: [next(entries) for _ in range(n)] for rid, n in prompt_askers}
+        return samples
 
 
 def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:

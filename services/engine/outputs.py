@@ -15,6 +15,8 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
+    # with the first token, when sampling.prompt_logprobs asks: one per prompt token after the first
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length", "abort"
     abort_reason: str = ""  # with "abort" by the engine itself: why (e.g. the grammar could not go on)
@@ -36,3 +38,4 @@ class CompletedRequest:
     cached_tokens: int
     stop_reason: int | str | None = None  # the eos/stop token id or stop string that ended it
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per prompt token after the first

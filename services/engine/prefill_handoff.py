@@ -41,6 +41,7 @@ class FirstToken:
     finish_reason: str | None  # set when the first token already ends the request
     cached_tokens: int
     logprob: TokenLogprobs | None = None  # when the request asks for logprobs
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # when it asks for prompt logprobs: prompt tokens 1..
 
 
 @dataclass

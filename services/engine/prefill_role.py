@@ -69,7 +69,8 @@ class PrefillRole:
                 request = handoff.request
                 reason = None if request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
                 items.append(FirstToken(out.request_id, out.new_token_ids[0], reason, request.num_cached_tokens,
-                                        out.new_logprobs[0] if out.new_logprobs else None))
+                                        out.new_logprobs[0] if out.new_logprobs else None,
+                                        tuple(out.prompt_logprobs)))
         ready = [(handoff, *new) for handoff in self._handoffs.values()
                  if (new := self._newly_ready(handoff)) is not None]
         pool = self.kv_pool

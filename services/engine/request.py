@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from services.engine.logprobs import TokenLogprobs
 from services.engine.sampling_params import SamplingParams
 
 
@@ -84,6 +85,8 @@ class Request:
     num_preemptions: int = 0
     admitted_seq: int = -1  # order of the latest admission; the newest decoding request is the victim
     stop_reason: int | str | None = None
+    # sampling.prompt_logprobs: those of prompt tokens 1.. so far, in order (each prefill chunk adds its own)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
     prefill_only: bool = False  # prefill role: stop after the first token and keep the KV for transfer
     trace: Any = None  # a request_trace.RequestTrace hook when the node traces this request (tracing on)

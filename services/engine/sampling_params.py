@@ -70,6 +70,8 @@ class SamplingParams:
     ``top_p == 1`` disable those filters. ``seed`` makes random sampling reproducible per request,
     independent of what else is in the batch.
     ``logprobs``: None = none; ``k`` = each new token's logprob and the ``k`` most likely (``logprobs.py``).
+    ``prompt_logprobs`` (vLLM's): the same for every prompt token after the first (the first has none); the
+    whole prompt is computed then, none of it served from the prefix cache.
 
     Penalties, as vLLM and OpenAI define them, change the logits before the temperature (greedy requests
     too; ``penalties.py``): ``presence_penalty`` is subtracted from every token already generated,
@@ -100,6 +102,7 @@ class SamplingParams:
     min_p: float = unset_takes(0.0)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
     structured: StructuredSpec | None = None  # constrained output (structured_spec.py); None = free
+    prompt_logprobs: int | None = unset_takes(None)  # each prompt token's logprob and the k most likely
     include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
     skip_special_tokens: bool = unset_takes(True)  # False: special tokens' text is in the output
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False, metadata={ENGINE_ONLY: True})
@@ -127,8 +130,10 @@ class SamplingParams:
             raise InvalidRequestError("top_k", f"must be in [0, {INT32_MAX}] (0 disables it), got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise InvalidRequestError("seed", f"must be in [0, 2**63), got {self.seed}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise InvalidRequestError(name, f"must be in [0, {MAX_LOGPROBS}], got {k}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN and infinities too

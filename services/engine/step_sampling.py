@@ -29,6 +29,7 @@ class StepSamples:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     completed: set[str] = field(default_factory=set)
     grammar_errors: dict[str, str] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # this step's prompt rows
 
 
 def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSamples:

@@ -49,14 +49,15 @@ class ClientOutput:
         return self._text.add(token_ids, finish_reason)
 
     def chunk(self, delta: TextDelta, logprobs: Sequence[TokenLogprobs] = (), prefill_node: str = "",
-              decode_node: str = "") -> GenerateChunk | None:
+              decode_node: str = "", prompt_logprobs: Sequence[TokenLogprobs] = ()) -> GenerateChunk | None:
         """The chunk for ``delta`` (None when it adds nothing), with ``usage`` once it finishes."""
         if delta.empty:
             return None
         return GenerateChunk(
             self.request_id, delta.token_ids, delta.text, delta.finish_reason,
             self._text.usage() if delta.finish_reason else None, prefill_node=prefill_node, decode_node=decode_node,
-            logprobs=tuple(logprobs[:len(delta.token_ids)]))  # none past a stop string
+            logprobs=tuple(logprobs[:len(delta.token_ids)]),  # none past a stop string
+            prompt_logprobs=tuple(prompt_logprobs))
 
     def end_detokenize(self) -> None:
         span, self._detokenize = self._detokenize, None

@@ -66,6 +66,7 @@ class GenerateChunk:
     prefill_node: str = ""
     decode_node: str = ""
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token, when the request asks for logprobs
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # first chunk only, when asked: prompt tokens 1..
 
 
 class NodeCallError(ServiceError):

@@ -88,7 +88,8 @@ def prefill_event_from_proto(message: prefill_pb2.PrefillEvent) -> PrefillEvent:
     if kind == "first_token":
         first = message.first_token
         return FirstToken(first.token_id, first.finish_reason, first.cached_tokens,
-                          logprob_from_proto(first.logprob) if first.HasField("logprob") else None)
+                          logprob_from_proto(first.logprob) if first.HasField("logprob") else None,
+                          tuple(logprobs_from_proto(first.prompt_logprobs)))
     if kind == "done":
         return PrefillDone()
     return None

@@ -45,6 +45,7 @@ class FirstToken:
     finish_reason: str  # set when the first token already ends the request (the prefill node ends it)
     cached_tokens: int  # prompt tokens served from a prefix cache
     logprob: TokenLogprobs | None = None  # when the request asks for logprobs
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # when it asks for prompt logprobs: prompt tokens 1..
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,8 @@ class RequestFlow:
             raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
         self._output.first_token(first.cached_tokens)
         logprobs = [first.logprob] if first.logprob is not None else []
-        return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs)
+        return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs,
+                                 prompt_logprobs=first.prompt_logprobs)
 
     async def _on_decode(self, leg: Leg, item: Any) -> GenerateChunk | None:
         if item is STREAM_END:
@@ -234,12 +235,13 @@ class RequestFlow:
         return await self._chunk(item.token_ids, item.finish_reason, logprobs=item.logprobs)
 
     async def _chunk(self, token_ids: Sequence[int], finish_reason: str, first: bool = False,
-                     logprobs: Sequence[TokenLogprobs] = ()) -> GenerateChunk | None:
+                     logprobs: Sequence[TokenLogprobs] = (), prompt_logprobs: Sequence[TokenLogprobs] = ()
+                     ) -> GenerateChunk | None:
         delta = self._output.add(token_ids, finish_reason, first)
         if delta.stop_matched is not None:
             await self._stop_unfinished_legs(f"stop string {delta.stop_matched!r}")
         return self._output.chunk(delta, logprobs, prefill_node=self._prefill_address if first else "",
-                                  decode_node=self._decode_address if first else "")
+                                  decode_node=self._decode_address if first else "", prompt_logprobs=prompt_logprobs)
 
     async def _stop_unfinished_legs(self, reason: str) -> None:
         """The gateway ended the request (stop string): cancel the legs still running and wait for their

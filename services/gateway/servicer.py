@@ -41,7 +41,7 @@ def chunk_to_proto(chunk: GenerateChunk) -> gateway_pb2.GenerateResponse:
     response = gateway_pb2.GenerateResponse(
         request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
         finish_reason=chunk.finish_reason, prefill_node=chunk.prefill_node, decode_node=chunk.decode_node,
-        logprobs=logprobs_to_proto(chunk.logprobs))
+        logprobs=logprobs_to_proto(chunk.logprobs), prompt_logprobs=logprobs_to_proto(chunk.prompt_logprobs))
     if chunk.usage is not None:
         usage = chunk.usage
         response.usage.CopyFrom(gateway_pb2.Usage(prompt_tokens=usage.prompt_tokens,

@@ -12,7 +12,7 @@ from pdserve.v1 import gateway_pb2, node_pb2, prefill_pb2, prefill_pb2_grpc
 import services.engine_node.errors  # noqa: F401  (the engine's errors as status codes)
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.common.field_checks import check_addresses, check_request_id
-from services.common.logprobs_convert import logprob_to_proto
+from services.common.logprobs_convert import logprob_to_proto, logprobs_to_proto
 from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.engine.engine import LLMEngine
@@ -79,7 +79,8 @@ def _encode(event: Refused | Reserved | FirstToken | Done) -> prefill_pb2.Prefil
             lease_deadline_unix_ms=event.lease_deadline_unix_ms))
     if isinstance(event, FirstToken):
         first = prefill_pb2.FirstToken(token_id=event.token_id, finish_reason=event.finish_reason or "",
-                                       cached_tokens=event.cached_tokens)
+                                       cached_tokens=event.cached_tokens,
+                                       prompt_logprobs=logprobs_to_proto(event.prompt_logprobs))
         if event.logprob is not None:
             first.logprob.CopyFrom(logprob_to_proto(event.logprob))
         return prefill_pb2.PrefillEvent(first_token=first)

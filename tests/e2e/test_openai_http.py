@@ -10,6 +10,7 @@ import json
 import httpx
 import openai
 import pytest
+import torch
 from pdserve.v1 import gateway_pb2
 
 from tests.e2e.conftest import generate, greedy, wait_idle
@@ -67,6 +68,39 @@ def test_a_stop_string_stays_in_the_text_with_include_stop_str_in_output(client,
         **GREEDY, "extra_body": {**GREEDY["extra_body"], "include_stop_str_in_output": True}}).choices[0]
     assert (cut.text, cut.finish_reason) == (before, "stop")
     assert (kept.text, kept.finish_reason) == (before + stop, "stop")
+
+
+def test_echo_and_prompt_logprobs_are_transformers_log_softmax_of_the_prompt(client, stub, bundled_tokenizer,
+                                                                              hf_bundled_model):
+    ids = bundled_tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        reference = torch.log_softmax(hf_bundled_model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1)  # the prompt is in the prefix cache now
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, logprobs=2, **GREEDY)
+    choice, lists = echoed.choices[0], echoed.choices[0].logprobs
+    assert choice.text.startswith(PROMPT) and len(choice.text) > len(PROMPT)
+    assert lists.token_logprobs[0] is None and lists.top_logprobs[0] is None
+    assert len(lists.tokens) == len(ids) + NEW_TOKENS
+    for i in range(1, len(ids)):  # the logits at i - 1 predict prompt token i
+        assert lists.token_logprobs[i] == pytest.approx(float(reference[i - 1, ids[i]]), abs=2e-3)
+    assert echoed.usage.prompt_tokens_details.cached_tokens == 0  # computed whole, cache or not
+
+    asked = client.completions.create(model=MODEL, prompt=PROMPT, **{
+        **GREEDY, "extra_body": {**GREEDY["extra_body"], "prompt_logprobs": 1}}).choices[0]
+    shown = asked.model_extra["prompt_logprobs"]
+    assert shown[0] is None and len(shown) == len(ids)
+    for i, entry in enumerate(shown[1:], 1):
+        mine = entry[str(ids[i])]
+        assert mine["logprob"] == pytest.approx(float(reference[i - 1, ids[i]]), abs=2e-3)
+        row, value = reference[i - 1], reference[i - 1, ids[i]]  # its rank, give or take near-ties
+        assert int((row > value + 1e-3).sum()) + 1 <= mine["rank"] <= int((row >= value - 1e-3).sum())
+    assert asked.text == choice.text[len(PROMPT):]
+    # gRPC: the first message carries them
+    (only,) = stub.Generate(gateway_pb2.GenerateRequest(prompt=PROMPT, sampling=greedy(1, prompt_logprobs=1)),
+                            timeout=60)
+    assert [lp.token_id for lp in only.prompt_logprobs] == ids[1:]
+    assert [lp.logprob for lp in only.prompt_logprobs] == pytest.approx([e[str(t)]["logprob"] for e, t in
+                                                                         zip(shown[1:], ids[1:], strict=True)])
 
 
 def test_chat_completions_match_grpc_generate(client, stub):

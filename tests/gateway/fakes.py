@@ -79,13 +79,14 @@ class FakePrefill(FakeNode, prefill_pb2_grpc.PrefillNodeServicer):
         self.cached_tokens = cached_tokens
         self.first_finish_reason = ""
         self.first_logprob: gateway_pb2.TokenLogprob | None = None
+        self.prompt_logprobs: list[gateway_pb2.TokenLogprob] = []
         self.script: Script = self.well_behaved
 
     async def well_behaved(self, request: prefill_pb2.PrefillRequest, context: Any) -> AsyncIterator[Any]:
         yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=request.decode_candidates[0]))
         yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(
             token_id=self.first_token, cached_tokens=self.cached_tokens, finish_reason=self.first_finish_reason,
-            logprob=self.first_logprob))
+            logprob=self.first_logprob, prompt_logprobs=self.prompt_logprobs))
         yield prefill_pb2.PrefillEvent(done=prefill_pb2.Done(num_computed_tokens=len(request.prompt_token_ids)))
 
     async def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.aio.ServicerContext

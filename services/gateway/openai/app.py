@@ -48,6 +48,7 @@ from services.gateway.openai.translate import (
     ChatRenderer,
     CompletionRenderer,
     Identity,
+    PromptShown,
     Renderer,
     chat_input,
     choices_of,
@@ -200,7 +201,12 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
-            return CompletionRenderer(who, logprobs, index)
+            echo_text = core.tokenizer.decode(prepared.prompt_ids, prepared.sampling.skip_special_tokens) \
+                if body.echo else None
+            shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer), echo_text,
+                                body.logprobs if body.echo else None, body.prompt_logprobs)
+            return CompletionRenderer(who, logprobs, index, shown if body.echo or body.prompt_logprobs is not None
+                                      else None)
 
         inputs = completion_inputs(body, request_id, parsers.reasoning_end_ids)
         return echoed(await generations.run(request, inputs, renderer, body), echo)

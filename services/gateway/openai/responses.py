@@ -34,9 +34,17 @@ class CompletionLogprobs(BaseModel):
     """The legacy shape: parallel lists, one entry per token."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]  # the token itself and the k most likely
-    text_offset: list[int]  # where each token's text starts in the completion's text
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token (nothing predicts it)
+    top_logprobs: list[dict[str, float] | None]  # the token itself and the k most likely
+    text_offset: list[int]  # where each token's text starts in the completion's text (echo: the prompt's first)
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's ``prompt_logprobs`` entry of one token."""
+
+    logprob: float
+    rank: int | None  # 1 = the most likely; None: not known
+    decoded_token: str
 
 
 class TopLogprobOut(BaseModel):
@@ -61,6 +69,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    # vLLM's, when asked: per prompt token, {token id: entry} for it and the k most likely; None for the first
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class Completion(BaseModel):

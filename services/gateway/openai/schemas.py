@@ -121,8 +121,9 @@ class CompletionBody(GenerationBody):
     (read as the list of its prompts, one or more)."""
 
     prompt: list[str | list[int]] = Field(...)
-    echo: bool = False
+    echo: bool = False  # the prompt's text first in the output; with logprobs, its tokens' logprobs first too
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and the k most likely
     best_of: int | None = None
     suffix: str | None = None
 
@@ -148,14 +149,7 @@ class CompletionBody(GenerationBody):
                              f"{MAX_PROMPT_CHOICES} per call")
         return prompts
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported")
-        return value
-
-    @field_validator("logprobs")
+    @field_validator("logprobs", "prompt_logprobs")
     @classmethod
     def _logprobs_count(cls, value: int | None) -> int | None:
         if value is not None and not 0 <= value <= MAX_LOGPROBS:

@@ -68,6 +68,7 @@ async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk:
 class _Collected:
     text: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
     last: GenerateChunk | None = None
 
 
@@ -76,6 +77,7 @@ async def _collect(chunks: AsyncIterator[GenerateChunk]) -> _Collected:
     async for chunk in chunks:  # to the end: the flow and the request close there
         collected.text.append(chunk.text)
         collected.logprobs += chunk.logprobs
+        collected.prompt_logprobs = collected.prompt_logprobs or chunk.prompt_logprobs
         collected.last = chunk
     if collected.last is None or collected.last.usage is None:
         raise OpenAIError(502, "the request ended without a finish reason", "server_error")
@@ -89,7 +91,8 @@ async def _whole(streams: Sequence[AsyncIterator[GenerateChunk]], renderers: Seq
     for collected, renderer in zip(every, renderers, strict=True):
         last = collected.last
         assert last is not None and last.usage is not None
-        bodies.append(renderer.whole("".join(collected.text), last.finish_reason, last.usage, collected.logprobs))
+        bodies.append(renderer.whole("".join(collected.text), last.finish_reason, last.usage, collected.logprobs,
+                                     collected.prompt_logprobs))
     usage = combined_usage([c.last.usage for c in every if c.last is not None and c.last.usage is not None],
                            per_prompt)
     body = bodies[0].model_copy(update={"choices": [b.choices[0] for b in bodies], "usage": usage_body(usage)})

@@ -34,20 +34,29 @@ from services.gateway.openai.tools.types import ParsedToolCall, ToolCallParser
 
 # Sampling fields a body does not carry as SamplingFields has them: the endpoints' (max_tokens, logprobs) and
 # the reshaped ones; every other field of SamplingFields the body declares is taken by name.
-_NOT_BY_NAME = ("max_tokens", "logprobs", "stop", "stop_token_ids", "logit_bias",
+_NOT_BY_NAME = ("max_tokens", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias",
                 "structured")  # structured: from response_format, guided_*, structured_outputs (structured.py)
 _BY_NAME = tuple(f.name for f in dataclasses.fields(SamplingFields)
                  if f.name in GenerationBody.model_fields and f.name not in _NOT_BY_NAME)
 
 
 def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | None = None,
-                structured: StructuredSpec | EllipsisType | None = ...) -> SamplingFields:
+                structured: StructuredSpec | EllipsisType | None = ..., prompt_logprobs: int | None = None
+                ) -> SamplingFields:
     """``structured``: the output constraint (``...``: the body's, :func:`structured_of`)."""
     return SamplingFields(**{name: getattr(body, name) for name in _BY_NAME},
-                          max_tokens=max_tokens, logprobs=logprobs, stop=tuple(body.stop or ()),
+                          max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                          stop=tuple(body.stop or ()),
                           stop_token_ids=tuple(body.stop_token_ids or ()),
                           logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()),
                           structured=structured_of(body) if isinstance(structured, EllipsisType) else structured)
+
+
+def prompt_logprobs_of(body: CompletionBody) -> int | None:
+    """The prompt logprobs a completion asks for: vLLM's ``prompt_logprobs``, and with ``echo`` its
+    ``logprobs`` (the echoed prompt's tokens have theirs, as vLLM); the larger k of the two."""
+    asked = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
+    return max(asked) if asked else None
 
 
 def after_reasoning(spec: StructuredSpec | None, end_ids: tuple[int, ...]) -> StructuredSpec | None:
@@ -60,7 +69,8 @@ def completion_inputs(body: CompletionBody, request_id: str, reasoning_end_ids: 
                       ) -> list[GenerateInput]:
     """One input per prompt of the body (a batch has several), each under ``request_id``."""
     sampling = sampling_of(body, body.max_tokens, body.logprobs, after_reasoning(structured_of(body),
-                                                                                  reasoning_end_ids))
+                                                                                  reasoning_end_ids),
+                           prompt_logprobs=prompt_logprobs_of(body))
     return [GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
                           token_ids=None if isinstance(prompt, str) else tuple(prompt), sampling=sampling)
             for prompt in body.prompt]
@@ -120,9 +130,10 @@ class Renderer(Protocol):
     def usage_chunk(self, usage: Usage) -> BaseModel:
         """The last streamed chunk when ``stream_options.include_usage``: no choices, the usage."""
 
-    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
-              ) -> BaseModel:
-        """The non-streamed response (``logprobs``: of every token, when the request asked for them)."""
+    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = (),
+              prompt_logprobs: Sequence[TokenLogprobs] = ()) -> BaseModel:
+        """The non-streamed response (``logprobs``: of every token, when the request asked for them;
+        ``prompt_logprobs``: of the prompt's tokens after the first, when it asked for those)."""
 
 
 @dataclass(frozen=True)
@@ -137,31 +148,67 @@ class Identity:
 
 
 @dataclass(frozen=True)
+class PromptShown:
+    """What a completion shows of its prompt, in its first chunk: its text first (``echo``; with logprobs,
+    its tokens lead the logprobs lists too, the first one's None) and vLLM's ``prompt_logprobs`` (``k``)."""
+
+    ids: tuple[int, ...]
+    names: LogprobsRender  # the tokens' texts
+    echo_text: str | None = None  # None: not echoed
+    echo_logprobs: int | None = None  # the request's logprobs k (the prompt's entries are cut to it)
+    prompt_logprobs: int | None = None
+
+
+@dataclass(frozen=True)
 class CompletionRenderer:
     who: Identity
     logprobs: LogprobsRender | None = None  # the request asked for logprobs
     index: int = 0  # of the choice, among the request's n
+    prompt: PromptShown | None = None
 
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.Completion | None:
-        if not chunk.text and not chunk.finish_reason and not chunk.logprobs:
+        if not chunk.text and not chunk.finish_reason and not chunk.logprobs and not first:
             return None
-        choice = out.CompletionChoice(index=self.index, text=chunk.text, finish_reason=chunk.finish_reason or None,
-                                      logprobs=self._logprobs(chunk.logprobs))
+        choice = self._choice(chunk.text, chunk.finish_reason or None, chunk.logprobs,
+                              chunk.prompt_logprobs if first else None)
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice])
 
-    def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> out.CompletionLogprobs | None:
-        return self.logprobs.completion(logprobs) if self.logprobs is not None else None
+    def _choice(self, text: str, finish_reason: str | None, logprobs: Sequence[TokenLogprobs],
+                prompt_logprobs: Sequence[TokenLogprobs] | None) -> out.CompletionChoice:
+        """``prompt_logprobs``: None past the first chunk (the prompt shows once)."""
+        prompt = self.prompt if prompt_logprobs is not None else None
+        echoed = prompt is not None and prompt.echo_text is not None
+        shown = None
+        if self.logprobs is not None:
+            lists = [self.logprobs.echoed_prompt(prompt.ids, prompt_logprobs, prompt.echo_logprobs)] \
+                if echoed and prompt_logprobs is not None and prompt.echo_logprobs is not None else []
+            shown = _joined([*lists, self.logprobs.completion(logprobs)])
+        if echoed:
+            text = prompt.echo_text + text
+        vllm_prompt = prompt.names.vllm_prompt(prompt_logprobs, prompt.prompt_logprobs) \
+            if prompt is not None and prompt_logprobs is not None and prompt.prompt_logprobs is not None else None
+        return out.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason, logprobs=shown,
+                                    prompt_logprobs=vllm_prompt)
 
     def usage_chunk(self, usage: Usage) -> out.Completion:
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[],
                               usage=usage_body(usage))
 
-    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
-              ) -> out.Completion:
-        choice = out.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason,
-                                      logprobs=self._logprobs(logprobs))
+    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = (),
+              prompt_logprobs: Sequence[TokenLogprobs] = ()) -> out.Completion:
+        choice = self._choice(text, finish_reason, logprobs, prompt_logprobs)
         return out.Completion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
                               usage=usage_body(usage))
+
+
+def _joined(parts: Sequence[out.CompletionLogprobs]) -> out.CompletionLogprobs:
+    """One set of parallel lists of the parts', in order."""
+    if len(parts) == 1:
+        return parts[0]
+    return out.CompletionLogprobs(tokens=[t for p in parts for t in p.tokens],
+                                  token_logprobs=[v for p in parts for v in p.token_logprobs],
+                                  top_logprobs=[t for p in parts for t in p.top_logprobs],
+                                  text_offset=[o for p in parts for o in p.text_offset])
 
 
 @dataclass
@@ -217,8 +264,8 @@ class ChatRenderer:
         return out.ChatCompletionChunk(id=self.who.id, created=self.who.created, model=self.who.model, choices=[],
                                        usage=usage_body(usage))
 
-    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = ()
-              ) -> out.ChatCompletion:
+    def whole(self, text: str, finish_reason: str, usage: Usage, logprobs: Sequence[TokenLogprobs] = (),
+              prompt_logprobs: Sequence[TokenLogprobs] = ()) -> out.ChatCompletion:
         split = self.split.whole(text)
         calls = [self._call(call) for call in split.calls]
         message = out.ChatMessageOut(content=split.content or (None if calls else ""), tool_calls=calls,

@@ -57,7 +57,7 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "max_tokens": 2.5}, "max_tokens"),
     ({"prompt": "Hi", "n": 0}, "n"),
     ({"prompt": "Hi", "n": 17}, "n"),
-    ({"prompt": "Hi", "echo": True}, "echo"),
+    ({"prompt": "Hi", "echo": "twice"}, "echo"),
     ({"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ({"prompt": "Hi", "best_of": 2}, "best_of"),
     ({"prompt": "Hi", "suffix": "end"}, "suffix"),
@@ -95,7 +95,7 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     ({"prompt": "Hi", "include_stop_str_in_output": "yes please"}, "include_stop_str_in_output"),
     ({"prompt": "Hi", "spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
-    ({"prompt": "Hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),
     ({"prompt": "Hi", "max_completion_tokens": 3}, "max_completion_tokens"),  # chat's: it was ignored here
     ({"prompt": "Hi", "prompt_embeds": "AAAA"}, "prompt_embeds"),
     ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # chat's

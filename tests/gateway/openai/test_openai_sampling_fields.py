@@ -26,12 +26,17 @@ def test_every_sampling_field_is_read_from_the_body():
     assert set(translate._BY_NAME) | set(translate._NOT_BY_NAME) == names
     assert set(translate._BY_NAME) <= set(GenerationBody.model_fields)
     # this test sets each one; structured comes from response_format and the guided_* fields (issue 26)
-    assert set(BODY) | {"max_tokens", "logprobs", "structured"} == names
+    assert set(BODY) | {"max_tokens", "logprobs", "prompt_logprobs", "structured"} == names
 
 
 def test_completion_body_to_sampling_fields():
     body = CompletionBody.model_validate({"prompt": "Hi", "max_tokens": 12, "logprobs": 2, **BODY})
     assert translate.completion_inputs(body, "r")[0].sampling == EXPECTED
+    # prompt logprobs: vLLM's field, and echo's with logprobs; the larger k
+    for extra, k in (({"prompt_logprobs": 4}, 4), ({"echo": True}, 2), ({"echo": True, "prompt_logprobs": 1}, 2),
+                     ({"echo": True, "logprobs": None}, None)):
+        body = CompletionBody.model_validate({"prompt": "Hi", "max_tokens": 12, "logprobs": 2, **BODY, **extra})
+        assert translate.completion_inputs(body, "r")[0].sampling.prompt_logprobs == k, extra
 
 
 def test_chat_body_to_sampling_fields():

@@ -1,0 +1,89 @@
+"""Completions' ``echo`` and prompt logprobs on the HTTP front, over fake nodes: the echoed prompt leads the
+text (and, with ``logprobs``, the logprobs lists, its first token's entry None), and vLLM's
+``prompt_logprobs`` has one entry per prompt token in vLLM's shape; what reaches the prefill node asks for
+them."""
+
+from __future__ import annotations
+
+import json
+
+from pdserve.v1 import gateway_pb2
+
+from tests.gateway.openai.conftest import MODEL, Front
+from tests.gateway.openai.test_openai_front_api import script, sse_events
+
+PROMPT = "Hello there, my friend"
+
+
+def fake_prompt_logprobs(front: Front, tokenizer, k: int) -> list[int]:
+    """The prefill node answers logprobs for the prompt's tokens after the first: token i's is -i/10, its
+    rank i, and its k most likely are tokens 5, 6, … at -0.01, -0.02, …"""
+    ids = tokenizer.encode(PROMPT)
+    front.cluster.p.prompt_logprobs = [
+        gateway_pb2.TokenLogprob(token_id=t, logprob=-i / 10, rank=i,
+                                 top=[gateway_pb2.TopLogprob(token_id=5 + j, logprob=-(j + 1) / 100) for j in range(k)])
+        for i, t in enumerate(ids[1:], 1)]
+    return ids
+
+
+async def _post(front: Front, **body) -> dict:
+    reply = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, **body})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+async def test_echo_puts_the_prompt_text_first(front, tokenizer):
+    ids = script(front, tokenizer)
+    (choice,) = (await _post(front, max_tokens=len(ids), echo=True))["choices"]
+    assert choice["text"] == PROMPT + tokenizer.decode(ids)
+    assert front.cluster.p.requests[-1].sampling.HasField("prompt_logprobs") is False  # no logprobs: none computed
+
+    ids = script(front, tokenizer)  # streamed: the first chunk carries it
+    reply = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": len(ids),
+                                                           "echo": True, "stream": True})
+    chunks = [json.loads(e) for e in sse_events(reply.text) if e != "[DONE]"]
+    assert chunks[0]["choices"][0]["text"].startswith(PROMPT)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == PROMPT + tokenizer.decode(ids)
+
+
+async def test_echo_with_logprobs_leads_the_lists_with_the_prompt_tokens(front, tokenizer):
+    ids = script(front, tokenizer)
+    prompt_ids = fake_prompt_logprobs(front, tokenizer, k=3)
+    front.cluster.p.first_logprob = gateway_pb2.TokenLogprob(token_id=ids[0], logprob=-0.5)  # the new tokens':
+    (choice,) = (await _post(front, max_tokens=len(ids), echo=True, logprobs=1))["choices"]  # the first only
+    assert front.cluster.p.requests[-1].sampling.prompt_logprobs == 1
+    lists = choice["logprobs"]
+    n = len(prompt_ids)
+    assert lists["tokens"][:n] == [tokenizer.decode([t], skip_special_tokens=False) for t in prompt_ids]
+    assert lists["token_logprobs"][0] is None and lists["top_logprobs"][0] is None
+    assert [round(value, 6) for value in lists["token_logprobs"][1:n]] == [round(-i / 10, 6) for i in range(1, n)]
+    assert [len(top) for top in lists["top_logprobs"][1:n]] == [2] * (n - 1)  # the token and the 1 most likely
+    assert lists["tokens"][n:] == [tokenizer.decode(ids[:1])] and lists["token_logprobs"][n] == -0.5
+    offsets = lists["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[n] == len(PROMPT)  # then the completion
+
+
+async def test_prompt_logprobs_in_vllm_shape(front, tokenizer):
+    ids = script(front, tokenizer)
+    prompt_ids = fake_prompt_logprobs(front, tokenizer, k=2)
+    (choice,) = (await _post(front, max_tokens=len(ids), prompt_logprobs=2))["choices"]
+    assert choice["text"] == tokenizer.decode(ids)  # not echoed
+    shown = choice["prompt_logprobs"]
+    assert len(shown) == len(prompt_ids) and shown[0] is None
+    for i, (token_id, entry) in enumerate(zip(prompt_ids[1:], shown[1:], strict=True), 1):
+        assert set(entry) == {str(token_id), "5", "6"}
+        assert entry[str(token_id)]["rank"] == i and abs(entry[str(token_id)]["logprob"] + i / 10) < 1e-6
+        assert entry[str(token_id)]["decoded_token"] == tokenizer.decode([token_id], skip_special_tokens=False)
+        assert entry["5"]["rank"] == 1 and entry["6"]["rank"] == 2
+    assert front.cluster.p.requests[-1].sampling.prompt_logprobs == 2
+
+
+async def test_prompt_logprobs_out_of_range_or_on_chat_are_refused(front, tokenizer):
+    for body, param in (({"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
+                        ({"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 1}, "prompt_logprobs"),
+                        ({"messages": [{"role": "user", "content": "Hi"}], "echo": True}, "echo")):
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        reply = await front.http.post(path, json={"model": MODEL, **body})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == param
+    assert front.cluster.p.requests == []
