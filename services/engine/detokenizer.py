@@ -25,10 +25,9 @@ class IncrementalDetokenizer:
         self.min_tokens = min_tokens
         self.include_stop = include_stop
         self.skip_special_tokens = skip_special_tokens
-        # a stop string may begin this many characters before new text; held back from the client unless it
-        # is kept in the text anyway (include_stop)
-        self._lookback = max((len(s) for s in self.stop), default=1) - 1
-        self._holdback = 0 if include_stop else self._lookback
+        # a stop string may begin this many characters before new text: held back from the client, unless
+        # it is kept in the text anyway (include_stop)
+        self._holdback = 0 if include_stop else max((len(s) for s in self.stop), default=1) - 1
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -71,15 +70,17 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
     def _append(self, delta: str) -> None:
-        """Add newly decoded text; look for a stop string in it (and the held-back tail before it) once
-        more than ``min_tokens`` tokens came."""
-        search_from = max(0, len(self.text) - self._lookback)
+        """Add newly decoded text; look for a stop string that ends in it once more than ``min_tokens``
+        tokens came."""
+        old_length = len(self.text)
         self.text += delta
         if self.stop and len(self._ids) > self.min_tokens:
-            self._check_stop(search_from)
+            self._check_stop(old_length)
 
-    def _check_stop(self, search_from: int) -> None:
-        hits = [(self.text.find(s, search_from), s) for s in self.stop]
+    def _check_stop(self, old_length: int) -> None:
+        """The first stop string that ends in the text past ``old_length`` (as vLLM: a shorter one that
+        ended in older text, e.g. within the first ``min_tokens`` tokens', is not matched late)."""
+        hits = [(self.text.find(s, max(0, old_length - len(s) + 1)), s) for s in self.stop]
         hits = [(pos, s) for pos, s in hits if pos >= 0]
         if hits:
             pos, stop = min(hits)

@@ -317,7 +317,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         token = request.output_token_ids[-1]
         out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [])
         if request.num_output_tokens == 1 and request.sampling.prompt_logprobs is not None:
-            out.prompt_logprobs = list(request.prompt_logprobs)  # with the first token, as vLLM
+            out.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, []  # with the first token
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
             ended_by_token = request.status is RequestStatus.FINISHED_STOPPED and isinstance(request.stop_reason, int)

@@ -11,6 +11,7 @@ from kernels.attention.registry import create_backend
 from kernels.linear import RowPaths
 from services.engine.decode_graphs import GraphOptions, build_decode_graphs
 from services.engine.logprob_compute import token_logprobs
+from services.engine.logprobs import TokenLogprobs
 from services.engine.model.decoder import DecoderModel
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
@@ -68,7 +69,7 @@ class ModelRunner:
             request = item.request
             end = item.start + item.num_new_tokens
             asked = request.sampling.prompt_logprobs
-            if asked is not None and item.start < request.num_prompt_tokens - 1:
+            if asked is not None and request.num_output_tokens == 0 and item.start < request.num_prompt_tokens - 1:
                 last = min(end, request.num_prompt_tokens - 1)  # a row predicting a prompt token
                 prompt_rows += [(len(input_ids) + p - item.start, request.token_ids[p + 1], asked)
                                 for p in range(item.start, last)]
@@ -100,10 +101,21 @@ class ModelRunner:
         )
         samples = sample_step(logits[:len(samplers)], samplers) if samplers else StepSamples()
         if prompt_rows:
-            entries = iter(token_logprobs(logits[len(samplers):], [t for _, t, _ in prompt_rows],
-                                          [k for _, _, k in prompt_rows]))
+            entries = iter(_prompt_logprobs(logits[len(samplers):], prompt_rows))
             samples.prompt_logprobs = {rid: [next(entries) for _ in range(n)] for rid, n in prompt_askers}
         return samples
+
+
+PROMPT_LOGPROB_ROWS = 256  # prompt rows' logprobs are computed this many at a time (a few [rows, vocab] temporaries)
+
+
+def _prompt_logprobs(logits: torch.Tensor, rows: list[tuple[int, int, int]]) -> list[TokenLogprobs]:
+    """The entry of each prompt row (``(input row, the token it predicts, k)``; ``logits`` in the same order)."""
+    out: list[TokenLogprobs] = []
+    for start in range(0, len(rows), PROMPT_LOGPROB_ROWS):
+        piece = rows[start:start + PROMPT_LOGPROB_ROWS]
+        out += token_logprobs(logits[start:start + len(piece)], [t for _, t, _ in piece], [k for _, _, k in piece])
+    return out
 
 
 def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:

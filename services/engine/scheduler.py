@@ -101,7 +101,7 @@ class Scheduler:
         deterministic mode (``prompt_blocks_only``) its prompt's only — a block computed for output positions
         ran another kernel path than the same tokens as a prompt do (``kernels.linear.RowPaths``), so a later
         turn's prompt must not reuse it, nor a request its output positions computed as another's prompt.
-        None for a request asking for prompt logprobs before its prompt ran (vLLM does the same)."""
+        Nothing for a request asking for prompt logprobs before its first token (vLLM does the same)."""
         end = len(request.token_ids) if limit is None else limit
         if request.sampling.prompt_logprobs is not None and request.num_output_tokens == 0:
             return []  # every prompt position's logits are asked for: none of it may come from the cache

@@ -213,6 +213,10 @@ class RequestFlow:
                 self._calls.end(decode, cancel=True)
         elif self._calls.decode is None:
             raise UnavailableError(f"prefill node {leg.address}: first token before a reservation")
+        expected = len(self.request.prompt_ids) - 1
+        if self.request.sampling.prompt_logprobs is not None and len(first.prompt_logprobs) != expected:
+            raise UnavailableError(f"prefill node {leg.address} returned {len(first.prompt_logprobs)} prompt "
+                                   f"logprobs for a prompt of {expected + 1} tokens (a node of an earlier version?)")
         self._output.first_token(first.cached_tokens)
         logprobs = [first.logprob] if first.logprob is not None else []
         return await self._chunk([first.token_id], first.finish_reason, first=True, logprobs=logprobs,

@@ -150,7 +150,10 @@ class PrefillNode:
                        candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
         block_hashes = await self.worker.call(LLMEngine.check_prefill, prompt_ids, sampling)
         trace = tracing.current_context()  # the Prefill span: parent of this request's spans here
-        fetch = await self._start_fetch(request_id, prompt_ids, block_hashes)  # runs while a decode node is found
+        # runs while a decode node is found; none for a request asking for prompt logprobs (it computes its
+        # whole prompt: fetched blocks would only be held beside its own)
+        fetch = None if sampling.prompt_logprobs is not None else await self._start_fetch(request_id, prompt_ids,
+                                                                                           block_hashes)
         ask = ReserveAsk(request_id, prompt_ids, sampling, block_hashes, self.lease_ms, candidates)
         reservation = await self._reserve(live, ask, timeout_s, trace, fetch)
         address, grant = reservation.address, reservation.answer

@@ -97,6 +97,23 @@ def test_a_prefix_computed_on_one_prefill_node_is_a_hit_on_the_other(cluster, st
     assert store.hits_total - before[store.address].hits_total >= 800 // BLOCK
 
 
+def test_a_request_asking_for_prompt_logprobs_computes_its_prompt_and_fetches_nothing(cluster, stub, prompts,
+                                                                                     expected):
+    """Its prefix is in the store and on a node (the test above): it is computed whole all the same, and the
+    prefill node asks the store for nothing (the blocks would only be held beside its own)."""
+    before = _status(stub)
+    request = gateway_pb2.GenerateRequest(token_ids=prompts[1], sampling=greedy(NEW_TOKENS, prompt_logprobs=0))
+    responses = list(stub.Generate(request, timeout=120))
+    assert _tokens(responses) == expected[1]
+    assert [lp.token_id for lp in responses[0].prompt_logprobs] == prompts[1][1:]
+    assert responses[-1].usage.cached_tokens == 0
+    wait_idle(stub)
+    node = responses[0].prefill_node
+    after = _status(stub)[node]
+    assert after.store_hit_tokens_total == before[node].store_hit_tokens_total
+    assert after.store_fetched_bytes_total == before[node].store_fetched_bytes_total
+
+
 def test_a_dead_cache_store_costs_only_the_computation(cluster, stub, prompts, expected):
     """kill -9 of the store: prefill nodes fall back to computing (and writing back nothing), outputs stay
     right, nothing leaks. Runs last in this module: the store stays dead (a module that asks for the shared

@@ -65,3 +65,18 @@ def test_a_stop_string_within_the_first_min_tokens_tokens_does_not_match(bundled
             break
     text += detok.flush()
     assert detok.matched_stop == "STOP" and text == " STOP one "
+
+
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_a_short_stop_string_that_ended_in_the_first_min_tokens_is_not_matched_later(bundled_tokenizer, include_stop):
+    """Only a stop string that ends in new text matches (as vLLM), whatever the longest stop string's length:
+    with include_stop nothing is held back, so a late match would cut text the client already has."""
+    ids = bundled_tokenizer.encode("one two three four five six seven")
+    detok = IncrementalDetokenizer(bundled_tokenizer, stop=("two", "x" * 20), min_tokens=3, include_stop=include_stop)
+    streamed = ""
+    for token in ids:
+        streamed += detok.push([token])
+        if detok.matched_stop:
+            break
+    streamed += detok.flush()
+    assert detok.matched_stop is None and streamed == detok.text == bundled_tokenizer.decode(ids)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.engine.admission import AdmissionConfig
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
@@ -34,6 +35,8 @@ def assert_like_reference(entries, reference, k: int = 3) -> None:
         assert entry.logprob == pytest.approx(float(logprobs[position, entry.token_id]), abs=2e-3)
         assert [t for t, _ in entry.top] == logprobs[position].topk(k).indices.tolist()
         assert [v for _, v in entry.top] == pytest.approx(logprobs[position].topk(k).values.tolist(), abs=2e-3)
+        row, value = logprobs[position], logprobs[position, entry.token_id]  # its rank, give or take near-ties
+        assert int((row > value + 1e-3).sum()) + 1 <= entry.rank <= int((row >= value - 1e-3).sum())
 
 
 def test_prompt_logprobs_equal_transformers_log_softmax(fp32_model, bundled_tokenizer, reference):
@@ -65,4 +68,26 @@ def test_zero_gives_the_tokens_own_logprobs_and_out_of_range_is_refused(fp32_mod
     for bad in (-1, 21):
         with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
             engine.add_request(PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=bad))
+    engine.check_integrity()
+
+
+def test_a_request_recomputed_after_a_preemption_does_not_compute_them_again(fp32_model, bundled_tokenizer,
+                                                                             reference):
+    """Preempted while decoding with no host memory to keep its KV, it recomputes its prompt: its prompt
+    logprobs came with its first token, once, and are not computed again."""
+    engine = make_engine(fp32_model, bundled_tokenizer, num_kv_blocks=14, block_size=4, offload_host_gib=0,
+                         admission=AdmissionConfig(policy="none"))
+    plain = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    for i in range(2):
+        engine.add_request(f"Another prompt, number {i}, to fill the pool", plain)
+    asked = engine.add_request(PROMPT, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True,
+                                                      prompt_logprobs=1))  # the newest: the one preempted
+    shown = []
+    while engine.has_unfinished():
+        shown += [out.prompt_logprobs for out in engine.step() if out.request_id == asked.request_id
+                  and out.prompt_logprobs]
+    assert asked.num_preemptions > 0 and engine.stats().recomputes_total > 0
+    assert len(shown) == 1
+    assert_like_reference(shown[0], reference, k=1)
+    assert asked.prompt_logprobs == []  # handed out with the first token, none computed since
     engine.check_integrity()

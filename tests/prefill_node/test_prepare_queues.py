@@ -334,9 +334,12 @@ async def test_a_queue_is_dropped_once_idle():
     """Callers name any addresses: none is kept once nobody tries it (waiting, backing off, in a call)."""
     decodes, q = FakeDecodes(), queues(concurrency=1)
     decodes.errors["gone"] = grpc.StatusCode.UNAVAILABLE
-    decodes.refuse["A"], decodes.latency["A"] = 2, 0.05
+    decodes.refuse["A"], decodes.latency["A"] = 2, 0.25  # a call long enough to be seen under load
     tasks = [asyncio.create_task(reserve(q, decodes, f"r{i}", ["gone", "A"])) for i in range(4)]
-    await asyncio.sleep(0.03)
+    for _ in range(200):  # until every caller has reached A's queue (polled: a loaded machine is slow)
+        if q.waiting("A") == 3:
+            break
+        await asyncio.sleep(0.005)
     assert q.in_flight("A") == 1 and q.waiting("A") == 3 and "A" in q.waiting_by_node()
     assert {r.address for r in await asyncio.gather(*tasks)} == {"A"}
     assert q._queues == {} and q.waiting_by_node() == {}

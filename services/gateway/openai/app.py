@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from services.engine.errors import InvalidRequestError
+from services.engine.tokenizer import Tokenizer
 from services.gateway.api_keys import ApiKeys
 from services.gateway.core import GatewayCore
 from services.gateway.generation import GenerateInput, PreparedRequest
@@ -201,8 +202,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
-            echo_text = core.tokenizer.decode(prepared.prompt_ids, prepared.sampling.skip_special_tokens) \
-                if body.echo else None
+            echo_text = echo_of(body.prompt[index // body.n], core.tokenizer) if body.echo else None
             shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer), echo_text,
                                 body.logprobs if body.echo else None, body.prompt_logprobs)
             return CompletionRenderer(who, logprobs, index, shown if body.echo or body.prompt_logprobs is not None
@@ -229,6 +229,12 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
 
         return echoed(await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None),
                       echo)
+
+
+def echo_of(prompt: str | list[int], tokenizer: Tokenizer) -> str:
+    """An echoed prompt's text (vLLM's): the string as sent, or the text of the token ids, special tokens
+    included (each token's bytes in order, as the logprobs' offsets count them)."""
+    return prompt if isinstance(prompt, str) else tokenizer.decode(prompt, skip_special_tokens=False)
 
 
 MAX_HEADER_ID_CHARS = 128

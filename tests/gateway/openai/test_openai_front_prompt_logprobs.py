@@ -87,3 +87,29 @@ async def test_prompt_logprobs_out_of_range_or_on_chat_are_refused(front, tokeni
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["param"] == param
     assert front.cluster.p.requests == []
+
+
+async def test_an_echoed_prompt_is_the_string_sent_special_tokens_and_all(front, tokenizer):
+    chat = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = script(front, tokenizer)
+    front.cluster.p.first_logprob = gateway_pb2.TokenLogprob(token_id=ids[0], logprob=-0.5)
+    prompt_ids = tokenizer.encode(chat)
+    front.cluster.p.prompt_logprobs = [gateway_pb2.TokenLogprob(token_id=t, logprob=-1.0) for t in prompt_ids[1:]]
+    reply = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": chat, "max_tokens": len(ids),
+                                                           "echo": True, "logprobs": 0})
+    (choice,) = reply.json()["choices"]
+    assert choice["text"] == chat + tokenizer.decode(ids)
+    offsets = choice["logprobs"]["text_offset"]
+    assert offsets[len(prompt_ids)] == len(chat)  # the first new token's text starts where the prompt's ends
+    by_ids = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": prompt_ids, "max_tokens": 1,
+                                                            "echo": True})
+    assert by_ids.json()["choices"][0]["text"].startswith(chat)  # token ids: their text, special tokens too
+
+
+async def test_a_prefill_node_that_returns_no_prompt_logprobs_is_an_error_not_a_short_list(front, tokenizer):
+    """A node of an earlier version ignores the field: the client is told, not given a list of one."""
+    script(front, tokenizer)
+    reply = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 4,
+                                                           "prompt_logprobs": 1})
+    assert reply.status_code in (502, 503), reply.text
+    assert "prompt logprobs for a prompt of" in reply.json()["error"]["message"]
