@@ -20,20 +20,8 @@ ENGINE_ARGS = ("--dtype", "float32", "--threads", "1", "--num-kv-blocks", "512",
 GATEWAY_ARGS = ("--poll-interval-s", "0.2", "--status-max-age-s", "0")
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """One prefill node, one decode node, a cache-store, the gateway with its HTTP front: shared by every
-    module that asks for it (gRPC and OpenAI tests alike), so their tests measure deltas and use their own
-    prompts, and leave it idle."""
-    spec = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, http_listen="127.0.0.1:0")
-    with start_cluster(spec, stderr=subprocess.DEVNULL) as running:
-        yield running
-
-
-@pytest.fixture(scope="session")
-def stub(cluster):
-    with grpc.insecure_channel(cluster.address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
+# One prefill node, one decode node, a cache-store, the gateway with its HTTP front (``cluster``).
+SHARED = ClusterSpec(engine_args=ENGINE_ARGS, gateway_args=GATEWAY_ARGS, http_listen="127.0.0.1:0")
 
 
 # Two prefill nodes that fetch prompt blocks from the cache-store and write theirs back; load routing, so equally
@@ -65,6 +53,32 @@ class SharedCluster:
         stack, self._stack, self._running = self._stack, None, None
         if stack is not None:
             stack.close()
+
+
+@pytest.fixture(scope="session")
+def _shared():
+    shared = SharedCluster(SHARED)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(request, _shared):
+    """SHARED, shared by every module that asks for it (gRPC and OpenAI tests alike), so their tests measure
+    deltas and use their own prompts, and leave it idle. Stopped after the last module that asks for it (its
+    idle processes would take CPU from the rest of the session), or as soon as it has lost a process."""
+    running = _shared.get()
+    yield running
+    if running.lost() or not asked_for_later(request, "_shared"):
+        _shared.close()
+
+
+@pytest.fixture(scope="module")
+def stub(cluster):
+    with grpc.insecure_channel(cluster.address) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,9 @@ from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_refer
 pytestmark = pytest.mark.slow
 
 ENGINE_ARGS = ("--dtype", "float32", "--threads", "1", "--max-num-batched-tokens", "64")
-# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~50: "none" admits
+# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~36: "none" admits
 # them anyway, so the decode node preempts
-PRESSURE_TOKENS = 40
+PRESSURE_TOKENS = 24
 DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 
 
