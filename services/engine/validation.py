@@ -29,10 +29,19 @@ class RequestValidator:
 
     def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                       messages: Sequence[ChatMessage] | None = None,
-                      tools: Sequence[Mapping[str, Any]] = (), template: ChatTemplateOptions = DEFAULT_OPTIONS
-                      ) -> list[int]:
+                      tools: Sequence[Mapping[str, Any]] = (), template: ChatTemplateOptions = DEFAULT_OPTIONS,
+                      keep_last: int | None = None) -> list[int]:
         """Token ids of exactly one of a text prompt, token ids, or chat messages (templated with ``template``'s
-        options, and ``tools``: OpenAI tool definitions the template renders)."""
+        options, and ``tools``: OpenAI tool definitions the template renders). ``keep_last`` (vLLM's
+        ``truncate_prompt_tokens``): only the last that many, -1 = the context's length; None = all."""
+        if keep_last is not None:
+            if keep_last == -1:
+                keep_last = self.max_model_len
+            if not 1 <= keep_last <= self.max_model_len:
+                raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (the context's length) or in "
+                                                                    f"[1, {self.max_model_len}], got {keep_last}")
+            if token_ids is not None:
+                token_ids = token_ids[-keep_last:]
         given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
                  if value is not None and (len(value) > 0 or name != "messages")]
         if len(given) != 1:
@@ -57,6 +66,8 @@ class RequestValidator:
             for i, message in enumerate(messages):
                 require_utf8(f"messages[{i}].content", message.content)
             ids, field = self.tokenizer.apply_chat_template(messages, tools, template), "messages"
+        if keep_last is not None:
+            ids = ids[-keep_last:]
         if not ids:
             raise InvalidRequestError(field, "is empty")
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)

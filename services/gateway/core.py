@@ -102,7 +102,7 @@ class GatewayCore:
         if request.request_id:  # the nodes refuse what is not an id (field_checks); say so before any work
             check_request_id(request.request_id, max_chars=MAX_CLIENT_REQUEST_ID_CHARS)
         ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages, request.tools,
-                                           request.template)
+                                           request.template, request.truncate_prompt_tokens)
         cap = default_max_tokens(len(ids), self.settings.max_model_len,
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))
         fields = request.sampling.with_defaults(self.settings.sampling_defaults)

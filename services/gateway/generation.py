@@ -26,6 +26,7 @@ class GenerateInput:
     token_ids: Sequence[int] | None = None
     messages: Sequence[ChatMessage] | None = None
     sampling: SamplingFields = field(default_factory=SamplingFields)
+    truncate_prompt_tokens: int | None = None  # vLLM's: only the prompt's last that many tokens (-1: the context's)
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the chat template renders (messages only)
     template: ChatTemplateOptions = DEFAULT_OPTIONS  # how the chat template renders ``messages``
     # the reasoning markers (start, end) of the HTTP front's reasoning parser: with them ``prepare`` decides

@@ -34,6 +34,7 @@ def input_from_proto(request: gateway_pb2.GenerateRequest) -> GenerateInput:
         token_ids=request.token_ids or None,
         messages=request.messages or None,
         sampling=fields_from_proto(request.sampling),
+        truncate_prompt_tokens=request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None,
     )
 
 

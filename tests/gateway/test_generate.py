@@ -97,6 +97,20 @@ async def test_defaults_are_resolved_before_prefill(cluster, tokenizer):
     assert first.sampling.seed != long.sampling.seed  # drawn per request
 
 
+async def test_truncate_prompt_tokens_keeps_the_last_tokens_and_a_bad_value_is_refused(cluster, tokenizer):
+    ids = tokenizer.encode(TEXT)
+    cluster.p.first_token = ids[0]
+    message = request("one two three four five", max_tokens=1)
+    message.truncate_prompt_tokens = 2
+    responses = await collect(cluster, message)
+    assert list(cluster.p.requests[-1].prompt_token_ids) == tokenizer.encode("one two three four five")[-2:]
+    assert responses[-1].usage.prompt_tokens == 2
+    message.truncate_prompt_tokens = 0
+    error = await failure(cluster, message)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "truncate_prompt_tokens" in error.details()
+    assert len(cluster.p.requests) == 1
+
+
 async def test_a_stop_string_ends_the_request_and_aborts_the_decode_node(cluster, tokenizer):
     ids = tokenizer.encode(TEXT)
     cluster.p.first_token = ids[0]

@@ -72,6 +72,7 @@ def completion_inputs(body: CompletionBody, request_id: str, reasoning_end_ids: 
                                                                                   reasoning_end_ids),
                            prompt_logprobs=prompt_logprobs_of(body))
     return [GenerateInput(request_id=request_id, prompt=prompt if isinstance(prompt, str) else None,
+                          truncate_prompt_tokens=body.truncate_prompt_tokens,
                           token_ids=None if isinstance(prompt, str) else tuple(prompt), sampling=sampling)
             for prompt in body.prompt]
 
@@ -92,6 +93,7 @@ def chat_input(body: ChatCompletionBody, request_id: str, parsers: FrontParsers 
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     structured = after_reasoning(structured, parsers.reasoning_end_ids if parsers is not None else ())
     return GenerateInput(request_id=request_id, messages=messages, tools=tool_dicts, template=body.template_options(),
+                         truncate_prompt_tokens=body.truncate_prompt_tokens,
                          sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
                                               structured),
                          reasoning_markers=parsers.reasoning_markers if parsers is not None else None)

@@ -43,7 +43,6 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "bad_words": (_empty, "banned words"),
     "allowed_token_ids": (_empty, "a restricted vocabulary"),
     "logits_processors": (_empty, "logits processors"),
-    "truncate_prompt_tokens": (_unset, "prompt truncation"),
     "audio": (_unset, "audio output"),
     "modalities": (lambda value: value is None or value == ["text"], "non-text output"),
     "continuous_usage_stats": (_one_of(False), "usage in every streamed chunk"),

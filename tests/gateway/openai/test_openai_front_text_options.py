@@ -8,6 +8,8 @@ import json
 
 from pdserve.v1 import decode_pb2, gateway_pb2
 
+from services.engine.tokenizer import ChatMessage
+from tests.gateway.conftest import MAX_MODEL_LEN
 from tests.gateway.openai.conftest import MODEL, Front
 from tests.gateway.openai.test_openai_front_api import sse_events
 
@@ -79,3 +81,32 @@ async def test_chat_content_shows_special_tokens_with_skip_special_tokens_false(
         "skip_special_tokens": False})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == "Sure<|im_start|> more"
+
+
+async def test_truncate_prompt_tokens_keeps_the_prompt_s_last_tokens(front, tokenizer):
+    ids = tokenizer.encode(TEXT)
+    long_prompt = tokenizer.encode("one two three four five six seven eight nine ten")
+    for prompt, body in ((long_prompt, {"prompt": long_prompt}),
+                         (tokenizer.encode("one two three four"), {"prompt": "one two three four"})):
+        script_ids(front, ids, "length")
+        reply = await front.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 32,
+                                                               "truncate_prompt_tokens": 3, **body})
+        assert reply.status_code == 200, reply.text
+        assert list(front.cluster.p.requests[-1].prompt_token_ids) == prompt[-3:]
+        assert reply.json()["usage"]["prompt_tokens"] == 3
+    script_ids(front, ids, "length")  # chat: the templated prompt's last tokens (vLLM's left truncation)
+    messages = [{"role": "user", "content": "Hi"}]
+    reply = await front.http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 32, "messages": messages,
+                                                                "truncate_prompt_tokens": 2})
+    assert reply.status_code == 200, reply.text
+    templated = tokenizer.apply_chat_template([ChatMessage("user", "Hi")])
+    assert list(front.cluster.p.requests[-1].prompt_token_ids) == templated[-2:]
+    script_ids(front, ids, "length")  # token ids past the context: truncated first, so served
+    too_long = [5 + i % 100 for i in range(MAX_MODEL_LEN + 10)]
+    reply = await front.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 4, "prompt": too_long,
+                                                           "truncate_prompt_tokens": 8})
+    assert reply.status_code == 200 and list(front.cluster.p.requests[-1].prompt_token_ids) == too_long[-8:]
+    for bad in (0, -2, MAX_MODEL_LEN + 1):
+        reply = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi",
+                                                               "truncate_prompt_tokens": bad})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "truncate_prompt_tokens", reply.text
