@@ -80,6 +80,8 @@ class SamplingParams:
     ``min_p`` (random sampling only, after the temperature) drops the tokens less likely than ``min_p``
     times the most likely one. ``logit_bias`` (OpenAI's) adds each bias to its token's logit, before the
     penalties: -100 all but bans a token, +100 all but forces it. Logprobs stay those of the raw distribution.
+    ``allowed_token_ids`` (vLLM's): only these ids may be sampled (applied as a structured output's mask is,
+    and with it: both must allow an id); an end of sequence not among them never comes.
 
     The text (``detokenizer.py``; vLLM's semantics): a stop string ends it and is cut from it, and so is the
     end-of-sequence or stop token that ended a request, unless ``include_stop_str_in_output``; special tokens
@@ -102,6 +104,7 @@ class SamplingParams:
     min_p: float = unset_takes(0.0)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
     structured: StructuredSpec | None = None  # constrained output (structured_spec.py); None = free
+    allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, the only ids the request may sample
     prompt_logprobs: int | None = unset_takes(None)  # each prompt token's logprob and the k most likely
     include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
     skip_special_tokens: bool = unset_takes(True)  # False: special tokens' text is in the output
@@ -158,9 +161,13 @@ class SamplingParams:
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InvalidRequestError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, got "
                                                         f"{len(self.stop_token_ids)}")
-        for token_id in self.stop_token_ids:
-            if not 0 <= token_id < vocab_size:
-                raise InvalidRequestError("stop_token_ids", f"{token_id} is outside the vocabulary [0, {vocab_size})")
+        if len(self.allowed_token_ids) > vocab_size:
+            raise InvalidRequestError("allowed_token_ids", f"at most {vocab_size} ids (the vocabulary), got "
+                                                           f"{len(self.allowed_token_ids)}")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            for token_id in getattr(self, name):
+                if not 0 <= token_id < vocab_size:
+                    raise InvalidRequestError(name, f"{token_id} is outside the vocabulary [0, {vocab_size})")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):

@@ -3,6 +3,7 @@ left on its device, and the logprobs of the requests that ask for them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,7 +73,7 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
     generators = [make_generator(r.sampling, r.num_output_tokens, device) for r in others]
     histories = [(r.distinct_prompt_ids, r.output_token_ids) if r.sampling.penalized else None for r in others]
     bans = [banned[i] for i in rest]
-    masks = _grammar_masks(others, bans, samples)
+    masks = _masks(others, bans, samples, logits.shape[1])
     picked = sample_ids(rows, [r.sampling for r in others], generators, bans, histories, masks)
     ids.index_copy_(0, rest_rows, picked)
     ks = [others[j].sampling.logprobs for j in wanted]
@@ -87,11 +88,12 @@ def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSample
     return samples
 
 
-def _grammar_masks(requests: Sequence[Request], bans: list[tuple[int, ...]],
-                   samples: StepSamples) -> list[np.ndarray | None] | None:
-    """Each constrained row's allowed tokens (None for free rows); ``bans`` of a row whose grammar allows
-    nothing else are dropped. A row left without a mask is recorded in ``samples.grammar_errors``."""
-    if not any(r.sampling.structured is not None for r in requests):
+def _masks(requests: Sequence[Request], bans: list[tuple[int, ...]], samples: StepSamples,
+           vocab: int) -> list[np.ndarray | None] | None:
+    """Each constrained row's allowed tokens (None for free rows): its grammar's and its
+    ``allowed_token_ids``, both; ``bans`` of a row whose mask allows nothing else are dropped. A row whose
+    grammar could not give a mask is recorded in ``samples.grammar_errors``."""
+    if not any(r.sampling.structured is not None or r.sampling.allowed_token_ids for r in requests):
         return None
     masks: list[np.ndarray | None] = []
     for j, request in enumerate(requests):
@@ -99,10 +101,25 @@ def _grammar_masks(requests: Sequence[Request], bans: list[tuple[int, ...]],
         if isinstance(allowed, str):
             samples.grammar_errors[request.request_id] = allowed
             allowed = None
-        elif allowed is not None and bans[j] and not np.delete(allowed, list(bans[j])).any():
+        if request.sampling.allowed_token_ids:
+            listed = _listed(request.sampling.allowed_token_ids, vocab)
+            both = None if allowed is None else allowed[:vocab] & listed
+            if both is not None and not both.any():  # the request ends (as on any grammar error); the row
+                samples.grammar_errors[request.request_id] = "the grammar allows none of allowed_token_ids"
+            allowed = both if both is not None and both.any() else listed  # samples a listed id meanwhile
+        if allowed is not None and bans[j] and not np.delete(allowed, list(bans[j])).any():
             bans[j] = ()  # the grammar wins: e.g. it can only end, before min_tokens
         masks.append(allowed)
     return masks
+
+
+@functools.lru_cache(maxsize=256)
+def _listed(token_ids: tuple[int, ...], vocab: int) -> np.ndarray:
+    """The mask of ``allowed_token_ids`` (the same for every step of a request: built once; read only)."""
+    mask = np.zeros(vocab, dtype=bool)
+    mask[list(token_ids)] = True
+    mask.flags.writeable = False
+    return mask
 
 
 def _advance_grammars(requests: Sequence[Request], samples: StepSamples) -> None:
@@ -127,4 +144,4 @@ def banned_ids(request: Request) -> tuple[int, ...]:
 
 def _plain_greedy(params: SamplingParams) -> bool:
     return (params.greedy and not params.logit_bias and not params.penalized and params.logprobs is None
-            and params.structured is None)
+            and params.structured is None and not params.allowed_token_ids)

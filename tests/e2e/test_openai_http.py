@@ -103,6 +103,15 @@ def test_echo_and_prompt_logprobs_are_transformers_log_softmax_of_the_prompt(cli
                                                                          zip(shown[1:], ids[1:], strict=True)])
 
 
+def test_allowed_token_ids_hold_on_the_prefill_and_the_decode_node(client, stub, bundled_tokenizer):
+    listed = bundled_tokenizer.encode(" red green blue")
+    tokens, text, _ = generate(stub, prompt=PROMPT, sampling=greedy(NEW_TOKENS, allowed_token_ids=listed))
+    assert len(tokens) == NEW_TOKENS and set(tokens) <= set(listed), text
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, **{
+        **GREEDY, "extra_body": {**GREEDY["extra_body"], "allowed_token_ids": listed}})
+    assert completion.choices[0].text == text
+
+
 def test_chat_completions_match_grpc_generate(client, stub):
     messages = [gateway_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
     _tokens, text, last = generate(stub, messages=messages, sampling=greedy(NEW_TOKENS))

@@ -76,6 +76,7 @@ class GenerationBody(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0)
     min_p: float | None = Field(None, ge=0, le=1)
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's: the only ids that may be sampled
     truncate_prompt_tokens: int | None = None  # vLLM's: only the prompt's last that many tokens (-1: the context's)
     include_stop_str_in_output: bool = False  # vLLM's: the stop string (or stop token) stays in the text
     skip_special_tokens: bool | None = None  # vLLM's: False = special tokens' text is in the output

@@ -41,7 +41,6 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "echo": (_one_of(False), "the prompt echoed in the output on chat completions (/v1/completions takes it)"),
     "prompt_logprobs": (_unset, "prompt logprobs on chat completions (/v1/completions takes them)"),
     "bad_words": (_empty, "banned words"),
-    "allowed_token_ids": (_empty, "a restricted vocabulary"),
     "logits_processors": (_empty, "logits processors"),
     "audio": (_unset, "audio output"),
     "modalities": (lambda value: value is None or value == ["text"], "non-text output"),
