@@ -93,6 +93,7 @@ class Request:
     # a constrained request's grammar state, opaque here (the engine's structured/matcher.py RequestGrammar):
     # filled by the engine, rebuilt from the spec and the output tokens when missing or stale
     structured: Any = None
+    allowed_mask: Any = None  # sampling.allowed_token_ids as a vocabulary mask (step_sampling's), built once
     grammar_complete: bool = False  # its grammar ended at the last token: it finishes ("stop")
 
     def __post_init__(self) -> None:

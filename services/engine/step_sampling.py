@@ -3,7 +3,6 @@ left on its device, and the logprobs of the requests that ask for them."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -102,7 +101,7 @@ def _masks(requests: Sequence[Request], bans: list[tuple[int, ...]], samples: St
             samples.grammar_errors[request.request_id] = allowed
             allowed = None
         if request.sampling.allowed_token_ids:
-            listed = _listed(request.sampling.allowed_token_ids, vocab)
+            listed = _listed(request, vocab)
             both = None if allowed is None else allowed[:vocab] & listed
             if both is not None and not both.any():  # the request ends (as on any grammar error); the row
                 samples.grammar_errors[request.request_id] = "the grammar allows none of allowed_token_ids"
@@ -113,12 +112,15 @@ def _masks(requests: Sequence[Request], bans: list[tuple[int, ...]], samples: St
     return masks
 
 
-@functools.lru_cache(maxsize=256)
-def _listed(token_ids: tuple[int, ...], vocab: int) -> np.ndarray:
-    """The mask of ``allowed_token_ids`` (the same for every step of a request: built once; read only)."""
-    mask = np.zeros(vocab, dtype=bool)
-    mask[list(token_ids)] = True
-    mask.flags.writeable = False
+def _listed(request: Request, vocab: int) -> np.ndarray:
+    """The mask of the request's ``allowed_token_ids``: built at its first step, kept on the request (read
+    only; gone with it)."""
+    mask = request.allowed_mask
+    if mask is None or len(mask) != vocab:
+        mask = np.zeros(vocab, dtype=bool)
+        mask[list(request.sampling.allowed_token_ids)] = True
+        mask.flags.writeable = False
+        request.allowed_mask = mask
     return mask
 
 

@@ -16,6 +16,8 @@ from services.engine.sampling_params import SamplingParams, require_utf8
 from services.engine.structured_spec import StructuredSpec
 from services.engine.tokenizer import ChatMessage, Tokenizer
 
+_CUT_MARGIN_TOKENS = 16  # a text cut for truncation keeps this many tokens' characters more than it needs
+
 
 @dataclass(frozen=True)
 class RequestValidator:
@@ -35,10 +37,8 @@ class RequestValidator:
         options, and ``tools``: OpenAI tool definitions the template renders). ``keep_last`` (vLLM's
         ``truncate_prompt_tokens``): only the last that many, -1 = the context's length; None = all."""
         if keep_last is not None:
-            if keep_last == -1:
-                keep_last = self.max_model_len
             if not 1 <= keep_last <= self.max_model_len:
-                raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (the context's length) or in "
+                raise InvalidRequestError("truncate_prompt_tokens", f"must be -1 (the context's room) or in "
                                                                     f"[1, {self.max_model_len}], got {keep_last}")
             if token_ids is not None:
                 token_ids = token_ids[-keep_last:]
@@ -55,9 +55,17 @@ class RequestValidator:
         elif self.tokenizer is None:
             raise InvalidRequestError(given[0], "this node has no tokenizer; send token_ids")
         elif prompt is not None:
+            if keep_last is not None:  # what cannot reach the last keep_last tokens is not tokenized
+                prompt = prompt[-(keep_last + _CUT_MARGIN_TOKENS) * self.tokenizer.max_token_chars:]
             self._refuse_text_past_any_context("prompt", len(prompt))
             require_utf8("prompt", prompt)
             ids, field = self.tokenizer.encode(prompt), "prompt"
+            if keep_last is not None:
+                head = len(self.tokenizer.encode(""))  # the special tokens it puts first (BOS): kept
+                if keep_last <= head:
+                    raise InvalidRequestError("truncate_prompt_tokens", f"must leave room for the prompt: its "
+                                                                        f"tokenizer adds {head} token(s) first")
+                ids = ids[:head] + ids[head:][-(keep_last - head):] if len(ids) > keep_last else ids
         else:
             if len(messages) >= self.max_model_len:  # the characters say nothing of the template's own tokens
                 raise InvalidRequestError("messages", f"{len(messages)} messages cannot fit a context of "
@@ -66,7 +74,7 @@ class RequestValidator:
             for i, message in enumerate(messages):
                 require_utf8(f"messages[{i}].content", message.content)
             ids, field = self.tokenizer.apply_chat_template(messages, tools, template), "messages"
-        if keep_last is not None:
+        if keep_last is not None and field != "prompt":
             ids = ids[-keep_last:]
         if not ids:
             raise InvalidRequestError(field, "is empty")

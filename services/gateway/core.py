@@ -101,8 +101,11 @@ class GatewayCore:
         client request id) naming the field. Changes nothing."""
         if request.request_id:  # the nodes refuse what is not an id (field_checks); say so before any work
             check_request_id(request.request_id, max_chars=MAX_CLIENT_REQUEST_ID_CHARS)
+        keep_last = request.truncate_prompt_tokens
+        if keep_last == -1:  # as vLLM: the context less what the request asks to generate
+            keep_last = max(1, self.settings.max_model_len - (request.sampling.max_tokens or 1))
         ids = self.validator.encode_prompt(request.prompt, request.token_ids, request.messages, request.tools,
-                                           request.template, request.truncate_prompt_tokens)
+                                           request.template, keep_last)
         cap = default_max_tokens(len(ids), self.settings.max_model_len,
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))
         fields = request.sampling.with_defaults(self.settings.sampling_defaults)
@@ -112,7 +115,8 @@ class GatewayCore:
         if closed and spec is not None and spec.starts_after_token_ids:  # no end marker will come
             sampling = dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_ids=()))
         self.validator.validate(ids, sampling)
-        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling, closed)
+        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling, closed,
+                               prompt_cut=keep_last is not None and len(ids) >= keep_last)
 
     def _reasoning_closed(self, request: GenerateInput) -> bool:
         """Did the chat prompt close the reasoning itself: the turn the model continues holds the end marker

@@ -46,6 +46,7 @@ class PreparedRequest:
     # ``<think>\n\n</think>\n\n``): the output is all answer, and a constraint that was to start after the
     # end marker applies from the first token
     reasoning_closed: bool = False
+    prompt_cut: bool = False  # truncate_prompt_tokens may have dropped some of it (it is that long)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Each family's tiny checkpoint served by a real cluster (gateway, prefill node, decode node; float32) gives
-transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed, and
-requests the decode node preempts under a small pool (kept in host memory) and resumes. One cluster per
-family (Llama with llama3 rope); the checkpoints and references are those of tests/engine/test_model_families.py."""
+transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed, and (for
+the families whose KV or attention differs) requests the decode node preempts under a small pool (kept in host
+memory) and resumes. One cluster per family (Llama with llama3 rope); the checkpoints and references are those
+of tests/engine/test_model_families.py."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_refer
 pytestmark = pytest.mark.slow
 
 ENGINE_ARGS = ("--dtype", "float32", "--threads", "1", "--max-num-batched-tokens", "64")
-# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~36: "none" admits
+# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~41: "none" admits
 # them anyway, so the decode node preempts
-PRESSURE_TOKENS = 24
+PRESSURE_TOKENS = 32
 DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 
 
 # one cluster per family: Llama runs as llama3, Gemma 3 as its text checkpoint, Phi-3 with its window (the others
 # differ only in how the config and tensors are read and in the rope tables, which the engine's family test covers)
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope"})
+# the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
+# are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
+PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3"}
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)
@@ -51,7 +55,13 @@ def test_a_cluster_serves_the_family_with_transformers_tokens(served):
         assert_matches(f"{name}/{label}", expected, tokens)
         if label == "shared-prefix":
             assert last.usage.cached_tokens == 256, last.usage
+    if name in PRESSURED:
+        _pressure(name, reference, stub)
+    wait_idle(stub)
 
+
+def _pressure(name: str, reference, stub) -> None:
+    """Eight requests at once on the decode node's 24 blocks: it preempts, keeps their KV, and resumes them."""
     pressure = [[(i * 31 + j * 7) % 49000 + 5 for j in range(24 + 5 * i)] for i in range(8)]
     expected = [greedy_full_forward(reference, ids, PRESSURE_TOKENS) for ids in pressure]
     with ThreadPoolExecutor(len(pressure)) as pool:
@@ -61,4 +71,3 @@ def test_a_cluster_serves_the_family_with_transformers_tokens(served):
         assert_matches(f"{name}/pressure-{i}", reference_tokens, tokens)
     decode = [n for n in model_nodes(stub) if n.role == "decode"]
     assert sum(n.preemptions_total for n in decode) > 0, decode
-    wait_idle(stub)

@@ -202,7 +202,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
             logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
-            sent = body.prompt[index // body.n] if body.truncate_prompt_tokens is None else list(prepared.prompt_ids)
+            sent = list(prepared.prompt_ids) if prepared.prompt_cut else body.prompt[index // body.n]
             echo_text = echo_of(sent, core.tokenizer) if body.echo else None  # a truncated prompt: what was kept
             shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer), echo_text,
                                 body.logprobs if body.echo else None, body.prompt_logprobs)

@@ -108,6 +108,13 @@ class GenerationBody(BaseModel):
                 raise ValueError(f"keys must be token ids, got {key!r}")
         return value
 
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _some_allowed(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            raise ValueError("must not be empty (leave it out to allow every token)")
+        return value
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:

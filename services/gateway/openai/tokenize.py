@@ -64,6 +64,9 @@ def add_tokenize_routes(app: FastAPI, core: GatewayCore, served_model: str, pars
     async def tokenize(body: TokenizeBody) -> TokenizeResponse:
         check_model(body.model)
         refuse_unsupported(body.model_extra)
+        if (body.model_extra or {}).get("truncate_prompt_tokens") is not None:  # generation's, not taken here
+            raise errors.OpenAIError(400, "truncate_prompt_tokens: not taken by /tokenize (vLLM's neither)",
+                                     param="truncate_prompt_tokens")
         if (body.prompt is None) == (body.messages is None):
             raise errors.OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is None:

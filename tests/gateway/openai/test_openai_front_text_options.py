@@ -106,6 +106,18 @@ async def test_truncate_prompt_tokens_keeps_the_prompt_s_last_tokens(front, toke
     reply = await front.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 4, "prompt": too_long,
                                                            "truncate_prompt_tokens": 8})
     assert reply.status_code == 200 and list(front.cluster.p.requests[-1].prompt_token_ids) == too_long[-8:]
+    script_ids(front, ids, "length")  # -1: the context less max_tokens (vLLM's)
+    reply = await front.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 4, "prompt": too_long,
+                                                           "truncate_prompt_tokens": -1})
+    assert reply.status_code == 200 and list(front.cluster.p.requests[-1].prompt_token_ids) == too_long[-(
+        MAX_MODEL_LEN - 4):]
+    for prompt, echoed in (("one two", "one two"), ("one two three four five", " four five")):
+        script_ids(front, ids, "length")  # echo: the prompt as sent, or what truncation kept of it
+        reply = await front.http.post("/v1/completions", json={"model": MODEL, "max_tokens": 4, "prompt": prompt,
+                                                               "echo": True, "truncate_prompt_tokens": 2})
+        assert reply.json()["choices"][0]["text"].startswith(echoed), (prompt, reply.text)
+    reply = await front.http.post("/tokenize", json={"model": MODEL, "prompt": "Hi", "truncate_prompt_tokens": 1})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "truncate_prompt_tokens"
     for bad in (0, -2, MAX_MODEL_LEN + 1):
         reply = await front.http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi",
                                                                "truncate_prompt_tokens": bad})
