@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -54,14 +55,27 @@ class SharedCluster:
         if stack is not None:
             stack.close()
 
+    @classmethod
+    def for_session(cls, spec: ClusterSpec) -> Iterator[SharedCluster]:
+        """A session fixture's body: the shared cluster of ``spec``, closed at the end of the session."""
+        shared = cls(spec)
+        try:
+            yield shared
+        finally:
+            shared.close()
+
+    def lend(self, request: pytest.FixtureRequest, fixture: str) -> Iterator[LocalCluster]:
+        """A module fixture's body: the running cluster, closed after the module when it lost a process or
+        no later module asks for ``fixture``."""
+        running = self.get()
+        yield running
+        if running.lost() or not asked_for_later(request, fixture):
+            self.close()
+
 
 @pytest.fixture(scope="session")
 def _shared():
-    shared = SharedCluster(SHARED)
-    try:
-        yield shared
-    finally:
-        shared.close()
+    yield from SharedCluster.for_session(SHARED)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +83,7 @@ def cluster(request, _shared):
     """SHARED, shared by every module that asks for it (gRPC and OpenAI tests alike), so their tests measure
     deltas and use their own prompts, and leave it idle. Stopped after the last module that asks for it (its
     idle processes would take CPU from the rest of the session), or as soon as it has lost a process."""
-    running = _shared.get()
-    yield running
-    if running.lost() or not asked_for_later(request, "_shared"):
-        _shared.close()
+    yield from _shared.lend(request, "_shared")
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +94,7 @@ def stub(cluster):
 
 @pytest.fixture(scope="session")
 def _prefill_pair():
-    shared = SharedCluster(PREFILL_PAIR)
-    try:
-        yield shared
-    finally:
-        shared.close()
+    yield from SharedCluster.for_session(PREFILL_PAIR)
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +102,7 @@ def prefill_pair(request, _prefill_pair):
     """PREFILL_PAIR, shared by the modules that use it (each sends prompts of its own and measures deltas);
     a fresh one for a module that comes after a test killed one of its processes. Stopped after the last
     module that asks for it, or as soon as it has lost a process."""
-    running = _prefill_pair.get()
-    yield running
-    if running.lost() or not asked_for_later(request, "prefill_pair"):
-        _prefill_pair.close()
+    yield from _prefill_pair.lend(request, "prefill_pair")
 
 
 def asked_for_later(request: pytest.FixtureRequest, fixture: str) -> bool:

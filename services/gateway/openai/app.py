@@ -205,9 +205,9 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
             sent = list(prepared.prompt_ids) if prepared.prompt_cut else body.prompt[index // body.n]
             echo_text = echo_of(sent, core.tokenizer) if body.echo else None  # a truncated prompt: what was kept
             shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer), echo_text,
-                                body.logprobs if body.echo else None, body.prompt_logprobs)
-            return CompletionRenderer(who, logprobs, index, shown if body.echo or body.prompt_logprobs is not None
-                                      else None)
+                                body.logprobs if body.echo else None, body.prompt_logprobs) \
+                if body.echo or body.prompt_logprobs is not None else None
+            return CompletionRenderer(who, logprobs, index, shown)
 
         inputs = completion_inputs(body, request_id, parsers.reasoning_end_ids)
         return echoed(await generations.run(request, inputs, renderer, body), echo)
