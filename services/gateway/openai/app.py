@@ -158,7 +158,7 @@ class Generations:
 
         try:
             if await group.unless_gone(open_all(prompts)):  # a long prompt may wait for a thread
-                return await respond(choices, body.stream, body.include_usage, body.n)
+                return await respond(choices, body.stream, body.include_usage, body.n, body.continuous_usage)
         except BaseException as error:
             close_all(error)
             renamed = renamed_error(body, error, constraint_param)  # a refused constraint, named as the body has it
@@ -201,10 +201,11 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         who = Identity.new(request_id, model_name)
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
-            logprobs = LogprobsRender(core.tokenizer) if body.logprobs is not None else None
+            as_ids = body.return_tokens_as_token_ids
+            logprobs = LogprobsRender(core.tokenizer, as_ids) if body.logprobs is not None else None
             sent = list(prepared.prompt_ids) if prepared.prompt_cut else body.prompt[index // body.n]
             echo_text = echo_of(sent, core.tokenizer) if body.echo else None  # a truncated prompt: what was kept
-            shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer), echo_text,
+            shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer, as_ids), echo_text,
                                 body.logprobs if body.echo else None, body.prompt_logprobs) \
                 if body.echo or body.prompt_logprobs is not None else None
             return CompletionRenderer(who, logprobs, index, shown)
@@ -225,7 +226,8 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
             split, reasoning=ClosedReasoning.of(split.reasoning))
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
-            return ChatRenderer(who, LogprobsRender(core.tokenizer) if body.logprobs else None, index,
+            logprobs = LogprobsRender(core.tokenizer, body.return_tokens_as_token_ids) if body.logprobs else None
+            return ChatRenderer(who, logprobs, index,
                                 answer_only if prepared.reasoning_closed else split)
 
         return echoed(await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None),

@@ -5,7 +5,9 @@ vLLM shows them); ``bytes`` are the bytes the token stands for, so the pieces of
 back into it (vLLM gives the UTF-8 of ``\\ufffd``). Completions' ``top_logprobs`` hold the token itself
 and the ``k`` most likely (vLLM's shape); ``text_offset`` is the character of the completion's text where
 the token's bytes begin (the tokens of one split character share its offset, and none points past the
-text, as adding up ``len("\\ufffd")`` did).
+text, as adding up ``len("\\ufffd")`` did). With vLLM's ``return_tokens_as_token_ids`` every token is named
+``token_id:<id>`` instead of its text (the text cannot tell apart tokens that decode alike); ``bytes`` and
+``text_offset`` stay those of the token's bytes.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from services.gateway.openai import responses as out
 class LogprobsRender:
     """Renders the logprobs of one request's tokens, chunk after chunk (``text_offset`` runs on)."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, as_token_ids: bool = False) -> None:
+        self._tokenizer, self._as_token_ids = tokenizer, as_token_ids
         self._offset = 0
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a split character back
 
     def text(self, token_id: int) -> str:
+        if self._as_token_ids:
+            return f"token_id:{token_id}"
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
     def completion(self, logprobs: Sequence[TokenLogprobs], k: int | None = None) -> out.CompletionLogprobs:

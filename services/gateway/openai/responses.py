@@ -15,7 +15,7 @@ class UsageBody(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
+    prompt_tokens_details: PromptTokensDetails | None  # None: not known yet (a continuous-usage chunk's)
 
 
 class ModelCard(BaseModel):

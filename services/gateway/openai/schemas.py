@@ -45,8 +45,9 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")  # undeclared fields: checked by unsupported.refuse_unsupported
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
-    @field_validator("include_usage", mode="before")
+    @field_validator("include_usage", "continuous_usage_stats", mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         return _default_of(cls, value, info)
@@ -80,6 +81,7 @@ class GenerationBody(BaseModel):
     truncate_prompt_tokens: int | None = None  # vLLM's: only the prompt's last that many tokens (-1: the context's)
     include_stop_str_in_output: bool = False  # vLLM's: the stop string (or stop token) stays in the text
     skip_special_tokens: bool | None = None  # vLLM's: False = special tokens' text is in the output
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name each token "token_id:<id>", not its text
 
     @field_validator("*", mode="before")  # the endpoints' fields too
     @classmethod
@@ -123,6 +125,11 @@ class GenerationBody(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``continuous_usage_stats``: only with ``include_usage``, as vLLM reads them."""
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class CompletionBody(GenerationBody):

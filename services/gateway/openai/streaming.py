@@ -7,6 +7,9 @@ the nodes refuse, no healthy node, a deadline) still gets its own HTTP status. A
     data: {"id": "cmpl-…", "object": "text_completion", "choices": [{"text": "Hello", …}], …}\\n\\n
     data: {… "choices": [], "usage": {…}}\\n\\n        (stream_options.include_usage only)
     data: [DONE]\\n\\n
+
+With vLLM's ``stream_options.continuous_usage_stats`` (and ``include_usage``) every chunk carries the usage of
+its choice so far as well.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from services.engine.errors import InvalidRequestError
 from services.engine.logprobs import TokenLogprobs
 from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.openai.errors import OpenAIError, from_gateway
+from services.gateway.openai.responses import UsageBody
 from services.gateway.openai.running import RunningRequest
 from services.gateway.openai.translate import Renderer, usage_body
 
@@ -39,15 +43,19 @@ Choice = tuple[RunningRequest, Renderer]
 """One of a request's ``n`` choices: its running request, and the renderer that gives it its index."""
 
 
-async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool, per_prompt: int = 1) -> Response:
+async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool, per_prompt: int = 1,
+                  continuous_usage: bool = False) -> Response:
     """Run the opened requests (the choices of one HTTP request: ``per_prompt`` = ``n`` of each prompt, prompt
-    by prompt) to their response; each is closed however this ends."""
+    by prompt) to their response; each is closed however this ends. ``continuous_usage``: every streamed chunk
+    carries its choice's usage so far (vLLM's ``continuous_usage_stats``)."""
     streams = [running.chunks() for running, _ in choices]  # each closes its request when it ends
     renderers = [renderer for _, renderer in choices]
     if not stream:
         return await _whole(streams, renderers, per_prompt)
     firsts = await asyncio.gather(*(_first(chunks) for chunks in streams))
-    return StreamingResponse(_events(firsts, streams, renderers, include_usage, per_prompt),
+    counts = [_RunningUsage(len(running.flow.request.prompt_ids)) for running, _ in choices
+              if running.flow is not None] if continuous_usage else None
+    return StreamingResponse(_events(firsts, streams, renderers, include_usage, per_prompt, counts),
                              media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(_close_all, choices))
 
@@ -141,18 +149,42 @@ async def _merged(streams: Sequence[AsyncIterator[GenerateChunk]]) -> AsyncItera
             task.cancel()
 
 
+class _RunningUsage:
+    """One choice's usage as its chunks stream (``continuous_usage_stats``): its prompt's tokens and the tokens
+    generated so far; the prefix-cache hits are known only at the end (``prompt_tokens_details`` null before)."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
+
+    def stamped(self, body: BaseModel | None, chunk: GenerateChunk) -> BaseModel | None:
+        """``body`` (the chunk's, None: nothing shown) with the usage up to ``chunk``, which counts either way."""
+        self.completion_tokens += len(chunk.token_ids)
+        if body is None:
+            return None
+        usage = usage_body(chunk.usage) if chunk.usage is not None else UsageBody(
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens, prompt_tokens_details=None)
+        return body.model_copy(update={"usage": usage})
+
+
 async def _events(firsts: Sequence[GenerateChunk], rest: Sequence[AsyncIterator[GenerateChunk]],
-                  renderers: Sequence[Renderer], include_usage: bool, per_prompt: int) -> AsyncIterator[bytes]:
+                  renderers: Sequence[Renderer], include_usage: bool, per_prompt: int,
+                  counts: Sequence[_RunningUsage] | None = None) -> AsyncIterator[bytes]:
     usages: list[Usage | None] = [first.usage for first in firsts]
-    for renderer, first in zip(renderers, firsts, strict=True):
-        body = renderer.chunk(first, True)
-        if body is not None:
-            yield event(body)
+
+    def shown(index: int, chunk: GenerateChunk, first: bool) -> bytes | None:
+        body = renderers[index].chunk(chunk, first)
+        if counts is not None:
+            body = counts[index].stamped(body, chunk)
+        return event(body) if body is not None else None
+
+    for index, first in enumerate(firsts):
+        if (data := shown(index, first, True)) is not None:
+            yield data
     try:
         async for index, chunk in _merged(rest):
-            body = renderers[index].chunk(chunk, False)
-            if body is not None:
-                yield event(body)
+            if (data := shown(index, chunk, False)) is not None:
+                yield data
             usages[index] = chunk.usage or usages[index]
     except (ServiceError, InvalidRequestError) as error:
         yield event(from_gateway(error).body())

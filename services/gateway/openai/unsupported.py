@@ -44,9 +44,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logits_processors": (_empty, "logits processors"),
     "audio": (_unset, "audio output"),
     "modalities": (lambda value: value is None or value == ["text"], "non-text output"),
-    "continuous_usage_stats": (_one_of(False), "usage in every streamed chunk"),
     "best_of": (_one_of(1), "best-of-n sampling"),  # declared (and checked) by completions, not by chat
-    "return_tokens_as_token_ids": (_one_of(False), "token ids in place of logprob tokens"),
     "prompt_embeds": (_unset, "prompt embeddings"),
     "max_completion_tokens": (_unset, "a chat completions field on completions (they take max_tokens)"),
 }

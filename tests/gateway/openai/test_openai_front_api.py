@@ -112,6 +112,30 @@ async def test_streamed_completion_chunks_then_usage_then_done(front, tokenizer)
     assert usage_chunk["usage"]["completion_tokens"] == len(ids)
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(front, tokenizer, path):
+    """vLLM's ``stream_options.continuous_usage_stats`` (with ``include_usage``): each chunk's usage counts the
+    prompt and the tokens up to it (the cached tokens only once known, at the end); then the usage chunk."""
+    ids = script(front, tokenizer, cached_tokens=16)
+    prompt = {"prompt": "Hello there"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "Hello there"}]}
+    body = {**prompt, "max_tokens": 32, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    reply = await front.http.post(path, json=body)
+    assert reply.status_code == 200, reply.text
+    *chunks, usage_chunk = [json.loads(e) for e in sse_events(reply.text)[:-1]]
+    prompt_tokens = len(front.cluster.p.requests[0].prompt_token_ids)
+    assert [c["usage"]["prompt_tokens"] for c in chunks] == [prompt_tokens] * len(chunks)
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 4, len(ids)]  # the first, then two events
+    assert all(c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"] for c in chunks)
+    assert [c["usage"]["prompt_tokens_details"] for c in chunks] == [None, None, {"cached_tokens": 16}]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == len(ids)
+
+    script(front, tokenizer)
+    alone = await front.http.post(path, json={**body, "stream_options": {"continuous_usage_stats": True}})
+    assert all(json.loads(e)["usage"] is None for e in sse_events(alone.text)[:-1])  # needs include_usage (vLLM)
+
+
 async def test_streamed_completion_through_the_openai_client(front, tokenizer):
     ids = script(front, tokenizer)
     stream = await front.client.completions.create(model=MODEL, prompt="Hi", max_tokens=32, stream=True)

@@ -102,8 +102,9 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "max_completion_tokens": 3}, "max_completion_tokens"),  # chat's: it was ignored here
     ({"prompt": "Hi", "prompt_embeds": "AAAA"}, "prompt_embeds"),
     ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # chat's
-    ({"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+    ({"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": "every chunk"}},
      "stream_options.continuous_usage_stats"),
+    ({"prompt": "Hi", "logprobs": 1, "return_tokens_as_token_ids": "as ids"}, "return_tokens_as_token_ids"),
     ({"prompt": "Hi", "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
 ]
 BAD_CHATS = [
@@ -129,7 +130,6 @@ BAD_CHATS = [
     ({"messages": CHAT, "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
     ({"messages": CHAT, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
     ({"messages": CHAT, "best_of": 3}, "best_of"),
-    ({"messages": CHAT, "logprobs": True, "return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
     ({"messages": CHAT, "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
 ]
 

@@ -110,3 +110,47 @@ async def test_no_logprobs_unless_asked_and_none_past_a_stop_string(front, token
                                                 logprobs=0)
     kept = len(tokenizer.encode(" The quick brown"))  # up to the token that completed the stop string
     assert cut.choices[0].text == " The quick" and len(cut.choices[0].logprobs.tokens) == kept
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_return_tokens_as_token_ids_names_each_token_by_its_id(front, tokenizer, stream):
+    """vLLM's ``return_tokens_as_token_ids``: ``token_id:<id>`` wherever a token's text would be (the sampled
+    token and its alternatives, in both shapes, echoed prompts too); the text, offsets and bytes stay the same."""
+    ids = script_logprobs(front, tokenizer)
+    named = [f"token_id:{t}" for t in ids]
+    body = {"prompt": "Hi", "max_tokens": len(ids), "logprobs": 1, "stream": stream,
+            "return_tokens_as_token_ids": True}
+    reply = await front.http.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    choices = [json.loads(e)["choices"][0] for e in sse_events(reply.text)[:-1]] if stream \
+        else reply.json()["choices"]
+    shown = [c["logprobs"] for c in choices if c["logprobs"]]
+    assert [t for lp in shown for t in lp["tokens"]] == named
+    assert shown[0]["top_logprobs"][0] == {named[0]: pytest.approx(-0.25), f"token_id:{OTHER}": pytest.approx(-9)}
+    text = texts(tokenizer, ids)
+    assert [o for lp in shown for o in lp["text_offset"]] == [sum(len(t) for t in text[:i]) for i in range(len(ids))]
+    assert "".join(c["text"] for c in choices) == tokenizer.decode(ids)
+
+    script_logprobs(front, tokenizer)
+    chat = await front.http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": len(ids), "logprobs": True,
+        "top_logprobs": 1, "return_tokens_as_token_ids": True})
+    assert chat.status_code == 200, chat.text
+    content = chat.json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == named
+    assert [c["top_logprobs"][1]["token"] for c in content] == [f"token_id:{OTHER}"] * len(ids)
+    assert content[0]["bytes"] == list(tokenizer.token_bytes(ids[0]))  # the token's own bytes
+
+
+async def test_return_tokens_as_token_ids_names_the_echoed_prompt_s_tokens_too(front, tokenizer):
+    ids = script_logprobs(front, tokenizer)
+    prompt = tokenizer.encode("Hello there")
+    front.cluster.p.prompt_logprobs = [logprob(t, i) for i, t in enumerate(prompt[1:])]
+    reply = await front.http.post("/v1/completions", json={
+        "prompt": "Hello there", "max_tokens": len(ids), "logprobs": 1, "echo": True, "prompt_logprobs": 1,
+        "return_tokens_as_token_ids": True})
+    assert reply.status_code == 200, reply.text
+    (choice,) = reply.json()["choices"]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in [*prompt, *ids]]
+    assert choice["prompt_logprobs"][1][str(prompt[1])]["decoded_token"] == f"token_id:{prompt[1]}"
+    assert choice["text"].startswith("Hello there")
