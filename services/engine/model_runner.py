@@ -91,7 +91,7 @@ class ModelRunner:
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device,
                                        prompt_lens if self.model.deterministic else None)
         self.attention.plan(meta)
-        logits = self.model.forward(
+        hidden = self.model.final_hidden(
             torch.tensor(input_ids, dtype=torch.long, device=device),
             torch.tensor(positions, dtype=torch.long, device=device),
             self.kv_layers,
@@ -99,22 +99,27 @@ class ModelRunner:
             torch.tensor(logits_indices + [row for row, _, _ in prompt_rows], dtype=torch.long, device=device),
             _row_paths(batch, device) if self.model.deterministic else None,
         )
-        samples = sample_step(logits[:len(samplers)], samplers) if samplers else StepSamples()
+        samples = sample_step(self.model.logits(hidden[:len(samplers)]), samplers) if samplers else StepSamples()
         if prompt_rows:
-            entries = iter(_prompt_logprobs(logits[len(samplers):], prompt_rows))
+            entries = iter(_prompt_logprobs(self.model, hidden[len(samplers):], prompt_rows))
             samples.prompt_logprobs = {rid: [next(entries) for _ in range(n)] for rid, n in prompt_askers}
         return samples
 
 
-PROMPT_LOGPROB_ROWS = 256  # prompt rows' logprobs are computed this many at a time (a few [rows, vocab] temporaries)
+PROMPT_LOGPROB_ROWS = 256
+"""Prompt rows' logits and logprobs are computed this many at a time: a chunk of 1024 prompt rows on a 152k
+vocabulary would otherwise hold its float32 logits (620 MB) and their temporaries at once."""
 
 
-def _prompt_logprobs(logits: torch.Tensor, rows: list[tuple[int, int, int]]) -> list[TokenLogprobs]:
-    """The entry of each prompt row (``(input row, the token it predicts, k)``; ``logits`` in the same order)."""
+def _prompt_logprobs(model: DecoderModel, hidden: torch.Tensor, rows: list[tuple[int, int, int]]
+                     ) -> list[TokenLogprobs]:
+    """The entry of each prompt row (``(input row, the token it predicts, k)``; ``hidden``: the rows' final
+    hidden states, in the same order)."""
     out: list[TokenLogprobs] = []
     for start in range(0, len(rows), PROMPT_LOGPROB_ROWS):
         piece = rows[start:start + PROMPT_LOGPROB_ROWS]
-        out += token_logprobs(logits[start:start + len(piece)], [t for _, t, _ in piece], [k for _, _, k in piece])
+        logits = model.logits(hidden[start:start + len(piece)])
+        out += token_logprobs(logits, [t for _, t, _ in piece], [k for _, _, k in piece])
     return out
 
 

@@ -91,3 +91,20 @@ def test_a_request_recomputed_after_a_preemption_does_not_compute_them_again(fp3
     assert_like_reference(shown[0], reference, k=1)
     assert asked.prompt_logprobs == []  # handed out with the first token, none computed since
     engine.check_integrity()
+
+
+def test_a_prompt_s_logits_are_computed_a_slice_at_a_time(fp32_model, bundled_tokenizer, reference, monkeypatch):
+    """A chunk's prompt rows reach the LM head at most ``PROMPT_LOGPROB_ROWS`` at a time (the sampled rows apart),
+    so a long chunk never holds all its ``[rows, vocab]`` logits at once; the logprobs are the same."""
+    from services.engine import model_runner
+
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROB_ROWS", 4)
+    sizes: list[int] = []
+    head = type(fp32_model).logits
+    monkeypatch.setattr(type(fp32_model), "logits", lambda self, rows: sizes.append(rows.shape[0]) or head(self, rows))
+    engine = make_engine(fp32_model, bundled_tokenizer)
+    (done,) = engine.generate([PROMPT], ASK)
+    assert_like_reference(done.prompt_logprobs, reference)
+    prompt_rows = len(reference[0]) - 1
+    assert max(sizes) == 4 and sum(sizes) == prompt_rows + 2  # the prompt's rows, then each step's sampled row
+    engine.check_integrity()

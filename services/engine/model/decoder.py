@@ -176,10 +176,13 @@ class DecoderModel:
             return None
         s = p + "shared_expert."
         parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))]
+        if self._source.has(s + "gate_up_proj.weight"):  # Granite MoE's shared MLP: gate and up rows fused
+            parts = [(s + "gate_up_proj.weight", (2 * inter, hidden))]
+        gate = prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block) \
+            if moe.shared_expert_gated else None
         return SharedExpert(
             gate_up=self._projection(parts, by_row_kind=False),
-            down=self._projection([(s + "down_proj.weight", (hidden, inter))], by_row_kind=False),
-            gate=prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block))
+            down=self._projection([(s + "down_proj.weight", (hidden, inter))], by_row_kind=False), gate=gate)
 
     def _shared_gate(self, name: str) -> torch.Tensor:
         """The shared expert's gate ``[1, hidden]``; llama.cpp's files store it squeezed, ``[hidden]``."""
@@ -232,6 +235,19 @@ class DecoderModel:
         mode; None: by the step's row count). The experts of a sparse layer and the LM head ignore it.
         Returns float32 logits ``[len(logits_indices), vocab]`` for the token positions that sample.
         """
+        return self.logits(self.final_hidden(input_ids, positions, kv_caches, attention, logits_indices, paths))
+
+    def logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """The float32 logits ``[n, vocab]`` of final hidden rows ``[n, hidden]`` (:meth:`final_hidden`); a
+        caller with many rows (a prompt's logprobs) takes them a slice at a time, bounding the ``[n, vocab]``."""
+        logits = linear(rows, self.lm_head).float()
+        scalars = self.config.multipliers
+        return logits if scalars is None or scalars.logits_divisor == 1.0 else logits / scalars.logits_divisor
+
+    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                     ) -> torch.Tensor:
+        """:meth:`forward` up to the LM head: the final-normed hidden rows ``[len(logits_indices), hidden]``."""
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         # the residual stream, and what the last block adds to it (added where the next norm reads it: one
         # fused kernel on the FlashInfer path, which writes both in place)
@@ -258,9 +274,7 @@ class DecoderModel:
             delta = self._mlp(x, layer, paths)
             if residual != 1.0:
                 delta = delta * residual
-        last = ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
-        logits = linear(last, self.lm_head).float()
-        return logits if scalars is None or scalars.logits_divisor == 1.0 else logits / scalars.logits_divisor
+        return ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
         if layer.moe is not None:

@@ -77,10 +77,17 @@ class GemmaDecoderModel(DecoderModel):
             setattr(layer, name, offset_norm_weight(getattr(layer, name)))
         return layer
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                ) -> torch.Tensor:
-        """:meth:`DecoderModel.forward`'s contract, computed as Gemma 2 and 3 do (see the module)."""
+    def logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`DecoderModel.logits`, with the final logit softcap where the model has one."""
+        assert self.config.gemma is not None
+        logits = linear(rows, self.lm_head).float()
+        cap = self.config.gemma.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                     ) -> torch.Tensor:
+        """:meth:`DecoderModel.final_hidden`'s contract, computed as Gemma 2 and 3 do (see the module)."""
         cfg, eps = self.config, self.config.rms_norm_eps
         assert cfg.gemma is not None
         hidden = F.embedding(input_ids, self.embed) * self.embed_scale
@@ -104,7 +111,4 @@ class GemmaDecoderModel(DecoderModel):
             gate, up = linear(x, layer.gate_up, paths).chunk(2, dim=-1)
             mlp = linear(F.gelu(gate, approximate="tanh") * up, layer.down, paths)
             hidden = hidden + gemma_rms_norm(mlp, layer.post_ff_norm, eps)
-        last = gemma_rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
-        logits = linear(last, self.lm_head).float()
-        cap = cfg.gemma.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return gemma_rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
