@@ -88,7 +88,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))
 
 
-GGUF_TOKENIZER_AS = {"granite": "llama"}
+GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama"}
 """llama.cpp architectures whose GGUF tokenizer transformers does not read by name, and the architecture whose
 reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields."""
 

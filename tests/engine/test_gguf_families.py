@@ -1,6 +1,6 @@
-"""GGUF files of every GGUF family (``llama`` with Mixtral's experts too, ``granite``, ``qwen2``, ``qwen3``,
-``qwen2moe``, ``qwen3moe``, ``gemma2``, ``gemma3``), written the way llama.cpp writes them from tiny transformers
-models, load into a ``DecoderModel`` whose float32 logits equal the HF twin's (the twin carries the file's
+"""GGUF files of every GGUF family (``llama`` with Mixtral's experts too, ``granite``, ``granitemoe``, ``qwen2``,
+``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma2``, ``gemma3``), written the way llama.cpp writes them from tiny
+transformers models, load into a ``DecoderModel`` whose float32 logits equal the HF twin's (the twin carries the file's
 dequantised weights, so quantised files are held to the same bar); what the loader cannot serve exactly is refused
 with the culprit named."""
 
@@ -45,6 +45,14 @@ FAMILIES = {
     # as *_scale keys
     "granite": dict(model_type="granite", tie_word_embeddings=True, embedding_multiplier=12.0,
                     attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
+    # Granite MoE as llama.cpp's granitemoe: Granite's scalars and permuted q/k, the stacked experts split into
+    # ffn_{gate,up,down}_exps, the router's top-k softmaxed; with a shared MLP (no gate) split into _shexp
+    "granitemoe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True,
+                       embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
+                       logits_scaling=16.0),
+    "granitemoeshared": dict(model_type="granitemoeshared", num_local_experts=4, num_experts_per_tok=2,
+                             shared_intermediate_size=64, tie_word_embeddings=False, embedding_multiplier=12.0,
+                             attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
     # Mixtral as llama.cpp writes it: the llama architecture with expert_count, q/k rows permuted
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
@@ -157,7 +165,8 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     writer.close()
     for load in (load_weights, load_model_config):
         with pytest.raises(ModelLoadError,
-                           match=r"gpt2.*supported: llama, granite, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3"):
+                           match=r"gpt2.*supported: llama, granite, granitemoe, qwen2, qwen3, qwen2moe, qwen3moe, "
+                                 r"gemma2, gemma3"):
             load(path)
 
 

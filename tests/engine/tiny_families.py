@@ -34,6 +34,15 @@ FAMILIES: dict[str, dict] = {
     # differs from head_dim ** -0.5 = 0.25 too)
     "granite": dict(model_type="granite", rope_theta=10000000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
                     attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
+    # Granite 3.x MoE: Granite's scalars, experts on every layer (stacked input_linear/output_linear, the softmax of
+    # the top-k logits); its shared variant (granitemoeshared) adds a shared MLP with no gate of its own
+    "granite_moe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, rope_theta=10000000.0,
+                       tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.125,
+                       residual_multiplier=0.22, logits_scaling=16.0),
+    "granite_moe-shared": dict(model_type="granitemoeshared", num_local_experts=4, num_experts_per_tok=2,
+                               shared_intermediate_size=96, rope_theta=10000000.0, tie_word_embeddings=False,
+                               embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
+                               logits_scaling=16.0),
     "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
     # Mistral-7B-v0.1: a window on every layer (4096 there; 24 here, so the test prompts cross it)

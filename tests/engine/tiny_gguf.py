@@ -23,7 +23,10 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
 GGUF_ARCH = {"llama": "llama", "granite": "granite", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-             "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+             "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3",
+             "granitemoe": "granitemoe", "granitemoeshared": "granitemoe"}
+GRANITES = ("granite", "granitemoe", "granitemoeshared")
+PERMUTED = ("llama", "granite", "granitemoe")  # llama.cpp's llama converter and its subclasses permute q/k rows
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -89,12 +92,30 @@ def llama3_rope_freqs(config) -> np.ndarray:
     return torch.tensor(factors, dtype=torch.float32).numpy()
 
 
+def _gguf_side(name: str) -> str:
+    """A state-dict name as the converter sees it: Granite MoE's experts under Qwen-MoE's names, its router as
+    its checkpoints name it (what ``gguf``'s name map knows)."""
+    name = name.replace(".block_sparse_moe.experts.", ".mlp.experts.")
+    return name.replace(".block_sparse_moe.router.weight", ".block_sparse_moe.router.layer.weight")
+
+
+def _shared_mlp_halves(name: str) -> tuple[str, str]:
+    """Granite MoE's fused shared ``input_linear`` split as llama.cpp's converter splits it (gate rows, up rows)."""
+    base = name.replace("shared_mlp.input_linear.weight", "mlp.shared_expert.")
+    return base + "gate_proj.weight", base + "up_proj.weight"
+
+
 def _hf_tensors(model) -> dict[str, np.ndarray]:
-    """The state dict with transformers 5's fused experts split back into per-projection stacks."""
+    """The state dict with transformers 5's fused experts split back into per-projection stacks (and Granite
+    MoE's fused shared MLP into its gate and up)."""
     out = {}
-    for name, tensor in model.state_dict().items():
+    for state_name, tensor in model.state_dict().items():
         array = tensor.detach().numpy().copy()
-        if name.endswith("mlp.experts.gate_up_proj"):
+        name = _gguf_side(state_name)
+        if name.endswith("shared_mlp.input_linear.weight"):
+            for half_name, half in zip(_shared_mlp_halves(name), np.split(array, 2, axis=0), strict=True):
+                out[half_name] = half
+        elif name.endswith("mlp.experts.gate_up_proj"):
             gate, up = np.split(array, 2, axis=1)
             out[name.replace("gate_up_proj", "gate_proj.weight")] = gate
             out[name.replace("gate_up_proj", "up_proj.weight")] = up
@@ -125,7 +146,8 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     """
     cfg = model.config
     arch = GGUF_ARCH[cfg.model_type]
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)  # GRANITE_MOE: "granitemoe"
+    names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     keys = {
@@ -152,7 +174,11 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         full = cfg.rope_parameters["full_attention"]
         if full.get("rope_type") == "linear":  # the 4B+ models' scaling, as its converter writes it
             keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])})
-    if cfg.model_type == "granite":  # its converter renames the multipliers to *_scale
+    if cfg.model_type in ("granitemoe", "granitemoeshared"):  # each expert feed_forward_length wide
+        keys.update({"expert_count": cfg.num_local_experts, "expert_used_count": cfg.num_experts_per_tok})
+        if getattr(cfg, "shared_intermediate_size", 0):
+            keys["expert_shared_feed_forward_length"] = cfg.shared_intermediate_size
+    if cfg.model_type in GRANITES:  # its converter renames the multipliers to *_scale
         keys.update({"embedding_scale": float(cfg.embedding_multiplier),
                      "residual_scale": float(cfg.residual_multiplier),
                      "attention.scale": float(cfg.attention_multiplier), "logit_scale": float(cfg.logits_scaling)})
@@ -185,7 +211,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         offset = 1.0 if arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else 0.0  # stored: 1 + w
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
         twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
-        if arch in ("llama", "granite") and (".q_proj." in hf_name or ".k_proj." in hf_name):
+        if arch in PERMUTED and (".q_proj." in hf_name or ".k_proj." in hf_name):
             # rows are quantised independently: permuting the stored rows permutes the weight's rows
             heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads
             stored = llama_permute(stored, heads)
@@ -208,14 +234,17 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
 def _load_twin(model, twin: dict[str, np.ndarray]) -> None:
     state = model.state_dict()
     for name in list(state):
-        if name.endswith("mlp.experts.gate_up_proj"):
-            gate, up = twin[name.replace("gate_up_proj", "gate_proj.weight")], \
-                twin[name.replace("gate_up_proj", "up_proj.weight")]
+        key = _gguf_side(name)
+        if key.endswith("shared_mlp.input_linear.weight"):
+            state[name] = torch.from_numpy(np.concatenate([twin[half] for half in _shared_mlp_halves(key)]))
+        elif key.endswith("mlp.experts.gate_up_proj"):
+            gate, up = twin[key.replace("gate_up_proj", "gate_proj.weight")], \
+                twin[key.replace("gate_up_proj", "up_proj.weight")]
             state[name] = torch.from_numpy(np.concatenate([gate, up], axis=1))
-        elif name.endswith("mlp.experts.down_proj"):
-            state[name] = torch.from_numpy(twin[name + ".weight"])
-        elif name in twin:
-            state[name] = torch.from_numpy(twin[name]).reshape(state[name].shape)  # a squeezed one, as stored
+        elif key.endswith("mlp.experts.down_proj"):
+            state[name] = torch.from_numpy(twin[key + ".weight"])
+        elif key in twin:
+            state[name] = torch.from_numpy(twin[key]).reshape(state[name].shape)  # a squeezed one, as stored
     if model.config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state)

@@ -22,6 +22,7 @@ class MoEConfig:
     swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU (see services.engine.model.gpt_oss_decoder)
     swiglu_alpha: float = 1.702
     shared_expert_intermediate_size: int | None = None  # Qwen2-MoE: a shared expert, gated by a sigmoid
+    shared_expert_gated: bool = True  # Granite MoE's shared MLP: False, no gate (every token, weight 1)
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

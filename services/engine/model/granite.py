@@ -3,8 +3,9 @@
 scores scaled by ``attention_multiplier`` (not ``head_dim ** -0.5``), each block's output times
 ``residual_multiplier``, the logits divided by ``logits_scaling``. llama.cpp's ``granite`` GGUF files too (q/k
 rows permuted as its llama converter does; the scalars as ``*_scale`` keys; its tokenizer read as llama's,
-:data:`~services.engine.tokenizer.GGUF_TOKENIZER_AS`). Granite's MoE (``granitemoe``)
-and hybrid (``granitemoehybrid``, Granite 4) models are other architectures, refused by name.
+:data:`~services.engine.tokenizer.GGUF_TOKENIZER_AS`). Granite's MoE models (``granitemoe``,
+``granitemoeshared``) are :mod:`services.engine.model.granite_moe`; its hybrid ones (``granitemoehybrid``,
+Granite 4) are another architecture, refused by name.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         residual=scalar("residual_multiplier"), logits_divisor=scalar("logits_scaling")))
 
 
-def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+def config_from_gguf(fields: Mapping[str, Any], arch: str = GGUF_ARCHITECTURE) -> ModelConfig:
     """As llama.cpp's loader reads it: its converter writes each scale only where it is not 0, and a missing one
-    is no scaling (the attention's: ``head_dim ** -0.5``)."""
-    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    is no scaling (the attention's: ``head_dim ** -0.5``). ``arch``: the keys' prefix (``granitemoe`` too)."""
+    f = GGUFFields(fields, arch)
     attention = f.get("attention.scale")
-    return ModelConfig(**gguf_base_fields(fields, GGUF_ARCHITECTURE), multipliers=Multipliers(
+    return ModelConfig(**gguf_base_fields(fields, arch), multipliers=Multipliers(
         embedding=float(f.get("embedding_scale") or 1.0), attention=float(attention) if attention else None,
         residual=float(f.get("residual_scale") or 1.0), logits_divisor=float(f.get("logit_scale") or 1.0)))

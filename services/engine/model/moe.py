@@ -20,11 +20,12 @@ from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_fo
 
 @dataclass
 class SharedExpert:
-    """Qwen2-MoE's shared expert: a SwiGLU MLP every token goes through, scaled by ``sigmoid(gate · x)``."""
+    """Qwen2-MoE's shared expert: a SwiGLU MLP every token goes through, scaled by ``sigmoid(gate · x)``;
+    Granite MoE's has no gate (``None``: weight 1)."""
 
     gate_up: LinearWeight  # [2 * shared_intermediate, hidden]
     down: LinearWeight  # [hidden, shared_intermediate]
-    gate: LinearWeight  # [1, hidden]
+    gate: LinearWeight | None  # [1, hidden]
 
 
 @dataclass
@@ -57,8 +58,8 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
         out = _experts_loop(x, weights, config, top_probs, top_experts, silu_and_mul)
     if weights.shared is not None:
         shared = weights.shared
-        out = out + torch.sigmoid(linear(x, shared.gate)) * linear(silu_and_mul(linear(x, shared.gate_up)),
-                                                                   shared.down)
+        shared_out = linear(silu_and_mul(linear(x, shared.gate_up)), shared.down)
+        out = out + (shared_out if shared.gate is None else torch.sigmoid(linear(x, shared.gate)) * shared_out)
     return out
 
 

@@ -33,6 +33,8 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "services.engine.model.llama", ("llama",), "llama"),
     Family("granite", "services.engine.model.granite", ("granite",), "granite"),
+    Family("granite_moe", "services.engine.model.granite_moe", ("granitemoe", "granitemoeshared"), "granitemoe",
+           tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name"),
     Family("qwen2", "services.engine.model.qwen2", ("qwen2",), "qwen2"),
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),

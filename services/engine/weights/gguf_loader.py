@@ -1,10 +1,10 @@
-"""Read a GGUF file (architectures ``llama``, ``granite``, ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``,
-``gemma2``, ``gemma3``) with the ``gguf`` package, dequantise to float32 and rename to Hugging Face names
+"""Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
+``qwen3moe``, ``gemma2``, ``gemma3``) with the ``gguf`` package, dequantise to float32 and rename to Hugging Face names
 (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
-  interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama`` and ``granite`` architectures
-  only (its Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
+  interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite`` and ``granitemoe``
+  architectures only (its Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight.
 - Gemma 2's and 3's norms are stored as ``1 + weight`` (:data:`~services.engine.weights.gguf_names.NORM_OFFSETS`); the
   1 is taken off (in float32) and its layers' own names are mapped.
@@ -168,7 +168,7 @@ def _complete(config: ModelConfig, names: set[str], rope_freqs: np.ndarray | Non
 def _rope_heads(name: str, config: ModelConfig) -> int:
     """Heads whose rows llama.cpp permuted in this tensor (0: not permuted; only its llama converter does, and
     Granite's, which is the llama one's subclass)."""
-    if config.architecture not in ("llama", "granite"):
+    if config.architecture not in ("llama", "granite", "granite_moe"):
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

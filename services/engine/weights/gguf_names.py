@@ -44,18 +44,20 @@ _EXPERT_NAMES = {
     "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
 }
 # Where an architecture names a layer's tensors otherwise or has its own (llama.cpp's Gemma 2 and 3: ``ffn_norm``
-# is the norm before the MLP, and the two norms after attention and the MLP are its own; Qwen2-MoE's shared
-# expert)
+# is the norm before the MLP, and the two norms after attention and the MLP are its own; Qwen2-MoE's and Granite
+# MoE's shared experts)
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 """llama.cpp's Gemma architectures: the norms below, stored as ``1 + weight``, and ``<end_of_turn>`` as an EOS."""
 _GEMMA_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+                  "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+                  "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
 _ARCH_LAYER_NAMES = {
-    "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",  # the shared expert and its gate
-                 "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
-                 "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
-                 "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"},
+    # the shared expert and its gate; Granite MoE's shared MLP has no gate
+    "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
+    "granitemoe": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
 }
 NORM_OFFSETS = dict.fromkeys(GEMMA_ARCHITECTURES, 1.0)
