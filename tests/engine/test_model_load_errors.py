@@ -88,8 +88,8 @@ def test_a_config_missing_a_field_names_it(checkpoint):
 
 def test_an_unknown_architecture_is_refused_listing_the_supported_ones(checkpoint):
     _edit_config(checkpoint, model_type="olmo2", architectures=["Olmo2ForCausalLM"])
-    supported = ("llama, granite, granitemoe, granitemoeshared, qwen2, qwen3, mistral, mixtral, qwen2_moe, qwen3_moe, "
-                 "phi3, gpt_oss, gemma2, gemma3_text, gemma3")
+    supported = ("llama, smollm3, granite, granitemoe, granitemoeshared, qwen2, qwen3, mistral, mixtral, qwen2_moe, "
+                 "qwen3_moe, phi3, gpt_oss, gemma2, gemma3_text, gemma3")
     with pytest.raises(ModelLoadError, match=rf"'olmo2'.*{supported}"):
         _load(checkpoint)
 

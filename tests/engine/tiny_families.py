@@ -30,6 +30,10 @@ FAMILIES: dict[str, dict] = {
                                      original_max_position_embeddings=64)),
     "llama-yarn": dict(model_type="llama", rope_theta=10000.0, tie_word_embeddings=True,
                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024)),
+    # SmolLM3: Llama with NoPE layers (here every second: layer 1 attends unrotated); the released 3B slides on none,
+    # here the NoPE layer slides over 24 (use_sliding_window), so the test prompts cross it
+    "smollm3": dict(model_type="smollm3", no_rope_layer_interval=2, use_sliding_window=True, sliding_window=24,
+                    rope_theta=5000000.0, tie_word_embeddings=True, pad_token_id=0),  # its default is past the vocab
     # IBM Granite 3.x: Llama with its four scalars (granite-3.1-8b's: 12, 1/128, 0.22, 16; here the attention's
     # differs from head_dim ** -0.5 = 0.25 too)
     "granite": dict(model_type="granite", rope_theta=10000000.0, tie_word_embeddings=True, embedding_multiplier=12.0,

@@ -59,8 +59,8 @@ class Multipliers:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and constants of a decoder of the Llama family (Llama, Granite, Qwen2, Qwen3, Mistral, Mixtral,
-    Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS).
+    """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
+    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -94,6 +94,7 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
     multipliers: Multipliers | None = None  # Granite's embedding, attention, residual and logits scalars
+    nope_layers: tuple[int, ...] = ()  # layers whose q and k rope does not rotate (SmolLM3's NoPE layers)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -111,6 +112,8 @@ class ModelConfig:
             raise ModelLoadError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if any(w is not None and w < 1 for w in self.layer_windows):
             raise ModelLoadError(f"a sliding window must be >= 1, got {self.layer_windows}")
+        if any(not 0 <= layer < self.num_layers for layer in self.nope_layers):
+            raise ModelLoadError(f"NoPE layers {self.nope_layers} outside the {self.num_layers} layers")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
 

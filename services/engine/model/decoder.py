@@ -266,7 +266,8 @@ class DecoderModel:
             if layer.q_norm is not None:
                 q = rms_norm(q, layer.q_norm, eps)
                 k = rms_norm(k, layer.k_norm, eps)
-            q, k = ops.rope(q, k, rope)
+            if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
+                q, k = ops.rope(q, k, rope)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)

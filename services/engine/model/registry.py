@@ -32,6 +32,7 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "services.engine.model.llama", ("llama",), "llama"),
+    Family("smollm3", "services.engine.model.smollm3", ("smollm3",)),
     Family("granite", "services.engine.model.granite", ("granite",), "granite"),
     Family("granite_moe", "services.engine.model.granite_moe", ("granitemoe", "granitemoeshared"), "granitemoe",
            tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name"),

@@ -134,6 +134,7 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     if data.get("moe") is not None:
         data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})
     data["layer_windows"] = tuple(data.get("layer_windows") or ())
+    data["nope_layers"] = tuple(data.get("nope_layers") or ())
     if data.get("gemma") is not None:
         data["gemma"] = GemmaConfig(**data["gemma"])
     if data.get("multipliers") is not None:
