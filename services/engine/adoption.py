@@ -55,15 +55,16 @@ class Adoptions:
         self.book = book
         self.stats = AdoptionStats()
 
-    def adopt(self, handed: HandedRequest, eos_token_ids: tuple[int, ...], lease_s: float
-              ) -> AdoptionGrant | Refusal:
+    def adopt(self, handed: HandedRequest, eos_token_ids: tuple[int, ...], lease_s: float,
+              bad_word_ids: tuple[tuple[int, ...], ...] = ()) -> AdoptionGrant | Refusal:
         """Blocks for ``handed`` if the admission policy leaves room (nothing is allocated when refused)."""
         self._check(handed)
         full = self.book.no_free_slot()
         if full is not None:
             return full
         rid, computed = handed.request_id, handed.num_computed_tokens
-        request = Request(rid, list(handed.prompt_token_ids), handed.sampling, eos_token_ids=eos_token_ids)
+        request = Request(rid, list(handed.prompt_token_ids), handed.sampling, eos_token_ids=eos_token_ids,
+                          bad_word_ids=bad_word_ids)
         for token_id in handed.output_token_ids:
             request.append_output(token_id)
         request.num_computed_tokens = computed  # once its blocks are written

@@ -94,6 +94,7 @@ class Request:
     # filled by the engine, rebuilt from the spec and the output tokens when missing or stale
     structured: Any = None
     allowed_mask: Any = None  # sampling.allowed_token_ids as a vocabulary mask (step_sampling's), built once
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()  # sampling.bad_words as token sequences (bad_words.py)
     grammar_complete: bool = False  # its grammar ended at the last token: it finishes ("stop")
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.engine.bad_words import check_bad_words
 from services.engine.errors import InvalidRequestError
 from services.engine.logprobs import MAX_LOGPROBS
 from services.engine.structured_spec import StructuredSpec
@@ -81,7 +82,9 @@ class SamplingParams:
     times the most likely one. ``logit_bias`` (OpenAI's) adds each bias to its token's logit, before the
     penalties: -100 all but bans a token, +100 all but forces it. Logprobs stay those of the raw distribution.
     ``allowed_token_ids`` (vLLM's): only these ids may be sampled (applied as a structured output's mask is,
-    and with it: both must allow an id); an end of sequence not among them never comes.
+    and with it: both must allow an id); an end of sequence not among them never comes. ``bad_words`` (vLLM's):
+    words the output may not complete (``bad_words.py``: each word's tokens, its last banned where the output
+    ends with the others).
 
     The text (``detokenizer.py``; vLLM's semantics): a stop string ends it and is cut from it, and so is the
     end-of-sequence or stop token that ended a request, unless ``include_stop_str_in_output``; special tokens
@@ -108,6 +111,7 @@ class SamplingParams:
     prompt_logprobs: int | None = unset_takes(None)  # each prompt token's logprob and the k most likely
     include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
     skip_special_tokens: bool = unset_takes(True)  # False: special tokens' text is in the output
+    bad_words: tuple[str, ...] = ()  # vLLM's: words the output may not contain (bad_words.py)
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False, metadata={ENGINE_ONLY: True})
 
     @property
@@ -168,6 +172,7 @@ class SamplingParams:
             for token_id in getattr(self, name):
                 if not 0 <= token_id < vocab_size:
                     raise InvalidRequestError(name, f"{token_id} is outside the vocabulary [0, {vocab_size})")
+        check_bad_words(self.bad_words)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):

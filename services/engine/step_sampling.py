@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from services.engine.bad_words import bad_word_bans
 from services.engine.device_transfer import to_device, to_host
 from services.engine.logprob_compute import logprob_entries, logprob_tensors
 from services.engine.logprobs import TokenLogprobs
@@ -137,11 +138,13 @@ def _advance_grammars(requests: Sequence[Request], samples: StepSamples) -> None
 
 
 def banned_ids(request: Request) -> tuple[int, ...]:
-    """Ids ``request`` may not sample now: its stop tokens (and EOS, unless ignored) before ``min_tokens``."""
+    """Ids ``request`` may not sample now: the last token of a bad word the output would complete, and its stop
+    tokens (and EOS, unless ignored) before ``min_tokens``."""
     params = request.sampling
+    words = bad_word_bans(request.bad_word_ids, request.output_token_ids) if request.bad_word_ids else ()
     if request.num_output_tokens >= params.min_tokens:
-        return ()
-    return (*params.stop_token_ids, *(() if params.ignore_eos else request.eos_token_ids))
+        return words
+    return (*words, *params.stop_token_ids, *(() if params.ignore_eos else request.eos_token_ids))
 
 
 def _plain_greedy(params: SamplingParams) -> bool:

@@ -176,6 +176,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf(text)["input_ids"])
 
+    def encode_plain(self, text: str) -> list[int]:
+        """``text``'s ids without the special tokens the tokenizer adds to a prompt (BOS)."""
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of ``token_ids``; special tokens dropped (``skip_special_tokens``), except those
         :meth:`keep_special_tokens` named."""

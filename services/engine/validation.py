@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.engine.bad_words import BadWordIds, bad_word_ids
 from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams, require_utf8
@@ -97,12 +98,22 @@ class RequestValidator:
             raise InvalidRequestError(field, f"is {chars} characters, more than any prompt of at most "
                                              f"{self.max_model_len} tokens can have ({limit})")
 
+    def bad_word_ids(self, sampling: SamplingParams) -> BadWordIds:
+        """``sampling.bad_words`` as token sequences (:mod:`services.engine.bad_words`), for the request's
+        ``bad_word_ids``; every node that samples for the request derives them from its own tokenizer."""
+        if not sampling.bad_words:
+            return ()
+        if self.tokenizer is None:
+            raise InvalidRequestError("bad_words", "bad words need a tokenizer")
+        return bad_word_ids(sampling.bad_words, self.tokenizer.encode_plain, self.vocab_size)
+
     def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, prefill_only: bool = False) -> None:
         """``prefill_only`` (a prefill node's request): this pool holds the prompt and the first new token
         only; whether the whole generation fits is the decode node's question (its ``Reserve``)."""
         sampling.validate(self.vocab_size)
         if sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        self.bad_word_ids(sampling)
         n, limit = len(prompt_ids), self.max_model_len
         if n >= limit:
             raise self._past_the_context(n)

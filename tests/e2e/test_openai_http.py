@@ -112,6 +112,24 @@ def test_allowed_token_ids_hold_on_the_prefill_and_the_decode_node(client, stub,
     assert completion.choices[0].text == text
 
 
+def test_bad_words_hold_on_the_prefill_and_the_decode_node(client, stub, bundled_tokenizer):
+    """ " Paris" would be the first token (the prefill node samples it), " named Emma" complete at the third (the
+    decode node): both are banned where they would be sampled, through gRPC and HTTP alike."""
+    _, text, _ = generate(stub, prompt="The capital of France is", sampling=greedy(NEW_TOKENS))
+    assert text.startswith(" Paris")
+    _, banned_text, _ = generate(stub, prompt="The capital of France is",
+                                 sampling=greedy(NEW_TOKENS, bad_words=["Paris"]))
+    assert "Paris" not in banned_text and banned_text != text
+    story = "Once upon a time, there was a little"
+    _, story_text, _ = generate(stub, prompt=story, sampling=greedy(NEW_TOKENS))
+    assert story_text.startswith(" girl named Emma")
+    _, unnamed, _ = generate(stub, prompt=story, sampling=greedy(NEW_TOKENS, bad_words=["named Emma"]))
+    assert unnamed.startswith(" girl named") and "named Emma" not in unnamed
+    completion = client.completions.create(model=MODEL, prompt=story, **{
+        **GREEDY, "extra_body": {**GREEDY["extra_body"], "bad_words": ["named Emma"]}})
+    assert completion.choices[0].text == unnamed
+
+
 def test_chat_completions_match_grpc_generate(client, stub):
     messages = [gateway_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
     _tokens, text, last = generate(stub, messages=messages, sampling=greedy(NEW_TOKENS))

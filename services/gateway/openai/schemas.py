@@ -82,6 +82,7 @@ class GenerationBody(BaseModel):
     include_stop_str_in_output: bool = False  # vLLM's: the stop string (or stop token) stays in the text
     skip_special_tokens: bool | None = None  # vLLM's: False = special tokens' text is in the output
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name each token "token_id:<id>", not its text
+    bad_words: list[str] | None = None  # vLLM's: words the output may not contain
 
     @field_validator("*", mode="before")  # the endpoints' fields too
     @classmethod

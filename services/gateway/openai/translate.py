@@ -35,7 +35,7 @@ from services.gateway.openai.tools.types import ParsedToolCall, ToolCallParser
 # Sampling fields a body does not carry as SamplingFields has them: the endpoints' (max_tokens, logprobs) and
 # the reshaped ones; every other field of SamplingFields the body declares is taken by name.
 _NOT_BY_NAME = ("max_tokens", "logprobs", "prompt_logprobs", "stop", "stop_token_ids", "allowed_token_ids",
-                "logit_bias",
+                "logit_bias", "bad_words",
                 "structured")  # structured: from response_format, guided_*, structured_outputs (structured.py)
 _BY_NAME = tuple(f.name for f in dataclasses.fields(SamplingFields)
                  if f.name in GenerationBody.model_fields and f.name not in _NOT_BY_NAME)
@@ -50,6 +50,7 @@ def sampling_of(body: GenerationBody, max_tokens: int | None, logprobs: int | No
                           stop=tuple(body.stop or ()),
                           stop_token_ids=tuple(body.stop_token_ids or ()),
                           allowed_token_ids=tuple(body.allowed_token_ids or ()),
+                          bad_words=tuple(body.bad_words or ()),
                           logit_bias=tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()),
                           structured=structured_of(body) if isinstance(structured, EllipsisType) else structured)
 

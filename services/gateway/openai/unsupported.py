@@ -40,7 +40,6 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "documents": (_empty, "documents in the chat template"),
     "echo": (_one_of(False), "the prompt echoed in the output on chat completions (/v1/completions takes it)"),
     "prompt_logprobs": (_unset, "prompt logprobs on chat completions (/v1/completions takes them)"),
-    "bad_words": (_empty, "banned words"),
     "logits_processors": (_empty, "logits processors"),
     "audio": (_unset, "audio output"),
     "modalities": (lambda value: value is None or value == ["text"], "non-text output"),

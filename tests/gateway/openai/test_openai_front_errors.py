@@ -80,6 +80,8 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "allowed_token_ids": [1, 10**9]}, "allowed_token_ids"),
     ({"prompt": "Hi", "allowed_token_ids": "1"}, "allowed_token_ids"),
     ({"prompt": "Hi", "allowed_token_ids": []}, "allowed_token_ids"),
+    ({"prompt": "Hi", "bad_words": ["fine", " "]}, "bad_words"),
+    ({"prompt": "Hi", "bad_words": "Paris"}, "bad_words"),
     ({"prompt": "Hi", "stream": "maybe"}, "stream"),
     # what the wire to the nodes (int32, float32, UTF-8) cannot carry is refused here, naming the field
     ({"prompt": "Hi", "top_k": 2**31}, "top_k"),

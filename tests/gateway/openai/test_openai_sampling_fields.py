@@ -13,12 +13,13 @@ from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, 
 BODY = {"temperature": 0.5, "top_p": 0.25, "top_k": 40, "seed": 9, "stop": ["END"], "stop_token_ids": [2, 7],
         "ignore_eos": True, "min_tokens": 3, "presence_penalty": -0.5, "frequency_penalty": 1.25,
         "repetition_penalty": 1.125, "min_p": 0.0625, "logit_bias": {"11": 0.5, "3": -100.0},
-        "include_stop_str_in_output": True, "skip_special_tokens": False, "allowed_token_ids": [4, 8]}
+        "include_stop_str_in_output": True, "skip_special_tokens": False, "allowed_token_ids": [4, 8],
+        "bad_words": ["Paris", "no way"]}
 EXPECTED = SamplingFields(max_tokens=12, logprobs=2, temperature=0.5, top_p=0.25, top_k=40, seed=9, stop=("END",),
                           stop_token_ids=(2, 7), ignore_eos=True, min_tokens=3, presence_penalty=-0.5,
                           frequency_penalty=1.25, repetition_penalty=1.125, min_p=0.0625,
                           logit_bias=((11, 0.5), (3, -100.0)), include_stop_str_in_output=True,
-                          skip_special_tokens=False, allowed_token_ids=(4, 8))
+                          skip_special_tokens=False, allowed_token_ids=(4, 8), bad_words=("Paris", "no way"))
 
 
 def test_every_sampling_field_is_read_from_the_body():
