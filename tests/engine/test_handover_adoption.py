@@ -28,6 +28,11 @@ pytestmark = pytest.mark.slow
 NEW_TOKENS = 40
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
+# words the greedy outputs say late (after the handover; each banned after a space too, as vLLM tokenizes them):
+# the adopter derives the bans from its own tokenizer
+BANNED = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                        bad_words=("Alex", "adventurer", "contained", "timepieces"))
+PARAMS = {"greedy": GREEDY, "seeded": SEEDED, "banned": BANNED}
 
 
 class FakeStore:
@@ -57,8 +62,7 @@ def prompts(bundled_tokenizer):
 @pytest.fixture(scope="module")
 def expected(fp32_model, bundled_tokenizer, prompts):
     unconstrained = make_engine(fp32_model, bundled_tokenizer)
-    return {name: [r.token_ids for r in unconstrained.generate(prompts, params)]
-            for name, params in (("greedy", GREEDY), ("seeded", SEEDED))}
+    return {name: [r.token_ids for r in unconstrained.generate(prompts, params)] for name, params in PARAMS.items()}
 
 
 def _engine_a(model, tokenizer, store, prompts):
@@ -114,10 +118,10 @@ def _assert_whole(*engines):
         assert not engine.offload._copies and engine.offload.host_bytes_used == 0, "offloaded KV leaked"
 
 
-@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+@pytest.mark.parametrize("kind", list(PARAMS))
 def test_a_request_adopted_mid_decode_continues_exactly_as_an_uninterrupted_run(fp32_model, bundled_tokenizer,
                                                                                 prompts, expected, kind):
-    params = GREEDY if kind == "greedy" else SEEDED
+    params = PARAMS[kind]
     store = FakeStore()
     a, b = _engine_a(fp32_model, bundled_tokenizer, store, prompts), _engine_b(fp32_model, bundled_tokenizer)
     requests = _start(a, prompts, params)
@@ -132,6 +136,9 @@ def test_a_request_adopted_mid_decode_continues_exactly_as_an_uninterrupted_run(
     outputs = {r.request_id: r.output_token_ids for r in requests if r.request_id != moved}
     outputs[moved] = adopted.output_token_ids
     assert [outputs["r0"], outputs["r1"]] == expected[kind]
+    if params.bad_words:
+        assert expected[kind] != expected["greedy"]  # the bans changed the outputs
+        assert not any(w in b.tokenizer.decode(adopted.output_token_ids) for w in params.bad_words)
     assert adopted.finish_reason == "length" and adopted.num_output_tokens == NEW_TOKENS
     assert a.scheduler.stats.recomputes_total == b.scheduler.stats.recomputes_total == 0
     assert b.scheduler.stats.requests_admitted_total == 0, "an adopted request is counted where it was admitted"
