@@ -16,6 +16,7 @@ from services.engine.errors import InvalidRequestError
 
 MAX_BAD_WORDS = 128
 MAX_BAD_WORD_CHARS = 256
+MAX_BAD_WORD_TOKENS = 64  # a word's tokens; each step matches every sequence's against the output's end
 
 BadWordIds = tuple[tuple[int, ...], ...]
 
@@ -24,7 +25,7 @@ def check_bad_words(words: Sequence[str]) -> None:
     """Raise :class:`InvalidRequestError` naming ``bad_words`` for what cannot be served."""
     if len(words) > MAX_BAD_WORDS:
         raise InvalidRequestError("bad_words", f"at most {MAX_BAD_WORDS} words, got {len(words)}")
-    for word in words:
+    for word in words:  # (their UTF-8 form: checked with the other strings, sampling_params.validate)
         if not word.strip():
             raise InvalidRequestError("bad_words", "a bad word must not be empty or only spaces")
         if len(word) > MAX_BAD_WORD_CHARS:
@@ -37,8 +38,13 @@ def bad_word_ids(words: Sequence[str], encode: Callable[[str], list[int]], vocab
     sequences: list[tuple[int, ...]] = []
     for word in words:
         plain = tuple(encode(word.lstrip()))
-        spaced = tuple(encode(" " + word.lstrip()))
+        if not plain:  # a tokenizer whose normaliser drops every character of it
+            raise InvalidRequestError("bad_words", f"{word!r} has no tokens")
+        if len(plain) > MAX_BAD_WORD_TOKENS:
+            raise InvalidRequestError("bad_words", f"a bad word is at most {MAX_BAD_WORD_TOKENS} tokens, {word[:40]!r}"
+                                                   f"… is {len(plain)}")
         sequences.append(plain)
+        spaced = tuple(encode(" " + word.lstrip()))
         if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             sequences.append(spaced)
     for sequence in sequences:
@@ -53,8 +59,9 @@ def bad_word_bans(sequences: BadWordIds, output_ids: Sequence[int]) -> tuple[int
     banned = []
     for sequence in sequences:
         prefix = len(sequence) - 1
-        if prefix > len(output_ids):
-            continue
-        if prefix == 0 or tuple(output_ids[-prefix:]) == sequence[:-1]:
+        if prefix == 0:
+            banned.append(sequence[0])
+        elif prefix <= len(output_ids) and output_ids[-1] == sequence[-2] \
+                and tuple(output_ids[-prefix:]) == sequence[:-1]:  # the last token first: most steps stop there
             banned.append(sequence[-1])
     return tuple(banned)

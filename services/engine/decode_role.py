@@ -52,9 +52,8 @@ class DecodeRole:
         """Grant KV blocks for a prompt that a prefill node will compute (see ``reservations.py``)."""
         self._check_new_id(request_id)
         ids = self.encode_prompt(token_ids=prompt_ids)
-        self.validator.validate(ids, sampling)
-        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids,
-                          bad_word_ids=self.validator.bad_word_ids(sampling))
+        bad_words = self.validator.validate(ids, sampling)
+        request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids, bad_word_ids=bad_words)
         return self.reservations.reserve(request, lease_s)
 
     def receive_blocks(self, request_id: str, block_ids: list[int]) -> float:
@@ -161,10 +160,10 @@ class DecodeRole:
             raise InvalidRequestError("output_token_ids", f"token id {bad} is outside the vocabulary "
                                                           f"[0, {self.validator.vocab_size})")
         self.encode_prompt(token_ids=[*handed.prompt_token_ids, *handed.output_token_ids])  # vocabulary
-        self.validator.validate(handed.prompt_token_ids, handed.sampling)
+        bad_words = self.validator.validate(handed.prompt_token_ids, handed.sampling)
         if handed.sampling.structured is not None:  # its grammar state is rebuilt here from these tokens
             self.check_structured(handed.sampling.structured, handed.output_token_ids, "output_token_ids")
-        return self.adoptions.adopt(handed, self.eos_token_ids, lease_s, self.validator.bad_word_ids(handed.sampling))
+        return self.adoptions.adopt(handed, self.eos_token_ids, lease_s, bad_words)
 
     def complete_adoption(self, request_id: str, payload: bytes | memoryview,
                           trace: RequestTrace | None = None) -> Request:

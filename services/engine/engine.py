@@ -174,9 +174,9 @@ class LLMEngine(PrefillRole, DecodeRole):
         request_id = request_id or f"req-{next(self._ids)}"
         self._check_new_id(request_id)
         ids = self.encode_prompt(prompt, token_ids, messages)
-        self.validator.validate(ids, sampling, prefill_only=prefill_only)
+        bad_words = self.validator.validate(ids, sampling, prefill_only=prefill_only)
         request = Request(request_id, ids, sampling, eos_token_ids=self.eos_token_ids, prefill_only=prefill_only,
-                          bad_word_ids=self.validator.bad_word_ids(sampling))
+                          bad_word_ids=bad_words)
         self._requests[request_id] = request
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(

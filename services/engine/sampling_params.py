@@ -172,6 +172,8 @@ class SamplingParams:
             for token_id in getattr(self, name):
                 if not 0 <= token_id < vocab_size:
                     raise InvalidRequestError(name, f"{token_id} is outside the vocabulary [0, {vocab_size})")
+        for word in self.bad_words:
+            require_utf8("bad_words", word)
         check_bad_words(self.bad_words)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")

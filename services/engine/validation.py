@@ -107,13 +107,15 @@ class RequestValidator:
             raise InvalidRequestError("bad_words", "bad words need a tokenizer")
         return bad_word_ids(sampling.bad_words, self.tokenizer.encode_plain, self.vocab_size)
 
-    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, prefill_only: bool = False) -> None:
+    def validate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, prefill_only: bool = False
+                 ) -> BadWordIds:
         """``prefill_only`` (a prefill node's request): this pool holds the prompt and the first new token
-        only; whether the whole generation fits is the decode node's question (its ``Reserve``)."""
+        only; whether the whole generation fits is the decode node's question (its ``Reserve``). Returns the
+        request's bad-word sequences (:meth:`bad_word_ids`, derived while checking them) for its ``Request``."""
         sampling.validate(self.vocab_size)
         if sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
-        self.bad_word_ids(sampling)
+        bad_words = self.bad_word_ids(sampling)
         n, limit = len(prompt_ids), self.max_model_len
         if n >= limit:
             raise self._past_the_context(n)
@@ -131,3 +133,4 @@ class RequestValidator:
             )
         if sampling.structured is not None and self.structured_check is not None:  # last: the costliest check
             self.structured_check(sampling.structured)
+        return bad_words

@@ -151,8 +151,8 @@ class GatewayCore:
             return results
 
         with tracing.span("tokenize"):
-            inline = (all_tokenize_inline((r.prompt, r.messages) for r in requests)
-                      and not any(r.tools or r.template.kwargs for r in requests))
+            inline = (all_tokenize_inline((r.prompt, r.messages) for r in requests)  # bad words are tokenized too
+                      and not any(r.tools or r.template.kwargs or r.sampling.bad_words for r in requests))
             results = await self._tokenizer_threads.run(prepare_each, inline=inline)
         return await self._check_structured(results)
 

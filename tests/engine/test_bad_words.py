@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.bad_words import MAX_BAD_WORD_CHARS, MAX_BAD_WORDS, bad_word_bans, bad_word_ids
+from services.engine.bad_words import (
+    MAX_BAD_WORD_CHARS,
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+    bad_word_bans,
+    bad_word_ids,
+)
 from services.engine.errors import InvalidRequestError
 from services.engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
@@ -21,8 +27,10 @@ def test_a_word_is_tokenized_as_written_and_after_a_space(bundled_tokenizer):
     assert bad_word_ids(["  Paris"], encode, vocab) == ((38634,), (7042,))  # leading spaces stripped
     # "beautiful" is two tokens, " beautiful" one: vLLM keeps only the first
     assert bad_word_ids(["beautiful"], encode, vocab) == (tuple(encode("beautiful")),)
-    with pytest.raises(InvalidRequestError, match=r"bad_words.*outside the vocabulary"):
+    with pytest.raises(InvalidRequestError, match=r"outside the vocabulary"):
         bad_word_ids(["Paris"], encode, 100)
+    with pytest.raises(InvalidRequestError, match="has no tokens"):  # a normaliser that drops it all
+        bad_word_ids(["\u200b"], lambda text: [] if not text.strip(" \u200b") else encode(text), vocab)
 
 
 def test_a_longer_word_bans_its_last_token_only_after_the_others():
@@ -35,7 +43,8 @@ def test_a_longer_word_bans_its_last_token_only_after_the_others():
 
 @pytest.mark.parametrize(("words", "message"), [
     ([""], "empty"), (["   "], "empty"), (["x" * (MAX_BAD_WORD_CHARS + 1)], "characters"),
-    (["w"] * (MAX_BAD_WORDS + 1), "at most"),
+    (["w"] * (MAX_BAD_WORDS + 1), "at most"), (["\U0001f600" * (MAX_BAD_WORD_TOKENS // 2 + 1)], "tokens"),
+    (["fine \ud800"], "Unicode"),
 ])
 def test_bad_input_is_refused_naming_the_field(words, message, fp32_model, bundled_tokenizer):
     engine = make_engine(fp32_model, bundled_tokenizer)

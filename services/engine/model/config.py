@@ -21,8 +21,8 @@ class MoEConfig:
     softmax_after_topk: bool = False  # GPT-OSS: the softmax of the top-k logits (else the top-k of the softmax)
     swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU (see services.engine.model.gpt_oss_decoder)
     swiglu_alpha: float = 1.702
-    shared_expert_intermediate_size: int | None = None  # Qwen2-MoE: a shared expert, gated by a sigmoid
-    shared_expert_gated: bool = True  # Granite MoE's shared MLP: False, no gate (every token, weight 1)
+    shared_expert_intermediate_size: int | None = None  # a shared expert every token goes through (Qwen2-MoE's,
+    shared_expert_gated: bool = True  # gated by a sigmoid; Granite MoE's: not gated, shared_expert_gated False)
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

@@ -10,8 +10,9 @@ variant with a shared expert (``granitemoeshared``): Granite's decoder and four 
 - ``granitemoeshared`` adds a shared SwiGLU MLP (``shared_mlp``, gate and up fused the same way) that every
   token goes through, with no gate of its own (Qwen2-MoE's has a sigmoid gate).
 
-llama.cpp's ``granitemoe`` GGUF files hold both: its converter splits the stacked projections into
-``ffn_{gate,up,down}_exps`` (and ``_shexp`` for the shared MLP) and permutes q/k rows as its llama converter does.
+llama.cpp's ``granitemoe`` GGUF files hold both: its converter splits ``input_linear`` into ``ffn_gate_exps`` and
+``ffn_up_exps`` (``output_linear`` is ``ffn_down_exps``; the shared MLP's are ``*_shexp``) and permutes q/k rows
+as its llama converter does.
 """
 
 from __future__ import annotations

@@ -53,8 +53,7 @@ async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool, 
     if not stream:
         return await _whole(streams, renderers, per_prompt)
     firsts = await asyncio.gather(*(_first(chunks) for chunks in streams))
-    counts = [_RunningUsage(len(running.flow.request.prompt_ids)) for running, _ in choices
-              if running.flow is not None] if continuous_usage else None
+    counts = [_RunningUsage(_prompt_tokens(running)) for running, _ in choices] if continuous_usage else None
     return StreamingResponse(_events(firsts, streams, renderers, include_usage, per_prompt, counts),
                              media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(_close_all, choices))
@@ -147,6 +146,11 @@ async def _merged(streams: Sequence[AsyncIterator[GenerateChunk]]) -> AsyncItera
     finally:
         for task in pumps:
             task.cancel()
+
+
+def _prompt_tokens(running: RunningRequest) -> int:
+    assert running.flow is not None, "an opened request"
+    return len(running.flow.request.prompt_ids)
 
 
 class _RunningUsage:

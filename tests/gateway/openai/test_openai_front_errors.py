@@ -82,6 +82,7 @@ BAD_COMPLETIONS = [  # (body, param)
     ({"prompt": "Hi", "allowed_token_ids": []}, "allowed_token_ids"),
     ({"prompt": "Hi", "bad_words": ["fine", " "]}, "bad_words"),
     ({"prompt": "Hi", "bad_words": "Paris"}, "bad_words"),
+    ({"prompt": "Hi", "bad_words": ["fine \ud800"]}, "bad_words"),  # no UTF-8 form: the tokenizer would fail
     ({"prompt": "Hi", "stream": "maybe"}, "stream"),
     # what the wire to the nodes (int32, float32, UTF-8) cannot carry is refused here, naming the field
     ({"prompt": "Hi", "top_k": 2**31}, "top_k"),
