@@ -218,7 +218,7 @@ class Tokenizer:
         template as its ``tools``; ``options``: see :mod:`services.engine.chat_template`."""
         rendered = chat_template.render(self.hf, self._template_source(tools), self._template_messages(messages),
                                         tools, options)
-        return list(self.hf(rendered, add_special_tokens=False)["input_ids"])
+        return self.encode_plain(rendered)
 
     def open_turn(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = (),
                   options: ChatTemplateOptions = DEFAULT_OPTIONS) -> str | None:

@@ -80,7 +80,7 @@ class GemmaDecoderModel(DecoderModel):
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """:meth:`DecoderModel.logits`, with the final logit softcap where the model has one."""
         assert self.config.gemma is not None
-        logits = linear(rows, self.lm_head).float()
+        logits = super().logits(rows)
         cap = self.config.gemma.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
