@@ -21,7 +21,8 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
 RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal"}
-RANDOM_BIASES = {"gpt_oss"}  # biases and sinks drawn at random (transformers starts them at 0), so each one shows
+RANDOM_BIASES = {"gpt_oss", "glm4_moe"}  # biases, sinks and routers' correction biases drawn at random
+# (transformers starts them at 0), so each one shows
 
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
@@ -78,6 +79,13 @@ FAMILIES: dict[str, dict] = {
                                      "truncate": False, "original_max_position_embeddings": 512,
                                      "rope_theta": 150000.0},
                     tie_word_embeddings=False),
+    # GLM-4.5: q/k/v biases and q/k norms, rope on half of each head, a dense first layer, then sigmoid routing
+    # with a correction bias (drawn at random, as RANDOM_BIASES' are) among the best of two groups, routed weights
+    # times 2.5, and two shared experts
+    "glm4_moe": dict(model_type="glm4_moe", head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=48, n_shared_experts=2, first_k_dense_replace=1, n_group=2, topk_group=1,
+                     routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+                     partial_rotary_factor=0.5, rope_theta=1000000.0, tie_word_embeddings=False),
     # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k
     # norms, every attention score softcapped (at 3 here, where the tiny model's scores reach it; 50 there) and
     # the logits (30)
@@ -119,6 +127,9 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
             for param_name, param in model.named_parameters():
                 if param_name.endswith(("bias", "sinks")):
                     param.normal_(0.0, 0.5)
+            for buffer_name, buffer in model.named_buffers():
+                if buffer_name.endswith("e_score_correction_bias"):
+                    buffer.normal_(0.0, 0.5)
     path = root / name
     model.save_pretrained(str(path), max_shard_size="2MB")
     tokenizer_hf.save_pretrained(str(path))

@@ -11,7 +11,11 @@ from services.engine.errors import ModelLoadError
 @dataclass(frozen=True)
 class MoEConfig:
     """A sparse mixture-of-experts MLP: each token goes to its ``top_k`` experts by router softmax (the top-k of
-    the softmax, or with ``softmax_after_topk`` the softmax of the top-k logits)."""
+    the softmax, or with ``softmax_after_topk`` the softmax of the top-k logits), or with ``sigmoid_routing``
+    (GLM-4.5, DeepSeek-V3) by the sigmoid of the router's float32 logits: the experts are chosen by score plus
+    a per-expert correction bias (the router's ``e_score_correction_bias``), only among the ``top_groups`` best
+    of ``expert_groups`` groups (a group scored by the sum of its best two), and weighted by their scores
+    alone; ``routed_scaling`` multiplies the routed experts' weights (after ``norm_topk_prob``)."""
 
     num_experts: int
     top_k: int
@@ -23,10 +27,23 @@ class MoEConfig:
     swiglu_alpha: float = 1.702
     shared_expert_intermediate_size: int | None = None  # a shared expert every token goes through (Qwen2-MoE's,
     shared_expert_gated: bool = True  # gated by a sigmoid; Granite MoE's: not gated, shared_expert_gated False)
+    sigmoid_routing: bool = False
+    expert_groups: int = 1  # n_group
+    top_groups: int = 1  # topk_group
+    routed_scaling: float = 1.0  # routed_scaling_factor
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ModelLoadError(f"num_experts_per_tok {self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if self.expert_groups < 1 or self.num_experts % self.expert_groups:
+            raise ModelLoadError(f"n_group {self.expert_groups} must divide num_experts {self.num_experts}")
+        per_group = self.num_experts // self.expert_groups
+        if self.expert_groups > 1 and per_group < 2:
+            raise ModelLoadError(f"n_group {self.expert_groups} leaves fewer than 2 experts per group (a group is "
+                                 "scored by its best two)")
+        if not 0 < self.top_groups <= self.expert_groups or self.top_k > self.top_groups * per_group:
+            raise ModelLoadError(f"topk_group {self.top_groups} must be in [1, n_group={self.expert_groups}] and "
+                                 f"hold num_experts_per_tok {self.top_k} experts ({per_group} per group)")
 
 
 @dataclass(frozen=True)
@@ -60,7 +77,7 @@ class Multipliers:
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS).
+    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4.5).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.

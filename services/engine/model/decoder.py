@@ -166,7 +166,19 @@ class DecoderModel:
     def _experts(self, p: str) -> MoEWeights:
         experts = self._routed_experts(p)
         experts.shared = self._shared_expert(p)
+        moe = self.config.moe
+        assert moe is not None
+        if moe.sigmoid_routing:  # float32, as GLM-4.5's and DeepSeek-V3's routers run
+            experts.choice_bias = self._source.take(p + "gate.e_score_correction_bias", (moe.num_experts,),
+                                                    torch.float32)
         return experts
+
+    def _router(self, p: str) -> LinearWeight:
+        moe = self.config.moe
+        assert moe is not None
+        dtype = torch.float32 if moe.sigmoid_routing else None
+        return prepare_linear(self._source.take(p + "gate.weight", (moe.num_experts, self.config.hidden_size), dtype),
+                              row_block=self._row_block)
 
     def _shared_expert(self, p: str) -> SharedExpert | None:
         moe, hidden = self.config.moe, self.config.hidden_size
@@ -195,7 +207,7 @@ class DecoderModel:
         moe, hidden = self.config.moe, self.config.hidden_size
         assert moe is not None
         inter, source = moe.intermediate_size, self._source
-        router = prepare_linear(source.take(p + "gate.weight", (moe.num_experts, hidden)), row_block=self._row_block)
+        router = self._router(p)
         if self.grouped_experts:
             return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
         if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout

@@ -1,10 +1,9 @@
-"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral and GPT-OSS: a router picks each token's top-k
-experts; each expert is a gated MLP (SwiGLU; GPT-OSS passes its clamped one as ``silu_and_mul``, and its
-experts and router have biases, held by their :class:`LinearWeight`). Tokens are grouped by expert (one
-gather, two GEMMs and one scatter-add per expert that has tokens), in ascending expert order as transformers
-adds them, so float32 sums agree. With
-``MoEWeights.grouped`` (the GPU path) the same numbers come from two grouped GEMMs and no host read
-(:mod:`moe_grouped`)."""
+"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE and GLM-4.5: a router picks each
+token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU; GPT-OSS passes its clamped one as
+``silu_and_mul``, and its experts and router have biases, held by their :class:`LinearWeight`). Tokens are grouped
+by expert (one gather, two GEMMs and one scatter-add per expert that has tokens), in ascending expert order as
+transformers adds them, so float32 sums agree. With ``MoEWeights.grouped`` (the GPU path) the same numbers come from
+two grouped GEMMs and no host read (:mod:`moe_grouped`)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_fo
 @dataclass
 class SharedExpert:
     """Qwen2-MoE's shared expert: a SwiGLU MLP every token goes through, scaled by ``sigmoid(gate · x)``;
-    Granite MoE's has no gate (``None``: weight 1)."""
+    Granite MoE's and GLM-4.5's have no gate (``None``: weight 1)."""
 
     gate_up: LinearWeight  # [2 * shared_intermediate, hidden]
     down: LinearWeight  # [hidden, shared_intermediate]
@@ -38,11 +37,14 @@ class MoEWeights:
     down: list[LinearWeight]  # per expert [hidden, expert_intermediate]
     grouped: GroupedExperts | None = None
     shared: SharedExpert | None = None
+    # sigmoid routing: the router is float32 and this [num_experts] float32 bias joins the scores that choose
+    choice_bias: torch.Tensor | None = None
 
 
-def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
-                silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
-    """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
+def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's ``top_k`` experts ``[T, top_k]`` and their float32 weights (see :class:`MoEConfig`)."""
+    if config.sigmoid_routing:
+        return _sigmoid_route(x, weights, config)
     router_logits = linear(x, weights.router)
     if config.softmax_after_topk:
         top_logits, top_experts = router_logits.topk(config.top_k, dim=-1)
@@ -52,6 +54,30 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
         top_probs, top_experts = probs.topk(config.top_k, dim=-1)
     if config.norm_topk_prob:
         top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+    return top_probs, top_experts
+
+
+def _sigmoid_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """GLM-4.5's and DeepSeek-V3's routing, in float32: chosen by ``sigmoid + bias`` within the best groups,
+    weighted by the sigmoid."""
+    scores = torch.sigmoid(linear(x.float(), weights.router))
+    choice = scores if weights.choice_bias is None else scores + weights.choice_bias
+    if config.top_groups < config.expert_groups:
+        by_group = choice.view(choice.shape[0], config.expert_groups, -1)
+        best_groups = by_group.topk(2, dim=-1).values.sum(dim=-1).topk(config.top_groups, dim=-1).indices
+        kept = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)
+        choice = by_group.masked_fill(~kept[..., None], float("-inf")).view_as(choice)
+    top_experts = choice.topk(config.top_k, dim=-1).indices
+    top_probs = scores.gather(1, top_experts)
+    if config.norm_topk_prob:
+        top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
+    return top_probs * config.routed_scaling, top_experts
+
+
+def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
+                silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
+    """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
+    top_probs, top_experts = route(x, weights, config)
     if weights.grouped is not None:
         out = grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
     else:

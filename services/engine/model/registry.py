@@ -11,6 +11,7 @@ are ``"module:attribute"`` paths, imported only by the processes that load weigh
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -28,6 +29,9 @@ class Family:
     gguf_architecture: str | None = None
     model: str = "services.engine.model.decoder:DecoderModel"
     tensor_names: str | None = None  # name -> its name in the model, or None: not read
+    # the checkpoints carry multi-token-prediction layers after the last decoder layer (``model.layers.{n}.*``
+    # for n >= num_layers), which serve speculative decoding: not read
+    mtp_layers: bool = False
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -47,6 +51,8 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),
     Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",),
            model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel"),
+    Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe",),
+           tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name", mtp_layers=True),
     Family("gemma2", "services.engine.model.gemma2", ("gemma2",), "gemma2",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel"),
     Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"), "gemma3",
@@ -96,10 +102,24 @@ def model_class(architecture: str) -> type:
     return _attribute(family(architecture).model)
 
 
-def tensor_renamer(architecture: str) -> Callable[[str], str | None] | None:
-    """The family's map from checkpoint tensor names to the model's (None: the names are the model's)."""
-    path = family(architecture).tensor_names
-    return None if path is None else _attribute(path)
+def tensor_renamer(config: ModelConfig) -> Callable[[str], str | None]:
+    """The family's map from checkpoint tensor names to the model's; None for a tensor not read (a family's
+    own choice, or a multi-token-prediction layer's)."""
+    chosen = family(config.architecture)
+    rename: Callable[[str], str | None] = (lambda name: name) if chosen.tensor_names is None \
+        else _attribute(chosen.tensor_names)
+    if not chosen.mtp_layers:
+        return rename
+    return lambda name: None if _layer_index(name) >= config.num_layers else rename(name)
+
+
+def _layer_index(name: str) -> int:
+    """The decoder layer a tensor belongs to (-1: none)."""
+    match = _LAYER.match(name)
+    return -1 if match is None else int(match.group(1))
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def family(architecture: str) -> Family:

@@ -25,8 +25,9 @@ class WeightSource:
     def has(self, name: str) -> bool:
         return name in self.tensors
 
-    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor ``name`` in the serving dtype on the device, after checking its shape and dtype."""
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor ``name`` in the serving dtype (or ``dtype``) on the device, after checking its shape and
+        dtype."""
         if name not in self.tensors:
             raise ModelLoadError(f"weights lack tensor {name!r}")
         tensor = self.tensors[name]
@@ -36,7 +37,7 @@ class WeightSource:
             raise ModelLoadError(f"tensor {name!r} has dtype {tensor.dtype}; expected one of float32, bfloat16, "
                                  "float16 (quantized checkpoints other than GGUF are not supported)")
         self.taken.add(name)
-        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+        return tensor.to(device=self.device, dtype=dtype or self.dtype).contiguous()
 
     def take_raw(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The packed tensor ``name`` as stored (on the CPU), after checking its shape and that it is ``dtype``

@@ -63,7 +63,7 @@ def shard_files(path: Path) -> list[Path]:
 
 def load_safetensors_dir(path: Path) -> LoadedWeights:
     config = hf_dir_config(path)
-    rename = tensor_renamer(config.architecture) or (lambda name: name)
+    rename = tensor_renamer(config)
     tensors: dict[str, torch.Tensor] = {}
     for file in shard_files(path):
         try:
