@@ -12,8 +12,9 @@ from services.gateway.discovery import parse_entry
 from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 from services.gateway.router import ROUTING_POLICIES
 
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai")  # services/gateway/openai/tools/
-REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "openai_gptoss")  # services/gateway/openai/reasoning/
+# services/gateway/openai/tools/
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47")
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "openai_gptoss", "glm45")  # services/gateway/openai/reasoning/
 
 
 def split_addresses(text: str) -> tuple[str, ...]:

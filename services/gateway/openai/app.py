@@ -221,7 +221,7 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
 
         tools = tool_request_of(body)
         generate = chat_input(body, request_id, parsers, tools)
-        split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None)
+        split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
         answer_only = split if split.reasoning is None else dataclasses.replace(
             split, reasoning=ClosedReasoning.of(split.reasoning))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.gateway.openai.reasoning.types import ReasoningParser, ReasoningStream
-from services.gateway.openai.tools.types import ParsedToolCall, StreamPiece, ToolCallParser, ToolStream
+from services.gateway.openai.tools.types import ParsedToolCall, StreamPiece, ToolCallParser, ToolSpec, ToolStream
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class OutputSplit:
 
     reasoning: ReasoningParser | None = None
     tools: ToolCallParser | None = None
+    tool_specs: tuple[ToolSpec, ...] = ()  # the request's tools (GLM's parser types argument values by them)
 
     def whole(self, text: str) -> SplitOutput:
         reasoning = None
@@ -52,12 +53,12 @@ class OutputSplit:
             reasoning, text = split.reasoning, split.content
         if self.tools is None:
             return SplitOutput(text, reasoning)
-        parsed = self.tools.parse(text)
+        parsed = self.tools.parse(text, self.tool_specs)
         return SplitOutput(parsed.content, reasoning, parsed.calls)
 
     def stream(self) -> StreamSplit:
         return StreamSplit(self.reasoning.stream() if self.reasoning is not None else None,
-                           self.tools.stream() if self.tools is not None else None)
+                           self.tools.stream(self.tool_specs) if self.tools is not None else None)
 
 
 class StreamSplit:

@@ -141,3 +141,10 @@ def test_the_end_marker_as_an_added_token_is_found(tmp_path, bundled_tokenizer):
     (marker,) = end_token_ids(R1, tokenizer)
     assert marker == len(tokenizer.hf) - 1
     assert tokenizer.decode([marker], skip_special_tokens=False) == "</think>"
+
+
+@pytest.mark.parametrize(("text", "_qwen3", "_r1"), CASES)
+def test_glm45_splits_as_qwen3(text, _qwen3, _r1):
+    """GLM-4.5's outputs open ``<think>`` themselves, as Qwen3's do: ``glm45`` (vLLM's name) is Qwen3's split."""
+    glm = reasoning_parser("glm45")
+    assert glm.name == "glm45" and glm.split(text) == QWEN3.split(text)

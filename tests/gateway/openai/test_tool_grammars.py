@@ -13,6 +13,7 @@ import pytest
 
 from services.engine.structured.compiler import StructuredCompiler
 from services.engine.structured_spec import StructuredSpec
+from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.mistral import MistralParser
@@ -30,7 +31,8 @@ TOOLS = (
                        "label": {"type": "string", "maxLength": 8}},
         "required": ["hour"]}),
 )
-PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser()]
+PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser(), GlmParser("glm45", newlines=True),
+           GlmParser("glm47", newlines=False)]
 SAMPLES = 20
 MAX_TOKENS = 400
 
@@ -76,7 +78,7 @@ def test_every_forced_completion_parses_as_valid_calls(parser, parallel, compile
     names_seen, counts = set(), set()
     for _ in range(SAMPLES):
         text = sample_completion(compiled.new_matcher(), bundled_tokenizer, compiler.vocab_size, rng)
-        parsed = parser.parse(text)
+        parsed = parser.parse(text, TOOLS)  # GLM's reads its values by their schemas
         assert parsed.content == "", text
         assert parsed.calls if parallel else len(parsed.calls) == 1, text
         for call in parsed.calls:

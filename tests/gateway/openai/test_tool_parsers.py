@@ -182,6 +182,10 @@ def test_call_ids():
     ('Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}',
      "llama3_json"),
     ("{% if tools %}<tools>{{ tool | tojson }}</tools>{{ '<tool_call>' }}{% endif %}", "hermes"),
+    # GLM-4.5's template (its pairs on their own lines) and GLM-4.7's (no newlines): both also write <tool_call>
+    ("{{ '<tool_call>' + tc.name }}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n</tool_call>",
+     "glm45"),
+    ("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value></tool_call>", "glm47"),
     ("{% for message in messages %}{{ message['content'] }}{% endfor %}", "hermes"),
     ("", "hermes"),
 ])
@@ -190,8 +194,8 @@ def test_auto_picks_the_template_family(template, family):
 
 
 def test_registry_by_name_and_unknown_names():
-    assert set(CHOICES) == {"auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai"}
-    for name in ("hermes", "llama3_json", "mistral", "gpt_oss"):
+    assert set(CHOICES) == {"auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47"}
+    for name in ("hermes", "llama3_json", "mistral", "gpt_oss", "glm45", "glm47"):
         assert tool_call_parser(name, "[TOOL_CALLS]").name == name
-    with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral, gpt_oss, openai"):
+    with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral, gpt_oss, openai, glm45, glm47"):
         tool_call_parser("pythonic", "")

@@ -35,3 +35,10 @@ class Qwen3ReasoningParser:
 
     def stream(self) -> ReasoningStream:
         return ThinkStream(unopened="content")
+
+
+class Glm45ReasoningParser(Qwen3ReasoningParser):
+    """GLM-4.5's, 4.5-Air's and 4.6's (``--reasoning-parser glm45``, vLLM's name): their outputs think as Qwen3's,
+    opening ``<think>`` themselves (the template writes ``<think></think>`` into the prompt when thinking is off)."""
+
+    name = "glm45"

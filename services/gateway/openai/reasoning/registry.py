@@ -9,7 +9,7 @@ from collections.abc import Callable
 from services.engine.tokenizer import Tokenizer
 from services.gateway.openai.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
 from services.gateway.openai.reasoning.gpt_oss import GptOssReasoningParser
-from services.gateway.openai.reasoning.qwen3 import Qwen3ReasoningParser
+from services.gateway.openai.reasoning.qwen3 import Glm45ReasoningParser, Qwen3ReasoningParser
 from services.gateway.openai.reasoning.types import ReasoningParser
 
 PARSERS: dict[str, Callable[[], ReasoningParser]] = {
@@ -17,6 +17,7 @@ PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "gpt_oss": GptOssReasoningParser,
     "openai_gptoss": GptOssReasoningParser,  # vLLM's name for it
+    "glm45": Glm45ReasoningParser,
 }
 
 

@@ -85,10 +85,10 @@ class GptOssToolParser:
     name = "gpt_oss"
     markers = MARKERS
 
-    def parse(self, text: str) -> ParsedOutput:
-        return collect(self.stream(), text)
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        return collect(self.stream(tools), text)
 
-    def stream(self) -> HarmonyToolStream:
+    def stream(self, tools: Sequence[ToolSpec] = ()) -> HarmonyToolStream:
         return HarmonyToolStream()
 
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:

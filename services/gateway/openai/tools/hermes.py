@@ -12,7 +12,7 @@ blocks. An unclosed last block is a call if what follows its opening marker pars
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from services.gateway.openai.tools import grammar
 from services.gateway.openai.tools.scan import (
@@ -34,7 +34,10 @@ class HermesStream:
     block is held from its opening marker and released whole at ``</tool_call>`` — as a call, or as content
     when its JSON is not one."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_call: Callable[[str], ParsedToolCall | None] = only_call) -> None:
+        """``read_call``: the call a block's text between its markers is, or None (Hermes: one JSON call
+        object; GLM's format reuses the stream with its own reader)."""
+        self._read_call = read_call
         self._content = ContentEmitter()
         self._pending = ""
         self._in_block = False
@@ -51,7 +54,7 @@ class HermesStream:
                     return pieces
                 block, self._pending = self._pending[:end + len(CLOSE)], self._pending[end + len(CLOSE):]
                 self._in_block = False
-                pieces += self._release(block, only_call(block[len(OPEN):end]))
+                pieces += self._release(block, self._read_call(block[len(OPEN):end]))
                 continue
             start = self._pending.find(OPEN)
             if start < 0:
@@ -65,7 +68,7 @@ class HermesStream:
 
     def finish(self) -> list[StreamPiece]:
         rest, self._pending = self._pending, ""
-        call = only_call(rest[len(OPEN):]) if self._in_block else None
+        call = self._read_call(rest[len(OPEN):]) if self._in_block else None
         self._in_block = False
         return self._release(rest, call)
 
@@ -77,10 +80,10 @@ class HermesParser:
     name = "hermes"
     markers = (OPEN, CLOSE)
 
-    def parse(self, text: str) -> ParsedOutput:
-        return collect(self.stream(), text)
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        return collect(self.stream(tools), text)
 
-    def stream(self) -> HermesStream:
+    def stream(self, tools: Sequence[ToolSpec] = ()) -> HermesStream:
         return HermesStream()
 
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:

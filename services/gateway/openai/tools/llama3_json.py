@@ -86,10 +86,10 @@ class Llama3JsonParser:
     name = "llama3_json"
     markers = (PYTHON_TAG,)
 
-    def parse(self, text: str) -> ParsedOutput:
-        return collect(self.stream(), text)
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        return collect(self.stream(tools), text)
 
-    def stream(self) -> Llama3JsonStream:
+    def stream(self, tools: Sequence[ToolSpec] = ()) -> Llama3JsonStream:
         return Llama3JsonStream()
 
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:

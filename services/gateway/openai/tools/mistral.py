@@ -95,10 +95,10 @@ class MistralParser:
     name = "mistral"
     markers = (MARKER, ARGS)
 
-    def parse(self, text: str) -> ParsedOutput:
-        return collect(self.stream(), text)
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        return collect(self.stream(tools), text)
 
-    def stream(self) -> MistralStream:
+    def stream(self, tools: Sequence[ToolSpec] = ()) -> MistralStream:
         return MistralStream()
 
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:

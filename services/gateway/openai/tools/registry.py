@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
+from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.gpt_oss import GptOssToolParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
@@ -16,6 +18,8 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "mistral": MistralParser,
     "gpt_oss": GptOssToolParser,
     "openai": GptOssToolParser,  # vLLM's name for it
+    "glm45": partial(GlmParser, "glm45", newlines=True),
+    "glm47": partial(GlmParser, "glm47", newlines=False),
 }
 CHOICES = ("auto", *PARSERS)
 _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
@@ -23,13 +27,16 @@ _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
 
 def detect_family(chat_template: str) -> str:
     """The family a chat template writes tool calls in: ``[TOOL_CALLS]`` → mistral; harmony's
-    ``<|channel|>`` → gpt_oss; ``<tool_call>`` → hermes; ``<|python_tag|>``, Llama 3's ``Environment: ipython``
-    or a ``"parameters"`` JSON hint → llama3_json; anything else (a template with no tool section included) →
-    hermes."""
+    ``<|channel|>`` → gpt_oss; GLM's ``<arg_key>`` → glm47 where its pairs are written without newlines
+    (``</arg_key><arg_value>``), else glm45; ``<tool_call>`` → hermes; ``<|python_tag|>``, Llama 3's
+    ``Environment: ipython`` or a ``"parameters"`` JSON hint → llama3_json; anything else (a template with no tool
+    section included) → hermes."""
     if "[TOOL_CALLS]" in chat_template:
         return "mistral"
     if "<|channel|>" in chat_template:
         return "gpt_oss"
+    if "<arg_key>" in chat_template:
+        return "glm47" if "</arg_key><arg_value>" in chat_template else "glm45"
     if "<tool_call>" in chat_template:
         return "hermes"
     if any(hint in chat_template for hint in _LLAMA3_HINTS):

@@ -1,5 +1,6 @@
 """The contract of tool calling at the HTTP front: what a tool is, what a parser reads out of the model's
-output, and what every per-family parser (``hermes.py``, ``llama3_json.py``, ``mistral.py``) provides.
+output, and what every per-family parser (``hermes.py``, ``llama3_json.py``, ``mistral.py``, ``gpt_oss.py``,
+``glm.py``) provides.
 
 A parser knows one family's format of tool calls in the output text. It reads a whole output
 (:meth:`ToolCallParser.parse`) or a streamed one (:meth:`ToolCallParser.stream`), writes the Lark grammar
@@ -74,12 +75,13 @@ class ToolCallParser(Protocol):
     name: str  # as --tool-call-parser names it
     markers: tuple[str, ...]  # the format's marker texts: kept in the decoded output where they are special tokens
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         """Never raises: text with no well-formed call is all content. A call naming no tool of the request
-        is still a call (the client decides); arguments that are not a JSON object make it content."""
+        is still a call (the client decides); arguments that are not a JSON object make it content.
+        ``tools``: the request's, for a format whose argument values are typed by their schema (GLM's)."""
         ...
 
-    def stream(self) -> ToolStream:
+    def stream(self, tools: Sequence[ToolSpec] = ()) -> ToolStream:
         ...
 
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:

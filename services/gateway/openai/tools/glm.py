@@ -1,0 +1,182 @@
+"""GLM's tool calls (GLM-4.5, 4.5-Air and 4.6: ``glm45``; GLM-4.7: ``glm47``), key/value pairs in tags::
+
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    <arg_key>days</arg_key>
+    <arg_value>3</arg_value>
+    </tool_call>
+
+GLM-4.7 writes the same without the newlines; either is read by both. A value is written as GLM's chat templates
+write it: a string as it is, anything else as JSON. Reading it back takes the tool's schema, as vLLM's GLM parsers
+do: an argument whose schema is a string keeps its text (``"123"`` stays a string), any other is read as JSON, or
+kept as text where it is not JSON (also an argument the request's tools do not describe). A block that is not a
+name followed by key/value pairs stays content; an unclosed last block is a call if it is one so far.
+
+The forced grammar (``tool_choice`` required or named) writes each tool's properties in its schema's order, the
+required ones always: a string value any text without ``</arg_value>`` (within its ``minLength`` and
+``maxLength``; its ``pattern`` and ``format`` are not held), an ``enum`` or ``const`` of strings one of them, any
+other value ``%json`` of its schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.engine.structured.schema_tools import close_objects
+from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal, tool_lines
+from services.gateway.openai.tools.hermes import CLOSE, OPEN, HermesStream
+from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
+from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
+
+KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+_PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_TEXT = r"/(.|\n)*/ & ~/(.|\n)*<\/arg_value>(.|\n)*/"  # any text without </arg_value> (llguidance's & and ~)
+_KEY = r"/[^<\n]+/"
+
+
+def is_string_schema(schema: Any) -> bool:
+    """Whether an argument of ``schema`` is a string, written bare (its type ``string``, or ``string`` and
+    ``null``; no type but an ``enum`` or ``const`` of strings)."""
+    if not isinstance(schema, Mapping):
+        return False
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return [k for k in kind if k != "null"] == ["string"]
+    if kind is not None:
+        return kind == "string"
+    options = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] \
+        if "const" in schema else []
+    return bool(options) and all(isinstance(option, str) for option in options)
+
+
+def _property_schema(tools: Sequence[ToolSpec], name: str, key: str) -> Any:
+    for tool in tools:
+        if tool.name == name:
+            properties = tool.parameters.get("properties")
+            return properties.get(key) if isinstance(properties, Mapping) else None
+    return None
+
+
+def _value(text: str, schema: Any) -> Any:
+    if is_string_schema(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def read_call(body: str, tools: Sequence[ToolSpec] = ()) -> ParsedToolCall | None:
+    """The call a block's text between ``<tool_call>`` and ``</tool_call>`` is, or None."""
+    first = body.find(KEY_OPEN)
+    name = (body if first < 0 else body[:first]).strip()
+    if not name or any(c in name for c in "<>\n"):
+        return None
+    arguments: dict[str, Any] = {}
+    pos = len(body) if first < 0 else first
+    while body[pos:].strip():
+        pair = _PAIR.match(body, pos)
+        if pair is None:
+            return None
+        key = pair.group(1).strip()
+        arguments[key] = _value(pair.group(2), _property_schema(tools, name, key))
+        pos = pair.end()
+    return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+class GlmParser:
+    markers = (OPEN, CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE)
+
+    def __init__(self, name: str = "glm45", newlines: bool = True) -> None:
+        self.name = name
+        self._nl = "\n" if newlines else ""  # GLM-4.5's templates put a newline after the name and each tag pair
+
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
+        return collect(self.stream(tools), text)
+
+    def stream(self, tools: Sequence[ToolSpec] = ()) -> HermesStream:
+        return HermesStream(lambda body: read_call(body, tools))
+
+    def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:
+        if not tools:
+            raise ValueError("a forced tool call needs at least one tool")
+        nl = self._nl
+        calls = "call" + (f" ({lark_literal(nl)} call)*" if parallel and nl else " call*" if parallel else "")
+        lines = [f"start: {calls}",
+                 f"call: {lark_literal(OPEN)} ({' | '.join(f'tool_{i}' for i in range(len(tools)))}) "
+                 f"{lark_literal(CLOSE)}",
+                 f"ARG_TEXT: {_TEXT}"]
+        for i, tool in enumerate(tools):
+            lines += self._tool_rules(f"tool_{i}", tool)
+        return "\n".join(lines) + "\n"
+
+    def _tool_rules(self, rule: str, tool: ToolSpec) -> list[str]:
+        parameters = close_objects(dict(tool.parameters))
+        defs = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
+        properties = parameters.get("properties")
+        if not isinstance(properties, Mapping):  # free-form arguments: any keys, values as text or JSON
+            pair = self._pair(lark_literal(KEY_OPEN) + f" {_KEY} " + lark_literal(KEY_CLOSE + self._nl), "ARG_TEXT")
+            return [f"{rule}: {lark_literal(tool.name + self._nl)} ({pair})*"]
+        required = set(parameters.get("required") or ())
+        parts, rules = [], []
+        for j, (key, schema) in enumerate(properties.items()):
+            head = lark_literal(f"{KEY_OPEN}{key}{KEY_CLOSE}{self._nl}")
+            value, lines = _value_rule(schema, defs, f"{rule.upper()}_{j}_TEXT")
+            rules += [f"{rule}_{j}: {self._pair(head, value)}", *lines]
+            parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
+        return [f"{rule}: {' '.join([lark_literal(tool.name + self._nl), *parts])}", *rules]
+
+    def _pair(self, head: str, value: str) -> str:
+        return f"{head} {lark_literal(VALUE_OPEN)} {value} {lark_literal(VALUE_CLOSE + self._nl)}"
+
+    def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
+        return (
+            "# Tools\n\n"
+            "You may call one or more of the functions below to help with the user's request. Each line "
+            "describes one function as JSON (its name, what it does, and the JSON schema of its arguments):\n"
+            f"<tools>\n{tool_lines(tools)}\n</tools>\n\n"
+            "To call a function, write its name and each argument in this format, one block per call (a string "
+            "value as it is, any other value as JSON):\n"
+            f"{OPEN}<function name>{self._nl}{KEY_OPEN}<argument name>{KEY_CLOSE}{self._nl}{VALUE_OPEN}"
+            f"<argument value>{VALUE_CLOSE}{self._nl}{CLOSE}\n"
+            "The results come back in <tool_response> blocks."
+        )
+
+    def render_calls(self, calls: Sequence[ParsedToolCall]) -> str:
+        return self._nl.join(self._render(call) for call in calls)
+
+    def _render(self, call: ParsedToolCall) -> str:
+        arguments = arguments_value(call.arguments)
+        pairs = arguments.items() if isinstance(arguments, dict) else ()
+        body = "".join(f"{KEY_OPEN}{key}{KEY_CLOSE}{self._nl}{VALUE_OPEN}"
+                       f"{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
+                       f"{VALUE_CLOSE}{self._nl}" for key, value in pairs)
+        return f"{OPEN}{call.name}{self._nl}{body}{CLOSE}"
+
+    def render_result(self, content: str, name: str | None) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def new_call_id(self) -> str:
+        return hex_call_id()
+
+
+def _value_rule(schema: Any, defs: Mapping[str, Any], terminal: str) -> tuple[str, list[str]]:
+    """The grammar of one argument's value (text, one of its strings, or its JSON), and the lines it needs
+    (``terminal``: the name of its own terminal, where it has one)."""
+    if isinstance(schema, Mapping) and is_string_schema(schema):
+        options = schema.get("enum") if isinstance(schema.get("enum"), list) else \
+            [schema["const"]] if "const" in schema else None
+        strings = [o for o in options or () if isinstance(o, str)]
+        if strings:
+            return "(" + " | ".join(lark_literal(s) for s in strings) + ")", []
+        low, high = int(schema.get("minLength") or 0), schema.get("maxLength")
+        if low or high is not None:  # the text's length too (``pattern`` and ``format`` are not held)
+            bounds = f"{{{low},{'' if high is None else int(high)}}}"
+            return terminal, [f"{terminal}: /(.|\\n){bounds}/ & ~/(.|\\n)*<\\/arg_value>(.|\\n)*/"]
+        return "ARG_TEXT", []
+    json_schema = {**(dict(schema) if isinstance(schema, Mapping) else {}), **defs, "x-guidance": dict(JSON_STYLE)}
+    return "%json " + json.dumps(json_schema, ensure_ascii=False), []
