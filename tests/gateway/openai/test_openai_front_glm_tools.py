@@ -1,0 +1,71 @@
+"""GLM's tool calls through the HTTP front over fake nodes: a template in GLM's format picks the glm45 parser
+(``auto``), the request's tools type the values it reads (a string argument that looks like a number stays a
+string) in whole and streamed answers, and a forced choice sends the GLM grammar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.engine.tokenizer import Tokenizer
+from services.gateway.openai.tools.glm import GlmParser
+from services.gateway.openai.tools.types import ToolSpec
+from tests.gateway.openai.conftest import MODEL, start_front, stop_front
+from tests.gateway.openai.test_openai_front_tools import script_tokens
+
+# GLM-4.5's shape: tools listed in the system turn, calls as key/value pairs on their own lines
+GLM_TEMPLATE = (
+    "[gMASK]<sop>{% if tools %}<|system|>\n# Tools\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}"
+    "{% endif %}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+    "\n<tool_call>{{ c.function.name }}\n{% for k, v in c.function.arguments.items() %}<arg_key>{{ k }}</arg_key>\n"
+    "<arg_value>{{ v | tojson if v is not string else v }}</arg_value>\n{% endfor %}</tool_call>{% endfor %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+           "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}}]
+CHAT = [{"role": "user", "content": "Weather in 10001?"}]
+CALL = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>10001</arg_value>\n<arg_key>days</arg_key>\n"
+        "<arg_value>3</arg_value>\n</tool_call>")
+
+
+@pytest.fixture
+async def glm_front(model_config):
+    from services.engine.model_files import bundled_model_path
+
+    tokenizer = Tokenizer.load(bundled_model_path(), model_config.eos_token_ids)
+    tokenizer.hf.chat_template = GLM_TEMPLATE
+    running = await start_front(tokenizer, model_config)
+    try:
+        yield running, tokenizer
+    finally:
+        await stop_front(running)
+
+
+async def test_a_glm_template_s_calls_are_read_typed_by_the_tools(glm_front):
+    front, tokenizer = glm_front
+    script_tokens(front, tokenizer, f"Checking.\n{CALL}")
+    completion = await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "10001", "days": 3}  # the schema's string stays one
+
+    script_tokens(front, tokenizer, f"Checking.\n{CALL}\n{CALL.replace('10001', 'Rome')}")
+    stream = await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, stream=True)
+    chunks = [chunk async for chunk in stream]
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+    assert [json.loads(d.function.arguments) for d in deltas] == [{"city": "10001", "days": 3},
+                                                                  {"city": "Rome", "days": 3}]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).strip() == "Checking."
+
+
+async def test_a_forced_call_sends_the_glm_grammar(glm_front):
+    front, tokenizer = glm_front
+    script_tokens(front, tokenizer, CALL)
+    await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, tool_choice="required",
+                                               parallel_tool_calls=False)
+    structured = front.cluster.p.requests[0].sampling.structured
+    spec = ToolSpec("get_weather", "Weather", WEATHER)
+    assert structured.grammar == GlmParser("glm45").forced_grammar([spec], parallel=False)
