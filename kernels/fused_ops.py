@@ -18,7 +18,8 @@ FlashInfer's semantics relied on (flashinfer-python 0.7.2.post1):
   (``rope.py``, ``csrc/rope.cu``): query/key ``[tokens, heads * head_size]`` (viewed as
   ``[tokens, heads, head_size]``; any token stride, last dimension contiguous) rotated in place; the cache is
   float32 ``[max_position, rotary_dim]``, cos in its first half and sin in its second; ``is_neox``: "rotate
-  half" as :class:`~kernels.rope.RotaryEmbedding`; positions int32/int64, contiguous.
+  half" as :class:`~kernels.rope.RotaryEmbedding`, False its interleaved pairs (GPT-J's, GLM-4's); positions
+  int32/int64, contiguous.
 """
 
 from __future__ import annotations
@@ -56,15 +57,14 @@ class TorchRope:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = step
-        return RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        return self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
 
 
 def cos_sin_cache(rope: RotaryEmbedding) -> torch.Tensor:
     """FlashInfer's float32 ``[max_position, rotary_dim]`` table (cos half, then sin half) from ``rope``'s own
     float32 tables, so that its rope scaling (and attention factor) carries over; a partial rotary dim is the
     table's width, which FlashInfer's kernel reads as the dims it rotates."""
-    half = rope.rotary_dim // 2
-    return torch.cat((rope.cos[:, :half], rope.sin[:, half:]), dim=-1).contiguous()  # sin: [-sin | sin]
+    return torch.cat(rope.frequency_tables(), dim=-1).contiguous()
 
 
 class FlashInferRope:
@@ -73,6 +73,7 @@ class FlashInferRope:
     def __init__(self, apply_inplace: Callable[..., None], rope: RotaryEmbedding, device: torch.device):
         self._apply = apply_inplace
         self.head_dim = rope.head_dim
+        self.is_neox = not rope.interleaved  # FlashInfer's name for rotate half (else GPT-J's interleaved pairs)
         self.cache = cos_sin_cache(rope).to(device)
 
     def prepare(self, positions: torch.Tensor) -> Any:
@@ -81,7 +82,8 @@ class FlashInferRope:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``q [T, H, D]``, ``k [T, Hkv, D]`` (views of the qkv projection: each head's D contiguous) are
         returned rotated; ``view`` (never a copy) keeps the rotation in them."""
-        self._apply(step, q.view(q.shape[0], -1), k.view(k.shape[0], -1), self.head_dim, self.cache, is_neox=True)
+        self._apply(step, q.view(q.shape[0], -1), k.view(k.shape[0], -1), self.head_dim, self.cache,
+                    is_neox=self.is_neox)
         return q, k
 
 

@@ -111,7 +111,7 @@ def _check_rope(op: Rope, given: Inputs) -> str:
     q, k = q.view(rows, heads, dim), k.view(rows, kv_heads, dim)
     cos, sin = (table[positions.cpu()].to(given.device, given.dtype).unsqueeze(1)
                 for table in (given.rope.cos, given.rope.sin))
-    want_q, want_k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+    want_q, want_k = given.rope.rotate(q, cos, sin), given.rope.rotate(k, cos, sin)
     got_q, got_k = op(q, k, op.prepare(positions))
     return (_differs("q", got_q, want_q) or _differs("k", got_k, want_k)
             or ("" if torch.equal(v, v_before) else "it wrote into v"))

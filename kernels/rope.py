@@ -1,4 +1,5 @@
-"""Rotary position embedding in the Hugging Face ("rotate half") layout used by Llama-family checkpoints."""
+"""Rotary position embedding in the Hugging Face ("rotate half") layout used by Llama-family checkpoints, or
+interleaved (GPT-J's pairs of adjacent dims; GLM-4's)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ class RotaryEmbedding:
     rotating is ``x * cos + roll(x, half) * sin``: 4 elementwise kernels instead of the 7 of halves and a
     concatenation, with the same bits in every dtype (a sign flip is exact, and each product and the sum
     are rounded as the half-by-half form rounds them).
+
+    ``interleaved``: dims ``2i`` and ``2i + 1`` rotate together by angle ``i`` (transformers' GLM-4:
+    ``[x0 * c0 - x1 * s0, x1 * c0 + x0 * s0, …]``); the tables are then ``[c0, c0, c1, c1, …]`` and
+    ``[-s0, s0, -s1, s1, …]``, and the partner of each dim is its pair's other (:meth:`rotate`).
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float, device: torch.device | str = "cpu",
-                 scaling: RopeScaling | None = None, rotary_dim: int | None = None):
+                 scaling: RopeScaling | None = None, rotary_dim: int | None = None, interleaved: bool = False):
         """``rotary_dim``: the leading dims of each head that rotate (a partial rotary factor; None: all)."""
+        self.interleaved = interleaved
         self.rotary_dim = rotary_dim or head_dim
         assert self.rotary_dim % 2 == 0 and self.rotary_dim <= head_dim, f"bad rotary dim {rotary_dim} of {head_dim}"
         self.head_dim = head_dim
@@ -36,8 +42,12 @@ class RotaryEmbedding:
             cos, sin = cos * attention_factor, sin * attention_factor
         # float32 masters on the host; the device holds one copy per dtype the model asks for (a 131072-position
         # table of head dim 128 is 128 MiB in float32)
-        self.cos = torch.cat((cos, cos), dim=-1)
-        self.sin = torch.cat((-sin, sin), dim=-1)
+        if interleaved:
+            self.cos = cos.repeat_interleave(2, dim=-1)
+            self.sin = torch.stack((-sin, sin), dim=-1).flatten(-2)
+        else:
+            self.cos = torch.cat((cos, cos), dim=-1)
+            self.sin = torch.cat((-sin, sin), dim=-1)
         self.device = torch.device(device)
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -48,6 +58,24 @@ class RotaryEmbedding:
             self._cast[dtype] = (self.cos.to(self.device, dtype), self.sin.to(self.device, dtype))
         cos, sin = self._cast[dtype]
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    def frequency_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and ``sin`` of each position's ``rotary_dim / 2`` angles, float32 ``[max_position, half]``
+        (a kernel's own layout is built from them)."""
+        if self.interleaved:
+            return self.cos[:, 0::2], self.sin[:, 1::2]
+        half = self.rotary_dim // 2
+        return self.cos[:, :half], self.sin[:, half:]
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """:meth:`apply` in this embedding's layout (rotate half, or interleaved pairs)."""
+        if not self.interleaved:
+            return RotaryEmbedding.apply(x, cos, sin)
+        rotary = cos.shape[-1]
+        if rotary < x.shape[-1]:
+            return torch.cat((self.rotate(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+        partner = x.unflatten(-1, (rotary // 2, 2)).flip(-1).flatten(-2)
+        return x * cos + partner * sin
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

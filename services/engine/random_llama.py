@@ -62,7 +62,8 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
                    seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
     """Hugging Face-named Llama tensors, N(0, std) weights and unit norms (drawn on ``device``); a sparse
     layer's router and experts in transformers 5's stacked layout (``mlp.experts.gate_up_proj``); a Gemma
-    layer's two MLP norms too (Gemma scales by ``1 + weight``: its norms are zeros)."""
+    layer's two MLP norms too (Gemma scales by ``1 + weight``: its norms are zeros), and GLM-4's norms on each
+    block's output (``sandwich_norms``)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config.hidden_size, config.intermediate_size
 
@@ -103,6 +104,9 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
         if config.gemma is not None:
             tensors |= {p + "pre_feedforward_layernorm.weight": norm(hidden),
                         p + "post_feedforward_layernorm.weight": norm(hidden)}
+        if config.sandwich_norms:
+            tensors |= {p + "post_self_attn_layernorm.weight": norm(hidden),
+                        p + "post_mlp_layernorm.weight": norm(hidden)}
     return tensors
 
 

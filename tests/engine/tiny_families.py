@@ -20,8 +20,8 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal"}
-RANDOM_BIASES = {"gpt_oss", "glm4_moe"}  # biases, sinks and routers' correction biases drawn at random
+RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4"}
+RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4"}  # biases, sinks and routers' correction biases drawn at random
 # (transformers starts them at 0), so each one shows
 
 FAMILIES: dict[str, dict] = {
@@ -79,6 +79,10 @@ FAMILIES: dict[str, dict] = {
                                      "truncate": False, "original_max_position_embeddings": 512,
                                      "rope_theta": 150000.0},
                     tie_word_embeddings=False),
+    # GLM-4-0414: rope on adjacent pairs of the first half of each head, norms on each block's output too, q/k/v
+    # biases, gate/up fused (its norms and biases drawn at random, so a swapped norm or a lost bias shows)
+    "glm4": dict(model_type="glm4", head_dim=32, partial_rotary_factor=0.5, attention_bias=True, rope_theta=10000.0,
+                 tie_word_embeddings=False, pad_token_id=0),  # its default is past the vocabulary
     # GLM-4.5: q/k/v biases and q/k norms, rope on half of each head, a dense first layer, then sigmoid routing
     # with a correction bias (drawn at random, as RANDOM_BIASES' are) among the best of two groups, routed weights
     # times 2.5, and two shared experts

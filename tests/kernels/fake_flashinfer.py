@@ -41,11 +41,11 @@ def silu_and_mul(input, out=None, enable_pdl=None):
 
 
 def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox=True):
-    """Rotate ``query``/``key`` ``(nnz, heads * head_size)`` in place, neox ("rotate half") style, from a float32
-    ``(max_seq_len, rotary_dim)`` cache: cos in the first half, sin in the second (flashinfer/rope.py)."""
+    """Rotate ``query``/``key`` ``(nnz, heads * head_size)`` in place, neox ("rotate half") style or, without
+    ``is_neox``, GPT-J's (dims 2i and 2i + 1 by angle i), from a float32 ``(max_seq_len, rotary_dim)`` cache: cos
+    in the first half, sin in the second (flashinfer/rope.py)."""
     if cos_sin_cache.dtype != torch.float32:
         raise ValueError("cos_sin_cache should be float32")
-    assert is_neox, "only the neox layout is emulated"
     assert positions.is_contiguous() and positions.dtype in (torch.int32, torch.int64) and positions.dim() == 1
     assert cos_sin_cache.dim() == 2 and cos_sin_cache.is_contiguous()
     rotary = cos_sin_cache.shape[1]
@@ -55,6 +55,11 @@ def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_
     for x in (query, key):
         heads = x.view(x.shape[0], -1, head_size)  # as flashinfer does: raises where a view cannot be had
         assert heads.stride(-1) == 1 and heads.shape[0] == positions.shape[0] and rotary <= head_size
+        if not is_neox:
+            x1, x2 = heads[..., 0:rotary:2].float(), heads[..., 1:rotary:2].float()
+            rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+            heads[..., :rotary] = rotated.to(x.dtype)
+            continue
         x1, x2 = heads[..., :half].float(), heads[..., half:rotary].float()
         heads[..., :rotary] = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 

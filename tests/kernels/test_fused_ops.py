@@ -105,6 +105,25 @@ def test_rope_rotates_the_qkv_views_in_place_and_leaves_v(scaling: str) -> None:
     assert torch.equal(v, v_before)
 
 
+@pytest.mark.parametrize("rotary_dim", [None, 8], ids=["whole", "partial"])
+def test_interleaved_rope_fuses_as_gpt_j_pairs(rotary_dim: int | None) -> None:
+    """GLM-4's interleaved pairs: FlashInfer's kernel without ``is_neox`` over the same angle table gives torch's
+    rotation, partial rotary dims included."""
+    rope = RotaryEmbedding(16, 128, 10000.0, rotary_dim=rotary_dim, interleaved=True)
+    cos, sin = rope.frequency_tables()
+    assert torch.equal(cos_sin_cache(rope), torch.cat((cos, sin), dim=-1))
+    gen = torch.Generator().manual_seed(5)
+    q, k = torch.randn(6, 4, 16, generator=gen).bfloat16(), torch.randn(6, 2, 16, generator=gen).bfloat16()
+    positions = torch.randint(0, 128, (6,), generator=gen)
+    reference = TorchRope(rope, torch.bfloat16)
+    want_q, want_k = reference(q, k, reference.prepare(positions))
+    op = fused(rope).rope
+    assert isinstance(op, FlashInferRope) and not op.is_neox
+    got_q, got_k = op(q.clone(), k.clone(), op.prepare(positions))
+    close(got_q, want_q)
+    close(got_k, want_k)
+
+
 def test_float16_passes_the_check_too() -> None:
     assert fused(RotaryEmbedding(16, 64, 10000.0), torch.float16).flashinfer == OPS
 

@@ -62,3 +62,27 @@ def test_apply_rotates_half_with_the_bits_of_the_half_by_half_form(dtype):
     x1, x2 = x[..., :32], x[..., 32:]
     expected = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
     assert torch.equal(RotaryEmbedding.apply(x, cos, sin), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_rotation_is_transformers_glm4_s(dtype):
+    """GLM-4's rope: pairs of adjacent dims over the leading half of each head, bit for bit (float32) and as
+    close as rounding allows (bf16); the rotate-half layout on the same tables is far from it."""
+    from transformers.models.glm4.modeling_glm4 import apply_rotary_pos_emb
+
+    rope = RotaryEmbedding(64, 4096, 10000.0, rotary_dim=32, interleaved=True)
+    positions = torch.tensor([0, 1, 17, 1000, 4095])
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(5, 4, 64, generator=gen).to(dtype), torch.randn(5, 2, 64, generator=gen).to(dtype)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+    angles = torch.outer(positions.float(), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)[None]  # transformers' [1, T, rotary] tables
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos().to(dtype),
+                                          emb.sin().to(dtype))
+    want_q, want_k = want_q[0].transpose(0, 1), want_k[0].transpose(0, 1)
+    cos, sin = rope.tables(positions, dtype)
+    got_q, got_k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+    tolerance = {} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(got_q, want_q, **(tolerance or {"rtol": 0, "atol": 0}))
+    torch.testing.assert_close(got_k, want_k, **(tolerance or {"rtol": 0, "atol": 0}))
+    assert not torch.allclose(RotaryEmbedding.apply(q, cos, sin).float(), got_q.float(), atol=1e-1)

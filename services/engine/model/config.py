@@ -77,7 +77,7 @@ class Multipliers:
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4.5).
+    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -112,6 +112,10 @@ class ModelConfig:
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
     multipliers: Multipliers | None = None  # Granite's embedding, attention, residual and logits scalars
     nope_layers: tuple[int, ...] = ()  # layers whose q and k rope does not rotate (SmolLM3's NoPE layers)
+    rope_interleaved: bool = False  # rope rotates pairs of adjacent dims (GLM-4's), not the two halves
+    # a norm on the attention's and the MLP's output before each joins the residual stream (GLM-4's
+    # post_self_attn_layernorm and post_mlp_layernorm), beside the usual two before them
+    sandwich_norms: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

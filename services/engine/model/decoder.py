@@ -47,6 +47,8 @@ class LayerWeights:
     k_norm: torch.Tensor | None = None
     moe: MoEWeights | None = None
     sinks: torch.Tensor | None = None  # [num_heads] float32: the attention sinks' logits (GPT-OSS)
+    attn_out_norm: torch.Tensor | None = None  # [hidden]: sandwich norms (GLM-4), on each block's output
+    mlp_out_norm: torch.Tensor | None = None
 
 
 class DecoderModel:
@@ -104,7 +106,7 @@ class DecoderModel:
         source.check_all_taken()
         del self._source, self._quantized
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
-                                    cfg.rotary_dim)
+                                    cfg.rotary_dim, interleaved=cfg.rope_interleaved)
         multipliers = cfg.multipliers
         self.scale = cfg.head_dim**-0.5 if multipliers is None or multipliers.attention is None \
             else multipliers.attention
@@ -138,8 +140,11 @@ class DecoderModel:
                 (a + "v_proj.weight", (cfg.kv_size, hidden))]
 
     def _gate_up_parts(self, p: str) -> list[tuple[str, tuple[int, int]]]:
-        """The checkpoint tensors of a dense MLP's gate rows, then its up rows (``p``: the layer's prefix)."""
+        """The checkpoint tensors of a dense MLP's gate rows, then its up rows (``p``: the layer's prefix): one
+        ``gate_up_proj`` where the checkpoint stores them fused (GLM-4's, Phi-3's)."""
         inter, hidden = self.config.intermediate_size, self.config.hidden_size
+        if self._source.has(p + "mlp.gate_up_proj.weight"):
+            return [(p + "mlp.gate_up_proj.weight", (2 * inter, hidden))]
         return [(p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden))]
 
     def _layer(self, i: int) -> LayerWeights:
@@ -156,6 +161,9 @@ class DecoderModel:
         if cfg.qk_norm:
             layer.q_norm = take(a + "q_norm.weight", (cfg.head_dim,))
             layer.k_norm = take(a + "k_norm.weight", (cfg.head_dim,))
+        if cfg.sandwich_norms:
+            layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
+            layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
         if cfg.is_sparse_layer(i):
             layer.moe = self._experts(p + "mlp.")
         else:
@@ -283,8 +291,12 @@ class DecoderModel:
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+            if layer.attn_out_norm is not None:
+                o = rms_norm(o, layer.attn_out_norm, eps)
             x, hidden = ops.add_rms_norm(o if residual == 1.0 else o * residual, hidden, layer.post_norm, eps)
             delta = self._mlp(x, layer, paths)
+            if layer.mlp_out_norm is not None:
+                delta = rms_norm(delta, layer.mlp_out_norm, eps)
             if residual != 1.0:
                 delta = delta * residual
         return ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)

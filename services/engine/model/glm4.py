@@ -1,0 +1,29 @@
+"""GLM-4-0414 (GLM-4-9B-0414, GLM-4-32B-0414 and their GLM-Z1 reasoning twins; ``Glm4ForCausalLM``, ``glm4``):
+Llama's decoder with
+
+- rope on pairs of adjacent dims (``ModelConfig.rope_interleaved``; transformers' GLM-4 rotates ``x[2i]`` with
+  ``x[2i + 1]``) over the first half of each head (``partial_rotary_factor``, 0.5 where absent, as
+  ``Glm4Config`` reads it);
+- a norm on each block's output before it joins the residual stream (``post_self_attn_layernorm``,
+  ``post_mlp_layernorm``: ``ModelConfig.sandwich_norms``), besides the two before the blocks;
+- q/k/v biases (``attention_bias``, true where absent) and gate/up stored as one ``gate_up_proj``.
+
+GLM-4-9B-Chat (``chatglm``, the 2024 release with its own remote code) is not this family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.model.config import ModelConfig
+from services.engine.model.hf_config import base_fields
+
+ARCHITECTURE = "glm4"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    cfg = {"partial_rotary_factor": 0.5, "head_dim": 128, "rms_norm_eps": 1.5625e-07, **cfg}  # Glm4Config's
+    fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
+    return ModelConfig(**fields, qkv_bias=bool(cfg.get("attention_bias", True)), rope_interleaved=True,
+                       sandwich_norms=True)
