@@ -47,7 +47,7 @@ def torch_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class TorchRope:
-    """:class:`RotaryEmbedding`'s tables in the model dtype, gathered once per step, and its ``apply``."""
+    """:class:`RotaryEmbedding`'s tables in the model dtype, gathered once per step, and its ``rotate``."""
 
     def __init__(self, rope: RotaryEmbedding, dtype: torch.dtype):
         self.rope, self.dtype = rope, dtype

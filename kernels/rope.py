@@ -9,7 +9,7 @@ from kernels.rope_scaling import RopeScaling, rope_frequencies
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables; :meth:`apply` rotates q and k for a batch of absolute positions.
+    """Precomputed cos/sin tables; :meth:`rotate` rotates q and k for a batch of absolute positions.
 
     Angles are computed in float32 exactly as ``transformers`` does (``inv_freq`` from ``theta`` and the
     checkpoint's rope scaling, outer product with positions, cos/sin times the scaling's attention factor),
@@ -79,7 +79,8 @@ class RotaryEmbedding:
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables` ("rotate half":
+        """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables` of a rotate-half embedding
+        (an interleaved one's go through :meth:`rotate`) ("rotate half":
         ``[x1 * cos - x2 * sin | x2 * cos + x1 * sin]``); with tables narrower than the head (a partial rotary
         dim), its leading dims only, the rest passed through, as transformers does."""
         rotary = cos.shape[-1]

@@ -2,7 +2,8 @@
 fake_flashinfer.py``, which makes a CPU model eligible): its logits are the torch path's within bf16 rounding
 (Llama, Qwen3's q/k norms, llama3 rope scaling, GLM-4's interleaved rope and sandwich norms, mixture-of-experts
 layers, a decode step over the prefill's KV, decode-graph replays); the torch path is the pre-fusion forward bit
-for bit (the models it knew); which ops a model takes, and the log lines that say so. The real kernels: ``tests/kernels/test_fused_ops_gpu.py``."""
+for bit (the models it knew); which ops a model takes, and the log lines that say so. The real kernels:
+``tests/kernels/test_fused_ops_gpu.py``."""
 
 from __future__ import annotations
 

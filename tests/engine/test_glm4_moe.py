@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from kernels.linear import prepare_linear
@@ -18,7 +19,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import MoEConfig
 from services.engine.model.decoder import DecoderModel
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
-from services.engine.model.moe import MoEWeights, route
+from services.engine.model.moe import MoEWeights, moe_forward, route
 from services.engine.model.registry import config_from_hf
 from services.engine.weights import load_weights
 from tests.engine.test_model_families import _prompts
@@ -151,3 +152,27 @@ def test_the_multi_token_prediction_layer_is_not_read(glm, tmp_path):
     with pytest.raises(ModelLoadError, match=r"model\.extra_norm\.weight"):
         extra = load_weights(copy)
         DecoderModel(extra.config, extra.tensors, torch.float32)
+
+
+def test_a_bf16_expert_output_takes_its_float32_weight_rounding_once():
+    """transformers' GLM-4.5 multiplies a bf16 expert output by its float32 weight (times the routed scaling) and
+    rounds once; rounding the weight to bf16 first, as the softmax families' weights are, gives other bits."""
+    gen = torch.Generator().manual_seed(3)
+    config = MoEConfig(num_experts=2, top_k=1, intermediate_size=8, norm_topk_prob=False, sparse_layers=(0,),
+                       sigmoid_routing=True, routed_scaling=2.5)
+    router = prepare_linear(torch.randn(2, 16, generator=gen), pack=False)
+    experts = [prepare_linear(torch.randn(16, 16, generator=gen).bfloat16(), pack=False) for _ in range(2)]
+    downs = [prepare_linear(torch.randn(16, 8, generator=gen).bfloat16(), pack=False) for _ in range(2)]
+    weights = MoEWeights(router, experts, downs, choice_bias=torch.zeros(2))
+    x = torch.randn(64, 16, generator=gen).bfloat16()
+    probs, chosen = route(x, weights, config)
+    got = moe_forward(x, weights, config)
+    for t in range(64):
+        e = int(chosen[t, 0])
+        gate, up = F.linear(x[t:t + 1], experts[e].weight).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, downs[e].weight)
+        once = (y.float() * probs[t, 0]).bfloat16()
+        assert torch.equal(got[t:t + 1], once), t
+    twice = [(F.linear(F.silu(g) * u, downs[int(chosen[t, 0])].weight) * probs[t, 0].bfloat16())
+             for t in range(64) for g, u in [F.linear(x[t:t + 1], experts[int(chosen[t, 0])].weight).chunk(2, -1)]]
+    assert not torch.equal(torch.cat(twice), got)

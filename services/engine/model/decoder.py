@@ -25,8 +25,9 @@ from kernels.rope import RotaryEmbedding
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.fused_choice import choose_fused_ops
-from services.engine.model.moe import MoEWeights, SharedExpert, moe_forward
-from services.engine.model.moe_grouped import GroupedExperts, grouped_experts_problem
+from services.engine.model.moe import MoEWeights, moe_forward
+from services.engine.model.moe_grouped import grouped_experts_problem
+from services.engine.model.moe_loading import ExpertLoading
 from services.engine.model.weight_source import WeightSource
 
 log = structlog.get_logger(__name__)
@@ -51,7 +52,7 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None
 
 
-class DecoderModel:
+class DecoderModel(ExpertLoading):
     """``quantized``: 4-bit codes of some weights (a Q4 GGUF file's own); with ``int4_max_rows`` > 0, where
     torch's int4 kernel runs (bf16 on CPU), projections of at most that many rows use them.
     ``self.int4_max_rows`` is what is in effect (0: every product is dense).
@@ -170,81 +171,6 @@ class DecoderModel:
             layer.gate_up = self._projection(self._gate_up_parts(p))
             layer.down = self._projection([(p + "mlp.down_proj.weight", (hidden, cfg.intermediate_size))])
         return layer
-
-    def _experts(self, p: str) -> MoEWeights:
-        experts = self._routed_experts(p)
-        experts.shared = self._shared_expert(p)
-        moe = self.config.moe
-        assert moe is not None
-        if moe.sigmoid_routing:  # float32, as GLM-4.5's and DeepSeek-V3's routers run
-            experts.choice_bias = self._source.take(p + "gate.e_score_correction_bias", (moe.num_experts,),
-                                                    torch.float32)
-        return experts
-
-    def _router(self, p: str) -> LinearWeight:
-        moe = self.config.moe
-        assert moe is not None
-        dtype = torch.float32 if moe.sigmoid_routing else None
-        return prepare_linear(self._source.take(p + "gate.weight", (moe.num_experts, self.config.hidden_size), dtype),
-                              row_block=self._row_block)
-
-    def _shared_expert(self, p: str) -> SharedExpert | None:
-        moe, hidden = self.config.moe, self.config.hidden_size
-        assert moe is not None
-        inter = moe.shared_expert_intermediate_size
-        if inter is None:
-            return None
-        s = p + "shared_expert."
-        parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))]
-        if self._source.has(s + "gate_up_proj.weight"):  # Granite MoE's shared MLP: gate and up rows fused
-            parts = [(s + "gate_up_proj.weight", (2 * inter, hidden))]
-        gate = prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block) \
-            if moe.shared_expert_gated else None
-        return SharedExpert(
-            gate_up=self._projection(parts, by_row_kind=False),
-            down=self._projection([(s + "down_proj.weight", (hidden, inter))], by_row_kind=False), gate=gate)
-
-    def _shared_gate(self, name: str) -> torch.Tensor:
-        """The shared expert's gate ``[1, hidden]``; llama.cpp's files store it squeezed, ``[hidden]``."""
-        hidden = self.config.hidden_size
-        if self._source.has(name) and self._source.tensors[name].dim() == 1:
-            return self._source.take(name, (hidden,)).view(1, hidden)
-        return self._source.take(name, (1, hidden))
-
-    def _routed_experts(self, p: str) -> MoEWeights:
-        moe, hidden = self.config.moe, self.config.hidden_size
-        assert moe is not None
-        inter, source = moe.intermediate_size, self._source
-        router = self._router(p)
-        if self.grouped_experts:
-            return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
-        if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
-            gate_up = source.take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden))
-            down = source.take(p + "experts.down_proj", (moe.num_experts, hidden, inter))
-            return MoEWeights(router, [prepare_linear(w, row_block=self._row_block) for w in gate_up.unbind(0)],
-                              [prepare_linear(w, row_block=self._row_block) for w in down.unbind(0)])
-        e = p + "experts.{}."
-        return MoEWeights(
-            router,
-            [self._projection([(e.format(j) + "gate_proj.weight", (inter, hidden)),
-                               (e.format(j) + "up_proj.weight", (inter, hidden))], by_row_kind=False)
-             for j in range(moe.num_experts)],
-            [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))], by_row_kind=False)
-             for j in range(moe.num_experts)],
-        )
-
-    def _stacked_experts(self, p: str) -> GroupedExperts:
-        moe, hidden, take = self.config.moe, self.config.hidden_size, self._source.take
-        assert moe is not None
-        inter, e = moe.intermediate_size, p + "experts.{}."
-        if self._source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
-            return GroupedExperts(take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden)),
-                                  take(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
-        gate_up = torch.stack([torch.cat([take(e.format(j) + "gate_proj.weight", (inter, hidden)),
-                                          take(e.format(j) + "up_proj.weight", (inter, hidden))])
-                               for j in range(moe.num_experts)])
-        down = torch.stack([take(e.format(j) + "down_proj.weight", (hidden, inter)) for j in range(moe.num_experts)])
-        return GroupedExperts(gate_up, down)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None

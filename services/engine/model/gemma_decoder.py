@@ -102,7 +102,8 @@ class GemmaDecoderModel(DecoderModel):
             if layer.q_norm is not None:
                 q, k = gemma_rms_norm(q, layer.q_norm, eps), gemma_rms_norm(k, layer.k_norm, eps)
             cos, sin = tables[window is not None]
-            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+            rope = self.local_rope if window is not None else self.rope
+            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)

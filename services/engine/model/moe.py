@@ -91,7 +91,9 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
 
 def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_probs: torch.Tensor,
                   top_experts: torch.Tensor, silu_and_mul: SiluAndMul) -> torch.Tensor:
-    top_probs = top_probs.to(x.dtype).flatten()
+    # sigmoid routing (GLM-4.5's): each expert's output times its float32 weight, rounded once, as transformers
+    # does; the softmax families' weights are rounded to the model dtype first, as theirs are
+    top_probs = top_probs.to(torch.float32 if config.sigmoid_routing else x.dtype).flatten()
     flat_experts = top_experts.flatten()
     order = flat_experts.argsort(stable=True)
     counts = torch.bincount(flat_experts, minlength=config.num_experts).tolist()
@@ -105,5 +107,5 @@ def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_p
         tokens = slots // config.top_k
         y = linear(silu_and_mul(linear(x[tokens], weights.gate_up[expert])), weights.down[expert])
         y = y * top_probs[slots, None]
-        out.index_add_(0, tokens, y)
+        out.index_add_(0, tokens, y.to(x.dtype))
     return out

@@ -107,3 +107,42 @@ def test_the_tools_prompt_describes_the_tools_and_is_no_call():
     assert json.dumps(TOOLS[0].openai_dict()["function"]) in prompt
     assert GLM45.parse(prompt, TOOLS).calls == ()
     assert "21 degrees" in GLM45.render_result("21 degrees", "get_weather")
+
+
+def test_values_that_are_not_json_or_null_read_as_glm_writes_them():
+    tools = (ToolSpec("f", "", {"type": "object", "properties": {"note": {"type": ["string", "null"]}}}),)
+    body = "f\n<arg_key>note</arg_key>\n<arg_value>null</arg_value>\n<arg_key>x</arg_key>\n<arg_value>NaN</arg_value>\n"
+    assert json.loads(read_call(body, tools).arguments) == {"note": None, "x": "NaN"}  # NaN is not JSON
+    assert read_call('{"name": "f", "arguments": {}}') is None  # a name is a function's name
+    assert read_call("it is sunny\n") is None
+
+
+@pytest.fixture(scope="module")
+def compiler(bundled_tokenizer):
+    from services.engine.structured.compiler import StructuredCompiler
+
+    return StructuredCompiler(bundled_tokenizer, vocab_size=len(bundled_tokenizer.hf))
+
+
+@pytest.mark.parametrize("parser", [GLM45, GLM47], ids=lambda p: p.name)
+def test_the_forced_grammar_closes_a_string_at_its_first_closing_tag(parser, compiler, bundled_tokenizer):
+    """A string value is any text up to the first ``</arg_value>`` (a lexer that read on past it would never
+    close the value), within its bounds where it has them."""
+    from services.engine.structured_spec import StructuredSpec
+
+    tools = [ToolSpec("note", "", {"type": "object", "properties": {
+        "text": {"type": "string"}, "tag": {"type": "string", "minLength": 2, "maxLength": 4}},
+        "required": ["text"]})]
+    grammar = parser.forced_grammar(tools, parallel=False)
+
+    def accepts(arguments: dict) -> bool:
+        matcher = compiler.compile(StructuredSpec("grammar", grammar)).new_matcher()
+        text = parser.render_calls([_call("note", arguments)])
+        return matcher.consume_tokens(bundled_tokenizer.encode(text)) and matcher.is_accepting()
+
+    for good in ({"text": "Paris"}, {"text": ""}, {"text": "a < b\n<b>x</b>"}, {"text": "x", "tag": "ab"},
+                 {"text": "x", "tag": "abcd"}):
+        assert accepts(good), good
+    for bad in ({"text": "a</arg_value>b"}, {"text": "x", "tag": "a"}, {"text": "x", "tag": "abcde"},
+                {"tag": "ab"}):
+        assert not accepts(bad), bad

@@ -10,11 +10,13 @@
 GLM-4.7 writes the same without the newlines; either is read by both. A value is written as GLM's chat templates
 write it: a string as it is, anything else as JSON. Reading it back takes the tool's schema, as vLLM's GLM parsers
 do: an argument whose schema is a string keeps its text (``"123"`` stays a string), any other is read as JSON, or
-kept as text where it is not JSON (also an argument the request's tools do not describe). A block that is not a
-name followed by key/value pairs stays content; an unclosed last block is a call if it is one so far.
+kept as text where it is not JSON (also an argument the request's tools do not describe, or describe through a
+``$ref`` or ``anyOf``; ``NaN`` and ``Infinity`` stay text, and a nullable string's ``null`` is null). A block that
+is not a function name (letters, digits, ``_ . : -``) followed by key/value pairs stays content; an unclosed last
+block is a call if it is one so far.
 
 The forced grammar (``tool_choice`` required or named) writes each tool's properties in its schema's order, the
-required ones always: a string value any text without ``</arg_value>`` (within its ``minLength`` and
+required ones always: a string value any text up to the first ``</arg_value>`` (within its ``minLength`` and
 ``maxLength``; its ``pattern`` and ``format`` are not held), an ``enum`` or ``const`` of strings one of them, any
 other value ``%json`` of its schema.
 """
@@ -34,8 +36,13 @@ from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, To
 
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-_TEXT = r"/(.|\n)*/ & ~/(.|\n)*<\/arg_value>(.|\n)*/"  # any text without </arg_value> (llguidance's & and ~)
+# A string value and its closing tag, as one lazy lexeme: llguidance's lexer never backtracks, so a value lexeme
+# of "any text without </arg_value>" would go on through "</arg_value" and never let the tag match; a lazy one
+# ends at the first place it can, the first </arg_value>
+_TEXT_RULE = r"arg_text[lazy]: /(.|\n)*<\/arg_value>/"
+_NOT_CLOSED = r"~/(.|\n)*<\/arg_value>(.|\n)+/"  # (bounded values) no </arg_value> but at the end
 _KEY = r"/[^<\n]+/"
+_NAME = re.compile(r"[\w.:\-]+")  # a function's name as OpenAI allows them (and dots, colons: MCP's)
 
 
 def is_string_schema(schema: Any) -> bool:
@@ -61,11 +68,16 @@ def _property_schema(tools: Sequence[ToolSpec], name: str, key: str) -> Any:
     return None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _value(text: str, schema: Any) -> Any:
     if is_string_schema(schema):
-        return text
+        nullable = isinstance(schema, Mapping) and isinstance(schema.get("type"), list) and "null" in schema["type"]
+        return None if nullable and text == "null" else text  # the template writes None as null
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)  # NaN, Infinity: kept as text
     except ValueError:
         return text
 
@@ -74,7 +86,7 @@ def read_call(body: str, tools: Sequence[ToolSpec] = ()) -> ParsedToolCall | Non
     """The call a block's text between ``<tool_call>`` and ``</tool_call>`` is, or None."""
     first = body.find(KEY_OPEN)
     name = (body if first < 0 else body[:first]).strip()
-    if not name or any(c in name for c in "<>\n"):
+    if _NAME.fullmatch(name) is None:
         return None
     arguments: dict[str, Any] = {}
     pos = len(body) if first < 0 else first
@@ -109,7 +121,7 @@ class GlmParser:
         lines = [f"start: {calls}",
                  f"call: {lark_literal(OPEN)} ({' | '.join(f'tool_{i}' for i in range(len(tools)))}) "
                  f"{lark_literal(CLOSE)}",
-                 f"ARG_TEXT: {_TEXT}"]
+                 _TEXT_RULE]
         for i, tool in enumerate(tools):
             lines += self._tool_rules(f"tool_{i}", tool)
         return "\n".join(lines) + "\n"
@@ -119,19 +131,20 @@ class GlmParser:
         defs = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
         properties = parameters.get("properties")
         if not isinstance(properties, Mapping):  # free-form arguments: any keys, values as text or JSON
-            pair = self._pair(lark_literal(KEY_OPEN) + f" {_KEY} " + lark_literal(KEY_CLOSE + self._nl), "ARG_TEXT")
+            pair = self._pair(lark_literal(KEY_OPEN) + f" {_KEY} " + lark_literal(KEY_CLOSE + self._nl), "arg_text")
             return [f"{rule}: {lark_literal(tool.name + self._nl)} ({pair})*"]
         required = set(parameters.get("required") or ())
         parts, rules = [], []
         for j, (key, schema) in enumerate(properties.items()):
             head = lark_literal(f"{KEY_OPEN}{key}{KEY_CLOSE}{self._nl}")
-            value, lines = _value_rule(schema, defs, f"{rule.upper()}_{j}_TEXT")
+            value, lines = _value_rule(schema, defs, f"{rule}_{j}_text")
             rules += [f"{rule}_{j}: {self._pair(head, value)}", *lines]
             parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
         return [f"{rule}: {' '.join([lark_literal(tool.name + self._nl), *parts])}", *rules]
 
     def _pair(self, head: str, value: str) -> str:
-        return f"{head} {lark_literal(VALUE_OPEN)} {value} {lark_literal(VALUE_CLOSE + self._nl)}"
+        """A key's pair: ``head`` (its key), then ``value``, whose grammar ends with ``</arg_value>``."""
+        return f"{head} {lark_literal(VALUE_OPEN)} {value}" + (f" {lark_literal(self._nl)}" if self._nl else "")
 
     def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
         return (
@@ -164,19 +177,22 @@ class GlmParser:
         return hex_call_id()
 
 
-def _value_rule(schema: Any, defs: Mapping[str, Any], terminal: str) -> tuple[str, list[str]]:
-    """The grammar of one argument's value (text, one of its strings, or its JSON), and the lines it needs
-    (``terminal``: the name of its own terminal, where it has one)."""
+def _value_rule(schema: Any, defs: Mapping[str, Any], rule: str) -> tuple[str, list[str]]:
+    """The grammar of one argument's value and its closing tag (text, one of its strings, or its JSON), and the
+    lines it needs (``rule``: the name of its own rule, where it has one)."""
+    close = lark_literal(VALUE_CLOSE)
     if isinstance(schema, Mapping) and is_string_schema(schema):
         options = schema.get("enum") if isinstance(schema.get("enum"), list) else \
             [schema["const"]] if "const" in schema else None
         strings = [o for o in options or () if isinstance(o, str)]
         if strings:
-            return "(" + " | ".join(lark_literal(s) for s in strings) + ")", []
+            return "(" + " | ".join(lark_literal(s) for s in strings) + f") {close}", []
         low, high = int(schema.get("minLength") or 0), schema.get("maxLength")
         if low or high is not None:  # the text's length too (``pattern`` and ``format`` are not held)
             bounds = f"{{{low},{'' if high is None else int(high)}}}"
-            return terminal, [f"{terminal}: /(.|\\n){bounds}/ & ~/(.|\\n)*<\\/arg_value>(.|\\n)*/"]
-        return "ARG_TEXT", []
+            terminal = rule.upper()
+            return rule, [f"{rule}[lazy]: {terminal}",
+                          f"{terminal}: /(.|\\n){bounds}<\\/arg_value>/ & {_NOT_CLOSED}"]
+        return "arg_text", []
     json_schema = {**(dict(schema) if isinstance(schema, Mapping) else {}), **defs, "x-guidance": dict(JSON_STYLE)}
-    return "%json " + json.dumps(json_schema, ensure_ascii=False), []
+    return "%json " + json.dumps(json_schema, ensure_ascii=False) + f" {close}", []

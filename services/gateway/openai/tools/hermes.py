@@ -32,7 +32,7 @@ CLOSE = "</tool_call>"
 class HermesStream:
     """Content streams as it comes, except an end that may begin ``<tool_call>`` (held until known); a
     block is held from its opening marker and released whole at ``</tool_call>`` — as a call, or as content
-    when its JSON is not one."""
+    when its text is not one (by its ``read_call``)."""
 
     def __init__(self, read_call: Callable[[str], ParsedToolCall | None] = only_call) -> None:
         """``read_call``: the call a block's text between its markers is, or None (Hermes: one JSON call

@@ -1,0 +1,108 @@
+"""How the shared decoder takes a sparse layer's weights from a checkpoint: its router (float32 where the routing
+is the sigmoid's, with its correction bias), its routed experts (per-expert tensors, or transformers 5's stacked
+ones; stacked for grouped GEMMs on the GPU path), and its shared expert (Qwen2-MoE's gated one, Granite MoE's and
+GLM-4.5's ungated ones). A mixin of :class:`~services.engine.model.decoder.DecoderModel`, using its weight source,
+projections and settings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.linear import LinearWeight, prepare_linear
+from services.engine.model.moe import MoEWeights, SharedExpert
+from services.engine.model.moe_grouped import GroupedExperts
+
+if TYPE_CHECKING:
+    from services.engine.model.config import ModelConfig
+    from services.engine.model.weight_source import WeightSource
+
+
+class ExpertLoading:
+    """The sparse-layer half of :class:`~services.engine.model.decoder.DecoderModel`'s loading."""
+
+    config: ModelConfig
+    grouped_experts: bool
+    _source: WeightSource
+    _row_block: int
+
+    def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,
+                    by_row_kind: bool = True) -> LinearWeight:
+        """The decoder's (:meth:`DecoderModel._projection`)."""
+        raise NotImplementedError
+
+    def _experts(self, p: str) -> MoEWeights:
+        experts = self._routed_experts(p)
+        experts.shared = self._shared_expert(p)
+        moe = self.config.moe
+        assert moe is not None
+        if moe.sigmoid_routing:  # float32, as GLM-4.5's and DeepSeek-V3's routers run
+            experts.choice_bias = self._source.take(p + "gate.e_score_correction_bias", (moe.num_experts,),
+                                                    torch.float32)
+        return experts
+
+    def _router(self, p: str) -> LinearWeight:
+        moe = self.config.moe
+        assert moe is not None
+        dtype = torch.float32 if moe.sigmoid_routing else None
+        return prepare_linear(self._source.take(p + "gate.weight", (moe.num_experts, self.config.hidden_size), dtype),
+                              row_block=self._row_block)
+
+    def _shared_expert(self, p: str) -> SharedExpert | None:
+        moe, hidden = self.config.moe, self.config.hidden_size
+        assert moe is not None
+        inter = moe.shared_expert_intermediate_size
+        if inter is None:
+            return None
+        s = p + "shared_expert."
+        parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))]
+        if self._source.has(s + "gate_up_proj.weight"):  # Granite MoE's shared MLP: gate and up rows fused
+            parts = [(s + "gate_up_proj.weight", (2 * inter, hidden))]
+        gate = prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block) \
+            if moe.shared_expert_gated else None
+        return SharedExpert(
+            gate_up=self._projection(parts, by_row_kind=False),
+            down=self._projection([(s + "down_proj.weight", (hidden, inter))], by_row_kind=False), gate=gate)
+
+    def _shared_gate(self, name: str) -> torch.Tensor:
+        """The shared expert's gate ``[1, hidden]``; llama.cpp's files store it squeezed, ``[hidden]``."""
+        hidden = self.config.hidden_size
+        if self._source.has(name) and self._source.tensors[name].dim() == 1:
+            return self._source.take(name, (hidden,)).view(1, hidden)
+        return self._source.take(name, (1, hidden))
+
+    def _routed_experts(self, p: str) -> MoEWeights:
+        moe, hidden = self.config.moe, self.config.hidden_size
+        assert moe is not None
+        inter, source = moe.intermediate_size, self._source
+        router = self._router(p)
+        if self.grouped_experts:
+            return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
+        if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
+            gate_up = source.take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden))
+            down = source.take(p + "experts.down_proj", (moe.num_experts, hidden, inter))
+            return MoEWeights(router, [prepare_linear(w, row_block=self._row_block) for w in gate_up.unbind(0)],
+                              [prepare_linear(w, row_block=self._row_block) for w in down.unbind(0)])
+        e = p + "experts.{}."
+        return MoEWeights(
+            router,
+            [self._projection([(e.format(j) + "gate_proj.weight", (inter, hidden)),
+                               (e.format(j) + "up_proj.weight", (inter, hidden))], by_row_kind=False)
+             for j in range(moe.num_experts)],
+            [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))], by_row_kind=False)
+             for j in range(moe.num_experts)],
+        )
+
+    def _stacked_experts(self, p: str) -> GroupedExperts:
+        moe, hidden, take = self.config.moe, self.config.hidden_size, self._source.take
+        assert moe is not None
+        inter, e = moe.intermediate_size, p + "experts.{}."
+        if self._source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
+            return GroupedExperts(take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden)),
+                                  take(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
+        gate_up = torch.stack([torch.cat([take(e.format(j) + "gate_proj.weight", (inter, hidden)),
+                                          take(e.format(j) + "up_proj.weight", (inter, hidden))])
+                               for j in range(moe.num_experts)])
+        down = torch.stack([take(e.format(j) + "down_proj.weight", (hidden, inter)) for j in range(moe.num_experts)])
+        return GroupedExperts(gate_up, down)
