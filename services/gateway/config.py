@@ -13,7 +13,8 @@ from services.gateway.nodes import CACHE_STORE, DECODE, PREFILL
 from services.gateway.router import ROUTING_POLICIES
 
 # services/gateway/openai/tools/
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47",
+                     "qwen3_coder")
 REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "openai_gptoss", "glm45")  # services/gateway/openai/reasoning/
 
 

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from services.gateway.openai.tools.glm import GlmParser, is_string_schema, read_call
+from services.gateway.openai.tools.glm import GlmParser, read_call
+from services.gateway.openai.tools.schema_values import is_string_schema
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
 
 TOOLS = (

@@ -17,6 +17,7 @@ from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.mistral import MistralParser
+from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
 from services.gateway.openai.tools.types import ToolSpec
 
 TOOLS = (
@@ -32,7 +33,7 @@ TOOLS = (
         "required": ["hour"]}),
 )
 PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser(), GlmParser("glm45", newlines=True),
-           GlmParser("glm47", newlines=False)]
+           GlmParser("glm47", newlines=False), Qwen3CoderParser()]
 SAMPLES = 20
 MAX_TOKENS = 400
 

@@ -186,6 +186,9 @@ def test_call_ids():
     ("{{ '<tool_call>' + tc.name }}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n</tool_call>",
      "glm45"),
     ("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value></tool_call>", "glm47"),
+    # Qwen3-Coder's: a tag per function and per parameter (also inside <tool_call>)
+    ("{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + args_name + '>\\n' }}",
+     "qwen3_coder"),
     ("{% for message in messages %}{{ message['content'] }}{% endfor %}", "hermes"),
     ("", "hermes"),
 ])
@@ -194,8 +197,10 @@ def test_auto_picks_the_template_family(template, family):
 
 
 def test_registry_by_name_and_unknown_names():
-    assert set(CHOICES) == {"auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47"}
-    for name in ("hermes", "llama3_json", "mistral", "gpt_oss", "glm45", "glm47"):
+    assert set(CHOICES) == {"auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47",
+                            "qwen3_coder"}
+    for name in ("hermes", "llama3_json", "mistral", "gpt_oss", "glm45", "glm47", "qwen3_coder"):
         assert tool_call_parser(name, "[TOOL_CALLS]").name == name
-    with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral, gpt_oss, openai, glm45, glm47"):
+    with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral, gpt_oss, openai, glm45, glm47, "
+                                         "qwen3_coder"):
         tool_call_parser("pythonic", "")

@@ -32,61 +32,35 @@ from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal, tool_lines
 from services.gateway.openai.tools.hermes import CLOSE, OPEN, HermesStream
 from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
+from services.gateway.openai.tools.schema_values import (
+    FUNCTION_NAME,
+    is_nullable,
+    is_string_schema,
+    json_value,
+    json_value_grammar,
+    lazy_text,
+    property_schema,
+    string_options,
+)
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
 
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-# A string value and its closing tag, as one lazy lexeme: llguidance's lexer never backtracks, so a value lexeme
-# of "any text without </arg_value>" would go on through "</arg_value" and never let the tag match; a lazy one
-# ends at the first place it can, the first </arg_value>
-_TEXT_RULE = r"arg_text[lazy]: /(.|\n)*<\/arg_value>/"
-_NOT_CLOSED = r"~/(.|\n)*<\/arg_value>(.|\n)+/"  # (bounded values) no </arg_value> but at the end
+_CLOSE = r"<\/arg_value>"
 _KEY = r"/[^<\n]+/"
-_NAME = re.compile(r"[\w.:\-]+")  # a function's name as OpenAI allows them (and dots, colons: MCP's)
-
-
-def is_string_schema(schema: Any) -> bool:
-    """Whether an argument of ``schema`` is a string, written bare (its type ``string``, or ``string`` and
-    ``null``; no type but an ``enum`` or ``const`` of strings)."""
-    if not isinstance(schema, Mapping):
-        return False
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return [k for k in kind if k != "null"] == ["string"]
-    if kind is not None:
-        return kind == "string"
-    options = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] \
-        if "const" in schema else []
-    return bool(options) and all(isinstance(option, str) for option in options)
-
-
-def _property_schema(tools: Sequence[ToolSpec], name: str, key: str) -> Any:
-    for tool in tools:
-        if tool.name == name:
-            properties = tool.parameters.get("properties")
-            return properties.get(key) if isinstance(properties, Mapping) else None
-    return None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _value(text: str, schema: Any) -> Any:
     if is_string_schema(schema):
-        nullable = isinstance(schema, Mapping) and isinstance(schema.get("type"), list) and "null" in schema["type"]
-        return None if nullable and text == "null" else text  # the template writes None as null
-    try:
-        return json.loads(text, parse_constant=_no_constant)  # NaN, Infinity: kept as text
-    except ValueError:
-        return text
+        return None if is_nullable(schema) and text == "null" else text  # the template writes None as null
+    return json_value(text)
 
 
 def read_call(body: str, tools: Sequence[ToolSpec] = ()) -> ParsedToolCall | None:
     """The call a block's text between ``<tool_call>`` and ``</tool_call>`` is, or None."""
     first = body.find(KEY_OPEN)
     name = (body if first < 0 else body[:first]).strip()
-    if _NAME.fullmatch(name) is None:
+    if FUNCTION_NAME.fullmatch(name) is None:
         return None
     arguments: dict[str, Any] = {}
     pos = len(body) if first < 0 else first
@@ -95,7 +69,7 @@ def read_call(body: str, tools: Sequence[ToolSpec] = ()) -> ParsedToolCall | Non
         if pair is None:
             return None
         key = pair.group(1).strip()
-        arguments[key] = _value(pair.group(2), _property_schema(tools, name, key))
+        arguments[key] = _value(pair.group(2), property_schema(tools, name, key))
         pos = pair.end()
     return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
 
@@ -121,7 +95,7 @@ class GlmParser:
         lines = [f"start: {calls}",
                  f"call: {lark_literal(OPEN)} ({' | '.join(f'tool_{i}' for i in range(len(tools)))}) "
                  f"{lark_literal(CLOSE)}",
-                 _TEXT_RULE]
+                 *lazy_text("arg_text", _CLOSE)]
         for i, tool in enumerate(tools):
             lines += self._tool_rules(f"tool_{i}", tool)
         return "\n".join(lines) + "\n"
@@ -182,17 +156,9 @@ def _value_rule(schema: Any, defs: Mapping[str, Any], rule: str) -> tuple[str, l
     lines it needs (``rule``: the name of its own rule, where it has one)."""
     close = lark_literal(VALUE_CLOSE)
     if isinstance(schema, Mapping) and is_string_schema(schema):
-        options = schema.get("enum") if isinstance(schema.get("enum"), list) else \
-            [schema["const"]] if "const" in schema else None
-        strings = [o for o in options or () if isinstance(o, str)]
-        if strings:
+        if strings := string_options(schema):
             return "(" + " | ".join(lark_literal(s) for s in strings) + f") {close}", []
-        low, high = int(schema.get("minLength") or 0), schema.get("maxLength")
-        if low or high is not None:  # the text's length too (``pattern`` and ``format`` are not held)
-            bounds = f"{{{low},{'' if high is None else int(high)}}}"
-            terminal = rule.upper()
-            return rule, [f"{rule}[lazy]: {terminal}",
-                          f"{terminal}: /(.|\\n){bounds}<\\/arg_value>/ & {_NOT_CLOSED}"]
+        if schema.get("minLength") or schema.get("maxLength") is not None:
+            return rule, lazy_text(rule, _CLOSE, schema)
         return "arg_text", []
-    json_schema = {**(dict(schema) if isinstance(schema, Mapping) else {}), **defs, "x-guidance": dict(JSON_STYLE)}
-    return "%json " + json.dumps(json_schema, ensure_ascii=False) + f" {close}", []
+    return f"{json_value_grammar(schema, defs, JSON_STYLE)} {close}", []

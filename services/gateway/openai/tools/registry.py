@@ -10,6 +10,7 @@ from services.gateway.openai.tools.gpt_oss import GptOssToolParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.mistral import MistralParser
+from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
 from services.gateway.openai.tools.types import ToolCallParser
 
 PARSERS: dict[str, Callable[[], ToolCallParser]] = {
@@ -20,6 +21,7 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "openai": GptOssToolParser,  # vLLM's name for it
     "glm45": partial(GlmParser, "glm45", newlines=True),
     "glm47": partial(GlmParser, "glm47", newlines=False),
+    "qwen3_coder": Qwen3CoderParser,
 }
 CHOICES = ("auto", *PARSERS)
 _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
@@ -28,15 +30,17 @@ _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
 def detect_family(chat_template: str) -> str:
     """The family a chat template writes tool calls in: ``[TOOL_CALLS]`` → mistral; harmony's
     ``<|channel|>`` → gpt_oss; GLM's ``<arg_key>`` → glm47 where its pairs are written without newlines
-    (``</arg_key><arg_value>``), else glm45; ``<tool_call>`` → hermes; ``<|python_tag|>``, Llama 3's
-    ``Environment: ipython`` or a ``"parameters"`` JSON hint → llama3_json; anything else (a template with no tool
-    section included) → hermes."""
+    (``</arg_key><arg_value>``), else glm45; Qwen3-Coder's ``<function=`` and ``<parameter=`` → qwen3_coder;
+    ``<tool_call>`` → hermes; ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON
+    hint → llama3_json; anything else (a template with no tool section included) → hermes."""
     if "[TOOL_CALLS]" in chat_template:
         return "mistral"
     if "<|channel|>" in chat_template:
         return "gpt_oss"
     if "<arg_key>" in chat_template:
         return "glm47" if "</arg_key><arg_value>" in chat_template else "glm45"
+    if "<function=" in chat_template and "<parameter=" in chat_template:
+        return "qwen3_coder"
     if "<tool_call>" in chat_template:
         return "hermes"
     if any(hint in chat_template for hint in _LLAMA3_HINTS):

@@ -1,6 +1,6 @@
-"""GLM's tool calls through the HTTP front over fake nodes: a template in GLM's format picks the glm45 parser
-(``auto``), the request's tools type the values it reads (a string argument that looks like a number stays a
-string) in whole and streamed answers, and a forced choice sends the GLM grammar."""
+"""Tool calls written as tagged text (GLM's, Qwen3-Coder's) through the HTTP front over fake nodes: a template in
+the family's format picks its parser (``auto``), the request's tools type the values it reads (a string argument
+that looks like a number stays a string) in whole and streamed answers, and a forced choice sends its grammar."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from services.engine.tokenizer import Tokenizer
 from services.gateway.openai.tools.glm import GlmParser
+from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
 from services.gateway.openai.tools.types import ToolSpec
 from tests.gateway.openai.conftest import MODEL, start_front, stop_front
 from tests.gateway.openai.test_openai_front_tools import script_tokens
@@ -69,3 +70,50 @@ async def test_a_forced_call_sends_the_glm_grammar(glm_front):
     structured = front.cluster.p.requests[0].sampling.structured
     spec = ToolSpec("get_weather", "Weather", WEATHER)
     assert structured.grammar == GlmParser("glm45").forced_grammar([spec], parallel=False)
+
+
+# Qwen3-Coder's shape: a tag per function and per parameter, values on their own lines
+CODER_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n<function={{ c.function.name }}>\n"
+    "{% for k, v in c.function.arguments.items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}"
+    "</function>\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CODER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\n10001\n</parameter>\n<parameter=days>\n3\n"
+              "</parameter>\n</function>\n</tool_call>")
+
+
+@pytest.fixture
+async def coder_front(model_config):
+    from services.engine.model_files import bundled_model_path
+
+    tokenizer = Tokenizer.load(bundled_model_path(), model_config.eos_token_ids)
+    tokenizer.hf.chat_template = CODER_TEMPLATE
+    running = await start_front(tokenizer, model_config)
+    try:
+        yield running, tokenizer
+    finally:
+        await stop_front(running)
+
+
+async def test_a_qwen3_coder_template_s_calls_are_read_typed_by_the_tools(coder_front):
+    front, tokenizer = coder_front
+    script_tokens(front, tokenizer, f"Checking.\n\n{CODER_CALL}")
+    completion = await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS)
+    (call,) = completion.choices[0].message.tool_calls
+    assert completion.choices[0].message.content == "Checking."
+    assert json.loads(call.function.arguments) == {"city": "10001", "days": 3}
+
+    script_tokens(front, tokenizer, f"{CODER_CALL}\n{CODER_CALL.replace('10001', 'Rome')}")
+    stream = await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, stream=True)
+    deltas = [d for c in [chunk async for chunk in stream] for d in c.choices[0].delta.tool_calls or ()]
+    assert [json.loads(d.function.arguments) for d in deltas] == [{"city": "10001", "days": 3},
+                                                                  {"city": "Rome", "days": 3}]
+
+    script_tokens(front, tokenizer, CODER_CALL)
+    await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, tool_choice="required",
+                                               parallel_tool_calls=False)
+    spec = ToolSpec("get_weather", "Weather", WEATHER)
+    assert front.cluster.p.requests[-1].sampling.structured.grammar == \
+        Qwen3CoderParser().forced_grammar([spec], parallel=False)

@@ -1,0 +1,95 @@
+"""What the formats that write arguments as tagged text (GLM's, Qwen3-Coder's) share: reading a value back by
+its schema (a string's text is written bare, so only the schema tells ``"123"`` from ``123``), a function's name,
+and the forced grammar's lazy text values.
+
+A string value in a forced grammar is one lazy lexeme that ends with the value's closing tag: llguidance's lexer
+never backtracks, so a lexeme of "any text without the tag" would read on through the tag's first characters and
+never let it match; a lazy one ends at the first place it can, the first closing tag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.gateway.openai.tools.types import ToolSpec
+
+FUNCTION_NAME = re.compile(r"[\w.:\-]+")  # a function's name as OpenAI allows them (and dots, colons: MCP's)
+
+
+def is_string_schema(schema: Any) -> bool:
+    """Whether an argument of ``schema`` is a string, written bare (its type ``string``, or ``string`` and
+    ``null``; no type but an ``enum`` or ``const`` of strings)."""
+    if not isinstance(schema, Mapping):
+        return False
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return [k for k in kind if k != "null"] == ["string"]
+    if kind is not None:
+        return kind == "string"
+    options = string_options(schema)
+    return bool(options) and len(options) == len(_options(schema))
+
+
+def is_nullable(schema: Any) -> bool:
+    return isinstance(schema, Mapping) and isinstance(schema.get("type"), list) and "null" in schema["type"]
+
+
+def schema_type(schema: Any) -> str | None:
+    """The one non-null ``type`` of ``schema``, or None (none, or several)."""
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    kinds = [k for k in kind if k != "null"] if isinstance(kind, list) else [kind] if kind else []
+    return kinds[0] if len(kinds) == 1 else None
+
+
+def _options(schema: Mapping[str, Any]) -> list[Any]:
+    if isinstance(schema.get("enum"), list):
+        return list(schema["enum"])
+    return [schema["const"]] if "const" in schema else []
+
+
+def string_options(schema: Mapping[str, Any]) -> list[str]:
+    """The strings of an ``enum`` or ``const``."""
+    return [option for option in _options(schema) if isinstance(option, str)]
+
+
+def property_schema(tools: Sequence[ToolSpec], name: str, key: str) -> Any:
+    """The schema ``tools`` give argument ``key`` of function ``name`` (None: not described)."""
+    for tool in tools:
+        if tool.name == name:
+            properties = tool.parameters.get("properties")
+            return properties.get(key) if isinstance(properties, Mapping) else None
+    return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_value(text: str) -> Any:
+    """``text`` read as JSON, or ``text`` itself where it is not JSON (``NaN`` and ``Infinity`` are not)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError:
+        return text
+
+
+def lazy_text(rule: str, close: str, schema: Mapping[str, Any] | None = None) -> list[str]:
+    """Lark lines for ``rule``: any text up to and including the first ``close`` (a regex of the closing tag,
+    ``/`` escaped), within the ``minLength`` and ``maxLength`` of ``schema`` where it has them (its ``pattern``
+    and ``format`` are not held)."""
+    low, high = int((schema or {}).get("minLength") or 0), (schema or {}).get("maxLength")
+    if not low and high is None:
+        return [f"{rule}[lazy]: /(.|\\n)*{close}/"]
+    terminal = rule.upper()
+    bounds = f"{{{low},{'' if high is None else int(high)}}}"
+    return [f"{rule}[lazy]: {terminal}",
+            f"{terminal}: /(.|\\n){bounds}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/"]  # no close but the last
+
+
+def json_value_grammar(schema: Any, defs: Mapping[str, Any], style: Mapping[str, Any]) -> str:
+    """``%json`` of ``schema`` (with the tool's ``$defs``, where its refs point) in ``style``."""
+    body = {**(dict(schema) if isinstance(schema, Mapping) else {}), **defs, "x-guidance": dict(style)}
+    return "%json " + json.dumps(body, ensure_ascii=False)
