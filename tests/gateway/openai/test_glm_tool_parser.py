@@ -56,6 +56,9 @@ CASES = [
     ("<tool_call>get_time\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n",
      ParsedOutput("", (_call("get_time", {"a": 1}),))),
     ("a <tool_c", ParsedOutput("a <tool_c")),
+    # a closing tag inside a value (a JSON string's) is the value's
+    ("<tool_call>get_weather\n<arg_key>tags</arg_key>\n<arg_value>[\"</arg_value>\"]</arg_value>\n</tool_call>",
+     ParsedOutput("", (_call("get_weather", {"tags": ["</arg_value>"]}),))),
 ]
 
 

@@ -18,7 +18,9 @@ TOOLS = (
     ToolSpec("run", "Run code", {"type": "object", "properties": {
         "code": {"type": "string"}, "timeout": {"type": "integer"}, "ratio": {"type": "number"},
         "verbose": {"type": "boolean"}, "env": {"type": "object"}, "args": {"type": "array"},
-        "note": {"type": ["string", "null"]}, "limit": {"type": ["integer", "null"]}}, "required": ["code"]}),
+        "note": {"type": ["string", "null"]}, "limit": {"type": ["integer", "null"]},
+        "tag": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "label": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}}, "required": ["code"]}),
     ToolSpec("ls", "List files", {"type": "object", "properties": {}}),
 )
 PARSER = Qwen3CoderParser()
@@ -53,6 +55,14 @@ CASES = [
     ("<tool_call>\n<function=run>\n<parameter=code>\nx\n</function>\n</tool_call>",
      ParsedOutput("<tool_call>\n<function=run>\n<parameter=code>\nx\n</function>\n</tool_call>")),
     ("a <tool_c", ParsedOutput("a <tool_c")),
+    # a closing tag inside a value is the value's; the function's closing tag may be missing at the end
+    ("<tool_call>\n<function=run>\n<parameter=code>\na</parameter>b\n</parameter>\n<parameter=env>\n"
+     "{\"k\": \"</parameter>\"}\n</parameter>\n</tool_call>",
+     ParsedOutput("", (_call("run", {"code": "a</parameter>b", "env": {"k": "</parameter>"}}),))),
+    # Pydantic's optional string (anyOf string, null) keeps its text
+    ("<tool_call>\n<function=run>\n<parameter=code>\nx\n</parameter>\n<parameter=tag>\n42\n</parameter>\n"
+     "<parameter=label>\nNone\n</parameter>\n</function>\n</tool_call>",
+     ParsedOutput("", (_call("run", {"code": "x", "tag": "42", "label": None}),))),
 ]
 
 
@@ -100,8 +110,10 @@ def test_the_forced_grammar_closes_a_string_at_its_first_closing_tag(compiler, b
         return matcher.consume_tokens(bundled_tokenizer.encode(text)) and matcher.is_accepting()
 
     for good in ({"code": "print(1)"}, {"code": "a\n</param>\nb"}, {"code": "x", "verbose": False},
-                 {"code": "x", "timeout": 5, "env": {"k": "v"}}, {"code": "x", "limit": None}):
+                 {"code": "x", "timeout": 5, "env": {"k": "v"}}, {"code": "x", "limit": None},
+                 {"code": "a</parameter>b"}, {"code": "x", "tag": "abc"}, {"code": "x", "tag": None}):
         assert accepts(good), good
+        assert PARSER.parse(PARSER.render_calls([_call("run", good)]), TOOLS).calls == (_call("run", good),)
     for bad in ({"code": "a\n</parameter>\nb"}, {"code": "x", "timeout": "soon"}, {"timeout": 5},
-                {"code": "x", "extra": 1}):
+                {"code": "x", "extra": 1}, {"code": "x</tool_call>y"}):
         assert not accepts(bad), bad

@@ -45,7 +45,9 @@ from services.gateway.openai.tools.schema_values import (
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
 
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-_PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+# a value ends at a closing tag followed by the next pair or the end (one inside a JSON string is the value's)
+_PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>(?=\s*(?:<arg_key>|\Z))",
+                   re.DOTALL)
 _CLOSE = r"<\/arg_value>"
 _KEY = r"/[^<\n]+/"
 

@@ -36,7 +36,7 @@ class HermesStream:
 
     def __init__(self, read_call: Callable[[str], ParsedToolCall | None] = only_call) -> None:
         """``read_call``: the call a block's text between its markers is, or None (Hermes: one JSON call
-        object; GLM's format reuses the stream with its own reader)."""
+        object; GLM's and Qwen3-Coder's formats reuse the stream with their own readers)."""
         self._read_call = read_call
         self._content = ContentEmitter()
         self._pending = ""

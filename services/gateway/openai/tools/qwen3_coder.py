@@ -15,15 +15,17 @@ writes them so), one tag per function and per parameter::
 The template writes an object or a list as JSON and anything else as Python's ``str`` of it (``True``, ``None``,
 ``2.5``), each value on its own lines: one line break after ``<parameter=…>`` and one before ``</parameter>`` are
 the format's, not the value's. Reading it back takes the tool's schema, as vLLM's parser does: a string keeps its
-text; an integer or number is read as one; a boolean is ``true`` or ``false`` in either case; ``null`` or
-``None`` is null (for a string only where its schema allows null); an object, a list, or any other type is read as
-JSON; a value that does not read as its type, or an argument the request's tools do not describe, keeps its text.
-A block that is not one ``<function=NAME>`` of parameters stays content.
+text; an integer or number is read as one (else its text stays); a boolean is ``true`` or ``false`` in either case
+(else its text stays); ``null`` or ``None`` is null (for a string only where its schema allows null); an object, a
+list, or any other type is read as JSON where it is JSON (else its text stays); an argument the request's tools do
+not describe keeps its text. A block that is not one ``<function=NAME>`` of parameters (its ``</function>`` may be
+missing at the end) stays content.
 
 The forced grammar writes each tool's parameters in its schema's order, the required ones always: a string any
 text up to the first ``\\n</parameter>`` (within its ``minLength`` and ``maxLength``), an ``enum`` or ``const``
-of strings one of them, a boolean ``True``/``False`` (as the template writes it; ``true``/``false`` too), any other
-value ``%json`` of its schema (and ``None`` where it allows null).
+of strings one of them, a boolean ``True``/``False`` (as the template writes it; ``true``/``false`` too; ``None``
+and ``null`` where it allows null), any other value ``%json`` of its schema (and ``None`` where it allows null). A
+string never holds ``</tool_call>``; a JSON string could (the call would then read as content).
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ from services.gateway.openai.tools.schema_values import (
 )
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
 
-_FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.DOTALL)
-_PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+# the function's closing tag may be missing at the block's end (vLLM reads such a call too)
+_FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*?)(?:</function>)?\s*", re.DOTALL)
+# a value ends at a closing tag followed by the next parameter or the end: one inside a value (a string's
+# "a</parameter>b", a JSON string's) is the value's
+_PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>(?=\s*(?:<parameter=|\Z))", re.DOTALL)
 _CLOSE = r"\n<\/parameter>"
 _BOOLEANS = {"true": True, "false": False}
 _NULLS = ("null", "None")

@@ -19,9 +19,18 @@ from services.gateway.openai.tools.types import ToolSpec
 FUNCTION_NAME = re.compile(r"[\w.:\-]+")  # a function's name as OpenAI allows them (and dots, colons: MCP's)
 
 
+def _branches(schema: Mapping[str, Any]) -> list[Any] | None:
+    """The non-null branches of an ``anyOf``/``oneOf`` (Pydantic's optional fields), or None without one."""
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            return [b for b in schema[key] if not (isinstance(b, Mapping) and b.get("type") == "null")]
+    return None
+
+
 def is_string_schema(schema: Any) -> bool:
     """Whether an argument of ``schema`` is a string, written bare (its type ``string``, or ``string`` and
-    ``null``; no type but an ``enum`` or ``const`` of strings)."""
+    ``null``; an ``anyOf``/``oneOf`` of strings and null; no type but an ``enum`` or ``const`` of strings). A
+    ``$ref`` is not followed."""
     if not isinstance(schema, Mapping):
         return False
     kind = schema.get("type")
@@ -29,12 +38,21 @@ def is_string_schema(schema: Any) -> bool:
         return [k for k in kind if k != "null"] == ["string"]
     if kind is not None:
         return kind == "string"
+    branches = _branches(schema)
+    if branches is not None:
+        return bool(branches) and all(is_string_schema(b) for b in branches)
     options = string_options(schema)
     return bool(options) and len(options) == len(_options(schema))
 
 
 def is_nullable(schema: Any) -> bool:
-    return isinstance(schema, Mapping) and isinstance(schema.get("type"), list) and "null" in schema["type"]
+    """Whether ``schema`` allows null (in its ``type`` list, or as a branch of its ``anyOf``/``oneOf``)."""
+    if not isinstance(schema, Mapping):
+        return False
+    if isinstance(schema.get("type"), list):
+        return "null" in schema["type"]
+    branches = _branches(schema)
+    return branches is not None and len(branches) < len(schema.get("anyOf") or schema.get("oneOf") or ())
 
 
 def schema_type(schema: Any) -> str | None:
@@ -79,14 +97,12 @@ def json_value(text: str) -> Any:
 def lazy_text(rule: str, close: str, schema: Mapping[str, Any] | None = None) -> list[str]:
     """Lark lines for ``rule``: any text up to and including the first ``close`` (a regex of the closing tag,
     ``/`` escaped), within the ``minLength`` and ``maxLength`` of ``schema`` where it has them (its ``pattern``
-    and ``format`` are not held)."""
+    and ``format`` are not held), and without ``</tool_call>`` (which would end the call's block)."""
     low, high = int((schema or {}).get("minLength") or 0), (schema or {}).get("maxLength")
-    if not low and high is None:
-        return [f"{rule}[lazy]: /(.|\\n)*{close}/"]
+    bounds = "*" if not low and high is None else f"{{{low},{'' if high is None else int(high)}}}"
     terminal = rule.upper()
-    bounds = f"{{{low},{'' if high is None else int(high)}}}"
     return [f"{rule}[lazy]: {terminal}",
-            f"{terminal}: /(.|\\n){bounds}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/"]  # no close but the last
+            f"{terminal}: /(.|\\n){bounds}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/ & ~/(.|\\n)*<\\/tool_call>(.|\\n)*/"]
 
 
 def json_value_grammar(schema: Any, defs: Mapping[str, Any], style: Mapping[str, Any]) -> str:
