@@ -30,17 +30,23 @@ CALL = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>10001</arg_
         "<arg_value>3</arg_value>\n</tool_call>")
 
 
-@pytest.fixture
-async def glm_front(model_config):
+async def _front_with(template: str, model_config):
+    """The front over fake nodes, its tokenizer's chat template ``template``."""
     from services.engine.model_files import bundled_model_path
 
     tokenizer = Tokenizer.load(bundled_model_path(), model_config.eos_token_ids)
-    tokenizer.hf.chat_template = GLM_TEMPLATE
+    tokenizer.hf.chat_template = template
     running = await start_front(tokenizer, model_config)
     try:
         yield running, tokenizer
     finally:
         await stop_front(running)
+
+
+@pytest.fixture
+async def glm_front(model_config):
+    async for front in _front_with(GLM_TEMPLATE, model_config):
+        yield front
 
 
 async def test_a_glm_template_s_calls_are_read_typed_by_the_tools(glm_front):
@@ -86,15 +92,8 @@ CODER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\n10001\n</p
 
 @pytest.fixture
 async def coder_front(model_config):
-    from services.engine.model_files import bundled_model_path
-
-    tokenizer = Tokenizer.load(bundled_model_path(), model_config.eos_token_ids)
-    tokenizer.hf.chat_template = CODER_TEMPLATE
-    running = await start_front(tokenizer, model_config)
-    try:
-        yield running, tokenizer
-    finally:
-        await stop_front(running)
+    async for front in _front_with(CODER_TEMPLATE, model_config):
+        yield front
 
 
 async def test_a_qwen3_coder_template_s_calls_are_read_typed_by_the_tools(coder_front):

@@ -117,3 +117,16 @@ def test_the_forced_grammar_closes_a_string_at_its_first_closing_tag(compiler, b
     for bad in ({"code": "a\n</parameter>\nb"}, {"code": "x", "timeout": "soon"}, {"timeout": 5},
                 {"code": "x", "extra": 1}, {"code": "x</tool_call>y"}):
         assert not accepts(bad), bad
+
+
+@pytest.mark.parametrize("parser", ["qwen3_coder", "glm45", "glm47"])
+def test_a_tool_without_properties_is_forced_with_any_arguments(parser, compiler, bundled_tokenizer):
+    from services.engine.structured_spec import StructuredSpec
+    from services.gateway.openai.tools.registry import tool_call_parser
+
+    chosen = tool_call_parser(parser, "")
+    tools = [ToolSpec("free", "", {"type": "object"})]
+    matcher = compiler.compile(StructuredSpec("grammar", chosen.forced_grammar(tools, parallel=False))).new_matcher()
+    text = chosen.render_calls([_call("free", {"a": "x", "b": "y z"})])
+    assert matcher.consume_tokens(bundled_tokenizer.encode(text)) and matcher.is_accepting(), text
+    assert chosen.parse(text, tools).calls == (_call("free", {"a": "x", "b": "y z"}),)

@@ -28,21 +28,19 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal, tool_lines
-from services.gateway.openai.tools.hermes import CLOSE, OPEN, HermesStream
-from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
+from services.gateway.openai.tools.hermes import CLOSE, OPEN
+from services.gateway.openai.tools.scan import arguments_value
 from services.gateway.openai.tools.schema_values import (
     FUNCTION_NAME,
     is_nullable,
     is_string_schema,
     json_value,
     json_value_grammar,
-    lazy_text,
     property_schema,
-    string_options,
 )
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
+from services.gateway.openai.tools.tagged import TaggedCallParser
+from services.gateway.openai.tools.types import ParsedToolCall, ToolSpec
 
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 # a value ends at a closing tag followed by the next pair or the end (one inside a JSON string is the value's)
@@ -76,51 +74,32 @@ def read_call(body: str, tools: Sequence[ToolSpec] = ()) -> ParsedToolCall | Non
     return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
 
 
-class GlmParser:
+class GlmParser(TaggedCallParser):
     markers = (OPEN, CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE)
+    text_rule = "arg_text"
+    value_close, value_close_regex = VALUE_CLOSE, _CLOSE
 
     def __init__(self, name: str = "glm45", newlines: bool = True) -> None:
         self.name = name
         self._nl = "\n" if newlines else ""  # GLM-4.5's templates put a newline after the name and each tag pair
+        self.call_open, self.separator = OPEN, self._nl
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
-        return collect(self.stream(tools), text)
+    def read_call(self, body: str, tools: Sequence[ToolSpec]) -> ParsedToolCall | None:
+        return read_call(body, tools)
 
-    def stream(self, tools: Sequence[ToolSpec] = ()) -> HermesStream:
-        return HermesStream(lambda body: read_call(body, tools))
+    def function_rule(self, tool: ToolSpec, arguments: list[str]) -> str:
+        return " ".join([lark_literal(tool.name + self._nl), *arguments])
 
-    def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:
-        if not tools:
-            raise ValueError("a forced tool call needs at least one tool")
-        nl = self._nl
-        calls = "call" + (f" ({lark_literal(nl)} call)*" if parallel and nl else " call*" if parallel else "")
-        lines = [f"start: {calls}",
-                 f"call: {lark_literal(OPEN)} ({' | '.join(f'tool_{i}' for i in range(len(tools)))}) "
-                 f"{lark_literal(CLOSE)}",
-                 *lazy_text("arg_text", _CLOSE)]
-        for i, tool in enumerate(tools):
-            lines += self._tool_rules(f"tool_{i}", tool)
-        return "\n".join(lines) + "\n"
+    def argument_rule(self, key: str, value: str) -> str:
+        head = lark_literal(f"{KEY_OPEN}{key}{KEY_CLOSE}{self._nl}{VALUE_OPEN}")
+        return f"{head} {value}" + (f" {lark_literal(self._nl)}" if self._nl else "")
 
-    def _tool_rules(self, rule: str, tool: ToolSpec) -> list[str]:
-        parameters = close_objects(dict(tool.parameters))
-        defs = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
-        properties = parameters.get("properties")
-        if not isinstance(properties, Mapping):  # free-form arguments: any keys, values as text or JSON
-            pair = self._pair(lark_literal(KEY_OPEN) + f" {_KEY} " + lark_literal(KEY_CLOSE + self._nl), "arg_text")
-            return [f"{rule}: {lark_literal(tool.name + self._nl)} ({pair})*"]
-        required = set(parameters.get("required") or ())
-        parts, rules = [], []
-        for j, (key, schema) in enumerate(properties.items()):
-            head = lark_literal(f"{KEY_OPEN}{key}{KEY_CLOSE}{self._nl}")
-            value, lines = _value_rule(schema, defs, f"{rule}_{j}_text")
-            rules += [f"{rule}_{j}: {self._pair(head, value)}", *lines]
-            parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
-        return [f"{rule}: {' '.join([lark_literal(tool.name + self._nl), *parts])}", *rules]
+    def free_arguments(self) -> str:
+        key = f"{lark_literal(KEY_OPEN)} {_KEY} {lark_literal(KEY_CLOSE + self._nl + VALUE_OPEN)}"
+        return f"({key} {self.text_rule}" + (f" {lark_literal(self._nl)})*" if self._nl else ")*")
 
-    def _pair(self, head: str, value: str) -> str:
-        """A key's pair: ``head`` (its key), then ``value``, whose grammar ends with ``</arg_value>``."""
-        return f"{head} {lark_literal(VALUE_OPEN)} {value}" + (f" {lark_literal(self._nl)}" if self._nl else "")
+    def typed_value(self, schema: Any, defs: Mapping[str, Any]) -> str:
+        return json_value_grammar(schema, defs, JSON_STYLE)
 
     def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
         return (
@@ -145,22 +124,3 @@ class GlmParser:
                        f"{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
                        f"{VALUE_CLOSE}{self._nl}" for key, value in pairs)
         return f"{OPEN}{call.name}{self._nl}{body}{CLOSE}"
-
-    def render_result(self, content: str, name: str | None) -> str:
-        return f"<tool_response>\n{content}\n</tool_response>"
-
-    def new_call_id(self) -> str:
-        return hex_call_id()
-
-
-def _value_rule(schema: Any, defs: Mapping[str, Any], rule: str) -> tuple[str, list[str]]:
-    """The grammar of one argument's value and its closing tag (text, one of its strings, or its JSON), and the
-    lines it needs (``rule``: the name of its own rule, where it has one)."""
-    close = lark_literal(VALUE_CLOSE)
-    if isinstance(schema, Mapping) and is_string_schema(schema):
-        if strings := string_options(schema):
-            return "(" + " | ".join(lark_literal(s) for s in strings) + f") {close}", []
-        if schema.get("minLength") or schema.get("maxLength") is not None:
-            return rule, lazy_text(rule, _CLOSE, schema)
-        return "arg_text", []
-    return f"{json_value_grammar(schema, defs, JSON_STYLE)} {close}", []

@@ -35,22 +35,20 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal, tool_lines
-from services.gateway.openai.tools.hermes import CLOSE, OPEN, HermesStream
-from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
+from services.gateway.openai.tools.hermes import CLOSE, OPEN
+from services.gateway.openai.tools.scan import arguments_value
 from services.gateway.openai.tools.schema_values import (
     FUNCTION_NAME,
     is_nullable,
     is_string_schema,
     json_value,
     json_value_grammar,
-    lazy_text,
     property_schema,
     schema_type,
-    string_options,
 )
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
+from services.gateway.openai.tools.tagged import TaggedCallParser
+from services.gateway.openai.tools.types import ParsedToolCall, ToolSpec
 
 # the function's closing tag may be missing at the block's end (vLLM reads such a call too)
 _FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*?)(?:</function>)?\s*", re.DOTALL)
@@ -99,26 +97,30 @@ def read_call(body: str, tools: Sequence[ToolSpec] = ()) -> ParsedToolCall | Non
     return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
 
 
-class Qwen3CoderParser:
+class Qwen3CoderParser(TaggedCallParser):
     name = "qwen3_coder"
-    markers = (OPEN, CLOSE)
+    call_open = OPEN + "\n"
+    text_rule = "parameter_text"
+    value_close, value_close_regex = "\n</parameter>", _CLOSE
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
-        return collect(self.stream(tools), text)
+    def read_call(self, body: str, tools: Sequence[ToolSpec]) -> ParsedToolCall | None:
+        return read_call(body, tools)
 
-    def stream(self, tools: Sequence[ToolSpec] = ()) -> HermesStream:
-        return HermesStream(lambda body: read_call(body, tools))
+    def function_rule(self, tool: ToolSpec, arguments: list[str]) -> str:
+        return " ".join([lark_literal(f"<function={tool.name}>\n"), *arguments, lark_literal("</function>\n")])
 
-    def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:
-        if not tools:
-            raise ValueError("a forced tool call needs at least one tool")
-        lines = ["start: call" + (' ("\\n" call)*' if parallel else ""),
-                 f"call: {lark_literal(OPEN + chr(10))} ({' | '.join(f'tool_{i}' for i in range(len(tools)))}) "
-                 f"{lark_literal(CLOSE)}",
-                 *lazy_text("parameter_text", _CLOSE)]
-        for i, tool in enumerate(tools):
-            lines += _tool_rules(f"tool_{i}", tool)
-        return "\n".join(lines) + "\n"
+    def argument_rule(self, key: str, value: str) -> str:
+        return f"{lark_literal(f'<parameter={key}>' + chr(10))} {value} {lark_literal(chr(10))}"
+
+    def free_arguments(self) -> str:
+        return f'("<parameter=" /[^>\\n]+/ ">\\n" {self.text_rule} "\\n")*'
+
+    def typed_value(self, schema: Any, defs: Mapping[str, Any]) -> str:
+        none = ' | "None"' if is_nullable(schema) else ""  # the template's str(None); JSON's null is in the %json
+        if schema_type(schema) == "boolean":
+            nulls = f'{none} | "null"' if none else ""
+            return f'("True" | "False" | "true" | "false"{nulls})'
+        return f"({json_value_grammar(schema, defs, JSON_STYLE)}{none})"
 
     def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
         return (
@@ -135,12 +137,6 @@ class Qwen3CoderParser:
     def render_calls(self, calls: Sequence[ParsedToolCall]) -> str:
         return "\n".join(_render(call) for call in calls)
 
-    def render_result(self, content: str, name: str | None) -> str:
-        return f"<tool_response>\n{content}\n</tool_response>"
-
-    def new_call_id(self) -> str:
-        return hex_call_id()
-
 
 def _render(call: ParsedToolCall) -> str:
     """As Qwen3-Coder's template writes a call (an object or a list as JSON, anything else as ``str``)."""
@@ -150,36 +146,3 @@ def _render(call: ParsedToolCall) -> str:
                    f"{json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value}\n"
                    "</parameter>\n" for key, value in pairs)
     return f"{OPEN}\n<function={call.name}>\n{body}</function>\n{CLOSE}"
-
-
-def _tool_rules(rule: str, tool: ToolSpec) -> list[str]:
-    parameters = close_objects(dict(tool.parameters))
-    defs = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
-    head, tail = lark_literal(f"<function={tool.name}>\n"), lark_literal("</function>\n")
-    properties = parameters.get("properties")
-    if not isinstance(properties, Mapping):  # free-form arguments: any names, values as text
-        return [f'{rule}: {head} ("<parameter=" /[^>\\n]+/ ">\\n" parameter_text "\\n")* {tail}']
-    required = set(parameters.get("required") or ())
-    parts, rules = [], []
-    for j, (key, schema) in enumerate(properties.items()):
-        value, lines = _value_rule(schema, defs, f"{rule}_{j}_text")
-        rules += [f"{rule}_{j}: {lark_literal(f'<parameter={key}>' + chr(10))} {value} {lark_literal(chr(10))}",
-                  *lines]
-        parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
-    return [f"{rule}: {' '.join([head, *parts, tail])}", *rules]
-
-
-def _value_rule(schema: Any, defs: Mapping[str, Any], rule: str) -> tuple[str, list[str]]:
-    """One parameter's value and its closing tag, and the lines it needs (``rule``: its own rule's name)."""
-    close = lark_literal("\n</parameter>")
-    if isinstance(schema, Mapping) and is_string_schema(schema):
-        if strings := string_options(schema):
-            return "(" + " | ".join(lark_literal(s) for s in strings) + f") {close}", []
-        if schema.get("minLength") or schema.get("maxLength") is not None:
-            return rule, lazy_text(rule, _CLOSE, schema)
-        return "parameter_text", []
-    none = ' | "None"' if is_nullable(schema) else ""  # the template's str(None); JSON's null is in the %json
-    if schema_type(schema) == "boolean":
-        nulls = f'{none} | "null"' if none else ""
-        return f'("True" | "False" | "true" | "false"{nulls}) {close}', []
-    return f"({json_value_grammar(schema, defs, JSON_STYLE)}{none}) {close}", []
