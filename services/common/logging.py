@@ -48,7 +48,9 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None 
             *tail,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        # one write per line (message and newline together): print() writes them apart, and a line another
+        # thread logs through the stdlib handler could land between them
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=numeric, stream=stream, format="%(asctime)s %(levelname)s %(name)s %(message)s",
