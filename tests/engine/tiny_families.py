@@ -21,8 +21,8 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
 RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4"}
-RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4"}  # biases, sinks and routers' correction biases drawn at random
-# (transformers starts them at 0), so each one shows
+# biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
+RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe"}
 
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
@@ -83,6 +83,12 @@ FAMILIES: dict[str, dict] = {
     # biases, gate/up fused (its norms and biases drawn at random, so a swapped norm or a lost bias shows)
     "glm4": dict(model_type="glm4", head_dim=32, partial_rotary_factor=0.5, attention_bias=True, rope_theta=10000.0,
                  tie_word_embeddings=False, pad_token_id=0),  # its default is past the vocabulary
+    # ERNIE 4.5: interleaved rope over the whole head; its MoE: softmax routing with a correction bias in the choice
+    # (drawn at random), experts from the second layer, two shared experts
+    "ernie4_5": dict(model_type="ernie4_5", head_dim=32, rope_theta=500000.0, tie_word_embeddings=True),
+    "ernie4_5-moe": dict(model_type="ernie4_5_moe", head_dim=16, moe_num_experts=8, moe_k=2, moe_intermediate_size=48,
+                         moe_num_shared_experts=2, moe_layer_start_index=1, rope_theta=500000.0,
+                         tie_word_embeddings=False),
     # GLM-4.5: q/k/v biases and q/k norms, rope on half of each head, a dense first layer, then sigmoid routing
     # with a correction bias (drawn at random, as RANDOM_BIASES' are) among the best of two groups, routed weights
     # times 2.5, and two shared experts
@@ -134,6 +140,9 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
             for buffer_name, buffer in model.named_buffers():
                 if buffer_name.endswith("e_score_correction_bias"):
                     buffer.normal_(0.0, 0.5)
+            for param_name, param in model.named_parameters():  # ERNIE's correction bias is a parameter
+                if param_name.endswith("e_score_correction_bias"):
+                    param.normal_(0.0, 0.1)  # its choice adds it to probabilities (about 1 / 8 each here)
     path = root / name
     model.save_pretrained(str(path), max_shard_size="2MB")
     tokenizer_hf.save_pretrained(str(path))

@@ -15,7 +15,9 @@ class MoEConfig:
     (GLM-4.5, DeepSeek-V3) by the sigmoid of the router's float32 logits: the experts are chosen by score plus
     a per-expert correction bias (the router's ``e_score_correction_bias``), only among the ``top_groups`` best
     of ``expert_groups`` groups (a group scored by the sum of its best two), and weighted by their scores
-    alone; ``routed_scaling`` multiplies the routed experts' weights (after ``norm_topk_prob``)."""
+    alone; ``routed_scaling`` multiplies the routed experts' weights (after ``norm_topk_prob``).
+    ``biased_choice`` (ERNIE 4.5): the softmax of float32 logits with the same correction bias in the choice
+    only (sigmoid routing always has it)."""
 
     num_experts: int
     top_k: int
@@ -28,9 +30,15 @@ class MoEConfig:
     shared_expert_intermediate_size: int | None = None  # a shared expert every token goes through (Qwen2-MoE's,
     shared_expert_gated: bool = True  # gated by a sigmoid; Granite MoE's: not gated, shared_expert_gated False)
     sigmoid_routing: bool = False
+    biased_choice: bool = False
     expert_groups: int = 1  # n_group
     top_groups: int = 1  # topk_group
     routed_scaling: float = 1.0  # routed_scaling_factor
+
+    @property
+    def float32_router(self) -> bool:
+        """The router runs in float32, beside its ``e_score_correction_bias`` (sigmoid routing, biased choice)."""
+        return self.sigmoid_routing or self.biased_choice
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -77,7 +85,7 @@ class Multipliers:
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5).
+    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.

@@ -45,6 +45,8 @@ def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torc
     """Each token's ``top_k`` experts ``[T, top_k]`` and their float32 weights (see :class:`MoEConfig`)."""
     if config.sigmoid_routing:
         return _sigmoid_route(x, weights, config)
+    if config.biased_choice:
+        return _biased_softmax_route(x, weights, config)
     router_logits = linear(x, weights.router)
     if config.softmax_after_topk:
         top_logits, top_experts = router_logits.topk(config.top_k, dim=-1)
@@ -72,6 +74,18 @@ def _sigmoid_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> t
     if config.norm_topk_prob:
         top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
     return top_probs * config.routed_scaling, top_experts
+
+
+def _biased_softmax_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ERNIE 4.5's routing, in float32: chosen by ``softmax + bias``, weighted by the softmax."""
+    probs = torch.softmax(linear(x.float(), weights.router), dim=-1)
+    choice = probs if weights.choice_bias is None else probs + weights.choice_bias
+    top_experts = choice.topk(config.top_k, dim=-1).indices
+    top_probs = probs.gather(1, top_experts)
+    if config.norm_topk_prob:
+        top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True).clamp(min=1e-12)  # ERNIE's moe_norm_min
+    return top_probs, top_experts
 
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,

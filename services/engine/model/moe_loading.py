@@ -37,15 +37,17 @@ class ExpertLoading:
         experts.shared = self._shared_expert(p)
         moe = self.config.moe
         assert moe is not None
-        if moe.sigmoid_routing:  # float32, as GLM-4.5's and DeepSeek-V3's routers run
-            experts.choice_bias = self._source.take(p + "gate.e_score_correction_bias", (moe.num_experts,),
-                                                    torch.float32)
+        if moe.float32_router:  # float32, as GLM-4.5's, DeepSeek-V3's and ERNIE 4.5's routers run
+            name, source = p + "gate.e_score_correction_bias", self._source
+            stored = (1, moe.num_experts) if source.has(name) and source.tensors[name].dim() == 2 else \
+                (moe.num_experts,)  # ERNIE's is [1, experts]
+            experts.choice_bias = source.take(name, stored, torch.float32).view(moe.num_experts)
         return experts
 
     def _router(self, p: str) -> LinearWeight:
         moe = self.config.moe
         assert moe is not None
-        dtype = torch.float32 if moe.sigmoid_routing else None
+        dtype = torch.float32 if moe.float32_router else None
         return prepare_linear(self._source.take(p + "gate.weight", (moe.num_experts, self.config.hidden_size), dtype),
                               row_block=self._row_block)
 

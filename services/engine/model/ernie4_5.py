@@ -1,0 +1,55 @@
+"""Baidu's ERNIE 4.5 (``ernie4_5``: ERNIE-4.5-0.3B; ``ernie4_5_moe``: ERNIE-4.5-21B-A3B and 300B-A47B, the
+``-PT`` checkpoints transformers reads): Llama's decoder with rope on pairs of adjacent dims
+(``ModelConfig.rope_interleaved``, as GLM-4's, over the whole head; transformers rotates in float32, so bf16 runs
+round once less there than here).
+
+The MoE adds, on the layers ``moe_layer_interval``, ``moe_layer_start_index`` and ``moe_layer_end_index`` pick:
+experts routed by the softmax of float32 router logits, chosen by softmax plus a per-expert correction bias
+(``moe_statics.e_score_correction_bias``) and weighted by the softmax alone, renormalised
+(:attr:`~services.engine.model.config.MoEConfig.biased_choice`); ``moe_num_shared_experts`` shared experts as one
+ungated MLP. Its multi-token-prediction weights (``mtp*``) are not read. ``use_bias`` (a bias on every
+projection, the MLP's too) is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.hf_config import base_fields, required
+
+ARCHITECTURE = "ernie4_5"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    if cfg.get("use_bias"):
+        raise ModelLoadError(f"{cfg.get('model_type')}: use_bias (a bias on every projection, the MLP's too) is "
+                             "not supported")
+    cfg = {"rms_norm_eps": 1e-5, "tie_word_embeddings": True, **cfg}  # Ernie4_5Config's defaults
+    fields = base_fields(cfg, ARCHITECTURE)
+    moe = _experts(cfg, fields["num_layers"]) if cfg.get("model_type") == "ernie4_5_moe" else None
+    return ModelConfig(**fields, rope_interleaved=True, moe=moe)
+
+
+def _experts(cfg: Mapping[str, Any], layers: int) -> MoEConfig:
+    start, interval = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_interval", 1))
+    end = int(cfg.get("moe_layer_end_index", -1))
+    end = layers - 1 if end == -1 else end
+    width = int(cfg.get("moe_intermediate_size", 1536))
+    return MoEConfig(
+        num_experts=int(required(cfg, "moe_num_experts")), top_k=int(required(cfg, "moe_k")),
+        intermediate_size=width, norm_topk_prob=True, biased_choice=True,
+        sparse_layers=tuple(i for i in range(layers) if (i + 1) % interval == 0 and start <= i <= end),
+        shared_expert_intermediate_size=width * int(cfg.get("moe_num_shared_experts", 2)) or None,
+        shared_expert_gated=False,
+    )
+
+
+def ernie4_5_tensor_name(name: str) -> str | None:
+    """An ERNIE 4.5 checkpoint tensor's name in the shared decoder (its correction bias is the router's; its shared
+    experts the decoder's shared expert); None for the multi-token-prediction weights."""
+    if "mtp" in name:
+        return None
+    return name.replace(".mlp.moe_statics.", ".mlp.gate.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
