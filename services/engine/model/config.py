@@ -85,7 +85,7 @@ class Multipliers:
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5).
+    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.

@@ -1,0 +1,57 @@
+"""OLMo 2's layer over the shared decoder's weights and projections: ``h += norm(attention(h))`` then
+``h += norm(mlp(h))``, q and k normed over all their heads at once (see :mod:`services.engine.model.olmo2`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from kernels.linear import RowPaths, linear
+from kernels.norm import rms_norm
+from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
+
+if TYPE_CHECKING:
+    from kernels.attention.base import AttentionBackend
+
+
+class Olmo2DecoderModel(DecoderModel):
+    """A :class:`DecoderModel` over an OLMo 2 checkpoint. Its layers hold the norms on the blocks' outputs as
+    ``attn_out_norm`` and ``mlp_out_norm`` (``input_norm`` and ``post_norm`` unused: None), and q/k norms of the
+    whole projection's width."""
+
+    def _layer(self, i: int) -> LayerWeights:
+        cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
+        hidden, a = cfg.hidden_size, p + "self_attn."
+        return LayerWeights(
+            input_norm=None, post_norm=None,  # type: ignore[arg-type]  (OLMo 2 norms no block's input)
+            qkv=self._projection(self._qkv_parts(a), bias=cfg.qkv_bias),
+            o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
+            gate_up=self._projection(self._gate_up_parts(p)),
+            down=self._projection([(p + "mlp.down_proj.weight", (hidden, cfg.intermediate_size))]),
+            q_norm=take(a + "q_norm.weight", (cfg.q_size,)), k_norm=take(a + "k_norm.weight", (cfg.kv_size,)),
+            attn_out_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+            mlp_out_norm=take(p + "post_feedforward_layernorm.weight", (hidden,)),
+        )
+
+    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                     ) -> torch.Tensor:
+        """:meth:`DecoderModel.final_hidden`'s contract, in OLMo 2's layer."""
+        cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
+        hidden = F.embedding(input_ids, self.embed)
+        rope = ops.rope.prepare(positions)
+        num_tokens = input_ids.shape[0]
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            q, k, v = linear(hidden, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = rms_norm(q, layer.q_norm, eps).view(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = rms_norm(k, layer.k_norm, eps).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            q, k = ops.rope(q, k, rope)
+            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
+            o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+            hidden = hidden + rms_norm(o, layer.attn_out_norm, eps)
+            mlp = linear(ops.silu_and_mul(linear(hidden, layer.gate_up, paths)), layer.down, paths)
+            hidden = hidden + rms_norm(mlp, layer.mlp_out_norm, eps)
+        return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
