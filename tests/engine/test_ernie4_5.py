@@ -45,10 +45,21 @@ def test_the_released_shapes_read_interleaved_rope_and_biased_softmax_routing():
     assert every_other.moe.sparse_layers == tuple(range(1, 28, 2))
     with pytest.raises(ModelLoadError, match="use_bias"):
         config_from_hf({**ERNIE_MOE, "use_bias": True})
+    with pytest.raises(ModelLoadError, match="moe_layer_interval"):
+        config_from_hf({**ERNIE_MOE, "moe_layer_interval": 0})
+    # Ernie4_5Config's defaults where a config leaves them out: rope base 500000, the dense head 128 wide
+    bare = config_from_hf({k: v for k, v in dense_config().items() if k not in ("rope_theta", "head_dim")})
+    assert (bare.rope_theta, bare.head_dim) == (500000.0, 128)
+
+
+def dense_config() -> dict:
+    return {**ERNIE_MOE, "model_type": "ernie4_5", "architectures": ["Ernie4_5ForCausalLM"], "hidden_size": 1024,
+            "num_attention_heads": 16, "num_key_value_heads": 2}
 
 
 @pytest.mark.parametrize(("checkpoint", "decoder"), [
     ("model.layers.3.mlp.moe_statics.e_score_correction_bias", "model.layers.3.mlp.gate.e_score_correction_bias"),
+    ("model.layers.3.mlp.gate.moe_statics.e_score_correction_bias", "model.layers.3.mlp.gate.e_score_correction_bias"),
     ("model.layers.3.mlp.shared_experts.up_proj.weight", "model.layers.3.mlp.shared_expert.up_proj.weight"),
     ("model.layers.3.mlp.experts.5.down_proj.weight", "model.layers.3.mlp.experts.5.down_proj.weight"),
     ("model.mtp_block.0.self_attn.q_proj.weight", None),

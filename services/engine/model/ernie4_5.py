@@ -7,8 +7,9 @@ The MoE adds, on the layers ``moe_layer_interval``, ``moe_layer_start_index`` an
 experts routed by the softmax of float32 router logits, chosen by softmax plus a per-expert correction bias
 (``moe_statics.e_score_correction_bias``) and weighted by the softmax alone, renormalised
 (:attr:`~services.engine.model.config.MoEConfig.biased_choice`); ``moe_num_shared_experts`` shared experts as one
-ungated MLP. Its multi-token-prediction weights (``mtp*``) are not read. ``use_bias`` (a bias on every
-projection, the MLP's too) is refused.
+ungated MLP; the renormalisation's floor is ``moe_norm_min``'s default (1e-12) whatever the config says. Its
+multi-token-prediction weights (``mtp*``) are not read. ``use_bias`` (a bias on every projection, the MLP's too) is
+refused.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if cfg.get("use_bias"):
         raise ModelLoadError(f"{cfg.get('model_type')}: use_bias (a bias on every projection, the MLP's too) is "
                              "not supported")
-    cfg = {"rms_norm_eps": 1e-5, "tie_word_embeddings": True, **cfg}  # Ernie4_5Config's defaults
+    defaults = {"rms_norm_eps": 1e-5, "tie_word_embeddings": True, "rope_theta": 500000.0}  # Ernie4_5Config's
+    if cfg.get("model_type") == "ernie4_5":
+        defaults["head_dim"] = 128  # the dense config's (the MoE's is hidden / heads)
+    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     fields = base_fields(cfg, ARCHITECTURE)
     moe = _experts(cfg, fields["num_layers"]) if cfg.get("model_type") == "ernie4_5_moe" else None
     return ModelConfig(**fields, rope_interleaved=True, moe=moe)
@@ -37,6 +41,8 @@ def _experts(cfg: Mapping[str, Any], layers: int) -> MoEConfig:
     start, interval = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_interval", 1))
     end = int(cfg.get("moe_layer_end_index", -1))
     end = layers - 1 if end == -1 else end
+    if interval < 1:
+        raise ModelLoadError(f"ernie4_5_moe: moe_layer_interval must be >= 1, got {interval}")
     width = int(cfg.get("moe_intermediate_size", 1536))
     return MoEConfig(
         num_experts=int(required(cfg, "moe_num_experts")), top_k=int(required(cfg, "moe_k")),
@@ -52,4 +58,6 @@ def ernie4_5_tensor_name(name: str) -> str | None:
     experts the decoder's shared expert); None for the multi-token-prediction weights."""
     if "mtp" in name:
         return None
-    return name.replace(".mlp.moe_statics.", ".mlp.gate.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+    for stored in (".mlp.gate.moe_statics.", ".mlp.moe_statics."):  # transformers 5's in-memory name, the files'
+        name = name.replace(stored, ".mlp.gate.")
+    return name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
