@@ -27,8 +27,10 @@ class WriteRecorder(io.StringIO):
 
 
 def test_each_line_is_one_write_and_threads_never_share_a_line():
-    stream = WriteRecorder()
-    setup_logging("debug", "json", stream)
+    stream, root = WriteRecorder(), logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    root.handlers.clear()  # setup_logging's basicConfig(force=True) would close them (pytest's own among them)
+    setup_logging("info", "json", stream)
     try:
         log, stdlib = structlog.get_logger("lines"), logging.getLogger("grpc.lines")
 
@@ -38,7 +40,7 @@ def test_each_line_is_one_write_and_threads_never_share_a_line():
 
         def plain() -> None:
             for i in range(300):
-                stdlib.debug("Loaded running loop %d", i)
+                stdlib.info("Loaded running loop %d", i)
 
         threads = [threading.Thread(target=structured), threading.Thread(target=plain)]
         for thread in threads:
@@ -47,7 +49,8 @@ def test_each_line_is_one_write_and_threads_never_share_a_line():
             thread.join()
     finally:
         structlog.reset_defaults()
-        logging.basicConfig(force=True)
+        root.handlers[:] = saved_handlers  # ours dropped, pytest's back, at the level they had
+        root.setLevel(saved_level)
     assert all(text.endswith("\n") and text.count("\n") == 1 for text in stream.writes), stream.writes[:4]
     lines = stream.getvalue().splitlines()
     assert len(lines) == 600
