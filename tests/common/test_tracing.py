@@ -18,14 +18,19 @@ from services.common.logging import setup_logging
 
 @pytest.fixture
 def log_lines():
-    """JSON log lines written while the test runs (structlog and stdlib logging restored after)."""
-    stream = io.StringIO()
+    """JSON log lines written while the test runs (structlog and stdlib logging restored after: the root logger's
+    handlers, pytest's own among them, are detached first, so that setup_logging's basicConfig(force=True) does not
+    close them, and put back with the root's level)."""
+    stream, root = io.StringIO(), logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    root.handlers.clear()
     setup_logging("debug", "json", stream)
     structlog.contextvars.clear_contextvars()
     yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
     structlog.contextvars.clear_contextvars()
     structlog.reset_defaults()
-    logging.basicConfig(force=True)
+    root.handlers[:] = saved_handlers
+    root.setLevel(saved_level)
 
 
 @pytest.mark.parametrize("setting", [None, "", "none", " None "])
