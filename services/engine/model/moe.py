@@ -1,5 +1,5 @@
-"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE and GLM-4.5: a router picks each
-token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU; GPT-OSS passes its clamped one as
+"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE, GLM-4.5 and ERNIE 4.5: a router
+picks each token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU; GPT-OSS passes its clamped one as
 ``silu_and_mul``, and its experts and router have biases, held by their :class:`LinearWeight`). Tokens are grouped
 by expert (one gather, two GEMMs and one scatter-add per expert that has tokens), in ascending expert order as
 transformers adds them, so float32 sums agree. With ``MoEWeights.grouped`` (the GPU path) the same numbers come from
@@ -37,7 +37,8 @@ class MoEWeights:
     down: list[LinearWeight]  # per expert [hidden, expert_intermediate]
     grouped: GroupedExperts | None = None
     shared: SharedExpert | None = None
-    # sigmoid routing: the router is float32 and this [num_experts] float32 bias joins the scores that choose
+    # sigmoid routing, biased choice: the router is float32 and this [num_experts] float32 bias joins the scores
+    # that choose (not the weights)
     choice_bias: torch.Tensor | None = None
 
 
