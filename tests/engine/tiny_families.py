@@ -20,9 +20,11 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2"}
+RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "deepseek-v3", "deepseek-v2", "glm4_moe_lite"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe"}
+RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite"}
+# (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
+_LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
@@ -98,6 +100,28 @@ FAMILIES: dict[str, dict] = {
                      moe_intermediate_size=48, n_shared_experts=2, first_k_dense_replace=1, n_group=2, topk_group=1,
                      routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
                      partial_rotary_factor=0.5, rope_theta=1000000.0, tie_word_embeddings=False),
+    # DeepSeek-V3: latent attention (q through a 48-wide bottleneck, a 32-wide latent, values of another width than
+    # the keys' nope part), yarn with its mscale on the scores, rope on adjacent pairs, a dense first layer, then
+    # GLM-4.5's sigmoid routing (its correction bias drawn at random) and one shared expert; norms drawn at random
+    "deepseek-v3": dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                        topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                         "rope_theta": 10000.0}),
+    # DeepSeek-V2(-Lite): one q projection, softmax routing limited to the best of 2 groups (3 experts of its 4: the
+    # limit then changes the choice), weights times 16
+    "deepseek-v2": dict(model_type="deepseek_v2", q_lora_rank=None, **_LATENT, n_routed_experts=8,
+                        num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=2, first_k_dense_replace=1,
+                        topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=16.0,
+                        rope_theta=10000.0, tie_word_embeddings=False),
+    # GLM-4.7-Flash: DeepSeek-V3's attention (values wider than the keys' nope part here), GLM-4.5's experts,
+    # dense or sparse per mlp_layer_types (sparse, dense, sparse here)
+    "glm4_moe_lite": dict(model_type="glm4_moe_lite", q_lora_rank=48, num_key_value_heads=4, kv_lora_rank=32,
+                          qk_rope_head_dim=16, qk_nope_head_dim=24, v_head_dim=32, n_routed_experts=8,
+                          num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                          routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"],
+                          rope_theta=1000000.0, tie_word_embeddings=False, pad_token_id=0),
     # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k
     # norms, every attention score softcapped (at 3 here, where the tiny model's scores reach it; 50 there) and
     # the logits (30)
@@ -126,7 +150,7 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
         spec["text_config"] = dict(**ids, **SHAPE, **spec["text_config"])
         config = AutoConfig.for_model(model_type, **spec)
     else:
-        config = AutoConfig.for_model(model_type, **ids, **SHAPE, **spec)
+        config = AutoConfig.for_model(model_type, **ids, **(SHAPE | spec))
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if name in RANDOM_NORMS:

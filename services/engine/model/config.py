@@ -17,7 +17,9 @@ class MoEConfig:
     of ``expert_groups`` groups (a group scored by the sum of its best two), and weighted by their scores
     alone; ``routed_scaling`` multiplies the routed experts' weights (after ``norm_topk_prob``).
     ``biased_choice`` (ERNIE 4.5): the softmax of float32 logits with the same correction bias in the choice
-    only (sigmoid routing always has it)."""
+    only (sigmoid routing always has it). ``group_limited_softmax`` (DeepSeek-V2): the softmax of float32 logits,
+    the top-k chosen among the ``top_groups`` groups of highest best-expert probability (``group_limited_greedy``;
+    with one group, plain ``greedy``), no correction bias."""
 
     num_experts: int
     top_k: int
@@ -31,14 +33,26 @@ class MoEConfig:
     shared_expert_gated: bool = True  # gated by a sigmoid; Granite MoE's: not gated, shared_expert_gated False)
     sigmoid_routing: bool = False
     biased_choice: bool = False
+    group_limited_softmax: bool = False
     expert_groups: int = 1  # n_group
     top_groups: int = 1  # topk_group
     routed_scaling: float = 1.0  # routed_scaling_factor
 
     @property
-    def float32_router(self) -> bool:
-        """The router runs in float32, beside its ``e_score_correction_bias`` (sigmoid routing, biased choice)."""
+    def correction_bias(self) -> bool:
+        """The router has an ``e_score_correction_bias`` that joins the choice (sigmoid routing, biased choice)."""
         return self.sigmoid_routing or self.biased_choice
+
+    @property
+    def float32_router(self) -> bool:
+        """The router runs in float32 (sigmoid routing, biased choice, group-limited softmax)."""
+        return self.correction_bias or self.group_limited_softmax
+
+    @property
+    def float32_weights(self) -> bool:
+        """Each routed expert's output is multiplied by its float32 weight and rounded once (GLM-4.5's and the
+        DeepSeeks' experts, as transformers runs them); the other families round the weight to the model dtype."""
+        return self.sigmoid_routing or self.group_limited_softmax
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -83,9 +97,40 @@ class Multipliers:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash; :mod:`services.engine.model.mla_decoder`): each
+    token's KV is one latent row of ``kv_lora_rank`` (normed) plus a shared rope key of ``qk_rope_head_dim``, from
+    which each head's key (``qk_nope_head_dim`` + the rope key) and value (``v_head_dim``) are projected; queries
+    come through a ``q_lora_rank`` bottleneck (None: one projection)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"config {name} must be >= 1, got {getattr(self, name)}")
+        if self.q_lora_rank is not None and self.q_lora_rank < 1:
+            raise ModelLoadError(f"config q_lora_rank must be >= 1 or null, got {self.q_lora_rank}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_dim(self) -> int:
+        """One token's cached row: the rope key, then the latent."""
+        return self.qk_rope_head_dim + self.kv_lora_rank
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2).
+    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
+    DeepSeek-V2/V3, GLM-4.7-Flash).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -124,6 +169,9 @@ class ModelConfig:
     # a norm on the attention's and the MLP's output before each joins the residual stream (GLM-4's
     # post_self_attn_layernorm and post_mlp_layernorm), beside the usual two before them
     sandwich_norms: bool = False
+    # multi-head latent attention: the KV cache has one head of ``mla.cache_dim`` (``num_kv_heads`` 1, ``head_dim``
+    # the cache row, ``rotary_dim`` its rope key)
+    mla: LatentAttention | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -145,6 +193,12 @@ class ModelConfig:
             raise ModelLoadError(f"NoPE layers {self.nope_layers} outside the {self.num_layers} layers")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
+        mla = self.mla
+        if mla is not None and (self.num_kv_heads, self.head_dim, self.rotary_dim) != (1, mla.cache_dim,
+                                                                                         mla.qk_rope_head_dim):
+            raise ModelLoadError(f"latent attention caches one head of {mla.cache_dim} dims rotating the first "
+                                 f"{mla.qk_rope_head_dim}, not {self.num_kv_heads} of {self.head_dim} rotating "
+                                 f"{self.rotary_dim}")
 
     @property
     def q_size(self) -> int:

@@ -165,11 +165,17 @@ class DecoderModel(ExpertLoading):
         if cfg.sandwich_norms:
             layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
             layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
-        if cfg.is_sparse_layer(i):
+        return self._with_mlp(layer, i)
+
+    def _with_mlp(self, layer: LayerWeights, i: int) -> LayerWeights:
+        """``layer`` with layer ``i``'s MLP weights: its experts where it is sparse, else its dense MLP."""
+        p = f"model.layers.{i}."
+        if self.config.is_sparse_layer(i):
             layer.moe = self._experts(p + "mlp.")
         else:
             layer.gate_up = self._projection(self._gate_up_parts(p))
-            layer.down = self._projection([(p + "mlp.down_proj.weight", (hidden, cfg.intermediate_size))])
+            layer.down = self._projection([(p + "mlp.down_proj.weight",
+                                            (self.config.hidden_size, self.config.intermediate_size))])
         return layer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -203,20 +209,9 @@ class DecoderModel(ExpertLoading):
             hidden = hidden * scalars.embedding
         residual = 1.0 if scalars is None else scalars.residual
         rope = ops.rope.prepare(positions)
-        num_tokens = input_ids.shape[0]
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, hidden = ops.add_rms_norm(delta, hidden, layer.input_norm, eps)
-            q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
-            k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, eps)
-                k = rms_norm(k, layer.k_norm, eps)
-            if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
-                q, k = ops.rope(q, k, rope)
-            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
-            o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+            o = self._attention(i, layer, x, kv_cache, attention, rope, paths)
             if layer.attn_out_norm is not None:
                 o = rms_norm(o, layer.attn_out_norm, eps)
             x, hidden = ops.add_rms_norm(o if residual == 1.0 else o * residual, hidden, layer.post_norm, eps)
@@ -226,6 +221,23 @@ class DecoderModel(ExpertLoading):
             if residual != 1.0:
                 delta = delta * residual
         return ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
+
+    def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
+                   attention: AttentionBackend, rope: object, paths: RowPaths | None) -> torch.Tensor:
+        """Layer ``i``'s attention block on its normed input ``x [T, hidden]``, through the output projection
+        (``rope``: the step's ``ops.rope.prepare``)."""
+        cfg, eps, num_tokens = self.config, self.config.rms_norm_eps, x.shape[0]
+        q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, eps)
+            k = rms_norm(k, layer.k_norm, eps)
+        if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
+            q, k = self.ops.rope(q, k, rope)
+        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
+        return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
         if layer.moe is not None:

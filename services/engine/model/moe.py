@@ -1,9 +1,9 @@
-"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE, GLM-4.5 and ERNIE 4.5: a router
-picks each token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU; GPT-OSS passes its clamped one as
-``silu_and_mul``, and its experts and router have biases, held by their :class:`LinearWeight`). Tokens are grouped
-by expert (one gather, two GEMMs and one scatter-add per expert that has tokens), in ascending expert order as
-transformers adds them, so float32 sums agree. With ``MoEWeights.grouped`` (the GPU path) the same numbers come from
-two grouped GEMMs and no host read (:mod:`moe_grouped`)."""
+"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE, GLM-4.5, ERNIE 4.5 and the
+DeepSeeks: a router picks each token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU; GPT-OSS
+passes its clamped one as ``silu_and_mul``, and its experts and router have biases, held by their
+:class:`LinearWeight`). Tokens are grouped by expert (one gather, two GEMMs and one scatter-add per expert that has
+tokens), in ascending expert order as transformers adds them, so float32 sums agree. With ``MoEWeights.grouped``
+(the GPU path) the same numbers come from two grouped GEMMs and no host read (:mod:`moe_grouped`)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torc
         return _sigmoid_route(x, weights, config)
     if config.biased_choice:
         return _biased_softmax_route(x, weights, config)
+    if config.group_limited_softmax:
+        return _group_limited_softmax_route(x, weights, config)
     router_logits = linear(x, weights.router)
     if config.softmax_after_topk:
         top_logits, top_experts = router_logits.topk(config.top_k, dim=-1)
@@ -89,6 +91,23 @@ def _biased_softmax_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfi
     return top_probs, top_experts
 
 
+def _group_limited_softmax_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's routing, in float32: the top-k of the softmax among the groups whose best expert ranks in the
+    ``top_groups`` (``group_limited_greedy``; all experts with one group, ``greedy``)."""
+    probs = torch.softmax(linear(x.float(), weights.router), dim=-1)
+    choice = probs
+    if config.top_groups < config.expert_groups:
+        by_group = probs.view(probs.shape[0], config.expert_groups, -1)
+        best_groups = by_group.amax(dim=-1).topk(config.top_groups, dim=-1).indices
+        kept = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best_groups, True)
+        choice = by_group.masked_fill(~kept[..., None], 0.0).view_as(probs)
+    top_probs, top_experts = choice.topk(config.top_k, dim=-1)
+    if config.norm_topk_prob:
+        top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
+    return top_probs * config.routed_scaling, top_experts
+
+
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
                 silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
     """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
@@ -106,9 +125,9 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
 
 def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_probs: torch.Tensor,
                   top_experts: torch.Tensor, silu_and_mul: SiluAndMul) -> torch.Tensor:
-    # sigmoid routing (GLM-4.5's): each expert's output times its float32 weight, rounded once, as transformers
-    # does; the softmax families' weights are rounded to the model dtype first, as theirs are
-    top_probs = top_probs.to(torch.float32 if config.sigmoid_routing else x.dtype).flatten()
+    # GLM-4.5's and the DeepSeeks': each expert's output times its float32 weight, rounded once, as transformers
+    # does; the other families' weights are rounded to the model dtype first, as theirs are
+    top_probs = top_probs.to(torch.float32 if config.float32_weights else x.dtype).flatten()
     flat_experts = top_experts.flatten()
     order = flat_experts.argsort(stable=True)
     counts = torch.bincount(flat_experts, minlength=config.num_experts).tolist()

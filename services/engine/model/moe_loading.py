@@ -37,7 +37,7 @@ class ExpertLoading:
         experts.shared = self._shared_expert(p)
         moe = self.config.moe
         assert moe is not None
-        if moe.float32_router:  # float32, as GLM-4.5's, DeepSeek-V3's and ERNIE 4.5's routers run
+        if moe.correction_bias:  # float32, as GLM-4.5's, DeepSeek-V3's and ERNIE 4.5's routers run
             name, source = p + "gate.e_score_correction_bias", self._source
             stored = (1, moe.num_experts) if source.has(name) and source.tensors[name].dim() == 2 else \
                 (moe.num_experts,)  # ERNIE's is [1, experts]

@@ -1,0 +1,107 @@
+"""DeepSeek-V2 and V2-Lite (``deepseek_v2``), DeepSeek-V3, V3.1 and R1 and the checkpoints of their architecture
+(``deepseek_v3``; Kimi K2's ``kimi_k2`` and Moonlight's configs are DeepSeek-V3's): multi-head latent attention
+(:class:`~services.engine.model.config.LatentAttention`, served by :mod:`services.engine.model.mla_decoder`) and
+experts from the ``first_k_dense_replace``-th layer on, beside ``n_shared_experts`` ungated shared experts.
+
+- Attention: q through ``q_a_proj``, ``q_a_layernorm`` and ``q_b_proj`` (V2-Lite: one ``q_proj``); the latent KV
+  through ``kv_a_proj_with_mqa`` and ``kv_a_layernorm``; rope on pairs of adjacent dims of the rope part
+  (``rope_interleave``, V2's complex rotation); scores scaled by ``qk_head_dim ** -0.5``, times ``mscale ** 2`` of
+  ``mscale_all_dim`` under yarn, as transformers scales them.
+- V3's routing: the sigmoid of float32 router logits, chosen with ``e_score_correction_bias`` among the
+  ``topk_group`` best of ``n_group`` groups (``noaux_tc``); V2's: the float32 softmax, greedy or
+  ``group_limited_greedy`` (:attr:`~services.engine.model.config.MoEConfig.group_limited_softmax`). Both times
+  ``routed_scaling_factor``.
+- V3's multi-token-prediction layers after the last (``model.layers.61.*``) are not read.
+
+Refused by name: ``attention_bias`` (no released checkpoint has it), a ``moe_layer_freq`` other than 1, and other
+scoring functions or top-k methods. The official V3/R1/Kimi K2 files are FP8 with block scales, which the weight
+loader refuses (a bf16 conversion serves).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import LatentAttention, ModelConfig, MoEConfig, Multipliers
+from services.engine.model.hf_config import base_fields, required
+
+ARCHITECTURE = "deepseek"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    v2 = cfg.get("model_type") == "deepseek_v2"
+    if v2:
+        cfg = {"first_k_dense_replace": 0, "topk_method": "greedy", "norm_topk_prob": False, "q_lora_rank": 1536,
+               **_present(cfg)}  # DeepseekV2Config's
+        routing = _v2_routing(cfg)
+    else:
+        cfg = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+               "norm_topk_prob": True, "q_lora_rank": 1536, **_present(cfg)}  # DeepseekV3Config's
+        routing = _v3_routing(cfg)
+    layers = int(required(cfg, "num_hidden_layers"))
+    first_sparse = int(cfg["first_k_dense_replace"])
+    if int(cfg.get("moe_layer_freq", 1)) != 1:
+        raise ModelLoadError(f"{cfg.get('model_type')}: moe_layer_freq {cfg['moe_layer_freq']} is not supported "
+                             "(only 1: experts on every layer from first_k_dense_replace)")
+    moe = sparse_mlp(cfg, tuple(range(first_sparse, layers)), **routing)
+    return latent_config(cfg, ARCHITECTURE, moe, interleaved=True if v2 else bool(cfg.get("rope_interleave", True)))
+
+
+def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | None, interleaved: bool) -> ModelConfig:
+    """The :class:`ModelConfig` of a DeepSeek-style checkpoint with latent attention (``interleaved``: its rope
+    rotates pairs of adjacent dims)."""
+    if cfg.get("attention_bias"):
+        raise ModelLoadError(f"{cfg.get('model_type')}: attention_bias is not supported with latent attention")
+    q_lora = cfg.get("q_lora_rank")
+    mla = LatentAttention(kv_lora_rank=int(required(cfg, "kv_lora_rank")),
+                          qk_rope_head_dim=int(required(cfg, "qk_rope_head_dim")),
+                          qk_nope_head_dim=int(required(cfg, "qk_nope_head_dim")),
+                          v_head_dim=int(required(cfg, "v_head_dim")),
+                          q_lora_rank=None if q_lora is None else int(q_lora))
+    fields = base_fields({k: v for k, v in cfg.items() if k not in ("head_dim", "partial_rotary_factor")},
+                         architecture)
+    scaling = fields["rope_scaling"]
+    scale = mla.qk_head_dim**-0.5
+    if scaling is not None and scaling.mscale_all_dim and scaling.factor > 1:  # transformers' yarn_apply_mscale
+        scale *= (0.1 * scaling.mscale_all_dim * math.log(scaling.factor) + 1.0) ** 2
+    return ModelConfig(**{**fields, "num_kv_heads": 1, "head_dim": mla.cache_dim, "rotary_dim": mla.qk_rope_head_dim},
+                       mla=mla, moe=moe, rope_interleaved=interleaved, multipliers=Multipliers(attention=scale))
+
+
+def sparse_mlp(cfg: Mapping[str, Any], sparse_layers: tuple[int, ...], **routing: Any) -> MoEConfig | None:
+    """The experts of a DeepSeek-style config on ``sparse_layers`` (None: a checkpoint without routed experts)."""
+    experts = cfg.get("n_routed_experts")
+    if not experts or not sparse_layers:
+        return None
+    width = int(required(cfg, "moe_intermediate_size"))
+    return MoEConfig(
+        num_experts=int(experts), top_k=int(required(cfg, "num_experts_per_tok")), intermediate_size=width,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob")), sparse_layers=sparse_layers,
+        shared_expert_intermediate_size=width * int(cfg.get("n_shared_experts") or 0) or None,
+        shared_expert_gated=False, routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0), **routing)
+
+
+def _v3_routing(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    for key, supported in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if cfg.get(key, supported) != supported:
+            raise ModelLoadError(f"{cfg.get('model_type')}: {key} {cfg[key]!r} is not supported (only {supported!r})")
+    return dict(sigmoid_routing=True, expert_groups=int(cfg.get("n_group") or 1),
+                top_groups=int(cfg.get("topk_group") or 1))
+
+
+def _v2_routing(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    method = cfg["topk_method"]
+    if cfg.get("scoring_func", "softmax") != "softmax" or method not in ("greedy", "group_limited_greedy"):
+        raise ModelLoadError(f"deepseek_v2: scoring_func {cfg.get('scoring_func')!r} with topk_method {method!r} is "
+                             "not supported (only softmax, with greedy or group_limited_greedy)")
+    if method == "greedy":
+        return dict(group_limited_softmax=True)
+    return dict(group_limited_softmax=True, expert_groups=int(required(cfg, "n_group")),
+                top_groups=int(required(cfg, "topk_group")))
+
+
+def _present(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if v is not None or k == "q_lora_rank"}
