@@ -25,8 +25,7 @@ from tests.engine.test_model_families import _prompts
 from tests.engine.tiny_families import load_reference
 from tests.engine.tiny_gguf import hf_logits, pdserve_logits
 
-# the shape of deepseek-ai/DeepSeek-V3's config.json (its quantization_config aside: the weights it describes are
-# refused by the loader)
+# the shape of deepseek-ai/DeepSeek-V3's config.json (its quantization_config aside: see test_fp8_checkpoints.py)
 DEEPSEEK_V3 = {
     "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
     "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,

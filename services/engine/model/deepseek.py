@@ -15,7 +15,7 @@ experts from the ``first_k_dense_replace``-th layer on, beside ``n_shared_expert
 
 Refused by name: ``attention_bias`` (no released checkpoint has it), a ``moe_layer_freq`` other than 1, and other
 scoring functions or top-k methods. The official V3/R1/Kimi K2 files are FP8 with block scales, which the weight
-loader refuses (a bf16 conversion serves).
+loader dequantises to bf16 (:mod:`services.engine.weights.fp8_blocks`).
 """
 
 from __future__ import annotations

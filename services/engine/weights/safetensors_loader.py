@@ -1,6 +1,7 @@
 """Read a Hugging Face checkpoint directory: ``config.json`` and ``model.safetensors`` or the shards its
 ``model.safetensors.index.json`` lists. Tensors keep their stored dtype (bf16 stays bf16: the model casts
-each once to the serving dtype); a shard the index names but the directory lacks is refused by name."""
+each once to the serving dtype; block-scaled FP8 weights become bf16); a shard the index names but the
+directory lacks is refused by name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.hf_config import eos_ids
 from services.engine.model.registry import config_from_hf, tensor_renamer
+from services.engine.weights.fp8_blocks import dequantize_fp8_blocks, fp8_block_size
 from services.engine.weights.loader import LoadedWeights
 
 INDEX = "model.safetensors.index.json"
@@ -62,7 +64,10 @@ def shard_files(path: Path) -> list[Path]:
 
 
 def load_safetensors_dir(path: Path) -> LoadedWeights:
+    """The checkpoint's config and tensors (a block-scaled FP8 checkpoint's weights dequantised to bf16,
+    :mod:`~services.engine.weights.fp8_blocks`)."""
     config = hf_dir_config(path)
+    fp8_block = fp8_block_size(read_hf_config(path))
     rename = tensor_renamer(config)
     tensors: dict[str, torch.Tensor] = {}
     for file in shard_files(path):
@@ -73,6 +78,8 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
                         tensors[model_name] = shard.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
+    if fp8_block is not None:
+        dequantize_fp8_blocks(tensors, fp8_block)
     if "lm_head.weight" in tensors and config.tie_word_embeddings:
         del tensors["lm_head.weight"]
     return LoadedWeights(config=config, tensors=tensors, source=path)

@@ -1,0 +1,136 @@
+"""Block-scaled FP8 checkpoints (DeepSeek-V3's, Qwen3-FP8's format): a tiny family's linear weights written as
+float8 e4m3 with a float32 scale per 16x16 block load as the bf16 weights transformers' own FP8 loader dequantises
+(``FineGrainedFP8Config(dequantize=True)``), bit for bit, and the engine serves transformers' greedy tokens from
+them; a block cut by the matrix's edge takes its block's scale; E8M0 scales; what is not served is refused by
+name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from services.engine.config import EngineConfig
+from services.engine.engine import LLMEngine
+from services.engine.errors import ModelLoadError
+from services.engine.sampling_params import SamplingParams
+from services.engine.weights import load_weights
+from services.engine.weights.fp8_blocks import dequantize_fp8_blocks, dequantize_weight, fp8_block_size
+from tests.engine.test_model_families import NEW_TOKENS, _prompts, assert_matches
+from tests.engine.tiny_families import greedy_full_forward
+
+BLOCK = 16
+QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
+
+
+def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes and float32 block scales of a ``[rows, cols]`` weight (both multiples of the block)."""
+    rows, cols = weight.shape
+    blocks = weight.float().view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
+    scale = blocks.abs().amax(dim=(1, 3)) / 448.0
+    return (blocks / scale[:, None, :, None]).view(rows, cols).to(torch.float8_e4m3fn), scale
+
+
+def _fp8_copy(source, target):
+    """``target``: ``source``'s checkpoint with every projection of its layers in FP8 blocks (as the released FP8
+    files: embeddings, norms, routers and the head stay as they were)."""
+    shutil.copytree(source, target)
+    tensors = {}
+    for file in sorted(target.glob("*.safetensors")):
+        tensors |= load_file(str(file))
+        file.unlink()
+    (target / "model.safetensors.index.json").unlink(missing_ok=True)
+    stored = {}
+    for name, tensor in tensors.items():
+        if name.startswith("model.layers.") and name.endswith("proj.weight") and tensor.dim() == 2:
+            stored[name], stored[name + "_scale_inv"] = _quantize(tensor)
+        else:
+            stored[name] = tensor
+    save_file(stored, str(target / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(config | {"quantization_config": QUANTIZATION}))
+    return target
+
+
+@pytest.fixture(scope="module", params=["qwen3", "deepseek-v3"])
+def fp8(request, family_dir, tmp_path_factory):
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+    path = _fp8_copy(family_dir(request.param), tmp_path_factory.mktemp("fp8") / request.param)
+    reference = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16,
+                                                     quantization_config=FineGrainedFP8Config(dequantize=True))
+    return request.param, path, reference.eval()
+
+
+def test_the_weights_are_transformers_dequantised_ones_bit_for_bit(fp8):
+    name, path, reference = fp8
+    loaded = load_weights(path)
+    quantized = [n for n in load_file(str(path / "model.safetensors")) if n.endswith("_scale_inv")]
+    assert quantized and not any(n.endswith("_scale_inv") for n in loaded.tensors)
+    hf = reference.state_dict()
+    for scale_name in quantized:
+        weight = scale_name.removesuffix("_scale_inv")
+        ours = loaded.tensors[weight.replace(".shared_experts.", ".shared_expert.")]
+        if weight in hf:
+            theirs = hf[weight]
+        else:  # transformers 5 holds a sparse layer's experts stacked, gate and up rows together
+            layer, rest = weight.split(".mlp.experts.")
+            expert, projection = rest.split(".")[:2]
+            stacked = hf[f"{layer}.mlp.experts.{'down_proj' if projection == 'down_proj' else 'gate_up_proj'}"]
+            theirs, rows = stacked[int(expert)], ours.shape[0]
+            theirs = {"gate_proj": theirs[:rows], "up_proj": theirs[rows:]}.get(projection, theirs)
+        assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs), (name, weight)
+
+
+def test_the_engine_serves_transformers_tokens_from_the_fp8_weights(fp8):
+    name, path, reference = fp8
+    reference = reference.float()  # the dequantised bf16 weights, computed in float32 as the engine does here
+    engine = LLMEngine.from_config(EngineConfig(model_path=str(path), dtype="float32", num_kv_blocks=64,
+                                                max_num_batched_tokens=64))
+    prompts = _prompts()
+    sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    for label in ("short", "long"):
+        result = engine.generate([prompts[label]], sampling)[0]
+        assert_matches(f"{name}/{label}", greedy_full_forward(reference, prompts[label], NEW_TOKENS), result.token_ids)
+
+
+def test_a_block_cut_by_the_edge_takes_its_block_s_scale_and_e8m0_scales_are_powers_of_two():
+    gen = torch.Generator().manual_seed(2)
+    weight = (torch.randn(20, 40, generator=gen) * 8).to(torch.float8_e4m3fn)  # blocks of 16: 2 x 3, cut at both
+    scale = torch.rand(2, 3, generator=gen) + 0.5
+    got = dequantize_weight("w", weight, scale, (16, 16))
+    expected = torch.empty(20, 40)
+    for r in range(20):
+        for c in range(40):
+            expected[r, c] = weight[r, c].float() * scale[r // 16, c // 16]
+    assert torch.equal(got, expected.bfloat16())
+    exponents = torch.tensor([[120, 127, 130]], dtype=torch.uint8)  # E8M0: 2 ** (byte - 127)
+    got = dequantize_weight("w", weight[:16], exponents, (16, 16))
+    assert torch.equal(got, (weight[:16].float() * torch.tensor([2.0**-7, 1.0, 8.0]).repeat_interleave(16)[:40]
+                             ).bfloat16())
+
+
+@pytest.mark.parametrize(("quantization", "named"), [
+    (QUANTIZATION | {"activation_scheme": "static"}, "activation_scheme 'static'"),
+    (QUANTIZATION | {"fmt": "e5m2"}, "fmt 'e5m2'"),
+    ({k: v for k, v in QUANTIZATION.items() if k != "weight_block_size"}, "per-tensor FP8"),
+])
+def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quantization, named):
+    with pytest.raises(ModelLoadError, match=named):
+        fp8_block_size({"quantization_config": quantization})
+    assert fp8_block_size({"quantization_config": {"quant_method": "mxfp4"}}) is None
+
+
+@pytest.mark.parametrize(("tensors", "named"), [
+    ({"a.weight": torch.zeros(16, 16, dtype=torch.float8_e4m3fn)}, "'a.weight' is FP8 without its '_scale_inv'"),
+    ({"a.weight_scale_inv": torch.ones(1, 1)}, "scale 'a.weight_scale_inv' has no weight"),
+    ({"a.weight": torch.zeros(32, 16, dtype=torch.float8_e4m3fn), "a.weight_scale_inv": torch.ones(1, 1)},
+     r"needs \(2, 1\)"),
+    ({"a.weight": torch.zeros(16, 16), "a.weight_scale_inv": torch.ones(1, 1)}, "not float8_e4m3fn"),
+])
+def test_a_weight_and_scale_that_do_not_pair_are_refused_by_name(tensors, named):
+    with pytest.raises(ModelLoadError, match=named):
+        dequantize_fp8_blocks(dict(tensors), (16, 16))
