@@ -254,8 +254,8 @@ class ChatRenderer:
     def _call(self, call: ParsedToolCall) -> out.ToolCallOut:
         tools: ToolCallParser | None = self.split.tools
         assert tools is not None, "calls come only from a tool-call parser"
-        return out.ToolCallOut(id=tools.new_call_id(), function=out.FunctionOut(name=call.name,
-                                                                               arguments=call.arguments))
+        return out.ToolCallOut(id=call.call_id or tools.new_call_id(),
+                               function=out.FunctionOut(name=call.name, arguments=call.arguments))
 
     @staticmethod
     def _finish(finish_reason: str, calls: int) -> str:

@@ -1,6 +1,7 @@
-"""Tool calls written as tagged text (GLM's, Qwen3-Coder's) through the HTTP front over fake nodes: a template in
-the family's format picks its parser (``auto``), the request's tools type the values it reads (a string argument
-that looks like a number stays a string) in whole and streamed answers, and a forced choice sends its grammar."""
+"""Tool calls written as tagged text (GLM's, Qwen3-Coder's, Kimi K2's) through the HTTP front over fake nodes: a
+template in the family's format picks its parser (``auto``), the request's tools type the values it reads (a string
+argument that looks like a number stays a string) in whole and streamed answers, a forced choice sends its grammar,
+and Kimi's calls keep the ids the model wrote."""
 
 from __future__ import annotations
 
@@ -116,3 +117,37 @@ async def test_a_qwen3_coder_template_s_calls_are_read_typed_by_the_tools(coder_
     spec = ToolSpec("get_weather", "Weather", WEATHER)
     assert front.cluster.p.requests[-1].sampling.structured.grammar == \
         Qwen3CoderParser().forced_grammar([spec], parallel=False)
+
+
+# Kimi K2's shape: calls in a section of special tokens, each with the id the model gives it
+KIMI_TEMPLATE = (
+    "{% for m in messages %}<|im_{{ m.role }}|>{{ m.content or '' }}{% if m.tool_calls %}"
+    "<|tool_calls_section_begin|>{% for c in m.tool_calls %}<|tool_call_begin|>{{ c.id }}<|tool_call_argument_begin|>"
+    "{{ c.function.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>{% endif %}"
+    "<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_assistant|>{% endif %}")
+KIMI_CALLS = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+              '{"city": "10001"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1'
+              '<|tool_call_argument_begin|>{"city": "Rome", "days": 2}<|tool_call_end|><|tool_calls_section_end|>')
+
+
+@pytest.fixture
+async def kimi_front(model_config):
+    async for front in _front_with(KIMI_TEMPLATE, model_config):
+        yield front
+
+
+async def test_a_kimi_template_s_calls_keep_the_ids_the_model_wrote(kimi_front):
+    """Kimi's template writes an earlier call back by its id: the answer carries the model's own
+    (``functions.get_weather:0``), whole and streamed."""
+    front, tokenizer = kimi_front
+    script_tokens(front, tokenizer, f"Checking.{KIMI_CALLS}")
+    completion = await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.id, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+        ("functions.get_weather:0", {"city": "10001"}), ("functions.get_weather:1", {"city": "Rome", "days": 2})]
+
+    script_tokens(front, tokenizer, KIMI_CALLS)
+    stream = await front.client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, stream=True)
+    deltas = [d for c in [chunk async for chunk in stream] for d in c.choices[0].delta.tool_calls or ()]
+    assert [d.id for d in deltas] == ["functions.get_weather:0", "functions.get_weather:1"]

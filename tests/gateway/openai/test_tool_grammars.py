@@ -13,8 +13,10 @@ import pytest
 
 from services.engine.structured.compiler import StructuredCompiler
 from services.engine.structured_spec import StructuredSpec
+from services.gateway.openai.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.hermes import HermesParser
+from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.mistral import MistralParser
 from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
@@ -33,7 +35,8 @@ TOOLS = (
         "required": ["hour"]}),
 )
 PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser(), GlmParser("glm45", newlines=True),
-           GlmParser("glm47", newlines=False), Qwen3CoderParser()]
+           GlmParser("glm47", newlines=False), Qwen3CoderParser(), DeepSeekV3Parser(), DeepSeekV31Parser(),
+           KimiK2Parser()]
 SAMPLES = 20
 MAX_TOKENS = 400
 

@@ -32,12 +32,15 @@ CLOSE = "</tool_call>"
 class HermesStream:
     """Content streams as it comes, except an end that may begin ``<tool_call>`` (held until known); a
     block is held from its opening marker and released whole at ``</tool_call>`` — as a call, or as content
-    when its text is not one (by its ``read_call``)."""
+    when its text is not one (by its ``read_call``). Another format's markers may stand for the two."""
 
-    def __init__(self, read_call: Callable[[str], ParsedToolCall | None] = only_call) -> None:
+    def __init__(self, read_call: Callable[[str], ParsedToolCall | None] = only_call, open_: str = OPEN,
+                 close: str = CLOSE) -> None:
         """``read_call``: the call a block's text between its markers is, or None (Hermes: one JSON call
-        object; GLM's and Qwen3-Coder's formats reuse the stream with their own readers)."""
+        object; GLM's and Qwen3-Coder's formats reuse the stream with their own readers, DeepSeek's and Kimi's
+        with their own markers too)."""
         self._read_call = read_call
+        self._open, self._close = open_, close
         self._content = ContentEmitter()
         self._pending = ""
         self._in_block = False
@@ -47,18 +50,19 @@ class HermesStream:
         self._pending += text
         pieces: list[StreamPiece] = []
         while True:
+            open_, close = self._open, self._close
             if self._in_block:
-                end = self._pending.find(CLOSE, max(len(OPEN), self._searched))
+                end = self._pending.find(close, max(len(open_), self._searched))
                 if end < 0:
-                    self._searched = max(len(OPEN), len(self._pending) - len(CLOSE) + 1)
+                    self._searched = max(len(open_), len(self._pending) - len(close) + 1)
                     return pieces
-                block, self._pending = self._pending[:end + len(CLOSE)], self._pending[end + len(CLOSE):]
+                block, self._pending = self._pending[:end + len(close)], self._pending[end + len(close):]
                 self._in_block = False
-                pieces += self._release(block, self._read_call(block[len(OPEN):end]))
+                pieces += self._release(block, self._read_call(block[len(open_):end]))
                 continue
-            start = self._pending.find(OPEN)
+            start = self._pending.find(open_)
             if start < 0:
-                keep = held_prefix_len(self._pending, OPEN)
+                keep = held_prefix_len(self._pending, open_)
                 ready, self._pending = self._pending[:len(self._pending) - keep], self._pending[
                     len(self._pending) - keep:]
                 return pieces + self._content.emit(ready)
@@ -68,7 +72,7 @@ class HermesStream:
 
     def finish(self) -> list[StreamPiece]:
         rest, self._pending = self._pending, ""
-        call = self._read_call(rest[len(OPEN):]) if self._in_block else None
+        call = self._read_call(rest[len(self._open):]) if self._in_block else None
         self._in_block = False
         return self._release(rest, call)
 

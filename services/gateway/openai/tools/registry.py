@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from services.gateway.openai.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.gpt_oss import GptOssToolParser
 from services.gateway.openai.tools.hermes import HermesParser
+from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.mistral import MistralParser
 from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
@@ -22,6 +24,9 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "glm45": partial(GlmParser, "glm45", newlines=True),
     "glm47": partial(GlmParser, "glm47", newlines=False),
     "qwen3_coder": Qwen3CoderParser,
+    "deepseek_v3": DeepSeekV3Parser,
+    "deepseek_v31": DeepSeekV31Parser,
+    "kimi_k2": KimiK2Parser,
 }
 CHOICES = ("auto", *PARSERS)
 _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
@@ -31,10 +36,16 @@ def detect_family(chat_template: str) -> str:
     """The family a chat template writes tool calls in: ``[TOOL_CALLS]`` → mistral; harmony's
     ``<|channel|>`` → gpt_oss; GLM's ``<arg_key>`` → glm47 where its pairs are written without newlines
     (``</arg_key><arg_value>``), else glm45; Qwen3-Coder's ``<function=`` and ``<parameter=`` → qwen3_coder;
-    ``<tool_call>`` → hermes; ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON
-    hint → llama3_json; anything else (a template with no tool section included) → hermes."""
+    ``<tool_call>`` → hermes; DeepSeek's ``<｜tool▁calls▁begin｜>`` → deepseek_v3 where its calls are fenced
+    JSON (```` ```json ````), else deepseek_v31; Kimi's ``<|tool_calls_section_begin|>`` → kimi_k2;
+    ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON hint → llama3_json; anything
+    else (a template with no tool section included) → hermes."""
     if "[TOOL_CALLS]" in chat_template:
         return "mistral"
+    if "<｜tool▁calls▁begin｜>" in chat_template:
+        return "deepseek_v3" if "```json" in chat_template else "deepseek_v31"
+    if "<|tool_calls_section_begin|>" in chat_template:
+        return "kimi_k2"
     if "<|channel|>" in chat_template:
         return "gpt_oss"
     if "<arg_key>" in chat_template:

@@ -1,6 +1,6 @@
 """The contract of tool calling at the HTTP front: what a tool is, what a parser reads out of the model's
 output, and what every per-family parser (``hermes.py``, ``llama3_json.py``, ``mistral.py``, ``gpt_oss.py``,
-``glm.py``) provides.
+``glm.py``, ``qwen3_coder.py``, ``deepseek.py``, ``kimi_k2.py``) provides.
 
 A parser knows one family's format of tool calls in the output text. It reads a whole output
 (:meth:`ToolCallParser.parse`) or a streamed one (:meth:`ToolCallParser.stream`), writes the Lark grammar
@@ -36,10 +36,12 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ParsedToolCall:
-    """A call found in the output: ``arguments`` is the JSON text of an object (OpenAI's shape)."""
+    """A call found in the output: ``arguments`` is the JSON text of an object (OpenAI's shape); ``call_id``: the
+    id the model wrote where its format carries one (Kimi K2's), else None (the front makes one)."""
 
     name: str
     arguments: str
+    call_id: str | None = None
 
 
 @dataclass(frozen=True)
