@@ -1,8 +1,8 @@
-"""Block-scaled FP8 checkpoints (DeepSeek-V3's, Qwen3-FP8's format): a tiny family's linear weights written as
-float8 e4m3 with a float32 scale per 16x16 block load as the bf16 weights transformers' own FP8 loader dequantises
-(``FineGrainedFP8Config(dequantize=True)``), bit for bit, and the engine serves transformers' greedy tokens from
-them; a block cut by the matrix's edge takes its block's scale; E8M0 scales; what is not served is refused by
-name."""
+"""Block-scaled FP8 checkpoints (DeepSeek-V3's, Qwen3-FP8's, MiniMax-M2's format): a tiny family's linear weights
+written as float8 e4m3 with a float32 scale per 16x16 block load as the bf16 weights transformers' own FP8 loader
+dequantises (``FineGrainedFP8Config(dequantize=True)``), bit for bit, and the engine serves transformers' greedy
+tokens from them; a block cut by the matrix's edge takes its block's scale; E8M0 scales; what is not served is
+refused by name."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.errors import ModelLoadError
+from services.engine.model.registry import tensor_renamer
 from services.engine.sampling_params import SamplingParams
 from services.engine.weights import load_weights
 from services.engine.weights.fp8_blocks import dequantize_fp8_blocks, dequantize_weight, fp8_block_size
@@ -23,6 +24,7 @@ from tests.engine.test_model_families import NEW_TOKENS, _prompts, assert_matche
 from tests.engine.tiny_families import greedy_full_forward
 
 BLOCK = 16
+_PROJECTIONS = ("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")  # Mixtral's and MiniMax's expert names
 QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
 
 
@@ -45,7 +47,7 @@ def _fp8_copy(source, target):
     (target / "model.safetensors.index.json").unlink(missing_ok=True)
     stored = {}
     for name, tensor in tensors.items():
-        if name.startswith("model.layers.") and name.endswith("proj.weight") and tensor.dim() == 2:
+        if name.startswith("model.layers.") and name.endswith(_PROJECTIONS) and tensor.dim() == 2:
             stored[name], stored[name + "_scale_inv"] = _quantize(tensor)
         else:
             stored[name] = tensor
@@ -55,7 +57,7 @@ def _fp8_copy(source, target):
     return target
 
 
-@pytest.fixture(scope="module", params=["qwen3", "deepseek-v3"])
+@pytest.fixture(scope="module", params=["qwen3", "deepseek-v3", "minimax_m2"])
 def fp8(request, family_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
@@ -70,12 +72,12 @@ def test_the_weights_are_transformers_dequantised_ones_bit_for_bit(fp8):
     loaded = load_weights(path)
     quantized = [n for n in load_file(str(path / "model.safetensors")) if n.endswith("_scale_inv")]
     assert quantized and not any(n.endswith("_scale_inv") for n in loaded.tensors)
-    hf = reference.state_dict()
+    hf, rename = reference.state_dict(), tensor_renamer(loaded.config)
     for scale_name in quantized:
-        weight = scale_name.removesuffix("_scale_inv")
-        ours = loaded.tensors[weight.replace(".shared_experts.", ".shared_expert.")]
-        if weight in hf:
-            theirs = hf[weight]
+        weight = rename(scale_name.removesuffix("_scale_inv"))  # the shared decoder's name
+        ours = loaded.tensors[weight]
+        if weight.replace(".shared_expert.", ".shared_experts.") in hf:
+            theirs = hf[weight.replace(".shared_expert.", ".shared_experts.")]
         else:  # transformers 5 holds a sparse layer's experts stacked, gate and up rows together
             layer, rest = weight.split(".mlp.experts.")
             expert, projection = rest.split(".")[:2]

@@ -20,9 +20,10 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "deepseek-v3", "deepseek-v2", "glm4_moe_lite"}
+RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "deepseek-v3", "deepseek-v2", "glm4_moe_lite",
+                "minimax_m2"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite"}
+RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 
@@ -122,6 +123,10 @@ FAMILIES: dict[str, dict] = {
                           num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
                           routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"],
                           rope_theta=1000000.0, tie_word_embeddings=False, pad_token_id=0),
+    # MiniMax-M2: q/k normed over all heads at once (norms drawn at random), rope on half of each head (the
+    # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
+    "minimax_m2": dict(model_type="minimax_m2", head_dim=32, rotary_dim=16, num_local_experts=8,
+                       num_experts_per_tok=2, intermediate_size=48, rope_theta=5000000.0, tie_word_embeddings=False),
     # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k
     # norms, every attention score softcapped (at 3 here, where the tiny model's scores reach it; 50 there) and
     # the logits (30)

@@ -130,7 +130,7 @@ class LatentAttention:
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
     Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
-    DeepSeek-V2/V3, GLM-4.7-Flash).
+    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -155,6 +155,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False  # RMSNorm over each head of q and k before rope (Qwen3)
+    qk_norm_whole: bool = False  # the q/k norms span all heads at once (MiniMax-M2's), not each head
     moe: MoEConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None

@@ -44,7 +44,7 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: LinearWeight | None  # [2 * intermediate, hidden]; None in a sparse layer
     down: LinearWeight | None
-    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3)
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3); [q_size] with ModelConfig.qk_norm_whole
     k_norm: torch.Tensor | None = None
     moe: MoEWeights | None = None
     sinks: torch.Tensor | None = None  # [num_heads] float32: the attention sinks' logits (GPT-OSS)
@@ -160,8 +160,8 @@ class DecoderModel(ExpertLoading):
             gate_up=None, down=None,
         )
         if cfg.qk_norm:
-            layer.q_norm = take(a + "q_norm.weight", (cfg.head_dim,))
-            layer.k_norm = take(a + "k_norm.weight", (cfg.head_dim,))
+            layer.q_norm = take(a + "q_norm.weight", (cfg.q_size if cfg.qk_norm_whole else cfg.head_dim,))
+            layer.k_norm = take(a + "k_norm.weight", (cfg.kv_size if cfg.qk_norm_whole else cfg.head_dim,))
         if cfg.sandwich_norms:
             layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
             layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
@@ -228,9 +228,11 @@ class DecoderModel(ExpertLoading):
         (``rope``: the step's ``ops.rope.prepare``)."""
         cfg, eps, num_tokens = self.config, self.config.rms_norm_eps, x.shape[0]
         q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        if layer.q_norm is not None and cfg.qk_norm_whole:
+            q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and not cfg.qk_norm_whole:
             q = rms_norm(q, layer.q_norm, eps)
             k = rms_norm(k, layer.k_norm, eps)
         if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated

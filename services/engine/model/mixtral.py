@@ -14,7 +14,8 @@ from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.hf_config import base_fields, every_layer_window, required
 
 ARCHITECTURE = "mixtral"
-_EXPERT = re.compile(r"^(model\.layers\.\d+\.)block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
+# (an FP8 checkpoint's block scales, weight_scale_inv, follow their weights)
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.)block_sparse_moe\.experts\.(\d+)\.(w[123])\.(weight(?:_scale_inv)?)$")
 _PROJECTIONS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
@@ -35,6 +36,6 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 def mixtral_tensor_name(name: str) -> str:
     """A Mixtral checkpoint tensor's name in the shared decoder (``block_sparse_moe.gate`` is the router)."""
     if (match := _EXPERT.match(name)) is not None:
-        layer, expert, projection = match.groups()
-        return f"{layer}mlp.experts.{expert}.{_PROJECTIONS[projection]}.weight"
+        layer, expert, projection, kind = match.groups()
+        return f"{layer}mlp.experts.{expert}.{_PROJECTIONS[projection]}.{kind}"
     return name.replace(".block_sparse_moe.gate.", ".mlp.gate.")

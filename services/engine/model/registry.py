@@ -64,6 +64,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("glm4_moe_lite", "services.engine.model.glm4_moe_lite", ("glm4_moe_lite",),
            model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name", mtp_layers=True),
+    Family("minimax_m2", "services.engine.model.minimax_m2", ("minimax_m2",),
+           tensor_names="services.engine.model.minimax_m2:minimax_m2_tensor_name", mtp_layers=True),
     Family("gemma2", "services.engine.model.gemma2", ("gemma2",), "gemma2",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel"),
     Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"), "gemma3",

@@ -1,10 +1,10 @@
 """Checkpoints whose linear weights are FP8 with a scale per block (``quantization_config`` ``quant_method: fp8``
-with ``weight_block_size``): DeepSeek-V3/V3.1/R1's and Kimi K2's own files, the Qwen3 ``-FP8`` releases. Each
-``X.weight`` (float8 e4m3) and its ``X.weight_scale_inv`` (one scale per block of ``weight_block_size``, float32 or
-E8M0) are folded at load into one bfloat16 weight, ``weight * scale`` of its block, as transformers' fine-grained
-FP8 loader does with ``dequantize=True``; a block cut short by the edge of the matrix takes its block's scale
-(DeepSeek's ``weight_dequant``). The tensors the checkpoint leaves unquantized (embeddings, norms, the head,
-routers) are read as stored.
+with ``weight_block_size``): DeepSeek-V3/V3.1/R1's, Kimi K2's and MiniMax-M2's own files, the Qwen3 ``-FP8``
+releases. Each ``X.weight`` (float8 e4m3) and its ``X.weight_scale_inv`` (one scale per block of
+``weight_block_size``, float32 or E8M0) are folded at load into one bfloat16 weight, ``weight * scale`` of its block,
+as transformers' fine-grained FP8 loader does with ``dequantize=True``; a block cut short by the edge of the matrix
+takes its block's scale (DeepSeek's ``weight_dequant``). The tensors the checkpoint leaves unquantized
+(embeddings, norms, the head, routers) are read as stored.
 
 What that serves: the checkpoint's weights exactly, in bf16 (twice the FP8 weights' memory), with activations in
 bf16; vLLM and SGLang run FP8 GEMMs on the FP8 weights instead (and quantize activations, ``activation_scheme:

@@ -1,0 +1,58 @@
+"""MiniMax-M2, M2.1 and M2.5 (``MiniMaxM2ForCausalLM``, ``minimax_m2``; 230B-A10B): Llama's layer with
+
+- q and k each normed over all their heads at once before rope (``q_norm`` of ``heads * head_dim``:
+  :attr:`~services.engine.model.config.ModelConfig.qk_norm_whole`);
+- rope on the leading ``rotary_dim`` dims of each head (64 of 128; the released configs' own key, which transformers
+  reads as ``partial_rotary_factor``);
+- experts on every layer, routed by the sigmoid of the router's logits: chosen by score plus
+  ``e_score_correction_bias``, weighted by the scores alone and renormalised, no groups and no scaling
+  (:attr:`~services.engine.model.config.MoEConfig.sigmoid_routing`); the router runs in float32, as vLLM's does
+  (transformers rounds its logits to the model dtype first, so bf16 runs differ there by that rounding); each expert
+  ``intermediate_size`` wide, no shared expert.
+
+Its checkpoints name the MLP ``block_sparse_moe`` with Mixtral's ``w1``/``w3``/``w2`` and keep the correction bias on
+the block; the official files are FP8 with block scales (:mod:`services.engine.weights.fp8_blocks`). The
+multi-token-prediction layers after the last are not read. A ``scoring_func`` other than sigmoid, a shared expert
+or another ``qk_norm_type`` is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.hf_config import base_fields, required
+from services.engine.model.mixtral import mixtral_tensor_name
+
+ARCHITECTURE = "minimax_m2"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    cfg = {"rope_theta": 5000000.0, "head_dim": 128, **{k: v for k, v in cfg.items() if v is not None}}
+    for key, supported in (("scoring_func", "sigmoid"), ("qk_norm_type", "per_layer")):
+        if cfg.get(key, supported) != supported:
+            raise ModelLoadError(f"minimax_m2: {key} {cfg[key]!r} is not supported (only {supported!r})")
+    if int(cfg.get("shared_intermediate_size") or 0) or int(cfg.get("n_shared_experts") or 0):
+        raise ModelLoadError("minimax_m2: a shared expert (shared_intermediate_size) is not supported")
+    if cfg.get("rotary_dim") is not None and not _partial_factor(cfg):
+        cfg["partial_rotary_factor"] = int(cfg["rotary_dim"]) / int(cfg["head_dim"])
+    fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
+    moe = MoEConfig(num_experts=int(required(cfg, "num_local_experts")),
+                    top_k=int(required(cfg, "num_experts_per_tok")), intermediate_size=fields["intermediate_size"],
+                    norm_topk_prob=True,
+                    sparse_layers=tuple(range(fields["num_layers"])), sigmoid_routing=True)
+    return ModelConfig(**fields, qk_norm=True, qk_norm_whole=True, moe=moe)
+
+
+def _partial_factor(cfg: Mapping[str, Any]) -> Any:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor")
+
+
+def minimax_m2_tensor_name(name: str) -> str:
+    """A MiniMax-M2 checkpoint tensor's name in the shared decoder (Mixtral's expert names; the block's correction
+    bias is the router's)."""
+    return mixtral_tensor_name(name).replace(".block_sparse_moe.e_score_correction_bias",
+                                             ".mlp.gate.e_score_correction_bias")
