@@ -96,7 +96,14 @@ def test_the_published_configs_read_one_cached_head_of_rope_key_and_latent():
     assert (flash.architecture, flash.head_dim, flash.mla.v_head_dim, flash.mla.qk_nope_head_dim) == \
         ("glm4_moe_lite", 576, 256, 192)
     assert flash.moe.sparse_layers == tuple(range(1, 47)) and flash.moe.routed_scaling == 1.8
-    assert flash.multipliers.attention == pytest.approx(256**-0.5)
+    assert flash.multipliers.attention == pytest.approx(256**-0.5) and flash.rms_norm_eps == 1e-5
+    # keys a config leaves out take the config class's defaults (shared and routed experts, GLM's eps)
+    bare = config_from_hf({k: v for k, v in GLM_47_FLASH.items()
+                           if k not in ("n_shared_experts", "n_routed_experts", "rms_norm_eps")})
+    assert (bare.moe.num_experts, bare.moe.shared_expert_intermediate_size, bare.rms_norm_eps) == (64, 1536, 1e-5)
+    v3_bare = config_from_hf({k: v for k, v in DEEPSEEK_V3.items()
+                              if k not in ("n_shared_experts", "n_routed_experts")})
+    assert (v3_bare.moe.num_experts, v3_bare.moe.shared_expert_intermediate_size) == (256, 2048)
 
 
 @pytest.mark.parametrize(("config", "change", "named"), [
@@ -106,6 +113,7 @@ def test_the_published_configs_read_one_cached_head_of_rope_key_and_latent():
     (DEEPSEEK_V3, {"topk_method": "greedy"}, "topk_method 'greedy'"),
     (DEEPSEEK_V3, {"kv_lora_rank": None}, "kv_lora_rank"),
     (DEEPSEEK_V2_LITE, {"topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
+    (DEEPSEEK_V2_LITE, {"norm_topk_prob": True}, "norm_topk_prob true"),
     (DEEPSEEK_V2_LITE, {"topk_method": "group_limited_greedy", "n_group": 3}, "n_group 3 must divide"),
     (GLM_47_FLASH, {"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types must list 47"),
 ])

@@ -119,11 +119,14 @@ def test_a_block_cut_by_the_edge_takes_its_block_s_scale_and_e8m0_scales_are_pow
     (QUANTIZATION | {"activation_scheme": "static"}, "activation_scheme 'static'"),
     (QUANTIZATION | {"fmt": "e5m2"}, "fmt 'e5m2'"),
     ({k: v for k, v in QUANTIZATION.items() if k != "weight_block_size"}, "per-tensor FP8"),
+    ({"quant_method": "compressed-tensors"}, "quantization 'compressed-tensors' is not supported"),
+    ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported"),
 ])
 def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quantization, named):
     with pytest.raises(ModelLoadError, match=named):
         fp8_block_size({"quantization_config": quantization})
-    assert fp8_block_size({"quantization_config": {"quant_method": "mxfp4"}}) is None
+    assert fp8_block_size({"quantization_config": {"quant_method": "mxfp4"}}) is None  # GPT-OSS reads its own
+    assert fp8_block_size({}) is None
 
 
 @pytest.mark.parametrize(("tensors", "named"), [
@@ -131,7 +134,9 @@ def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quan
     ({"a.weight_scale_inv": torch.ones(1, 1)}, "scale 'a.weight_scale_inv' has no weight"),
     ({"a.weight": torch.zeros(32, 16, dtype=torch.float8_e4m3fn), "a.weight_scale_inv": torch.ones(1, 1)},
      r"needs \(2, 1\)"),
-    ({"a.weight": torch.zeros(16, 16), "a.weight_scale_inv": torch.ones(1, 1)}, "not float8_e4m3fn"),
+    ({"a.weight": torch.zeros(16, 16), "a.weight_scale_inv": torch.ones(1, 1)}, "not a float8_e4m3fn matrix"),
+    ({"a.weight": torch.zeros(16, dtype=torch.float8_e4m3fn), "a.weight_scale_inv": torch.ones(1)},
+     "1-d torch.float8_e4m3fn tensor"),
 ])
 def test_a_weight_and_scale_that_do_not_pair_are_refused_by_name(tensors, named):
     with pytest.raises(ModelLoadError, match=named):

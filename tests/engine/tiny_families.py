@@ -122,7 +122,8 @@ FAMILIES: dict[str, dict] = {
                           qk_rope_head_dim=16, qk_nope_head_dim=24, v_head_dim=32, n_routed_experts=8,
                           num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
                           routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"],
-                          rope_theta=1000000.0, tie_word_embeddings=False, pad_token_id=0),
+                          rope_theta=1000000.0, tie_word_embeddings=False, pad_token_id=0,
+                          rms_norm_eps=1e-5),  # GLM-4.7-Flash's (its latent norms keep 1e-6, as transformers')
     # MiniMax-M2: q/k normed over all heads at once (norms drawn at random), rope on half of each head (the
     # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
     "minimax_m2": dict(model_type="minimax_m2", head_dim=32, rotary_dim=16, num_local_experts=8,

@@ -35,11 +35,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     v2 = cfg.get("model_type") == "deepseek_v2"
     if v2:
         cfg = {"first_k_dense_replace": 0, "topk_method": "greedy", "norm_topk_prob": False, "q_lora_rank": 1536,
-               **_present(cfg)}  # DeepseekV2Config's
+               "n_routed_experts": 64, "n_shared_experts": 2, **_present(cfg)}  # DeepseekV2Config's
         routing = _v2_routing(cfg)
     else:
         cfg = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
-               "norm_topk_prob": True, "q_lora_rank": 1536, **_present(cfg)}  # DeepseekV3Config's
+               "norm_topk_prob": True, "q_lora_rank": 1536, "n_routed_experts": 256, "n_shared_experts": 1,
+               **_present(cfg)}  # DeepseekV3Config's
         routing = _v3_routing(cfg)
     layers = int(required(cfg, "num_hidden_layers"))
     first_sparse = int(cfg["first_k_dense_replace"])
@@ -97,6 +98,9 @@ def _v2_routing(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if cfg.get("scoring_func", "softmax") != "softmax" or method not in ("greedy", "group_limited_greedy"):
         raise ModelLoadError(f"deepseek_v2: scoring_func {cfg.get('scoring_func')!r} with topk_method {method!r} is "
                              "not supported (only softmax, with greedy or group_limited_greedy)")
+    if cfg.get("norm_topk_prob"):  # transformers' V2 ignores it; DeepSeek's own code renormalises (and not scales)
+        raise ModelLoadError("deepseek_v2: norm_topk_prob true is not supported (transformers and DeepSeek's code "
+                             "read it differently; every release sets it false)")
     if method == "greedy":
         return dict(group_limited_softmax=True)
     return dict(group_limited_softmax=True, expert_groups=int(required(cfg, "n_group")),

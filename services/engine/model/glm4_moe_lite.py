@@ -18,7 +18,7 @@ ARCHITECTURE = "glm4_moe_lite"
 
 # Glm4MoeLiteConfig's
 _DEFAULTS = {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8, "norm_topk_prob": True, "q_lora_rank": 768,
-             "rope_interleave": True}
+             "rope_interleave": True, "rms_norm_eps": 1e-5, "n_routed_experts": 64, "n_shared_experts": 1}
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:

@@ -13,7 +13,10 @@ backend serves it as multi-query attention of head dim ``rope + kv_lora_rank`` w
 output's rope part is dropped), and the shared rope rotates the leading ``qk_rope_head_dim`` dims of q and k.
 
 What it costs: the cache's V half holds the same row again, twice an MLA-native layout (FlashInfer's MLA kernels
-read one) but a fraction of the expanded heads' (DeepSeek-V3: 2 × 576 values a token-layer against 128 × 320).
+read one) but a fraction of the expanded heads' (DeepSeek-V3: 2 × 576 values a token-layer against 128 × 320). No
+fused kernel takes a head dim of 576 here: FlashInfer's paged kernels (64/128/256) and the CPU decode kernel (512)
+fall back to the torch backend for it, on a GPU too (its CUDA graphs included), until FlashInfer's MLA kernels are
+wired in.
 The deterministic mode does not serve it (its kernels' head dim is at most 512; the absorbed products are not
 row-blocked).
 """
@@ -33,6 +36,10 @@ from services.engine.model.decoder import DecoderModel, LayerWeights
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+
+LATENT_NORM_EPS = 1e-6
+"""The eps of ``q_a_layernorm`` and ``kv_a_layernorm``: transformers builds them with its RMSNorm's default, not the
+config's ``rms_norm_eps`` (GLM-4.7-Flash's is 1e-5)."""
 
 
 @dataclass
@@ -92,7 +99,7 @@ class LatentAttentionDecoderModel(DecoderModel):
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
                    attention: AttentionBackend, rope: object, paths: RowPaths | None) -> torch.Tensor:
         assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
-        mla, w, eps = self._mla, layer.latent, self.config.rms_norm_eps
+        mla, w = self._mla, layer.latent
         tokens, heads = x.shape[0], self.config.num_heads
         rope_dim, rank, nope = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.qk_nope_head_dim
         down = linear(x, w.down, paths)
@@ -100,12 +107,12 @@ class LatentAttentionDecoderModel(DecoderModel):
             q, kv = down.split([heads * mla.qk_head_dim, rank + rope_dim], dim=-1)
         else:
             q_a, kv = down.split([mla.q_lora_rank, rank + rope_dim], dim=-1)  # type: ignore[list-item]
-            q = linear(rms_norm(q_a, w.q_a_norm, eps), w.q_b, paths)
+            q = linear(rms_norm(q_a, w.q_a_norm, LATENT_NORM_EPS), w.q_b, paths)
         q = q.view(tokens, heads, mla.qk_head_dim)
         latent, k_rope = kv.split([rank, rope_dim], dim=-1)
         q_latent = torch.bmm(q[..., :nope].transpose(0, 1), w.w_uk).transpose(0, 1)  # [T, H, rank]
         q = torch.cat((q[..., nope:], q_latent), dim=-1)
-        k = torch.cat((k_rope, rms_norm(latent, w.kv_a_norm, eps)), dim=-1).view(tokens, 1, rope_dim + rank)
+        k = torch.cat((k_rope, rms_norm(latent, w.kv_a_norm, LATENT_NORM_EPS)), dim=-1).view(tokens, 1, rope_dim + rank)
         q, k = self.ops.rope(q, k, rope)
         out = attention.forward(q, k, k, kv_cache, self.scale)
         values = torch.bmm(out[..., rope_dim:].transpose(0, 1), w.w_uv).transpose(0, 1)  # [T, H, v_head_dim]

@@ -6,10 +6,11 @@ as transformers' fine-grained FP8 loader does with ``dequantize=True``; a block 
 takes its block's scale (DeepSeek's ``weight_dequant``). The tensors the checkpoint leaves unquantized
 (embeddings, norms, the head, routers) are read as stored.
 
-What that serves: the checkpoint's weights exactly, in bf16 (twice the FP8 weights' memory), with activations in
-bf16; vLLM and SGLang run FP8 GEMMs on the FP8 weights instead (and quantize activations, ``activation_scheme:
-dynamic``), which is faster on Hopper and not bit-equal to either. Static activation scales and per-tensor FP8 are
-refused by name.
+What that serves: the checkpoint's weights exactly, in bf16 (twice the FP8 weights' memory; bit for bit as
+transformers' bf16 load, and a float32 engine computes on those bf16 values), with activations in bf16; vLLM and
+SGLang run FP8 GEMMs on the FP8 weights instead (and quantize activations, ``activation_scheme: dynamic``), which
+is faster on Hopper and not bit-equal to either. Static activation scales, per-tensor FP8 and other
+``quant_method``s (AWQ, GPTQ, compressed-tensors, bitsandbytes) are refused by name.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from services.engine.errors import ModelLoadError
 
 SCALE_SUFFIX = "_scale_inv"
+OWN_QUANTIZATION = ("mxfp4",)  # read by its family (GPT-OSS's experts)
 FP8_DTYPES = (torch.float8_e4m3fn,)
 DEQUANTIZED_DTYPE = torch.bfloat16
 
@@ -31,8 +33,12 @@ def fp8_block_size(hf_config: Mapping[str, Any]) -> tuple[int, int] | None:
     """The block of a block-scaled FP8 checkpoint (None: not one); one this loader cannot serve exactly is refused
     naming what it has."""
     quantization = hf_config.get("quantization_config") or {}
-    if quantization.get("quant_method") != "fp8":
+    method = quantization.get("quant_method")
+    if method in (None, *OWN_QUANTIZATION):
         return None
+    if method != "fp8":
+        raise ModelLoadError(f"quantization {method!r} is not supported (block-scaled 'fp8' checkpoints are "
+                             "dequantised at load; GGUF files carry their own 4-bit weights)")
     if quantization.get("activation_scheme", "dynamic") != "dynamic":
         raise ModelLoadError(f"fp8 checkpoint with activation_scheme {quantization['activation_scheme']!r}: static "
                              "activation scales are not supported (only 'dynamic', weights dequantised at load)")
@@ -61,11 +67,12 @@ def dequantize_fp8_blocks(tensors: dict[str, torch.Tensor], block: tuple[int, in
 def dequantize_weight(name: str, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """``weight`` (``[..., rows, cols]`` FP8) times the scale of its block (``scale``: ``[..., ceil(rows / b0),
     ceil(cols / b1)]``), in bf16."""
-    if weight.dtype not in FP8_DTYPES:
-        raise ModelLoadError(f"fp8 checkpoint: {name!r} has a scale but is {weight.dtype}, not float8_e4m3fn")
+    if weight.dtype not in FP8_DTYPES or weight.dim() < 2:
+        raise ModelLoadError(f"fp8 checkpoint: {name!r} has a scale but is a {weight.dim()}-d {weight.dtype} tensor, "
+                             "not a float8_e4m3fn matrix")
     rows, cols = weight.shape[-2:]
     grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
-    if weight.dim() < 2 or tuple(scale.shape) != (*weight.shape[:-2], *grid):
+    if tuple(scale.shape) != (*weight.shape[:-2], *grid):
         raise ModelLoadError(f"fp8 checkpoint: the scale of {name!r} is {tuple(scale.shape)}; its "
                              f"{tuple(weight.shape)} weight in blocks of {block} needs {(*weight.shape[:-2], *grid)}")
     factors = (scale.float() - 127.0).exp2() if scale.dtype == torch.uint8 else scale.float()  # uint8: E8M0 bytes

@@ -7,7 +7,7 @@
     {"city": "Paris"}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-``deepseek_v31`` (DeepSeek-V3.1, V3.2; one line, broken here)::
+``deepseek_v31`` (DeepSeek-V3.1; one line, broken here)::
 
     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>
     <｜tool▁calls▁end｜>
