@@ -18,6 +18,7 @@ from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
+from services.gateway.openai.tools.minimax_m2 import MiniMaxM2Parser
 from services.gateway.openai.tools.mistral import MistralParser
 from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
 from services.gateway.openai.tools.types import ToolSpec
@@ -36,7 +37,7 @@ TOOLS = (
 )
 PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser(), GlmParser("glm45", newlines=True),
            GlmParser("glm47", newlines=False), Qwen3CoderParser(), DeepSeekV3Parser(), DeepSeekV31Parser(),
-           KimiK2Parser()]
+           KimiK2Parser(), MiniMaxM2Parser()]
 SAMPLES = 20
 MAX_TOKENS = 400
 

@@ -27,6 +27,8 @@ from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, St
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+BlockCalls = ParsedToolCall | Sequence[ParsedToolCall] | None
+"""What a block reads as: a call, several, or none (None, or empty: the block is content)."""
 
 
 class HermesStream:
@@ -34,11 +36,11 @@ class HermesStream:
     block is held from its opening marker and released whole at ``</tool_call>`` — as a call, or as content
     when its text is not one (by its ``read_call``). Another format's markers may stand for the two."""
 
-    def __init__(self, read_call: Callable[[str], ParsedToolCall | None] = only_call, open_: str = OPEN,
+    def __init__(self, read_call: Callable[[str], BlockCalls] = only_call, open_: str = OPEN,
                  close: str = CLOSE) -> None:
-        """``read_call``: the call a block's text between its markers is, or None (Hermes: one JSON call
-        object; GLM's and Qwen3-Coder's formats reuse the stream with their own readers, DeepSeek's and Kimi's
-        with their own markers too)."""
+        """``read_call``: the call a block's text between its markers is (or its calls, where a block holds
+        several: MiniMax's), or None (Hermes: one JSON call object; GLM's and Qwen3-Coder's formats reuse the
+        stream with their own readers, DeepSeek's, Kimi's and MiniMax's with their own markers too)."""
         self._read_call = read_call
         self._open, self._close = open_, close
         self._content = ContentEmitter()
@@ -76,8 +78,9 @@ class HermesStream:
         self._in_block = False
         return self._release(rest, call)
 
-    def _release(self, block: str, call: ParsedToolCall | None) -> list[StreamPiece]:
-        return [StreamPiece(call=call)] if call is not None else self._content.emit(block)
+    def _release(self, block: str, found: BlockCalls) -> list[StreamPiece]:
+        calls = [found] if isinstance(found, ParsedToolCall) else list(found or ())
+        return [StreamPiece(call=call) for call in calls] if calls else self._content.emit(block)
 
 
 class HermesParser:

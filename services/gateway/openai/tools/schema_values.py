@@ -94,15 +94,17 @@ def json_value(text: str) -> Any:
         return text
 
 
-def lazy_text(rule: str, close: str, schema: Mapping[str, Any] | None = None) -> list[str]:
+def lazy_text(rule: str, close: str, schema: Mapping[str, Any] | None = None,
+              block_close: str = r"<\/tool_call>") -> list[str]:
     """Lark lines for ``rule``: any text up to and including the first ``close`` (a regex of the closing tag,
     ``/`` escaped), within the ``minLength`` and ``maxLength`` of ``schema`` where it has them (its ``pattern``
-    and ``format`` are not held), and without ``</tool_call>`` (which would end the call's block)."""
+    and ``format`` are not held), and without ``block_close`` (a regex of the tag that would end the call's
+    block: ``</tool_call>``, or the format's own)."""
     low, high = int((schema or {}).get("minLength") or 0), (schema or {}).get("maxLength")
     bounds = "*" if not low and high is None else f"{{{low},{'' if high is None else int(high)}}}"
     terminal = rule.upper()
     return [f"{rule}[lazy]: {terminal}",
-            f"{terminal}: /(.|\\n){bounds}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/ & ~/(.|\\n)*<\\/tool_call>(.|\\n)*/"]
+            f"{terminal}: /(.|\\n){bounds}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/ & ~/(.|\\n)*{block_close}(.|\\n)*/"]
 
 
 def json_value_grammar(schema: Any, defs: Mapping[str, Any], style: Mapping[str, Any]) -> str:

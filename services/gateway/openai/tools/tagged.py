@@ -1,21 +1,23 @@
-"""What the parsers of calls written as tagged text (GLM's ``glm.py``, Qwen3-Coder's ``qwen3_coder.py``) share:
-a call is a ``<tool_call>`` block (streamed as Hermes' blocks are, :class:`HermesStream`, with the format's own
-reader of a block, typed by the request's tools), and a forced call is a Lark grammar of each tool's arguments in
-its schema's order (the required ones always), each value with its closing tag: a string as lazy text
+"""What the parsers of calls written as tagged text (GLM's ``glm.py``, Qwen3-Coder's ``qwen3_coder.py``, MiniMax's
+``minimax_m2.py``) share: a call is a ``<tool_call>`` block (MiniMax's: a ``<minimax:tool_call>`` block of calls),
+streamed as Hermes' blocks are (:class:`HermesStream`, with the format's own reader of a block, typed by the
+request's tools), and a forced call is a Lark grammar of each tool's arguments in its schema's order (the required
+ones always), each value with its closing tag: a string as lazy text
 (:func:`~services.gateway.openai.tools.schema_values.lazy_text`), an ``enum`` or ``const`` of strings as one of
 them, anything else as the format writes it (:meth:`TaggedCallParser.typed_value`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools.grammar import lark_literal
-from services.gateway.openai.tools.hermes import CLOSE, OPEN, HermesStream
+from services.gateway.openai.tools.hermes import CLOSE, OPEN, BlockCalls, HermesStream
 from services.gateway.openai.tools.scan import collect, hex_call_id
 from services.gateway.openai.tools.schema_values import is_string_schema, lazy_text, string_options
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
+from services.gateway.openai.tools.types import ParsedOutput, ToolSpec
 
 
 class TaggedCallParser:
@@ -23,14 +25,16 @@ class TaggedCallParser:
 
     name: str
     markers: tuple[str, ...] = (OPEN, CLOSE)
+    block_open, block_close = OPEN, CLOSE  # a block of calls (MiniMax's are its own)
+    calls_in_block = False  # parallel calls are invocations in one block (MiniMax's), not blocks
     call_open = OPEN  # what opens a call in the forced grammar
     separator = "\n"  # between parallel calls
     text_rule = "value_text"  # the shared rule of a string value with no bounds
     value_close = ""  # the closing tag after a value, and its regex (``/`` escaped)
     value_close_regex = ""
 
-    def read_call(self, body: str, tools: Sequence[ToolSpec]) -> ParsedToolCall | None:
-        """The call a block's text between ``<tool_call>`` and ``</tool_call>`` is, or None."""
+    def read_call(self, body: str, tools: Sequence[ToolSpec]) -> BlockCalls:
+        """The call a block's text between its markers is (its calls, where a block holds several), or None."""
         raise NotImplementedError
 
     def function_rule(self, tool: ToolSpec, arguments: list[str]) -> str:
@@ -49,19 +53,27 @@ class TaggedCallParser:
         """A value of ``schema`` that is not a string, without its closing tag."""
         raise NotImplementedError
 
+    @property
+    def _block_close_regex(self) -> str:
+        return re.escape(self.block_close).replace("/", "\\/")
+
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return collect(self.stream(tools), text)
 
     def stream(self, tools: Sequence[ToolSpec] = ()) -> HermesStream:
-        return HermesStream(lambda body: self.read_call(body, tools))
+        return HermesStream(lambda body: self.read_call(body, tools), self.block_open, self.block_close)
 
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:
         if not tools:
             raise ValueError("a forced tool call needs at least one tool")
         more = (f" ({lark_literal(self.separator)} call)*" if self.separator else " call*") if parallel else ""
         alternatives = " | ".join(f"tool_{i}" for i in range(len(tools)))
-        lines = [f"start: call{more}", f"call: {lark_literal(self.call_open)} ({alternatives}) {lark_literal(CLOSE)}",
-                 *lazy_text(self.text_rule, self.value_close_regex)]
+        open_, close = lark_literal(self.call_open), lark_literal(self.block_close)
+        if self.calls_in_block:  # parallel calls are invocations in the one block
+            lines = [f"start: {open_} ({alternatives}){'+' if parallel else ''} {close}"]
+        else:
+            lines = [f"start: call{more}", f"call: {open_} ({alternatives}) {close}"]
+        lines += lazy_text(self.text_rule, self.value_close_regex, block_close=self._block_close_regex)
         for i, tool in enumerate(tools):
             lines += self._tool_rules(f"tool_{i}", tool)
         return "\n".join(lines) + "\n"
@@ -87,7 +99,7 @@ class TaggedCallParser:
             if strings := string_options(schema):
                 return "(" + " | ".join(lark_literal(s) for s in strings) + f") {close}", []
             if schema.get("minLength") or schema.get("maxLength") is not None:
-                return rule, lazy_text(rule, self.value_close_regex, schema)
+                return rule, lazy_text(rule, self.value_close_regex, schema, self._block_close_regex)
             return self.text_rule, []
         return f"{self.typed_value(schema, defs)} {close}", []
 
