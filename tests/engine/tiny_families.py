@@ -23,7 +23,8 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
 RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "deepseek-v3", "deepseek-v2", "glm4_moe_lite",
                 "minimax_m2"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2"}
+RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2",
+                 "seed_oss"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 
@@ -53,6 +54,9 @@ FAMILIES: dict[str, dict] = {
                                logits_scaling=16.0),
     "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
+    # Seed-OSS: q/k/v biases and (here, as attention_out_bias allows) an o_proj bias, drawn at random
+    "seed_oss": dict(model_type="seed_oss", head_dim=32, attention_out_bias=True, rope_theta=10000000.0,
+                     tie_word_embeddings=False, pad_token_id=0),
     # Mistral-7B-v0.1: a window on every layer (4096 there; 24 here, so the test prompts cross it)
     "mistral": dict(model_type="mistral", head_dim=32, sliding_window=24, rope_theta=1000000.0,
                     tie_word_embeddings=False),

@@ -42,6 +42,7 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name"),
     Family("qwen2", "services.engine.model.qwen2", ("qwen2",), "qwen2"),
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
+    Family("seed_oss", "services.engine.model.seed_oss", ("seed_oss",)),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),
     Family("mixtral", "services.engine.model.mixtral", ("mixtral",),
            tensor_names="services.engine.model.mixtral:mixtral_tensor_name"),

@@ -74,6 +74,10 @@ def test_rendered_calls_read_back_typed():
     assert parsed == ParsedOutput("Before.", calls)
 
 
+def test_auto_picks_seed_oss_s_format_from_its_template():
+    assert detect_family("{{ '\n<seed:tool_call>\n<function=' + tool_call.name + '>\n' }}") == "seed_oss"
+
+
 def test_auto_picks_the_format_from_the_chat_template():
     template = ("{%- for tool_call in message.tool_calls -%}<minimax:tool_call>\n<invoke name=\"{{ tool_call.name }}\">"
                 "{% for k, v in tool_call.arguments.items() %}<parameter name=\"{{ k }}\">{{ v }}</parameter>"

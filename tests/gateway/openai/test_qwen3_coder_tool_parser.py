@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser, read_call
+from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser, SeedOssParser, read_call
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
 
 TOOLS = (
@@ -130,3 +130,28 @@ def test_a_tool_without_properties_is_forced_with_any_arguments(parser, compiler
     text = chosen.render_calls([_call("free", {"a": "x", "b": "y z"})])
     assert matcher.consume_tokens(bundled_tokenizer.encode(text)) and matcher.is_accepting(), text
     assert chosen.parse(text, tools).calls == (_call("free", {"a": "x", "b": "y z"}),)
+
+
+SEED = SeedOssParser()
+SEED_RUN = ("<seed:tool_call>\n<function=run>\n<parameter=code>print(1)</parameter>\n"
+            "<parameter=timeout>30</parameter>\n<parameter=env>{\"A\": \"1\"}</parameter>\n</function>\n"
+            "</seed:tool_call>")
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (f"Running.\n{SEED_RUN}", ParsedOutput("Running.", (_call("run", {"code": "print(1)", "timeout": 30,
+                                                                     "env": {"A": "1"}}),))),
+    # Qwen3-Coder's own block is content to Seed-OSS's parser
+    (RUN, ParsedOutput(RUN)),
+])
+def test_seed_oss_calls_are_qwen3_coder_s_in_their_own_block(text, want):
+    """Seed-OSS writes Qwen3-Coder's tags in a ``<seed:tool_call>`` block, values with no line breaks around them."""
+    assert SEED.parse(text, TOOLS) == want
+    for cut in range(len(text) + 1):
+        stream = SEED.stream(TOOLS)
+        pieces = stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish()
+        assert ParsedOutput("".join(p.content for p in pieces),
+                            tuple(p.call for p in pieces if p.call is not None)) == want, cut
+    calls = (_call("run", {"code": "a\nb", "timeout": 3, "args": ["x"]}), _call("ls", {}))
+    assert SEED.parse(SEED.render_calls(calls), TOOLS) == ParsedOutput("", calls)
+    assert "<parameter=code>a\nb</parameter>" in SEED.render_calls(calls)

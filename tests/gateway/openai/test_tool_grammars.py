@@ -20,7 +20,7 @@ from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.minimax_m2 import MiniMaxM2Parser
 from services.gateway.openai.tools.mistral import MistralParser
-from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
+from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser, SeedOssParser
 from services.gateway.openai.tools.types import ToolSpec
 
 TOOLS = (
@@ -37,7 +37,7 @@ TOOLS = (
 )
 PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser(), GlmParser("glm45", newlines=True),
            GlmParser("glm47", newlines=False), Qwen3CoderParser(), DeepSeekV3Parser(), DeepSeekV31Parser(),
-           KimiK2Parser(), MiniMaxM2Parser()]
+           KimiK2Parser(), MiniMaxM2Parser(), SeedOssParser()]
 SAMPLES = 20
 MAX_TOKENS = 400
 

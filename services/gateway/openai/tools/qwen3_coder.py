@@ -1,5 +1,5 @@
 """Qwen3-Coder's tool calls (``qwen3_coder``, vLLM's name; Qwen3-Coder-30B-A3B and 480B-A35B, whose template
-writes them so), one tag per function and per parameter::
+writes them so), one tag per function and per parameter (Seed-OSS's, :class:`SeedOssParser`, in their own block)::
 
     <tool_call>
     <function=get_weather>
@@ -138,11 +138,45 @@ class Qwen3CoderParser(TaggedCallParser):
         return "\n".join(_render(call) for call in calls)
 
 
-def _render(call: ParsedToolCall) -> str:
-    """As Qwen3-Coder's template writes a call (an object or a list as JSON, anything else as ``str``)."""
+def _render(call: ParsedToolCall, open_: str = OPEN, close: str = CLOSE, wrap: str = "\n") -> str:
+    """As Qwen3-Coder's template writes a call (an object or a list as JSON, anything else as ``str``; ``wrap``: the
+    line break around each value, none in Seed-OSS's)."""
     arguments = arguments_value(call.arguments)
     pairs = arguments.items() if isinstance(arguments, dict) else ()
-    body = "".join(f"<parameter={key}>\n"
-                   f"{json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value}\n"
+    body = "".join(f"<parameter={key}>{wrap}"
+                   f"{json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value}{wrap}"
                    "</parameter>\n" for key, value in pairs)
-    return f"{OPEN}\n<function={call.name}>\n{body}</function>\n{CLOSE}"
+    return f"{open_}\n<function={call.name}>\n{body}</function>\n{close}"
+
+
+SEED_OPEN, SEED_CLOSE = "<seed:tool_call>", "</seed:tool_call>"
+
+
+class SeedOssParser(Qwen3CoderParser):
+    """Seed-OSS's tool calls (``seed_oss``, vLLM's name): Qwen3-Coder's tags in a ``<seed:tool_call>`` block, each
+    value written without the line breaks around it (``<parameter=city>Paris</parameter>``); read as
+    Qwen3-Coder's (a line break after the opening or before the closing tag is dropped either way)."""
+
+    name = "seed_oss"
+    markers = (SEED_OPEN, SEED_CLOSE)
+    block_open, block_close = SEED_OPEN, SEED_CLOSE
+    call_open = SEED_OPEN + "\n"
+    value_close, value_close_regex = "</parameter>", r"<\/parameter>"
+
+    def argument_rule(self, key: str, value: str) -> str:
+        return f"{lark_literal(f'<parameter={key}>')} {value} {lark_literal(chr(10))}"
+
+    def free_arguments(self) -> str:
+        return f'("<parameter=" /[^>\\n]+/ ">" {self.text_rule} "\\n")*'
+
+    def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
+        return (
+            "# Tools\n\nYou may call one or more of the functions below. Each line describes one function as JSON "
+            f"(its name, what it does, and the JSON schema of its arguments):\n{tool_lines(tools)}\n\n"
+            "To call a function, write it in this format, one block per call (an object or a list as JSON):\n"
+            f"{SEED_OPEN}\n<function=<function name>>\n<parameter=<parameter name>><value></parameter>\n"
+            f"</function>\n{SEED_CLOSE}"
+        )
+
+    def render_calls(self, calls: Sequence[ParsedToolCall]) -> str:
+        return "\n".join(_render(call, SEED_OPEN, SEED_CLOSE, "") for call in calls)

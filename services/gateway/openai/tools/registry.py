@@ -13,7 +13,7 @@ from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
 from services.gateway.openai.tools.minimax_m2 import MiniMaxM2Parser
 from services.gateway.openai.tools.mistral import MistralParser
-from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser
+from services.gateway.openai.tools.qwen3_coder import Qwen3CoderParser, SeedOssParser
 from services.gateway.openai.tools.types import ToolCallParser
 
 PARSERS: dict[str, Callable[[], ToolCallParser]] = {
@@ -29,6 +29,7 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "deepseek_v31": DeepSeekV31Parser,
     "kimi_k2": KimiK2Parser,
     "minimax_m2": MiniMaxM2Parser,
+    "seed_oss": SeedOssParser,
 }
 CHOICES = ("auto", *PARSERS)
 _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
@@ -40,13 +41,15 @@ def detect_family(chat_template: str) -> str:
     (``</arg_key><arg_value>``), else glm45; Qwen3-Coder's ``<function=`` and ``<parameter=`` → qwen3_coder;
     ``<tool_call>`` → hermes; DeepSeek's ``<｜tool▁calls▁begin｜>`` → deepseek_v3 where its calls are fenced
     JSON (```` ```json ````), else deepseek_v31; Kimi's ``<|tool_calls_section_begin|>`` → kimi_k2; MiniMax's
-    ``<minimax:tool_call>`` → minimax_m2;
+    ``<minimax:tool_call>`` → minimax_m2; Seed-OSS's ``<seed:tool_call>`` → seed_oss;
     ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON hint → llama3_json; anything
     else (a template with no tool section included) → hermes."""
     if "[TOOL_CALLS]" in chat_template:
         return "mistral"
     if "<minimax:tool_call>" in chat_template:
         return "minimax_m2"
+    if "<seed:tool_call>" in chat_template:
+        return "seed_oss"
     if "<｜tool▁calls▁begin｜>" in chat_template:
         return "deepseek_v3" if "```json" in chat_template else "deepseek_v31"
     if "<|tool_calls_section_begin|>" in chat_template:

@@ -1,0 +1,20 @@
+"""ByteDance's Seed-OSS (36B; ``SeedOssForCausalLM``, ``seed_oss``): Llama's decoder with q/k/v biases
+(``attention_bias``, on by default) and an o_proj bias where ``attention_out_bias`` says so, an explicit
+``head_dim`` (128 where absent, as ``SeedOssConfig`` has it). ``mlp_bias`` is refused (the shared MLP has none)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.model.config import ModelConfig
+from services.engine.model.hf_config import base_fields
+
+ARCHITECTURE = "seed_oss"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    cfg = {"head_dim": 128, "attention_bias": True, "attention_out_bias": False,
+           **{k: v for k, v in cfg.items() if v is not None}}  # SeedOssConfig's
+    return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bool(cfg["attention_bias"]),
+                       o_bias=bool(cfg["attention_out_bias"]))
