@@ -106,6 +106,24 @@ def test_a_backend_without_windows_is_refused_by_name(family_dir, overrides, nam
         _engine(family_dir("gemma3"), **overrides)
 
 
+def test_served_no_longer_than_its_window_the_sliding_layers_keep_their_own_rope(family_dir):
+    """At a context no longer than the window (24 here) serving drops the windows, which then hide nothing; the
+    sliding layers must still rotate with their own base (10000, not the full layers' scaled 1e6): transformers'
+    logits. (They took the full layers' rope before.)"""
+    from services.engine.model.gemma_decoder import GemmaDecoderModel
+    from tests.engine.tiny_families import load_reference
+    from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+
+    path = family_dir("gemma3")
+    assert not _engine(path, max_model_len=24).model.config.has_windows
+    weights = load_weights(path)
+    config = weights.config.windows_within(24)
+    assert not config.has_windows and config.local_rope_layers == (0, 2)
+    prompt = [(i * 7919) % 49000 + 17 for i in range(20)]
+    logits = pdserve_logits(GemmaDecoderModel(config, weights.tensors, torch.float32), prompt)
+    assert torch.allclose(logits, hf_logits(load_reference(path), prompt), atol=1e-4, rtol=1e-4)
+
+
 def test_float16_is_refused(family_dir):
     with pytest.raises(ModelLoadError, match="float16"):
         _engine(family_dir("gemma3"), dtype="float16")

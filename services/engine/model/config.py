@@ -170,6 +170,11 @@ class ModelConfig:
     # a norm on the attention's and the MLP's output before each joins the residual stream (GLM-4's
     # post_self_attn_layernorm and post_mlp_layernorm), beside the usual two before them
     sandwich_norms: bool = False
+    # the layers that rotate with a plain rope of their own base (Gemma 3's and OLMo 3's sliding layers, as the
+    # checkpoint names them: also where serving drops a window that hides nothing, :meth:`windows_within`), and that
+    # base (Gemma's is ``GemmaConfig.local_rope_theta``)
+    local_rope_layers: tuple[int, ...] = ()
+    local_rope_theta: float | None = None
     # multi-head latent attention: the KV cache has one head of ``mla.cache_dim`` (``num_kv_heads`` 1, ``head_dim``
     # the cache row, ``rotary_dim`` its rope key)
     mla: LatentAttention | None = None

@@ -47,7 +47,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(text.get("attention_bias", False))
     return ModelConfig(
         **fields, qkv_bias=bias, o_bias=bias, qk_norm=True,
-        layer_windows=windows,
+        layer_windows=windows, local_rope_layers=tuple(i for i, w in enumerate(windows) if w is not None),
         gemma=GemmaConfig(query_pre_attn_scalar=float(text["query_pre_attn_scalar"]), local_rope_theta=local_theta,
                           final_logit_softcap=None if text.get("final_logit_softcapping") is None
                           else float(text["final_logit_softcapping"])),
@@ -64,10 +64,10 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     layers, window, pattern = base["num_layers"], f.get("attention.sliding_window"), 6
     scalar = (base["hidden_size"] // base["num_heads"] if layers == LLAMA_CPP_27B_LAYERS else base["head_dim"])
     softcap = f.get("final_logit_softcapping")
+    windows = () if not window else tuple(None if (i + 1) % pattern == 0 else int(window) for i in range(layers))
     return ModelConfig(
         **{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)}, qk_norm=True,
-        layer_windows=() if not window else tuple(None if (i + 1) % pattern == 0 else int(window)
-                                                   for i in range(layers)),
+        layer_windows=windows, local_rope_layers=tuple(i for i, w in enumerate(windows) if w is not None),
         gemma=GemmaConfig(query_pre_attn_scalar=float(scalar),
                           local_rope_theta=10000.0,
                           final_logit_softcap=float(softcap) if softcap else None),

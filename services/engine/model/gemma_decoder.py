@@ -101,8 +101,9 @@ class GemmaDecoderModel(DecoderModel):
             k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             if layer.q_norm is not None:
                 q, k = gemma_rms_norm(q, layer.q_norm, eps), gemma_rms_norm(k, layer.k_norm, eps)
-            cos, sin = tables[window is not None]
-            rope = self.local_rope if window is not None else self.rope
+            local = i in cfg.local_rope_layers or (window is not None and not cfg.local_rope_layers)
+            cos, sin = tables[local]
+            rope = self.local_rope if local else self.rope
             q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
