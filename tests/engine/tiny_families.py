@@ -20,8 +20,8 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "deepseek-v3", "deepseek-v2", "glm4_moe_lite",
-                "minimax_m2"}
+RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
+                "glm4_moe_lite", "minimax_m2"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2",
                  "seed_oss"}
@@ -92,6 +92,13 @@ FAMILIES: dict[str, dict] = {
                  tie_word_embeddings=False, pad_token_id=0),  # its default is past the vocabulary
     # OLMo 2: norms on each block's output only, q/k normed over all heads at once (norms drawn at random)
     "olmo2": dict(model_type="olmo2", rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0),
+    # OLMo 3: OLMo 2's layer with sliding (24 here) and full layers (sliding, full, sliding), yarn on the full layers
+    # only (the long-context releases'), plain rope of the same base on the sliding ones
+    "olmo3": dict(model_type="olmo3", sliding_window=24, layer_types=["sliding_attention", "full_attention",
+                                                                      "sliding_attention"],
+                  rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                                "attention_factor": 1.2}, rope_theta=500000.0, tie_word_embeddings=False,
+                  pad_token_id=0),
     # ERNIE 4.5: interleaved rope over the whole head; its MoE: softmax routing with a correction bias in the choice
     # (drawn at random), experts from the second layer, two shared experts
     "ernie4_5": dict(model_type="ernie4_5", head_dim=32, rope_theta=500000.0, tie_word_embeddings=True),

@@ -6,7 +6,7 @@ layer (:class:`Olmo2DecoderModel`):
 - q and k normed over all their heads at once (``q_norm`` of ``heads * head_dim``), before they split into heads
   and rotate.
 
-OLMo 3 (``olmo3``: sliding layers with their own rope) and OLMoE are other model types.
+OLMo 3 (``olmo3``, :mod:`services.engine.model.olmo3`) adds sliding layers with their own rope; OLMoE is not served.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""OLMo 2's layer over the shared decoder's weights and projections: ``h += norm(attention(h))`` then
-``h += norm(mlp(h))``, q and k normed over all their heads at once (see :mod:`services.engine.model.olmo2`)."""
+"""OLMo 2's and OLMo 3's layer over the shared decoder's weights and projections: ``h += norm(attention(h))`` then
+``h += norm(mlp(h))``, q and k normed over all their heads at once (see :mod:`services.engine.model.olmo2`; OLMo 3's
+sliding layers rotate with their own plain rope, :mod:`services.engine.model.olmo3`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kernels.fused_ops import TorchRope
 from kernels.linear import RowPaths, linear
 from kernels.norm import rms_norm
+from kernels.rope import RotaryEmbedding
 from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
 
 if TYPE_CHECKING:
@@ -20,6 +23,11 @@ class Olmo2DecoderModel(DecoderModel):
     """A :class:`DecoderModel` over an OLMo 2 checkpoint. Its layers hold the norms on the blocks' outputs as
     ``attn_out_norm`` and ``mlp_out_norm`` (``input_norm`` and ``post_norm`` unused: None), and q/k norms of the
     whole projection's width."""
+
+    def __init__(self, config, tensors, dtype, *args, **kwargs):
+        super().__init__(config, tensors, dtype, *args, **kwargs)
+        self.local_rope = None if config.local_rope_theta is None else TorchRope(
+            RotaryEmbedding(config.head_dim, config.max_position, config.local_rope_theta, self.device), dtype)
 
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
@@ -42,12 +50,16 @@ class Olmo2DecoderModel(DecoderModel):
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
         rope = ops.rope.prepare(positions)
+        local_rope = None if self.local_rope is None else self.local_rope.prepare(positions)
         num_tokens = input_ids.shape[0]
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             q, k, v = linear(hidden, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = rms_norm(q, layer.q_norm, eps).view(num_tokens, cfg.num_heads, cfg.head_dim)
             k = rms_norm(k, layer.k_norm, eps).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            q, k = ops.rope(q, k, rope)
+            if i in cfg.local_rope_layers:
+                q, k = self.local_rope(q, k, local_rope)
+            else:
+                q, k = ops.rope(q, k, rope)
             v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)

@@ -55,6 +55,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("glm4", "services.engine.model.glm4", ("glm4",)),
     Family("olmo2", "services.engine.model.olmo2", ("olmo2",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
+    Family("olmo3", "services.engine.model.olmo3", ("olmo3",),
+           model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("ernie4_5", "services.engine.model.ernie4_5", ("ernie4_5", "ernie4_5_moe"),
            tensor_names="services.engine.model.ernie4_5:ernie4_5_tensor_name"),
     Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe",),
