@@ -148,3 +148,18 @@ def test_glm45_splits_as_qwen3(text, _qwen3, _r1):
     """GLM-4.5's outputs open ``<think>`` themselves, as Qwen3's do: ``glm45`` (vLLM's name) is Qwen3's split."""
     glm = reasoning_parser("glm45")
     assert glm.name == "glm45" and glm.split(text) == QWEN3.split(text)
+
+
+@pytest.mark.parametrize(("text", "_qwen3", "r1"), CASES + [(t, None, s) for t, s in R1_ONLY])
+def test_minimax_m2_splits_as_deepseek_r1_and_seed_oss_with_its_own_markers(text, _qwen3, r1):
+    """MiniMax-M2's template opens ``<think>`` in the prompt, as DeepSeek-R1's: ``minimax_m2`` is R1's split;
+    ``seed_oss`` is R1's split of ``<seed:think>…</seed:think>``, in whole and streamed."""
+    assert reasoning_parser("minimax_m2").split(text) == r1
+    seed = reasoning_parser("seed_oss")
+    seeded = text.replace("<think>", "<seed:think>").replace("</think>", "</seed:think>")
+    want = ReasoningSplit(r1.reasoning.replace("<think>", "<seed:think>").replace("</think>", "</seed:think>"),
+                          r1.content.replace("<think>", "<seed:think>").replace("</think>", "</seed:think>"))
+    assert seed.split(seeded) == want
+    for pieces in [[seeded], list(seeded), *([seeded[:i], seeded[i:]] for i in range(len(seeded) + 1))]:
+        assert streamed(seed, pieces) == want, pieces
+    assert seed.split(text.replace("<think>", "").replace("</think>", "")).content == ""  # no end: all thought

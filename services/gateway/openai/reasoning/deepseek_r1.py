@@ -21,10 +21,28 @@ class DeepSeekR1ReasoningParser:
     markers = (THINK_START, THINK_END)
 
     def split(self, text: str) -> ReasoningSplit:
-        if text.startswith(THINK_START):
-            text = text[len(THINK_START):]
-        before, found, after = text.partition(THINK_END)
+        if text.startswith(self.start_marker):
+            text = text[len(self.start_marker):]
+        before, found, after = text.partition(self.end_marker)
         return ReasoningSplit(reasoning=before, content=strip_leading_newlines(after) if found else "")
 
     def stream(self) -> ReasoningStream:
-        return ThinkStream(unopened="reasoning")
+        return ThinkStream(unopened="reasoning", start=self.start_marker, end=self.end_marker)
+
+
+class MiniMaxM2ReasoningParser(DeepSeekR1ReasoningParser):
+    """MiniMax-M2's (``--reasoning-parser minimax_m2``, vLLM's name): its template opens ``<think>`` in the prompt,
+    as DeepSeek-R1's does."""
+
+    name = "minimax_m2"
+
+
+class SeedOssReasoningParser(DeepSeekR1ReasoningParser):
+    """Seed-OSS's (``--reasoning-parser seed_oss``, vLLM's name): DeepSeek-R1's split with ``<seed:think>`` and
+    ``</seed:think>`` (its template may open the thinking in the prompt; its thinking-budget reflections inside
+    stay reasoning)."""
+
+    name = "seed_oss"
+    start_marker = "<seed:think>"
+    end_marker = "</seed:think>"
+    markers = (start_marker, end_marker)

@@ -7,7 +7,11 @@ import re
 from collections.abc import Callable
 
 from services.engine.tokenizer import Tokenizer
-from services.gateway.openai.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
+from services.gateway.openai.reasoning.deepseek_r1 import (
+    DeepSeekR1ReasoningParser,
+    MiniMaxM2ReasoningParser,
+    SeedOssReasoningParser,
+)
 from services.gateway.openai.reasoning.gpt_oss import GptOssReasoningParser
 from services.gateway.openai.reasoning.qwen3 import Glm45ReasoningParser, Qwen3ReasoningParser
 from services.gateway.openai.reasoning.types import ReasoningParser
@@ -18,6 +22,8 @@ PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "gpt_oss": GptOssReasoningParser,
     "openai_gptoss": GptOssReasoningParser,  # vLLM's name for it
     "glm45": Glm45ReasoningParser,
+    "minimax_m2": MiniMaxM2ReasoningParser,
+    "seed_oss": SeedOssReasoningParser,
 }
 
 

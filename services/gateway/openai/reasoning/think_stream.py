@@ -28,13 +28,15 @@ def _join(first: ReasoningSplit, second: ReasoningSplit) -> ReasoningSplit:
 class ThinkStream:
     """One streamed output (a :class:`~services.gateway.openai.reasoning.types.ReasoningStream`)."""
 
-    def __init__(self, unopened: Channel):
+    def __init__(self, unopened: Channel, start: str = THINK_START, end: str = THINK_END):
+        """``start``/``end``: the markers (Seed-OSS's are ``<seed:think>``/``</seed:think>``)."""
         self._unopened: Channel = unopened
+        self._start_marker = start
         self._start = ""  # the text so far while it may still be the start of "<think>"
         self._channel: Channel | None = None  # where text before "</think>" goes, once decided
         self._ended = False
         self._answer_started = False
-        self._end = MarkerScanner(THINK_END)
+        self._end = MarkerScanner(end)
 
     def feed(self, text: str) -> ReasoningSplit:
         if self._ended:
@@ -61,10 +63,10 @@ class ThinkStream:
     def _decide_opening(self, text: str) -> str:
         """Text past the opening (if any) once it is decided; "" while undecided."""
         text = self._start + text
-        if text.startswith(THINK_START):
+        if text.startswith(self._start_marker):
             self._channel, self._start = "reasoning", ""
-            return text[len(THINK_START):]
-        if THINK_START.startswith(text):
+            return text[len(self._start_marker):]
+        if self._start_marker.startswith(text):
             self._start = text
             return ""
         self._channel, self._start = self._unopened, ""
