@@ -126,6 +126,11 @@ def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quan
     with pytest.raises(ModelLoadError, match=named):
         fp8_block_size({"quantization_config": quantization})
     assert fp8_block_size({"quantization_config": {"quant_method": "mxfp4"}}) is None  # GPT-OSS reads its own
+    # MiniMax-M2's own spelling of the format, with the modules it leaves unquantized
+    minimax = {"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+               "weight_block_size": [128, 128],
+               "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}
+    assert fp8_block_size({"quantization_config": minimax}) == (128, 128)
     assert fp8_block_size({}) is None
 
 

@@ -6,9 +6,9 @@
   reads as ``partial_rotary_factor``);
 - experts on every layer, routed by the sigmoid of the router's logits: chosen by score plus
   ``e_score_correction_bias``, weighted by the scores alone and renormalised, no groups and no scaling
-  (:attr:`~services.engine.model.config.MoEConfig.sigmoid_routing`); the router runs in float32, as vLLM's does
-  (transformers rounds its logits to the model dtype first, so bf16 runs differ there by that rounding); each expert
-  ``intermediate_size`` wide, no shared expert.
+  (:attr:`~services.engine.model.config.MoEConfig.sigmoid_routing`); the router's weight, its bias and its logits are
+  float32, as vLLM's are (a bf16 transformers load rounds all three to bf16, which can choose other experts, so bf16
+  runs follow vLLM's routing, not bf16 transformers'); each expert ``intermediate_size`` wide, no shared expert.
 
 Its checkpoints name the MLP ``block_sparse_moe`` with Mixtral's ``w1``/``w3``/``w2`` and keep the correction bias on
 the block; the official files are FP8 with block scales (:mod:`services.engine.weights.fp8_blocks`). The

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 class Olmo2DecoderModel(DecoderModel):
     """A :class:`DecoderModel` over an OLMo 2 checkpoint. Its layers hold the norms on the blocks' outputs as
     ``attn_out_norm`` and ``mlp_out_norm`` (``input_norm`` and ``post_norm`` unused: None), and q/k norms of the
-    whole projection's width."""
+    whole projection's width. OLMo 3's sliding layers rotate with torch's rope of their own base in the model dtype
+    (``local_rope``), also where a GPU's full layers take FlashInfer's fused rope."""
 
     def __init__(self, config, tensors, dtype, *args, **kwargs):
         super().__init__(config, tensors, dtype, *args, **kwargs)

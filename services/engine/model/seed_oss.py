@@ -14,7 +14,9 @@ ARCHITECTURE = "seed_oss"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    cfg = {"head_dim": 128, "attention_bias": True, "attention_out_bias": False,
-           **{k: v for k, v in cfg.items() if v is not None}}  # SeedOssConfig's
+    absent_head_dim = "head_dim" not in cfg  # SeedOssConfig's 128; an explicit null is hidden / heads, as there
+    cfg = {"attention_bias": True, "attention_out_bias": False, **{k: v for k, v in cfg.items() if v is not None}}
+    if absent_head_dim:
+        cfg["head_dim"] = 128
     return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bool(cfg["attention_bias"]),
                        o_bias=bool(cfg["attention_out_bias"]))

@@ -42,7 +42,7 @@ def fp8_block_size(hf_config: Mapping[str, Any]) -> tuple[int, int] | None:
     if quantization.get("activation_scheme", "dynamic") != "dynamic":
         raise ModelLoadError(f"fp8 checkpoint with activation_scheme {quantization['activation_scheme']!r}: static "
                              "activation scales are not supported (only 'dynamic', weights dequantised at load)")
-    if quantization.get("fmt", "e4m3") != "e4m3":
+    if quantization.get("fmt", "e4m3") not in ("e4m3", "float8_e4m3fn"):  # DeepSeek's spelling, MiniMax's
         raise ModelLoadError(f"fp8 checkpoint of fmt {quantization['fmt']!r} is not supported (only 'e4m3')")
     block = quantization.get("weight_block_size")
     if not isinstance(block, list | tuple) or len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):

@@ -51,6 +51,10 @@ CASES = [
     ('<minimax:tool_call><invoke name="a b"></invoke></minimax:tool_call>',
      ParsedOutput('<minimax:tool_call><invoke name="a b"></invoke></minimax:tool_call>')),
     ("no call <minimax:tool", ParsedOutput("no call <minimax:tool")),
+    # a value holding </invoke> is the value's; a key outside ASCII stays as written
+    ('<minimax:tool_call><invoke name="search"><parameter name="query">a</invoke>b</parameter>'
+     '<parameter name="città">Roma</parameter></invoke></minimax:tool_call>',
+     ParsedOutput("", (_call("search", {"query": "a</invoke>b", "città": "Roma"}),))),
 ]
 
 

@@ -11,7 +11,8 @@ A value is read as MiniMax's own parser reads it (its tool-calling guide), by th
 case) is null; a string keeps its text (stripped); an integer or number is read as one (a number with no fraction
 as an integer) else its text stays; a boolean is true for ``true`` or ``1`` (any case), false otherwise; anything
 else is read as JSON where it is JSON, else its text stays; an argument the request's tools do not describe is a
-string. A name may be quoted. A block that is not invocations of parameters stays content.
+string. A name may be quoted. A value ends at its first ``</parameter>`` (one holding ``</invoke>`` is still the
+value's). A block that is not invocations of parameters stays content.
 
 The forced grammar writes each tool's parameters in its schema's order (the required ones always): a string any
 text up to the first ``</parameter>`` (within its length bounds), an ``enum``/``const`` of strings one of them, a
@@ -40,7 +41,8 @@ from services.gateway.openai.tools.types import ParsedToolCall, ToolSpec
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 _NAME = r"(\"[^\"]*\"|'[^']*'|[^>]*)"
-_INVOKE = re.compile(r"\s*<invoke name=" + _NAME + r">(.*?)</invoke>", re.DOTALL)
+_INVOKE = re.compile(r"\s*<invoke name=" + _NAME + r">")
+_INVOKE_END = re.compile(r"\s*</invoke>")
 _PARAMETER = re.compile(r"\s*<parameter name=" + _NAME + r">(.*?)</parameter>", re.DOTALL)
 
 
@@ -74,16 +76,16 @@ def read_calls(body: str, tools: Sequence[ToolSpec] = ()) -> list[ParsedToolCall
         invoke = _INVOKE.match(body, pos)
         if invoke is None or FUNCTION_NAME.fullmatch(name := _unquote(invoke.group(1))) is None:
             return None
-        inner, at, arguments = invoke.group(2), 0, {}
-        while inner[at:].strip():
-            parameter = _PARAMETER.match(inner, at)
+        pos, arguments = invoke.end(), {}
+        while (end := _INVOKE_END.match(body, pos)) is None:  # a value holding "</invoke>" is the value's
+            parameter = _PARAMETER.match(body, pos)
             if parameter is None:
                 return None
             key = _unquote(parameter.group(1))
             arguments[key] = _value(parameter.group(2).strip(), property_schema(tools, name, key))
-            at = parameter.end()
+            pos = parameter.end()
         calls.append(ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False)))
-        pos = invoke.end()
+        pos = end.end()
     return calls or None
 
 
@@ -103,7 +105,8 @@ class MiniMaxM2Parser(TaggedCallParser):
         return " ".join([lark_literal(f'<invoke name="{tool.name}">\n'), *arguments, lark_literal("</invoke>\n")])
 
     def argument_rule(self, key: str, value: str) -> str:
-        return f"{lark_literal(f'<parameter name={json.dumps(key)}>')} {value} {lark_literal(chr(10))}"
+        opening = '<parameter name="' + key + '">'
+        return f"{lark_literal(opening)} {value} {lark_literal(chr(10))}"
 
     def free_arguments(self) -> str:
         return f'("<parameter name=\\"" /[^"\\n]+/ "\\">" {self.text_rule} "\\n")*'
