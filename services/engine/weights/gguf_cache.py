@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from kernels.int4_linear import GroupQuantized
 from kernels.rope_scaling import RopeScaling
-from services.engine.model.config import GemmaConfig, ModelConfig, MoEConfig, Multipliers
+from services.engine.model.config import GemmaConfig, LatentAttention, ModelConfig, MoEConfig, Multipliers
 from services.engine.weights.digest import weights_digest
 from services.engine.weights.loader import LoadedWeights
 
@@ -135,8 +135,11 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
         data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})
     data["layer_windows"] = tuple(data.get("layer_windows") or ())
     data["nope_layers"] = tuple(data.get("nope_layers") or ())
+    data["local_rope_layers"] = tuple(data.get("local_rope_layers") or ())
     if data.get("gemma") is not None:
         data["gemma"] = GemmaConfig(**data["gemma"])
     if data.get("multipliers") is not None:
         data["multipliers"] = Multipliers(**data["multipliers"])
+    if data.get("mla") is not None:
+        data["mla"] = LatentAttention(**data["mla"])
     return ModelConfig(**data)
