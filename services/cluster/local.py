@@ -24,7 +24,6 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 from services.cluster.certificates import ClusterCertificates
 from services.common.launch import ROLE_OF_MODULE, ServiceProcess, launch
 from services.common.tls.identity import Identity
-from services.gateway.nodes_file import write_nodes_file
 
 
 @dataclass(frozen=True)
@@ -122,23 +121,17 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                              security)
         prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr,
                               security)
-        # the gateway starts beside the nodes (its imports, tokenizer and model identity overlap their model loads)
-        # and reads their addresses from a file written once they serve
-        nodes_file = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pdserve-nodes-"))) / "nodes.json"
-        gateway_args = ["--nodes-file", str(nodes_file), *spec.gateway_model_args(), *spec.gateway_args]
+        for node in (*decode, *prefill):  # neither kind needs the other to start: their model loads overlap
+            node.wait_serving(spec.startup_timeout_s)
+        gateway_args = ["--prefill", ",".join(p.address for p in prefill),
+                        "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
+                        *spec.gateway_args]
+        if store is not None:
+            gateway_args += ["--cache-store", store.address]
         if spec.http_listen:
             gateway_args += ["--http-listen", spec.http_listen]
         key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
-        gateway = stack.enter_context(launch("services.gateway", *gateway_args, "--listen", spec.gateway_listen,
-                                             *security.args("services.gateway", 1),
-                                             startup_timeout_s=spec.startup_timeout_s,
-                                             env={**spec.env, **security.env, **(key_env or {})}, cwd=spec.cwd,
-                                             stdout=stdout, stderr=stderr, wait=False, identity=security.identity))
-        for node in (*decode, *prefill):  # neither kind needs the other to start: their model loads overlap
-            node.wait_serving(spec.startup_timeout_s)
-        write_nodes_file(nodes_file, ",".join(p.address for p in prefill), ",".join(d.address for d in decode),
-                         store.address if store is not None else "")
-        gateway.wait_serving(spec.startup_timeout_s)
+        gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
         http_url = _http_url(gateway.address, spec.api_key) if spec.http_listen else ""
         cluster = LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
         stack.callback(_terminate_all, cluster)  # runs first on exit: the gateway, then the nodes side by side

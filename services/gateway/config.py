@@ -34,10 +34,6 @@ class GatewayConfig(ServerConfig):
     decode: str = setting("", "decode nodes, comma-separated host:port or dns:///NAME:PORT entries (required)")
     cache_store: str = setting("", "cache-stores, comma-separated host:port or dns:///NAME:PORT entries "
                                    "(listed in ClusterStatus)")
-    nodes_file: Path | None = setting(None, "a JSON file of the prefill, decode and cache_store entries instead "  # noqa: RUF009
-                                            "of the flags, waited for at startup (for a launcher that starts the "
-                                            "gateway beside its nodes; services/gateway/nodes_file.py)")
-    nodes_file_timeout_s: float = setting(120.0, "seconds to wait for --nodes-file")
     resolve_interval_s: float = setting(5.0, "seconds between lookups of the dns:/// entries")
     model: Path | None = setting(None, "GGUF file or HF directory (tokenizer and config only); "  # noqa: RUF009
                                        "default: the bundled SmolLM2-135M")
@@ -112,14 +108,10 @@ class GatewayConfig(ServerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.nodes_file is not None and self.nodes():
-            raise ValueError("nodes_file: give the node entries in the file or as flags, not both")
-        if self.nodes_file is None and not self.prefill_addresses:  # a file's entries are checked once read
+        if not self.prefill_addresses:
             raise ValueError("prefill: at least one prefill node address is required")
-        if self.nodes_file is None and not self.decode_addresses:
+        if not self.decode_addresses:
             raise ValueError("decode: at least one decode node address is required")
-        if self.nodes_file_timeout_s <= 0:
-            raise ValueError(f"nodes_file_timeout_s must be > 0, got {self.nodes_file_timeout_s}")
         for entry, role in self.nodes():
             try:
                 parse_entry(entry, role)

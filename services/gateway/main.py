@@ -25,7 +25,6 @@ from services.gateway.directory import NodeDirectory
 from services.gateway.discovery import Resolver
 from services.gateway.metrics import gateway_registry
 from services.gateway.model_check import ModelIdentity, model_identity
-from services.gateway.nodes_file import with_nodes_file
 from services.gateway.openai.app import FrontSettings, FrontState, create_app, served_model_id
 from services.gateway.openai.server import HttpFront
 from services.gateway.public_tls import PublicTls
@@ -145,7 +144,6 @@ async def serve(config: GatewayConfig) -> None:
     model = load_model_config(path)
     tokenizer = Tokenizer.load(path, model.eos_token_ids)
     identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
-    config = await with_nodes_file(config)  # a launcher's nodes, once they serve
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
                        model=identity)
     await gateway.start()
