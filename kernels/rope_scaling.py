@@ -67,7 +67,8 @@ def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """Yarn's magnitude factor of a context grown ``scale`` times (DeepSeek's attention scale takes its square)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -75,9 +76,9 @@ def _yarn(dim: int, theta: float, s: RopeScaling) -> tuple[torch.Tensor, float]:
     if s.attention_factor is not None:
         attention = s.attention_factor
     elif s.mscale and s.mscale_all_dim:
-        attention = _yarn_mscale(s.factor, s.mscale) / _yarn_mscale(s.factor, s.mscale_all_dim)
+        attention = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
     else:
-        attention = _yarn_mscale(s.factor)
+        attention = yarn_mscale(s.factor)
 
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(s.original_max_position / (rotations * 2 * math.pi))) / (2 * math.log(theta))

@@ -50,9 +50,10 @@ PRESETS: dict[str, ModelConfig] = {
     "gemma3-12b": replace(_config("random-gemma3-12b", 262208, 3840, 15360, 48, 16, 8, 1000000.0, True),
                           architecture="gemma3", qk_norm=True, head_dim=256,
                           layer_windows=tuple(None if (i + 1) % 6 == 0 else 1024 for i in range(48)),
+                          local_rope_layers=tuple(i for i in range(48) if (i + 1) % 6),
                           gemma=GemmaConfig(query_pre_attn_scalar=256, local_rope_theta=10000.0)),
     "tiny-gemma3": replace(_config("random-tiny-gemma3", 512, 128, 256, 3, 4, 2, 10000.0, True, max_position=2048),
-                           architecture="gemma3", qk_norm=True, layer_windows=(16, None, 16),
+                           architecture="gemma3", qk_norm=True, layer_windows=(16, None, 16), local_rope_layers=(0, 2),
                            gemma=GemmaConfig(query_pre_attn_scalar=32, local_rope_theta=10000.0)),
 }
 """``write_random_llama_dir`` writes the Llama ones (not ``qwen3-8b``, the MoE nor Gemma: no Llama tensors)."""

@@ -96,6 +96,12 @@ class Multipliers:
             raise ModelLoadError("the logits divisor (logits_scaling) must not be 0")
 
 
+def windowed_layers(windows: tuple[int | None, ...]) -> tuple[int, ...]:
+    """The layers of ``windows`` (``ModelConfig.layer_windows``) that have one: a checkpoint's sliding layers, as
+    ``ModelConfig.local_rope_layers`` keeps them."""
+    return tuple(i for i, window in enumerate(windows) if window is not None)
+
+
 @dataclass(frozen=True)
 class LatentAttention:
     """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash; :mod:`services.engine.model.mla_decoder`): each

@@ -20,10 +20,10 @@ loader dequantises to bf16 (:mod:`services.engine.weights.fp8_blocks`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from kernels.rope_scaling import yarn_mscale
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import LatentAttention, ModelConfig, MoEConfig, Multipliers
 from services.engine.model.hf_config import base_fields, required
@@ -35,12 +35,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     v2 = cfg.get("model_type") == "deepseek_v2"
     if v2:
         cfg = {"first_k_dense_replace": 0, "topk_method": "greedy", "norm_topk_prob": False, "q_lora_rank": 1536,
-               "n_routed_experts": 64, "n_shared_experts": 2, **_present(cfg)}  # DeepseekV2Config's
+               "n_routed_experts": 64, "n_shared_experts": 2, **present(cfg)}  # DeepseekV2Config's
         routing = _v2_routing(cfg)
     else:
         cfg = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
                "norm_topk_prob": True, "q_lora_rank": 1536, "n_routed_experts": 256, "n_shared_experts": 1,
-               **_present(cfg)}  # DeepseekV3Config's
+               **present(cfg)}  # DeepseekV3Config's
         routing = _v3_routing(cfg)
     layers = int(required(cfg, "num_hidden_layers"))
     first_sparse = int(cfg["first_k_dense_replace"])
@@ -66,8 +66,8 @@ def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | No
                          architecture)
     scaling = fields["rope_scaling"]
     scale = mla.qk_head_dim**-0.5
-    if scaling is not None and scaling.mscale_all_dim and scaling.factor > 1:  # transformers' yarn_apply_mscale
-        scale *= (0.1 * scaling.mscale_all_dim * math.log(scaling.factor) + 1.0) ** 2
+    if scaling is not None and scaling.mscale_all_dim:  # transformers' yarn_apply_mscale
+        scale *= yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
     return ModelConfig(**{**fields, "num_kv_heads": 1, "head_dim": mla.cache_dim, "rotary_dim": mla.qk_rope_head_dim},
                        mla=mla, moe=moe, rope_interleaved=interleaved, multipliers=Multipliers(attention=scale))
 
@@ -107,5 +107,6 @@ def _v2_routing(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 top_groups=int(required(cfg, "topk_group")))
 
 
-def _present(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def present(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg``'s set keys (a null one takes the config class's default), ``q_lora_rank`` kept even null (none)."""
     return {k: v for k, v in cfg.items() if v is not None or k == "q_lora_rank"}

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import GemmaConfig, ModelConfig
+from services.engine.model.config import GemmaConfig, ModelConfig, windowed_layers
 from services.engine.model.gemma3 import ACTIVATIONS, gguf_turn_end_ids
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
@@ -39,7 +39,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                                   full.get("sliding_window"))
     bias = bool(full.get("attention_bias", False))
     return ModelConfig(
-        **fields, qkv_bias=bias, o_bias=bias, layer_windows=windows,
+        **fields, qkv_bias=bias, o_bias=bias, layer_windows=windows, local_rope_layers=windowed_layers(windows),
         attn_logit_softcap=_cap(full.get("attn_logit_softcapping")),
         gemma=GemmaConfig(query_pre_attn_scalar=float(full["query_pre_attn_scalar"]),
                           local_rope_theta=fields["rope_theta"],
@@ -58,12 +58,13 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         return f.get(name, LLAMA_CPP_DEFAULTS[name])
 
     layers, window = base["num_layers"], int(setting("attention.sliding_window"))
+    windows = tuple(int(window) if i % 2 == 0 else None for i in range(layers)) if window > 0 else ()
     scalar = base["hidden_size"] // base["num_heads"] if layers == LLAMA_CPP_27B_LAYERS else base["head_dim"]
     if base["rope_scaling"] is not None:
         raise ModelLoadError(f"GGUF gemma2: rope scaling is not supported, got {base['rope_scaling'].rope_type}")
     return ModelConfig(
         **{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
-        layer_windows=tuple(int(window) if i % 2 == 0 else None for i in range(layers)) if window > 0 else (),
+        layer_windows=windows, local_rope_layers=windowed_layers(windows),
         attn_logit_softcap=_cap(setting("attn_logit_softcapping")),
         gemma=GemmaConfig(query_pre_attn_scalar=float(scalar), local_rope_theta=base["rope_theta"],
                           final_logit_softcap=_cap(setting("final_logit_softcapping"))),

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import GemmaConfig, ModelConfig
+from services.engine.model.config import GemmaConfig, ModelConfig, windowed_layers
 from services.engine.model.gguf_config import END_OF_TURN_KEY, GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows, with_defaults
 
@@ -47,7 +47,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(text.get("attention_bias", False))
     return ModelConfig(
         **fields, qkv_bias=bias, o_bias=bias, qk_norm=True,
-        layer_windows=windows, local_rope_layers=tuple(i for i, w in enumerate(windows) if w is not None),
+        layer_windows=windows, local_rope_layers=windowed_layers(windows),
         gemma=GemmaConfig(query_pre_attn_scalar=float(text["query_pre_attn_scalar"]), local_rope_theta=local_theta,
                           final_logit_softcap=None if text.get("final_logit_softcapping") is None
                           else float(text["final_logit_softcapping"])),
@@ -67,7 +67,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     windows = () if not window else tuple(None if (i + 1) % pattern == 0 else int(window) for i in range(layers))
     return ModelConfig(
         **{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)}, qk_norm=True,
-        layer_windows=windows, local_rope_layers=tuple(i for i, w in enumerate(windows) if w is not None),
+        layer_windows=windows, local_rope_layers=windowed_layers(windows),
         gemma=GemmaConfig(query_pre_attn_scalar=float(scalar),
                           local_rope_theta=10000.0,
                           final_logit_softcap=float(softcap) if softcap else None),

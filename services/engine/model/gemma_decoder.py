@@ -94,14 +94,13 @@ class GemmaDecoderModel(DecoderModel):
         tables = {False: self.rope.tables(positions, self.dtype), True: self.local_rope.tables(positions, self.dtype)}
         num_tokens = input_ids.shape[0]
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            window = cfg.window(i)
             x = gemma_rms_norm(hidden, layer.input_norm, eps)
             q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
             k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             if layer.q_norm is not None:
                 q, k = gemma_rms_norm(q, layer.q_norm, eps), gemma_rms_norm(k, layer.k_norm, eps)
-            local = i in cfg.local_rope_layers or (window is not None and not cfg.local_rope_layers)
+            local = i in cfg.local_rope_layers
             cos, sin = tables[local]
             rope = self.local_rope if local else self.rope
             q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)

@@ -11,7 +11,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.deepseek import latent_config, sparse_mlp
+from services.engine.model.deepseek import latent_config, present, sparse_mlp
 from services.engine.model.hf_config import required
 
 ARCHITECTURE = "glm4_moe_lite"
@@ -22,7 +22,7 @@ _DEFAULTS = {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8, "norm_
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    cfg = {**_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k == "q_lora_rank"}}
+    cfg = {**_DEFAULTS, **present(cfg)}
     layers = int(required(cfg, "num_hidden_layers"))
     kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
     if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:

@@ -23,7 +23,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.hf_config import base_fields, required
+from services.engine.model.hf_config import base_fields, required, rotary_dim
 from services.engine.model.mixtral import mixtral_tensor_name
 
 ARCHITECTURE = "minimax_m2"
@@ -36,7 +36,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             raise ModelLoadError(f"minimax_m2: {key} {cfg[key]!r} is not supported (only {supported!r})")
     if int(cfg.get("shared_intermediate_size") or 0) or int(cfg.get("n_shared_experts") or 0):
         raise ModelLoadError("minimax_m2: a shared expert (shared_intermediate_size) is not supported")
-    if cfg.get("rotary_dim") is not None and not _partial_factor(cfg):
+    if cfg.get("rotary_dim") is not None and rotary_dim(cfg, int(cfg["head_dim"])) is None:  # the released key
         cfg["partial_rotary_factor"] = int(cfg["rotary_dim"]) / int(cfg["head_dim"])
     fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
     moe = MoEConfig(num_experts=int(required(cfg, "num_local_experts")),
@@ -44,11 +44,6 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     norm_topk_prob=True,
                     sparse_layers=tuple(range(fields["num_layers"])), sigmoid_routing=True)
     return ModelConfig(**fields, qk_norm=True, qk_norm_whole=True, moe=moe)
-
-
-def _partial_factor(cfg: Mapping[str, Any]) -> Any:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    return params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor")
 
 
 def minimax_m2_tensor_name(name: str) -> str:

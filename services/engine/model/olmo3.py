@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import ModelConfig
+from services.engine.model.config import ModelConfig, windowed_layers
 from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "olmo3"
@@ -31,5 +31,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                                   full.get("sliding_window"))
     bias = bool(full.get("attention_bias", False))
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, layer_windows=windows,
-                       local_rope_layers=tuple(i for i, w in enumerate(windows) if w is not None),
+                       local_rope_layers=windowed_layers(windows),
                        local_rope_theta=local_theta)

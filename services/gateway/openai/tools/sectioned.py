@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools import grammar
 from services.gateway.openai.tools.grammar import lark_literal
 from services.gateway.openai.tools.hermes import HermesStream
@@ -26,6 +27,7 @@ from services.gateway.openai.tools.scan import (
     hex_call_id,
     skip_space,
 )
+from services.gateway.openai.tools.schema_values import json_value_grammar
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
 
 
@@ -110,11 +112,8 @@ class SectionedCallParser:
                  f"call: {lark_literal(self.call_open)} ("
                  + " | ".join(f"tool_{i}" for i in range(len(tools))) + f") {lark_literal(self.call_close)}"]
         for i, tool in enumerate(tools):
-            schema = grammar.call_schema(tool, "arguments")
-            arguments = schema["properties"]["arguments"] | {"x-guidance": schema["x-guidance"]}
-            arguments |= {key: schema[key] for key in ("$defs", "definitions") if key in schema}
-            lines += [f"tool_{i}: {self.call_grammar(tool, f'arguments_{i}')}",
-                      f"arguments_{i}: %json " + json.dumps(arguments, ensure_ascii=False)]
+            arguments = json_value_grammar(close_objects(dict(tool.parameters)), {}, grammar.JSON_STYLE)
+            lines += [f"tool_{i}: {self.call_grammar(tool, f'arguments_{i}')}", f"arguments_{i}: {arguments}"]
         return "\n".join(lines) + "\n"
 
     def tools_prompt(self, tools: Sequence[ToolSpec]) -> str:
