@@ -144,6 +144,25 @@ def test_chat_completions_match_grpc_generate(client, stub):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_responses_match_grpc_generate_whole_and_streamed(client, stub):
+    """``/v1/responses`` with the chat's conversation as its input gives the chat's text, as one message item."""
+    messages = [gateway_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
+    _tokens, text, last = generate(stub, messages=messages, sampling=greedy(NEW_TOKENS))
+    greedy_body = {"temperature": 0.0, "max_output_tokens": NEW_TOKENS, "extra_body": {"ignore_eos": True}}
+
+    response = client.responses.create(model=MODEL, input=CHAT[0]["content"], **greedy_body)
+    (message,) = response.output
+    assert (message.type, message.role, response.output_text) == ("message", "assistant", text)
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (last.usage.prompt_tokens, NEW_TOKENS)
+
+    events = list(client.responses.create(model=MODEL, input=CHAT, stream=True, **greedy_body))
+    deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+    last = events[-1]  # OpenAI's last event for a response cut by max_output_tokens
+    assert (last.type, last.response.status, last.response.output_text) == ("response.incomplete", "incomplete", text)
+    assert "".join(deltas) == text
+
+
 def test_penalties_min_p_and_logit_bias_as_the_openai_package_sends_them(client, stub, bundled_tokenizer):
     """OpenAI's presence and frequency penalties and logit_bias are arguments of the package; vLLM's
     repetition_penalty and min_p go in ``extra_body``. Each changes the text as gRPC ``Generate`` with the same

@@ -157,6 +157,29 @@ def test_a_streamed_required_call_accumulates_to_a_valid_call(client, model, end
     jsonschema.validate(json.loads(call["arguments"]), PARAMETERS[call["name"]])
 
 
+def test_responses_give_the_reasoning_and_a_valid_forced_call_as_items(client, model, end_bias):
+    """``/v1/responses`` with ``tool_choice: required``: a reasoning item (what came before ``</think>``) and a
+    function call item that validates against its tool's schema, whole and streamed."""
+    functions = [{"type": "function", **tool["function"]} for tool in TOOLS]
+    body = {"model": model, "input": "Weather in Oslo?", "tools": functions, "tool_choice": "required",
+            "parallel_tool_calls": False, "temperature": 1.0, "max_output_tokens": MAX_TOKENS,
+            "extra_body": {"logit_bias": end_bias(30), "seed": 3}}
+    response = client.responses.create(**body)
+    with client.responses.stream(**body) as stream:
+        streamed = stream.get_final_response()
+    for made in (response, streamed):
+        assert made.status == "completed", made
+        assert [item.type for item in made.output] in (["function_call"], ["reasoning", "function_call"])
+        call = made.output[-1]
+        assert call.call_id and call.name in PARAMETERS
+        jsonschema.validate(json.loads(call.arguments), PARAMETERS[call.name])
+    def shown(item):
+        return (item.type, item.status, item.name, item.arguments) if item.type == "function_call" else \
+            (item.type, item.status, [part.text for part in item.content])
+
+    assert [shown(item) for item in streamed.output] == [shown(item) for item in response.output]  # seeded
+
+
 def test_a_tool_result_round_trip_is_rendered_and_answered(client, model, tokenizer):
     arguments = '{"city": "oslo", "unit": "c"}'
     messages = [*ask("Weather in Oslo?"),

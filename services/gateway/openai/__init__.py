@@ -1,4 +1,5 @@
-"""The gateway's OpenAI-compatible HTTP front: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+"""The gateway's OpenAI-compatible HTTP front: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/responses``.
 
 A FastAPI app served by uvicorn inside the gateway's own event loop, next to its gRPC server. Each request
 is translated to a ``GenerateInput`` and run by the same ``GatewayCore`` as a gRPC ``Generate`` call (same

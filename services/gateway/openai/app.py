@@ -1,5 +1,6 @@
 """The routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, ``GET /health`` (200, or 503 while draining), and ``POST /tokenize`` /
+``POST /v1/chat/completions``, ``POST /v1/responses`` (``responses_api/``), ``GET /health`` (200, or 503 while
+draining), and ``POST /tokenize`` /
 ``POST /detokenize`` (``tokenize.py``).
 
 Middlewares, outermost first: ``BodyLimit`` (framing and size, before any body is read), ``ApiKeyAuth``
@@ -16,10 +17,10 @@ import asyncio
 import dataclasses
 import re
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
@@ -38,7 +39,9 @@ from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.parsers import FrontParsers, resolve_parsers
 from services.gateway.openai.reasoning.closed import ClosedReasoning
+from services.gateway.openai.request_ids import echoed, request_id_of
 from services.gateway.openai.responses import ModelCard, ModelList
+from services.gateway.openai.responses_api.route import add_responses_route
 from services.gateway.openai.running import RequestGroup, RunningRequest
 from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, GenerationBody
 from services.gateway.openai.streaming import respond
@@ -97,7 +100,9 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
         app.add_middleware(ApiKeyAuth, keys=settings.api_keys)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     _add_info_routes(app, settings, state)
-    _add_generation_routes(app, Generations(core, metrics, settings, state, parsers))
+    generations = Generations(core, metrics, settings, state, parsers)
+    _add_generation_routes(app, generations)
+    add_responses_route(app, generations)
     add_tokenize_routes(app, core, settings.model_name, parsers)
     return app
 
@@ -134,13 +139,16 @@ class Generations:
         return inputs
 
     async def run(self, request: Request, prompts: list[GenerateInput],
-                  renderer: Callable[[int, PreparedRequest], Renderer], body: GenerationBody,
-                  constraint_param: str | None = None) -> Response:
+                  renderer: Callable[[int, PreparedRequest], Any], body: GenerationBody,
+                  constraint_param: str | None = None,
+                  answer: Callable[[list[tuple[RunningRequest, Any]]], Awaitable[Response]] | None = None
+                  ) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i, prepared)``: the
         renderer of choice ``i``, prepared as ``prepared``; ``constraint_param``: what a refused constraint
-        that is not the body's ``response_format`` / ``guided_*`` is named (``tools``: a forced call's grammar)."""
+        that is not the body's ``response_format`` / ``guided_*`` is named (``tools``: a forced call's grammar);
+        ``answer``: what answers the opened choices (None: ``streaming.respond``, with ``Renderer``s)."""
         group = RequestGroup(request.receive)
-        choices: list[tuple[RunningRequest, Renderer]] = []
+        choices: list[tuple[RunningRequest, Any]] = []
 
         async def open_all(prompts: list[GenerateInput]) -> None:
             if len(prompts) > 1 or body.n > 1:
@@ -158,6 +166,8 @@ class Generations:
 
         try:
             if await group.unless_gone(open_all(prompts)):  # a long prompt may wait for a thread
+                if answer is not None:
+                    return await answer(choices)
                 return await respond(choices, body.stream, body.include_usage, body.n, body.continuous_usage)
         except BaseException as error:
             close_all(error)
@@ -238,25 +248,3 @@ def echo_of(prompt: str | list[int], tokenizer: Tokenizer) -> str:
     """An echoed prompt's text (vLLM's): the string as sent, or the text of the token ids, special tokens
     included (each token's bytes in order, as the logprobs' offsets count them)."""
     return prompt if isinstance(prompt, str) else tokenizer.decode(prompt, skip_special_tokens=False)
-
-
-MAX_HEADER_ID_CHARS = 128
-
-
-def request_id_of(request: Request, prefix: str) -> tuple[str, str]:
-    """The request's id (the response's ``id``, the gateway's and the nodes' request id) and the
-    ``X-Request-Id`` the response echoes: ``<prefix>-<X-Request-Id>`` when the client sent one (as vLLM
-    does), else ``<prefix>-<fresh hex>`` (echoed whole)."""
-    given = request.headers.get("x-request-id")
-    if given is None:
-        fresh = f"{prefix}-{uuid.uuid4().hex}"
-        return fresh, fresh
-    if not given or len(given) > MAX_HEADER_ID_CHARS or not given.isprintable():
-        raise errors.OpenAIError(400, f"X-Request-Id: must be 1 to {MAX_HEADER_ID_CHARS} printable characters",
-                                 param="X-Request-Id")
-    return f"{prefix}-{given}", given
-
-
-def echoed(response: Response, request_id: str) -> Response:
-    response.headers["X-Request-Id"] = request_id
-    return response

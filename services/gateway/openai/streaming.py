@@ -52,7 +52,7 @@ async def respond(choices: Sequence[Choice], stream: bool, include_usage: bool, 
     renderers = [renderer for _, renderer in choices]
     if not stream:
         return await _whole(streams, renderers, per_prompt)
-    firsts = await asyncio.gather(*(_first(chunks) for chunks in streams))
+    firsts = await asyncio.gather(*(first_chunk(chunks) for chunks in streams))
     counts = [_RunningUsage(_prompt_tokens(running)) for running, _ in choices] if continuous_usage else None
     return StreamingResponse(_events(firsts, streams, renderers, include_usage, per_prompt, counts),
                              media_type="text/event-stream", headers=SSE_HEADERS,
@@ -64,7 +64,8 @@ def _close_all(choices: Sequence[Choice]) -> None:
         running.close()
 
 
-async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk:
+async def first_chunk(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk:
+    """The request's first chunk (a 502 when it ended without one)."""
     try:
         return await anext(chunks)
     except StopAsyncIteration:
@@ -72,17 +73,21 @@ async def _first(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk:
 
 
 @dataclass
-class _Collected:
+class Collected:
+    """A request's chunks, whole."""
+
     text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
     last: GenerateChunk | None = None
 
 
-async def _collect(chunks: AsyncIterator[GenerateChunk]) -> _Collected:
-    collected = _Collected()
+async def collect(chunks: AsyncIterator[GenerateChunk]) -> Collected:
+    collected = Collected()
     async for chunk in chunks:  # to the end: the flow and the request close there
         collected.text.append(chunk.text)
+        collected.token_ids += chunk.token_ids
         collected.logprobs += chunk.logprobs
         collected.prompt_logprobs = collected.prompt_logprobs or chunk.prompt_logprobs
         collected.last = chunk
@@ -93,7 +98,7 @@ async def _collect(chunks: AsyncIterator[GenerateChunk]) -> _Collected:
 
 async def _whole(streams: Sequence[AsyncIterator[GenerateChunk]], renderers: Sequence[Renderer],
                  per_prompt: int) -> Response:
-    every = await asyncio.gather(*(_collect(chunks) for chunks in streams))
+    every = await asyncio.gather(*(collect(chunks) for chunks in streams))
     bodies = []
     for collected, renderer in zip(every, renderers, strict=True):
         last = collected.last

@@ -1,0 +1,109 @@
+"""``POST /v1/responses``: the body translated to a chat request (``to_chat.py``), run by the chat front's
+machinery (checks, tools, structured output, reasoning, cancellation, metrics, tracing), answered as a
+Responses object or its events (``render.py``). Its id is ``resp-<X-Request-Id>`` or ``resp-<hex>``.
+
+Logprobs (``include: ["message.output_text.logprobs"]`` or ``top_logprobs``) are the output text's when it is
+the whole output: they are refused (400 naming ``include``) where the front has a reasoning parser or the
+request offers tools, whose tokens are not the text's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from services.common.errors import ServiceError
+from services.engine.errors import InvalidRequestError
+from services.gateway.generation import GenerateChunk, PreparedRequest
+from services.gateway.openai.errors import OpenAIError, from_gateway
+from services.gateway.openai.logprobs_render import LogprobsRender
+from services.gateway.openai.output_split import OutputSplit
+from services.gateway.openai.reasoning.closed import ClosedReasoning
+from services.gateway.openai.request_ids import echoed, request_id_of
+from services.gateway.openai.responses_api.body import OUTPUT_TEXT_LOGPROBS, ResponsesBody
+from services.gateway.openai.responses_api.objects import ResponseObject
+from services.gateway.openai.responses_api.render import ResponseEvents, ResponseRender
+from services.gateway.openai.responses_api.to_chat import chat_body_of
+from services.gateway.openai.running import RunningRequest
+from services.gateway.openai.streaming import SSE_HEADERS, collect, first_chunk
+from services.gateway.openai.tool_calling import tool_request_of
+from services.gateway.openai.translate import chat_input
+
+if TYPE_CHECKING:
+    from services.gateway.openai.app import Generations
+
+
+def add_responses_route(app: FastAPI, generations: Generations) -> None:
+    core, model_name, parsers = generations.core, generations.settings.model_name, generations.parsers
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesBody, request: Request) -> Response:
+        translation = chat_body_of(body)
+        chat = translation.body
+        try:
+            generations.check(chat)
+            request_id, echo = request_id_of(request, "resp")
+            tools = tool_request_of(chat)
+            if chat.logprobs and (parsers.reasoning is not None or tools.offered):
+                raise OpenAIError(400, f"include: {OUTPUT_TEXT_LOGPROBS} (or top_logprobs) is supported only where "
+                                       f"the output is all text: not with tools or a reasoning parser",
+                                  param="include")
+            generate = chat_input(chat, request_id, parsers, tools)
+            split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
+            shell = ResponseObject.of(body, request_id, model_name)
+
+            def render(index: int, prepared: PreparedRequest) -> ResponseRender:
+                logprobs = LogprobsRender(core.tokenizer) if chat.logprobs else None
+                used = split if split.reasoning is None or not prepared.reasoning_closed else dataclasses.replace(
+                    split, reasoning=ClosedReasoning.of(split.reasoning))
+                return ResponseRender(shell, used, logprobs, parsers.reasoning_end_ids)
+
+            async def answer(choices: Sequence[tuple[RunningRequest, ResponseRender]]) -> Response:
+                ((running, renderer),) = choices
+                return await respond(running, renderer, body.stream)
+
+            return echoed(await generations.run(request, [generate], render, chat,
+                                                "tools" if tools.forced else None, answer=answer), echo)
+        except (OpenAIError, InvalidRequestError) as error:
+            raise translation.renamed(error) from error
+
+
+async def respond(running: RunningRequest, render: ResponseRender, stream: bool) -> Response:
+    """The response of one opened request; it is closed however this ends."""
+    chunks = running.chunks()  # closes the request when it ends
+    if not stream:
+        whole = await collect(chunks)
+        last = whole.last
+        assert last is not None and last.usage is not None
+        response = render.whole("".join(whole.text), whole.token_ids, last.finish_reason, last.usage, whole.logprobs)
+        return Response(response.model_dump_json(), media_type="application/json")
+    first = await first_chunk(chunks)  # what fails before any token still gets its own HTTP status
+    return StreamingResponse(_events(ResponseEvents(render), first, chunks), media_type="text/event-stream",
+                             headers=SSE_HEADERS, background=BackgroundTask(running.close))
+
+
+async def _events(events: ResponseEvents, first: GenerateChunk, rest: AsyncIterator[GenerateChunk]
+                  ) -> AsyncIterator[bytes]:
+    for data in [*events.opening(), *events.chunk(first)]:
+        yield data
+    if first.finish_reason:
+        return
+    try:
+        async for chunk in rest:
+            for data in events.chunk(chunk):
+                yield data
+            if chunk.finish_reason:
+                return
+    except (ServiceError, InvalidRequestError) as error:
+        failure = from_gateway(error)
+        code = {400: "invalid_prompt", 429: "rate_limit_exceeded"}.get(failure.status, "server_error")
+        for data in events.failed(code, failure.detail.message):
+            yield data
+        return
+    for data in events.failed("server_error", "the request ended without a finish reason"):
+        yield data
