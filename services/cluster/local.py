@@ -36,6 +36,7 @@ class ClusterSpec:
     model: str = ""  # GGUF file or HF directory for the gateway and every node; empty = the bundled model
     served_model_name: str = ""  # the gateway's model id (/v1/models); empty = from the model's file name
     max_model_len: int = 0  # context length of the gateway and every node; 0 = the model's
+    trust_remote_code: bool = False  # the gateway and every node run a tokenizer class the model directory brings
     engine_args: tuple[str, ...] = ()  # passed to every prefill and decode node (e.g. --dtype float32)
     prefill_args: tuple[str, ...] = ()
     decode_args: tuple[str, ...] = ()
@@ -54,7 +55,8 @@ class ClusterSpec:
     def model_args(self) -> tuple[str, ...]:
         """The flags every process that loads the model gets (gateway, prefill and decode nodes)."""
         return ((("--model", self.model) if self.model else ())
-                + (("--max-model-len", str(self.max_model_len)) if self.max_model_len else ()))
+                + (("--max-model-len", str(self.max_model_len)) if self.max_model_len else ())
+                + (("--trust-remote-code",) if self.trust_remote_code else ()))
 
     def node_args(self, role: str) -> tuple[str, ...]:
         """A prefill or decode node's flags, before the cache-store's."""

@@ -40,6 +40,7 @@ class EngineConfig:
     # CUDA bf16/fp16: add + RMSNorm, SiLU-and-multiply and rope run FlashInfer's fused kernels where each passes
     # its load check (model/fused_choice.py); False: the torch ops everywhere.
     fused_ops: bool = True
+    trust_remote_code: bool = False  # run a tokenizer class the model directory brings (tokenizer.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

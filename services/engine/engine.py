@@ -144,7 +144,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         model = model_type(model_config.windows_within(config.max_model_len), weights.tensors, config.torch_dtype,
                            config.device, quantized=weights.quantized, int4_max_rows=config.int4_max_rows,
                            deterministic=config.deterministic, fused_ops=config.fused_ops)
-        tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids)
+        tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids, config.trust_remote_code)
         check_vocabulary(weights.config, tokenizer.vocab_size)
         identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}
         return cls(config, model, tokenizer, identity, remote_store=remote_store)

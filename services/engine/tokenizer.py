@@ -105,16 +105,36 @@ def _read_gguf_tokenizers_as_their_kin() -> None:
             gguf_reading.GGUF_SUPPORTED_ARCHITECTURES.append(architecture)
 
 
-def _load_hf(path: Path) -> PreTrainedTokenizerBase:
+def custom_tokenizer_class(directory: Path) -> str | None:
+    """The tokenizer class a model directory's ``tokenizer_config.json`` maps to code of its own (``auto_map``:
+    Kimi K2's and Moonlight's tiktoken tokenizers, ChatGLM's, InternLM's), or None."""
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if isinstance(auto_map, dict) and "AutoTokenizer" in auto_map:
+        classes = auto_map["AutoTokenizer"]
+        named = [c for c in (classes if isinstance(classes, list) else [classes]) if isinstance(c, str)]
+        return named[0] if named else "its AutoTokenizer entry"
+    return None
+
+
+def _load_hf(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     if path.is_dir():
-        return AutoTokenizer.from_pretrained(str(path))
+        custom = custom_tokenizer_class(path)
+        if custom is not None and not trust_remote_code:
+            raise ValueError(f"{path}: its tokenizer is code the model directory brings ({custom}, named by "
+                             f"tokenizer_config.json's auto_map); pass --trust-remote-code to run it (as transformers "
+                             f"and vLLM require), or give the model a tokenizer.json")
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / key
     if (cached / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(str(cached))
     _read_gguf_tokenizers_as_their_kin()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
     cached.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=cached.parent))
     tokenizer.save_pretrained(str(staging))
@@ -138,8 +158,10 @@ class Tokenizer:
         self._dropped_special: frozenset[int] = frozenset()  # the other special tokens, once some are kept
 
     @classmethod
-    def load(cls, path: str | Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
-        return cls(_load_hf(Path(path)), eos_token_ids)
+    def load(cls, path: str | Path, eos_token_ids: Sequence[int] = (), trust_remote_code: bool = False) -> Tokenizer:
+        """``trust_remote_code``: run a tokenizer class the model directory brings (``--trust-remote-code``);
+        without it such a tokenizer is a ``ValueError`` naming the flag."""
+        return cls(_load_hf(Path(path), trust_remote_code), eos_token_ids)
 
     @property
     def vocab_size(self) -> int:

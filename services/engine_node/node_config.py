@@ -24,6 +24,8 @@ class EngineNodeConfig(ServerConfig):
     """Settings of a node that runs the model (prefill or decode)."""
 
     model: str = setting("", "GGUF file or HF directory (default: the bundled SmolLM2-135M)")
+    trust_remote_code: bool = setting(False, "run a tokenizer class the model directory brings (its "
+                                             "tokenizer_config.json's auto_map: Kimi K2, Moonlight); off: refused")
     dtype: str = setting("bfloat16", "bfloat16 (fast) or float32 (exact parity)")
     device: str = setting("cpu", "where the model and the KV pool live: cpu, cuda or cuda:N")
     attention_backend: str = setting("auto", "auto (flashinfer on CUDA when installed, cpu_native on CPU, else "
@@ -107,6 +109,7 @@ class EngineNodeConfig(ServerConfig):
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or None, int4_max_rows=self.int4_max_rows,
             deterministic=self.deterministic, cuda_graphs=self.cuda_graphs == "on", fused_ops=self.fused_ops == "on",
+            trust_remote_code=self.trust_remote_code,
             # threads: the EngineWorker sets them on its thread
         )
 

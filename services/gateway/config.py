@@ -37,6 +37,8 @@ class GatewayConfig(ServerConfig):
     resolve_interval_s: float = setting(5.0, "seconds between lookups of the dns:/// entries")
     model: Path | None = setting(None, "GGUF file or HF directory (tokenizer and config only); "  # noqa: RUF009
                                        "default: the bundled SmolLM2-135M")
+    trust_remote_code: bool = setting(False, "run a tokenizer class the model directory brings (its "
+                                             "tokenizer_config.json's auto_map: Kimi K2, Moonlight); off: refused")
     max_model_len: int = setting(0, "context length; 0 = the model's")
     deterministic: bool = setting(False, "this cluster serves in batch-invariant mode: a prefill or decode node "
                                          "whose --deterministic differs from this is left out (unhealthy, "

@@ -142,7 +142,7 @@ async def serve(config: GatewayConfig) -> None:
     started = time.perf_counter()
     path = config.model or bundled_model_path()
     model = load_model_config(path)
-    tokenizer = Tokenizer.load(path, model.eos_token_ids)
+    tokenizer = Tokenizer.load(path, model.eos_token_ids, config.trust_remote_code)
     identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
                        model=identity)
