@@ -24,18 +24,21 @@ class SplitOutput:
 
 @dataclass
 class Delta:
-    """What a streamed piece of output adds: reasoning, content, and the calls that closed in it."""
+    """What a streamed piece of output adds: reasoning, content, and the calls that closed in it; ``pieces``:
+    the answer's content and calls in the order they came (the Responses API makes items of them)."""
 
     reasoning: str = ""
     content: str = ""
     calls: list[ParsedToolCall] = field(default_factory=list)
+    pieces: list[StreamPiece] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.calls)
 
     def then(self, later: Delta) -> Delta:
         """This delta followed by ``later`` (reasoning always precedes the answer)."""
-        return Delta(self.reasoning + later.reasoning, self.content + later.content, self.calls + later.calls)
+        return Delta(self.reasoning + later.reasoning, self.content + later.content, self.calls + later.calls,
+                     self.pieces + later.pieces)
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,14 @@ class StreamSplit:
     def _answer(self, text: str, delta: Delta) -> None:
         if self.tools is None:
             delta.content += text
+            if text:
+                delta.pieces.append(StreamPiece(content=text))
         elif text:
             _add(self.tools.feed(text), delta)
 
 
 def _add(pieces: list[StreamPiece], delta: Delta) -> None:
+    delta.pieces += pieces
     for piece in pieces:
         delta.content += piece.content
         if piece.call is not None:

@@ -73,21 +73,17 @@ async def first_chunk(chunks: AsyncIterator[GenerateChunk]) -> GenerateChunk:
 
 
 @dataclass
-class Collected:
-    """A request's chunks, whole."""
-
+class _Collected:
     text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
     last: GenerateChunk | None = None
 
 
-async def collect(chunks: AsyncIterator[GenerateChunk]) -> Collected:
-    collected = Collected()
+async def _collect(chunks: AsyncIterator[GenerateChunk]) -> _Collected:
+    collected = _Collected()
     async for chunk in chunks:  # to the end: the flow and the request close there
         collected.text.append(chunk.text)
-        collected.token_ids += chunk.token_ids
         collected.logprobs += chunk.logprobs
         collected.prompt_logprobs = collected.prompt_logprobs or chunk.prompt_logprobs
         collected.last = chunk
@@ -98,7 +94,7 @@ async def collect(chunks: AsyncIterator[GenerateChunk]) -> Collected:
 
 async def _whole(streams: Sequence[AsyncIterator[GenerateChunk]], renderers: Sequence[Renderer],
                  per_prompt: int) -> Response:
-    every = await asyncio.gather(*(collect(chunks) for chunks in streams))
+    every = await asyncio.gather(*(_collect(chunks) for chunks in streams))
     bodies = []
     for collected, renderer in zip(every, renderers, strict=True):
         last = collected.last

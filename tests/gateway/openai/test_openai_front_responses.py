@@ -11,6 +11,8 @@ import json
 import pytest
 
 from services.engine.tokenizer import ChatMessage
+from services.gateway.openai.responses_api.body import ResponsesBody
+from services.gateway.openai.responses_api.to_chat import chat_body_of
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.types import ParsedToolCall
 from tests.gateway.openai.conftest import MODEL
@@ -32,14 +34,14 @@ async def test_a_string_input_is_the_chat_prompt_and_the_package_reads_the_outpu
     response = await front.client.responses.create(model=MODEL, input="Hello", max_output_tokens=32)
     assert prompt_ids(front) == tokenizer.apply_chat_template([ChatMessage("user", "Hello")])
     assert front.cluster.p.requests[-1].sampling.max_tokens == 32
-    assert response.output_text == tokenizer.decode(ids) and response.id.startswith("resp-")
+    assert response.output_text == tokenizer.decode(ids) and response.id.startswith("resp_")
     assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
     assert (response.usage.output_tokens, response.store, response.max_output_tokens) == (len(ids), False, 32)
 
     reply = await front.http.post("/v1/responses", json={"input": "Hello", "instructions": "Be brief."},
                                   headers={"X-Request-Id": "abc"})
     assert reply.status_code == 200 and reply.headers["x-request-id"] == "abc"
-    assert reply.json()["id"] == "resp-abc" and reply.json()["instructions"] == "Be brief."
+    assert reply.json()["id"] == "resp_abc" and reply.json()["instructions"] == "Be brief."
     assert prompt_ids(front) == tokenizer.apply_chat_template([ChatMessage("system", "Be brief."),
                                                                ChatMessage("user", "Hello")])
 
@@ -110,6 +112,21 @@ async def test_logprobs_of_the_output_text(front, tokenizer):
     assert front.cluster.p.requests[0].sampling.logprobs == 2
 
 
+def test_reasoning_items_go_to_the_assistant_turn_right_after_them():
+    body = ResponsesBody(input=[
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "cut off"}]},
+        {"role": "user", "content": "Again?"},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "One."}]},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Two."}]},
+        ITEMS[2], {**ITEMS[2], "call_id": "call_2"}, ITEMS[3]])
+    translated = chat_body_of(body)
+    assert [(m.role, m.reasoning_content, len(m.tool_calls or ())) for m in translated.body.messages] == [
+        ("user", None, 0), ("assistant", "One.\nTwo.", 2), ("tool", None, 0)]
+    assert translated.origins == {"messages[0]": "input[1]", "messages[1]": "input[4]",
+                                  "messages[1].tool_calls[0]": "input[4]", "messages[1].tool_calls[1]": "input[5]",
+                                  "messages[2]": "input[6]"}
+
+
 BAD = [  # (body, param)
     ({"input": []}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
@@ -117,7 +134,9 @@ BAD = [  # (body, param)
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0]"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
+    ({"input": [ITEMS[0], ITEMS[2], {**ITEMS[2], "arguments": "{"}]}, "input[2].arguments"),
+    ({"input": [{"role": "user", "content": 5}]}, "input[0].content"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input[0].output"),
     ({"previous_response_id": "resp-1"}, "previous_response_id"),
     ({"background": True}, "background"),
@@ -127,6 +146,13 @@ BAD = [  # (body, param)
     ({"tools": [{"type": "function", "name": "a b"}]}, "tools[0].name"),
     ({"tools": FUNCTIONS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tools": FUNCTIONS, "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+    ({"tools": FUNCTIONS, "tool_choice": {"type": "function"}}, "tool_choice.name"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"max_tokens": 5}, "max_tokens"),
+    ({"n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "messages"),
+    ({"include": ["message.output_text.logprob"]}, "include"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"tools": FUNCTIONS, "include": ["message.output_text.logprobs"]}, "include"),

@@ -36,6 +36,14 @@ def render(reasoning: bool = True, tools: bool = True) -> ResponseRender:
     return ResponseRender(ResponseObject.of(body, "resp-1", "m"), split, None, (END_ID,))
 
 
+def whole_of(made: ResponseRender, text: str, token_ids=(), finish: str = "stop") -> dict:
+    """The response to an output that came in one chunk."""
+    events = ResponseEvents(made)
+    events.chunk(GenerateChunk("r", tuple(token_ids), text, finish, USAGE))
+    assert events.response is not None
+    return events.response.model_dump(mode="json")
+
+
 def shape(response: dict) -> list[tuple]:
     """The output items without their ids."""
     out = []
@@ -68,8 +76,25 @@ def stream(made: ResponseRender, pieces: list[str], finish: str = "stop", token_
     return parsed
 
 
+def test_text_after_a_call_is_a_second_message_however_it_is_chunked():
+    output = f"Let me look.\n{CALL}\nAnd Rome.{CALL.replace('Paris', 'Rome')}"
+    expected = [("message", "completed", ["Let me look."]),
+                ("function_call", "completed", "get_weather", {"city": "Paris"}),
+                ("message", "completed", ["And Rome."]),
+                ("function_call", "completed", "get_weather", {"city": "Rome"})]
+
+    def stripped(response: dict) -> list[tuple]:  # the parser may keep a line break around a call
+        return [(*item[:2], [text.strip() for text in item[2]]) if item[0] == "message" else item
+                for item in shape(response)]
+
+    assert stripped(whole_of(render(reasoning=False), output)) == expected
+    for size in (1, 4, 9):
+        events = stream(render(reasoning=False), [output[i:i + size] for i in range(0, len(output), size)])
+        assert stripped(events[-1]["response"]) == expected
+
+
 def test_the_whole_output_is_a_reasoning_a_message_and_a_call():
-    whole = render().whole(OUTPUT, (5, 6, END_ID, 8, 9), "stop", USAGE).model_dump(mode="json")
+    whole = whole_of(render(), OUTPUT, (5, 6, END_ID, 8, 9), "stop")
     Response.model_validate(whole)
     assert (whole["status"], whole["incomplete_details"], whole["store"]) == ("completed", None, False)
     assert shape(whole) == [("reasoning", "completed", ["\nThe user wants Paris.\n"]),
@@ -84,7 +109,7 @@ def test_the_whole_output_is_a_reasoning_a_message_and_a_call():
 
 @pytest.mark.parametrize("size", [1, 2, 5, 13, 1000])
 def test_every_chunking_streams_the_items_of_the_whole(size):
-    whole = render().whole(OUTPUT, (1, END_ID, 2), "stop", USAGE).model_dump(mode="json")
+    whole = whole_of(render(), OUTPUT, (1, END_ID, 2), "stop")
     events = stream(render(), [OUTPUT[i:i + size] for i in range(0, len(OUTPUT), size)])
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
@@ -102,7 +127,7 @@ def test_every_chunking_streams_the_items_of_the_whole(size):
 
 def test_a_length_cut_is_incomplete_and_so_is_the_item_it_cut():
     made = render(tools=False)
-    whole = made.whole(f"{THOUGHT}Looking it", (1, END_ID, 2), "length", USAGE).model_dump(mode="json")
+    whole = whole_of(made, f"{THOUGHT}Looking it", (1, END_ID, 2), "length")
     assert (whole["status"], whole["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
     assert shape(whole) == [("reasoning", "completed", ["\nThe user wants Paris.\n"]),
                             ("message", "incomplete", ["Looking it"])]
@@ -110,14 +135,14 @@ def test_a_length_cut_is_incomplete_and_so_is_the_item_it_cut():
     assert events[-1]["type"] == "response.incomplete" and shape(events[-1]["response"]) == shape(whole)
 
     r1 = dataclasses.replace(made, split=OutputSplit(DeepSeekR1ReasoningParser()))  # no opening marker
-    thinking = r1.whole("Still think", (1, 2, 3), "length", USAGE).model_dump(mode="json")
+    thinking = whole_of(r1, "Still think", (1, 2, 3), "length")
     assert shape(thinking) == [("reasoning", "incomplete", ["Still think"])]
     assert thinking["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}  # no end marker: all of them
 
 
 def test_blank_text_between_the_reasoning_and_a_call_is_no_message():
     output = f"{THOUGHT}{CALL}"
-    whole = render().whole(output, (1, END_ID), "stop", USAGE).model_dump(mode="json")
+    whole = whole_of(render(), output, (1, END_ID), "stop")
     assert [item[0] for item in shape(whole)] == ["reasoning", "function_call"]
     assert shape(stream(render(), [output[:len(THOUGHT)], "\n", output[len(THOUGHT):]])[-1]["response"]) == \
         shape(whole)
@@ -125,7 +150,7 @@ def test_blank_text_between_the_reasoning_and_a_call_is_no_message():
 
 def test_an_empty_output_is_one_empty_message_and_plain_text_is_kept_as_it_is():
     for text, pieces in (("", [""]), (" Hello there", [" ", "Hello", " there"])):
-        whole = render(reasoning=False, tools=False).whole(text, (), "stop", USAGE).model_dump(mode="json")
+        whole = whole_of(render(reasoning=False, tools=False), text, (), "stop")
         assert shape(whole) == [("message", "completed", [text])]
         assert whole["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
         final = stream(render(reasoning=False, tools=False), pieces, token_ids=())[-1]["response"]

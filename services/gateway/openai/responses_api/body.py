@@ -6,11 +6,14 @@ Declared: ``model``, ``input`` (a string, or a list of items: messages, ``functi
 (``format``: ``text``, ``json_object`` or ``json_schema``), ``reasoning`` (``effort``, given to the chat template
 as ``reasoning_effort`` as on chat completions; ``summary`` ignored: the reasoning comes as its text),
 ``stream``, ``store`` (nothing is stored; the response says ``store: false``, as vLLM does without its store),
-``include`` (``message.output_text.logprobs``), ``top_logprobs``, ``metadata`` (echoed), ``user``.
+``include`` (``message.output_text.logprobs``, with ``top_logprobs`` alternatives; the other values OpenAI takes
+are accepted and have nothing to add here), ``stream_options.include_obfuscation`` (nothing is obfuscated),
+``metadata`` (echoed), ``user``.
 
 Refused by name, since pdserve does not do them: ``previous_response_id``, ``conversation``, ``prompt``
 (stored state), ``background: true``, ``truncation: auto``, ``max_tool_calls``, tools of another ``type``
-than ``function``, a ``stream_options`` (the Responses stream has its own events). Undeclared fields go to
+than ``function``; the chat body's own spellings (``messages``, ``max_tokens``, ``response_format``, ``n``, …),
+naming the Responses field to use. Undeclared fields go to
 the chat request as they are (vLLM's sampling extensions: ``top_k``, ``min_p``, ``seed``, ``stop``, …, and
 ``chat_template_kwargs``), where they are read, ignored or refused as on chat completions.
 """
@@ -24,6 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from services.engine.logprobs import MAX_LOGPROBS
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+# what OpenAI's include takes; only the logprobs are given (reasoning.encrypted_content, which Codex asks for
+# with store: false, has nothing to hold here: the reasoning comes back as its text; the others are outputs of
+# tools this server does not run)
+INCLUDABLE = frozenset({OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content", "file_search_call.results",
+                        "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+                        "computer_call_output.output.image_url", "code_interpreter_call.outputs"})
 
 
 class ReasoningOptions(BaseModel):
@@ -76,6 +85,14 @@ class ResponsesBody(BaseModel):
             raise ValueError("must not be empty")
         return value
 
+    @field_validator("include")
+    @classmethod
+    def _includable(cls, value: list[str] | None) -> list[str] | None:
+        for i, name in enumerate(value or ()):
+            if name not in INCLUDABLE:
+                raise ValueError(f"[{i}]: expected one of {', '.join(sorted(INCLUDABLE))}, got {name!r}"[:400])
+        return value
+
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs_count(cls, value: int | None) -> int | None:
@@ -115,12 +132,13 @@ class ResponsesBody(BaseModel):
 
     @field_validator("stream_options")
     @classmethod
-    def _no_stream_options(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value:
-            raise ValueError("is not supported: the stream's events carry the usage (response.completed)")
+    def _stream_options(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for name in value or {}:  # include_obfuscation: nothing is obfuscated here, on or off
+            if name != "include_obfuscation":
+                raise ValueError(f"only include_obfuscation is taken, got {name!r}"[:300])
         return value
 
     @property
     def logprobs(self) -> bool:
-        """The output text's logprobs are asked for (``include``)."""
+        """The output text's logprobs are asked for (``include``; ``top_logprobs``: how many alternatives)."""
         return OUTPUT_TEXT_LOGPROBS in (self.include or ())

@@ -126,6 +126,6 @@ class ResponseObject(BaseModel):
         return cls(id=response_id, created_at=int(time.time()), model=model, instructions=body.instructions,
                    max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
                    parallel_tool_calls=body.parallel_tool_calls, temperature=body.temperature, top_p=body.top_p,
-                   top_logprobs=body.top_logprobs, tool_choice=body.tool_choice or ("auto" if body.tools else "none"),
+                   top_logprobs=body.top_logprobs, tool_choice=body.tool_choice or "auto",
                    tools=body.tools or [], text=text,
                    reasoning=body.reasoning.model_dump() if body.reasoning is not None else None, user=body.user)

@@ -1,11 +1,13 @@
-"""One request's output as Responses' output items: whole, or as the stream's typed events.
+"""One request's output as Responses' output items, as the stream's typed events and as the whole response.
 
-The output splits as a chat choice's does (``OutputSplit``): reasoning → a ``reasoning`` item (its text as
-``reasoning_text`` content), text → a ``message`` item with one ``output_text`` part, each call → a
-``function_call`` item. A message is given only when its text is not blank, or when there is nothing else
-(blank text between the reasoning and the calls is not an answer); streamed, blank text is held back until
-text that is not blank follows. The status is ``completed`` for a ``stop``, else ``incomplete`` (a ``length``:
-``incomplete_details.reason = max_output_tokens``), and so is the last item when the output was cut in it.
+One state machine (:class:`ResponseEvents`) reads the request's chunks in order, streamed or not, so a
+response is the same either way. The output splits as a chat choice's does (``OutputSplit``): reasoning → a
+``reasoning`` item (its text as ``reasoning_text`` content), text → a ``message`` item with one ``output_text``
+part, each call → a ``function_call`` item, in the order they come (text after a call is a second message).
+Blank text is held back until text that is not blank follows: it is no message of its own (blank text between
+the reasoning and a call is not an answer), except in an output with no item at all, whose message it is.
+The status is ``completed`` for a ``stop``, else ``incomplete`` (a ``length``: ``incomplete_details.reason =
+max_output_tokens``), and so is the item the output was cut in.
 
 Streamed events (each ``event: <type>`` with its JSON, numbered by ``sequence_number``): ``response.created``,
 ``response.in_progress``; per item ``response.output_item.added``, its part's ``response.content_part.added``,
@@ -54,17 +56,6 @@ class ResponseRender:
     logprobs: LogprobsRender | None = None
     reasoning_end_ids: tuple[int, ...] = ()
 
-    def whole(self, text: str, token_ids: Sequence[int], finish_reason: str, usage: Usage,
-              logprobs: Sequence[TokenLogprobs] = ()) -> ResponseObject:
-        split = self.split.whole(text)
-        items: list[OutputItem] = []
-        if split.reasoning:
-            items.append(ReasoningItem(content=[ReasoningText(text=split.reasoning)]))
-        if split.content.strip() or not (split.reasoning or split.calls):
-            items.append(MessageItem(content=[OutputText(text=split.content, logprobs=self._logprobs(logprobs))]))
-        items += [self.call_item(call) for call in split.calls]
-        return self.finished(items, finish_reason, usage, token_ids, bool(split.reasoning))
-
     def call_item(self, call: ParsedToolCall, status: str = "completed") -> FunctionCallItem:
         tools = self.split.tools
         assert tools is not None, "calls come only from a tool-call parser"
@@ -76,10 +67,8 @@ class ResponseRender:
 
     def finished(self, items: list[OutputItem], finish_reason: str, usage: Usage, token_ids: Sequence[int],
                  reasoned: bool) -> ResponseObject:
-        """The response with its ``items``; the last is marked incomplete when the output was cut in it."""
+        """The finished response with its ``items``."""
         complete = finish_reason == "stop"
-        if not complete and items and not isinstance(items[-1], FunctionCallItem):
-            items[-1] = items[-1].model_copy(update={"status": "incomplete"})
         details = None if complete else IncompleteDetails(
             reason="max_output_tokens" if finish_reason == "length" else None)
         reasoning = _reasoning_tokens(token_ids, self.reasoning_end_ids) if reasoned else 0
@@ -108,7 +97,8 @@ def sse(body: dict[str, Any]) -> bytes:
 
 class ResponseEvents:
     """One request's stream of events: :meth:`opening`, then :meth:`chunk` for each of its chunks (the last
-    one, which has the finish reason, ends the response), or :meth:`failed`."""
+    one, which has the finish reason, ends the response: then :attr:`response` is the whole response), or
+    :meth:`failed`."""
 
     def __init__(self, render: ResponseRender) -> None:
         self.render = render
@@ -122,6 +112,7 @@ class ResponseEvents:
         self._held_logprobs: list[ChatTokenLogprob] = []
         self._token_ids: list[int] = []
         self._reasoned = False
+        self.response: ResponseObject | None = None  # once finished
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -147,6 +138,7 @@ class ResponseEvents:
             events += self._end(chunk.finish_reason)
             response = self.render.finished(self._items, chunk.finish_reason, chunk.usage, self._token_ids,
                                             self._reasoned)
+            self.response = response
             kind = "response.completed" if response.status == "completed" else "response.incomplete"
             events.append(self._event(kind, response=self._snapshot(response)))
         return events
@@ -165,11 +157,15 @@ class ResponseEvents:
                 events += self._close("stop")
                 events += self._start(ReasoningItem(status="in_progress"), ReasoningText(text=""))
             events += self._text_delta("response.reasoning_text.delta", delta.reasoning)
-        if delta.content or logprobs:
-            events += self._content(delta.content, logprobs)
-        for call in delta.calls:
-            events += self._close("stop")
-            events += self._call(self.render.call_item(call, status="in_progress"))
+        for piece in delta.pieces:
+            if piece.call is not None:
+                events += self._close("stop")
+                events += self._call(self.render.call_item(piece.call, status="in_progress"))
+            elif piece.content:
+                events += self._content(piece.content, logprobs)
+                logprobs = []
+        if logprobs:  # a chunk whose tokens add no text yet (a split character, text a parser holds back)
+            events += self._content("", logprobs)
         return events
 
     def _content(self, text: str, logprobs: list[ChatTokenLogprob]) -> list[bytes]:
@@ -200,7 +196,10 @@ class ResponseEvents:
                             delta=text, **fields)]
 
     def _end(self, finish_reason: str) -> list[bytes]:
-        """Close the open item; an output with no item at all gets its (blank or empty) text as its message."""
+        """Close the open item; an output with no item at all gets its (blank or empty) text as its message.
+        Reasoning followed by blank text ended before the cut."""
+        if isinstance(self._open, ReasoningItem) and self._held:
+            return self._close("stop")
         if self._open is not None or self._items:
             return self._close(finish_reason)
         held, logprobs, self._held, self._held_logprobs = self._held, self._held_logprobs, "", []

@@ -1,10 +1,10 @@
 """``POST /v1/responses``: the body translated to a chat request (``to_chat.py``), run by the chat front's
 machinery (checks, tools, structured output, reasoning, cancellation, metrics, tracing), answered as a
-Responses object or its events (``render.py``). Its id is ``resp-<X-Request-Id>`` or ``resp-<hex>``.
+Responses object or its events (``render.py``). Its id is ``resp_<X-Request-Id>`` or ``resp_<hex>``.
 
-Logprobs (``include: ["message.output_text.logprobs"]`` or ``top_logprobs``) are the output text's when it is
-the whole output: they are refused (400 naming ``include``) where the front has a reasoning parser or the
-request offers tools, whose tokens are not the text's.
+Logprobs (``include: ["message.output_text.logprobs"]``, ``top_logprobs`` alternatives each) are the output
+text's when it is the whole output: they are refused (400 naming ``include``) where the front has a reasoning
+parser or the request offers tools, whose tokens are not the text's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from services.gateway.openai.responses_api.objects import ResponseObject
 from services.gateway.openai.responses_api.render import ResponseEvents, ResponseRender
 from services.gateway.openai.responses_api.to_chat import chat_body_of
 from services.gateway.openai.running import RunningRequest
-from services.gateway.openai.streaming import SSE_HEADERS, collect, first_chunk
+from services.gateway.openai.streaming import SSE_HEADERS, first_chunk
 from services.gateway.openai.tool_calling import tool_request_of
 from services.gateway.openai.translate import chat_input
 
@@ -47,18 +47,18 @@ def add_responses_route(app: FastAPI, generations: Generations) -> None:
         chat = translation.body
         try:
             generations.check(chat)
-            request_id, echo = request_id_of(request, "resp")
+            request_id, echo = request_id_of(request, "resp", "_")
             tools = tool_request_of(chat)
             if chat.logprobs and (parsers.reasoning is not None or tools.offered):
-                raise OpenAIError(400, f"include: {OUTPUT_TEXT_LOGPROBS} (or top_logprobs) is supported only where "
-                                       f"the output is all text: not with tools or a reasoning parser",
+                raise OpenAIError(400, f"include: {OUTPUT_TEXT_LOGPROBS} is supported only where the output is all "
+                                       f"text: not with tools or a reasoning parser",
                                   param="include")
             generate = chat_input(chat, request_id, parsers, tools)
             split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
             shell = ResponseObject.of(body, request_id, model_name)
 
             def render(index: int, prepared: PreparedRequest) -> ResponseRender:
-                logprobs = LogprobsRender(core.tokenizer) if chat.logprobs else None
+                logprobs = LogprobsRender(core.tokenizer, chat.return_tokens_as_token_ids) if chat.logprobs else None
                 used = split if split.reasoning is None or not prepared.reasoning_closed else dataclasses.replace(
                     split, reasoning=ClosedReasoning.of(split.reasoning))
                 return ResponseRender(shell, used, logprobs, parsers.reasoning_end_ids)
@@ -77,11 +77,12 @@ async def respond(running: RunningRequest, render: ResponseRender, stream: bool)
     """The response of one opened request; it is closed however this ends."""
     chunks = running.chunks()  # closes the request when it ends
     if not stream:
-        whole = await collect(chunks)
-        last = whole.last
-        assert last is not None and last.usage is not None
-        response = render.whole("".join(whole.text), whole.token_ids, last.finish_reason, last.usage, whole.logprobs)
-        return Response(response.model_dump_json(), media_type="application/json")
+        events = ResponseEvents(render)  # the stream's own reading of the chunks: the same response either way
+        async for chunk in chunks:
+            events.chunk(chunk)
+        if events.response is None:
+            raise OpenAIError(502, "the request ended without a finish reason", "server_error")
+        return Response(events.response.model_dump_json(), media_type="application/json")
     first = await first_chunk(chunks)  # what fails before any token still gets its own HTTP status
     return StreamingResponse(_events(ResponseEvents(render), first, chunks), media_type="text/event-stream",
                              headers=SSE_HEADERS, background=BackgroundTask(running.close))

@@ -16,7 +16,7 @@ Responses body has them.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +29,11 @@ from services.gateway.openai.schemas import ChatCompletionBody
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
-# the chat body's fields that a Responses body spells otherwise: its undeclared fields of these names are not
-# passed on (every other undeclared field is)
-_CHAT_OWN = frozenset({"messages", "max_tokens", "max_completion_tokens", "n", "logprobs", "response_format",
-                       "reasoning_effort", "tools", "tool_choice", "parallel_tool_calls", "stream_options"})
+# the chat body's fields that a Responses body spells otherwise: refused by name, pointing to the Responses field
+# (every other undeclared field goes to the chat request as it is)
+CHAT_ONLY = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+             "n": "one response per request", "logprobs": "include: [\"message.output_text.logprobs\"]",
+             "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -41,18 +42,18 @@ def _bad(param: str, message: str) -> OpenAIError:
 
 @dataclass(frozen=True)
 class ChatTranslation:
-    """The chat body, and where each of its messages came from (``instructions``, ``input``, ``input[i]``)."""
+    """The chat body, and where its messages and calls came from: ``origins`` maps ``messages[k]`` and
+    ``messages[k].tool_calls[j]`` to ``instructions``, ``input`` or ``input[i]``."""
 
     body: ChatCompletionBody
-    origins: tuple[str, ...]
+    origins: Mapping[str, str]
 
     def renamed(self, error: OpenAIError | InvalidRequestError) -> OpenAIError:
         return renamed_error(error, self.origins)
 
 
-def renamed_error(error: OpenAIError | InvalidRequestError, origins: Sequence[str]) -> OpenAIError:
-    """A chat front's error naming the Responses body's param instead of the chat body's (``origins``: where
-    each chat message came from)."""
+def renamed_error(error: OpenAIError | InvalidRequestError, origins: Mapping[str, str]) -> OpenAIError:
+    """A chat front's error naming the Responses body's param instead of the chat body's."""
     if isinstance(error, InvalidRequestError):
         error = from_gateway(error)
     detail = error.detail
@@ -65,21 +66,28 @@ def renamed_error(error: OpenAIError | InvalidRequestError, origins: Sequence[st
     return OpenAIError(error.status, message, detail.type, new, detail.code)
 
 
-_MESSAGE = re.compile(r"^messages\[(\d+)\]")
+_MESSAGE = re.compile(r"^messages\[\d+\](\.tool_calls\[\d+\])?")
 _TOOL = re.compile(r"^tools\[(\d+)\]\.function")
+_IN_CALL = {".function.arguments": ".arguments", ".function.name": ".name", ".id": ".call_id"}
 _RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
             "response_format.json_schema": "text.format", "response_format": "text.format", "logprobs": "include",
-            "prompt": "input"}
+            "top_logprobs": "top_logprobs", "tool_choice.function": "tool_choice", "prompt": "input"}
 
 
-def responses_param(param: str | None, origins: Sequence[str]) -> str | None:
-    """``messages[3].content`` → the item message 3 came from; ``tools[1].function.name`` → ``tools[1].name``;
-    ``response_format.json_schema.schema`` → ``text.format.schema``; others as :data:`_RENAMED` says."""
+def responses_param(param: str | None, origins: Mapping[str, str]) -> str | None:
+    """``messages[3].content`` → the item message 3 came from (``input[2].content``); a call's
+    ``messages[3].tool_calls[1].function.arguments`` → its item's ``arguments``; ``tools[1].function.name`` →
+    ``tools[1].name``; ``response_format.json_schema.schema`` → ``text.format.schema``; others as
+    :data:`_RENAMED` says."""
     if param is None:
         return None
     if (match := _MESSAGE.match(param)) is not None:
-        k = int(match.group(1))
-        return origins[k] if k < len(origins) else "input"
+        rest = param[match.end():]
+        if match.group(1) is not None:  # a call: its own item
+            item = origins.get(match.group(0))
+            return item + _IN_CALL.get(rest, "") if item is not None else "input"
+        item = origins.get(match.group(0))
+        return item + (rest if rest == ".content" else "") if item is not None else "input"
     if (match := _TOOL.match(param)) is not None:
         return f"tools[{match.group(1)}]" + param[match.end():]
     for chat, ours in _RENAMED.items():
@@ -124,47 +132,49 @@ def _reasoning_text(item: dict[str, Any], param: str) -> str:
     return "\n".join(texts)  # type: ignore[arg-type]
 
 
-def _messages(body: ResponsesBody) -> tuple[list[dict[str, Any]], list[str]]:
+def _messages(body: ResponsesBody) -> tuple[list[dict[str, Any]], dict[str, str]]:
     messages: list[dict[str, Any]] = []
-    origins: list[str] = []
+    origins: dict[str, str] = {}
+
+    def add(message: dict[str, Any], origin: str) -> None:
+        origins[f"messages[{len(messages)}]"] = origin
+        messages.append(message)
+
     if body.instructions:
-        messages.append({"role": "system", "content": body.instructions})
-        origins.append("instructions")
+        add({"role": "system", "content": body.instructions}, "instructions")
     if isinstance(body.input, str):
-        return [*messages, {"role": "user", "content": body.input}], [*origins, "input"]
-    reasoning: str | None = None  # a reasoning item's text, for the next assistant message
+        add({"role": "user", "content": body.input}, "input")
+        return messages, origins
+    reasoning: list[str] = []  # reasoning items' texts, for the assistant turn that follows them
     for i, item in enumerate(body.input):
         param = f"input[{i}]"
         if not isinstance(item, dict):
             raise _bad(param, f"expected an item (an object), got {type(item).__name__}")
         kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            reasoning.append(_reasoning_text(item, param))
+            continue
+        thought = {"reasoning_content": "\n".join(reasoning)} if reasoning else {}
+        reasoning = []  # reasoning belongs to the assistant turn right after it, or to none
         if kind == "message":
             role = item.get("role")
             if role not in MESSAGE_ROLES:
                 raise _bad(f"{param}.role", f"expected one of {', '.join(MESSAGE_ROLES)}, got {role!r}"[:300])
-            message: dict[str, Any] = {"role": role, "content": _text(item.get("content", ""), f"{param}.content")}
-            if role == "assistant" and reasoning is not None:
-                message["reasoning_content"], reasoning = reasoning, None
-            messages.append(message)
-            origins.append(param)
+            content = _text(item.get("content", ""), f"{param}.content")
+            add({"role": role, "content": content, **(thought if role == "assistant" else {})}, param)
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", param), "type": "function",
                     "function": {"name": _string(item, "name", param), "arguments": item.get("arguments")}}
-            if messages and messages[-1]["role"] == "assistant" and reasoning is None:
-                messages[-1].setdefault("tool_calls", []).append(call)
+            if messages and messages[-1]["role"] == "assistant" and not thought:  # one turn: text, then calls
+                calls = messages[-1].setdefault("tool_calls", [])
             else:
-                message = {"role": "assistant", "content": "", "tool_calls": [call]}
-                if reasoning is not None:
-                    message["reasoning_content"], reasoning = reasoning, None
-                messages.append(message)
-                origins.append(param)
+                add({"role": "assistant", "content": "", **thought, "tool_calls": []}, param)
+                calls = messages[-1]["tool_calls"]
+            origins[f"messages[{len(messages) - 1}].tool_calls[{len(calls)}]"] = param
+            calls.append(call)
         elif kind == "function_call_output":
-            output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", param),
-                             "content": _text(output, f"{param}.output")})
-            origins.append(param)
-        elif kind == "reasoning":
-            reasoning = _reasoning_text(item, param)
+            add({"role": "tool", "tool_call_id": _string(item, "call_id", param),
+                 "content": _text(item.get("output"), f"{param}.output")}, param)
         else:
             raise _bad(f"{param}.type", f"expected a message, function_call, function_call_output or reasoning "
                                         f"item, got {kind!r}" + (" (this server stores no items to refer to)"
@@ -190,7 +200,10 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | 
     if choice.get("type") != "function":
         raise _bad("tool_choice.type", f"expected 'function' (or none, auto, required), got "
                                        f"{choice.get('type')!r}"[:300])
-    return {"type": "function", "function": {"name": choice.get("name")}}
+    name = choice.get("name")
+    if not isinstance(name, str) or not name:
+        raise _bad("tool_choice.name", f"expected the name of a function of tools, got {name!r}"[:300])
+    return {"type": "function", "function": {"name": name}}
 
 
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -211,20 +224,23 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def chat_body_of(body: ResponsesBody) -> ChatTranslation:
     """The chat completions body ``body`` runs as (a 400 naming the Responses param when it cannot)."""
+    extra = dict(body.model_extra or {})
+    for name, instead in CHAT_ONLY.items():
+        if extra.get(name) is not None:
+            raise _bad(name, f"a chat completions field; the Responses API takes {instead}")
     messages, origins = _messages(body)
-    chat: dict[str, Any] = {k: v for k, v in (body.model_extra or {}).items() if k not in _CHAT_OWN}
-    template_kwargs = dict(chat.pop("chat_template_kwargs", None) or {})
+    template_kwargs = dict(extra.pop("chat_template_kwargs", None) or {})
     if body.reasoning is not None and body.reasoning.effort is not None:
         template_kwargs.setdefault("reasoning_effort", body.reasoning.effort)
-    logprobs = body.logprobs or body.top_logprobs is not None
-    chat.update(model=body.model, messages=messages, max_completion_tokens=body.max_output_tokens,
-                temperature=body.temperature, top_p=body.top_p, stream=body.stream,
-                parallel_tool_calls=body.parallel_tool_calls, tools=_tools(body.tools),
-                tool_choice=_tool_choice(body.tool_choice), response_format=_response_format(body.text),
-                logprobs=logprobs, top_logprobs=body.top_logprobs if logprobs else None,
-                chat_template_kwargs=template_kwargs or None)
+    chat: dict[str, Any] = {
+        **extra, "model": body.model, "messages": messages, "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
+        "parallel_tool_calls": body.parallel_tool_calls, "tools": _tools(body.tools),
+        "tool_choice": _tool_choice(body.tool_choice), "response_format": _response_format(body.text),
+        "logprobs": body.logprobs, "top_logprobs": body.top_logprobs if body.logprobs else None,
+        "chat_template_kwargs": template_kwargs or None}
     try:
-        return ChatTranslation(ChatCompletionBody.model_validate(chat), tuple(origins))
+        return ChatTranslation(ChatCompletionBody.model_validate(chat), origins)
     except ValidationError as error:
         first = error.errors()[0]
         param = param_of(tuple(first.get("loc", ())))
