@@ -134,7 +134,7 @@ def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
             gateway_args += ["--http-listen", spec.http_listen]
         key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
         gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
-        http_url = _http_url(gateway.address, spec.api_key) if spec.http_listen else ""
+        http_url = http_url_of(gateway.address, spec.api_key) if spec.http_listen else ""
         cluster = LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
         stack.callback(_terminate_all, cluster)  # runs first on exit: the gateway, then the nodes side by side
         yield cluster
@@ -156,7 +156,7 @@ def key_metadata(api_key: str) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", f"Bearer {first}"),) if first else None
 
 
-def _http_url(gateway: str, api_key: str = "") -> str:
+def http_url_of(gateway: str, api_key: str = "") -> str:
     """The bound URL of the gateway's HTTP front (its port may be ephemeral), from ``ClusterStatus``."""
     with grpc.insecure_channel(gateway) as channel:
         status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10,

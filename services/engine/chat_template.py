@@ -22,6 +22,7 @@ import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -91,6 +92,27 @@ def _check_value(where: str, value: Any, depth: int = 0, limit: int = MAX_KWARG_
 
 
 DEFAULT_OPTIONS = ChatTemplateOptions(kwargs=MappingProxyType({}))
+
+
+def template_source(given: str) -> str:
+    """``--chat-template``: a Jinja file's path, or a template's text (as vLLM's flag takes either), checked to
+    compile. Raises ``ValueError`` naming the flag."""
+    path = Path(given)
+    looks_like_text = "{{" in given or "{%" in given
+    if not looks_like_text:
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--chat-template {given}: neither a readable file ({type(error).__name__}) nor a "
+                             f"template's text") from None
+    else:
+        source = given
+    try:
+        chat_template_utils._compile_jinja_template(source)
+    except jinja2.TemplateError as error:
+        raise ValueError(f"--chat-template {given[:80]}: not a template transformers can compile: "
+                         f"{_short(error)}") from None
+    return source
 
 
 @functools.lru_cache(maxsize=8)

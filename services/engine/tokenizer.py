@@ -228,6 +228,11 @@ class Tokenizer:
         template = getattr(self.hf, "chat_template", None)
         return template if isinstance(template, str) else ""
 
+    def use_chat_template(self, source: str) -> None:
+        """Serve with ``source`` as the chat template, in place of the tokenizer's own (``--chat-template``;
+        ``chat_template.template_source`` reads and checks it)."""
+        self.hf.chat_template = source
+
     @property
     def template_takes_tools(self) -> bool:
         """The chat template renders a ``tools`` list (Qwen2.5/3, Llama 3.1+, Mistral do; SmolLM2's does not:

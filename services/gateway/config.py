@@ -39,6 +39,9 @@ class GatewayConfig(ServerConfig):
                                        "default: the bundled SmolLM2-135M")
     trust_remote_code: bool = setting(False, "run a tokenizer class the model directory brings (its "
                                              "tokenizer_config.json's auto_map: Kimi K2, Moonlight); off: refused")
+    chat_template: str = setting("", "the chat template to render conversations with instead of the model's own "
+                                     "(a Jinja file, or its text): for a model without one or with a broken one; "
+                                     "empty = the model's")
     max_model_len: int = setting(0, "context length; 0 = the model's")
     deterministic: bool = setting(False, "this cluster serves in batch-invariant mode: a prefill or decode node "
                                          "whose --deterministic differs from this is left out (unhealthy, "

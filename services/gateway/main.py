@@ -13,6 +13,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.bootstrap import run_service
 from services.common.loop_watchdog import LoopWatchdog
 from services.common.server import NodeServer, ServiceBinding
+from services.engine.chat_template import template_source
 from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
@@ -143,6 +144,8 @@ async def serve(config: GatewayConfig) -> None:
     path = config.model or bundled_model_path()
     model = load_model_config(path)
     tokenizer = Tokenizer.load(path, model.eos_token_ids, config.trust_remote_code)
+    if config.chat_template:
+        tokenizer.use_chat_template(template_source(config.chat_template))
     identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
                        model=identity)

@@ -36,7 +36,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "length_penalty": (_one_of(1, 1.0), "beam search"),
     "use_beam_search": (_one_of(False), "beam search"),
     "spaces_between_special_tokens": (_one_of(True), "another rendering of special tokens"),
-    "chat_template": (_unset, "a custom chat template"),
+    "chat_template": (_unset, "a chat template per request (the gateway's --chat-template sets the server's)"),
     "documents": (_empty, "documents in the chat template"),
     "echo": (_one_of(False), "the prompt echoed in the output on chat completions (/v1/completions takes it)"),
     "prompt_logprobs": (_unset, "prompt logprobs on chat completions (/v1/completions takes them)"),
