@@ -172,6 +172,8 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
                         help="the model id of the HTTP front (/v1/models); default: the model file's name")
     parser.add_argument("--max-model-len", type=int, default=0,
                         help="context length of the gateway and every node; 0 = the model's")
+    parser.add_argument("--chat-template", default="",
+                        help="the gateway's chat template instead of the model's own (a Jinja file or its text)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="the gateway and every node run a tokenizer class the model directory brings "
                              "(tokenizer_config.json's auto_map: Kimi K2, Moonlight)")
@@ -198,6 +200,7 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
                        http_listen=args.http, model=str(Path(args.model).resolve()) if args.model else "",
                        served_model_name=args.served_model_name, max_model_len=args.max_model_len,
                        trust_remote_code=args.trust_remote_code,
+                       gateway_args=("--chat-template", args.chat_template) if args.chat_template else (),
                        engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
                        prefill_cache_store=args.store_prefixes, api_key=args.api_key, insecure=args.insecure,
                        mtls_dir=args.mtls_dir.resolve() if args.mtls_dir is not None else None)

@@ -69,3 +69,4 @@ def test_the_flag_reaches_every_process():
     spec = parse_spec(["--trust-remote-code"])
     assert "--trust-remote-code" in spec.node_args("decode") and "--trust-remote-code" in spec.gateway_model_args()
     assert "--trust-remote-code" not in parse_spec([]).node_args("prefill")
+    assert parse_spec(["--chat-template", "t.jinja"]).gateway_args == ("--chat-template", "t.jinja")
