@@ -57,7 +57,8 @@ class ClientOutput:
             self.request_id, delta.token_ids, delta.text, delta.finish_reason,
             self._text.usage() if delta.finish_reason else None, prefill_node=prefill_node, decode_node=decode_node,
             logprobs=tuple(logprobs[:len(delta.token_ids)]),  # none past a stop string
-            prompt_logprobs=tuple(prompt_logprobs))
+            prompt_logprobs=tuple(prompt_logprobs),
+            stop_string=self._text.matched_stop if delta.finish_reason == "stop" else None)
 
     def end_detokenize(self) -> None:
         span, self._detokenize = self._detokenize, None

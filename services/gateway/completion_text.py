@@ -65,5 +65,10 @@ class CompletionText:
                 finish_reason = "stop"
         return TextDelta(tuple(kept), "".join(text), finish_reason, stop_matched)
 
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the output (None: none did)."""
+        return self._detokenizer.matched_stop
+
     def usage(self) -> Usage:
         return Usage(self._prompt_tokens, self.completion_tokens, self.cached_tokens)

@@ -69,6 +69,7 @@ class GenerateChunk:
     decode_node: str = ""
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token, when the request asks for logprobs
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # first chunk only, when asked: prompt tokens 1..
+    stop_string: str | None = None  # the last chunk's, when a stop string ended the request: which one
 
 
 class NodeCallError(ServiceError):

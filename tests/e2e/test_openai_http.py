@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -160,6 +161,25 @@ def test_responses_match_grpc_generate_whole_and_streamed(client, stub):
     deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
     last = events[-1]  # OpenAI's last event for a response cut by max_output_tokens
     assert (last.type, last.response.status, last.response.output_text) == ("response.incomplete", "incomplete", text)
+    assert "".join(deltas) == text
+
+
+def test_anthropic_messages_match_grpc_generate_whole_and_streamed(cluster, stub):
+    """Anthropic's ``/v1/messages`` through the ``anthropic`` package gives the chat's text as one text block."""
+    messages = [gateway_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
+    _tokens, text, last = generate(stub, messages=messages, sampling=greedy(NEW_TOKENS))
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": NEW_TOKENS,
+            "extra_body": {"ignore_eos": True, "temperature": 0.0}}  # this anthropic package sends no temperature
+    with anthropic.Anthropic(base_url=cluster.http_url, api_key="unused", max_retries=0, timeout=120) as client:
+        reply = client.messages.create(**body)
+        with client.messages.stream(**body) as stream:
+            deltas = list(stream.text_stream)
+            final = stream.get_final_message()
+    for made in (reply, final):
+        (block,) = made.content
+        assert (block.type, block.text, made.stop_reason) == ("text", text, "max_tokens")
+        assert made.usage.input_tokens + made.usage.cache_read_input_tokens == last.usage.prompt_tokens
+        assert made.usage.output_tokens == NEW_TOKENS
     assert "".join(deltas) == text
 
 

@@ -1,6 +1,6 @@
 """The routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, ``POST /v1/responses`` (``responses_api/``), ``GET /health`` (200, or 503 while
-draining), and ``POST /tokenize`` /
+``POST /v1/chat/completions``, ``POST /v1/responses`` (``responses_api/``), Anthropic's ``POST /v1/messages``
+(``messages_api/``), ``GET /health`` (200, or 503 while draining), and ``POST /tokenize`` /
 ``POST /detokenize`` (``tokenize.py``).
 
 Middlewares, outermost first: ``BodyLimit`` (framing and size, before any body is read), ``ApiKeyAuth``
@@ -36,6 +36,7 @@ from services.gateway.openai import errors
 from services.gateway.openai.auth import ApiKeyAuth
 from services.gateway.openai.body_limit import BodyLimit
 from services.gateway.openai.logprobs_render import LogprobsRender
+from services.gateway.openai.messages_api.route import add_messages_route
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.parsers import FrontParsers, resolve_parsers
 from services.gateway.openai.reasoning.closed import ClosedReasoning
@@ -103,6 +104,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     generations = Generations(core, metrics, settings, state, parsers)
     _add_generation_routes(app, generations)
     add_responses_route(app, generations)
+    add_messages_route(app, generations)
     add_tokenize_routes(app, core, settings.model_name, parsers)
     return app
 

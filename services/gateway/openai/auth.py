@@ -1,4 +1,5 @@
-"""ASGI middleware: ``Authorization: Bearer <key>`` on the HTTP front's API paths.
+"""ASGI middleware: ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``) on the HTTP front's
+API paths.
 
 As vLLM's ``--api-key``: paths under ``/v1`` (and ``/tokenize``, ``/detokenize``) need a configured key;
 ``/health`` and anything else stay open. A request without a key, or with a wrong one, gets 401 in OpenAI's
@@ -40,7 +41,10 @@ class ApiKeyAuth:
         if scope["type"] != "http" or not self.keys.enabled or not protected(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
-        header = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), None)
+        headers = dict(scope.get("headers", ()))
+        header = headers.get(b"authorization")
+        if header is None and b"x-api-key" in headers:  # the anthropic package's spelling
+            header = b"Bearer " + headers[b"x-api-key"]
         problem = self.keys.check(bearer(header.decode("latin-1") if header is not None else None))
         if problem is None:
             await self.app(scope, receive, send)

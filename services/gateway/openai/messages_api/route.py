@@ -1,0 +1,139 @@
+"""``POST /v1/messages``: the body translated to a chat request (``to_chat.py``), run by the chat front's
+machinery (checks, tools, reasoning, stop strings, cancellation, metrics, tracing), answered as Anthropic's
+message or its events (``render.py``). Its id is ``msg_<hex>`` (``msg_<X-Request-Id>``). Every error has
+Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, with the status the chat front gives
+it (``invalid_request_error`` 400, ``authentication_error`` 401, ``not_found_error`` 404, ``rate_limit_error``
+429, ``overloaded_error`` 503, ``api_error`` otherwise)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+from starlette.background import BackgroundTask
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from services.common.errors import ServiceError
+from services.engine.errors import InvalidRequestError
+from services.gateway.generation import GenerateChunk, PreparedRequest
+from services.gateway.openai.errors import OpenAIError, from_gateway, param_of
+from services.gateway.openai.messages_api.render import MessageEvents, MessageRender
+from services.gateway.openai.messages_api.to_chat import MessagesBody, NamedError, anthropic_param, chat_body_of
+from services.gateway.openai.output_split import OutputSplit
+from services.gateway.openai.reasoning.closed import ClosedReasoning
+from services.gateway.openai.request_ids import echoed, request_id_of
+from services.gateway.openai.running import RunningRequest
+from services.gateway.openai.streaming import SSE_HEADERS, first_chunk
+from services.gateway.openai.tool_calling import tool_request_of
+from services.gateway.openai.translate import chat_input
+
+if TYPE_CHECKING:
+    from services.gateway.openai.app import Generations
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> JSONResponse:
+    kind = ERROR_TYPES.get(status, "api_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+
+
+def _renamed(error: OpenAIError) -> JSONResponse:
+    """The chat front's error, its param named as Anthropic's body names it."""
+    message, param = error.detail.message, error.detail.param
+    ours = anthropic_param(param)
+    if param is not None and ours is not None and message.startswith(param):
+        message = ours + message[len(param):]
+    return anthropic_error(error.status, message)
+
+
+def add_messages_route(app: FastAPI, generations: Generations) -> None:
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        try:
+            return await _messages(request, generations)
+        except NamedError as error:
+            return anthropic_error(error.status, error.detail.message)
+        except OpenAIError as error:
+            return _renamed(error)
+        except (InvalidRequestError, ServiceError) as error:
+            return _renamed(from_gateway(error))
+
+
+async def _body(request: Request) -> MessagesBody:
+    try:
+        raw = await request.json()
+    except ValueError as error:
+        raise NamedError(400, f"malformed JSON body: {error}") from None
+    if not isinstance(raw, dict):
+        raise NamedError(400, f"the body must be a JSON object, got {type(raw).__name__}")
+    try:
+        return MessagesBody.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = param_of(tuple(first.get("loc", ()))) or "request body"
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise NamedError(400, f"{param}: {message}", param=param) from None
+
+
+async def _messages(request: Request, generations: Generations) -> Response:
+    model_name, parsers = generations.settings.model_name, generations.parsers
+    body = await _body(request)
+    chat = chat_body_of(body).body
+    generations.check(chat)
+    request_id, echo = request_id_of(request, "msg", "_")
+    tools = tool_request_of(chat)
+    generate = chat_input(chat, request_id, parsers, tools)
+    split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
+
+    def render(index: int, prepared: PreparedRequest) -> MessageRender:
+        used = split if split.reasoning is None or not prepared.reasoning_closed else dataclasses.replace(
+            split, reasoning=ClosedReasoning.of(split.reasoning))
+        return MessageRender(request_id, body.model or model_name, used, len(prepared.prompt_ids))
+
+    async def answer(choices: Sequence[tuple[RunningRequest, MessageRender]]) -> Response:
+        ((running, renderer),) = choices
+        return await respond(running, renderer, body.stream)
+
+    return echoed(await generations.run(request, [generate], render, chat, "tools" if tools.forced else None,
+                                        answer=answer), echo)
+
+
+async def respond(running: RunningRequest, render: MessageRender, stream: bool) -> Response:
+    """The response of one opened request; it is closed however this ends."""
+    chunks = running.chunks()  # closes the request when it ends
+    if not stream:
+        events = MessageEvents(render)  # the stream's own reading of the chunks: the same message either way
+        async for chunk in chunks:
+            events.chunk(chunk)
+        if events.message is None:
+            raise OpenAIError(502, "the request ended without a finish reason", "server_error")
+        return JSONResponse(events.message)
+    first = await first_chunk(chunks)  # what fails before any token still gets its own HTTP status
+    return StreamingResponse(_events(MessageEvents(render), first, chunks), media_type="text/event-stream",
+                             headers=SSE_HEADERS, background=BackgroundTask(running.close))
+
+
+async def _events(events: MessageEvents, first: GenerateChunk, rest: AsyncIterator[GenerateChunk]
+                  ) -> AsyncIterator[bytes]:
+    for data in [*events.opening(), *events.chunk(first)]:
+        yield data
+    if first.finish_reason:
+        return
+    try:
+        async for chunk in rest:
+            for data in events.chunk(chunk):
+                yield data
+            if chunk.finish_reason:
+                return
+    except (ServiceError, InvalidRequestError) as error:
+        failure = from_gateway(error)
+        for data in events.failed(ERROR_TYPES.get(failure.status, "api_error"), failure.detail.message):
+            yield data
+        return
+    for data in events.failed("api_error", "the request ended without a finish reason"):
+        yield data

@@ -1,0 +1,175 @@
+"""Anthropic's ``POST /v1/messages`` on the HTTP front over fake nodes, through the official ``anthropic``
+package: the prompt the nodes get is what chat completions sends for the same conversation, the output comes back
+as content blocks (whole, and streamed as the package's stream helper accumulates them, each event validated as
+its own type), stop reasons, usage, ``x-api-key``, and errors in Anthropic's shape before any node works."""
+
+from __future__ import annotations
+
+import json
+import typing
+
+import anthropic
+import httpx
+import pytest
+from anthropic.types import Message, RawMessageStreamEvent
+
+from services.engine.tokenizer import ChatMessage
+from services.gateway.generation import GenerateChunk, Usage
+from services.gateway.openai.messages_api.render import MessageEvents, MessageRender
+from services.gateway.openai.output_split import OutputSplit
+from services.gateway.openai.reasoning.qwen3 import Qwen3ReasoningParser
+from services.gateway.openai.tools.hermes import HermesParser
+from tests.gateway.openai.conftest import MODEL, start_front, stop_front
+from tests.gateway.openai.test_openai_front_api import script
+from tests.gateway.openai.test_openai_front_errors import assert_serving
+from tests.gateway.openai.test_openai_front_tools import CALL, HISTORY, TOOLS, prompt_ids, script_tokens
+
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                    "input_schema": t["function"].get("parameters", {"type": "object", "properties": {}})}
+                   for t in TOOLS]
+CONVERSATION = [  # HISTORY's user turn, call and result as Anthropic's blocks
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                       "input": {"city": "Paris"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]},
+]
+EVENTS = {model.model_fields["type"].annotation.__args__[0]: model
+          for model in typing.get_args(typing.get_args(RawMessageStreamEvent)[0])}
+
+
+def client_of(front, key: str = "unused") -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=front.url, api_key=key, max_retries=0, timeout=10)
+
+
+def events_of(made: MessageRender, pieces: list[str], finish: str = "stop") -> list[dict]:
+    events = MessageEvents(made)
+    sent = events.opening()
+    for i, text in enumerate(pieces):
+        last = i == len(pieces) - 1
+        sent += events.chunk(GenerateChunk("r", (), text, finish if last else "", Usage(7, 5, 3) if last else None))
+    parsed = []
+    for data in sent:
+        head, body = data.decode().split("\n", 1)
+        event = json.loads(body.removeprefix("data: "))
+        assert head == f"event: {event['type']}"
+        EVENTS[event["type"]].model_validate(event)  # the anthropic package's own event types, strictly
+        parsed.append(event)
+    Message.model_validate(events.message)
+    return parsed
+
+
+@pytest.mark.parametrize("size", [1, 3, 11, 1000])
+def test_every_chunking_gives_thinking_text_and_tool_use_blocks(size):
+    output = f"<think>\nParis, then.\n</think>\n\nLooking it up.\n{CALL}"
+    made = MessageRender("msg_1", MODEL, OutputSplit(Qwen3ReasoningParser(), HermesParser()), 7)
+    events = events_of(made, [output[i:i + size] for i in range(0, len(output), size)])
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text", "tool_use"]
+    assert [e["type"] for e in events][-2:] == ["message_delta", "message_stop"]
+    delta = events[-2]
+    assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert delta["usage"] == {"input_tokens": 4, "output_tokens": 5, "cache_read_input_tokens": 3,
+                              "cache_creation_input_tokens": 0}
+    thinking = "".join(e["delta"].get("thinking", "") for e in events if e["type"] == "content_block_delta")
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    arguments = "".join(e["delta"].get("partial_json", "") for e in events if e["type"] == "content_block_delta")
+    assert (thinking, text.strip(), json.loads(arguments)) == ("\nParis, then.\n", "Looking it up.", {"city": "Paris"})
+
+
+async def test_a_string_message_is_the_chat_prompt_and_the_package_reads_the_reply(front, tokenizer):
+    ids = script(front, tokenizer, cached_tokens=2)
+    async with client_of(front) as client:
+        reply = await client.messages.create(model=MODEL, max_tokens=32, system="Be brief.",
+                                             messages=[{"role": "user", "content": "Hello"}])
+    assert prompt_ids(front) == tokenizer.apply_chat_template([ChatMessage("system", "Be brief."),
+                                                               ChatMessage("user", "Hello")])
+    assert front.cluster.p.requests[-1].sampling.max_tokens == 32
+    (block,) = reply.content
+    assert (block.type, block.text, reply.stop_reason) == ("text", tokenizer.decode(ids), "max_tokens")
+    prompt = len(prompt_ids(front))
+    assert (reply.usage.input_tokens, reply.usage.cache_read_input_tokens, reply.usage.output_tokens) == (
+        prompt - 2, 2, len(ids))
+    assert reply.id.startswith("msg_") and reply.role == "assistant" and reply.model == MODEL
+
+
+async def test_tool_use_and_tool_result_blocks_are_the_conversation_chat_sends(front, tokenizer):
+    script(front, tokenizer)
+    await front.client.chat.completions.create(model=MODEL, messages=HISTORY[1:], tools=TOOLS)
+    chat_prompt = prompt_ids(front)
+    script(front, tokenizer)
+    async with client_of(front) as client:
+        await client.messages.create(model=MODEL, max_tokens=16, messages=CONVERSATION, tools=ANTHROPIC_TOOLS)
+    assert prompt_ids(front) == chat_prompt
+
+
+async def test_a_call_is_a_tool_use_block_whole_and_streamed(front, tokenizer):
+    async with client_of(front) as client:
+        script_tokens(front, tokenizer, f"Let me look.\n{CALL}")
+        reply = await client.messages.create(model=MODEL, max_tokens=64, tools=ANTHROPIC_TOOLS,
+                                             messages=CONVERSATION[:1])
+        script_tokens(front, tokenizer, f"Let me look.\n{CALL}")
+        async with client.messages.stream(model=MODEL, max_tokens=64, tools=ANTHROPIC_TOOLS,
+                                          messages=CONVERSATION[:1]) as stream:
+            final = await stream.get_final_message()
+    for made in (reply, final):
+        text, call = made.content
+        assert (text.type, text.text.strip(), made.stop_reason) == ("text", "Let me look.", "tool_use")
+        assert (call.type, call.name, call.input) == ("tool_use", "get_weather", {"city": "Paris"})
+
+
+async def test_a_stop_sequence_is_named(front, tokenizer):
+    script_tokens(front, tokenizer, "Paris is sunny today.")
+    async with client_of(front) as client:
+        reply = await client.messages.create(model=MODEL, max_tokens=64, stop_sequences=["sunny"],
+                                             messages=CONVERSATION[:1])
+    assert (reply.content[0].text, reply.stop_reason, reply.stop_sequence) == ("Paris is ", "stop_sequence", "sunny")
+
+
+async def test_the_anthropic_packages_key_header_is_taken(tokenizer, model_config):
+    front = await start_front(tokenizer, model_config, api_key="sk-messages-0123")
+    try:
+        script(front, tokenizer)
+        async with client_of(front, "sk-messages-0123") as client:
+            reply = await client.messages.create(model=MODEL, max_tokens=8, messages=CONVERSATION[:1])
+        assert reply.content[0].text
+        async with client_of(front, "sk-wrong") as client:
+            with pytest.raises(anthropic.AuthenticationError):
+                await client.messages.create(model=MODEL, max_tokens=8, messages=CONVERSATION[:1])
+    finally:
+        await stop_front(front)
+
+
+BAD = [  # (body, status, the message's start)
+    ({"messages": CONVERSATION[:1]}, 400, "max_tokens:"),
+    ({"max_tokens": 0, "messages": CONVERSATION[:1]}, 400, "max_tokens:"),
+    ({"max_tokens": 8, "messages": []}, 400, "messages:"),
+    ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, 400, "messages[0].role:"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
+     "messages[0].content[0].type:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "tools": [{"type": "web_search_20250305", "name": "w"}]},
+     400, "tools[0].type:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "tools": [{"name": "a b", "input_schema": {}}]}, 400,
+     "tools[0].name:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "tools": ANTHROPIC_TOOLS,
+      "tool_choice": {"type": "tool", "name": "nope"}}, 400, "tool_choice:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "n": 2}, 400, "n:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "thinking": {"type": "sometimes"}}, 400, "thinking.type:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "model": "claude-opus"}, 404, "The model"),
+]
+
+
+async def test_bad_bodies_get_anthropics_error_shape_and_call_no_node(front, tokenizer):
+    async with httpx.AsyncClient(base_url=front.url, timeout=10) as http:
+        for body, status, start in BAD:
+            for stream in (False, True):
+                reply = await http.post("/v1/messages", json={**body, "stream": stream})
+                assert reply.status_code == status, (body, reply.text)
+                error = reply.json()
+                assert error["type"] == "error" and set(error["error"]) == {"type", "message"}, error
+                assert error["error"]["message"].startswith(start), (body, error)
+                kind = "invalid_request_error" if status == 400 else "not_found_error"
+                assert error["error"]["type"] == kind
+        malformed = await http.post("/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
+        assert malformed.status_code == 400 and malformed.json()["error"]["message"].startswith("malformed JSON")
+    assert front.cluster.p.requests == []
+    await assert_serving(front, tokenizer)
