@@ -157,6 +157,12 @@ def metrics_lines(gateway: str, api_key: str = "") -> str:
     return "\n".join(f"  {role:12s} {url}" for role, url in rows if url) or "  (none)"
 
 
+def _resolved(template: str) -> str:
+    """A template file's absolute path (the gateway may run elsewhere: ``ClusterSpec.cwd``); a template's text as
+    it is."""
+    return str(Path(template).resolve()) if Path(template).is_file() else template
+
+
 def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
     parser = argparse.ArgumentParser(prog="python -m services.cluster", description=__doc__)
     parser.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port")
@@ -200,7 +206,7 @@ def parse_spec(argv: list[str] | None = None) -> ClusterSpec:
                        http_listen=args.http, model=str(Path(args.model).resolve()) if args.model else "",
                        served_model_name=args.served_model_name, max_model_len=args.max_model_len,
                        trust_remote_code=args.trust_remote_code,
-                       gateway_args=("--chat-template", args.chat_template) if args.chat_template else (),
+                       gateway_args=("--chat-template", _resolved(args.chat_template)) if args.chat_template else (),
                        engine_args=("--dtype", args.dtype, "--threads", str(args.threads)),
                        prefill_cache_store=args.store_prefixes, api_key=args.api_key, insecure=args.insecure,
                        mtls_dir=args.mtls_dir.resolve() if args.mtls_dir is not None else None)

@@ -107,7 +107,8 @@ def _read_gguf_tokenizers_as_their_kin() -> None:
 
 def custom_tokenizer_class(directory: Path) -> str | None:
     """The tokenizer class a model directory's ``tokenizer_config.json`` maps to code of its own (``auto_map``:
-    Kimi K2's and Moonlight's tiktoken tokenizers, ChatGLM's, InternLM's), or None."""
+    Kimi K2's and Moonlight's tiktoken tokenizers, ChatGLM's, InternLM's), or None; transformers runs it only
+    where it has no class of that name itself."""
     try:
         config = json.loads((directory / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
@@ -122,12 +123,14 @@ def custom_tokenizer_class(directory: Path) -> str | None:
 
 def _load_hf(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     if path.is_dir():
-        custom = custom_tokenizer_class(path)
-        if custom is not None and not trust_remote_code:
-            raise ValueError(f"{path}: its tokenizer is code the model directory brings ({custom}, named by "
-                             f"tokenizer_config.json's auto_map); pass --trust-remote-code to run it (as transformers "
-                             f"and vLLM require), or give the model a tokenizer.json")
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        try:
+            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        except ValueError as error:  # transformers': "... contains custom code ... trust_remote_code=True"
+            if trust_remote_code or "trust_remote_code" not in str(error):
+                raise
+            custom = custom_tokenizer_class(path) or "a class of its own"
+            raise ValueError(f"{path}: its tokenizer is code the model directory brings ({custom}); pass "
+                             f"--trust-remote-code to run it (as transformers and vLLM require)") from None
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / key

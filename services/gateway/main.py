@@ -142,10 +142,11 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
 async def serve(config: GatewayConfig) -> None:
     started = time.perf_counter()
     path = config.model or bundled_model_path()
+    template = template_source(config.chat_template) if config.chat_template else None  # before slow loads
     model = load_model_config(path)
     tokenizer = Tokenizer.load(path, model.eos_token_ids, config.trust_remote_code)
-    if config.chat_template:
-        tokenizer.use_chat_template(template_source(config.chat_template))
+    if template is not None:
+        tokenizer.use_chat_template(template)
     identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
                        model=identity)

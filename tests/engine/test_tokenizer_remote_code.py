@@ -54,9 +54,14 @@ def test_with_the_flag_the_directorys_class_runs(remote_code_dir, bundled_tokeni
     assert tokenizer.decode(ids) == bundled_tokenizer.decode(ids).upper()
 
 
-def test_a_plain_directory_needs_no_flag(tmp_path, bundled_tokenizer):
+def test_a_plain_directory_needs_no_flag_nor_one_whose_class_transformers_has(tmp_path, bundled_tokenizer):
     bundled_tokenizer.hf.save_pretrained(str(tmp_path))
     assert custom_tokenizer_class(tmp_path) is None
+    assert Tokenizer.load(tmp_path).encode("Hi") == bundled_tokenizer.encode("Hi")
+    config_path = tmp_path / "tokenizer_config.json"  # an auto_map naming code, and a class transformers has
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "auto_map": {"AutoTokenizer": [None, "missing.Tokenizer"]},
+                                       "tokenizer_class": "PreTrainedTokenizerFast"}))
     assert Tokenizer.load(tmp_path).encode("Hi") == bundled_tokenizer.encode("Hi")
 
 

@@ -49,6 +49,6 @@ class ApiKeyAuth:
         if problem is None:
             await self.app(scope, receive, send)
             return
-        response = unauthorized(problem).response()
+        response = unauthorized(problem).response(scope.get("path", ""))
         response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)

@@ -47,14 +47,14 @@ class BodyLimit:
             return
         headers = {name for name, _ in scope.get("headers", ())}
         if b"content-length" in headers and b"transfer-encoding" in headers:
-            await self._refuse(OpenAIError(400, BOTH_FRAMINGS, param="headers", code="ambiguous_framing"),
+            await self._refuse(OpenAIError(400, BOTH_FRAMINGS, param="headers", code="ambiguous_framing"), scope,
                                receive, send, linger=False)
             return
         declared = _content_length(scope)
         deadline = time.monotonic() + self.body_timeout_s
         if declared is not None and declared > self.max_bytes:
             error = OpenAIError(413, too_large(self.max_bytes), param="body", code="request_too_large")
-            await self._refuse(error, receive, send, linger=True)
+            await self._refuse(error, scope, receive, send, linger=True)
             return
         received = 0
         body_done = False
@@ -75,10 +75,11 @@ class BodyLimit:
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, error: OpenAIError, receive: Receive, send: Send, *, linger: bool) -> None:
+    async def _refuse(self, error: OpenAIError, scope: Scope, receive: Receive, send: Send, *, linger: bool
+                      ) -> None:
         """Send ``error`` whole at once (the client has its answer), then, with ``linger``, read and drop the
         body before the response ends and the server closes the connection."""
-        response = error.response()
+        response = error.response(scope.get("path", ""))
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": [*response.raw_headers, (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": response.body, "more_body": linger})

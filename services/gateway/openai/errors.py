@@ -43,6 +43,18 @@ _PARAMS = {"token_ids": "prompt"}  # the gateway's field names that OpenAI calls
 _TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})  # pydantic union member tags
 
 
+ANTHROPIC_PATH = "/v1/messages"  # Anthropic's Messages API: its errors have Anthropic's shape
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                   503: "overloaded_error"}
+
+
+def anthropic_response(status: int, message: str) -> JSONResponse:
+    """``{"type": "error", "error": {"type", "message"}}``, the type by the status (``api_error`` otherwise)."""
+    return JSONResponse({"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"),
+                                                    "message": message}}, status_code=status)
+
+
 class OpenAIError(Exception):
     """An error response: raise it from a route, or send ``body()`` in a stream."""
 
@@ -55,7 +67,10 @@ class OpenAIError(Exception):
     def body(self) -> ErrorBody:
         return ErrorBody(error=self.detail)
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
+        """In OpenAI's shape, or Anthropic's for a request to ``ANTHROPIC_PATH``."""
+        if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+            return anthropic_response(self.status, self.detail.message)
         return JSONResponse(self.body().model_dump(), status_code=self.status)
 
 
@@ -122,29 +137,30 @@ def install(app: FastAPI) -> None:
 
     async def openai_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, OpenAIError)
-        return error.response()
+        return error.response(request.url.path)
 
     async def gateway_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, (ServiceError, InvalidRequestError))
-        return from_gateway(error).response()
+        return from_gateway(error).response(request.url.path)
 
     async def validation_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        return from_validation(error, request.headers.get("content-type", "")).response()
+        return from_validation(error, request.headers.get("content-type", "")).response(request.url.path)
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
         kind = "not_found_error" if error.status_code == 404 else INVALID_REQUEST
         if error.status_code == 413:  # a chunked body past the limit (BodyLimit): as from its Content-Length
-            return OpenAIError(413, str(error.detail), param="body", code="request_too_large").response()
+            return OpenAIError(413, str(error.detail), param="body", code="request_too_large").response(
+                request.url.path)
         cause = error.__cause__  # FastAPI's "error parsing the body": bytes that are not UTF-8, deep nesting
         if error.status_code == 400 and isinstance(cause, (UnicodeDecodeError, RecursionError)):
-            return OpenAIError(400, f"malformed JSON body: {type(cause).__name__}: {cause}").response()
-        return OpenAIError(error.status_code, str(error.detail), kind).response()
+            return OpenAIError(400, f"malformed JSON body: {type(cause).__name__}: {cause}").response(request.url.path)
+        return OpenAIError(error.status_code, str(error.detail), kind).response(request.url.path)
 
     async def bug(request: Request, error: Exception) -> JSONResponse:
         log.exception("HTTP request failed", path=request.url.path, exc_info=error)
-        return OpenAIError(500, f"internal error: {type(error).__name__}", SERVER_ERROR).response()
+        return OpenAIError(500, f"internal error: {type(error).__name__}", SERVER_ERROR).response(request.url.path)
 
     app.add_exception_handler(OpenAIError, openai_error)
     app.add_exception_handler(ServiceError, gateway_error)

@@ -102,6 +102,28 @@ async def test_tool_use_and_tool_result_blocks_are_the_conversation_chat_sends(f
     assert prompt_ids(front) == chat_prompt
 
 
+async def test_a_last_assistant_turn_is_continued_and_block_texts_are_lines(front, tokenizer):
+    """Anthropic's prefill: the reply continues a last assistant turn; text blocks join with line breaks, and a
+    failed tool's result says so."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Weather?"}, {"type": "text", "text": "Now."}]},
+                {"role": "assistant", "content": "The weather is"}]
+    script(front, tokenizer)
+    await front.client.chat.completions.create(model=MODEL, messages=[
+        {"role": "user", "content": "Weather?\nNow."}, messages[1]],
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    chat_prompt = prompt_ids(front)
+    script(front, tokenizer)
+    async with client_of(front) as client:
+        await client.messages.create(model=MODEL, max_tokens=8, messages=messages)
+        assert prompt_ids(front) == chat_prompt
+
+        failed = [*CONVERSATION[:2], {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_1", "content": "no network", "is_error": True}]}]
+        script(front, tokenizer)
+        await client.messages.create(model=MODEL, max_tokens=8, messages=failed, tools=ANTHROPIC_TOOLS)
+    assert tokenizer.decode(prompt_ids(front)).count("Error: no network") == 1
+
+
 async def test_a_call_is_a_tool_use_block_whole_and_streamed(front, tokenizer):
     async with client_of(front) as client:
         script_tokens(front, tokenizer, f"Let me look.\n{CALL}")
@@ -133,8 +155,9 @@ async def test_the_anthropic_packages_key_header_is_taken(tokenizer, model_confi
             reply = await client.messages.create(model=MODEL, max_tokens=8, messages=CONVERSATION[:1])
         assert reply.content[0].text
         async with client_of(front, "sk-wrong") as client:
-            with pytest.raises(anthropic.AuthenticationError):
+            with pytest.raises(anthropic.AuthenticationError) as refused:
                 await client.messages.create(model=MODEL, max_tokens=8, messages=CONVERSATION[:1])
+        assert refused.value.body["error"]["type"] == "authentication_error"  # Anthropic's shape
     finally:
         await stop_front(front)
 
@@ -171,5 +194,10 @@ async def test_bad_bodies_get_anthropics_error_shape_and_call_no_node(front, tok
                 assert error["error"]["type"] == kind
         malformed = await http.post("/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
         assert malformed.status_code == 400 and malformed.json()["error"]["message"].startswith("malformed JSON")
+        deep = await http.post("/v1/messages", content=b"[" * 100_000, headers={"content-type": "application/json"})
+        assert deep.status_code == 400 and deep.json()["error"]["type"] == "invalid_request_error"
+        huge = await http.post("/v1/messages", json={"max_tokens": 8, "messages": [
+            {"role": "user", "content": "x" * (2 << 20)}]})  # past the front's 1 MiB
+        assert huge.status_code == 413 and huge.json()["error"]["type"] == "request_too_large"
     assert front.cluster.p.requests == []
     await assert_serving(front, tokenizer)

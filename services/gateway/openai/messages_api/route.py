@@ -2,8 +2,9 @@
 machinery (checks, tools, reasoning, stop strings, cancellation, metrics, tracing), answered as Anthropic's
 message or its events (``render.py``). Its id is ``msg_<hex>`` (``msg_<X-Request-Id>``). Every error has
 Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, with the status the chat front gives
-it (``invalid_request_error`` 400, ``authentication_error`` 401, ``not_found_error`` 404, ``rate_limit_error``
-429, ``overloaded_error`` 503, ``api_error`` otherwise)."""
+it (``errors.anthropic_response``: ``invalid_request_error`` 400, ``authentication_error`` 401,
+``not_found_error`` 404, ``rate_limit_error`` 429, ``overloaded_error`` 503, ``api_error`` otherwise), the
+middlewares' and the app's handlers' too (they shape by the path)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from services.common.errors import ServiceError
 from services.engine.errors import InvalidRequestError
 from services.gateway.generation import GenerateChunk, PreparedRequest
-from services.gateway.openai.errors import OpenAIError, from_gateway, param_of
+from services.gateway.openai.errors import ANTHROPIC_TYPES, OpenAIError, anthropic_response, from_gateway, param_of
 from services.gateway.openai.messages_api.render import MessageEvents, MessageRender
 from services.gateway.openai.messages_api.to_chat import MessagesBody, NamedError, anthropic_param, chat_body_of
 from services.gateway.openai.output_split import OutputSplit
@@ -33,22 +34,13 @@ from services.gateway.openai.translate import chat_input
 if TYPE_CHECKING:
     from services.gateway.openai.app import Generations
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
-
-
-def anthropic_error(status: int, message: str) -> JSONResponse:
-    kind = ERROR_TYPES.get(status, "api_error")
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
-
-
 def _renamed(error: OpenAIError) -> JSONResponse:
     """The chat front's error, its param named as Anthropic's body names it."""
     message, param = error.detail.message, error.detail.param
     ours = anthropic_param(param)
     if param is not None and ours is not None and message.startswith(param):
         message = ours + message[len(param):]
-    return anthropic_error(error.status, message)
+    return anthropic_response(error.status, message)
 
 
 def add_messages_route(app: FastAPI, generations: Generations) -> None:
@@ -57,7 +49,7 @@ def add_messages_route(app: FastAPI, generations: Generations) -> None:
         try:
             return await _messages(request, generations)
         except NamedError as error:
-            return anthropic_error(error.status, error.detail.message)
+            return anthropic_response(error.status, error.detail.message)
         except OpenAIError as error:
             return _renamed(error)
         except (InvalidRequestError, ServiceError) as error:
@@ -67,8 +59,8 @@ def add_messages_route(app: FastAPI, generations: Generations) -> None:
 async def _body(request: Request) -> MessagesBody:
     try:
         raw = await request.json()
-    except ValueError as error:
-        raise NamedError(400, f"malformed JSON body: {error}") from None
+    except (ValueError, RecursionError) as error:  # RecursionError: nesting too deep for the parser
+        raise NamedError(400, f"malformed JSON body: {type(error).__name__}: {error}"[:300]) from None
     if not isinstance(raw, dict):
         raise NamedError(400, f"the body must be a JSON object, got {type(raw).__name__}")
     try:
@@ -132,7 +124,7 @@ async def _events(events: MessageEvents, first: GenerateChunk, rest: AsyncIterat
                 return
     except (ServiceError, InvalidRequestError) as error:
         failure = from_gateway(error)
-        for data in events.failed(ERROR_TYPES.get(failure.status, "api_error"), failure.detail.message):
+        for data in events.failed(ANTHROPIC_TYPES.get(failure.status, "api_error"), failure.detail.message):
             yield data
         return
     for data in events.failed("api_error", "the request ended without a finish reason"):

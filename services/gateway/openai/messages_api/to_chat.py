@@ -1,17 +1,19 @@
 """The body of ``POST /v1/messages`` and the chat completions body it runs as.
 
-- ``system`` (a string or text blocks) → a system message first.
+- ``system`` (a string or text blocks, joined by line breaks as every text of blocks here) → a system message
+  first.
 - ``messages``: ``user`` / ``assistant`` turns, content a string or blocks. A user's ``tool_result`` blocks
-  become ``tool`` messages answering their ``tool_use_id`` (content a string or text blocks), its ``text``
-  blocks one user message after them; an assistant's ``text`` blocks its content, ``thinking`` blocks its
-  ``reasoning_content``, ``tool_use`` blocks its calls (``input`` as the arguments' JSON). ``redacted_thinking``
-  is dropped; images, documents and other blocks are refused, naming the block.
+  become ``tool`` messages answering their ``tool_use_id`` (content a string or text blocks; ``is_error``:
+  ``Error: `` before it), its ``text`` blocks one user message after them; an assistant's ``text`` blocks its
+  content, ``thinking`` blocks its ``reasoning_content``, ``tool_use`` blocks its calls (``input`` as the
+  arguments' JSON). ``redacted_thinking`` is dropped; a last ``assistant`` turn is continued (Anthropic's
+  prefill: ``continue_final_message``); images, documents and other blocks are refused, naming the block.
 - ``tools``: client tools (``{"name", "description", "input_schema"}``, ``type`` absent or ``custom``) → chat's
   function tools; Anthropic's server tools (a ``type`` such as ``web_search_20250305``) are refused.
   ``tool_choice``: ``auto``, ``any`` (chat's ``required``), ``tool`` (named), ``none``;
   ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``.
 - ``max_tokens``, ``temperature``, ``top_p``, ``top_k``; ``stop_sequences`` → ``stop`` (the one that matched is
-  named in ``stop_sequence``); ``thinking`` ``enabled`` / ``disabled`` → the chat template's
+  named in ``stop_sequence``); ``thinking`` ``enabled`` / ``adaptive`` / ``disabled`` → the chat template's
   ``enable_thinking`` (Qwen3's variable; ``budget_tokens`` is not enforced); ``metadata`` and ``service_tier``
   change nothing. Undeclared fields go to the chat request as they are (vLLM's extensions: ``seed``,
   ``min_p``, ``chat_template_kwargs``, …), except the chat body's own spellings (``n``, ``stop``,
@@ -88,7 +90,7 @@ def _text_of(blocks: Any, param: str) -> str:
         if kind != "text" or not isinstance(block.get("text"), str):
             raise _bad(f"{param}[{j}]", f"only text blocks are supported here, got {kind!r}"[:300])
         texts.append(block["text"])
-    return "".join(texts)
+    return "\n".join(texts)
 
 
 def _user(content: Any, param: str) -> list[dict[str, Any]]:
@@ -108,13 +110,15 @@ def _user(content: Any, param: str) -> list[dict[str, Any]]:
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str) or not call_id:
                 raise _bad(f"{where}.tool_use_id", f"expected the id of a tool_use block, got {call_id!r}"[:300])
-            result = block.get("content", "")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(result, f"{where}.content")})
+            result = _text_of(block.get("content", ""), f"{where}.content")
+            if block.get("is_error"):  # the model is told the tool failed, as Anthropic's flag tells Claude
+                result = f"Error: {result}"
+            out.append({"role": "tool", "tool_call_id": call_id, "content": result})
         else:
             raise _bad(f"{where}.type", f"expected a text or tool_result block, got {kind!r} (images, documents and "
                                         f"other blocks are not supported)"[:300])
     if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+        out.append({"role": "user", "content": "\n".join(texts)})
     return out
 
 
@@ -143,7 +147,7 @@ def _assistant(content: Any, param: str) -> dict[str, Any]:
                           "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
         else:
             raise _bad(f"{where}.type", f"expected a text, thinking or tool_use block, got {kind!r}"[:300])
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
     if thoughts:
         message["reasoning_content"] = "\n".join(thoughts)
     if calls:
@@ -188,9 +192,9 @@ def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
     if thinking is None:
         return {}
     kind = thinking.get("type")
-    if kind not in ("enabled", "disabled"):
-        raise _bad("thinking.type", f"expected enabled or disabled, got {kind!r}"[:300])
-    return {"enable_thinking": kind == "enabled"}
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise _bad("thinking.type", f"expected enabled, adaptive or disabled, got {kind!r}"[:300])
+    return {"enable_thinking": kind != "disabled"}
 
 
 def chat_body_of(body: MessagesBody) -> ChatTranslation:
@@ -221,6 +225,8 @@ def chat_body_of(body: MessagesBody) -> ChatTranslation:
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "stop": list(stops) or None,
         "stream": body.stream, "tools": _tools(body.tools), "tool_choice": tool_choice,
         "parallel_tool_calls": parallel, "chat_template_kwargs": template_kwargs or None}
+    if body.messages[-1].get("role") == "assistant":  # Anthropic's prefill: the reply continues that turn
+        chat.update(add_generation_prompt=False, continue_final_message=True)
     try:
         return ChatTranslation(ChatCompletionBody.model_validate(chat), stops)
     except ValidationError as error:
