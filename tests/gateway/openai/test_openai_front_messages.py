@@ -102,6 +102,15 @@ async def test_tool_use_and_tool_result_blocks_are_the_conversation_chat_sends(f
     assert prompt_ids(front) == chat_prompt
 
 
+async def test_count_tokens_is_the_templated_prompt(front, tokenizer):
+    script(front, tokenizer)
+    async with client_of(front) as client:
+        await client.messages.create(model=MODEL, max_tokens=8, messages=CONVERSATION, tools=ANTHROPIC_TOOLS)
+        counted = await client.messages.count_tokens(model=MODEL, messages=CONVERSATION, tools=ANTHROPIC_TOOLS)
+    assert counted.input_tokens == len(prompt_ids(front))
+    assert len(front.cluster.p.requests) == 1  # counting called no node
+
+
 async def test_a_last_assistant_turn_is_continued_and_block_texts_are_lines(front, tokenizer):
     """Anthropic's prefill: the reply continues a last assistant turn; text blocks join with line breaks, and a
     failed tool's result says so."""

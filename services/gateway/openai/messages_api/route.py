@@ -9,7 +9,7 @@ middlewares' and the app's handlers' too (they shape by the path)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
@@ -44,10 +44,13 @@ def _renamed(error: OpenAIError) -> JSONResponse:
 
 
 def add_messages_route(app: FastAPI, generations: Generations) -> None:
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
+    """``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (the prompt's tokens, as the message would
+    be templated: ``{"input_tokens": n}``; no node is called)."""
+
+    async def answered(handler: Callable[[Request, Generations], Awaitable[Response]], request: Request
+                       ) -> Response:
         try:
-            return await _messages(request, generations)
+            return await handler(request, generations)
         except NamedError as error:
             return anthropic_response(error.status, error.detail.message)
         except OpenAIError as error:
@@ -55,8 +58,26 @@ def add_messages_route(app: FastAPI, generations: Generations) -> None:
         except (InvalidRequestError, ServiceError) as error:
             return _renamed(from_gateway(error))
 
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await answered(_messages, request)
 
-async def _body(request: Request) -> MessagesBody:
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        return await answered(_count_tokens, request)
+
+
+async def _count_tokens(request: Request, generations: Generations) -> Response:
+    body = await _body(request, max_tokens=1)  # count_tokens takes no max_tokens
+    chat = chat_body_of(body).body
+    generations.check(chat)
+    templated = chat_input(chat, "count_tokens", generations.parsers)
+    ids = await generations.core.encode_prompt(None, list(templated.messages or ()), templated.tools,
+                                               templated.template)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+async def _body(request: Request, **defaults: object) -> MessagesBody:
     try:
         raw = await request.json()
     except (ValueError, RecursionError) as error:  # RecursionError: nesting too deep for the parser
@@ -64,7 +85,7 @@ async def _body(request: Request) -> MessagesBody:
     if not isinstance(raw, dict):
         raise NamedError(400, f"the body must be a JSON object, got {type(raw).__name__}")
     try:
-        return MessagesBody.model_validate(raw)
+        return MessagesBody.model_validate({**defaults, **raw})
     except ValidationError as error:
         first = error.errors()[0]
         param = param_of(tuple(first.get("loc", ()))) or "request body"
