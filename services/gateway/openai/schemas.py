@@ -33,7 +33,7 @@ def _token_ids(value: list[Any]) -> bool:
     return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+def default_of(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
     """``null`` for a field that has a default means that default (as OpenAI's API reads it); for a
     required field it stays ``null`` (and is refused)."""
     assert info.field_name is not None
@@ -50,7 +50,7 @@ class StreamOptions(BaseModel):
     @field_validator("include_usage", "continuous_usage_stats", mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
-        return _default_of(cls, value, info)
+        return default_of(cls, value, info)
 
 
 class GenerationBody(BaseModel):
@@ -87,7 +87,7 @@ class GenerationBody(BaseModel):
     @field_validator("*", mode="before")  # the endpoints' fields too
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
-        return _default_of(cls, value, info)
+        return default_of(cls, value, info)
 
     @field_validator("n")
     @classmethod
@@ -241,7 +241,7 @@ class ChatCompletionBody(GenerationBody):
     @field_validator("add_generation_prompt", "continue_final_message", mode="before")
     @classmethod
     def _null_template_flag(cls, value: Any, info: ValidationInfo) -> Any:
-        return _default_of(cls, value, info)
+        return default_of(cls, value, info)
 
     def template_options(self) -> ChatTemplateOptions:
         """The chat template's options of this request (checked when the prompt is rendered)."""

@@ -9,9 +9,11 @@ import json
 import typing
 
 import anthropic
+import grpc
 import httpx
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
+from pdserve.v1 import decode_pb2
 
 from services.engine.tokenizer import ChatMessage
 from services.gateway.generation import GenerateChunk, Usage
@@ -19,6 +21,7 @@ from services.gateway.openai.messages_api.render import MessageEvents, MessageRe
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.reasoning.qwen3 import Qwen3ReasoningParser
 from services.gateway.openai.tools.hermes import HermesParser
+from tests.gateway.fakes import eventually
 from tests.gateway.openai.conftest import MODEL, start_front, stop_front
 from tests.gateway.openai.test_openai_front_api import script
 from tests.gateway.openai.test_openai_front_errors import assert_serving
@@ -209,4 +212,33 @@ async def test_bad_bodies_get_anthropics_error_shape_and_call_no_node(front, tok
             {"role": "user", "content": "x" * (2 << 20)}]})  # past the front's 1 MiB
         assert huge.status_code == 413 and huge.json()["error"]["type"] == "request_too_large"
     assert front.cluster.p.requests == []
+    await assert_serving(front, tokenizer)
+
+
+@pytest.mark.parametrize(("path", "body", "last"), [
+    ("/v1/messages", {"max_tokens": 16, "messages": CONVERSATION[:1]}, "error"),
+    ("/v1/responses", {"input": "Hi"}, "response.failed"),
+])
+async def test_a_decode_node_failing_mid_stream_ends_the_stream_with_its_error_event(front, tokenizer, path, body,
+                                                                                   last):
+    ids = tokenizer.encode("Paris is sunny today.")
+    front.cluster.p.first_token = ids[0]
+
+    async def attach(request, context):
+        yield decode_pb2.TokenEvent(token_ids=ids[1:3])
+        await context.abort(grpc.StatusCode.INTERNAL, "decode step crashed")
+
+    front.cluster.d.script = attach
+    async with httpx.AsyncClient(base_url=front.url, timeout=10) as http:
+        reply = await http.post(path, json={**body, "stream": True})
+        assert reply.status_code == 200
+        events = [json.loads(block.split("\ndata: ", 1)[1]) for block in reply.text.strip().split("\n\n")]
+        assert events[-1]["type"] == last, events[-1]
+        error = events[-1]["error"] if last == "error" else events[-1]["response"]["error"]
+        assert "decode step crashed" in error["message"]
+        assert error.get("type", error.get("code")) in ("overloaded_error", "server_error")
+        text = "".join(e["delta"].get("text", "") if isinstance(e.get("delta"), dict) else e.get("delta", "")
+                       for e in events if e["type"] in ("content_block_delta", "response.output_text.delta"))
+        assert text == tokenizer.decode(ids[:3])
+    await eventually(lambda: front.cluster.gateway.directory.nodes("decode")[0].healthy, what="decode back")
     await assert_serving(front, tokenizer)

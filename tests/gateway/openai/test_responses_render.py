@@ -161,7 +161,7 @@ def test_a_failure_ends_the_stream_with_response_failed():
     made = render(tools=False)
     events = ResponseEvents(made)
     sent = events.opening() + events.chunk(GenerateChunk("r", (1,), f"{THOUGHT}Looking"))
-    sent += events.failed("server_error", "the decode node failed")
+    sent += events.failed(503, "the decode node failed")
     last = json.loads(sent[-1].decode().split("\n", 1)[1].removeprefix("data: "))
     EVENTS[last["type"]].model_validate(last)
     assert last["type"] == "response.failed" and last["response"]["status"] == "failed"

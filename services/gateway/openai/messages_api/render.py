@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.generation import GenerateChunk, Usage
+from services.gateway.openai.errors import ANTHROPIC_TYPES
 from services.gateway.openai.output_split import OutputSplit
 
 
@@ -92,8 +93,13 @@ class MessageEvents:
                        sse({"type": "message_stop"})]
         return events
 
-    def failed(self, kind: str, message: str) -> list[bytes]:
-        return [*self._close(), sse({"type": "error", "error": {"type": kind, "message": message}})]
+    def whole(self) -> bytes | None:
+        return json.dumps(self.message, ensure_ascii=False).encode() if self.message is not None else None
+
+    def failed(self, status: int, message: str) -> list[bytes]:
+        """An ``error`` event, its type by the HTTP status the failure would have had."""
+        error = {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}
+        return [*self._close(), sse({"type": "error", "error": error})]
 
     def _stop_reason(self, chunk: GenerateChunk) -> tuple[str, str | None]:
         if chunk.finish_reason == "length":

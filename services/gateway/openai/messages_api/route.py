@@ -9,25 +9,24 @@ middlewares' and the app's handlers' too (they shape by the path)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
-from starlette.background import BackgroundTask
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from services.common.errors import ServiceError
 from services.engine.errors import InvalidRequestError
-from services.gateway.generation import GenerateChunk, PreparedRequest
-from services.gateway.openai.errors import ANTHROPIC_TYPES, OpenAIError, anthropic_response, from_gateway, param_of
+from services.gateway.generation import PreparedRequest
+from services.gateway.openai.errors import OpenAIError, anthropic_response, from_gateway, param_of
+from services.gateway.openai.event_stream import respond
 from services.gateway.openai.messages_api.render import MessageEvents, MessageRender
 from services.gateway.openai.messages_api.to_chat import MessagesBody, NamedError, anthropic_param, chat_body_of
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.reasoning.closed import ClosedReasoning
 from services.gateway.openai.request_ids import echoed, request_id_of
 from services.gateway.openai.running import RunningRequest
-from services.gateway.openai.streaming import SSE_HEADERS, first_chunk
 from services.gateway.openai.tool_calling import tool_request_of
 from services.gateway.openai.translate import chat_input
 
@@ -110,43 +109,7 @@ async def _messages(request: Request, generations: Generations) -> Response:
 
     async def answer(choices: Sequence[tuple[RunningRequest, MessageRender]]) -> Response:
         ((running, renderer),) = choices
-        return await respond(running, renderer, body.stream)
+        return await respond(running, MessageEvents(renderer), body.stream)
 
     return echoed(await generations.run(request, [generate], render, chat, "tools" if tools.forced else None,
                                         answer=answer), echo)
-
-
-async def respond(running: RunningRequest, render: MessageRender, stream: bool) -> Response:
-    """The response of one opened request; it is closed however this ends."""
-    chunks = running.chunks()  # closes the request when it ends
-    if not stream:
-        events = MessageEvents(render)  # the stream's own reading of the chunks: the same message either way
-        async for chunk in chunks:
-            events.chunk(chunk)
-        if events.message is None:
-            raise OpenAIError(502, "the request ended without a finish reason", "server_error")
-        return JSONResponse(events.message)
-    first = await first_chunk(chunks)  # what fails before any token still gets its own HTTP status
-    return StreamingResponse(_events(MessageEvents(render), first, chunks), media_type="text/event-stream",
-                             headers=SSE_HEADERS, background=BackgroundTask(running.close))
-
-
-async def _events(events: MessageEvents, first: GenerateChunk, rest: AsyncIterator[GenerateChunk]
-                  ) -> AsyncIterator[bytes]:
-    for data in [*events.opening(), *events.chunk(first)]:
-        yield data
-    if first.finish_reason:
-        return
-    try:
-        async for chunk in rest:
-            for data in events.chunk(chunk):
-                yield data
-            if chunk.finish_reason:
-                return
-    except (ServiceError, InvalidRequestError) as error:
-        failure = from_gateway(error)
-        for data in events.failed(ANTHROPIC_TYPES.get(failure.status, "api_error"), failure.detail.message):
-            yield data
-        return
-    for data in events.failed("api_error", "the request ended without a finish reason"):
-        yield data

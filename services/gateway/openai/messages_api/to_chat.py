@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from services.gateway.openai.errors import OpenAIError, param_of
-from services.gateway.openai.schemas import ChatCompletionBody
+from services.gateway.openai.schemas import ChatCompletionBody, default_of
 
 CHAT_ONLY = {"max_completion_tokens": "max_tokens", "n": "one message per request", "stop": "stop_sequences",
              "logprobs": "nothing (the Messages API has no logprobs)", "response_format": "nothing here",
@@ -67,9 +67,7 @@ class MessagesBody(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None
-        field = cls.model_fields[info.field_name]
-        return field.default if value is None and not field.is_required() else value
+        return default_of(cls, value, info)
 
 
 @dataclass(frozen=True)

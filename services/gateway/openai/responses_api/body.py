@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.engine.logprobs import MAX_LOGPROBS
+from services.gateway.openai.schemas import default_of
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
 # what OpenAI's include takes; only the logprobs are given (reasoning.encrypted_content, which Codex asks for
@@ -74,9 +75,7 @@ class ResponsesBody(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None
-        field = cls.model_fields[info.field_name]
-        return field.default if value is None and not field.is_required() else value
+        return default_of(cls, value, info)
 
     @field_validator("input")
     @classmethod

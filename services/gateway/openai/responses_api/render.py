@@ -143,7 +143,12 @@ class ResponseEvents:
             events.append(self._event(kind, response=self._snapshot(response)))
         return events
 
-    def failed(self, code: str, message: str) -> list[bytes]:
+    def whole(self) -> bytes | None:
+        return self.response.model_dump_json().encode() if self.response is not None else None
+
+    def failed(self, status: int, message: str) -> list[bytes]:
+        """``response.failed``, its error coded by the HTTP status the failure would have had."""
+        code = {400: "invalid_prompt", 429: "rate_limit_exceeded"}.get(status, "server_error")
         events = self._close("abort")
         response = self.render.shell.model_copy(update={"status": "failed", "output": self._items,
                                                         "error": ResponseError(code=code, message=message)})

@@ -10,17 +10,16 @@ parser or the request offers tools, whose tokens are not the text's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from services.common.errors import ServiceError
 from services.engine.errors import InvalidRequestError
-from services.gateway.generation import GenerateChunk, PreparedRequest
-from services.gateway.openai.errors import OpenAIError, from_gateway
+from services.gateway.generation import PreparedRequest
+from services.gateway.openai.errors import OpenAIError
+from services.gateway.openai.event_stream import respond
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.reasoning.closed import ClosedReasoning
@@ -30,7 +29,6 @@ from services.gateway.openai.responses_api.objects import ResponseObject
 from services.gateway.openai.responses_api.render import ResponseEvents, ResponseRender
 from services.gateway.openai.responses_api.to_chat import chat_body_of
 from services.gateway.openai.running import RunningRequest
-from services.gateway.openai.streaming import SSE_HEADERS, first_chunk
 from services.gateway.openai.tool_calling import tool_request_of
 from services.gateway.openai.translate import chat_input
 
@@ -65,46 +63,9 @@ def add_responses_route(app: FastAPI, generations: Generations) -> None:
 
             async def answer(choices: Sequence[tuple[RunningRequest, ResponseRender]]) -> Response:
                 ((running, renderer),) = choices
-                return await respond(running, renderer, body.stream)
+                return await respond(running, ResponseEvents(renderer), body.stream)
 
             return echoed(await generations.run(request, [generate], render, chat,
                                                 "tools" if tools.forced else None, answer=answer), echo)
         except (OpenAIError, InvalidRequestError) as error:
             raise translation.renamed(error) from error
-
-
-async def respond(running: RunningRequest, render: ResponseRender, stream: bool) -> Response:
-    """The response of one opened request; it is closed however this ends."""
-    chunks = running.chunks()  # closes the request when it ends
-    if not stream:
-        events = ResponseEvents(render)  # the stream's own reading of the chunks: the same response either way
-        async for chunk in chunks:
-            events.chunk(chunk)
-        if events.response is None:
-            raise OpenAIError(502, "the request ended without a finish reason", "server_error")
-        return Response(events.response.model_dump_json(), media_type="application/json")
-    first = await first_chunk(chunks)  # what fails before any token still gets its own HTTP status
-    return StreamingResponse(_events(ResponseEvents(render), first, chunks), media_type="text/event-stream",
-                             headers=SSE_HEADERS, background=BackgroundTask(running.close))
-
-
-async def _events(events: ResponseEvents, first: GenerateChunk, rest: AsyncIterator[GenerateChunk]
-                  ) -> AsyncIterator[bytes]:
-    for data in [*events.opening(), *events.chunk(first)]:
-        yield data
-    if first.finish_reason:
-        return
-    try:
-        async for chunk in rest:
-            for data in events.chunk(chunk):
-                yield data
-            if chunk.finish_reason:
-                return
-    except (ServiceError, InvalidRequestError) as error:
-        failure = from_gateway(error)
-        code = {400: "invalid_prompt", 429: "rate_limit_exceeded"}.get(failure.status, "server_error")
-        for data in events.failed(code, failure.detail.message):
-            yield data
-        return
-    for data in events.failed("server_error", "the request ended without a finish reason"):
-        yield data
