@@ -158,9 +158,12 @@ def metrics_lines(gateway: str, api_key: str = "") -> str:
 
 
 def _resolved(template: str) -> str:
-    """A template file's absolute path (the gateway may run elsewhere: ``ClusterSpec.cwd``); a template's text as
-    it is."""
-    return str(Path(template).resolve()) if Path(template).is_file() else template
+    """A template file's absolute path (the gateway may run elsewhere: ``ClusterSpec.cwd``); a template's text,
+    or a missing file the gateway will name, as it is."""
+    try:
+        return str(Path(template).resolve()) if Path(template).is_file() else template
+    except OSError:  # a template's text longer than a file name can be
+        return template
 
 
 def parse_spec(argv: list[str] | None = None) -> ClusterSpec:

@@ -94,14 +94,17 @@ def _check_value(where: str, value: Any, depth: int = 0, limit: int = MAX_KWARG_
 DEFAULT_OPTIONS = ChatTemplateOptions(kwargs=MappingProxyType({}))
 
 
+def is_template_text(given: str) -> bool:
+    """``--chat-template``'s value is a template's text, not a file's path (it has Jinja's delimiters)."""
+    return "{{" in given or "{%" in given
+
+
 def template_source(given: str) -> str:
     """``--chat-template``: a Jinja file's path, or a template's text (as vLLM's flag takes either), checked to
     compile. Raises ``ValueError`` naming the flag."""
-    path = Path(given)
-    looks_like_text = "{{" in given or "{%" in given
-    if not looks_like_text:
+    if not is_template_text(given):
         try:
-            source = path.read_text(encoding="utf-8")
+            source = Path(given).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"--chat-template {given}: neither a readable file ({type(error).__name__}) nor a "
                              f"template's text") from None

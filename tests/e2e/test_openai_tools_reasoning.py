@@ -158,8 +158,8 @@ def test_a_streamed_required_call_accumulates_to_a_valid_call(client, model, end
 
 
 def test_responses_give_the_reasoning_and_a_valid_forced_call_as_items(client, model, end_bias):
-    """``/v1/responses`` with ``tool_choice: required``: a reasoning item (what came before ``</think>``) and a
-    function call item that validates against its tool's schema, whole and streamed."""
+    """``/v1/responses`` with ``tool_choice: required``: a function call item that validates against its tool's
+    schema (after a reasoning item where the model thought before ``</think>``), whole and streamed alike."""
     functions = [{"type": "function", **tool["function"]} for tool in TOOLS]
     body = {"model": model, "input": "Weather in Oslo?", "tools": functions, "tool_choice": "required",
             "parallel_tool_calls": False, "temperature": 1.0, "max_output_tokens": MAX_TOKENS,
@@ -173,6 +173,7 @@ def test_responses_give_the_reasoning_and_a_valid_forced_call_as_items(client, m
         call = made.output[-1]
         assert call.call_id and call.name in PARAMETERS
         jsonschema.validate(json.loads(call.arguments), PARAMETERS[call.name])
+
     def shown(item):
         return (item.type, item.status, item.name, item.arguments) if item.type == "function_call" else \
             (item.type, item.status, [part.text for part in item.content])

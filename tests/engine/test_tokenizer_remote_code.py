@@ -65,7 +65,7 @@ def test_a_plain_directory_needs_no_flag_nor_one_whose_class_transformers_has(tm
     assert Tokenizer.load(tmp_path).encode("Hi") == bundled_tokenizer.encode("Hi")
 
 
-def test_the_flag_reaches_every_process():
+def test_the_flag_reaches_every_process(tmp_path, monkeypatch):
     gateway = build_config(GatewayConfig, ["--prefill", "a:1", "--decode", "b:1", "--trust-remote-code"], env={})
     assert gateway.trust_remote_code is True
     node = build_config(EngineNodeConfig, ["--trust-remote-code"], env={})
@@ -74,4 +74,8 @@ def test_the_flag_reaches_every_process():
     spec = parse_spec(["--trust-remote-code"])
     assert "--trust-remote-code" in spec.node_args("decode") and "--trust-remote-code" in spec.gateway_model_args()
     assert "--trust-remote-code" not in parse_spec([]).node_args("prefill")
-    assert parse_spec(["--chat-template", "t.jinja"]).gateway_args == ("--chat-template", "t.jinja")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    assert parse_spec(["--chat-template", "t.jinja"]).gateway_args == ("--chat-template", str(tmp_path / "t.jinja"))
+    text = "{% for m in messages %}" + "x" * 400 + "{% endfor %}"  # longer than a file name can be
+    assert parse_spec(["--chat-template", text]).gateway_args == ("--chat-template", text)

@@ -4,11 +4,12 @@
 ``POST /detokenize`` (``tokenize.py``).
 
 Middlewares, outermost first: ``BodyLimit`` (framing and size, before any body is read), ``ApiKeyAuth``
-(``Authorization: Bearer`` on the API paths when keys are configured).
+(``Authorization: Bearer``, or ``x-api-key`` on ``/v1/messages``, on the API paths when keys are configured).
 
 Each generation request is checked (model, schema), translated to a ``GenerateInput`` whose request id is
-the response's ``id`` (``cmpl-…`` / ``chatcmpl-…``, also in the gateway's logs and the trace), opened on
-the gateway's core and answered by ``streaming.respond``.
+the response's ``id`` (``cmpl-…`` / ``chatcmpl-…`` / ``resp_…`` / ``msg_…``, also in the gateway's logs and
+the trace), opened on the gateway's core and answered by ``streaming.respond`` (the Responses and Messages
+APIs: ``event_stream.respond``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import structlog
 from fastapi import FastAPI, Request
@@ -35,11 +36,10 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai import errors
 from services.gateway.openai.auth import ApiKeyAuth
 from services.gateway.openai.body_limit import BodyLimit
+from services.gateway.openai.chat_request import ChatRequest
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.messages_api.route import add_messages_route
-from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.parsers import FrontParsers, resolve_parsers
-from services.gateway.openai.reasoning.closed import ClosedReasoning
 from services.gateway.openai.request_ids import echoed, request_id_of
 from services.gateway.openai.responses import ModelCard, ModelList
 from services.gateway.openai.responses_api.route import add_responses_route
@@ -48,18 +48,18 @@ from services.gateway.openai.schemas import ChatCompletionBody, CompletionBody, 
 from services.gateway.openai.streaming import respond
 from services.gateway.openai.structured import renamed_error
 from services.gateway.openai.tokenize import add_tokenize_routes
-from services.gateway.openai.tool_calling import tool_request_of
 from services.gateway.openai.translate import (
     ChatRenderer,
     CompletionRenderer,
     Identity,
     PromptShown,
     Renderer,
-    chat_input,
     choices_of,
     completion_inputs,
 )
 from services.gateway.openai.unsupported import refuse_unsupported
+
+R = TypeVar("R")  # what renders one choice: a Renderer for streaming.respond, else the answer's own
 
 _QUANTIZATION = re.compile(r"[.-](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
 
@@ -141,16 +141,16 @@ class Generations:
         return inputs
 
     async def run(self, request: Request, prompts: list[GenerateInput],
-                  renderer: Callable[[int, PreparedRequest], Any], body: GenerationBody,
+                  renderer: Callable[[int, PreparedRequest], R], body: GenerationBody,
                   constraint_param: str | None = None,
-                  answer: Callable[[list[tuple[RunningRequest, Any]]], Awaitable[Response]] | None = None
+                  answer: Callable[[list[tuple[RunningRequest, R]]], Awaitable[Response]] | None = None
                   ) -> Response:
         """``prompts``: one input per prompt (a completions batch has several); ``renderer(i, prepared)``: the
         renderer of choice ``i``, prepared as ``prepared``; ``constraint_param``: what a refused constraint
         that is not the body's ``response_format`` / ``guided_*`` is named (``tools``: a forced call's grammar);
         ``answer``: what answers the opened choices (None: ``streaming.respond``, with ``Renderer``s)."""
         group = RequestGroup(request.receive)
-        choices: list[tuple[RunningRequest, Any]] = []
+        choices: list[tuple[RunningRequest, R]] = []
 
         async def open_all(prompts: list[GenerateInput]) -> None:
             if len(prompts) > 1 or body.n > 1:
@@ -231,19 +231,13 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         request_id, echo = request_id_of(request, "chatcmpl")
         who = Identity.new(request_id, model_name)
 
-        tools = tool_request_of(body)
-        generate = chat_input(body, request_id, parsers, tools)
-        split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
-        answer_only = split if split.reasoning is None else dataclasses.replace(
-            split, reasoning=ClosedReasoning.of(split.reasoning))
+        chat = ChatRequest.of(body, request_id, parsers)
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
             logprobs = LogprobsRender(core.tokenizer, body.return_tokens_as_token_ids) if body.logprobs else None
-            return ChatRenderer(who, logprobs, index,
-                                answer_only if prepared.reasoning_closed else split)
+            return ChatRenderer(who, logprobs, index, chat.split_for(prepared))
 
-        return echoed(await generations.run(request, [generate], renderer, body, "tools" if tools.forced else None),
-                      echo)
+        return echoed(await generations.run(request, [chat.generate], renderer, body, chat.constraint_param), echo)
 
 
 def echo_of(prompt: str | list[int], tokenizer: Tokenizer) -> str:

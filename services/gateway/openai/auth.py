@@ -1,10 +1,11 @@
-"""ASGI middleware: ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``) on the HTTP front's
-API paths.
+"""ASGI middleware: ``Authorization: Bearer <key>`` on the HTTP front's API paths (on Anthropic's
+``/v1/messages``, ``x-api-key: <key>`` too, as the ``anthropic`` package sends it; the first of a repeated header).
 
 As vLLM's ``--api-key``: paths under ``/v1`` (and ``/tokenize``, ``/detokenize``) need a configured key;
 ``/health`` and anything else stay open. A request without a key, or with a wrong one, gets 401 in OpenAI's
-shape before its body is read (OpenAI answers a missing key with ``code: null`` and a wrong one with
-``code: "invalid_api_key"``, both ``type: "invalid_request_error"``), with ``WWW-Authenticate: Bearer``.
+shape (Anthropic's on ``/v1/messages``) before its body is read (OpenAI answers a missing key with ``code:
+null`` and a wrong one with ``code: "invalid_api_key"``, both ``type: "invalid_request_error"``), with
+``WWW-Authenticate: Bearer``.
 The message never repeats the key that was sent.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.api_keys import MISSING, ApiKeys, bearer
-from services.gateway.openai.errors import OpenAIError
+from services.gateway.openai.errors import ANTHROPIC_PATH, OpenAIError
 
 PROTECTED_EXACT = frozenset({"/v1", "/tokenize", "/detokenize"})
 
@@ -41,10 +42,12 @@ class ApiKeyAuth:
         if scope["type"] != "http" or not self.keys.enabled or not protected(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers", ()))
-        header = headers.get(b"authorization")
-        if header is None and b"x-api-key" in headers:  # the anthropic package's spelling
-            header = b"Bearer " + headers[b"x-api-key"]
+        headers = scope.get("headers", ())
+        header = next((value for name, value in headers if name == b"authorization"), None)
+        path = scope.get("path", "")
+        if header is None and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")):
+            key = next((value for name, value in headers if name == b"x-api-key"), None)  # the anthropic package's
+            header = b"Bearer " + key if key is not None else None
         problem = self.keys.check(bearer(header.decode("latin-1") if header is not None else None))
         if problem is None:
             await self.app(scope, receive, send)

@@ -1,4 +1,5 @@
-"""ASGI middleware: a request body over ``max_bytes`` gets 413 in OpenAI's shape, never held in memory;
+"""ASGI middleware: a request body over ``max_bytes`` gets 413 in OpenAI's shape (Anthropic's on
+``/v1/messages``), never held in memory;
 one that has not all arrived ``body_timeout_s`` after the request began gets 408 (a client that declares
 a length and sends less would otherwise hold its request, and the memory it took, for ever).
 

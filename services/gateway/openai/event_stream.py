@@ -3,8 +3,9 @@ into the whole response, or streamed as the machine's server-sent events."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
@@ -15,6 +16,11 @@ from services.gateway.generation import GenerateChunk
 from services.gateway.openai.errors import OpenAIError, from_gateway
 from services.gateway.openai.running import RunningRequest
 from services.gateway.openai.streaming import SSE_HEADERS, first_chunk
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    """One server-sent event named by its body's ``type`` (the Responses and Messages APIs' framing)."""
+    return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
 
 class EventMachine(Protocol):

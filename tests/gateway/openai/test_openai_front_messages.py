@@ -1,7 +1,8 @@
 """Anthropic's ``POST /v1/messages`` on the HTTP front over fake nodes, through the official ``anthropic``
 package: the prompt the nodes get is what chat completions sends for the same conversation, the output comes back
-as content blocks (whole, and streamed as the package's stream helper accumulates them, each event validated as
-its own type), stop reasons, usage, ``x-api-key``, and errors in Anthropic's shape before any node works."""
+as content blocks (whole, and streamed as the package's stream helper accumulates them, each event parsed by
+the package's own model of it), stop reasons, usage, ``x-api-key``, and errors in Anthropic's shape before any
+node works."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def events_of(made: MessageRender, pieces: list[str], finish: str = "stop") -> l
         head, body = data.decode().split("\n", 1)
         event = json.loads(body.removeprefix("data: "))
         assert head == f"event: {event['type']}"
-        EVENTS[event["type"]].model_validate(event)  # the anthropic package's own event types, strictly
+        EVENTS[event["type"]].model_validate(event)  # the anthropic package's own event models
         parsed.append(event)
     Message.model_validate(events.message)
     return parsed
@@ -170,6 +171,8 @@ async def test_the_anthropic_packages_key_header_is_taken(tokenizer, model_confi
             with pytest.raises(anthropic.AuthenticationError) as refused:
                 await client.messages.create(model=MODEL, max_tokens=8, messages=CONVERSATION[:1])
         assert refused.value.body["error"]["type"] == "authentication_error"  # Anthropic's shape
+        async with httpx.AsyncClient(base_url=front.url, timeout=10) as http:  # x-api-key is Anthropic's route's
+            assert (await http.get("/v1/models", headers={"x-api-key": "sk-messages-0123"})).status_code == 401
     finally:
         await stop_front(front)
 
@@ -215,12 +218,12 @@ async def test_bad_bodies_get_anthropics_error_shape_and_call_no_node(front, tok
     await assert_serving(front, tokenizer)
 
 
-@pytest.mark.parametrize(("path", "body", "last"), [
-    ("/v1/messages", {"max_tokens": 16, "messages": CONVERSATION[:1]}, "error"),
-    ("/v1/responses", {"input": "Hi"}, "response.failed"),
+@pytest.mark.parametrize(("path", "body", "last", "kind"), [
+    ("/v1/messages", {"max_tokens": 16, "messages": CONVERSATION[:1]}, "error", "overloaded_error"),
+    ("/v1/responses", {"input": "Hi"}, "response.failed", "server_error"),
 ])
 async def test_a_decode_node_failing_mid_stream_ends_the_stream_with_its_error_event(front, tokenizer, path, body,
-                                                                                   last):
+                                                                                   last, kind):
     ids = tokenizer.encode("Paris is sunny today.")
     front.cluster.p.first_token = ids[0]
 
@@ -236,7 +239,7 @@ async def test_a_decode_node_failing_mid_stream_ends_the_stream_with_its_error_e
         assert events[-1]["type"] == last, events[-1]
         error = events[-1]["error"] if last == "error" else events[-1]["response"]["error"]
         assert "decode step crashed" in error["message"]
-        assert error.get("type", error.get("code")) in ("overloaded_error", "server_error")
+        assert error.get("type", error.get("code")) == kind  # the 503 the failure would have been
         text = "".join(e["delta"].get("text", "") if isinstance(e.get("delta"), dict) else e.get("delta", "")
                        for e in events if e["type"] in ("content_block_delta", "response.output_text.delta"))
         assert text == tokenizer.decode(ids[:3])

@@ -1,5 +1,5 @@
 """The Responses API's rendering of one output (``responses_api/render.py``), fed chunks directly: the whole
-response and the stream's events validate as the ``openai`` package's own types (strictly, by pydantic), every
+response and the stream's events parse as the ``openai`` package's own models of them, every
 chunking streams the items the whole response has, and the status, blank text and reasoning tokens follow
 the rules of the module."""
 
@@ -70,7 +70,7 @@ def stream(made: ResponseRender, pieces: list[str], finish: str = "stop", token_
         head, body = data.decode().split("\n", 1)
         event = json.loads(body.removeprefix("data: "))
         assert head == f"event: {event['type']}" and data.endswith(b"\n\n")
-        EVENTS[event["type"]].model_validate(event)  # the openai package's own event types, strictly
+        EVENTS[event["type"]].model_validate(event)  # the openai package's own event models
         parsed.append(event)
     assert [e["sequence_number"] for e in parsed] == list(range(len(parsed)))
     return parsed

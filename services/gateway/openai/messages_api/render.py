@@ -25,11 +25,8 @@ from typing import Any
 
 from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.openai.errors import ANTHROPIC_TYPES
+from services.gateway.openai.event_stream import sse
 from services.gateway.openai.output_split import OutputSplit
-
-
-def sse(body: dict[str, Any]) -> bytes:
-    return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ middlewares' and the app's handlers' too (they shape by the path)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -19,19 +18,18 @@ from starlette.responses import JSONResponse, Response
 from services.common.errors import ServiceError
 from services.engine.errors import InvalidRequestError
 from services.gateway.generation import PreparedRequest
+from services.gateway.openai.chat_request import ChatRequest
 from services.gateway.openai.errors import OpenAIError, anthropic_response, from_gateway, param_of
 from services.gateway.openai.event_stream import respond
 from services.gateway.openai.messages_api.render import MessageEvents, MessageRender
 from services.gateway.openai.messages_api.to_chat import MessagesBody, NamedError, anthropic_param, chat_body_of
-from services.gateway.openai.output_split import OutputSplit
-from services.gateway.openai.reasoning.closed import ClosedReasoning
 from services.gateway.openai.request_ids import echoed, request_id_of
 from services.gateway.openai.running import RunningRequest
-from services.gateway.openai.tool_calling import tool_request_of
 from services.gateway.openai.translate import chat_input
 
 if TYPE_CHECKING:
     from services.gateway.openai.app import Generations
+
 
 def _renamed(error: OpenAIError) -> JSONResponse:
     """The chat front's error, its param named as Anthropic's body names it."""
@@ -68,7 +66,7 @@ def add_messages_route(app: FastAPI, generations: Generations) -> None:
 
 async def _count_tokens(request: Request, generations: Generations) -> Response:
     body = await _body(request, max_tokens=1)  # count_tokens takes no max_tokens
-    chat = chat_body_of(body).body
+    chat = chat_body_of(body)
     generations.check(chat)
     templated = chat_input(chat, "count_tokens", generations.parsers)
     ids = await generations.core.encode_prompt(None, list(templated.messages or ()), templated.tools,
@@ -95,21 +93,17 @@ async def _body(request: Request, **defaults: object) -> MessagesBody:
 async def _messages(request: Request, generations: Generations) -> Response:
     model_name, parsers = generations.settings.model_name, generations.parsers
     body = await _body(request)
-    chat = chat_body_of(body).body
+    chat = chat_body_of(body)
     generations.check(chat)
     request_id, echo = request_id_of(request, "msg", "_")
-    tools = tool_request_of(chat)
-    generate = chat_input(chat, request_id, parsers, tools)
-    split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
+    run = ChatRequest.of(chat, request_id, parsers)
 
     def render(index: int, prepared: PreparedRequest) -> MessageRender:
-        used = split if split.reasoning is None or not prepared.reasoning_closed else dataclasses.replace(
-            split, reasoning=ClosedReasoning.of(split.reasoning))
-        return MessageRender(request_id, body.model or model_name, used, len(prepared.prompt_ids))
+        return MessageRender(request_id, body.model or model_name, run.split_for(prepared), len(prepared.prompt_ids))
 
     async def answer(choices: Sequence[tuple[RunningRequest, MessageRender]]) -> Response:
         ((running, renderer),) = choices
         return await respond(running, MessageEvents(renderer), body.stream)
 
-    return echoed(await generations.run(request, [generate], render, chat, "tools" if tools.forced else None,
+    return echoed(await generations.run(request, [run.generate], render, chat, run.constraint_param,
                                         answer=answer), echo)

@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -68,12 +67,6 @@ class MessagesBody(BaseModel):
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         return default_of(cls, value, info)
-
-
-@dataclass(frozen=True)
-class ChatTranslation:
-    body: ChatCompletionBody
-    stop_sequences: tuple[str, ...]
 
 
 def _text_of(blocks: Any, param: str) -> str:
@@ -195,7 +188,7 @@ def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
     return {"enable_thinking": kind != "disabled"}
 
 
-def chat_body_of(body: MessagesBody) -> ChatTranslation:
+def chat_body_of(body: MessagesBody) -> ChatCompletionBody:
     """The chat completions body ``body`` runs as (a 400 naming Anthropic's param when it cannot)."""
     extra = dict(body.model_extra or {})
     for name, instead in CHAT_ONLY.items():
@@ -217,16 +210,15 @@ def chat_body_of(body: MessagesBody) -> ChatTranslation:
             raise _bad(f"messages[{i}].role", f"expected user or assistant, got {role!r}"[:300])
     template_kwargs = {**_thinking(body.thinking), **dict(extra.pop("chat_template_kwargs", None) or {})}
     tool_choice, parallel = _tool_choice(body.tool_choice)
-    stops = tuple(body.stop_sequences or ())
     chat: dict[str, Any] = {
         **extra, "model": body.model, "messages": messages, "max_tokens": body.max_tokens,
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "stop": list(stops) or None,
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "stop": body.stop_sequences,
         "stream": body.stream, "tools": _tools(body.tools), "tool_choice": tool_choice,
         "parallel_tool_calls": parallel, "chat_template_kwargs": template_kwargs or None}
     if body.messages[-1].get("role") == "assistant":  # Anthropic's prefill: the reply continues that turn
         chat.update(add_generation_prompt=False, continue_final_message=True)
     try:
-        return ChatTranslation(ChatCompletionBody.model_validate(chat), stops)
+        return ChatCompletionBody.model_validate(chat)
     except ValidationError as error:
         first = error.errors()[0]
         param = param_of(tuple(first.get("loc", ())))

@@ -18,13 +18,13 @@ last ``response.completed`` or ``response.incomplete`` (the whole response), or 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.engine.logprobs import TokenLogprobs
 from services.gateway.generation import GenerateChunk, Usage
+from services.gateway.openai.event_stream import sse
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.output_split import Delta, OutputSplit
 from services.gateway.openai.responses import ChatTokenLogprob
@@ -56,13 +56,14 @@ class ResponseRender:
     logprobs: LogprobsRender | None = None
     reasoning_end_ids: tuple[int, ...] = ()
 
-    def call_item(self, call: ParsedToolCall, status: str = "completed") -> FunctionCallItem:
+    def call_item(self, call: ParsedToolCall, status: str) -> FunctionCallItem:
         tools = self.split.tools
         assert tools is not None, "calls come only from a tool-call parser"
         return FunctionCallItem(call_id=call.call_id or tools.new_call_id(), name=call.name,
                                 arguments=call.arguments, status=status)
 
-    def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> list[ChatTokenLogprob]:
+    def logprobs_of(self, logprobs: Sequence[TokenLogprobs]) -> list[ChatTokenLogprob]:
+        """The output text's entries of ``logprobs`` (none when the request did not ask for them)."""
         return self.logprobs.chat(logprobs).content if self.logprobs is not None else []
 
     def finished(self, items: list[OutputItem], finish_reason: str, usage: Usage, token_ids: Sequence[int],
@@ -91,9 +92,6 @@ def _reasoning_tokens(token_ids: Sequence[int], end_ids: tuple[int, ...]) -> int
     return len(token_ids)
 
 
-def sse(body: dict[str, Any]) -> bytes:
-    return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
-
 
 class ResponseEvents:
     """One request's stream of events: :meth:`opening`, then :meth:`chunk` for each of its chunks (the last
@@ -119,11 +117,8 @@ class ResponseEvents:
         self._sequence += 1
         return sse(body)
 
-    def _snapshot(self, response: ResponseObject) -> dict[str, Any]:
-        return response.model_dump(mode="json")
-
     def opening(self) -> list[bytes]:
-        shell = self._snapshot(self.render.shell)
+        shell = _json(self.render.shell)
         return [self._event("response.created", response=shell), self._event("response.in_progress", response=shell)]
 
     def chunk(self, chunk: GenerateChunk) -> list[bytes]:
@@ -131,7 +126,7 @@ class ResponseEvents:
         delta = self._stream.feed(chunk.text)
         if chunk.finish_reason:
             delta = delta.then(self._stream.finish())
-        logprobs = self.render._logprobs(chunk.logprobs) if chunk.logprobs else []
+        logprobs = self.render.logprobs_of(chunk.logprobs) if chunk.logprobs else []
         events = self._delta(delta, logprobs)
         if chunk.finish_reason:
             assert chunk.usage is not None, "the last chunk carries the usage"
@@ -140,7 +135,7 @@ class ResponseEvents:
                                             self._reasoned)
             self.response = response
             kind = "response.completed" if response.status == "completed" else "response.incomplete"
-            events.append(self._event(kind, response=self._snapshot(response)))
+            events.append(self._event(kind, response=_json(response)))
         return events
 
     def whole(self) -> bytes | None:
@@ -152,7 +147,7 @@ class ResponseEvents:
         events = self._close("abort")
         response = self.render.shell.model_copy(update={"status": "failed", "output": self._items,
                                                         "error": ResponseError(code=code, message=message)})
-        return [*events, self._event("response.failed", response=self._snapshot(response))]
+        return [*events, self._event("response.failed", response=_json(response))]
 
     def _delta(self, delta: Delta, logprobs: list[ChatTokenLogprob]) -> list[bytes]:
         events: list[bytes] = []
@@ -249,3 +244,7 @@ class ResponseEvents:
                 self._event("response.function_call_arguments.done", item_id=item.id, output_index=index,
                             name=item.name, arguments=item.arguments),
                 self._event("response.output_item.done", output_index=index, item=done.model_dump(mode="json"))]
+
+
+def _json(response: ResponseObject) -> dict[str, Any]:
+    return response.model_dump(mode="json")

@@ -9,7 +9,6 @@ parser or the request offers tools, whose tokens are not the text's.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -18,19 +17,16 @@ from starlette.responses import Response
 
 from services.engine.errors import InvalidRequestError
 from services.gateway.generation import PreparedRequest
+from services.gateway.openai.chat_request import ChatRequest
 from services.gateway.openai.errors import OpenAIError
 from services.gateway.openai.event_stream import respond
 from services.gateway.openai.logprobs_render import LogprobsRender
-from services.gateway.openai.output_split import OutputSplit
-from services.gateway.openai.reasoning.closed import ClosedReasoning
 from services.gateway.openai.request_ids import echoed, request_id_of
 from services.gateway.openai.responses_api.body import OUTPUT_TEXT_LOGPROBS, ResponsesBody
 from services.gateway.openai.responses_api.objects import ResponseObject
 from services.gateway.openai.responses_api.render import ResponseEvents, ResponseRender
 from services.gateway.openai.responses_api.to_chat import chat_body_of
 from services.gateway.openai.running import RunningRequest
-from services.gateway.openai.tool_calling import tool_request_of
-from services.gateway.openai.translate import chat_input
 
 if TYPE_CHECKING:
     from services.gateway.openai.app import Generations
@@ -46,26 +42,22 @@ def add_responses_route(app: FastAPI, generations: Generations) -> None:
         try:
             generations.check(chat)
             request_id, echo = request_id_of(request, "resp", "_")
-            tools = tool_request_of(chat)
-            if chat.logprobs and (parsers.reasoning is not None or tools.offered):
+            run = ChatRequest.of(chat, request_id, parsers)
+            if chat.logprobs and (parsers.reasoning is not None or run.tools.offered):
                 raise OpenAIError(400, f"include: {OUTPUT_TEXT_LOGPROBS} is supported only where the output is all "
                                        f"text: not with tools or a reasoning parser",
                                   param="include")
-            generate = chat_input(chat, request_id, parsers, tools)
-            split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
             shell = ResponseObject.of(body, request_id, model_name)
 
             def render(index: int, prepared: PreparedRequest) -> ResponseRender:
                 logprobs = LogprobsRender(core.tokenizer, chat.return_tokens_as_token_ids) if chat.logprobs else None
-                used = split if split.reasoning is None or not prepared.reasoning_closed else dataclasses.replace(
-                    split, reasoning=ClosedReasoning.of(split.reasoning))
-                return ResponseRender(shell, used, logprobs, parsers.reasoning_end_ids)
+                return ResponseRender(shell, run.split_for(prepared), logprobs, parsers.reasoning_end_ids)
 
             async def answer(choices: Sequence[tuple[RunningRequest, ResponseRender]]) -> Response:
                 ((running, renderer),) = choices
                 return await respond(running, ResponseEvents(renderer), body.stream)
 
-            return echoed(await generations.run(request, [generate], render, chat,
-                                                "tools" if tools.forced else None, answer=answer), echo)
+            return echoed(await generations.run(request, [run.generate], render, chat, run.constraint_param,
+                                                answer=answer), echo)
         except (OpenAIError, InvalidRequestError) as error:
             raise translation.renamed(error) from error

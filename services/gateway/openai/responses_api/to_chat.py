@@ -176,9 +176,9 @@ def _messages(body: ResponsesBody) -> tuple[list[dict[str, Any]], dict[str, str]
             add({"role": "tool", "tool_call_id": _string(item, "call_id", param),
                  "content": _text(item.get("output"), f"{param}.output")}, param)
         else:
-            raise _bad(f"{param}.type", f"expected a message, function_call, function_call_output or reasoning "
-                                        f"item, got {kind!r}" + (" (this server stores no items to refer to)"
-                                                                 if kind == "item_reference" else "")[:300])
+            stored = " (this server stores no items to refer to)" if kind == "item_reference" else ""
+            raise _bad(f"{param}.type", (f"expected a message, function_call, function_call_output or reasoning "
+                                         f"item, got {kind!r}"[:300] + stored))
     return messages, origins
 
 
