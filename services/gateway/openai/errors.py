@@ -2,8 +2,8 @@
 
 ``{"error": {"message", "type", "param", "code"}}``; on ``/v1/messages``, ``{"type": "error", "error": {"type",
 "message"}}`` (``OpenAIError.response(path)``, which the handlers and middlewares call with the request's
-path). Bad input is 400 ``invalid_request_error`` with ``param`` naming the field (malformed JSON and schema errors included: FastAPI's 422 is replaced), an
-unknown model 404 ``model_not_found``, an oversized body 413. The gateway's named errors map by their gRPC
+path). Bad input is 400 ``invalid_request_error`` with ``param`` naming the field (malformed JSON and schema
+errors included: FastAPI's 422 is replaced), an unknown model 404 ``model_not_found``, an oversized body 413. The gateway's named errors map by their gRPC
 status (``services.common.errors.status_of``): ``INVALID_ARGUMENT`` 400, ``RESOURCE_EXHAUSTED`` 429,
 ``UNAVAILABLE`` 503 (no healthy node, draining, a node that failed), ``DEADLINE_EXCEEDED`` 504, anything
 else a node answered 502. Any other exception is a bug: 500, logged with its traceback.
