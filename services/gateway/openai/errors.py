@@ -1,12 +1,13 @@
 """OpenAI's error shape (Anthropic's on ``/v1/messages``) and the HTTP status of every error the front can meet.
 
 ``{"error": {"message", "type", "param", "code"}}``; on ``/v1/messages``, ``{"type": "error", "error": {"type",
-"message"}}`` (``OpenAIError.response(path)``, which the handlers and middlewares call with the request's
-path). Bad input is 400 ``invalid_request_error`` with ``param`` naming the field (malformed JSON and schema
-errors included: FastAPI's 422 is replaced), an unknown model 404 ``model_not_found``, an oversized body 413. The gateway's named errors map by their gRPC
-status (``services.common.errors.status_of``): ``INVALID_ARGUMENT`` 400, ``RESOURCE_EXHAUSTED`` 429,
-``UNAVAILABLE`` 503 (no healthy node, draining, a node that failed), ``DEADLINE_EXCEEDED`` 504, anything
-else a node answered 502. Any other exception is a bug: 500, logged with its traceback.
+"message"}}`` (``OpenAIError.response(path)``, which the handlers and middlewares call with the request's path).
+Bad input is 400 ``invalid_request_error`` with ``param`` naming the field (malformed JSON and schema errors
+included: FastAPI's 422 is replaced), an unknown model 404 ``model_not_found``, an oversized body 413. The
+gateway's named errors map by their gRPC status (``services.common.errors.status_of``): ``INVALID_ARGUMENT``
+400, ``RESOURCE_EXHAUSTED`` 429, ``UNAVAILABLE`` 503 (no healthy node, draining, a node that failed),
+``DEADLINE_EXCEEDED`` 504, anything else a node answered 502. Any other exception is a bug: 500, logged with its
+traceback.
 """
 
 from __future__ import annotations
