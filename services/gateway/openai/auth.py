@@ -14,7 +14,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.api_keys import MISSING, ApiKeys, bearer
-from services.gateway.openai.errors import ANTHROPIC_PATH, OpenAIError
+from services.gateway.openai.errors import OpenAIError, is_anthropic_path
 
 PROTECTED_EXACT = frozenset({"/v1", "/tokenize", "/detokenize"})
 
@@ -45,13 +45,13 @@ class ApiKeyAuth:
         headers = scope.get("headers", ())
         header = next((value for name, value in headers if name == b"authorization"), None)
         path = scope.get("path", "")
-        if header is None and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")):
+        if header is None and is_anthropic_path(path):
             key = next((value for name, value in headers if name == b"x-api-key"), None)  # the anthropic package's
             header = b"Bearer " + key if key is not None else None
         problem = self.keys.check(bearer(header.decode("latin-1") if header is not None else None))
         if problem is None:
             await self.app(scope, receive, send)
             return
-        response = unauthorized(problem).response(scope.get("path", ""))
+        response = unauthorized(problem).response(path)
         response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)

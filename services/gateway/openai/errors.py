@@ -51,6 +51,11 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
                    503: "overloaded_error"}
 
 
+def is_anthropic_path(path: str) -> bool:
+    """``path`` is Anthropic's Messages API (``/v1/messages`` or under it)."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
 def anthropic_response(status: int, message: str) -> JSONResponse:
     """``{"type": "error", "error": {"type", "message"}}``, the type by the status (``api_error`` otherwise)."""
     return JSONResponse({"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"),
@@ -71,7 +76,7 @@ class OpenAIError(Exception):
 
     def response(self, path: str = "") -> JSONResponse:
         """In OpenAI's shape, or Anthropic's for a request to ``ANTHROPIC_PATH``."""
-        if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        if is_anthropic_path(path):
             return anthropic_response(self.status, self.detail.message)
         return JSONResponse(self.body().model_dump(), status_code=self.status)
 

@@ -24,21 +24,27 @@ class SplitOutput:
 
 @dataclass
 class Delta:
-    """What a streamed piece of output adds: reasoning, content, and the calls that closed in it; ``pieces``:
-    the answer's content and calls in the order they came (the Responses API makes items of them)."""
+    """What a streamed piece of output adds: reasoning, and the answer's ``pieces`` (content text and the calls
+    that closed in it) in the order they came; ``content`` and ``calls`` are the pieces' (the Responses and
+    Messages APIs make items of the pieces themselves)."""
 
     reasoning: str = ""
-    content: str = ""
-    calls: list[ParsedToolCall] = field(default_factory=list)
     pieces: list[StreamPiece] = field(default_factory=list)
+
+    @property
+    def content(self) -> str:
+        return "".join(piece.content for piece in self.pieces)
+
+    @property
+    def calls(self) -> list[ParsedToolCall]:
+        return [piece.call for piece in self.pieces if piece.call is not None]
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.calls)
 
     def then(self, later: Delta) -> Delta:
         """This delta followed by ``later`` (reasoning always precedes the answer)."""
-        return Delta(self.reasoning + later.reasoning, self.content + later.content, self.calls + later.calls,
-                     self.pieces + later.pieces)
+        return Delta(self.reasoning + later.reasoning, self.pieces + later.pieces)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,11 @@ class StreamSplit:
     def __init__(self, reasoning: ReasoningStream | None, tools: ToolStream | None) -> None:
         self.reasoning, self.tools = reasoning, tools
 
+    def read(self, text: str, last: bool) -> Delta:
+        """What a chunk's ``text`` adds; the ``last`` chunk's includes everything held back."""
+        delta = self.feed(text)
+        return delta.then(self.finish()) if last else delta
+
     def feed(self, text: str) -> Delta:
         delta = Delta()
         if not text:
@@ -86,21 +97,12 @@ class StreamSplit:
             delta.reasoning = split.reasoning
             self._answer(split.content, delta)
         if self.tools is not None:
-            _add(self.tools.finish(), delta)
+            delta.pieces += self.tools.finish()
         return delta
 
     def _answer(self, text: str, delta: Delta) -> None:
         if self.tools is None:
-            delta.content += text
             if text:
                 delta.pieces.append(StreamPiece(content=text))
         elif text:
-            _add(self.tools.feed(text), delta)
-
-
-def _add(pieces: list[StreamPiece], delta: Delta) -> None:
-    delta.pieces += pieces
-    for piece in pieces:
-        delta.content += piece.content
-        if piece.call is not None:
-            delta.calls.append(piece.call)
+            delta.pieces += self.tools.feed(text)

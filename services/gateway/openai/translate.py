@@ -231,9 +231,7 @@ class ChatRenderer:
     def chunk(self, chunk: GenerateChunk, first: bool) -> out.ChatCompletionChunk | None:
         if self._stream is None:
             self._stream = self.split.stream()
-        delta = self._stream.feed(chunk.text)
-        if chunk.finish_reason:
-            delta = delta.then(self._stream.finish())
+        delta = self._stream.read(chunk.text, last=bool(chunk.finish_reason))
         if not delta and not chunk.finish_reason and not first and not chunk.logprobs:
             return None
         calls = [out.ToolCallDelta(index=self._calls_sent + i, **self._call(call).model_dump())

@@ -54,7 +54,6 @@ class MessageEvents:
         self._blocks: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the text or thinking block text is streaming into
         self._held = ""  # blank text, until text that is not blank follows
-        self._calls = 0
         self.message: dict[str, Any] | None = None  # once finished
 
     def _shell(self) -> dict[str, Any]:
@@ -66,9 +65,7 @@ class MessageEvents:
         return [sse({"type": "message_start", "message": {**self._shell(), "usage": usage}})]
 
     def chunk(self, chunk: GenerateChunk) -> list[bytes]:
-        delta = self._stream.feed(chunk.text)
-        if chunk.finish_reason:
-            delta = delta.then(self._stream.finish())
+        delta = self._stream.read(chunk.text, last=bool(chunk.finish_reason))
         events: list[bytes] = []
         if delta.reasoning:
             events += self._text("thinking", delta.reasoning)
@@ -101,7 +98,7 @@ class MessageEvents:
     def _stop_reason(self, chunk: GenerateChunk) -> tuple[str, str | None]:
         if chunk.finish_reason == "length":
             return "max_tokens", None
-        if self._calls and chunk.finish_reason == "stop":
+        if chunk.finish_reason == "stop" and any(block["type"] == "tool_use" for block in self._blocks):
             return "tool_use", None
         if chunk.stop_string is not None:
             return "stop_sequence", chunk.stop_string
@@ -141,7 +138,6 @@ class MessageEvents:
         block = {"type": "tool_use", "id": call_id or f"toolu_{uuid.uuid4().hex[:24]}", "name": name,
                  "input": json.loads(arguments)}
         self._blocks.append(block)
-        self._calls += 1
         return [sse({"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}),
                 sse({"type": "content_block_delta", "index": index,
                      "delta": {"type": "input_json_delta", "partial_json": arguments}}),

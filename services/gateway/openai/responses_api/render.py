@@ -92,7 +92,6 @@ def _reasoning_tokens(token_ids: Sequence[int], end_ids: tuple[int, ...]) -> int
     return len(token_ids)
 
 
-
 class ResponseEvents:
     """One request's stream of events: :meth:`opening`, then :meth:`chunk` for each of its chunks (the last
     one, which has the finish reason, ends the response: then :attr:`response` is the whole response), or
@@ -123,9 +122,7 @@ class ResponseEvents:
 
     def chunk(self, chunk: GenerateChunk) -> list[bytes]:
         self._token_ids += chunk.token_ids
-        delta = self._stream.feed(chunk.text)
-        if chunk.finish_reason:
-            delta = delta.then(self._stream.finish())
+        delta = self._stream.read(chunk.text, last=bool(chunk.finish_reason))
         logprobs = self.render.logprobs_of(chunk.logprobs) if chunk.logprobs else []
         events = self._delta(delta, logprobs)
         if chunk.finish_reason:
@@ -220,12 +217,11 @@ class ResponseEvents:
             part: ReasoningText | OutputText = ReasoningText(text=text)
             done = [self._event("response.reasoning_text.done", item_id=item.id, output_index=index,
                                 content_index=0, text=text)]
-            item = item.model_copy(update={"content": [part], "status": status})
         else:
             part = OutputText(text=text, logprobs=self._logprobs)
             done = [self._event("response.output_text.done", item_id=item.id, output_index=index, content_index=0,
                                 text=text, logprobs=[lp.model_dump() for lp in self._logprobs])]
-            item = item.model_copy(update={"content": [part], "status": status})
+        item = item.model_copy(update={"content": [part], "status": status})
         done += [self._event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
                              part=part.model_dump(mode="json")),
                  self._event("response.output_item.done", output_index=index, item=item.model_dump(mode="json"))]
