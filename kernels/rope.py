@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.rope_scaling import RopeScaling, rope_frequencies
+from kernels.rope_frequencies import rope_frequencies
+from kernels.rope_scaling import RopeScaling
 
 
 class RotaryEmbedding:

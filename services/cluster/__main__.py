@@ -20,6 +20,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.cluster.local import ClusterSpec, LocalCluster, key_metadata, start_cluster
 from services.common.tls.ca import role_dns
+from services.engine.model_files import cache_dir
 
 USAGE = """
 pdserve is up: gateway {gateway}
@@ -107,8 +108,6 @@ def internal_usage(cluster: LocalCluster) -> str:
 def admin_link(gateway: str) -> Path:
     """Where the launcher links its admin certificate directory: ``$PDSERVE_CACHE_DIR/run/<gateway port>/admin``
     (default ``~/.cache/pdserve/run/50051/admin`` under ``make run``), a fixed path the runbook can name."""
-    from services.engine.tokenizer import cache_dir  # transformers: only once a cluster runs
-
     return cache_dir() / "run" / gateway.rsplit(":", 1)[-1] / "admin"
 
 

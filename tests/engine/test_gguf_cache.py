@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.weights import gguf_cache, gguf_loader, load_model_config, load_weights
+from services.engine.weights import gguf_cache_config, gguf_loader, gguf_metadata, load_model_config, load_weights
 from tests.engine.test_gguf_families import _write
 from tests.engine.tiny_gguf import mixed
 
@@ -27,7 +27,7 @@ def _same(a, b) -> None:
 # experts (shared slices), rope scaling, Granite's scalars, Gemma 2's windows and caps
 @pytest.mark.parametrize("family", ["qwen3_moe", "llama3-bias", "granite", "gemma2"])
 def test_a_second_load_reads_the_entry_without_opening_the_file(family, tmp_path, monkeypatch):
-    monkeypatch.setenv(gguf_cache.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_cache_config.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
     _, path = _write(family, tmp_path, mixed)
     first = load_weights(path, keep_q4=True)
     assert first.quantized, "the mixed file has Q4 tensors"
@@ -37,27 +37,27 @@ def test_a_second_load_reads_the_entry_without_opening_the_file(family, tmp_path
         raise AssertionError("the GGUF file was opened although the cache holds it")
 
     monkeypatch.setattr(gguf_loader, "load_gguf", no_gguf)
-    monkeypatch.setattr(gguf_loader, "read_gguf_config", no_gguf)
+    monkeypatch.setattr(gguf_metadata, "read_gguf_config", no_gguf)
     _same(first, load_weights(path, keep_q4=True))
     assert load_weights(path).quantized == {}, "keep_q4=False drops the codes"
     assert load_model_config(path) == first.config
 
     entry.write_bytes(entry.read_bytes()[:1000])  # damaged: loaded from the file again and rewritten
     monkeypatch.undo()
-    monkeypatch.setenv(gguf_cache.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_cache_config.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
     _same(first, load_weights(path, keep_q4=True))
     assert entry.stat().st_size > 1000
 
 
 def test_a_rewritten_file_gets_its_own_entry_and_no_variable_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv(gguf_cache.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_cache_config.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
     _, path = _write("qwen3", tmp_path)
     before = load_weights(path)
     _write("qwen3", tmp_path, mixed)  # the same path, other bytes
     after = load_weights(path)
     assert len(list((tmp_path / "cache").iterdir())) == 2
     assert not all(torch.equal(before.tensors[k], after.tensors[k]) for k in before.tensors)
-    monkeypatch.delenv(gguf_cache.CACHE_DIR_VARIABLE)
+    monkeypatch.delenv(gguf_cache_config.CACHE_DIR_VARIABLE)
     _, other = _write("qwen2", tmp_path)
     load_weights(other)
     assert len(list((tmp_path / "cache").iterdir())) == 2

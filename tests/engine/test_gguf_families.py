@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from kernels.int4_linear import int4_supported
-from kernels.rope_scaling import rope_frequencies
+from kernels.rope_frequencies import rope_frequencies
 from services.engine.errors import ModelLoadError
 from services.engine.model.decoder import DecoderModel
 from services.engine.model.registry import model_class
 from services.engine.weights import load_model_config, load_weights
-from services.engine.weights.gguf_loader import read_gguf_config
+from services.engine.weights.gguf_metadata import read_gguf_config
 from tests.engine.tiny_gguf import (
     Q4_0,
     all_f32,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -146,25 +147,26 @@ async def test_drain_cancels_what_is_left_after_the_grace_period(cluster):
 
 
 async def test_the_gateway_process_serves_and_exits_cleanly_on_sigterm(cluster):
-    """``python -m services.gateway`` against the fake nodes: health, ClusterStatus, Generate, SIGTERM."""
+    """``python -m services.gateway`` against the fake nodes: health, ClusterStatus, Generate, SIGTERM; the
+    process never maps torch's libraries (``services.gateway.torch_free``)."""
     args = ("--prefill", cluster.p.address, "--decode", cluster.d.address, "--log-level", "warning")
 
     def run_process(ready: asyncio.Future, done: asyncio.Event, loop: asyncio.AbstractEventLoop) -> int:
         with launch("services.gateway", *args, stderr=subprocess.DEVNULL, startup_timeout_s=60) as node:
-            loop.call_soon_threadsafe(ready.set_result, node.address)
+            loop.call_soon_threadsafe(ready.set_result, (node.address, node.process.pid))
             asyncio.run_coroutine_threadsafe(done.wait(), loop).result(60)
             node.process.send_signal(signal.SIGTERM)
             return node.process.wait(10)
 
     loop = asyncio.get_running_loop()
-    ready: asyncio.Future[str] = loop.create_future()
+    ready: asyncio.Future[tuple[str, int]] = loop.create_future()
     done = asyncio.Event()
     exited = asyncio.ensure_future(asyncio.to_thread(run_process, ready, done, loop))
     try:
         await asyncio.wait({ready, exited}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         if exited.done():
             exited.result()  # the process failed to start: raise why
-        address = ready.result()
+        address, pid = ready.result()
         async with grpc.aio.insecure_channel(address) as channel:
             health = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service="pdserve.v1.Gateway"))
@@ -175,6 +177,7 @@ async def test_the_gateway_process_serves_and_exits_cleanly_on_sigterm(cluster):
                                                                       cluster.d.address: True}
             replies = [r async for r in stub.Generate(gateway_pb2.GenerateRequest(prompt="Hi"), timeout=5)]
             assert replies[-1].finish_reason == "length"
+        assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text(), "the gateway process loaded torch"
     finally:
         done.set()
         assert await asyncio.wait_for(exited, 20) == 0

@@ -1,6 +1,3 @@
-"""The decoder of every supported family, its configuration and the registry of families."""
-
-from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.decoder import DecoderModel
-
-__all__ = ["DecoderModel", "MoEConfig", "ModelConfig"]
+"""The decoder of every supported family (``decoder``), its configuration (``config``) and the registry of
+families (``registry``). The package itself imports nothing: its configuration half is torch-free, and the
+gateway reads it without loading torch."""

@@ -19,7 +19,6 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import structlog
 import torch
@@ -27,26 +26,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from kernels.int4_linear import GroupQuantized
-from kernels.rope_scaling import RopeScaling
-from services.engine.model.config import GemmaConfig, LatentAttention, ModelConfig, MoEConfig, Multipliers
-from services.engine.weights.digest import weights_digest
+from services.engine.weights.gguf_cache_config import cache_dir, config_from_dict, entry_path
 from services.engine.weights.loader import LoadedWeights
 
 log = structlog.get_logger(__name__)
 
-CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
-VERSION = 3  # of the entry's layout; bumped when it or the loader's output changes
 _Q4 = ("q4.codes.", "q4.scales.", "q4.offsets.")
-
-
-def cache_dir() -> Path | None:
-    value = os.environ.get(CACHE_DIR_VARIABLE, "")
-    return Path(value) if value else None
-
-
-def entry_path(directory: Path, path: Path) -> Path:
-    """Named by the file's bytes (:func:`weights_digest`: a file rewritten in place gets a new entry)."""
-    return directory / f"{weights_digest(path)}-v{VERSION}.safetensors"
 
 
 def cached(path: Path, keep_q4: bool, load: Callable[[bool], LoadedWeights]) -> LoadedWeights:
@@ -60,16 +45,6 @@ def cached(path: Path, keep_q4: bool, load: Callable[[bool], LoadedWeights]) -> 
         found = load(True)
         _write(entry, found)
     return found if keep_q4 or not found.quantized else dataclasses.replace(found, quantized={})
-
-
-def cached_config(path: Path, read: Callable[[], ModelConfig]) -> ModelConfig:
-    """The configuration from a cache entry's metadata when there is one, else ``read()``."""
-    directory = cache_dir()
-    entry = entry_path(directory, path) if directory is not None else None
-    if entry is not None and entry.is_file():
-        with contextlib.suppress(Exception), safe_open(str(entry), "pt") as file:
-            return config_from_dict(json.loads(file.metadata()["pdserve"])["config"])
-    return read()
 
 
 def _read(entry: Path, source: Path) -> LoadedWeights | None:
@@ -119,27 +94,3 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[name] = tensor.clone() if pointer in seen else tensor
         seen.add(pointer)
     return out
-
-
-def config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """The inverse of ``dataclasses.asdict`` on a :class:`ModelConfig` (JSON lists back to tuples)."""
-    data = dict(data)
-    data["eos_token_ids"] = tuple(data["eos_token_ids"])
-    if data.get("rope_scaling") is not None:
-        rope = dict(data["rope_scaling"])
-        for key in ("freq_factors", "short_factor"):
-            if rope.get(key) is not None:
-                rope[key] = tuple(rope[key])
-        data["rope_scaling"] = RopeScaling(**rope)
-    if data.get("moe") is not None:
-        data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})
-    data["layer_windows"] = tuple(data.get("layer_windows") or ())
-    data["nope_layers"] = tuple(data.get("nope_layers") or ())
-    data["local_rope_layers"] = tuple(data.get("local_rope_layers") or ())
-    if data.get("gemma") is not None:
-        data["gemma"] = GemmaConfig(**data["gemma"])
-    if data.get("multipliers") is not None:
-        data["multipliers"] = Multipliers(**data["multipliers"])
-    if data.get("mla") is not None:
-        data["mla"] = LatentAttention(**data["mla"])
-    return ModelConfig(**data)

@@ -5,7 +5,6 @@ directory lacks is refused by name."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -13,35 +12,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import ModelConfig
-from services.engine.model.hf_config import eos_ids
-from services.engine.model.registry import config_from_hf, tensor_renamer
+from services.engine.model.registry import tensor_renamer
 from services.engine.weights.fp8_blocks import dequantize_fp8_blocks, fp8_block_size
 from services.engine.weights.loader import LoadedWeights
+from services.engine.weights.model_config_reader import hf_dir_config, read_hf_config
 
 INDEX = "model.safetensors.index.json"
-
-
-def read_hf_config(path: Path) -> dict:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from exc
-
-
-def hf_dir_config(path: Path) -> ModelConfig:
-    """``config.json``'s model, with every EOS id ``generation_config.json`` adds (Llama 3 Instruct ends turns
-    with ids its ``config.json`` does not list)."""
-    config = config_from_hf(read_hf_config(path))
-    generation = path / "generation_config.json"
-    if not generation.is_file():
-        return config
-    try:
-        extra = eos_ids(json.loads(generation.read_text()).get("eos_token_id"))
-    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{generation}: unreadable ({exc})") from exc
-    merged = tuple(dict.fromkeys((*config.eos_token_ids, *extra)))
-    return dataclasses.replace(config, eos_token_ids=merged)
 
 
 def shard_files(path: Path) -> list[Path]:

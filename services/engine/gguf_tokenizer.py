@@ -1,0 +1,76 @@
+"""A GGUF file's tokenizer, converted once into a transformers tokenizer directory under
+``$PDSERVE_CACHE_DIR/tokenizers`` (default ``~/.cache/pdserve``), keyed by the file's name, size and mtime:
+building it from the file's metadata takes seconds.
+
+transformers reads GGUF metadata only with torch importable. A process that runs no model (the gateway) keeps
+torch out, so there the conversion runs once in a helper process, ``python -m services.engine.gguf_tokenizer FILE``,
+which writes the same directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from services.engine.model_files import cache_dir
+
+GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama"}
+"""llama.cpp architectures whose GGUF tokenizer transformers does not read by name, and the architecture whose
+reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields."""
+
+
+def converted_dir(path: Path) -> Path:
+    """The tokenizer directory of the GGUF file ``path``, converting it first where it is not there yet."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    directory = cache_dir() / "tokenizers" / key
+    if not (directory / "tokenizer_config.json").is_file():
+        from transformers.utils import is_torch_available
+
+        if is_torch_available():
+            _convert(path, directory)
+        else:
+            _convert_in_a_helper(path)
+    return directory
+
+
+def _convert(path: Path, directory: Path) -> None:
+    from transformers import AutoTokenizer
+
+    _read_gguf_tokenizers_as_their_kin()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent))
+    tokenizer.save_pretrained(str(staging))
+    try:
+        staging.rename(directory)
+    except OSError:  # another process saved it first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _convert_in_a_helper(path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "services.engine.gguf_tokenizer", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"{path}: its tokenizer could not be read from the GGUF metadata ({last})")
+
+
+def _read_gguf_tokenizers_as_their_kin() -> None:
+    """Lets transformers' GGUF reader take the architectures of :data:`GGUF_TOKENIZER_AS` (its table of
+    architectures gains each, with its kin's metadata names); only the tokenizer is read from it here."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reading
+
+    names = gguf_reading.GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    for architecture, kin in GGUF_TOKENIZER_AS.items():
+        if architecture not in gguf_reading.GGUF_SUPPORTED_ARCHITECTURES:
+            names.setdefault(architecture, names[kin])
+            gguf_reading.GGUF_SUPPORTED_ARCHITECTURES.append(architecture)
+
+
+if __name__ == "__main__":
+    converted_dir(Path(sys.argv[1]))

@@ -1,0 +1,98 @@
+"""A GGUF file's metadata and what it says of the model (:func:`read_gguf_config`), torch-free: the gateway
+reads a GGUF model's configuration without loading its weights (numpy and the ``gguf`` package only)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader, ReaderTensor, quants
+
+from kernels.rope_scaling import RopeScaling
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, END_OF_TURN_KEY, END_OF_TURN_TEXT
+from services.engine.model.registry import config_from_gguf
+from services.engine.weights.gguf_names import GEMMA_ARCHITECTURES, ROPE_FREQS, TensorRole, tensor_role
+
+_EMBEDDING = "token_embd.weight"
+
+
+def read_fields(reader: GGUFReader) -> dict[str, Any]:
+    """Scalar and string metadata of the file (token lists are skipped: the tokenizer reads them), plus
+    :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``;
+    for Gemma 2 and 3, :data:`END_OF_TURN_KEY`."""
+    fields: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
+            continue
+        fields[key] = field.contents()
+    embedding = next((t for t in reader.tensors if t.name == _EMBEDDING), None)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None and fields.get("general.architecture") in GEMMA_ARCHITECTURES:
+        texts = tokens.contents()
+        if END_OF_TURN_TEXT in texts:
+            fields[END_OF_TURN_KEY] = texts.index(END_OF_TURN_TEXT)
+    if embedding is not None:
+        fields[DERIVED_VOCAB_KEY] = int(embedding.shape[-1])  # GGUF shapes are innermost first: [hidden, vocab]
+    elif tokens is not None:
+        fields[DERIVED_VOCAB_KEY] = len(tokens.data)
+    return fields
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        if "GGMLQuantizationType" in str(exc):  # the reader fails before it can name the tensor
+            raise ModelLoadError(f"{path}: a tensor has a quant type the gguf package does not know, so pdserve "
+                                 f"cannot dequantize it ({exc})") from exc
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
+
+
+def read_gguf_config(path: Path) -> ModelConfig:
+    """The configuration :func:`load_gguf` would give, without dequantising the weights."""
+    reader = open_gguf(path)
+    fields = read_fields(reader)
+    roles = tensor_roles(reader, fields)
+    rope_freqs = next((dequantize(t) for t, role in roles if role.kind == "rope_freqs"), None)
+    return complete_config(config_from_gguf(fields), {t.name for t in reader.tensors}, rope_freqs)
+
+
+def tensor_roles(reader: GGUFReader, fields: dict[str, Any]) -> list[tuple[ReaderTensor, TensorRole]]:
+    architecture = str(fields.get("general.architecture", ""))
+    return [(tensor, tensor_role(tensor.name, architecture)) for tensor in reader.tensors]
+
+
+def dequantize(tensor: ReaderTensor) -> np.ndarray:
+    """Float32, C-contiguous and writeable (memory-mapped F32 tensors are copied)."""
+    try:
+        array = quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise ModelLoadError(f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which pdserve "
+                             f"cannot dequantize ({exc})") from exc
+    array = np.asarray(array, dtype=np.float32)
+    if not array.flags.writeable or not array.flags.c_contiguous:
+        array = np.array(array, order="C")
+    return array
+
+
+def complete_config(config: ModelConfig, names: set[str], rope_freqs: np.ndarray | None) -> ModelConfig:
+    """What the metadata does not say: a tied head (no ``output.weight``), attention biases (llama.cpp's
+    llama graph takes them where present; Qwen2 always has q/k/v ones) and the ``rope_freqs`` divisors."""
+    layer_tensors = {name.split(".", 2)[-1] for name in names if name.startswith("blk.")}
+    changes: dict[str, Any] = {
+        "tie_word_embeddings": "output.weight" not in names,
+        "qkv_bias": config.qkv_bias or "attn_q.bias" in layer_tensors,
+        "o_bias": config.o_bias or "attn_output.bias" in layer_tensors,
+    }
+    if rope_freqs is not None:
+        factors = rope_freqs.reshape(-1)
+        if factors.size != config.head_dim // 2:
+            raise ModelLoadError(f"GGUF tensor {ROPE_FREQS!r} has {factors.size} factors; head_dim "
+                                 f"{config.head_dim} needs {config.head_dim // 2}")
+        scaling = config.rope_scaling or RopeScaling()
+        changes["rope_scaling"] = dataclasses.replace(scaling, freq_factors=tuple(float(f) for f in factors))
+    return dataclasses.replace(config, **changes)
