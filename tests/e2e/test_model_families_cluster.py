@@ -31,9 +31,9 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # with its shared MLP, ERNIE 4.5 as its MoE (its interleaved rope with the experts), latent attention as DeepSeek-V3
 # (the others differ only in how the config and tensors are read, in the rope tables and in the routing, which the
 # engine's family test covers; Seed-OSS's layer is Qwen2's with an o_proj bias; OLMo 2's runs as OLMo 3's, which adds
-# sliding layers with their own rope)
+# sliding layers with their own rope; OLMoE's is MiniMax-M2's whole-projection q/k norms with Qwen3-MoE's routing)
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
-                                           "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2"})
+                                           "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe"})
 # the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
 # are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
 PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3"}

@@ -87,11 +87,11 @@ def test_a_config_missing_a_field_names_it(checkpoint):
 
 
 def test_an_unknown_architecture_is_refused_listing_the_supported_ones(checkpoint):
-    _edit_config(checkpoint, model_type="olmoe", architectures=["OlmoeForCausalLM"])
+    _edit_config(checkpoint, model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"])
     supported = ("llama, smollm3, granite, granitemoe, granitemoeshared, qwen2, qwen3, seed_oss, mistral, mixtral, "
-                 "qwen2_moe, qwen3_moe, phi3, gpt_oss, glm4, olmo2, olmo3, ernie4_5, ernie4_5_moe, glm4_moe, "
+                 "qwen2_moe, qwen3_moe, phi3, gpt_oss, glm4, olmo2, olmo3, olmoe, ernie4_5, ernie4_5_moe, glm4_moe, "
                  "deepseek_v3, deepseek_v2, kimi_k2, glm4_moe_lite, minimax_m2, gemma2, gemma3_text, gemma3")
-    with pytest.raises(ModelLoadError, match=rf"'olmoe'.*{supported}"):
+    with pytest.raises(ModelLoadError, match=rf"'qwen3_next'.*{supported}"):
         _load(checkpoint)
 
 

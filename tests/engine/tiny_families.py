@@ -21,7 +21,7 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
 RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
-                "glm4_moe_lite", "minimax_m2"}
+                "glm4_moe_lite", "minimax_m2", "olmoe"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2",
                  "seed_oss"}
@@ -137,6 +137,9 @@ FAMILIES: dict[str, dict] = {
                           rms_norm_eps=1e-5),  # GLM-4.7-Flash's (its latent norms keep 1e-6, as transformers')
     # MiniMax-M2: q/k normed over all heads at once (norms drawn at random), rope on half of each head (the
     # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
+    # OLMoE: OLMo 2's whole-projection q/k norms in a pre-norm layer, softmax-routed experts on every layer
+    "olmoe": dict(model_type="olmoe", num_experts=8, num_experts_per_tok=2, intermediate_size=48, rope_theta=10000.0,
+                  tie_word_embeddings=False, pad_token_id=0),
     "minimax_m2": dict(model_type="minimax_m2", head_dim=32, rotary_dim=16, num_local_experts=8,
                        num_experts_per_tok=2, intermediate_size=48, rope_theta=5000000.0, tie_word_embeddings=False),
     # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k

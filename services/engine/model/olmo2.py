@@ -6,7 +6,8 @@ layer (:class:`Olmo2DecoderModel`):
 - q and k normed over all their heads at once (``q_norm`` of ``heads * head_dim``), before they split into heads
   and rotate.
 
-OLMo 3 (``olmo3``, :mod:`services.engine.model.olmo3`) adds sliding layers with their own rope; OLMoE is not served.
+OLMo 3 (``olmo3``, :mod:`services.engine.model.olmo3`) adds sliding layers with their own rope;
+OLMoE (:mod:`services.engine.model.olmoe`) keeps Llama's pre-norm layer with these q/k norms.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("olmo3", "services.engine.model.olmo3", ("olmo3",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
+    Family("olmoe", "services.engine.model.olmoe", ("olmoe",)),
     Family("ernie4_5", "services.engine.model.ernie4_5", ("ernie4_5", "ernie4_5_moe"),
            tensor_names="services.engine.model.ernie4_5:ernie4_5_tensor_name"),
     Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe",),

@@ -1,0 +1,34 @@
+"""AllenAI's OLMoE (OLMoE-1B-7B; ``OlmoeForCausalLM``, ``olmoe``): Llama's pre-norm layer with
+
+- q and k each normed over all their heads at once before rope (``q_norm`` of ``heads * head_dim``, as OLMo 2's:
+  :attr:`~services.engine.model.config.ModelConfig.qk_norm_whole`);
+- experts on every layer, routed as Qwen-MoE's: the softmax of the router's logits over all experts, the top-k of
+  it, renormalised only with ``norm_topk_prob`` (off in the released checkpoints); no shared expert.
+
+Its checkpoints name the MLP as Qwen-MoE's (``mlp.gate``, ``mlp.experts.{e}.gate_proj|up_proj|down_proj``).
+``clip_qkv`` (null in the released checkpoints) is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.hf_config import base_fields, required
+
+ARCHITECTURE = "olmoe"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    cfg = {"rms_norm_eps": 1e-5, **cfg}  # OlmoeConfig's default
+    if cfg.get("clip_qkv") is not None:
+        raise ModelLoadError(f"olmoe: clip_qkv {cfg['clip_qkv']!r} is not supported (only null, as released)")
+    fields = base_fields(cfg, ARCHITECTURE)
+    moe = MoEConfig(num_experts=int(required(cfg, "num_experts")), top_k=int(required(cfg, "num_experts_per_tok")),
+                    intermediate_size=fields["intermediate_size"],
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                    sparse_layers=tuple(range(fields["num_layers"])))
+    bias = bool(cfg.get("attention_bias", False))
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_whole=True, moe=moe)
