@@ -302,6 +302,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         for item in planned.batch.scheduled:  # finish as "stop" once nothing more may follow
             item.request.grammar_complete = item.request.request_id in sampled.completed
             item.request.prompt_logprobs += sampled.prompt_logprobs.get(item.request.request_id, ())
+            if item.request.request_id in sampled.embeddings:
+                item.request.embedding = sampled.embeddings[item.request.request_id]
         advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
         outputs = [self._output(request, sampled.logprobs.get(request.request_id)) for request in advanced]
@@ -319,6 +321,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [])
         if request.num_output_tokens == 1 and request.sampling.prompt_logprobs is not None:
             out.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, []  # with the first token
+        if request.embed and request.num_output_tokens == 1:
+            out.embedding = request.embedding
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
             ended_by_token = request.status is RequestStatus.FINISHED_STOPPED and isinstance(request.stop_reason, int)

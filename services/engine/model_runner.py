@@ -100,6 +100,10 @@ class ModelRunner:
             _row_paths(batch, device) if self.model.deterministic else None,
         )
         samples = sample_step(self.model.logits(hidden[:len(samplers)]), samplers) if samplers else StepSamples()
+        embedding_rows = [(i, r.request_id) for i, r in enumerate(samplers) if r.embed]
+        if embedding_rows:  # the final-normed state of the last prompt token, before the LM head
+            states = hidden[[i for i, _ in embedding_rows]].float().cpu()
+            samples.embeddings = {rid: states[n].tolist() for n, (_, rid) in enumerate(embedding_rows)}
         if prompt_rows:
             entries = iter(_prompt_logprobs(self.model, hidden[len(samplers):], prompt_rows))
             samples.prompt_logprobs = {rid: [next(entries) for _ in range(n)] for rid, n in prompt_askers}

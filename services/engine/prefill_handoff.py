@@ -20,6 +20,7 @@ class HandoffPlan:
 
     skip_blocks: int = 0  # leading blocks the decode node already holds: never read out
     by_reference: bool = False  # its decode node copies blocks out of this pool (CUDA IPC): give ids
+    embed: bool = False  # an embedding request: its KV never leaves (nothing is read out); see FirstToken
 
 
 @dataclass
@@ -42,6 +43,9 @@ class FirstToken:
     cached_tokens: int
     logprob: TokenLogprobs | None = None  # when the request asks for logprobs
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # when it asks for prompt logprobs: prompt tokens 1..
+    # an embedding request's result (HandoffPlan.embed): the final hidden state of its last prompt token, float32
+    # (the token itself means nothing to it)
+    embedding: list[float] | None = None
 
 
 @dataclass

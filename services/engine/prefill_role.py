@@ -5,7 +5,7 @@ cache-store (``prefix_claims.py``).
 A mixin of :class:`~services.engine.engine.LLMEngine`: the methods run under the engine lock (the node
 calls them through ``EngineWorker.call``, e.g. ``await worker.call(LLMEngine.admit_prefill, ...)``;
 :meth:`PrefillRole.handoff_progress` is the worker's ``on_step`` hook); ``add_request``, ``discard``,
-``kv_pool`` and ``read_kv_blocks`` are LLMEngine's. Node code uses these methods only, never the KV
+``kv_pool``, ``read_kv_blocks`` and ``step`` are LLMEngine's. Node code uses these methods only, never the KV
 manager, the runner or the held requests themselves.
 
 Life of a request here: :meth:`check_prefill` → (:meth:`claim_prefix_blocks` → the node writes the
@@ -13,10 +13,15 @@ fetched KV with ``LLMEngine.write_kv_blocks`` → :meth:`publish_prefix_claim`) 
 :meth:`handoff_progress` after every step (its :class:`FirstToken` and :class:`ReadyBlocks`) → it ends as
 ``FINISHED_HANDED_OFF`` after its first token, its blocks held → :meth:`end_prefill` (or
 :meth:`abort_prefill`) frees everything it holds; its blocks stay in the prefix cache.
+
+An embedding request (:meth:`admit_embedding`, the node's ``Embed``) lives the same way, except that nothing of its
+KV is read out: its :class:`FirstToken` carries the final hidden state of its last prompt token (last-token pooling,
+before any normalisation), and :meth:`end_prefill` follows at once. :meth:`embed` runs that in-process.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +38,10 @@ from services.engine.validation import RequestValidator
 
 __all__ = ["FirstToken", "HandoffPlan", "PrefillRole", "PrefixClaim", "ReadyBlocks"]
 """The dataclasses the prefill role's calls take and return, importable from here by the node."""
+
+EMBEDDING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+"""An embedding request's: one greedy token, which ends it (and is not used)."""
+_EMBEDDING_IDS = itertools.count()
 
 
 class PrefillRole:
@@ -58,6 +67,31 @@ class PrefillRole:
         request.trace = trace
         self._handoffs[request_id] = Handoff(request, plan)
 
+    def admit_embedding(self, request_id: str, prompt_ids: Sequence[int], trace: RequestTrace | None = None) -> None:
+        """Queue an embedding request: prefilled as a prefill-only one (prefix cache, chunks, batching alike); its
+        :class:`FirstToken` carries the final hidden state of its last prompt token; nothing is read out."""
+        request = self.add_request(sampling=EMBEDDING_SAMPLING, token_ids=prompt_ids, request_id=request_id,
+                                   prefill_only=True)
+        request.embed, request.trace = True, trace
+        self._handoffs[request_id] = Handoff(request, HandoffPlan(embed=True))
+
+    def embed(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+        """In-process: each prompt's embedding as :meth:`admit_embedding` gives it (the engine steps until all are
+        done; everything they held is freed, their blocks stay in the prefix cache)."""
+        request_ids = [f"embed-{next(_EMBEDDING_IDS)}" for _ in prompts]
+        found: dict[str, list[float]] = {}
+        try:
+            for request_id, prompt in zip(request_ids, prompts, strict=True):
+                self.admit_embedding(request_id, prompt)
+            while len(found) < len(request_ids):
+                for item in self.handoff_progress(self.step()):
+                    if isinstance(item, FirstToken) and item.embedding is not None:
+                        found[item.request_id] = item.embedding
+        finally:
+            for request_id in request_ids:
+                self.end_prefill(request_id)
+        return [found[request_id] for request_id in request_ids]
+
     def handoff_progress(self, outputs: Sequence[RequestOutput]) -> list[FirstToken | ReadyBlocks]:
         """After a step (the prefill node's ``on_step`` hook): the first tokens of admitted requests, then
         the KV of their blocks that became complete, first tokens ahead of that step's blocks. Blocks sent
@@ -70,7 +104,7 @@ class PrefillRole:
                 reason = None if request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
                 items.append(FirstToken(out.request_id, out.new_token_ids[0], reason, request.num_cached_tokens,
                                         out.new_logprobs[0] if out.new_logprobs else None,
-                                        tuple(out.prompt_logprobs)))
+                                        tuple(out.prompt_logprobs), out.embedding))
         ready = [(handoff, *new) for handoff in self._handoffs.values()
                  if (new := self._newly_ready(handoff)) is not None]
         pool = self.kv_pool
@@ -89,7 +123,7 @@ class PrefillRole:
         """``(first index, block ids)`` of the request's complete blocks not read out yet (past the
         skipped ones), or None."""
         request = handoff.request
-        if request.status is RequestStatus.FINISHED_ABORTED:
+        if request.status is RequestStatus.FINISHED_ABORTED or handoff.plan.embed:
             return None
         if request.status.finished and request.status is not RequestStatus.FINISHED_HANDED_OFF:
             return None  # ended at its first token: its blocks are already freed, nothing to send

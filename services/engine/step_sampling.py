@@ -31,6 +31,7 @@ class StepSamples:
     completed: set[str] = field(default_factory=set)
     grammar_errors: dict[str, str] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # this step's prompt rows
+    embeddings: dict[str, list[float]] = field(default_factory=dict)  # embedding requests' final hidden rows
 
 
 def sample_step(logits: torch.Tensor, requests: Sequence[Request]) -> StepSamples:
