@@ -33,14 +33,12 @@ from services.engine.prefill_handoff import FirstToken, Handoff, HandoffPlan, Re
 from services.engine.prefix_claims import PrefixClaim
 from services.engine.request import Request, RequestStatus
 from services.engine.request_trace import RequestTrace
-from services.engine.sampling_params import SamplingParams
+from services.engine.sampling_params import EMBEDDING_SAMPLING, SamplingParams
 from services.engine.validation import RequestValidator
 
 __all__ = ["FirstToken", "HandoffPlan", "PrefillRole", "PrefixClaim", "ReadyBlocks"]
 """The dataclasses the prefill role's calls take and return, importable from here by the node."""
 
-EMBEDDING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
-"""An embedding request's: one greedy token, which ends it (and is not used)."""
 _EMBEDDING_IDS = itertools.count()
 
 

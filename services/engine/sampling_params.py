@@ -197,3 +197,7 @@ def client_fields() -> tuple[dataclasses.Field[Any], ...]:
 def takes_default_when_unset(f: dataclasses.Field[Any]) -> bool:
     """Whether a client may leave field ``f`` unset (declared with ``unset_takes``)."""
     return bool(f.metadata.get(UNSET_TAKES_DEFAULT))
+
+
+EMBEDDING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+"""An embedding request's (``PrefillRole.admit_embedding``): one greedy token, which ends it and is not used."""

@@ -32,10 +32,12 @@ from services.common.field_checks import MAX_CLIENT_REQUEST_ID_CHARS, check_requ
 from services.common.sampling_convert import default_max_tokens, random_seed
 from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
+from services.engine.sampling_params import EMBEDDING_SAMPLING
 from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.gateway import node_client
 from services.gateway.directory import NodeDirectory
+from services.gateway.embedding import Embedding, EmbedInput, pooled, run_on_a_prefill_node
 from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.nodes import NodeInfo
 from services.gateway.request_flow import RequestFlow
@@ -59,6 +61,7 @@ class CoreSettings:
     retries_before_first_token: int = 1  # times a request whose node failed before its first token starts over
     resumes_after_first_token: int = 2  # times a request whose decode node failed after it goes on elsewhere
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)  # the model's generation config
+    hidden_size: int = 0  # the model's: an embedding's values (0: unknown, ``dimensions`` not checked)
 
 
 class GatewayCore:
@@ -79,6 +82,7 @@ class GatewayCore:
         self._taken: set[str] = set()  # request ids in flight or still being aborted
         self._unanswered: OrderedDict[str, float] = OrderedDict()  # node-level ids whose Abort got no answer
         self._flows: dict[str, RequestFlow] = {}
+        self._embeddings: set[asyncio.Task[Any]] = set()  # Embed calls in flight (their handlers' tasks)
         self._background: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -88,7 +92,7 @@ class GatewayCore:
 
     @property
     def in_flight(self) -> int:
-        return len(self._flows)
+        return len(self._flows) + len(self._embeddings)
 
     def tokenizing_pending(self) -> int:
         """Long prompts waiting for a tokenizing thread or being tokenized on one."""
@@ -204,6 +208,44 @@ class GatewayCore:
         self._idle.clear()
         return flow
 
+    async def embed(self, request: EmbedInput, time_remaining: float | None) -> Embedding:
+        """One input's embedding (``embedding.py``): validated and tokenized here (``InvalidRequestError`` naming
+        the field, before any node is called), run on a prefill node, pooled as asked. A drain lets it finish
+        within the grace, then cancels it."""
+        self._refuse_if_draining()
+        deadline = self._deadline(time_remaining)
+        ids = await self._tokenizer_threads.run(lambda: self._embedding_prompt(request),
+                                                inline=tokenizes_inline(request.prompt, None, templated=False))
+        self._refuse_if_draining()
+        task = asyncio.current_task()
+        assert task is not None, "embed() runs in the call's task"
+        self._embeddings.add(task)
+        self._idle.clear()
+        try:
+            state, cached, address = await run_on_a_prefill_node(
+                self.directory, self.router, ids, deadline, self.settings.retries_before_first_token,
+                lambda role: self.on_retry(role))
+        finally:
+            self._embeddings.discard(task)
+            if not self._flows and not self._embeddings:
+                self._idle.set()
+        return Embedding(request.request_id or uuid.uuid4().hex, pooled(state, request.normalize, request.dimensions),
+                         len(ids), cached, address)
+
+    def _embedding_prompt(self, request: EmbedInput) -> list[int]:
+        if request.request_id:
+            check_request_id(request.request_id, max_chars=MAX_CLIENT_REQUEST_ID_CHARS)
+        hidden = self.settings.hidden_size
+        if request.dimensions < 0 or (hidden and request.dimensions > hidden):
+            raise InvalidRequestError("dimensions", f"must be between 1 and the model's {hidden} values (0: all), "
+                                                    f"got {request.dimensions}")
+        keep_last = request.truncate_prompt_tokens
+        if keep_last == -1:
+            keep_last = max(1, self.settings.max_model_len - 1)
+        ids = self.validator.encode_prompt(request.prompt, request.token_ids, None, keep_last=keep_last)
+        self.validator.validate(ids, EMBEDDING_SAMPLING, prefill_only=True)
+        return ids
+
     def _refuse_if_draining(self) -> None:
         if self.draining:
             raise UnavailableError("gateway is draining: not taking new requests")
@@ -217,7 +259,7 @@ class GatewayCore:
 
     def _closed(self, flow: RequestFlow, aborts: Awaitable[None] | None) -> None:
         self._flows.pop(flow.request_id, None)
-        if not self._flows:
+        if not self._flows and not self._embeddings:
             self._idle.set()
         if aborts is None:
             self._taken.discard(flow.request_id)
@@ -276,6 +318,8 @@ class GatewayCore:
             await asyncio.wait_for(self._idle.wait(), grace_s)
         for flow in list(self._flows.values()):
             flow.cancel("gateway shutting down")
+        for task in list(self._embeddings):
+            task.cancel()
         await self.wait_background()
 
     def close(self) -> None:

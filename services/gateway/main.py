@@ -82,8 +82,9 @@ class Gateway:
 
 
 def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, max_position: int,
-             resolver: Resolver | None = None, model: ModelIdentity | None = None) -> Gateway:
-    """Build the gateway inside the running event loop; nothing is started. ``resolver`` answers the
+             resolver: Resolver | None = None, model: ModelIdentity | None = None, hidden_size: int = 0) -> Gateway:
+    """Build the gateway inside the running event loop; nothing is started. ``hidden_size``: the model's (an
+    embedding's values; 0: ``dimensions`` unchecked). ``resolver`` answers the
     ``dns:///`` entries (default: the system's); ``model`` is the one ``tokenizer`` belongs to: model
     nodes that serve another are left out (``None``: not checked), as are those whose mode differs from
     ``config.deterministic``."""
@@ -97,7 +98,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
         max_tokens_cap=config.default_max_tokens, request_timeout_s=config.request_timeout_s,
         abort_timeout_s=config.abort_timeout_s, status_max_age_s=config.status_max_age_s,
         retries_before_first_token=config.retries_before_first_token,
-        resumes_after_first_token=config.resumes_after_first_token,
+        resumes_after_first_token=config.resumes_after_first_token, hidden_size=hidden_size,
         sampling_defaults=generation_defaults(config.model) if config.model and config.generation_config == "auto"
         else {})
     watchdog = LoopWatchdog()  # a call to a node that fails out of this gateway's own stall is said to be so
@@ -149,6 +150,7 @@ async def serve(config: GatewayConfig) -> None:
         tokenizer.use_chat_template(template)
     identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
+                       hidden_size=model.hidden_size,
                        model=identity)
     await gateway.start()
     log.info("gateway ready", address=gateway.server.address, http=gateway.http.url if gateway.http else "",

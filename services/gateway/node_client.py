@@ -135,6 +135,14 @@ async def abort(stub: Any, request_id: str, reason: str, timeout: float, metadat
     return bool(reply.found)
 
 
+async def embed(stub: Any, request_id: str, prompt_ids: Sequence[int], timeout: float | None,
+                metadata: Metadata) -> tuple[list[float], int]:
+    """A prefill node's ``Embed``: the last prompt token's final hidden state, and the cached prompt tokens."""
+    reply = await stub.Embed(prefill_pb2.PrefillEmbedRequest(request_id=request_id, prompt_token_ids=prompt_ids),
+                             timeout=timeout, metadata=metadata)
+    return list(reply.embedding), reply.cached_tokens
+
+
 def node_info_from_proto(address: str, status: gateway_pb2.NodeStatus) -> NodeInfo:
     """A node's ``NodeStatus`` as it reports itself (``role``: the role it reports, maybe empty)."""
     return NodeInfo(address=address, role=status.role, **{name: getattr(status, name) for name in STATUS_FIELDS})

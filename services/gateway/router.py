@@ -72,6 +72,17 @@ class Router:
                 self.affinity.record(node.address, hashes, node.blocks_total or UNKNOWN_CAPACITY_BLOCKS)
         return Route(prefill, decode)
 
+    def route_prefill_only(self, prefill_nodes: Sequence[NodeInfo], prompt_ids: Sequence[int] = ()) -> str:
+        """The prefill node of a request that needs no decode node (an embedding), picked as :meth:`route` picks
+        it (ties rotate across calls); with ``cache_aware``, the prompt's blocks are then recorded as held there."""
+        hashes = self._hashes(prefill_nodes, prompt_ids)
+        prefill = self.pick_prefill(prefill_nodes, hashes)
+        self._turn += 1
+        if hashes:
+            chosen = next(n for n in prefill_nodes if n.address == prefill)
+            self.affinity.record(prefill, hashes, chosen.blocks_total or UNKNOWN_CAPACITY_BLOCKS)
+        return prefill
+
     def _hashes(self, nodes: Sequence[NodeInfo], prompt_ids: Sequence[int]) -> tuple[int, ...]:
         if self.policy != "cache_aware" or not prompt_ids:
             return ()

@@ -16,6 +16,7 @@ from services.common.sampling_convert import fields_from_proto
 from services.common.tracing import traced_rpc
 from services.engine.errors import InvalidRequestError
 from services.gateway.core import GatewayCore
+from services.gateway.embedding import EmbedInput
 from services.gateway.generation import GenerateChunk, GenerateInput
 from services.gateway.metrics import GatewayMetrics, tracked
 from services.gateway.nodes import STATUS_FIELDS, NodeInfo
@@ -36,6 +37,13 @@ def input_from_proto(request: gateway_pb2.GenerateRequest) -> GenerateInput:
         sampling=fields_from_proto(request.sampling),
         truncate_prompt_tokens=request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None,
     )
+
+
+def embed_input_from_proto(request: gateway_pb2.EmbedRequest) -> EmbedInput:
+    return EmbedInput(
+        request_id=request.request_id, prompt=request.prompt or None, token_ids=request.token_ids or None,
+        truncate_prompt_tokens=request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None,
+        normalize=request.normalize if request.HasField("normalize") else True, dimensions=request.dimensions)
 
 
 def chunk_to_proto(chunk: GenerateChunk) -> gateway_pb2.GenerateResponse:
@@ -79,6 +87,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async with contextlib.aclosing(flow.run()) as chunks:
             async for chunk in chunks:
                 yield chunk  # encoded by @tracked, which counts it first
+
+    @grpc_errors
+    @traced_rpc("Embed", root=True)
+    async def Embed(self, request: gateway_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+                    ) -> gateway_pb2.EmbedResponse:
+        """One input's embedding (see gateway.proto); cancelling the call cancels its prefill node's."""
+        embedding = await self.core.embed(embed_input_from_proto(request), context.time_remaining())
+        return gateway_pb2.EmbedResponse(
+            request_id=embedding.request_id, embedding=embedding.values, prefill_node=embedding.prefill_node,
+            usage=gateway_pb2.Usage(prompt_tokens=embedding.prompt_tokens, cached_tokens=embedding.cached_tokens))
 
     @grpc_errors
     async def ClusterStatus(self, request: gateway_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext

@@ -17,6 +17,7 @@ from services.common.sampling_convert import sampling_from_proto
 from services.common.tracing import traced_rpc
 from services.engine.engine import LLMEngine
 from services.engine_node.status import node_status
+from services.prefill_node.embedding import embed
 from services.prefill_node.node import Done, FirstToken, PrefillNode, Refused, Reserved
 
 
@@ -41,6 +42,14 @@ class PrefillNodeServicer(prefill_pb2_grpc.PrefillNodeServicer):
         async with contextlib.aclosing(events):  # its cleanup runs when this call ends, however it ends
             async for event in events:
                 yield _encode(event)
+
+    @grpc_errors
+    @traced_rpc("Embed")
+    async def Embed(self, request: prefill_pb2.PrefillEmbedRequest, context: grpc.aio.ServicerContext
+                    ) -> prefill_pb2.PrefillEmbedResponse:
+        check_request_id(request.request_id)
+        embedded = await embed(self.node, request.request_id, list(request.prompt_token_ids))
+        return prefill_pb2.PrefillEmbedResponse(embedding=embedded.embedding, cached_tokens=embedded.cached_tokens)
 
     @grpc_errors
     @traced_rpc("Abort")

@@ -114,6 +114,7 @@ def test_an_unknown_role_in_the_table_is_refused():
     ("pdserve.v1.DecodeNode/Adopt", {"decode", "gateway"}),  # a gateway: tokens only (the servicer checks)
     ("pdserve.v1.CacheStore/Put", {"prefill", "decode"}),
     ("pdserve.v1.CacheStore/Delete", {"prefill", "decode"}), ("pdserve.v1.PrefillNode/Prefill", {"gateway"}),
+    ("pdserve.v1.PrefillNode/Embed", {"gateway"}),
 ])
 def test_the_cluster_table_says_what_the_issue_asks(method, roles):
     assert INTERNAL_POLICY.accepted(method) == roles

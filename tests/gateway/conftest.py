@@ -66,7 +66,7 @@ async def start_cluster(tokenizer, model_config, num_prefill: int = 1, num_decod
         values["model"] = model_path
     config = GatewayConfig(**values)
     gateway = assemble(config, tokenizer, vocab_size=model_config.vocab_size,
-                       max_position=model_config.max_position, model=model)
+                       max_position=model_config.max_position, model=model, hidden_size=model_config.hidden_size)
     await gateway.start()
     channel = grpc.aio.insecure_channel(gateway.server.address)
     return Cluster(gateway, gateway_pb2_grpc.GatewayStub(channel), prefill, decode, channel)

@@ -81,6 +81,10 @@ class FakePrefill(FakeNode, prefill_pb2_grpc.PrefillNodeServicer):
         self.first_logprob: gateway_pb2.TokenLogprob | None = None
         self.prompt_logprobs: list[gateway_pb2.TokenLogprob] = []
         self.script: Script = self.well_behaved
+        self.embed_requests: list[prefill_pb2.PrefillEmbedRequest] = []
+        # Embed's answer (its state: 0.0, 1.0, ... for each prompt token), or what it raises; a test replaces it
+        self.embed_answer: Callable[[prefill_pb2.PrefillEmbedRequest, grpc.aio.ServicerContext], Any] = \
+            self.embed_as_positions
 
     async def well_behaved(self, request: prefill_pb2.PrefillRequest, context: Any) -> AsyncIterator[Any]:
         yield prefill_pb2.PrefillEvent(reserved=prefill_pb2.Reserved(decode_address=request.decode_candidates[0]))
@@ -94,6 +98,20 @@ class FakePrefill(FakeNode, prefill_pb2_grpc.PrefillNodeServicer):
         self.requests.append(request)
         async for event in self._stream(self.script, request, context):
             yield event
+
+    async def embed_as_positions(self, request: prefill_pb2.PrefillEmbedRequest, context: Any
+                                 ) -> prefill_pb2.PrefillEmbedResponse:
+        return prefill_pb2.PrefillEmbedResponse(embedding=[float(i) for i in range(len(request.prompt_token_ids))],
+                                                cached_tokens=self.cached_tokens)
+
+    async def Embed(self, request: prefill_pb2.PrefillEmbedRequest, context: grpc.aio.ServicerContext
+                    ) -> prefill_pb2.PrefillEmbedResponse:
+        self.embed_requests.append(request)
+        try:
+            return await self.embed_answer(request, context)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
 
     def binding(self) -> ServiceBinding:
         return ServiceBinding(prefill_pb2.DESCRIPTOR.services_by_name["PrefillNode"], self,

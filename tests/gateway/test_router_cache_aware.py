@@ -74,3 +74,11 @@ def test_load_routing_ignores_prefixes():
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="routing must be one of cache_aware, load"):
         Router("random")
+
+
+def test_prefill_only_requests_rotate_and_stick_to_their_prefix_as_routed_ones_do():
+    router, nodes = Router(), [prefill("p1"), prefill("p2")]
+    first, second = list(range(100, 164)), list(range(500, 564))  # 4 blocks each
+    assert [router.route_prefill_only(nodes, first), router.route_prefill_only(nodes, second)] == ["p1", "p2"]
+    assert [router.route_prefill_only(nodes, p) for p in (second, first, second)] == ["p2", "p1", "p2"]
+    assert router.route(nodes, [decode("d1")], first).prefill == "p1", "an embedding's blocks count for a Generate"

@@ -18,6 +18,7 @@ NODES = ("prefill", "decode")
 CALLERS: dict[str, tuple[str, ...]] = {
     "pdserve.v1.PrefillNode/Prefill": GATEWAY,
     "pdserve.v1.PrefillNode/Abort": GATEWAY,
+    "pdserve.v1.PrefillNode/Embed": GATEWAY,
     "pdserve.v1.PrefillNode/NodeStatus": ANY_ROLE,
     "pdserve.v1.DecodeNode/Reserve": PREFILL,
     "pdserve.v1.DecodeNode/TransferKV": PREFILL,

@@ -37,6 +37,7 @@ from services.gateway.openai import errors
 from services.gateway.openai.auth import ApiKeyAuth
 from services.gateway.openai.body_limit import BodyLimit
 from services.gateway.openai.chat_request import ChatRequest
+from services.gateway.openai.embeddings import add_embeddings_route
 from services.gateway.openai.logprobs_render import LogprobsRender
 from services.gateway.openai.messages_api.route import add_messages_route
 from services.gateway.openai.parsers import FrontParsers, resolve_parsers
@@ -106,6 +107,7 @@ def create_app(core: GatewayCore, metrics: GatewayMetrics | None, settings: Fron
     add_responses_route(app, generations)
     add_messages_route(app, generations)
     add_tokenize_routes(app, core, settings.model_name, parsers)
+    add_embeddings_route(app, core, settings.model_name, lambda: state.draining)
     return app
 
 
