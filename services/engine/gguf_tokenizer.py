@@ -23,11 +23,12 @@ GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama"}
 reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields."""
 
 
+HELPER_TIMEOUT_S = 600.0
+
+
 def converted_dir(path: Path) -> Path:
     """The tokenizer directory of the GGUF file ``path``, converting it first where it is not there yet."""
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    directory = cache_dir() / "tokenizers" / key
+    directory = _directory_of(path)
     if not (directory / "tokenizer_config.json").is_file():
         from transformers.utils import is_torch_available
 
@@ -36,6 +37,12 @@ def converted_dir(path: Path) -> Path:
         else:
             _convert_in_a_helper(path)
     return directory
+
+
+def _directory_of(path: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "tokenizers" / key
 
 
 def _convert(path: Path, directory: Path) -> None:
@@ -53,8 +60,12 @@ def _convert(path: Path, directory: Path) -> None:
 
 
 def _convert_in_a_helper(path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "services.engine.gguf_tokenizer", str(path)],
-                          capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run([sys.executable, "-m", "services.engine.gguf_tokenizer", str(path)],
+                              capture_output=True, text=True, check=False, timeout=HELPER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"{path}: reading its tokenizer from the GGUF metadata took over {HELPER_TIMEOUT_S:g} s"
+                         ) from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ValueError(f"{path}: its tokenizer could not be read from the GGUF metadata ({last})")
@@ -72,5 +83,5 @@ def _read_gguf_tokenizers_as_their_kin() -> None:
             gguf_reading.GGUF_SUPPORTED_ARCHITECTURES.append(architecture)
 
 
-if __name__ == "__main__":
-    converted_dir(Path(sys.argv[1]))
+if __name__ == "__main__":  # the helper: converts here (torch importable), never through another helper
+    _convert(Path(sys.argv[1]), _directory_of(Path(sys.argv[1])))

@@ -83,8 +83,10 @@ class ModelRunner:
             if item.samples:
                 logits_indices.append(len(input_ids) - 1)
                 samplers.append(request)
+        # a graph gives logits only: a step with prompt rows or an embedding (a one-token prompt's) runs eager
         if self.graphs is not None and len(samplers) == len(query_lens) and max(query_lens) == 1 \
-                and not prompt_rows and self.graphs.bucket_for(len(query_lens)) is not None:
+                and not prompt_rows and not any(r.embed for r in samplers) \
+                and self.graphs.bucket_for(len(query_lens)) is not None:
             self.graph_steps += 1
             return sample_step(self.graphs.run(input_ids, positions, seq_lens, tables), samplers)
         device = self.model.device

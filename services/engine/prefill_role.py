@@ -5,8 +5,8 @@ cache-store (``prefix_claims.py``).
 A mixin of :class:`~services.engine.engine.LLMEngine`: the methods run under the engine lock (the node
 calls them through ``EngineWorker.call``, e.g. ``await worker.call(LLMEngine.admit_prefill, ...)``;
 :meth:`PrefillRole.handoff_progress` is the worker's ``on_step`` hook); ``add_request``, ``discard``,
-``kv_pool``, ``read_kv_blocks`` and ``step`` are LLMEngine's. Node code uses these methods only, never the KV
-manager, the runner or the held requests themselves.
+``kv_pool``, ``read_kv_blocks``, ``step`` and ``has_unfinished`` are LLMEngine's. Node code uses these methods
+only, never the KV manager, the runner or the held requests themselves.
 
 Life of a request here: :meth:`check_prefill` → (:meth:`claim_prefix_blocks` → the node writes the
 fetched KV with ``LLMEngine.write_kv_blocks`` → :meth:`publish_prefix_claim`) → :meth:`admit_prefill` →
@@ -15,8 +15,9 @@ fetched KV with ``LLMEngine.write_kv_blocks`` → :meth:`publish_prefix_claim`) 
 :meth:`abort_prefill`) frees everything it holds; its blocks stay in the prefix cache.
 
 An embedding request (:meth:`admit_embedding`, the node's ``Embed``) lives the same way, except that nothing of its
-KV is read out: its :class:`FirstToken` carries the final hidden state of its last prompt token (last-token pooling,
-before any normalisation), and :meth:`end_prefill` follows at once. :meth:`embed` runs that in-process.
+KV is read out: its :class:`FirstToken` carries the final hidden state of its last prompt token (last-token pooling:
+after the model's final norm, not L2-normalised), and :meth:`end_prefill` follows at once. :meth:`embed` runs that
+in-process.
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ class PrefillRole:
             for request_id, prompt in zip(request_ids, prompts, strict=True):
                 self.admit_embedding(request_id, prompt)
             while len(found) < len(request_ids):
-                for item in self.handoff_progress(self.step()):
+                outputs = self.step()
+                if not outputs and not self.has_unfinished():
+                    missing = [r for r in request_ids if r not in found]
+                    raise RuntimeError(f"embedding requests {missing} ended without their embedding")
+                for item in self.handoff_progress(outputs):
                     if isinstance(item, FirstToken) and item.embedding is not None:
                         found[item.request_id] = item.embedding
         finally:

@@ -83,6 +83,7 @@ class GatewayCore:
         self._unanswered: OrderedDict[str, float] = OrderedDict()  # node-level ids whose Abort got no answer
         self._flows: dict[str, RequestFlow] = {}
         self._embeddings: set[asyncio.Task[Any]] = set()  # Embed calls in flight (their handlers' tasks)
+        self._drained: set[asyncio.Task[Any]] = set()  # those a drain cancelled past its grace
         self._background: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -225,7 +226,13 @@ class GatewayCore:
             state, cached, address = await run_on_a_prefill_node(
                 self.directory, self.router, ids, deadline, self.settings.retries_before_first_token,
                 lambda role: self.on_retry(role))
+        except asyncio.CancelledError:
+            if task not in self._drained:
+                raise
+            task.uncancel()
+            raise UnavailableError("gateway shutting down") from None
         finally:
+            self._drained.discard(task)
             self._embeddings.discard(task)
             if not self._flows and not self._embeddings:
                 self._idle.set()
@@ -237,12 +244,17 @@ class GatewayCore:
             check_request_id(request.request_id, max_chars=MAX_CLIENT_REQUEST_ID_CHARS)
         hidden = self.settings.hidden_size
         if request.dimensions < 0 or (hidden and request.dimensions > hidden):
-            raise InvalidRequestError("dimensions", f"must be between 1 and the model's {hidden} values (0: all), "
+            raise InvalidRequestError("dimensions", f"must be at most the model's {hidden} values, "
                                                     f"got {request.dimensions}")
+        if (request.prompt is None) == (request.token_ids is None):
+            raise InvalidRequestError("prompt", "exactly one of prompt and token_ids must be given")
         keep_last = request.truncate_prompt_tokens
         if keep_last == -1:
             keep_last = max(1, self.settings.max_model_len - 1)
-        ids = self.validator.encode_prompt(request.prompt, request.token_ids, None, keep_last=keep_last)
+        prompt, token_ids = request.prompt, request.token_ids
+        if prompt is not None and not request.add_special_tokens:
+            prompt, token_ids = None, self.tokenizer.encode_plain(prompt)
+        ids = self.validator.encode_prompt(prompt, token_ids, None, keep_last=keep_last)
         self.validator.validate(ids, EMBEDDING_SAMPLING, prefill_only=True)
         return ids
 
@@ -319,6 +331,7 @@ class GatewayCore:
         for flow in list(self._flows.values()):
             flow.cancel("gateway shutting down")
         for task in list(self._embeddings):
+            self._drained.add(task)
             task.cancel()
         await self.wait_background()
 

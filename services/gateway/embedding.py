@@ -39,6 +39,7 @@ class EmbedInput:
     truncate_prompt_tokens: int | None = None  # as GenerateInput's (-1: the context's length)
     normalize: bool = True
     dimensions: int = 0  # 0: every value; else the first that many (Matryoshka), normalised after
+    add_special_tokens: bool = True  # False: ``prompt``'s own tokens, without those the tokenizer adds to a text
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ async def run_on_a_prefill_node(directory: NodeDirectory, router: Router, prompt
             if code == grpc.StatusCode.CANCELLED:  # not by us (that cancels this coroutine): the node went away
                 code = grpc.StatusCode.UNAVAILABLE
             failure = NodeCallError(code, f"prefill node {address}: {error.details()}")
-            if code != grpc.StatusCode.UNAVAILABLE or len(tried) >= retries:
+            past_deadline = deadline is not None and time.monotonic() >= deadline
+            if code != grpc.StatusCode.UNAVAILABLE or len(tried) >= retries or past_deadline:
                 raise failure from None
             tried.add(address)
             on_retry(PREFILL)

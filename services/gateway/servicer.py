@@ -43,7 +43,8 @@ def embed_input_from_proto(request: gateway_pb2.EmbedRequest) -> EmbedInput:
     return EmbedInput(
         request_id=request.request_id, prompt=request.prompt or None, token_ids=request.token_ids or None,
         truncate_prompt_tokens=request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None,
-        normalize=request.normalize if request.HasField("normalize") else True, dimensions=request.dimensions)
+        normalize=request.normalize if request.HasField("normalize") else True, dimensions=request.dimensions,
+        add_special_tokens=request.add_special_tokens if request.HasField("add_special_tokens") else True)
 
 
 def chunk_to_proto(chunk: GenerateChunk) -> gateway_pb2.GenerateResponse:

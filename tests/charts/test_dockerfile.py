@@ -114,7 +114,7 @@ def test_it_runs_as_the_user_the_chart_expects_with_caches_on_the_writable_tmp()
         assert (pod["runAsUser"], pod["runAsGroup"]) == (uid, gid) and uid != 0
     env = dict(word.split("=", 1) for arguments in args_of("ENV") for word in shlex.split(arguments))
     assert env["PDSERVE_CACHE_DIR"].startswith("/tmp/") and env["HOME"] == "/tmp"
-    for reader in ("kernels/attention/native/build.py", "services/engine/tokenizer.py"):
+    for reader in ("kernels/attention/native/build.py", "services/engine/model_files.py"):
         assert "PDSERVE_CACHE_DIR" in (REPO / reader).read_text(), f"{reader} no longer reads PDSERVE_CACHE_DIR"
 
 

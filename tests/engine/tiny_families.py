@@ -135,11 +135,11 @@ FAMILIES: dict[str, dict] = {
                           routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"],
                           rope_theta=1000000.0, tie_word_embeddings=False, pad_token_id=0,
                           rms_norm_eps=1e-5),  # GLM-4.7-Flash's (its latent norms keep 1e-6, as transformers')
-    # MiniMax-M2: q/k normed over all heads at once (norms drawn at random), rope on half of each head (the
-    # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
     # OLMoE: OLMo 2's whole-projection q/k norms in a pre-norm layer, softmax-routed experts on every layer
     "olmoe": dict(model_type="olmoe", num_experts=8, num_experts_per_tok=2, intermediate_size=48, rope_theta=10000.0,
                   tie_word_embeddings=False, pad_token_id=0),
+    # MiniMax-M2: q/k normed over all heads at once (norms drawn at random), rope on half of each head (the
+    # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
     "minimax_m2": dict(model_type="minimax_m2", head_dim=32, rotary_dim=16, num_local_experts=8,
                        num_experts_per_tok=2, intermediate_size=48, rope_theta=5000000.0, tie_word_embeddings=False),
     # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k

@@ -39,6 +39,14 @@ async def test_an_input_is_embedded_on_a_prefill_node_and_pooled_as_asked(cluste
     assert list(normalised.embedding) == [0.0, 1.0]
 
 
+async def test_a_text_gets_the_special_tokens_its_tokenizer_adds_unless_told_not_to(cluster, tokenizer, monkeypatch):
+    plain = tokenizer.encode_plain("Hello there")
+    monkeypatch.setattr(tokenizer, "encode", lambda text: [1, *tokenizer.encode_plain(text)])  # a BOS-adding one
+    await cluster.stub.Embed(gateway_pb2.EmbedRequest(prompt="Hello there"), timeout=10)
+    await cluster.stub.Embed(gateway_pb2.EmbedRequest(prompt="Hello there", add_special_tokens=False), timeout=10)
+    assert [list(r.prompt_token_ids) for r in cluster.p.embed_requests] == [[1, *plain], plain]
+
+
 @pytest.mark.parametrize(("request_fields", "named"), [
     ({}, "prompt"),
     ({"prompt": "a", "token_ids": [1]}, "prompt"),
@@ -112,3 +120,20 @@ async def test_a_cancelled_call_cancels_the_nodes_and_a_drain_lets_one_finish(cl
     release.set()
     assert len((await running).embedding) == 2
     await asyncio.wait_for(draining, 5)
+
+
+
+async def test_a_drain_past_its_grace_ends_an_embedding_unavailable(cluster):
+    async def hung(request, context):
+        await asyncio.Event().wait()
+
+    cluster.p.embed_answer = hung
+    call = asyncio.ensure_future(cluster.stub.Embed(gateway_pb2.EmbedRequest(token_ids=[1, 2]), timeout=10))
+    while not cluster.p.embed_requests:
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(cluster.gateway.core.drain(grace_s=0.2), 5)
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        await call
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in ended.value.details()
+    while not cluster.p.cancelled:  # and the node's call was cancelled
+        await asyncio.sleep(0.01)

@@ -1,13 +1,16 @@
 """Read a Hugging Face checkpoint directory: ``config.json`` and ``model.safetensors`` or the shards its
 ``model.safetensors.index.json`` lists. Tensors keep their stored dtype (bf16 stays bf16: the model casts
 each once to the serving dtype; block-scaled FP8 weights become bf16); a shard the index names but the
-directory lacks is refused by name."""
+directory lacks is refused by name. A base model saved bare (transformers' ``*Model``: an embedding model's
+checkpoint such as Qwen3-Embedding's) is read under ``model.`` names, its missing head tied to the embeddings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import structlog
 import torch
 from safetensors import SafetensorError, safe_open
 
@@ -18,6 +21,7 @@ from services.engine.weights.loader import LoadedWeights
 from services.engine.weights.model_config_reader import hf_dir_config, read_hf_config
 
 INDEX = "model.safetensors.index.json"
+log = structlog.get_logger(__name__)
 
 
 def shard_files(path: Path) -> list[Path]:
@@ -45,12 +49,14 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
     config = hf_dir_config(path)
     fp8_block = fp8_block_size(read_hf_config(path))
     rename = tensor_renamer(config)
+    files = shard_files(path)
+    prefix = "model." if _bare_base_model(files) else ""
     tensors: dict[str, torch.Tensor] = {}
-    for file in shard_files(path):
+    for file in files:
         try:
             with safe_open(str(file), framework="pt") as shard:
                 for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if (model_name := rename(name)) is not None:  # None: a part of the checkpoint not served
+                    if (model_name := rename(prefix + name)) is not None:  # None: a part not served
                         tensors[model_name] = shard.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
@@ -58,4 +64,22 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
         dequantize_fp8_blocks(tensors, fp8_block)
     if "lm_head.weight" in tensors and config.tie_word_embeddings:
         del tensors["lm_head.weight"]
+    if prefix and "lm_head.weight" not in tensors and not config.tie_word_embeddings:
+        log.warning("a base model without an LM head (an embedding model's checkpoint): its head is tied to the "
+                    "embeddings, so its generated text means nothing; its embeddings are its own", model=str(path))
+        config = dataclasses.replace(config, tie_word_embeddings=True)
     return LoadedWeights(config=config, tensors=tensors, source=path)
+
+
+def _bare_base_model(files: list[Path]) -> bool:
+    """Whether the checkpoint is a base model saved bare (transformers' ``*Model`` rather than ``*ForCausalLM``,
+    as embedding models such as Qwen3-Embedding are): ``embed_tokens.weight`` and no ``model.`` names. Its tensors
+    are then read under ``model.`` names."""
+    names: set[str] = set()
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as shard:
+                names.update(shard.keys())
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
+    return "embed_tokens.weight" in names and not any(name.startswith("model.") for name in names)

@@ -8,8 +8,9 @@ computed on a prefill node alone.
 - ``encoding_format``: ``float`` (default) or ``base64`` (little-endian float32 bytes, as OpenAI sends them).
 - ``dimensions``: the first that many values, normalised after (Matryoshka truncation, meaningful for models
   trained for it, such as Qwen3-Embedding); past the model's hidden size is a 400.
-- vLLM's extensions: ``truncate_prompt_tokens`` (keep the last that many tokens; -1: the context's length) and
-  ``normalize`` (default true; false: the raw state).
+- vLLM's extensions: ``truncate_prompt_tokens`` (keep the last that many tokens; -1: the context's length),
+  ``normalize`` (default true; false: the raw state) and ``add_special_tokens`` (default true: a text is tokenized
+  with what the tokenizer adds to it, an embedding model's end-of-text token included).
 - ``usage``: ``prompt_tokens`` = ``total_tokens``, every input's tokens.
 """
 
@@ -34,6 +35,7 @@ from services.gateway.openai.request_ids import echoed, request_id_of
 from services.gateway.openai.unsupported import refuse_unsupported
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs in one request
+INLINE_VALUES = 65536  # an answer of more values is encoded on a thread
 
 Inputs = str | list[str] | list[int] | list[list[int]]
 
@@ -48,6 +50,7 @@ class EmbeddingBody(BaseModel):
     user: str | None = None  # taken and ignored, as by OpenAI's other endpoints here
     truncate_prompt_tokens: int | None = None
     normalize: bool = True
+    add_special_tokens: bool = True
 
 
 class EmbeddingData(BaseModel):
@@ -80,7 +83,7 @@ def embed_inputs(body: EmbeddingBody) -> tuple[list[EmbedInput], bool]:
     if not given or len(given) > MAX_INPUTS:
         raise errors.OpenAIError(400, f"input: must hold 1 to {MAX_INPUTS} inputs, got {len(given)}", param="input")
     options = dict(truncate_prompt_tokens=body.truncate_prompt_tokens, normalize=body.normalize,
-                   dimensions=body.dimensions or 0)
+                   dimensions=body.dimensions or 0, add_special_tokens=body.add_special_tokens)
     return [EmbedInput(prompt=one, **options) if isinstance(one, str) else EmbedInput(token_ids=one, **options)
             for one in given], alone
 
@@ -103,12 +106,17 @@ def add_embeddings_route(app: FastAPI, core: GatewayCore, served_model: str, is_
         request_id, echo = request_id_of(request, "embd")
         results = await _embed_all(core, *embed_inputs(body))
         tokens = sum(r.prompt_tokens for r in results)
-        response = EmbeddingResponse(
-            id=request_id, created=int(time.time()), model=served_model,
-            data=[EmbeddingData(index=i, embedding=encoded(r.values, body.encoding_format))
-                  for i, r in enumerate(results)],
-            usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
-        return echoed(Response(response.model_dump_json(), media_type="application/json"), echo)
+
+        def answer() -> str:
+            return EmbeddingResponse(
+                id=request_id, created=int(time.time()), model=served_model,
+                data=[EmbeddingData(index=i, embedding=encoded(r.values, body.encoding_format))
+                      for i, r in enumerate(results)],
+                usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens)).model_dump_json()
+
+        values = sum(len(r.values) for r in results)  # thousands of inputs take the loop for seconds: a thread
+        text = answer() if values <= INLINE_VALUES else await asyncio.to_thread(answer)
+        return echoed(Response(text, media_type="application/json"), echo)
 
 
 async def _embed_all(core: GatewayCore, inputs: list[EmbedInput], one_input: bool) -> list[Embedding]:
