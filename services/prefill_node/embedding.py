@@ -31,10 +31,7 @@ class Embedded:
 
 
 async def embed(node: PrefillNode, request_id: str, prompt_ids: list[int]) -> Embedded:
-    if node.failure:
-        raise UnavailableError(node.failure)
-    if node.draining:
-        raise UnavailableError("prefill node is draining")
+    node.refuse_if_closed()
     live = await node.live.enter(request_id)
     try:
         return await _embed(node, request_id, prompt_ids)

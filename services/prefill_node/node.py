@@ -126,10 +126,7 @@ class PrefillNode:
     async def prefill(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                       candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:
         """One request, registered by id from start to the end of its cleanup (``live_requests.py``)."""
-        if self.failure:
-            raise UnavailableError(self.failure)
-        if self.draining:
-            raise UnavailableError("prefill node is draining")
+        self.refuse_if_closed()
         live = await self.live.enter(request_id)
         try:
             async with contextlib.aclosing(self._prefill(live, request_id, prompt_ids, sampling, candidates,
@@ -145,6 +142,13 @@ class PrefillNode:
                 await uncancellable(self.prepare.settled(request_id))  # unseen grants' aborts, in the background
             finally:
                 self.live.leave(request_id, live)
+
+    def refuse_if_closed(self) -> None:
+        """A node that failed or drains takes no new request (``UNAVAILABLE``: the gateway runs it elsewhere)."""
+        if self.failure:
+            raise UnavailableError(self.failure)
+        if self.draining:
+            raise UnavailableError("prefill node is draining")
 
     async def _prefill(self, live: LiveRequest, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                        candidates: list[str], timeout_s: float | None) -> AsyncIterator[PrefillEvent]:

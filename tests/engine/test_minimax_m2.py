@@ -11,13 +11,10 @@ import pytest
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.decoder import DecoderModel
 from services.engine.model.minimax_m2 import minimax_m2_tensor_name
 from services.engine.model.registry import config_from_hf
-from services.engine.weights import load_weights
 from tests.engine.test_model_families import _prompts
-from tests.engine.tiny_families import load_reference
-from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+from tests.engine.tiny_gguf import exactness_probe
 
 # the shape of MiniMaxAI/MiniMax-M2's config.json (its quantization_config aside: see test_fp8_checkpoints.py)
 MINIMAX_M2 = {
@@ -67,13 +64,7 @@ def test_checkpoint_names_map_onto_the_shared_decoder(checkpoint, decoder):
 
 
 def test_the_partial_rope_and_the_correction_bias_are_what_make_it_exact(family_dir):
-    path = family_dir("minimax_m2")
-    weights, reference = load_weights(path), load_reference(path)
-    prompt = _prompts()["long"][:64]
-    expected = hf_logits(reference, prompt)
-
-    def logits(config=weights.config, tensors=weights.tensors) -> torch.Tensor:
-        return pdserve_logits(DecoderModel(config, tensors, torch.float32), prompt)
+    weights, expected, logits = exactness_probe(family_dir("minimax_m2"), _prompts()["long"][:64])
 
     assert torch.allclose(logits(), expected, atol=1e-4, rtol=1e-4)
     assert (logits(dataclasses.replace(weights.config, rotary_dim=None)) - expected).abs().max() > 1e-2

@@ -10,12 +10,9 @@ import pytest
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.decoder import DecoderModel
 from services.engine.model.registry import config_from_hf
-from services.engine.weights import load_weights
 from tests.engine.test_model_families import _prompts
-from tests.engine.tiny_families import load_reference
-from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+from tests.engine.tiny_gguf import exactness_probe
 
 # the shape of allenai/OLMoE-1B-7B-0125-Instruct's config.json
 OLMOE = {
@@ -48,13 +45,7 @@ def test_what_is_not_served_is_refused_by_name(change, named):
 
 
 def test_the_whole_width_norms_and_the_unrenormalised_weights_are_what_make_it_exact(family_dir):
-    path = family_dir("olmoe")
-    weights, reference = load_weights(path), load_reference(path)
-    prompt = _prompts()["long"][:64]
-    expected = hf_logits(reference, prompt)
-
-    def logits(config=weights.config, tensors=weights.tensors) -> torch.Tensor:
-        return pdserve_logits(DecoderModel(config, tensors, torch.float32), prompt)
+    weights, expected, logits = exactness_probe(family_dir("olmoe"), _prompts()["long"][:64])
 
     assert torch.allclose(logits(), expected, atol=1e-4, rtol=1e-4)
     renormalised = dataclasses.replace(weights.config.moe, norm_topk_prob=True)

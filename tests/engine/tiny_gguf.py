@@ -265,3 +265,19 @@ def pdserve_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
 def hf_logits(model, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def exactness_probe(path, prompt: list[int]):
+    """For a tiny family checkpoint at ``path``: its weights, transformers' logits of ``prompt``, and
+    ``logits(config=, tensors=)``, pdserve's logits of it with the config or tensors changed (float32)."""
+    from services.engine.model.decoder import DecoderModel
+    from services.engine.weights import load_weights
+    from tests.engine.tiny_families import load_reference
+
+    weights = load_weights(path)
+    expected = hf_logits(load_reference(path), prompt)
+
+    def logits(config=weights.config, tensors=weights.tensors) -> torch.Tensor:
+        return pdserve_logits(DecoderModel(config, tensors, torch.float32), prompt)
+
+    return weights, expected, logits
