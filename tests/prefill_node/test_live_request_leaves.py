@@ -26,10 +26,11 @@ class Prepare:
 
 class Parts:
     def __init__(self) -> None:
-        self.draining = False
-        self.failure = ""  # the engine has not failed
         self.live = LiveRequests(settle_timeout_s=1.0)
         self.prepare = Prepare()
+
+    def refuse_if_closed(self) -> None:
+        pass  # neither failed nor draining
 
     async def _prefill(self, live, request_id, prompt_ids, sampling, candidates, timeout_s):
         yield "first token"  # the request's work, done
