@@ -90,6 +90,8 @@ class GatewayCore:
         self._tokenizer_threads = TokenizerThreads()
         self.structured = structured or StructuredChecks(lambda: engine_compiler(tokenizer, settings.vocab_size))
         self.on_retry: Callable[[str], None] = lambda role: None  # the metrics count the retries, by failed role
+        # the metrics count embeddings: (None, prompt tokens) when one is done, (the error, 0) when it failed
+        self.on_embedded: Callable[[BaseException | None, int], None] = lambda error, tokens: None
 
     @property
     def in_flight(self) -> int:
@@ -212,7 +214,16 @@ class GatewayCore:
     async def embed(self, request: EmbedInput, time_remaining: float | None) -> Embedding:
         """One input's embedding (``embedding.py``): validated and tokenized here (``InvalidRequestError`` naming
         the field, before any node is called), run on a prefill node, pooled as asked. A drain lets it finish
-        within the grace, then cancels it."""
+        within the grace, then ends it ``UNAVAILABLE``. Counted (``on_embedded``) however it ends."""
+        try:
+            embedding = await self._embed(request, time_remaining)
+        except BaseException as error:
+            self.on_embedded(error, 0)
+            raise
+        self.on_embedded(None, embedding.prompt_tokens)
+        return embedding
+
+    async def _embed(self, request: EmbedInput, time_remaining: float | None) -> Embedding:
         self._refuse_if_draining()
         deadline = self._deadline(time_remaining)
         ids = await self._tokenizer_threads.run(lambda: self._embedding_prompt(request),

@@ -106,6 +106,7 @@ def assemble(config: GatewayConfig, tokenizer: Tokenizer, *, vocab_size: int, ma
                        router=Router(config.routing, config.routing_load_margin))
     registry, metrics = gateway_registry(directory.nodes, asyncio.get_running_loop(), core.tokenizing_pending)
     core.on_retry = lambda role: metrics.retries.labels(role).inc()
+    core.on_embedded = metrics.embedded
     servicer = GatewayServicer(core, metrics)
     servicer.served_model_name = config.served_model_name or served_model_id(config.model or bundled_model_path())
     binding = ServiceBinding(gateway_pb2.DESCRIPTOR.services_by_name["Gateway"], servicer,

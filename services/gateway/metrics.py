@@ -67,6 +67,16 @@ class GatewayMetrics:
         for role in (PREFILL, DECODE):
             self.retries.labels(role)
         self.in_flight = Gauge("pdserve_requests_in_flight", "Generate calls in progress", registry=registry)
+        self.embeddings = Counter("pdserve_embeddings", "Inputs embedded or refused (a gRPC Embed call, one input of "
+                                  "/v1/embeddings), by outcome: ok, or the status code", ["outcome"], registry=registry)
+        self.embeddings.labels("ok")
+        self.embedding_tokens = Counter("pdserve_embedding_prompt_tokens", "Prompt tokens of the inputs embedded",
+                                        registry=registry)
+
+    def embedded(self, error: BaseException | None, prompt_tokens: int) -> None:
+        """One input's embedding ended: done (``error`` None, its ``prompt_tokens``) or failed."""
+        self.embeddings.labels("ok" if error is None else outcome_of(error)).inc()
+        self.embedding_tokens.inc(prompt_tokens)
 
     def track(self) -> RequestTracker:
         """A context manager for one ``Generate`` call; feed it every chunk sent (:meth:`RequestTracker.sent`)."""

@@ -37,6 +37,13 @@ async def test_an_input_is_embedded_on_a_prefill_node_and_pooled_as_asked(cluste
     assert (reply.usage.prompt_tokens, reply.usage.cached_tokens) == (len(ids), 0)
     normalised = await cluster.stub.Embed(gateway_pb2.EmbedRequest(token_ids=[5, 6, 7], dimensions=2), timeout=10)
     assert list(normalised.embedding) == [0.0, 1.0]
+    with pytest.raises(grpc.aio.AioRpcError):
+        await cluster.stub.Embed(gateway_pb2.EmbedRequest(), timeout=10)
+    registry = cluster.gateway.servicer.metrics.registry
+    counts = {outcome: registry.get_sample_value("pdserve_embeddings_total", {"outcome": outcome})
+              for outcome in ("ok", "invalid_argument")}
+    assert counts == {"ok": 2.0, "invalid_argument": 1.0}
+    assert registry.get_sample_value("pdserve_embedding_prompt_tokens_total") == len(ids) + 3
 
 
 async def test_a_text_gets_the_special_tokens_its_tokenizer_adds_unless_told_not_to(cluster, tokenizer, monkeypatch):

@@ -4,7 +4,8 @@ computed on a prefill node alone.
 
 - ``input``: a string, a list of strings, a list of token ids, or a list of such lists (at most
   :data:`MAX_INPUTS`); each runs as its own request, all at once (the prefill nodes batch them). An input that
-  fails fails the request (400 naming ``input[i]``, or the node's status); the others are cancelled.
+  fails fails the request (400 naming ``input[i]``, or the node's status); the others are cancelled, as they all
+  are when the client disconnects.
 - ``encoding_format``: ``float`` (default) or ``base64`` (little-endian float32 bytes, as OpenAI sends them).
 - ``dimensions``: the first that many values, normalised after (Matryoshka truncation, meaningful for models
   trained for it, such as Qwen3-Embedding); past the model's hidden size is a 400.
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+import structlog
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
@@ -32,8 +34,10 @@ from services.gateway.core import GatewayCore
 from services.gateway.embedding import Embedding, EmbedInput
 from services.gateway.openai import errors
 from services.gateway.openai.request_ids import echoed, request_id_of
+from services.gateway.openai.running import RequestGroup
 from services.gateway.openai.unsupported import refuse_unsupported
 
+log = structlog.get_logger(__name__)
 MAX_INPUTS = 2048  # OpenAI's limit of inputs in one request
 INLINE_VALUES = 65536  # an answer of more values is encoded on a thread
 
@@ -104,7 +108,19 @@ def add_embeddings_route(app: FastAPI, core: GatewayCore, served_model: str, is_
             raise errors.model_not_found(body.model, served_model)
         refuse_unsupported(body.model_extra)
         request_id, echo = request_id_of(request, "embd")
-        results = await _embed_all(core, *embed_inputs(body))
+        inputs, alone = embed_inputs(body)
+        results: list[Embedding] = []
+
+        async def run() -> None:
+            results.extend(await _embed_all(core, inputs, alone))
+
+        group = RequestGroup(request.receive)  # a client that leaves cancels its inputs on the nodes
+        try:
+            if not await group.unless_gone(run()):
+                log.info("HTTP client disconnected before its embeddings", request_id=request_id)
+                return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+        finally:
+            group.closed()
         tokens = sum(r.prompt_tokens for r in results)
 
         def answer() -> str:
