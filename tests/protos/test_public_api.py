@@ -29,7 +29,11 @@ def test_gateway_service_and_messages():
     assert methods(gateway_pb2, "Gateway") == {
         "Generate": (v1 + "GenerateRequest", v1 + "GenerateResponse", False, True),
         "ClusterStatus": (v1 + "ClusterStatusRequest", v1 + "ClusterStatusResponse", False, False),
+        "Embed": (v1 + "EmbedRequest", v1 + "EmbedResponse", False, False),
     }
+    assert {"request_id", "prompt", "token_ids", "truncate_prompt_tokens", "normalize", "dimensions",
+            "add_special_tokens"} <= fields(gateway_pb2.EmbedRequest)
+    assert fields(gateway_pb2.EmbedResponse) == {"request_id", "embedding", "usage", "prefill_node"}
     request = fields(gateway_pb2.GenerateRequest)
     assert {"request_id", "prompt", "token_ids", "messages", "sampling"} <= request
     assert fields(gateway_pb2.ChatMessage) == {"role", "content"}
