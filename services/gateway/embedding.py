@@ -1,6 +1,6 @@
 """Embeddings: one input run on a prefill node alone (``PrefillNode.Embed``; no decode node), answered with the
-final hidden state of its last token (last-token pooling, as decoder embedding models such as Qwen3-Embedding,
-gte-Qwen2 and e5-mistral are read), then cut to ``dimensions`` and L2-normalised here (:func:`pooled`).
+final hidden state of its last token (last-token pooling, as causal decoder embedding models such as
+Qwen3-Embedding and e5-mistral are read), then cut to ``dimensions`` and L2-normalised here (:func:`pooled`).
 
 The prefill node is the router's pick for the prompt (``Router.route_prefill_only``: the longest cached prefix,
 then the least loaded, ties rotating). A node
