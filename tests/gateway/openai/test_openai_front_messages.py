@@ -19,6 +19,7 @@ from pdserve.v1 import decode_pb2
 from services.engine.tokenizer import ChatMessage
 from services.gateway.generation import GenerateChunk, Usage
 from services.gateway.openai.messages_api.render import MessageEvents, MessageRender
+from services.gateway.openai.messages_api.to_chat import MessagesBody, chat_body_of
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.reasoning.qwen3 import Qwen3ReasoningParser
 from services.gateway.openai.tools.hermes import HermesParser
@@ -177,6 +178,23 @@ async def test_the_anthropic_packages_key_header_is_taken(tokenizer, model_confi
         await stop_front(front)
 
 
+async def test_output_config_format_is_the_output_constraint_and_effort_reaches_the_template(front, tokenizer):
+    """Anthropic's structured outputs (``output_config.format``, as ``messages.parse`` sends them) constrain the
+    output as chat's ``response_format`` does; ``effort`` is the template's ``reasoning_effort``."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    script_tokens(front, tokenizer, '{"a": 1}')
+    async with client_of(front) as client:
+        reply = await client.messages.create(model=MODEL, max_tokens=16, messages=CONVERSATION[:1], output_config={
+            "format": {"type": "json_schema", "schema": schema}, "effort": "max"})
+    structured = front.cluster.p.requests[-1].sampling.structured
+    assert structured.WhichOneof("kind") == "json_schema" and json.loads(structured.json_schema) == schema
+    assert json.loads(reply.content[0].text) == {"a": 1}
+    for effort, chat in (("low", "low"), ("high", "high"), ("xhigh", "high"), ("max", "high")):
+        body = MessagesBody(max_tokens=8, messages=CONVERSATION[:1], output_config={"effort": effort})
+        assert chat_body_of(body).reasoning_effort == chat
+
+
 BAD = [  # (body, status, the message's start)
     ({"messages": CONVERSATION[:1]}, 400, "max_tokens:"),
     ({"max_tokens": 0, "messages": CONVERSATION[:1]}, 400, "max_tokens:"),
@@ -193,6 +211,19 @@ BAD = [  # (body, status, the message's start)
     ({"max_tokens": 8, "messages": CONVERSATION[:1], "n": 2}, 400, "n:"),
     ({"max_tokens": 8, "messages": CONVERSATION[:1], "thinking": {"type": "sometimes"}}, 400, "thinking.type:"),
     ({"max_tokens": 8, "messages": CONVERSATION[:1], "model": "claude-opus"}, 404, "The model"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "output_config": {"format": {"type": "regex"}}}, 400,
+     "output_config.format.type:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "output_config": {"format": {"type": "json_schema"}}}, 400,
+     "output_config.format.schema:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "output_config": {"effort": "extreme"}}, 400,
+     "output_config.effort:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "output_config": {"task_budget": 5}}, 400,
+     "output_config.task_budget:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "output_config": {"format": {
+        "type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}}, 400,
+     "output_config.format:"),
+    ({"max_tokens": 8, "messages": CONVERSATION[:1], "response_format": {"type": "json_object"}}, 400,
+     "response_format:"),
 ]
 
 

@@ -14,8 +14,10 @@
   ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``.
 - ``max_tokens``, ``temperature``, ``top_p``, ``top_k``; ``stop_sequences`` → ``stop`` (the one that matched is
   named in ``stop_sequence``); ``thinking`` ``enabled`` / ``adaptive`` / ``disabled`` → the chat template's
-  ``enable_thinking`` (Qwen3's variable; ``budget_tokens`` is not enforced); ``metadata`` and ``service_tier``
-  change nothing. Undeclared fields go to the chat request as they are (vLLM's extensions: ``seed``,
+  ``enable_thinking`` (Qwen3's variable; ``budget_tokens`` is not enforced); ``output_config``: ``format`` (a JSON
+  schema, Anthropic's structured outputs) → ``response_format`` (the output is constrained to it), ``effort`` → the
+  template's ``reasoning_effort`` (``xhigh`` and ``max`` as ``high``); ``metadata`` and ``service_tier`` change
+  nothing. Undeclared fields go to the chat request as they are (vLLM's extensions: ``seed``,
   ``min_p``, ``chat_template_kwargs``, …), except the chat body's own spellings (``n``, ``stop``,
   ``max_completion_tokens``, …), refused naming Anthropic's field.
 """
@@ -31,8 +33,9 @@ from services.gateway.openai.errors import OpenAIError, param_of
 from services.gateway.openai.schemas import ChatCompletionBody, default_of
 
 CHAT_ONLY = {"max_completion_tokens": "max_tokens", "n": "one message per request", "stop": "stop_sequences",
-             "logprobs": "nothing (the Messages API has no logprobs)", "response_format": "nothing here",
-             "reasoning_effort": "thinking"}
+             "logprobs": "nothing (the Messages API has no logprobs)", "response_format": "output_config.format",
+             "reasoning_effort": "thinking or output_config.effort"}
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 UNSUPPORTED = ("container", "mcp_servers", "context_management")
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -62,6 +65,7 @@ class MessagesBody(BaseModel):
     thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+    output_config: dict[str, Any] | None = None
 
     @field_validator("*", mode="before")
     @classmethod
@@ -188,6 +192,32 @@ def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
     return {"enable_thinking": kind != "disabled"}
 
 
+def _output_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """``output_config``'s ``format`` (a JSON schema) → chat's ``response_format``; ``effort`` → the template's
+    ``reasoning_effort`` (``xhigh`` and ``max`` as ``high``, the most a chat template takes)."""
+    if config is None:
+        return {}
+    unknown = sorted(set(config) - {"format", "effort"})
+    if unknown:
+        raise _bad(f"output_config.{unknown[0]}", "is not supported by this server")
+    chat: dict[str, Any] = {}
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise _bad("output_config.effort", f"expected one of {', '.join(EFFORTS)}, got {effort!r}"[:300])
+        chat["reasoning_effort"] = EFFORTS[effort]
+    form = config.get("format")
+    if form is not None:
+        if not isinstance(form, dict) or form.get("type") != "json_schema":
+            kind = form.get("type") if isinstance(form, dict) else form
+            raise _bad("output_config.format.type", f"expected json_schema, got {kind!r}"[:300])
+        if not isinstance(form.get("schema"), dict):
+            raise _bad("output_config.format.schema", "expected a JSON schema (an object)")
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": form["schema"], "strict": True}}
+    return chat
+
+
 def chat_body_of(body: MessagesBody) -> ChatCompletionBody:
     """The chat completions body ``body`` runs as (a 400 naming Anthropic's param when it cannot)."""
     extra = dict(body.model_extra or {})
@@ -214,7 +244,8 @@ def chat_body_of(body: MessagesBody) -> ChatCompletionBody:
         **extra, "model": body.model, "messages": messages, "max_tokens": body.max_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "stop": body.stop_sequences,
         "stream": body.stream, "tools": _tools(body.tools), "tool_choice": tool_choice,
-        "parallel_tool_calls": parallel, "chat_template_kwargs": template_kwargs or None}
+        "parallel_tool_calls": parallel, "chat_template_kwargs": template_kwargs or None,
+        **_output_config(body.output_config)}
     if body.messages[-1].get("role") == "assistant":  # Anthropic's prefill: the reply continues that turn
         chat.update(add_generation_prompt=False, continue_final_message=True)
     try:
@@ -236,6 +267,10 @@ def anthropic_param(param: str | None) -> str | None:
         return "messages"
     if param == "stop" or param.startswith("stop["):
         return "stop_sequences"
+    if param.startswith("response_format"):  # output_config.format's schema, as chat's response_format holds it
+        rest = param[len("response_format"):]
+        return "output_config.format" + (rest.replace(".json_schema", "", 1) if rest.startswith(".json_schema")
+                                         else rest)
     if param.startswith("tool_choice.function"):
         return "tool_choice" + param[len("tool_choice.function"):]
     if param.startswith("tools[") and ".function" in param:
