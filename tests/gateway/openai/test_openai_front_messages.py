@@ -12,6 +12,7 @@ import typing
 import anthropic
 import grpc
 import httpx
+import pydantic
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pdserve.v1 import decode_pb2
@@ -190,6 +191,16 @@ async def test_output_config_format_is_the_output_constraint_and_effort_reaches_
     structured = front.cluster.p.requests[-1].sampling.structured
     assert structured.WhichOneof("kind") == "json_schema" and json.loads(structured.json_schema) == schema
     assert json.loads(reply.content[0].text) == {"a": 1}
+
+    class Answer(pydantic.BaseModel):
+        a: int
+
+    script_tokens(front, tokenizer, '{"a": 7}')
+    async with client_of(front) as client:  # the package's own helper: a type in, a parsed object out
+        parsed = await client.messages.parse(model=MODEL, max_tokens=16, messages=CONVERSATION[:1],
+                                             output_format=Answer)
+    assert parsed.parsed_output == Answer(a=7)
+    assert json.loads(front.cluster.p.requests[-1].sampling.structured.json_schema)["required"] == ["a"]
     for effort, chat in (("low", "low"), ("high", "high"), ("xhigh", "high"), ("max", "high")):
         body = MessagesBody(max_tokens=8, messages=CONVERSATION[:1], output_config={"effort": effort})
         assert chat_body_of(body).reasoning_effort == chat
