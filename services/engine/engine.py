@@ -302,11 +302,10 @@ class LLMEngine(PrefillRole, DecodeRole):
         for item in planned.batch.scheduled:  # finish as "stop" once nothing more may follow
             item.request.grammar_complete = item.request.request_id in sampled.completed
             item.request.prompt_logprobs += sampled.prompt_logprobs.get(item.request.request_id, ())
-            if item.request.request_id in sampled.embeddings:
-                item.request.embedding = sampled.embeddings[item.request.request_id]
         advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
-        outputs = [self._output(request, sampled.logprobs.get(request.request_id)) for request in advanced]
+        outputs = [self._output(r, sampled.logprobs.get(r.request_id), sampled.embeddings.get(r.request_id))
+                   for r in advanced]
         deferred, self._deferred_aborts = self._deferred_aborts | set(sampled.grammar_errors), set()
         for request_id in deferred:
             with contextlib.suppress(UnknownRequestError):
@@ -316,13 +315,14 @@ class LLMEngine(PrefillRole, DecodeRole):
                 outputs.append(aborted)
         return outputs
 
-    def _output(self, request: Request, logprobs: TokenLogprobs | None = None) -> RequestOutput:
+    def _output(self, request: Request, logprobs: TokenLogprobs | None = None,
+                embedding: list[float] | None = None) -> RequestOutput:
+        """``embedding``: an embedding request's, sampled in the same step as its one token."""
         token = request.output_token_ids[-1]
-        out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [])
+        out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [],
+                            embedding=embedding)
         if request.num_output_tokens == 1 and request.sampling.prompt_logprobs is not None:
             out.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, []  # with the first token
-        if request.embed and request.num_output_tokens == 1:
-            out.embedding = request.embedding
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
             ended_by_token = request.status is RequestStatus.FINISHED_STOPPED and isinstance(request.stop_reason, int)

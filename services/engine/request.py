@@ -90,7 +90,6 @@ class Request:
     first_token_time: float | None = None
     prefill_only: bool = False  # prefill role: stop after the first token and keep the KV for transfer
     embed: bool = False  # prefill role, an embedding request: the step that samples keeps its last row's state
-    embedding: Any = None  # with embed: the final hidden state of the last prompt token (float32 list)
     trace: Any = None  # a request_trace.RequestTrace hook when the node traces this request (tracing on)
     # a constrained request's grammar state, opaque here (the engine's structured/matcher.py RequestGrammar):
     # filled by the engine, rebuilt from the spec and the output tokens when missing or stale

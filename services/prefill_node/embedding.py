@@ -17,7 +17,6 @@ from services.common import tracing
 from services.common.cancellation import uncancellable
 from services.common.errors import UnavailableError
 from services.engine.engine import LLMEngine
-from services.engine.errors import EngineStoppedError
 from services.engine.prefill_role import FirstToken
 from services.engine.sampling_params import EMBEDDING_SAMPLING
 from services.engine_node.step_spans import RequestTrace
@@ -42,7 +41,7 @@ async def embed(node: PrefillNode, request_id: str, prompt_ids: list[int]) -> Em
     finally:
         live.ending = True  # an Abort from now on waits for this cleanup
         try:
-            await uncancellable(_clean_up(node, request_id))
+            await uncancellable(node.free_here(request_id))
         finally:
             node.live.leave(request_id, live)
 
@@ -57,13 +56,3 @@ async def _embed(node: PrefillNode, request_id: str, prompt_ids: list[int]) -> E
         pass  # an embedding request's KV is never read out: nothing else comes
     assert item.embedding is not None, "an embedding request's first token carries its embedding"
     return Embedded(item.embedding, item.cached_tokens)
-
-
-async def _clean_up(node: PrefillNode, request_id: str) -> None:
-    try:
-        await node.worker.call(LLMEngine.end_prefill, request_id)
-        await node.worker.released(request_id)
-    except EngineStoppedError:  # the engine failed (or stopped): nothing of it is used again
-        pass
-    finally:
-        node.handoffs.pop(request_id, None)

@@ -241,13 +241,7 @@ class PrefillNode:
         await sender.close()
         store = self.prefix_store
         write_back = abort_reason is None and store is not None and store.write_through
-        try:
-            computed = await self.worker.call(LLMEngine.end_prefill, request_id, write_back)
-            await self.worker.released(request_id)
-        except EngineStoppedError:  # the engine failed (or stopped): nothing of it is used again
-            computed = None
-        finally:
-            self.handoffs.pop(request_id, None)
+        computed = await self.free_here(request_id, write_back)
         if computed is not None and store is not None:
             store.write_back(request_id, block_hashes, *computed)
         if abort_reason is not None and self.worker.failure is None and abort_decode:
@@ -257,6 +251,18 @@ class PrefillNode:
         # first, the decode leg's stream would end before that, and the gateway would blame the decode
         # node and not retry the request on another prefill node. So is the reservation of a queued request
         # a drain ended (``abort_decode`` False): the gateway aborts it as it runs the request elsewhere.
+
+    async def free_here(self, request_id: str, read_computed: bool = False) -> tuple[int, bytes] | None:
+        """Free what the request holds here, once the engine let it go (``LLMEngine.end_prefill``; with
+        ``read_computed``, the prompt blocks it computed, read out first), and forget its handoff queue."""
+        try:
+            computed = await self.worker.call(LLMEngine.end_prefill, request_id, read_computed)
+            await self.worker.released(request_id)
+        except EngineStoppedError:  # the engine failed (or stopped): nothing of it is used again
+            computed = None
+        finally:
+            self.handoffs.pop(request_id, None)
+        return computed
 
     # ---- the cache-store (prefix_store.py) ------------------------------------------------------
     async def _start_fetch(self, request_id: str, prompt_ids: list[int], block_hashes: list[bytes]
