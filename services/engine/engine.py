@@ -42,6 +42,7 @@ from services.engine.request_trace import end_trace
 from services.engine.reservations import ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
+from services.engine.state_slots import StateSlots
 from services.engine.stats import EngineStats
 from services.engine.step_batch import SchedulerConfig, StepBatch
 from services.engine.structured.compiler import StructuredCompiler
@@ -58,6 +59,7 @@ from services.engine.weights.digest import weights_digest
 class PlannedStep:
     batch: StepBatch
     tables: dict[str, list[int]]
+    state_slots: dict[str, int] | None = None  # a hybrid model's: each scheduled request's recurrent-state slot
 
 
 class LLMEngine(PrefillRole, DecodeRole):
@@ -89,12 +91,18 @@ class LLMEngine(PrefillRole, DecodeRole):
             **self.model_identity, dtype=config.dtype, block_size=config.block_size,
             num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, **int4,
         )
-        self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
+        # a hybrid model's recurrent state cannot be rebuilt from KV blocks: no prefix reuse, no kept KV (a preempted
+        # request is recomputed), no output cache; each running request holds a state slot (state_slots.py)
+        hybrid = cfg.has_recurrent_state
+        self.state_slots = StateSlots() if hybrid else None
+        self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint,
+                                 config.enable_prefix_caching and not hybrid)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
-                                  deterministic=config.deterministic, graphs=self._graph_options(graph_capture))
-        remote = self._remote_store(remote_store)
+                                  deterministic=config.deterministic, graphs=self._graph_options(graph_capture),
+                                  state_slots=config.max_num_seqs)
+        remote = None if hybrid else self._remote_store(remote_store)
         block_bytes = bytes_per_block(self.runner.kv_cache)
-        self.offload = KVOffload(block_bytes, int(config.offload_host_gib * 2**30), remote,
+        self.offload = KVOffload(block_bytes, 0 if hybrid else int(config.offload_host_gib * 2**30), remote,
                                  fingerprint=self.fingerprint, remote_first=config.offload_remote == "always",
                                  staging_limit_bytes=num_blocks * block_bytes)
         self.scheduler = Scheduler(
@@ -115,7 +123,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.reservations = ReservationBook(self.kv, self.scheduler)
         self.handovers = Handovers(self.scheduler, self.offload)
         self.adoptions = Adoptions(self.kv, self.scheduler, self.reservations)
-        output_remote = self._remote_store(remote_store) if config.cache_outputs else None
+        output_remote = self._remote_store(remote_store) if config.cache_outputs and not hybrid else None
         self.output_cache = OutputCache(output_remote, self.fingerprint, self.offload.bytes_per_block) \
             if output_remote is not None else None
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -252,7 +260,7 @@ class LLMEngine(PrefillRole, DecodeRole):
     def kv_layout_spec(self) -> KVLayoutSpec:
         """The layout of this engine's KV blocks (fixed at construction: no engine lock needed)."""
         cfg = self.model.config
-        return KVLayoutSpec(dtype=self.config.dtype, block_size=self.kv.block_size, num_layers=cfg.num_layers,
+        return KVLayoutSpec(dtype=self.config.dtype, block_size=self.kv.block_size, num_layers=len(cfg.kv_layers),
                             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, model_fingerprint=self.fingerprint,
                             bytes_per_block=bytes_per_block(self.runner.kv_cache))
 
@@ -282,7 +290,15 @@ class LLMEngine(PrefillRole, DecodeRole):
             return None
         tables = {s.request.request_id: self.kv.block_ids(s.request.request_id) for s in batch.scheduled}
         self._in_flight = batch.request_ids
-        return PlannedStep(batch, tables)
+        return PlannedStep(batch, tables, self._plan_state_slots(batch))
+
+    def _plan_state_slots(self, batch: StepBatch) -> dict[str, int] | None:
+        """A hybrid model's: free the slots of requests that stopped running, then the scheduled requests' slots."""
+        if self.state_slots is None:
+            return None
+        running = {r.request_id for r in self.scheduler.running}
+        self.state_slots.sweep(running.__contains__)
+        return self.state_slots.assign_all(s.request.request_id for s in batch.scheduled)
 
     def execute_step(self, planned: PlannedStep) -> StepSamples:
         """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no
@@ -294,7 +310,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.offload.copy_in(self.runner.kv_cache, batch.swap_in)
         if not batch.scheduled:
             return StepSamples()
-        return self.runner.execute(batch, planned.tables)
+        return self.runner.execute(batch, planned.tables, planned.state_slots)
 
     def end_step(self, planned: PlannedStep, sampled: StepSamples) -> list[RequestOutput]:
         self.scheduler.release_swapped(planned.batch)

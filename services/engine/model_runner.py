@@ -13,6 +13,7 @@ from services.engine.decode_graphs import GraphOptions, build_decode_graphs
 from services.engine.logprob_compute import token_logprobs
 from services.engine.logprobs import TokenLogprobs
 from services.engine.model.decoder import DecoderModel
+from services.engine.recurrent_states import RecurrentStates
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
 
@@ -32,10 +33,14 @@ class ModelRunner:
     recompute.
 
     ``graphs``: decode-only steps replay captured graphs (``decode_graphs``); the KV tensor then has one
-    block more than ``num_blocks``, the last, where padding rows write (the pool never hands it out)."""
+    block more than ``num_blocks``, the last, where padding rows write (the pool never hands it out).
+
+    A hybrid model (``config.linear_attention``): the KV tensor holds its attention layers only, and
+    :attr:`states` (``state_slots`` to start with) its linear-attention layers' recurrent states; :meth:`execute`
+    takes each scheduled request's slot. Its steps run eager."""
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,
-                 deterministic: bool = False, graphs: GraphOptions | None = None):
+                 deterministic: bool = False, graphs: GraphOptions | None = None, state_slots: int = 1):
         if deterministic:
             if attention_backend not in (None, "auto", DETERMINISTIC_ATTENTION):
                 raise ValueError(f"the deterministic mode needs attention backend {DETERMINISTIC_ATTENTION!r}, "
@@ -45,10 +50,16 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
+        if cfg.has_recurrent_state:
+            graphs = None  # the linear-attention layers' states are read and written per sequence: eager only
         sink = 1 if graphs is not None else 0
-        self.kv_cache = torch.zeros(cfg.num_layers, num_blocks + sink, 2, block_size, cfg.num_kv_heads, cfg.head_dim,
-                                    dtype=model.dtype, device=model.device)
+        self.kv_cache = torch.zeros(len(cfg.kv_layers), num_blocks + sink, 2, block_size, cfg.num_kv_heads,
+                                    cfg.head_dim, dtype=model.dtype, device=model.device)
         self.kv_layers = list(self.kv_cache.unbind(0))
+        self.states: RecurrentStates | None = None
+        if cfg.linear_attention is not None:
+            self.states = RecurrentStates(cfg.linear_attention, state_slots, model.dtype, model.device)
+            model.bind_states(self.states)  # type: ignore[attr-defined]
         self.attention = _attention_for(model, attention_backend)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
                                                                       graphs)
@@ -59,7 +70,13 @@ class ModelRunner:
         return self.kv_cache.numel() * self.kv_cache.element_size()
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch, block_tables: dict[str, list[int]]) -> StepSamples:
+    def execute(self, batch: StepBatch, block_tables: dict[str, list[int]],
+                state_slots: dict[str, int] | None = None) -> StepSamples:
+        """Run one step. ``state_slots``: each scheduled request's state slot (a hybrid model's)."""
+        if self.states is not None:
+            assert state_slots is not None, "a hybrid model's step needs its requests' state slots"
+            self.states.set_plan([state_slots[s.request.request_id] for s in batch.scheduled],
+                                 [s.num_new_tokens for s in batch.scheduled], [s.start == 0 for s in batch.scheduled])
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens, seq_lens, tables, logits_indices, samplers, prompt_lens = [], [], [], [], [], []

@@ -68,7 +68,8 @@ def test_mixed_engine_gives_transformers_greedy_tokens(family):
     hit = engine.generate([prompts[names[-1]]], sampling)[0]  # after "long": its first 256 tokens are cached
     results = [*first, hit]
     margins = [assert_matches(f"{name}/{n}", expected[n], r.token_ids) for n, r in zip(names, results, strict=True)]
-    assert hit.cached_tokens == 256, hit.cached_tokens
+    # a hybrid model's recurrent state is not in its KV blocks: no prefix reuse
+    assert hit.cached_tokens == (0 if engine.model.config.has_recurrent_state else 256), hit.cached_tokens
     engine.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     print(f"{name}: smallest reference margin {min(margins):.4f}")
@@ -77,7 +78,7 @@ def test_mixed_engine_gives_transformers_greedy_tokens(family):
 # preempted and resumed: the families whose KV or attention differs (windows, sinks, a softcap, a local rope, latent
 # KV, experts, a fused projection); every other family's layer is one of theirs
 PREEMPTED = ("llama3", "mistral", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "deepseek-v3", "olmo3",
-             "minimax_m2")
+             "minimax_m2", "qwen3_5")
 
 
 @pytest.mark.parametrize("name", PREEMPTED)
@@ -91,7 +92,9 @@ def test_preempted_and_resumed_requests_keep_transformers_tokens(name, family_di
     for i, (result, reference) in enumerate(zip(results, expected, strict=True)):
         assert_matches(f"{name}/pressure-{i}", reference, result.token_ids)
     stats = engine.scheduler.stats
-    assert stats.preemptions_total > 0 and stats.resumes_total > 0, stats
+    # a hybrid model's preempted requests are recomputed (their recurrent state is not kept with their KV)
+    resumed = stats.recomputes_total if engine.model.config.has_recurrent_state else stats.resumes_total
+    assert stats.preemptions_total > 0 and resumed > 0, stats
     engine.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 

@@ -20,7 +20,12 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
+_HYBRID = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+               linear_conv_kernel_dim=4, tie_word_embeddings=False)
+RANDOM_NORMS = {"qwen3_5", "qwen3_5-moe", "qwen3_next",
+                "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2",
@@ -150,6 +155,17 @@ FAMILIES: dict[str, dict] = {
                    attn_logit_softcapping=3.0, final_logit_softcapping=30.0, rope_theta=10000.0,
                    tie_word_embeddings=True),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
+    # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
+    # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
+    # by 1 + weight, initialised to 0)
+    "qwen3_5": dict(model_type="qwen3_5_text", **_HYBRID),
+    # Qwen3.5-MoE: the same layers, experts with a gated shared expert on every layer
+    "qwen3_5-moe": dict(model_type="qwen3_5_moe_text", **_HYBRID, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=48, shared_expert_intermediate_size=64),
+    # Qwen3-Next: its DeltaNet projections fused per key head; dense MLP on its middle layer (mlp_only_layers)
+    "qwen3_next": dict(model_type="qwen3_next", **_HYBRID, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[1],
+                       norm_topk_prob=True),
     # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
     # softcap: as in Google's files; transformers' multimodal class would not apply one)
     "gemma3-multimodal": dict(model_type="gemma3", text_config=_GEMMA3_TEXT | {"final_logit_softcapping": None},

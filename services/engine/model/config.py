@@ -133,6 +133,43 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
+class LinearAttention:
+    """Gated DeltaNet layers (Qwen3.5, Qwen3-Next; :mod:`services.engine.model.hybrid_decoder`): ``layers`` mix
+    tokens through a recurrent state of fixed size instead of attention over a KV cache. Per layer and sequence the
+    state is the last ``conv_kernel - 1`` inputs of a depthwise causal convolution over the q/k/v rows
+    (``conv_dim`` channels) and a ``[value_heads, key_head_dim, value_head_dim]`` float32 matrix the gated delta
+    rule reads and writes."""
+
+    layers: tuple[int, ...]
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"config linear attention {name} must be >= 1, got {getattr(self, name)}")
+        if self.value_heads % self.key_heads:
+            raise ModelLoadError(f"linear attention: {self.value_heads} value heads do not divide into "
+                                 f"{self.key_heads} key heads")
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The convolution's channels: q, k and v rows."""
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
     Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
@@ -184,6 +221,11 @@ class ModelConfig:
     # multi-head latent attention: the KV cache has one head of ``mla.cache_dim`` (``num_kv_heads`` 1, ``head_dim``
     # the cache row, ``rotary_dim`` its rope key)
     mla: LatentAttention | None = None
+    # hybrid models: the layers whose token mixing is a recurrent state (no KV), and what it is
+    linear_attention: LinearAttention | None = None
+    # the attention's output is multiplied by the sigmoid of a gate the q projection also gives (Qwen3.5's and
+    # Qwen3-Next's full-attention layers: each head's q rows, then its gate rows)
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -205,6 +247,11 @@ class ModelConfig:
             raise ModelLoadError(f"NoPE layers {self.nope_layers} outside the {self.num_layers} layers")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
+        linear = self.linear_attention
+        if linear is not None and (not linear.layers or len(linear.layers) >= self.num_layers
+                                   or any(not 0 <= i < self.num_layers for i in linear.layers)):
+            raise ModelLoadError(f"linear attention layers {linear.layers} must be some, not all, of the "
+                                 f"{self.num_layers} layers")
         mla = self.mla
         if mla is not None and (self.num_kv_heads, self.head_dim, self.rotary_dim) != (1, mla.cache_dim,
                                                                                          mla.qk_rope_head_dim):
@@ -220,8 +267,20 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that keep KV (a hybrid model's attention layers; every layer otherwise), in order: the KV
+        cache's layer ``n`` is layer ``kv_layers[n]``'s."""
+        linear = () if self.linear_attention is None else self.linear_attention.layers
+        return tuple(i for i in range(self.num_layers) if i not in linear)
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Some layers carry a per-sequence state beside the KV (a hybrid model)."""
+        return self.linear_attention is not None
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.kv_size * dtype_bytes
+        return 2 * len(self.kv_layers) * self.kv_size * dtype_bytes
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``'s attention (None: full attention)."""

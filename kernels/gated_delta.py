@@ -1,0 +1,140 @@
+"""Gated DeltaNet's token mixing over a batch of sequences that each carry a recurrent state (Qwen3.5's and
+Qwen3-Next's linear-attention layers): a depthwise causal convolution and the gated delta rule, pure torch.
+
+A step's rows are the concatenated new tokens of its sequences (``query_lens`` each, in order, as the
+paged-attention backends take them); sequence ``b``'s state is row ``slots[b]`` of the state tensors, read as
+zeros where ``fresh[b]`` (its first token is among these rows) and written back in place.
+
+The delta rule runs in float32, as the released models' kernels do: a sequence of one token by the recurrence
+(all such sequences of the step at once), a longer one in chunks of :data:`CHUNK` tokens (the WY form: within a
+chunk the rule is a unit-triangular solve and matrix products; across chunks the state carries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+
+def _groups(query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The indices of the one-token sequences, and of the others."""
+    single = [b for b, n in enumerate(query_lens) if n == 1]
+    return single, [b for b, n in enumerate(query_lens) if n != 1]
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: Sequence[int],
+                  query_lens: Sequence[int], fresh: Sequence[bool]) -> torch.Tensor:
+    """SiLU of each sequence's depthwise causal convolution: ``x [T, C]``, ``weight [C, K]``, ``states
+    [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in place). Returns ``[T, C]``."""
+    out = torch.empty_like(x)
+    width = weight.shape[1] - 1
+    starts = _starts(query_lens)
+    single, longer = _groups(query_lens)
+    if single:
+        rows, index = torch.tensor([starts[b] for b in single]), torch.tensor([slots[b] for b in single])
+        past = states[index]
+        past[torch.tensor([fresh[b] for b in single])] = 0
+        window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
+        out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), groups=weight.shape[0])[..., 0])
+        states[index] = window[..., 1:]
+    for b in longer:
+        seq = x[starts[b]:starts[b] + query_lens[b]].t()  # [C, L]
+        past = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
+        window = torch.cat([past, seq], dim=-1)  # [C, K-1+L]
+        conv = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]  # [C, L]
+        out[starts[b]:starts[b] + query_lens[b]] = F.silu(conv).t()
+        states[slots[b]] = window[:, -width:]
+    return out
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int],
+                     fresh: Sequence[bool]) -> torch.Tensor:
+    """The gated delta rule: ``q, k [T, Hk, dk]`` (l2-normed here; q then scaled by ``dk ** -0.5``), ``v [T, Hv,
+    dv]`` (each key head serves ``Hv / Hk`` consecutive value heads), ``g [T, Hv]`` the log decay, ``beta [T, Hv]``
+    the write strength; ``states [slots, Hv, dk, dv]`` float32, updated in place. Returns ``[T, Hv, dv]`` in v's
+    dtype."""
+    heads = v.shape[1]
+    if k.shape[1] != heads:
+        q = q.repeat_interleave(heads // k.shape[1], dim=1)
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+    q = _l2norm(q.float()) * q.shape[-1] ** -0.5
+    k, values, g, beta = _l2norm(k.float()), v.float(), g.float(), beta.float()
+    out = torch.empty_like(values)
+    starts = _starts(query_lens)
+    single, longer = _groups(query_lens)
+    if single:
+        rows, index = torch.tensor([starts[b] for b in single]), torch.tensor([slots[b] for b in single])
+        state = states[index]
+        state[torch.tensor([fresh[b] for b in single])] = 0
+        out[rows] = _recurrent_step(q[rows], k[rows], values[rows], g[rows], beta[rows], state)
+        states[index] = state
+    for b in longer:
+        span = slice(starts[b], starts[b] + query_lens[b])
+        state = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
+        out[span], states[slots[b]] = _chunked(q[span], k[span], values[span], g[span], beta[span], state)
+    return out.to(v.dtype)
+
+
+def _starts(query_lens: Sequence[int]) -> list[int]:
+    starts, total = [], 0
+    for n in query_lens:
+        starts.append(total)
+        total += n
+    return starts
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state: torch.Tensor) -> torch.Tensor:
+    """One token of ``n`` sequences (``q, k [n, H, dk]``, ``v [n, H, dv]``, ``g, beta [n, H]``); ``state [n, H, dk,
+    dv]`` updated in place. Returns ``[n, H, dv]``."""
+    state.mul_(g.exp()[..., None, None])
+    remembered = torch.einsum("nhkv,nhk->nhv", state, k)
+    delta = (v - remembered) * beta[..., None]
+    state.add_(k[..., :, None] * delta[..., None, :])
+    return torch.einsum("nhkv,nhk->nhv", state, q)
+
+
+def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence of ``L`` tokens (``q, k [L, H, dk]``, ``v [L, H, dv]``, ``g, beta [L, H]``) from ``state [H, dk,
+    dv]``: its outputs ``[L, H, dv]`` and its final state. Padding to whole chunks (k, v, beta and g zero) leaves
+    the state as it was."""
+    length = q.shape[0]
+    pad = -length % CHUNK
+    if pad:
+        q, k, v, g, beta = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (q, k, v, g, beta))
+    chunks = q.shape[0] // CHUNK
+    # [H, chunks, C, ...]
+    q, k, v = (t.view(chunks, CHUNK, *t.shape[1:]).permute(2, 0, 1, 3) for t in (q, k, v))
+    g, beta = (t.view(chunks, CHUNK, -1).permute(2, 0, 1) for t in (g, beta))
+    decay_sum = g.cumsum(-1)  # [H, chunks, C]
+    below = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    decay = (decay_sum[..., :, None] - decay_sum[..., None, :]).masked_fill(~below, float("-inf")).exp()
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    strictly = (k_beta @ k.transpose(-1, -2) * decay).masked_fill(below.logical_not().logical_or(
+        torch.eye(CHUNK, dtype=torch.bool, device=q.device)), 0.0)
+    eye = torch.eye(CHUNK, dtype=q.dtype, device=q.device)
+    # the chunk's delta rule without its state: (I + strictly lower part)^-1 applied to the beta-weighted rows
+    solve = torch.linalg.solve_triangular(eye + strictly, eye.expand_as(strictly).contiguous(), upper=False,
+                                          unitriangular=True)
+    values = solve @ v_beta
+    key_decay = solve @ (k_beta * decay_sum.exp()[..., None])
+    within = (q @ k.transpose(-1, -2) * decay).masked_fill(~below, 0.0)
+    out = torch.empty_like(values)
+    for c in range(chunks):
+        fresh_values = values[:, c] - key_decay[:, c] @ state
+        out[:, c] = (q[:, c] * decay_sum[:, c, :, None].exp()) @ state + within[:, c] @ fresh_values
+        last = decay_sum[:, c, -1]
+        state = state * last.exp()[:, None, None] + \
+            (k[:, c] * (last[:, None] - decay_sum[:, c]).exp()[..., None]).transpose(-1, -2) @ fresh_values
+    heads, dim = out.shape[0], out.shape[-1]
+    return out.permute(1, 2, 0, 3).reshape(chunks * CHUNK, heads, dim)[:length], state
