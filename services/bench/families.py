@@ -73,6 +73,15 @@ SHAPES: dict[str, dict] = {
                                             "beta_slow": 1.0, "truncate": False,
                                             "original_max_position_embeddings": 4096, "rope_theta": 150000.0},
                            rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # Qwen/Qwen3.5-0.8B's text model: 24 layers, three Gated DeltaNet layers (16 key and 16 value heads of 128) to
+    # one full-attention layer (8/2 heads of 256, rope on a quarter of each, an output gate), 248320 ids
+    "qwen3.5-0.8b": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=1024, intermediate_size=3584,
+                         num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                         linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.25},
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
     # the same families, small enough for the test of this benchmark (the bundled tokenizer has 49152 ids)
     "tiny-qwen3": dict(model_type="qwen3", vocab_size=49152, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -82,6 +91,11 @@ SHAPES: dict[str, dict] = {
                        max_position_embeddings=1024, rope_theta=500000.0, tie_word_embeddings=True,
                        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                          high_freq_factor=4.0, original_max_position_embeddings=256)),
+    "tiny-qwen3.5": dict(model_type="qwen3_5_text", vocab_size=49152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                         linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=1024,
+                         tie_word_embeddings=True),
     "tiny-gemma3": dict(model_type="gemma3_text", vocab_size=49152, hidden_size=64, intermediate_size=128,
                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
                         max_position_embeddings=1024, sliding_window=8,
@@ -155,10 +169,11 @@ class TransformersRunner:
 def floor_ms(cfg: ModelConfig, bandwidth: float, batch: int, mean_context: float) -> float:
     """The least time a bf16 decode step can take: the weights the batch's tokens use (a sparse layer: the
     experts they pick, expected under uniform routing) and the batch's KV, read once (a sliding-window layer
-    reads at most its window of it)."""
-    kv_per_layer = cfg.kv_bytes_per_token(2) / cfg.num_layers
-    kv = sum(min(mean_context, cfg.window(i) or mean_context) for i in range(cfg.num_layers)) * kv_per_layer
-    return (weight_bytes(cfg, 2, batch) + batch * kv) / bandwidth * 1000
+    reads at most its window of it); a hybrid model's recurrent states, each read and written once."""
+    kv_per_layer = cfg.kv_bytes_per_token(2) / len(cfg.kv_layers)
+    kv = sum(min(mean_context, cfg.window(i) or mean_context) for i in cfg.kv_layers) * kv_per_layer
+    state = 0 if cfg.linear_attention is None else 2 * cfg.linear_attention.state_bytes(2)
+    return (weight_bytes(cfg, 2, batch) + batch * (kv + state)) / bandwidth * 1000
 
 
 def _engine(path: Path, args: argparse.Namespace) -> LLMEngine:

@@ -176,6 +176,13 @@ class DecodeNode:
             if self._writing[request_id] <= 0:
                 del self._writing[request_id]
 
+    async def receive_state(self, request_id: str, offset: int, total_bytes: int, payload: bytes) -> int:
+        """A piece of a hybrid model's recurrent state, kept with the reservation until its commit. Returns the
+        lease."""
+        lease_s = await self.worker.call(LLMEngine.receive_state, request_id, offset, total_bytes, payload)
+        self.kv_received.add(len(payload), 0, 0.0)
+        return _unix_ms(lease_s)
+
     async def renew(self, request_id: str) -> int:
         """A keepalive from the prefill node: the lease holds on. Returns it."""
         return _unix_ms(await self.worker.call(LLMEngine.renew_reservation, request_id))

@@ -127,6 +127,10 @@ class DecodeNodeServicer(decode_pb2_grpc.DecodeNodeServicer):
             check_batch(message.blocks, self.layout.bytes_per_block)
         if kind == "blocks" and message.blocks.source_block_ids:
             return await self._receive_by_reference(message, request_id, ipc_sessions.get(request_id, ""))
+        if kind == "state":
+            state = message.state
+            lease = await self.node.receive_state(request_id, state.offset, state.total_bytes, state.payload)
+            return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)
         if kind == "keepalive":
             lease = await self.node.renew(request_id)
             return decode_pb2.KVAck(seq=message.seq, request_id=request_id, lease_deadline_unix_ms=lease)

@@ -2,7 +2,7 @@
 
 - ``seq`` strictly increasing on the stream (``INVALID_ARGUMENT`` naming seq);
 - the grant's token (``grants.py``): a ``KVHeader``, ``KVKeepAlive`` or ``KVCommit`` carries it; a
-  ``KVBlockBatch`` is bound to its stream: accepted only for a request whose header presented the grant's
+  ``KVBlockBatch`` or ``KVState`` is bound to its stream: accepted only for a request whose header presented the grant's
   current token on this same stream (a grant re-made under the same id after an abort has a new token, so
   an older header does not open it). Missing or wrong: ``PERMISSION_DENIED`` naming "grant token";
 - a header's ``ipc_session``: one this node accepted (``INVALID_ARGUMENT`` naming ipc_session), opened by
@@ -47,7 +47,7 @@ class TransferGate:
             self.verified[request_id] = header.grant_token
             if header.ipc_session:
                 self.ipc_sessions[request_id] = header.ipc_session
-        elif kind == "blocks":
+        elif kind in ("blocks", "state"):
             token = self.verified.get(request_id)
             if token is None:
                 if not self.grants.live(request_id):

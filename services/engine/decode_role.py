@@ -14,6 +14,7 @@ lease ran out. The lease calls return the lease's length in seconds (its deadlin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,10 +24,12 @@ from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.errors import InvalidRequestError
 from services.engine.handover import HandedRequest, Handovers, MigrationPoll
 from services.engine.kv_offload import KVOffload
+from services.engine.recurrent_states import RecurrentStates
 from services.engine.request import Request, RequestStatus
 from services.engine.request_trace import RequestTrace, end_trace
-from services.engine.reservations import Refusal, Reservation, ReservationBook
+from services.engine.reservations import IncompleteTransferError, Refusal, Reservation, ReservationBook
 from services.engine.sampling_params import SamplingParams
+from services.engine.state_slots import StateSlots
 from services.engine.validation import RequestValidator
 
 __all__ = ["AdoptionGrant", "DecodeRole", "HandedRequest", "MigrationPoll", "Refusal", "Reservation"]
@@ -45,6 +48,9 @@ class DecodeRole:
     _requests: dict[str, Request]
     _detokenizers: dict[str, IncrementalDetokenizer]
     check_structured: Callable[..., None]
+    state_slots: StateSlots | None  # a hybrid model's (engine.py)
+    recurrent_states: RecurrentStates | None
+    _sweep_state_slots: Callable[[], None]
 
     # ---- reservations: KV a prefill node computes for this node -----------------------------------------
     def reserve(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams,
@@ -65,6 +71,25 @@ class DecodeRole:
     def unreceive_blocks(self, request_id: str, block_ids: list[int]) -> None:
         """Undo :meth:`receive_blocks` for blocks whose bytes never arrived (they may be sent again)."""
         self.reservations.unreceive(request_id, block_ids)
+
+    def receive_state(self, request_id: str, offset: int, total_bytes: int, payload: bytes) -> float:
+        """A piece of a hybrid model's recurrent state (``KVState``), at ``offset`` of ``total_bytes``: kept with the
+        reservation until :meth:`commit` writes it into the request's state slot; renews the lease. Raises
+        ``LeaseExpiredError`` (no such reservation) or ``InvalidRequestError`` naming the field (nothing kept) for a
+        model without one, another size, a piece out of order or past the end."""
+        reservation = self.reservations.get(request_id)
+        size = 0 if self.recurrent_states is None else self.recurrent_states.bytes_per_slot
+        if not size:
+            raise InvalidRequestError("state", "this node's model keeps no recurrent state")
+        if total_bytes != size:
+            raise InvalidRequestError("state.total_bytes", f"is {total_bytes}, this node's model's state is {size}")
+        if offset != len(reservation.recurrent_state):
+            raise InvalidRequestError("state.offset", f"is {offset}, where {len(reservation.recurrent_state)} bytes "
+                                                      "of the state arrived so far")
+        if offset + len(payload) > size:
+            raise InvalidRequestError("state.payload", f"{len(payload)} bytes at {offset} run past the state's {size}")
+        reservation.recurrent_state += payload
+        return self.reservations.renew(request_id).lease_s
 
     def renew_reservation(self, request_id: str) -> float:
         """A keepalive from the prefill node: the lease holds on. Raises ``LeaseExpiredError``."""
@@ -94,7 +119,14 @@ class DecodeRole:
         spec = reservation.request.sampling.structured
         if spec is not None:  # the prefill node sampled it under the same grammar: anything else is a bug there
             self.check_structured(spec, [first_token_id], "commit.first_token_id")
+        state = reservation.recurrent_state
+        if self.recurrent_states is not None and len(state) != self.recurrent_states.bytes_per_slot:
+            raise IncompleteTransferError(f"{request_id!r}: commit before its recurrent state arrived ({len(state)} "
+                                          f"of {self.recurrent_states.bytes_per_slot} bytes)")
         request = self.reservations.commit(request_id, first_token_id)
+        if self.state_slots is not None and self.recurrent_states is not None:  # it runs from now: its state too
+            self._sweep_state_slots()
+            self.recurrent_states.write(self.state_slots.assign(request_id), state)
         request.trace = trace if trace is not None else request.trace
         self._requests[request_id] = request
         return request
@@ -155,6 +187,8 @@ class DecodeRole:
         """Blocks for a request another decode node hands over, if the admission policy leaves room; its
         KV is then fetched into ``AdoptionGrant.block_ids`` and :meth:`complete_adoption` starts it."""
         self._check_new_id(handed.request_id)
+        if self.state_slots is not None and not handed.recompute:  # a hybrid model's state is not in the KV copy
+            handed = dataclasses.replace(handed, num_computed_tokens=0, kv_keys=())
         bad = next((t for t in handed.output_token_ids if not 0 <= t < self.validator.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError("output_token_ids", f"token id {bad} is outside the vocabulary "

@@ -29,6 +29,7 @@ from services.engine.handover import Handovers
 from services.engine.kv_layout_spec import KVLayoutSpec
 from services.engine.kv_offload import KVOffload
 from services.engine.logprobs import TokenLogprobs
+from services.engine.model.config import ModelConfig
 from services.engine.model.decoder import DecoderModel, check_vocabulary
 from services.engine.model.registry import model_class
 from services.engine.model_runner import ModelRunner, StepSamples
@@ -36,6 +37,7 @@ from services.engine.output_cache import OutputCache
 from services.engine.outputs import CompletedRequest, RequestOutput
 from services.engine.prefill_handoff import Handoff
 from services.engine.prefill_role import PrefillRole
+from services.engine.recurrent_states import RecurrentStates
 from services.engine.remote_store import RemoteBlockStore, RemoteStoreFactory
 from services.engine.request import Request, RequestStatus
 from services.engine.request_trace import end_trace
@@ -53,6 +55,20 @@ from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
+
+
+def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) -> int:
+    """The KV blocks ``kv_cache_gib`` holds, after a hybrid model's ``max_num_seqs`` recurrent-state slots (a budget
+    they fill is refused naming both settings)."""
+    budget = int(config.kv_cache_gib * 2**30)
+    if cfg.linear_attention is not None:
+        states = config.max_num_seqs * cfg.linear_attention.state_bytes(dtype_bytes)
+        if states >= budget:
+            raise ValueError(f"kv_cache_gib {config.kv_cache_gib} does not hold the recurrent states of max_num_seqs "
+                             f"{config.max_num_seqs} requests ({states / 2**30:.2f} GiB): raise the one or lower the "
+                             "other")
+        budget -= states
+    return max(1, budget // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size))
 
 
 @dataclass(frozen=True)
@@ -80,9 +96,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         cfg = model.config
         self.max_model_len = min(config.max_model_len or cfg.max_position, cfg.max_position)
         dtype_bytes = torch.finfo(model.dtype).bits // 8
-        num_blocks = config.num_kv_blocks or max(
-            1, int(config.kv_cache_gib * 2**30) // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size)
-        )
+        num_blocks = config.num_kv_blocks or _blocks_in_budget(config, cfg, dtype_bytes)
         int4 = {"int4_max_rows": model.int4_max_rows} if model.int4_max_rows else {}
         if config.deterministic:  # other numerics: its KV is not a default node's, nor one of other kernels'
             int4["deterministic"] = deterministic_kernels(model.device)
@@ -94,7 +108,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         # a hybrid model's recurrent state cannot be rebuilt from KV blocks: no prefix reuse, no kept KV (a preempted
         # request is recomputed), no output cache; each running request holds a state slot (state_slots.py)
         hybrid = cfg.has_recurrent_state
-        self.state_slots = StateSlots() if hybrid else None
+        self.state_slots = StateSlots(config.max_num_seqs) if hybrid else None
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint,
                                  config.enable_prefix_caching and not hybrid)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
@@ -228,7 +242,9 @@ class LLMEngine(PrefillRole, DecodeRole):
         if request is None:
             raise UnknownRequestError(f"no request {request_id!r}")
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-        return self._finish_output(request, RequestOutput(request_id))
+        out = self._finish_output(request, RequestOutput(request_id))
+        self._sweep_state_slots()
+        return out
 
     def discard(self, request_id: str) -> bool:
         """:meth:`abort` for callers that do not mind whether the request is still here (idempotent)."""
@@ -247,6 +263,11 @@ class LLMEngine(PrefillRole, DecodeRole):
         """The KV cache tensor ``[layers, blocks, 2, block_size, kv_heads, head_dim]`` (its device, a CUDA
         IPC export). Only blocks the caller holds may be read or written through it."""
         return self.runner.kv_cache
+
+    @property
+    def recurrent_states(self) -> RecurrentStates | None:
+        """A hybrid model's recurrent states (``recurrent_states.py``); None for other models."""
+        return self.runner.states
 
     @property
     def num_blocks(self) -> int:
@@ -296,9 +317,23 @@ class LLMEngine(PrefillRole, DecodeRole):
         """A hybrid model's: free the slots of requests that stopped running, then the scheduled requests' slots."""
         if self.state_slots is None:
             return None
-        running = {r.request_id for r in self.scheduler.running}
-        self.state_slots.sweep(running.__contains__)
+        self._sweep_state_slots()
         return self.state_slots.assign_all(s.request.request_id for s in batch.scheduled)
+
+    def _sweep_state_slots(self) -> None:
+        """Free the state slots of requests no longer running (so that the slots in use never outnumber the
+        running requests, at most ``max_num_seqs``)."""
+        if self.state_slots is not None:
+            running = {r.request_id for r in self.scheduler.running}
+            self.state_slots.sweep(running.__contains__)
+
+    def _handed_off_state(self, request: Request) -> bytes | None:
+        """The recurrent state of a hybrid model's prefill-only request handed off in this step (its decode node
+        goes on from it), read before its slot is freed."""
+        if self.state_slots is None or request.status is not RequestStatus.FINISHED_HANDED_OFF or request.embed:
+            return None
+        assert self.runner.states is not None
+        return self.runner.states.read(self.state_slots.slot_of(request.request_id))
 
     def execute_step(self, planned: PlannedStep) -> StepSamples:
         """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no
@@ -320,8 +355,9 @@ class LLMEngine(PrefillRole, DecodeRole):
             item.request.prompt_logprobs += sampled.prompt_logprobs.get(item.request.request_id, ())
         advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
-        outputs = [self._output(r, sampled.logprobs.get(r.request_id), sampled.embeddings.get(r.request_id))
-                   for r in advanced]
+        outputs = [self._output(r, sampled.logprobs.get(r.request_id), sampled.embeddings.get(r.request_id),
+                                self._handed_off_state(r)) for r in advanced]
+        self._sweep_state_slots()
         deferred, self._deferred_aborts = self._deferred_aborts | set(sampled.grammar_errors), set()
         for request_id in deferred:
             with contextlib.suppress(UnknownRequestError):
@@ -332,11 +368,11 @@ class LLMEngine(PrefillRole, DecodeRole):
         return outputs
 
     def _output(self, request: Request, logprobs: TokenLogprobs | None = None,
-                embedding: list[float] | None = None) -> RequestOutput:
+                embedding: list[float] | None = None, recurrent_state: bytes | None = None) -> RequestOutput:
         """``embedding``: an embedding request's, sampled in the same step as its one token."""
         token = request.output_token_ids[-1]
         out = RequestOutput(request.request_id, new_token_ids=[token], new_logprobs=[logprobs] if logprobs else [],
-                            embedding=embedding)
+                            embedding=embedding, recurrent_state=recurrent_state)
         if request.num_output_tokens == 1 and request.sampling.prompt_logprobs is not None:
             out.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, []  # with the first token
         detok = self._detokenizers.get(request.request_id)
@@ -397,6 +433,10 @@ class LLMEngine(PrefillRole, DecodeRole):
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+        if self.state_slots is not None:
+            running = {r.request_id for r in self.scheduler.running}
+            stray = sorted(self.state_slots.holders() - running)
+            assert not stray, f"requests that do not run hold state slots: {stray}"
 
     # ---- status -------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -36,7 +36,7 @@ class ModelRunner:
     block more than ``num_blocks``, the last, where padding rows write (the pool never hands it out).
 
     A hybrid model (``config.linear_attention``): the KV tensor holds its attention layers only, and
-    :attr:`states` (``state_slots`` to start with) its linear-attention layers' recurrent states; :meth:`execute`
+    :attr:`states` (``state_slots`` of them) its linear-attention layers' recurrent states; :meth:`execute`
     takes each scheduled request's slot. Its steps run eager."""
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,

@@ -18,6 +18,8 @@ class RequestOutput:
     # with the first token, when sampling.prompt_logprobs asks: one per prompt token after the first
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     embedding: list[float] | None = None  # with the first token of an embedding request (Request.embed)
+    # a hybrid model's prefill-only request, handed off at this token: its recurrent state (RecurrentStates.read)
+    recurrent_state: bytes | None = None
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length", "abort"
     abort_reason: str = ""  # with "abort" by the engine itself: why (e.g. the grammar could not go on)

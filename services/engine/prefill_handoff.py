@@ -46,6 +46,8 @@ class FirstToken:
     # an embedding request's result (HandoffPlan.embed): the final hidden state of its last prompt token, float32
     # (the token itself means nothing to it)
     embedding: list[float] | None = None
+    # a hybrid model's recurrent state after the prompt (``RecurrentStates.read``): its decode node goes on from it
+    recurrent_state: bytes | None = None
 
 
 @dataclass

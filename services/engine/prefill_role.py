@@ -107,7 +107,7 @@ class PrefillRole:
                 reason = None if request.status is RequestStatus.FINISHED_HANDED_OFF else out.finish_reason
                 items.append(FirstToken(out.request_id, out.new_token_ids[0], reason, request.num_cached_tokens,
                                         out.new_logprobs[0] if out.new_logprobs else None,
-                                        tuple(out.prompt_logprobs), out.embedding))
+                                        tuple(out.prompt_logprobs), out.embedding, out.recurrent_state))
         ready = [(handoff, *new) for handoff in self._handoffs.values()
                  if (new := self._newly_ready(handoff)) is not None]
         pool = self.kv_pool
@@ -156,8 +156,8 @@ class PrefillRole:
         """``(first block, KV bytes)`` of the full prompt blocks this handed-off request computed here
         (not those it found cached), or None. Call before its blocks are released."""
         request = self.held.get(request_id)
-        if request is None or not self.kv.has_request(request_id):
-            return None
+        if request is None or not self.kv.has_request(request_id) or not self.kv.enable_prefix_caching:
+            return None  # (a hybrid model's blocks are no prefix to anyone: its state is not in them)
         first = request.num_cached_tokens // self.kv.block_size
         end = request.num_prompt_tokens // self.kv.block_size
         if end <= first:
@@ -190,6 +190,8 @@ class PrefillRole:
 
     def claim_prefix_blocks(self, request_id: str, prompt_ids: Sequence[int], first_block: int,
                             end_block: int) -> PrefixClaim | None:
+        if not self.kv.enable_prefix_caching:  # a hybrid model's, too: its state is not in the blocks
+            return None
         """Allocate blocks for prompt blocks ``first_block .. end_block`` (fetched from elsewhere) that are
         still needed, held by the request's claim. None when they no longer chain onto the local prefix
         (it shrank since the lookup), when the local cache now has them all, or when the pool has no room

@@ -130,7 +130,7 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
         if config.is_sparse_layer(i):
             moe = config.moe
             picked = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
-            total += attention_weights(config) + moe.num_experts * config.hidden_size + round(
+            total += attention_weights(config, i) + moe.num_experts * config.hidden_size + round(
                 picked * 3 * config.hidden_size * moe.intermediate_size)
             if moe.shared_expert_intermediate_size:  # every token's, and its gate
                 total += config.hidden_size * (3 * moe.shared_expert_intermediate_size + 1)
@@ -139,9 +139,14 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
     return total * dtype_bytes
 
 
-def attention_weights(config: ModelConfig) -> int:
-    """Weights of one layer's q, k, v and o projections."""
-    return config.hidden_size * (config.q_size + 2 * config.kv_size) + config.q_size * config.hidden_size
+def attention_weights(config: ModelConfig, layer: int = 0) -> int:
+    """Weights of ``layer``'s token mixing: its q, k, v and o projections (and an output gate's); a hybrid model's
+    linear-attention layer's input projections (q, k, v, z, b, a) and output projection."""
+    hidden, linear = config.hidden_size, config.linear_attention
+    if linear is not None and layer in linear.layers:
+        return hidden * (linear.conv_dim + linear.value_dim + 2 * linear.value_heads) + linear.value_dim * hidden
+    gate = config.q_size if config.attn_output_gate else 0
+    return hidden * (config.q_size + 2 * config.kv_size + gate) + config.q_size * hidden
 
 
 def layer_weights(config: ModelConfig, layer: int) -> int:
@@ -149,7 +154,7 @@ def layer_weights(config: ModelConfig, layer: int) -> int:
     gate, up and down; a sparse layer's ``top_k`` experts')."""
     moe = config.moe
     inter = moe.top_k * moe.intermediate_size if config.is_sparse_layer(layer) else config.intermediate_size
-    return attention_weights(config) + 3 * config.hidden_size * inter
+    return attention_weights(config, layer) + 3 * config.hidden_size * inter
 
 
 def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Path:

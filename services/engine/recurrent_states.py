@@ -28,31 +28,21 @@ class StatePlan:
 
 
 class RecurrentStates:
-    """Per linear layer: ``conv [slots, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [slots,
-    value_heads, key_head_dim, value_head_dim]`` in float32. Grows (doubling) when a slot past its capacity is
-    planned."""
+    """Per linear layer: ``conv [capacity, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [capacity,
+    value_heads, key_head_dim, value_head_dim]`` in float32 (allocated once: a step may run while a commit writes
+    another slot)."""
 
     def __init__(self, spec: LinearAttention, capacity: int, dtype: torch.dtype, device: torch.device):
-        self.spec, self.dtype, self.device = spec, dtype, device
-        self.capacity = 0
-        self.conv: list[torch.Tensor] = []
-        self.ssm: list[torch.Tensor] = []
-        self._grow(max(1, capacity))
+        self.spec, self.capacity = spec, capacity
+        layers = range(len(spec.layers))
+        self.conv = [torch.zeros(capacity, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
+                     for _ in layers]
+        self.ssm = [torch.zeros(capacity, spec.value_heads, spec.key_head_dim, spec.value_head_dim,
+                                dtype=torch.float32, device=device) for _ in layers]
         self.plan = StatePlan((), (), ())
-
-    def _grow(self, capacity: int) -> None:
-        spec, old = self.spec, self.capacity
-        conv_shape = (capacity, spec.conv_dim, spec.conv_kernel - 1)
-        ssm_shape = (capacity, spec.value_heads, spec.key_head_dim, spec.value_head_dim)
-        layers = len(spec.layers)
-        self.conv = [_grown(t, conv_shape, old, self.dtype, self.device) for t in self.conv or [None] * layers]
-        self.ssm = [_grown(t, ssm_shape, old, torch.float32, self.device) for t in self.ssm or [None] * layers]
-        self.capacity = capacity
 
     def set_plan(self, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool]) -> None:
         """The next step's sequences (see :class:`StatePlan`)."""
-        if slots and max(slots) >= self.capacity:
-            self._grow(max(2 * self.capacity, max(slots) + 1))
         self.plan = StatePlan(tuple(slots), tuple(query_lens), tuple(fresh))
 
     @property
@@ -69,19 +59,9 @@ class RecurrentStates:
         """Fill slot ``slot`` from :meth:`read`'s bytes; ``ValueError`` when their size is not a slot's."""
         if len(payload) != self.bytes_per_slot:
             raise ValueError(f"a recurrent state of {len(payload)} bytes, where this model's is {self.bytes_per_slot}")
-        if slot >= self.capacity:
-            self._grow(max(2 * self.capacity, slot + 1))
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.conv[0].device)
         offset = 0
         for t in (*self.conv, *self.ssm):
             size = t[0].numel() * t.element_size()
             t[slot].view(torch.uint8).reshape(-1).copy_(data[offset:offset + size])
             offset += size
-
-
-def _grown(old: torch.Tensor | None, shape: tuple[int, ...], rows: int, dtype: torch.dtype,
-           device: torch.device) -> torch.Tensor:
-    new = torch.zeros(shape, dtype=dtype, device=device)
-    if old is not None:
-        new[:rows] = old
-    return new

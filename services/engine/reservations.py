@@ -42,6 +42,7 @@ class Reservation:
     lease_s: float
     lease_deadline: float
     received: set[int] = field(default_factory=set)
+    recurrent_state: bytearray = field(default_factory=bytearray)  # a hybrid model's, as its pieces arrive
 
     @property
     def pending_block_ids(self) -> list[int]:

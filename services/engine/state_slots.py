@@ -12,7 +12,10 @@ from collections.abc import Callable, Iterable
 
 
 class StateSlots:
-    def __init__(self) -> None:
+    """``capacity`` slots (the engine's ``max_num_seqs``: no more requests run at once)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         self._slots: dict[str, int] = {}
         self._free: list[int] = []
         self._next = 0
@@ -31,9 +34,16 @@ class StateSlots:
                 self._free.sort(reverse=True)
                 slot = self._free.pop()
             else:
+                assert self._next < self.capacity, f"{len(self._slots)} requests hold all {self.capacity} state slots"
                 slot, self._next = self._next, self._next + 1
             self._slots[request_id] = slot
         return slot
+
+    def holders(self) -> set[str]:
+        return set(self._slots)
+
+    def slot_of(self, request_id: str) -> int:
+        return self._slots[request_id]
 
     def assign_all(self, request_ids: Iterable[str]) -> dict[str, int]:
         return {rid: self.assign(rid) for rid in request_ids}
@@ -47,8 +57,3 @@ class StateSlots:
         """Free the slots of the requests for which ``runs`` is False."""
         for request_id in [rid for rid in self._slots if not runs(rid)]:
             self.release(request_id)
-
-    @property
-    def high_water(self) -> int:
-        """Slots ever handed out (the states tensor's rows in use at most)."""
-        return self._next

@@ -145,15 +145,22 @@ class KVSender:
             self.blocks_by_ipc += len(sources)
             self.stats.add(size, len(sources), time.perf_counter() - started)
 
-    async def commit(self, first_token_id: int, num_computed_tokens: int) -> None:
+    async def commit(self, first_token_id: int, num_computed_tokens: int, recurrent_state: bytes | None = None,
+                     max_payload: int = 4 << 20) -> None:
         """Send the commit and wait until every message, the commit last, is acknowledged. With an IPC
         route, every block batch is acknowledged (sent again as bytes where IPC failed) before the commit
-        goes out."""
+        goes out. A hybrid model's ``recurrent_state`` goes first, in pieces of ``max_payload`` bytes."""
         started = time.perf_counter()
         await self._stop_keepalive()
         while self.ipc is not None and (self._pending or self._resends):
             await asyncio.gather(*self._pending.values(), *self._resends)
         self._raise_if_failed()
+        state = memoryview(recurrent_state or b"")
+        for offset in range(0, len(state), max_payload):
+            piece = state[offset:offset + max_payload]
+            await self._send(decode_pb2.KVTransferMessage(state=decode_pb2.KVState(
+                request_id=self.request_id, offset=offset, payload=bytes(piece), total_bytes=len(state))))
+            self.bytes_sent += len(piece)
         future = await self._send(decode_pb2.KVTransferMessage(commit=decode_pb2.KVCommit(
             request_id=self.request_id, first_token_id=first_token_id, num_computed_tokens=num_computed_tokens,
             grant_token=self.grant_token)))

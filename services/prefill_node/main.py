@@ -35,7 +35,9 @@ async def serve(config: PrefillNodeConfig) -> None:
 
 
 def _prefix_store(config: PrefillNodeConfig, engine: LLMEngine) -> PrefixStore | None:
-    if not config.cache_store:
+    """The cache-store's prompt blocks, unless there is none or the model keeps a recurrent state (a hybrid model's
+    blocks are no prefix to anyone: its state is not in them)."""
+    if not config.cache_store or engine.recurrent_states is not None:
         return None
     return PrefixStore(AsyncCacheStoreClient(config.cache_store, kv_layout(engine.kv_layout_spec()),
                                              timeout_s=config.cache_store_timeout_ms / 1000),

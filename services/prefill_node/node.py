@@ -338,7 +338,7 @@ async def _commit(queue: Handoffs, sender: KVSender, first: FirstToken, num_prom
         assert isinstance(rest, ReadyBlocks), f"unexpected {rest!r} after the first token"
         await _send_ready(sender, rest)
     with tracing.span("commit", trace, first_token=first.token_id):
-        await sender.commit(first.token_id, num_prompt_tokens)
+        await sender.commit(first.token_id, num_prompt_tokens, first.recurrent_state, MAX_MESSAGE_PAYLOAD)
     log.debug("prefilled", decode_node=sender.address, cached_tokens=first.cached_tokens,
               kv_bytes=sender.bytes_sent, kv_blocks=sender.blocks_sent, kv_blocks_by_ipc=sender.blocks_by_ipc)
 

@@ -16,11 +16,11 @@ from services.engine.random_llama import weight_bytes
 
 def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_path: Path, capsys) -> None:
     out = tmp_path / "families.json"
-    assert main(["--shapes", "tiny-qwen3", "tiny-llama", "tiny-gemma3", "--repeats", "2", "--b1-context", "8",
-                 "--b1-steps", "3", "--batch", "3", "--batch-context", "12", "--batch-steps", "2",
+    assert main(["--shapes", "tiny-qwen3", "tiny-llama", "tiny-gemma3", "tiny-qwen3.5", "--repeats", "2",
+                 "--b1-context", "8", "--b1-steps", "3", "--batch", "3", "--batch-context", "12", "--batch-steps", "2",
                  "--prefill-tokens", "24", "--bandwidth-mib", "8", "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
-    assert [r["shape"] for r in results] == ["tiny-qwen3", "tiny-llama", "tiny-gemma3"]
+    assert [r["shape"] for r in results] == ["tiny-qwen3", "tiny-llama", "tiny-gemma3", "tiny-qwen3.5"]
     for result in results:
         runs = result["runs"]
         assert len(runs["bandwidth_gbs"]) == 2 and min(runs["bandwidth_gbs"]) > 0
@@ -30,7 +30,7 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_alternating_both_systems(tmp_pa
         assert 0 < result["floor_b1_ms"] < result["floor_batch_step_ms"]
         assert result["seconds"] > 0 and "cpu_stall_share" in result
     printed = capsys.readouterr().out
-    assert printed.count("| bandwidth floor |") == 3 and "pdserve ÷ transformers" in printed
+    assert printed.count("| bandwidth floor |") == 4 and "pdserve ÷ transformers" in printed
 
 
 @pytest.mark.parametrize(("shape", "params", "architecture"),
@@ -56,6 +56,26 @@ def test_real_shapes_have_the_published_parameter_counts_and_the_floor_reads_eve
         per_layer, context = cfg.kv_bytes_per_token(2) / cfg.num_layers, 2 * window
         assert floor_ms(cfg, 1e9, 1, context) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(
             (full * context + (cfg.num_layers - full) * window) * per_layer / 1e6)
+
+
+def test_the_qwen3_5_floor_reads_every_matrix_the_attention_layers_kv_and_each_state_twice() -> None:
+    """Qwen3.5-0.8B's text model (752 M parameters here): the DeltaNet layers' projections are read as matrices
+    are; the KV of the 6 attention layers grows with the context, and each sequence's state is read and written."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(SHAPES["qwen3.5-0.8b"])
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == 752_393_024
+    cfg = config_from_hf(config.to_dict())
+    assert cfg.architecture == "qwen3_5" and len(cfg.kv_layers) == 6 and cfg.tie_word_embeddings
+    assert weight_bytes(cfg, 2) == 2 * sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    state = cfg.linear_attention.state_bytes(2)
+    assert state == 18 * (6144 * 3 * 2 + 16 * 128 * 128 * 4)  # the conv rows in bf16, the matrices in float32
+    assert floor_ms(cfg, 1e9, 4, 10) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(
+        (weight_bytes(cfg, 2, 4) - weight_bytes(cfg, 2) + 4 * (10 * cfg.kv_bytes_per_token(2) + 2 * state)
+         - 2 * state) / 1e6)
 
 
 def test_the_gpt_oss_shape_is_gpt_oss_20b_with_two_of_its_layers_and_the_floor_reads_the_picked_experts() -> None:

@@ -168,6 +168,12 @@ class LinearAttention:
         """The convolution's channels: q, k and v rows."""
         return 2 * self.key_dim + self.value_dim
 
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """One sequence's state over all these layers: the conv rows in the serving dtype, the matrix in float32."""
+        per_layer = self.conv_dim * (self.conv_kernel - 1) * dtype_bytes \
+            + self.value_heads * self.key_head_dim * self.value_head_dim * 4
+        return len(self.layers) * per_layer
+
 
 @dataclass(frozen=True)
 class ModelConfig:

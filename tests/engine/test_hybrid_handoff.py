@@ -1,0 +1,136 @@
+"""A hybrid model (Qwen3.5's tiny checkpoint, float32) prefilled on one engine and decoded on another: its recurrent
+state travels with the first token (``FirstToken.recurrent_state``) and is written at the commit, so the tokens are
+transformers'; a commit before the whole state arrived, and state pieces of another size, out of order or past the
+end, are refused naming the field with nothing changed; every slot and block is free after."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcache.kv_bytes import read_blocks, write_blocks
+from services.engine.config import EngineConfig
+from services.engine.engine import LLMEngine
+from services.engine.errors import InvalidRequestError
+from services.engine.handover import HandedRequest
+from services.engine.prefill_role import FirstToken, HandoffPlan
+from services.engine.reservations import IncompleteTransferError, Refusal
+from services.engine.sampling_params import SamplingParams
+from tests.engine.test_model_families import assert_matches
+from tests.engine.tiny_families import greedy_full_forward, load_reference
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+PROMPT = [(i * 7919) % 49000 + 17 for i in range(150)]  # 3 chunks of 64 on the prefill engine
+
+
+def _engine(path, **overrides) -> LLMEngine:
+    settings = dict(model_path=str(path), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64)
+    return LLMEngine.from_config(EngineConfig(**(settings | overrides)))
+
+
+@pytest.fixture(scope="module")
+def hybrid(family_dir):
+    path = family_dir("qwen3_5")
+    return path, greedy_full_forward(load_reference(path), PROMPT, GREEDY.max_tokens)
+
+
+def _prefill(engine: LLMEngine, request_id: str) -> FirstToken:
+    engine.admit_prefill(request_id, PROMPT, GREEDY, HandoffPlan())
+    while True:
+        for item in engine.handoff_progress(engine.step()):
+            if isinstance(item, FirstToken):
+                return item
+
+
+def _reserve_and_send_blocks(prefill: LLMEngine, decode: LLMEngine, request_id: str) -> None:
+    grant = decode.reserve(request_id, PROMPT, GREEDY, 30.0)
+    assert not isinstance(grant, Refusal), grant
+    assert grant.num_cached_blocks == 0  # no prefix reuse for a hybrid model
+    source = prefill.transferable_block_ids(prefill.held[request_id])
+    decode.receive_blocks(request_id, list(grant.block_ids))
+    write_blocks(decode.runner.kv_cache, grant.block_ids, read_blocks(prefill.runner.kv_cache, source))
+
+
+def _decode_to_the_end(decode: LLMEngine, request_id: str, first: int) -> list[int]:
+    tokens = [first]
+    while decode.has_unfinished():
+        tokens += [t for out in decode.step() if out.request_id == request_id for t in out.new_token_ids]
+    return tokens
+
+
+def _all_free(engine: LLMEngine) -> None:
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.state_slots is not None and not engine.state_slots.holders()
+
+
+def test_the_state_travels_with_the_first_token_and_decoding_goes_on_from_it(hybrid):
+    path, expected = hybrid
+    prefill, decode = _engine(path), _engine(path)
+    first = _prefill(prefill, "r")
+    state = first.recurrent_state
+    assert state is not None and len(state) == decode.recurrent_states.bytes_per_slot
+    _reserve_and_send_blocks(prefill, decode, "r")
+    prefill.end_prefill("r")
+    with pytest.raises(IncompleteTransferError, match="recurrent state"):
+        decode.commit("r", first.token_id)  # nothing of the state yet: refused, the reservation kept
+    half = len(state) // 2
+    decode.receive_state("r", 0, len(state), state[:half])
+    for offset, total, piece, field in ((half, len(state) + 4, state[half:], "state.total_bytes"),
+                                        (0, len(state), state[half:], "state.offset"),
+                                        (half, len(state), state[half:] + b"xx", "state.payload")):
+        with pytest.raises(InvalidRequestError, match=field):
+            decode.receive_state("r", offset, total, piece)
+    with pytest.raises(IncompleteTransferError):
+        decode.commit("r", first.token_id)
+    decode.receive_state("r", half, len(state), state[half:])
+    decode.commit("r", first.token_id)
+    assert_matches("qwen3_5/handoff", expected, _decode_to_the_end(decode, "r", first.token_id))
+    _all_free(prefill)
+    _all_free(decode)
+
+
+def test_a_model_without_a_state_refuses_state_pieces(family_dir):
+    engine = _engine(family_dir("qwen3"))
+    assert engine.recurrent_states is None and engine.state_slots is None
+    assert not isinstance(engine.reserve("r", PROMPT, GREEDY, 30.0), Refusal)
+    with pytest.raises(InvalidRequestError, match="state"):
+        engine.receive_state("r", 0, 8, b"12345678")
+
+
+def test_an_adopted_hybrid_request_is_recomputed(hybrid):
+    """Another decode node's KV copy holds no recurrent state: the adopter computes prompt and output again."""
+    path, expected = hybrid
+    engine = _engine(path)
+    handed = HandedRequest("a", tuple(PROMPT), tuple(expected.token_ids[:3]), GREEDY,
+                           num_computed_tokens=len(PROMPT) + 2, kv_keys=(b"k" * 16,) * 10)
+    grant = engine.adopt(handed, 30.0)
+    assert not isinstance(grant, Refusal), grant
+    assert not grant.block_ids and not grant.keys  # nothing to fetch
+    engine.complete_adoption("a", b"")
+    tokens = list(expected.token_ids[:3])
+    while engine.has_unfinished():
+        tokens += [t for out in engine.step() for t in out.new_token_ids]
+    assert_matches("qwen3_5/adopted", expected, tokens)
+    assert engine.scheduler.stats.recomputes_total == 1
+    _all_free(engine)
+
+
+def test_the_slots_in_use_never_outnumber_the_running_requests(hybrid):
+    path, _ = hybrid
+    engine = _engine(path, max_num_seqs=3)
+    prompts = [PROMPT[i:i + 20 + 7 * i] for i in range(7)]
+    engine.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert engine.state_slots.capacity == 3
+    _all_free(engine)
+
+
+def test_the_states_come_out_of_the_cache_budget(hybrid):
+    path, _ = hybrid
+    engine = _engine(path, num_kv_blocks=None, kv_cache_gib=0.01, max_num_seqs=4)
+    cfg = engine.model.config
+    per_slot = cfg.linear_attention.state_bytes(4)
+    assert engine.recurrent_states.bytes_per_slot == per_slot
+    assert engine.runner.kv_cache.shape[0] == len(cfg.kv_layers) == 1  # the attention layer's KV alone
+    assert engine.kv.num_blocks == (int(0.01 * 2**30) - 4 * per_slot) // (cfg.kv_bytes_per_token(4) * 16)
+    with pytest.raises(ValueError, match="max_num_seqs 20"):
+        _engine(path, num_kv_blocks=None, kv_cache_gib=0.0001, max_num_seqs=20)
