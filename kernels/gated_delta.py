@@ -20,32 +20,33 @@ import torch.nn.functional as F
 CHUNK = 64
 
 
-def _groups(query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
+def split_single(query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
     """The indices of the one-token sequences, and of the others."""
     single = [b for b, n in enumerate(query_lens) if n == 1]
     return single, [b for b, n in enumerate(query_lens) if n != 1]
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: Sequence[int],
-                  query_lens: Sequence[int], fresh: Sequence[bool]) -> torch.Tensor:
-    """SiLU of each sequence's depthwise causal convolution: ``x [T, C]``, ``weight [C, K]``, ``states
-    [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in place). Returns ``[T, C]``."""
+                  query_lens: Sequence[int], fresh: Sequence[bool], bias: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU of each sequence's depthwise causal convolution: ``x [T, C]``, ``weight [C, K]`` (and ``bias [C]``),
+    ``states [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in place). Returns
+    ``[T, C]``."""
     out = torch.empty_like(x)
     width = weight.shape[1] - 1
-    starts = _starts(query_lens)
-    single, longer = _groups(query_lens)
+    starts = sequence_starts(query_lens)
+    single, longer = split_single(query_lens)
     if single:
         rows, index = torch.tensor([starts[b] for b in single]), torch.tensor([slots[b] for b in single])
         past = states[index]
         past[torch.tensor([fresh[b] for b in single])] = 0
         window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
-        out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), groups=weight.shape[0])[..., 0])
+        out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
         states[index] = window[..., 1:]
     for b in longer:
         seq = x[starts[b]:starts[b] + query_lens[b]].t()  # [C, L]
         past = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
         window = torch.cat([past, seq], dim=-1)  # [C, K-1+L]
-        conv = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]  # [C, L]
+        conv = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])[0]  # [C, L]
         out[starts[b]:starts[b] + query_lens[b]] = F.silu(conv).t()
         states[slots[b]] = window[:, -width:]
     return out
@@ -65,8 +66,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     q = _l2norm(q.float()) * q.shape[-1] ** -0.5
     k, values, g, beta = _l2norm(k.float()), v.float(), g.float(), beta.float()
     out = torch.empty_like(values)
-    starts = _starts(query_lens)
-    single, longer = _groups(query_lens)
+    starts = sequence_starts(query_lens)
+    single, longer = split_single(query_lens)
     if single:
         rows, index = torch.tensor([starts[b] for b in single]), torch.tensor([slots[b] for b in single])
         state = states[index]
@@ -80,7 +81,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return out.to(v.dtype)
 
 
-def _starts(query_lens: Sequence[int]) -> list[int]:
+def sequence_starts(query_lens: Sequence[int]) -> list[int]:
     starts, total = [], 0
     for n in query_lens:
         starts.append(total)

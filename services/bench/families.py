@@ -172,7 +172,7 @@ def floor_ms(cfg: ModelConfig, bandwidth: float, batch: int, mean_context: float
     reads at most its window of it); a hybrid model's recurrent states, each read and written once."""
     kv_per_layer = cfg.kv_bytes_per_token(2) / len(cfg.kv_layers)
     kv = sum(min(mean_context, cfg.window(i) or mean_context) for i in cfg.kv_layers) * kv_per_layer
-    state = 0 if cfg.linear_attention is None else 2 * cfg.linear_attention.state_bytes(2)
+    state = 0 if cfg.recurrent is None else 2 * cfg.recurrent.state_bytes(2)
     return (weight_bytes(cfg, 2, batch) + batch * (kv + state)) / bandwidth * 1000
 
 

@@ -126,7 +126,10 @@ class DecodeRole:
         request = self.reservations.commit(request_id, first_token_id)
         if self.state_slots is not None and self.recurrent_states is not None:  # it runs from now: its state too
             self._sweep_state_slots()
-            self.recurrent_states.write(self.state_slots.assign(request_id), state)
+            if self.state_slots.free_within(self.recurrent_states.capacity):
+                self.recurrent_states.write(self.state_slots.assign(request_id), state)
+            else:  # more requests run than max_num_seqs: the step that schedules it gives it a slot
+                request.pending_state = bytes(state)
         request.trace = trace if trace is not None else request.trace
         self._requests[request_id] = request
         return request

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import structlog
 import torch
 
 from kernels.int4_linear import int4_supported
@@ -56,13 +57,15 @@ from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
 
+log = structlog.get_logger(__name__)
+
 
 def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) -> int:
     """The KV blocks ``kv_cache_gib`` holds, after a hybrid model's ``max_num_seqs`` recurrent-state slots (a budget
     they fill is refused naming both settings)."""
     budget = int(config.kv_cache_gib * 2**30)
-    if cfg.linear_attention is not None:
-        states = config.max_num_seqs * cfg.linear_attention.state_bytes(dtype_bytes)
+    if cfg.recurrent is not None:
+        states = config.max_num_seqs * cfg.recurrent.state_bytes(dtype_bytes)
         if states >= budget:
             raise ValueError(f"kv_cache_gib {config.kv_cache_gib} does not hold the recurrent states of max_num_seqs "
                              f"{config.max_num_seqs} requests ({states / 2**30:.2f} GiB): raise the one or lower the "
@@ -108,7 +111,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         # a hybrid model's recurrent state cannot be rebuilt from KV blocks: no prefix reuse, no kept KV (a preempted
         # request is recomputed), no output cache; each running request holds a state slot (state_slots.py)
         hybrid = cfg.has_recurrent_state
-        self.state_slots = StateSlots(config.max_num_seqs) if hybrid else None
+        self.state_slots = StateSlots() if hybrid else None
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint,
                                  config.enable_prefix_caching and not hybrid)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
@@ -314,11 +317,29 @@ class LLMEngine(PrefillRole, DecodeRole):
         return PlannedStep(batch, tables, self._plan_state_slots(batch))
 
     def _plan_state_slots(self, batch: StepBatch) -> dict[str, int] | None:
-        """A hybrid model's: free the slots of requests that stopped running, then the scheduled requests' slots."""
+        """A hybrid model's: free the slots of requests that stopped running, then the scheduled requests' slots
+        (growing the states, which no step reads now, when more requests run than it holds), with the states parked
+        on requests committed while none was free. A request given a new slot starts at its first token, or brings
+        its parked state."""
         if self.state_slots is None:
             return None
+        states = self.runner.states
+        assert states is not None
         self._sweep_state_slots()
-        return self.state_slots.assign_all(s.request.request_id for s in batch.scheduled)
+        slots: dict[str, int] = {}
+        for item in batch.scheduled:
+            request, new = item.request, item.request.request_id not in self.state_slots
+            slot = slots[request.request_id] = self.state_slots.assign(request.request_id)
+            if slot >= states.capacity:
+                log.warning("more requests run than max_num_seqs: recurrent states grown", slots=slot + 1)
+                states.grow(max(slot + 1, states.capacity + states.capacity // 4 + 1))
+            pending, request.pending_state = request.pending_state, None
+            if pending is not None and item.start > 0:
+                states.write(slot, pending)
+            else:
+                assert not new or item.start == 0, \
+                    f"{request.request_id} would resume at token {item.start} without its recurrent state"
+        return slots
 
     def _sweep_state_slots(self) -> None:
         """Free the state slots of requests no longer running (so that the slots in use never outnumber the

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import structlog
 import torch
 
 from kernels.attention.base import AttentionBackend
@@ -16,6 +17,8 @@ from services.engine.model.decoder import DecoderModel
 from services.engine.recurrent_states import RecurrentStates
 from services.engine.step_batch import StepBatch
 from services.engine.step_sampling import StepSamples, sample_step
+
+log = structlog.get_logger(__name__)
 
 DETERMINISTIC_ATTENTION = "cpu_fixed_order"
 """The attention backend of the deterministic mode: one reduction order per query, whatever its step."""
@@ -35,7 +38,7 @@ class ModelRunner:
     ``graphs``: decode-only steps replay captured graphs (``decode_graphs``); the KV tensor then has one
     block more than ``num_blocks``, the last, where padding rows write (the pool never hands it out).
 
-    A hybrid model (``config.linear_attention``): the KV tensor holds its attention layers only, and
+    A hybrid model (``config.recurrent``): the KV tensor holds its attention layers only, and
     :attr:`states` (``state_slots`` of them) its linear-attention layers' recurrent states; :meth:`execute`
     takes each scheduled request's slot. Its steps run eager."""
 
@@ -50,15 +53,16 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        if cfg.has_recurrent_state:
-            graphs = None  # the linear-attention layers' states are read and written per sequence: eager only
+        if cfg.has_recurrent_state and graphs is not None:  # states are read and written per sequence: eager only
+            log.warning("decode graphs off: a hybrid model's recurrent layers run eager", model=cfg.name)
+            graphs = None
         sink = 1 if graphs is not None else 0
         self.kv_cache = torch.zeros(len(cfg.kv_layers), num_blocks + sink, 2, block_size, cfg.num_kv_heads,
                                     cfg.head_dim, dtype=model.dtype, device=model.device)
         self.kv_layers = list(self.kv_cache.unbind(0))
         self.states: RecurrentStates | None = None
-        if cfg.linear_attention is not None:
-            self.states = RecurrentStates(cfg.linear_attention, state_slots, model.dtype, model.device)
+        if cfg.recurrent is not None:
+            self.states = RecurrentStates(cfg.recurrent, state_slots, model.dtype, model.device)
             model.bind_states(self.states)  # type: ignore[attr-defined]
         self.attention = _attention_for(model, attention_backend)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,

@@ -190,12 +190,13 @@ class PrefillRole:
 
     def claim_prefix_blocks(self, request_id: str, prompt_ids: Sequence[int], first_block: int,
                             end_block: int) -> PrefixClaim | None:
-        if not self.kv.enable_prefix_caching:  # a hybrid model's, too: its state is not in the blocks
-            return None
         """Allocate blocks for prompt blocks ``first_block .. end_block`` (fetched from elsewhere) that are
         still needed, held by the request's claim. None when they no longer chain onto the local prefix
         (it shrank since the lookup), when the local cache now has them all, or when the pool has no room
-        (the prompt is then computed). The caller writes the claim's blocks (``write_kv_blocks``)."""
+        (the prompt is then computed), and with prefix caching off (a hybrid model's state is not in the blocks).
+        The caller writes the claim's blocks (``write_kv_blocks``)."""
+        if not self.kv.enable_prefix_caching:
+            return None
         return prefix_claims.claim(self.kv, request_id, prompt_ids, first_block, end_block)
 
     def publish_prefix_claim(self, claim: PrefixClaim, prompt_ids: Sequence[int]) -> None:

@@ -1,5 +1,5 @@
-"""The recurrent states of a hybrid model's linear-attention layers (``ModelConfig.linear_attention``): one slot per
-request that holds one, in tensors the model reads and writes in place, and each step's plan of which slot each
+"""The recurrent states of a hybrid model's recurrent layers (``ModelConfig.recurrent``: Gated DeltaNet, Mamba-2): one
+slot per request that holds one, in tensors the model reads and writes in place, and each step's plan of which slot each
 sequence of the batch uses.
 
 Which request holds which slot is the engine's bookkeeping (:class:`services.engine.state_slots.StateSlots`); a
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.model.config import LinearAttention
+from services.engine.model.config import LinearAttention, Mamba2
 
 
 @dataclass(frozen=True)
@@ -28,18 +28,25 @@ class StatePlan:
 
 
 class RecurrentStates:
-    """Per linear layer: ``conv [capacity, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [capacity,
-    value_heads, key_head_dim, value_head_dim]`` in float32 (allocated once: a step may run while a commit writes
-    another slot)."""
+    """Per recurrent layer: ``conv [capacity, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [capacity,
+    *spec.ssm_shape]`` in float32. A step may run while a commit writes another slot: :meth:`grow` only between
+    steps."""
 
-    def __init__(self, spec: LinearAttention, capacity: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, spec: LinearAttention | Mamba2, capacity: int, dtype: torch.dtype, device: torch.device):
         self.spec, self.capacity = spec, capacity
         layers = range(len(spec.layers))
         self.conv = [torch.zeros(capacity, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
                      for _ in layers]
-        self.ssm = [torch.zeros(capacity, spec.value_heads, spec.key_head_dim, spec.value_head_dim,
-                                dtype=torch.float32, device=device) for _ in layers]
+        self.ssm = [torch.zeros(capacity, *spec.ssm_shape, dtype=torch.float32, device=device) for _ in layers]
         self.plan = StatePlan((), (), ())
+
+    def grow(self, capacity: int) -> None:
+        """Room for ``capacity`` slots, the states kept (call only while no step runs)."""
+        if capacity <= self.capacity:
+            return
+        self.conv = [torch.cat([t, t.new_zeros(capacity - self.capacity, *t.shape[1:])]) for t in self.conv]
+        self.ssm = [torch.cat([t, t.new_zeros(capacity - self.capacity, *t.shape[1:])]) for t in self.ssm]
+        self.capacity = capacity
 
     def set_plan(self, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool]) -> None:
         """The next step's sequences (see :class:`StatePlan`)."""

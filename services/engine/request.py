@@ -97,6 +97,9 @@ class Request:
     allowed_mask: Any = None  # sampling.allowed_token_ids as a vocabulary mask (step_sampling's), built once
     bad_word_ids: tuple[tuple[int, ...], ...] = ()  # sampling.bad_words as token sequences (bad_words.py)
     grammar_complete: bool = False  # its grammar ended at the last token: it finishes ("stop")
+    # a hybrid model's recurrent state received with the commit while no state slot was free (state_slots.py):
+    # written into the slot the step that schedules it gives it
+    pending_state: bytes | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -4,6 +4,11 @@ A request holds a slot while it runs here: from the step that first schedules it
 which writes the state its prefill node computed) until it leaves the running set (finished, handed off,
 preempted, aborted), when the next step's sweep frees it. A request that runs again after a preemption starts
 from its first token, and from a zeroed state. Torch-free.
+
+The states tensor has ``capacity`` slots (``max_num_seqs``) and grows only between steps, when nothing reads it
+(``LLMEngine.begin_step``): more requests than that may run at once (committed or adopted over the limit, as a
+lent request coming back makes), and a commit that finds no slot within the capacity parks its state on the
+request (``Request.pending_state``) until a step schedules it.
 """
 
 from __future__ import annotations
@@ -12,10 +17,7 @@ from collections.abc import Callable, Iterable
 
 
 class StateSlots:
-    """``capacity`` slots (the engine's ``max_num_seqs``: no more requests run at once)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self) -> None:
         self._slots: dict[str, int] = {}
         self._free: list[int] = []
         self._next = 0
@@ -34,13 +36,16 @@ class StateSlots:
                 self._free.sort(reverse=True)
                 slot = self._free.pop()
             else:
-                assert self._next < self.capacity, f"{len(self._slots)} requests hold all {self.capacity} state slots"
                 slot, self._next = self._next, self._next + 1
             self._slots[request_id] = slot
         return slot
 
     def holders(self) -> set[str]:
         return set(self._slots)
+
+    def free_within(self, capacity: int) -> bool:
+        """Whether :meth:`assign` would give a new holder a slot below ``capacity``."""
+        return bool(self._free) or self._next < capacity
 
     def slot_of(self, request_id: str) -> int:
         return self._slots[request_id]

@@ -33,13 +33,16 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # engine's family test covers; Seed-OSS's layer is Qwen2's with an o_proj bias; OLMo 2's runs as OLMo 3's, which adds
 # sliding layers with their own rope; OLMoE's is MiniMax-M2's whole-projection q/k norms with Qwen3-MoE's routing;
 # Qwen3.5's hybrid layers, whose recurrent state travels beside the KV, run as its dense model: its MoE and Qwen3-Next
-# add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them)
+# add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
+# 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one)
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
-                                           "qwen3_5-moe", "qwen3_next"})
+                                           "qwen3_5-moe", "qwen3_next", "granite_hybrid-dense",
+                                           "granite_hybrid-attention"})
 # the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
 # are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
-PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "qwen3_5"}
+PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "qwen3_5", "granite_hybrid"}
+HYBRID = {"qwen3_5", "granite_hybrid"}  # a recurrent state per request, not in the KV blocks: no prefix reuse
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)
@@ -60,8 +63,8 @@ def test_a_cluster_serves_the_family_with_transformers_tokens(served):
         expected = greedy_full_forward(reference, prompts[label], NEW_TOKENS)
         tokens, _, last = generate(stub, token_ids=prompts[label], sampling=greedy(NEW_TOKENS))
         assert_matches(f"{name}/{label}", expected, tokens)
-        if label == "shared-prefix":  # (a hybrid model's state is not in its blocks: no prefix reuse)
-            assert last.usage.cached_tokens == (0 if name.startswith("qwen3_5") else 256), last.usage
+        if label == "shared-prefix":
+            assert last.usage.cached_tokens == (0 if name in HYBRID else 256), last.usage
     if name in PRESSURED:
         _pressure(name, reference, stub)
     wait_idle(stub)

@@ -20,6 +20,7 @@ from tests.engine.tiny_families import greedy_full_forward, load_reference
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPT = [(i * 7919) % 49000 + 17 for i in range(150)]  # 3 chunks of 64 on the prefill engine
+OTHER = [(i * 104729) % 49000 + 3 for i in range(90)]
 
 
 def _engine(path, **overrides) -> LLMEngine:
@@ -30,19 +31,21 @@ def _engine(path, **overrides) -> LLMEngine:
 @pytest.fixture(scope="module")
 def hybrid(family_dir):
     path = family_dir("qwen3_5")
-    return path, greedy_full_forward(load_reference(path), PROMPT, GREEDY.max_tokens)
+    reference = load_reference(path)
+    return path, greedy_full_forward(reference, PROMPT, GREEDY.max_tokens), reference
 
 
-def _prefill(engine: LLMEngine, request_id: str) -> FirstToken:
-    engine.admit_prefill(request_id, PROMPT, GREEDY, HandoffPlan())
+def _prefill(engine: LLMEngine, request_id: str, prompt: list[int] = PROMPT) -> FirstToken:
+    engine.admit_prefill(request_id, prompt, GREEDY, HandoffPlan())
     while True:
         for item in engine.handoff_progress(engine.step()):
             if isinstance(item, FirstToken):
                 return item
 
 
-def _reserve_and_send_blocks(prefill: LLMEngine, decode: LLMEngine, request_id: str) -> None:
-    grant = decode.reserve(request_id, PROMPT, GREEDY, 30.0)
+def _reserve_and_send_blocks(prefill: LLMEngine, decode: LLMEngine, request_id: str, prompt: list[int] = PROMPT
+                             ) -> None:
+    grant = decode.reserve(request_id, prompt, GREEDY, 30.0)
     assert not isinstance(grant, Refusal), grant
     assert grant.num_cached_blocks == 0  # no prefix reuse for a hybrid model
     source = prefill.transferable_block_ids(prefill.held[request_id])
@@ -64,7 +67,7 @@ def _all_free(engine: LLMEngine) -> None:
 
 
 def test_the_state_travels_with_the_first_token_and_decoding_goes_on_from_it(hybrid):
-    path, expected = hybrid
+    path, expected, _ = hybrid
     prefill, decode = _engine(path), _engine(path)
     first = _prefill(prefill, "r")
     state = first.recurrent_state
@@ -99,7 +102,7 @@ def test_a_model_without_a_state_refuses_state_pieces(family_dir):
 
 def test_an_adopted_hybrid_request_is_recomputed(hybrid):
     """Another decode node's KV copy holds no recurrent state: the adopter computes prompt and output again."""
-    path, expected = hybrid
+    path, expected, _ = hybrid
     engine = _engine(path)
     handed = HandedRequest("a", tuple(PROMPT), tuple(expected.token_ids[:3]), GREEDY,
                            num_computed_tokens=len(PROMPT) + 2, kv_keys=(b"k" * 16,) * 10)
@@ -115,17 +118,42 @@ def test_an_adopted_hybrid_request_is_recomputed(hybrid):
     _all_free(engine)
 
 
-def test_the_slots_in_use_never_outnumber_the_running_requests(hybrid):
-    path, _ = hybrid
-    engine = _engine(path, max_num_seqs=3)
-    prompts = [PROMPT[i:i + 20 + 7 * i] for i in range(7)]
-    engine.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
-    assert engine.state_slots.capacity == 3
-    _all_free(engine)
+def test_a_commit_over_max_num_seqs_parks_its_state_until_a_step_gives_it_a_slot(hybrid, monkeypatch):
+    """More requests may run than max_num_seqs (committed over it, as a lent request coming back makes; a reservation
+    book that always finds a slot stands in for that race here): the state a commit brings while no slot is free
+    waits on the request, and the step that schedules it writes it into the slot it gives; each request decodes from
+    its own state."""
+    path, expected, reference = hybrid
+    prefill, decode = _engine(path), _engine(path, max_num_seqs=1)
+    monkeypatch.setattr(decode.reservations, "no_free_slot", lambda: None)
+    prompts = {"a": PROMPT, "b": OTHER}
+    firsts = {rid: _prefill(prefill, rid, prompt) for rid, prompt in prompts.items()}
+    for rid, first in firsts.items():
+        _reserve_and_send_blocks(prefill, decode, rid, prompts[rid])
+        prefill.end_prefill(rid)
+        decode.receive_state(rid, 0, len(first.recurrent_state), first.recurrent_state)
+        decode.commit(rid, first.token_id)
+    assert decode.recurrent_states.capacity == 1 and decode._requests["b"].pending_state is not None
+    tokens = {rid: [first.token_id] for rid, first in firsts.items()}
+    while decode.has_unfinished():
+        for out in decode.step():
+            tokens[out.request_id] += out.new_token_ids
+    assert_matches("qwen3_5/over-a", expected, tokens["a"])
+    assert_matches("qwen3_5/over-b", greedy_full_forward(reference, OTHER, GREEDY.max_tokens), tokens["b"])
+    _all_free(decode)
+
+
+def test_the_states_grow_keeping_what_they_hold(hybrid):
+    path, _, _ = hybrid
+    states = _engine(path, max_num_seqs=2).recurrent_states
+    payload = bytes(range(256)) * (states.bytes_per_slot // 256) + bytes(states.bytes_per_slot % 256)
+    states.write(1, payload)
+    states.grow(5)
+    assert states.capacity == 5 and states.read(1) == payload and states.read(4) == bytes(states.bytes_per_slot)
 
 
 def test_the_states_come_out_of_the_cache_budget(hybrid):
-    path, _ = hybrid
+    path, _, _ = hybrid
     engine = _engine(path, num_kv_blocks=None, kv_cache_gib=0.01, max_num_seqs=4)
     cfg = engine.model.config
     per_slot = cfg.linear_attention.state_bytes(4)

@@ -24,12 +24,17 @@ _HYBRID = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
                linear_conv_kernel_dim=4, tie_word_embeddings=False)
-RANDOM_NORMS = {"qwen3_5", "qwen3_5-moe", "qwen3_next",
+_GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_state=16,
+                       mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=64,
+                       embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
+                       logits_scaling=2.0, tie_word_embeddings=True)
+RANDOM_NORMS = {"granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5", "qwen3_5-moe",
+                "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2",
-                 "seed_oss"}
+RANDOM_BIASES = {"granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe",
+                 "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 
@@ -155,6 +160,17 @@ FAMILIES: dict[str, dict] = {
                    attn_logit_softcapping=3.0, final_logit_softcapping=30.0, rope_theta=10000.0,
                    tie_word_embeddings=True),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
+    # Granite 4.0-H: Mamba-2 layers (8 heads of 16, 2 groups, a state of 16) around an attention layer without rope
+    # (position_embedding_type nope, as released), Granite's four scalars, experts beside a shared MLP; norms, the
+    # conv's bias and dt_bias drawn at random
+    "granite_hybrid": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID, num_local_experts=4,
+                           num_experts_per_tok=2, intermediate_size=48, position_embedding_type="nope"),
+    # granite-4.0-h-micro's kind: the shared MLP alone (no experts), and here rope on the attention layer
+    "granite_hybrid-dense": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID, num_local_experts=0,
+                                 position_embedding_type="rope", rope_theta=10000.0),
+    # granite-4.0-micro's kind: the same checkpoint type with attention on every layer (no recurrent state)
+    "granite_hybrid-attention": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID | {
+        "layer_types": ["attention"] * 3}, num_local_experts=0, position_embedding_type="rope", rope_theta=10000.0),
     # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
     # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
     # by 1 + weight, initialised to 0)

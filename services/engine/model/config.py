@@ -148,9 +148,11 @@ class LinearAttention:
     conv_kernel: int
 
     def __post_init__(self) -> None:
-        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
+        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config linear attention {name} must be >= 1, got {getattr(self, name)}")
+        if self.conv_kernel < 2:
+            raise ModelLoadError(f"config linear attention conv kernel must be >= 2, got {self.conv_kernel}")
         if self.value_heads % self.key_heads:
             raise ModelLoadError(f"linear attention: {self.value_heads} value heads do not divide into "
                                  f"{self.key_heads} key heads")
@@ -168,18 +170,66 @@ class LinearAttention:
         """The convolution's channels: q, k and v rows."""
         return 2 * self.key_dim + self.value_dim
 
+    @property
+    def ssm_shape(self) -> tuple[int, int, int]:
+        return self.value_heads, self.key_head_dim, self.value_head_dim
+
     def state_bytes(self, dtype_bytes: int) -> int:
-        """One sequence's state over all these layers: the conv rows in the serving dtype, the matrix in float32."""
-        per_layer = self.conv_dim * (self.conv_kernel - 1) * dtype_bytes \
-            + self.value_heads * self.key_head_dim * self.value_head_dim * 4
-        return len(self.layers) * per_layer
+        return state_bytes(self, dtype_bytes)
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """Mamba-2 layers (IBM Granite 4.0's ``-H`` models; :mod:`services.engine.model.mamba_decoder`): ``layers`` mix
+    tokens through a selective state space instead of attention. Per layer and sequence the state is the last
+    ``conv_kernel - 1`` inputs of a depthwise causal convolution over the x/B/C rows (``conv_dim`` channels) and
+    a ``[heads, state_size, head_dim]`` float32 matrix."""
+
+    layers: tuple[int, ...]
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "head_dim", "state_size", "groups"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"config mamba {name} must be >= 1, got {getattr(self, name)}")
+        if self.conv_kernel < 2:
+            raise ModelLoadError(f"config mamba conv kernel must be >= 2, got {self.conv_kernel}")
+        if self.heads % self.groups:
+            raise ModelLoadError(f"mamba: {self.heads} heads do not divide into {self.groups} groups")
+
+    @property
+    def intermediate(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The convolution's channels: x, B and C rows."""
+        return self.intermediate + 2 * self.groups * self.state_size
+
+    @property
+    def ssm_shape(self) -> tuple[int, int, int]:
+        return self.heads, self.state_size, self.head_dim
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        return state_bytes(self, dtype_bytes)
+
+
+def state_bytes(spec: LinearAttention | Mamba2, dtype_bytes: int) -> int:
+    """One sequence's state over all of ``spec``'s layers: the conv rows in the serving dtype, the matrix in
+    float32."""
+    heads, rows, cols = spec.ssm_shape
+    return len(spec.layers) * (spec.conv_dim * (spec.conv_kernel - 1) * dtype_bytes + heads * rows * cols * 4)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
     Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
-    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2).
+    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next and Granite 4.0).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -229,6 +279,7 @@ class ModelConfig:
     mla: LatentAttention | None = None
     # hybrid models: the layers whose token mixing is a recurrent state (no KV), and what it is
     linear_attention: LinearAttention | None = None
+    mamba: Mamba2 | None = None
     # the attention's output is multiplied by the sigmoid of a gate the q projection also gives (Qwen3.5's and
     # Qwen3-Next's full-attention layers: each head's q rows, then its gate rows)
     attn_output_gate: bool = False
@@ -253,11 +304,12 @@ class ModelConfig:
             raise ModelLoadError(f"NoPE layers {self.nope_layers} outside the {self.num_layers} layers")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
-        linear = self.linear_attention
-        if linear is not None and (not linear.layers or len(linear.layers) >= self.num_layers
-                                   or any(not 0 <= i < self.num_layers for i in linear.layers)):
-            raise ModelLoadError(f"linear attention layers {linear.layers} must be some, not all, of the "
-                                 f"{self.num_layers} layers")
+        if self.linear_attention is not None and self.mamba is not None:
+            raise ModelLoadError("a model has Gated DeltaNet or Mamba-2 layers, not both")
+        recurrent = self.recurrent
+        if recurrent is not None and (not recurrent.layers or len(recurrent.layers) > self.num_layers
+                                      or any(not 0 <= i < self.num_layers for i in recurrent.layers)):
+            raise ModelLoadError(f"recurrent layers {recurrent.layers} must be some of the {self.num_layers} layers")
         mla = self.mla
         if mla is not None and (self.num_kv_heads, self.head_dim, self.rotary_dim) != (1, mla.cache_dim,
                                                                                          mla.qk_rope_head_dim):
@@ -277,13 +329,18 @@ class ModelConfig:
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that keep KV (a hybrid model's attention layers; every layer otherwise), in order: the KV
         cache's layer ``n`` is layer ``kv_layers[n]``'s."""
-        linear = () if self.linear_attention is None else self.linear_attention.layers
+        linear = () if self.recurrent is None else self.recurrent.layers
         return tuple(i for i in range(self.num_layers) if i not in linear)
+
+    @property
+    def recurrent(self) -> LinearAttention | Mamba2 | None:
+        """The layers that carry a per-sequence state instead of KV, and its shape (a hybrid model's)."""
+        return self.linear_attention or self.mamba
 
     @property
     def has_recurrent_state(self) -> bool:
         """Some layers carry a per-sequence state beside the KV (a hybrid model)."""
-        return self.linear_attention is not None
+        return self.recurrent is not None
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * len(self.kv_layers) * self.kv_size * dtype_bytes

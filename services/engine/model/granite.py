@@ -4,8 +4,8 @@ scores scaled by ``attention_multiplier`` (not ``head_dim ** -0.5``), each block
 ``residual_multiplier``, the logits divided by ``logits_scaling``. llama.cpp's ``granite`` GGUF files too (q/k
 rows permuted as its llama converter does; the scalars as ``*_scale`` keys; its tokenizer read as llama's,
 :data:`~services.engine.gguf_tokenizer.GGUF_TOKENIZER_AS`). Granite's MoE models (``granitemoe``,
-``granitemoeshared``) are :mod:`services.engine.model.granite_moe`; its hybrid ones (``granitemoehybrid``,
-Granite 4) are another architecture, refused by name.
+``granitemoeshared``) are :mod:`services.engine.model.granite_moe`; Granite 4.0 (``granitemoehybrid``, Mamba-2
+layers) is :mod:`services.engine.model.granite_hybrid`.
 """
 
 from __future__ import annotations

@@ -32,9 +32,20 @@ def load_model_config(path: str | Path) -> ModelConfig:
     return hf_dir_config(path)
 
 
+_SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _special_float(obj: dict) -> object:
+    """transformers writes an infinite or NaN float as ``{"__float__": "Infinity"}`` (Granite 4.0's
+    ``time_step_limit``): read back as the float."""
+    if obj.keys() == {"__float__"} and obj["__float__"] in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[obj["__float__"]]
+    return obj
+
+
 def read_hf_config(path: Path) -> dict:
     try:
-        return json.loads((path / "config.json").read_text())
+        return json.loads((path / "config.json").read_text(), object_hook=_special_float)
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from exc
 

@@ -1,0 +1,69 @@
+"""Mamba-2's selective state space (SSD) over a batch of sequences that each carry a state, pure torch (IBM Granite
+4.0's ``-H`` layers): per head, ``S_t = exp(dt_t · A) S_{t-1} + B_t ⊗ (dt_t x_t)`` and ``y_t = C_t · S_t``.
+
+Rows, slots and fresh states as :mod:`kernels.gated_delta` takes them; the states are ``[slots, heads, state_size,
+head_dim]`` float32, updated in place. One-token sequences run the recurrence together; longer ones run in chunks of
+:data:`CHUNK` tokens (within a chunk, a masked product like attention's; across chunks, the state carries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from kernels.gated_delta import sequence_starts, split_single
+
+CHUNK = 64
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+             states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool]
+             ) -> torch.Tensor:
+    """``x [T, H, P]``, ``dt [T, H]`` (the step sizes, biased and softplus'ed), ``a [H]`` (negative), ``b, c [T, G,
+    N]`` (each of ``G`` groups serves ``H / G`` consecutive heads). Returns ``y [T, H, P]`` float32 (no ``D`` skip)."""
+    heads = x.shape[1]
+    b = b.float().repeat_interleave(heads // b.shape[1], dim=1)
+    c = c.float().repeat_interleave(heads // c.shape[1], dim=1)
+    dt = dt.float()
+    values, decay = x.float() * dt[..., None], dt * a.float()
+    out = torch.empty_like(values)
+    starts = sequence_starts(query_lens)
+    single, longer = split_single(query_lens)
+    if single:
+        rows, index = torch.tensor([starts[i] for i in single]), torch.tensor([slots[i] for i in single])
+        state = states[index]
+        state[torch.tensor([fresh[i] for i in single])] = 0
+        state.mul_(decay[rows].exp()[..., None, None]).add_(b[rows][..., :, None] * values[rows][..., None, :])
+        out[rows] = torch.einsum("nhsp,nhs->nhp", state, c[rows])
+        states[index] = state
+    for i in longer:
+        span = slice(starts[i], starts[i] + query_lens[i])
+        state = states[slots[i]].zero_() if fresh[i] else states[slots[i]]
+        out[span], states[slots[i]] = _chunked(values[span], decay[span], b[span], c[span], state)
+    return out
+
+
+def _chunked(v: torch.Tensor, g: torch.Tensor, k: torch.Tensor, q: torch.Tensor, state: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence: ``v [L, H, P]`` (x · dt), ``g [L, H]`` (log decay), ``k [L, H, N]`` (B), ``q [L, H, N]`` (C),
+    from ``state [H, N, P]``; its outputs ``[L, H, P]`` and final state. Zero padding leaves the state as it was."""
+    length = v.shape[0]
+    pad = -length % CHUNK
+    if pad:
+        v, g, k, q = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (v, g, k, q))
+    chunks = v.shape[0] // CHUNK
+    v, k, q = (t.view(chunks, CHUNK, *t.shape[1:]).permute(2, 0, 1, 3) for t in (v, k, q))  # [H, chunks, C, ...]
+    decay_sum = g.view(chunks, CHUNK, -1).permute(2, 0, 1).cumsum(-1)  # [H, chunks, C]
+    below = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=v.device).tril()
+    decay = (decay_sum[..., :, None] - decay_sum[..., None, :]).masked_fill(~below, float("-inf")).exp()
+    within = q @ k.transpose(-1, -2) * decay
+    out = torch.empty_like(v)
+    for i in range(chunks):
+        out[:, i] = (q[:, i] * decay_sum[:, i, :, None].exp()) @ state + within[:, i] @ v[:, i]
+        last = decay_sum[:, i, -1]
+        state = state * last.exp()[:, None, None] + \
+            (k[:, i] * (last[:, None] - decay_sum[:, i]).exp()[..., None]).transpose(-1, -2) @ v[:, i]
+    heads, dim = out.shape[0], out.shape[-1]
+    return out.permute(1, 2, 0, 3).reshape(chunks * CHUNK, heads, dim)[:length], state

@@ -1,0 +1,129 @@
+"""The decoder of IBM Granite 4.0 (``granitemoehybrid``): Mamba-2 layers (a selective state space with a recurrent
+state per sequence, no KV; ``ModelConfig.mamba``) between Granite's attention layers, each followed by Granite's
+MLP (experts beside a shared MLP, or the shared MLP alone), with Granite's four scalars.
+
+Per layer: ``h += residual · mix(norm(h))``, then ``h += residual · mlp(norm(h))`` (plain RMSNorms). A Mamba-2 layer
+projects the gate ``z``, the x/B/C rows (through a causal depthwise convolution with bias and SiLU) and the step
+sizes ``dt`` (``softplus(dt + dt_bias)``), runs the scan (:mod:`kernels.ssd`, ``A = -exp(A_log)``) plus the
+``D · x`` skip, multiplies by ``silu(z)`` and RMS-norms each of its ``groups`` groups (the gate before the norm).
+The states live in the :class:`~services.engine.recurrent_states.RecurrentStates` the model runner binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels.gated_delta import causal_conv1d
+from kernels.linear import LinearWeight, RowPaths, linear
+from kernels.norm import rms_norm
+from kernels.ssd import ssd_scan
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.decoder import DecoderModel, LayerWeights
+
+if TYPE_CHECKING:
+    from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
+
+
+@dataclass
+class MambaWeights:
+    in_proj: LinearWeight  # [intermediate + conv_dim + heads, hidden]: z, x/B/C, dt rows
+    conv: torch.Tensor  # [conv_dim, conv_kernel]
+    conv_bias: torch.Tensor | None  # [conv_dim]
+    dt_bias: torch.Tensor  # [heads]
+    a: torch.Tensor  # [heads] float32: -exp(A_log)
+    skip: torch.Tensor  # [heads] float32: D
+    norm: torch.Tensor  # [intermediate]
+    out_proj: LinearWeight
+
+
+@dataclass
+class MambaLayerWeights(LayerWeights):
+    mamba: MambaWeights | None = None  # a Mamba-2 layer's (its qkv and o are unused then)
+
+
+class MambaDecoderModel(DecoderModel):
+    """A :class:`DecoderModel` over a Granite 4.0 checkpoint; same constructor. Not served in the deterministic
+    mode when it has Mamba-2 layers."""
+
+    FUSED_OPS = False
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, *args: Any,
+                 **kwargs: Any):
+        if config.mamba is not None and kwargs.get("deterministic"):
+            raise ModelLoadError(f"{config.architecture} is not served in the deterministic mode (its Mamba-2 layers "
+                                 "have no batch-invariant kernel here)")
+        if config.moe is None:  # the shared MLP alone is the dense MLP
+            tensors = {name.replace(".mlp.shared_expert.", ".mlp."): t for name, t in tensors.items()}
+        super().__init__(config, tensors, dtype, *args, **kwargs)
+        self._kv_index = {layer: n for n, layer in enumerate(config.kv_layers)}
+        self.states: RecurrentStates | None = None
+
+    def bind_states(self, states: RecurrentStates) -> None:
+        """The states the model reads and writes; the runner plans them before each step."""
+        self.states = states
+
+    def _layer(self, i: int) -> MambaLayerWeights:
+        spec = self.config.mamba
+        if spec is None or i not in spec.layers:
+            base = super()._layer(i)
+            return MambaLayerWeights(**{name: getattr(base, name) for name in base.__dataclass_fields__})
+        take, hidden, m = self._source.take, self.config.hidden_size, f"model.layers.{i}.mamba."
+        conv_bias = m + "conv1d.bias"
+        mamba = MambaWeights(
+            in_proj=self._projection([(m + "in_proj.weight", (spec.intermediate + spec.conv_dim + spec.heads,
+                                                              hidden))]),
+            conv=take(m + "conv1d.weight", (spec.conv_dim, 1, spec.conv_kernel))[:, 0],
+            conv_bias=take(conv_bias, (spec.conv_dim,)) if self._source.has(conv_bias) else None,
+            dt_bias=take(m + "dt_bias", (spec.heads,)),
+            a=-take(m + "A_log", (spec.heads,), torch.float32).exp(),
+            skip=take(m + "D", (spec.heads,), torch.float32),
+            norm=take(m + "norm.weight", (spec.intermediate,)),
+            out_proj=self._projection([(m + "out_proj.weight", (hidden, spec.intermediate))]),
+        )
+        p = f"model.layers.{i}."
+        layer = MambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=mamba.in_proj,
+                                  o=mamba.out_proj, post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+                                  gate_up=None, down=None, mamba=mamba)
+        return self._with_mlp(layer, i)  # type: ignore[return-value]
+
+    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                     ) -> torch.Tensor:
+        """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention layers' only), computed as
+        the module says; the bound states are planned for this step."""
+        cfg, eps = self.config, self.config.rms_norm_eps
+        scalars = cfg.multipliers
+        assert scalars is not None, "Granite's scalars"
+        hidden = F.embedding(input_ids, self.embed) * scalars.embedding
+        rope = self.ops.rope.prepare(positions)
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(hidden, layer.input_norm, eps)
+            if layer.mamba is not None:
+                mixed = self._mamba(i, layer.mamba, x, paths)
+            else:
+                mixed = self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
+            hidden = hidden + mixed * scalars.residual
+            hidden = hidden + self._mlp(rms_norm(hidden, layer.post_norm, eps), layer, paths) * scalars.residual
+        return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+
+    def _mamba(self, i: int, net: MambaWeights, x: torch.Tensor, paths: RowPaths | None) -> torch.Tensor:
+        spec, states = self.config.mamba, self.states
+        assert spec is not None and states is not None, "a hybrid model runs with its states bound"
+        n, plan, num_tokens = spec.layers.index(i), states.plan, x.shape[0]
+        gate, xbc, dt = linear(x, net.in_proj, paths).split([spec.intermediate, spec.conv_dim, spec.heads], dim=-1)
+        xbc = causal_conv1d(xbc, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh, net.conv_bias)
+        xs, b, c = xbc.split([spec.intermediate, spec.groups * spec.state_size, spec.groups * spec.state_size], dim=-1)
+        xs = xs.reshape(num_tokens, spec.heads, spec.head_dim)
+        y = ssd_scan(xs, F.softplus(dt + net.dt_bias), net.a, b.reshape(num_tokens, spec.groups, spec.state_size),
+                     c.reshape(num_tokens, spec.groups, spec.state_size), states.ssm[n], plan.slots, plan.query_lens,
+                     plan.fresh)
+        y = (y + net.skip[:, None] * xs.float()).reshape(num_tokens, spec.intermediate) * F.silu(gate.float())
+        grouped = y.view(num_tokens, spec.groups, spec.intermediate // spec.groups)
+        normed = F.rms_norm(grouped, (grouped.shape[-1],), None, self.config.rms_norm_eps).view_as(y)
+        return linear((net.norm * normed).to(x.dtype), net.out_proj, paths)
