@@ -12,7 +12,8 @@ chunk the rule is a unit-triangular solve and matrix products; across chunks the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +37,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, s
     starts = sequence_starts(query_lens)
     single, longer = split_single(query_lens)
     if single:
-        rows, index = torch.tensor([starts[b] for b in single]), torch.tensor([slots[b] for b in single])
-        past = states[index]
-        past[torch.tensor([fresh[b] for b in single])] = 0
-        window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
-        out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
-        states[index] = window[..., 1:]
+        rows = torch.tensor([starts[b] for b in single])
+        with state_rows(states, [slots[b] for b in single], [fresh[b] for b in single]) as past:
+            window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
+            out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
+            past.copy_(window[..., 1:])
     for b in longer:
         seq = x[starts[b]:starts[b] + query_lens[b]].t()  # [C, L]
         past = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
@@ -69,16 +69,33 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     starts = sequence_starts(query_lens)
     single, longer = split_single(query_lens)
     if single:
-        rows, index = torch.tensor([starts[b] for b in single]), torch.tensor([slots[b] for b in single])
-        state = states[index]
-        state[torch.tensor([fresh[b] for b in single])] = 0
-        out[rows] = _recurrent_step(q[rows], k[rows], values[rows], g[rows], beta[rows], state)
-        states[index] = state
+        rows = torch.tensor([starts[b] for b in single])
+        with state_rows(states, [slots[b] for b in single], [fresh[b] for b in single]) as state:
+            out[rows] = _recurrent_step(q[rows], k[rows], values[rows], g[rows], beta[rows], state)
     for b in longer:
         span = slice(starts[b], starts[b] + query_lens[b])
         state = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
         out[span], states[slots[b]] = _chunked(q[span], k[span], values[span], g[span], beta[span], state)
     return out.to(v.dtype)
+
+
+@contextlib.contextmanager
+def state_rows(states: torch.Tensor, slots: list[int], fresh: list[bool]) -> Iterator[torch.Tensor]:
+    """The rows ``slots`` of ``states`` (``fresh`` ones zeroed) to update in place: a view where the slots run
+    consecutively (no copy), else a gathered copy written back after."""
+    first = slots[0]
+    if slots == list(range(first, first + len(slots))):
+        rows = states[first:first + len(slots)]
+        for i, zero in enumerate(fresh):
+            if zero:
+                rows[i].zero_()
+        yield rows
+        return
+    index = torch.tensor(slots, device=states.device)
+    rows = states.index_select(0, index)
+    rows[torch.tensor(fresh, device=states.device)] = 0
+    yield rows
+    states.index_copy_(0, index, rows)
 
 
 def sequence_starts(query_lens: Sequence[int]) -> list[int]:
@@ -96,12 +113,18 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def _recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                     state: torch.Tensor) -> torch.Tensor:
     """One token of ``n`` sequences (``q, k [n, H, dk]``, ``v [n, H, dv]``, ``g, beta [n, H]``); ``state [n, H, dk,
-    dv]`` updated in place. Returns ``[n, H, dv]``."""
-    state.mul_(g.exp()[..., None, None])
-    remembered = torch.einsum("nhkv,nhk->nhv", state, k)
-    delta = (v - remembered) * beta[..., None]
-    state.add_(k[..., :, None] * delta[..., None, :])
-    return torch.einsum("nhkv,nhk->nhv", state, q)
+    dv]`` updated in place. Returns ``[n, H, dv]``.
+
+    With ``S' = e^g S + k ⊗ delta``, both of the state's reads come from one product of the old state (``S^T k``
+    and ``S^T q``; ``S'^T q = e^g S^T q + (k · q) delta``), and the update is two in-place passes."""
+    n, heads, dk, dv = state.shape
+    flat = state.view(n * heads, dk, dv)
+    read = torch.bmm(flat.transpose(1, 2), torch.stack([k, q], dim=-1).view(n * heads, dk, 2)).view(n, heads, dv, 2)
+    decay = g.exp()[..., None]
+    delta = (v - decay * read[..., 0]) * beta[..., None]
+    out = decay * read[..., 1] + (k * q).sum(-1, keepdim=True) * delta
+    flat.mul_(decay.view(n * heads, 1, 1)).baddbmm_(k.reshape(n * heads, dk, 1), delta.reshape(n * heads, 1, dv))
+    return out
 
 
 def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

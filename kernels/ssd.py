@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta import sequence_starts, split_single
+from kernels.gated_delta import sequence_starts, split_single, state_rows
 
 CHUNK = 64
 
@@ -32,16 +32,27 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     starts = sequence_starts(query_lens)
     single, longer = split_single(query_lens)
     if single:
-        rows, index = torch.tensor([starts[i] for i in single]), torch.tensor([slots[i] for i in single])
-        state = states[index]
-        state[torch.tensor([fresh[i] for i in single])] = 0
-        state.mul_(decay[rows].exp()[..., None, None]).add_(b[rows][..., :, None] * values[rows][..., None, :])
-        out[rows] = torch.einsum("nhsp,nhs->nhp", state, c[rows])
-        states[index] = state
+        rows = torch.tensor([starts[i] for i in single])
+        with state_rows(states, [slots[i] for i in single], [fresh[i] for i in single]) as state:
+            out[rows] = _recurrent_step(values[rows], decay[rows], b[rows], c[rows], state)
     for i in longer:
         span = slice(starts[i], starts[i] + query_lens[i])
         state = states[slots[i]].zero_() if fresh[i] else states[slots[i]]
         out[span], states[slots[i]] = _chunked(values[span], decay[span], b[span], c[span], state)
+    return out
+
+
+def _recurrent_step(v: torch.Tensor, g: torch.Tensor, k: torch.Tensor, q: torch.Tensor, state: torch.Tensor
+                    ) -> torch.Tensor:
+    """One token of ``n`` sequences (``v [n, H, P]``, ``g [n, H]``, ``k, q [n, H, N]``); ``state [n, H, N, P]``
+    updated in place (``S' = e^g S + k ⊗ v``, ``y = S'^T q = e^g S^T q + (k · q) v``: one read, two in-place
+    passes). Returns ``[n, H, P]``."""
+    n, heads, size, dim = state.shape
+    flat = state.view(n * heads, size, dim)
+    decay = g.exp()[..., None]
+    read = torch.bmm(flat.transpose(1, 2), q.reshape(n * heads, size, 1)).view(n, heads, dim)
+    out = decay * read + (k * q).sum(-1, keepdim=True) * v
+    flat.mul_(decay.view(n * heads, 1, 1)).baddbmm_(k.reshape(n * heads, size, 1), v.reshape(n * heads, 1, dim))
     return out
 
 

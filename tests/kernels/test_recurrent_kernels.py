@@ -1,0 +1,82 @@
+"""The recurrent layers' kernels (``kernels/gated_delta.py``, ``kernels/ssd.py``) against transformers' reference
+functions, sequence by sequence: a batch of one-token and longer sequences (past a chunk), some from a state, some
+fresh, their slots consecutive (updated through a view) or scattered (gathered and written back); the outputs and
+the final states agree, and slots no sequence uses are untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.gated_delta import causal_conv1d, gated_delta_rule
+from kernels.ssd import ssd_scan
+
+LENS = [1, 100, 1, 130, 7, 1]
+FRESH = [False, True, True, False, False, False]
+LAYOUTS = {"consecutive": [0, 1, 2, 3, 4, 5], "scattered": [6, 2, 9, 0, 4, 7]}
+
+
+def _spans():
+    start = 0
+    for n in LENS:
+        yield slice(start, start + n)
+        start += n
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_gated_delta_rule_matches_transformers(layout):
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+    torch.manual_seed(0)
+    slots, total, heads_k, heads_v, dk, dv = LAYOUTS[layout], sum(LENS), 2, 4, 16, 24
+    q, k = torch.randn(total, heads_k, dk), torch.randn(total, heads_k, dk)
+    v, g, beta = torch.randn(total, heads_v, dv), -torch.rand(total, heads_v), torch.rand(total, heads_v)
+    before = torch.randn(10, heads_v, dk, dv) * 0.1
+    states = before.clone()
+    out = gated_delta_rule(q, k, v, g, beta, states, slots, LENS, FRESH)
+    for b, span in enumerate(_spans()):
+        initial = None if FRESH[b] else before[slots[b]][None].clone()
+        expected, final = torch_recurrent_gated_delta_rule(
+            q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span], initial_state=initial,
+            output_final_state=True, use_qk_l2norm_in_kernel=True)
+        torch.testing.assert_close(out[span], expected[0], atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(states[slots[b]], final[0], atol=2e-6, rtol=1e-5)
+    unused = [s for s in range(10) if s not in slots]
+    assert torch.equal(states[unused], before[unused])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_causal_conv1d_keeps_the_last_inputs(layout):
+    torch.manual_seed(1)
+    slots, channels, kernel = LAYOUTS[layout], 12, 4
+    x, weight, bias = torch.randn(sum(LENS), channels), torch.randn(channels, kernel), torch.randn(channels)
+    before = torch.randn(10, channels, kernel - 1)
+    states = before.clone()
+    out = causal_conv1d(x, weight, states, slots, LENS, FRESH, bias)
+    for b, span in enumerate(_spans()):
+        past = torch.zeros(channels, kernel - 1) if FRESH[b] else before[slots[b]]
+        window = torch.cat([past, x[span].t()], dim=-1)
+        expected = F.silu(F.conv1d(window[None], weight[:, None], bias, groups=channels)[0]).t()
+        torch.testing.assert_close(out[span], expected)
+        assert torch.equal(states[slots[b]], window[:, -(kernel - 1):])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_ssd_scan_matches_transformers(layout):
+    from transformers.models.granitemoehybrid.modeling_granitemoehybrid import mamba2_chunk_scan
+
+    torch.manual_seed(2)
+    slots, total, heads, dim, groups, size = LAYOUTS[layout], sum(LENS), 4, 8, 2, 16
+    x, raw_dt, a = torch.randn(total, heads, dim), torch.randn(total, heads), -torch.rand(heads) * 2
+    dt_bias, b, c = torch.randn(heads) * 0.1, torch.randn(total, groups, size), torch.randn(total, groups, size)
+    before = torch.randn(10, heads, size, dim) * 0.1
+    states = before.clone()
+    out = ssd_scan(x, F.softplus(raw_dt + dt_bias), a, b, c, states, slots, LENS, FRESH)
+    for i, span in enumerate(_spans()):  # transformers' state is [heads, dim, size]
+        initial = None if FRESH[i] else before[slots[i]].transpose(-1, -2)[None].contiguous()
+        expected, final = mamba2_chunk_scan(x[None, span], raw_dt[None, span], a, b[None, span], c[None, span],
+                                            chunk_size=32, dt_bias=dt_bias, initial_states=initial, dt_softplus=True,
+                                            return_final_states=True)
+        torch.testing.assert_close(out[span], expected[0], atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(states[slots[i]], final[0].transpose(-1, -2), atol=1e-5, rtol=1e-5)
