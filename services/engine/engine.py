@@ -330,15 +330,15 @@ class LLMEngine(PrefillRole, DecodeRole):
         for item in batch.scheduled:
             request, new = item.request, item.request.request_id not in self.state_slots
             slot = slots[request.request_id] = self.state_slots.assign(request.request_id)
-            if slot >= states.capacity:
-                log.warning("more requests run than max_num_seqs: recurrent states grown", slots=slot + 1)
-                states.grow(max(slot + 1, states.capacity + states.capacity // 4 + 1))
+            if slot >= states.capacity:  # a few slots at a time, outside the kv_cache_gib budget
+                states.grow(max(slot + 1, states.capacity + max(1, states.capacity // 16)))
+                log.warning("more requests run than max_num_seqs: recurrent states grown", slots=states.capacity)
             pending, request.pending_state = request.pending_state, None
             if pending is not None and item.start > 0:
                 states.write(slot, pending)
-            else:
-                assert not new or item.start == 0, \
-                    f"{request.request_id} would resume at token {item.start} without its recurrent state"
+            elif new and item.start > 0:
+                raise RuntimeError(f"{request.request_id} would resume at token {item.start} without its recurrent "
+                                   "state")
         return slots
 
     def _sweep_state_slots(self) -> None:

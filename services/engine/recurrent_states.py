@@ -41,11 +41,16 @@ class RecurrentStates:
         self.plan = StatePlan((), (), ())
 
     def grow(self, capacity: int) -> None:
-        """Room for ``capacity`` slots, the states kept (call only while no step runs)."""
+        """Room for ``capacity`` slots, the states kept (call only while no step runs): one layer's tensor at a
+        time, so that the old and the new copy of all of them are never held at once."""
         if capacity <= self.capacity:
             return
-        self.conv = [torch.cat([t, t.new_zeros(capacity - self.capacity, *t.shape[1:])]) for t in self.conv]
-        self.ssm = [torch.cat([t, t.new_zeros(capacity - self.capacity, *t.shape[1:])]) for t in self.ssm]
+        for tensors in (self.conv, self.ssm):
+            for i, t in enumerate(tensors):
+                grown = t.new_zeros(capacity, *t.shape[1:])
+                grown[:self.capacity] = t
+                tensors[i] = grown
+                del t
         self.capacity = capacity
 
     def set_plan(self, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool]) -> None:

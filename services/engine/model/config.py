@@ -191,6 +191,7 @@ class Mamba2:
     state_size: int
     groups: int
     conv_kernel: int
+    conv_bias: bool = True
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "state_size", "groups"):
@@ -310,6 +311,8 @@ class ModelConfig:
         if recurrent is not None and (not recurrent.layers or len(recurrent.layers) > self.num_layers
                                       or any(not 0 <= i < self.num_layers for i in recurrent.layers)):
             raise ModelLoadError(f"recurrent layers {recurrent.layers} must be some of the {self.num_layers} layers")
+        if recurrent is not None and len(set(recurrent.layers)) >= self.num_layers:
+            raise ModelLoadError("every layer is recurrent: at least one attention layer is needed (its KV cache)")
         mla = self.mla
         if mla is not None and (self.num_kv_heads, self.head_dim, self.rotary_dim) != (1, mla.cache_dim,
                                                                                          mla.qk_rope_head_dim):

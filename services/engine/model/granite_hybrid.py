@@ -2,7 +2,7 @@
 the attention-only granite-4.0-micro, -1b, -350m. Granite's decoder and four scalars
 (:mod:`services.engine.model.granite`) with most layers Mamba-2 (a selective state space, a recurrent state per
 request; :mod:`services.engine.model.mamba_decoder`) and a few attention layers (all of them in the models without
-``-h``), without rope where ``position_embedding_type`` is ``nope`` (the released 4.0 models) or with it (``rope``).
+``-h``), rotated only where ``position_embedding_type`` is ``rope`` (``nope`` or null: no rope, as transformers).
 
 The MLP is Granite MoE's (:mod:`services.engine.model.granite_moe`): experts on every layer (the softmax of the top-k
 logits) beside an ungated shared MLP, or (``num_local_experts`` 0) the shared MLP alone as a dense one.
@@ -32,9 +32,9 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     limit = tuple(full.get("time_step_limit") or (0.0, float("inf")))
     if limit != (0.0, float("inf")):
         raise ModelLoadError(f"{ARCHITECTURE}: time_step_limit {list(limit)} is not supported (only none)")
-    rope = full.get("position_embedding_type") or "rope"
-    if rope not in ("rope", "nope"):
-        raise ModelLoadError(f"{ARCHITECTURE}: position_embedding_type {rope!r} is not supported (rope, nope)")
+    rope = full.get("position_embedding_type")  # transformers rotates only with "rope"; none (null) or "nope": not
+    if rope not in ("rope", "nope", None):
+        raise ModelLoadError(f"{ARCHITECTURE}: position_embedding_type {rope!r} is not supported (rope, nope, null)")
     kinds = list(full.get("layer_types") or [])
     if len(kinds) != int(full["num_hidden_layers"]) or any(k not in _MAMBA + _ATTENTION for k in kinds):
         raise ModelLoadError(f"{ARCHITECTURE}: layer_types must list {full['num_hidden_layers']} of mamba, attention; "
@@ -42,10 +42,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     dense = granite_from_hf({**full, "intermediate_size": full.get("shared_intermediate_size")})
     attention = tuple(i for i, kind in enumerate(kinds) if kind in _ATTENTION)
     mamba_layers = tuple(i for i, kind in enumerate(kinds) if kind in _MAMBA)
+    if not attention:
+        raise ModelLoadError(f"{ARCHITECTURE}: layer_types has no attention layer (a Mamba-only model is not served)")
     mamba = None if not mamba_layers else Mamba2(  # none: Granite 4.0's attention-only models (granite-4.0-micro)
         layers=mamba_layers, heads=int(full["mamba_n_heads"]), head_dim=int(full["mamba_d_head"]),
         state_size=int(full["mamba_d_state"]), groups=int(full["mamba_n_groups"]),
-        conv_kernel=int(full["mamba_d_conv"]))
+        conv_kernel=int(full["mamba_d_conv"]), conv_bias=bool(full.get("mamba_conv_bias", True)))
     if mamba is not None and mamba.intermediate != int(full["mamba_expand"]) * dense.hidden_size:
         raise ModelLoadError(f"{ARCHITECTURE}: mamba_n_heads × mamba_d_head must be mamba_expand × hidden_size")
     experts = int(full.get("num_local_experts") or 0)
@@ -54,4 +56,4 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         norm_topk_prob=False, softmax_after_topk=True, sparse_layers=tuple(range(dense.num_layers)),
         shared_expert_intermediate_size=dense.intermediate_size, shared_expert_gated=False)
     return dataclasses.replace(dense, architecture=ARCHITECTURE, mamba=mamba, moe=moe,
-                               nope_layers=attention if rope == "nope" else ())
+                               nope_layers=() if rope == "rope" else attention)

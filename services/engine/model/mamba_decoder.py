@@ -74,12 +74,11 @@ class MambaDecoderModel(DecoderModel):
             base = super()._layer(i)
             return MambaLayerWeights(**{name: getattr(base, name) for name in base.__dataclass_fields__})
         take, hidden, m = self._source.take, self.config.hidden_size, f"model.layers.{i}.mamba."
-        conv_bias = m + "conv1d.bias"
         mamba = MambaWeights(
             in_proj=self._projection([(m + "in_proj.weight", (spec.intermediate + spec.conv_dim + spec.heads,
                                                               hidden))]),
             conv=take(m + "conv1d.weight", (spec.conv_dim, 1, spec.conv_kernel))[:, 0],
-            conv_bias=take(conv_bias, (spec.conv_dim,)) if self._source.has(conv_bias) else None,
+            conv_bias=take(m + "conv1d.bias", (spec.conv_dim,)) if spec.conv_bias else None,
             dt_bias=take(m + "dt_bias", (spec.heads,)),
             a=-take(m + "A_log", (spec.heads,), torch.float32).exp(),
             skip=take(m + "D", (spec.heads,), torch.float32),

@@ -38,7 +38,7 @@ _SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": f
 def _special_float(obj: dict) -> object:
     """transformers writes an infinite or NaN float as ``{"__float__": "Infinity"}`` (Granite 4.0's
     ``time_step_limit``): read back as the float."""
-    if obj.keys() == {"__float__"} and obj["__float__"] in _SPECIAL_FLOATS:
+    if obj.keys() == {"__float__"} and isinstance(obj["__float__"], str) and obj["__float__"] in _SPECIAL_FLOATS:
         return _SPECIAL_FLOATS[obj["__float__"]]
     return obj
 
