@@ -13,7 +13,7 @@ chunk the rule is a unit-triangular solve and matrix products; across chunks the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,17 +66,31 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     q = _l2norm(q.float()) * q.shape[-1] ** -0.5
     k, values, g, beta = _l2norm(k.float()), v.float(), g.float(), beta.float()
     out = torch.empty_like(values)
+    scan_sequences(out, states, slots, query_lens, fresh,
+                   lambda rows, state: _recurrent_step(q[rows], k[rows], values[rows], g[rows], beta[rows], state),
+                   lambda span, state: _chunked(q[span], k[span], values[span], g[span], beta[span], state))
+    return out.to(v.dtype)
+
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Chunked = Callable[[slice, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def scan_sequences(out: torch.Tensor, states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int],
+                   fresh: Sequence[bool], step: Step, chunked: Chunked) -> None:
+    """Fill ``out``'s rows sequence by sequence from each one's state: the one-token sequences at once through
+    ``step(their rows, their states)`` (states updated in place), each longer one through ``chunked(its rows, its
+    state) -> (outputs, final state)``."""
     starts = sequence_starts(query_lens)
     single, longer = split_single(query_lens)
     if single:
         rows = torch.tensor([starts[b] for b in single])
         with state_rows(states, [slots[b] for b in single], [fresh[b] for b in single]) as state:
-            out[rows] = _recurrent_step(q[rows], k[rows], values[rows], g[rows], beta[rows], state)
+            out[rows] = step(rows, state)
     for b in longer:
         span = slice(starts[b], starts[b] + query_lens[b])
         state = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
-        out[span], states[slots[b]] = _chunked(q[span], k[span], values[span], g[span], beta[span], state)
-    return out.to(v.dtype)
+        out[span], states[slots[b]] = chunked(span, state)
 
 
 @contextlib.contextmanager

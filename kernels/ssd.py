@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta import sequence_starts, split_single, state_rows
+from kernels.gated_delta import scan_sequences
 
 CHUNK = 64
 
@@ -29,16 +29,9 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     dt = dt.float()
     values, decay = x.float() * dt[..., None], dt * a.float()
     out = torch.empty_like(values)
-    starts = sequence_starts(query_lens)
-    single, longer = split_single(query_lens)
-    if single:
-        rows = torch.tensor([starts[i] for i in single])
-        with state_rows(states, [slots[i] for i in single], [fresh[i] for i in single]) as state:
-            out[rows] = _recurrent_step(values[rows], decay[rows], b[rows], c[rows], state)
-    for i in longer:
-        span = slice(starts[i], starts[i] + query_lens[i])
-        state = states[slots[i]].zero_() if fresh[i] else states[slots[i]]
-        out[span], states[slots[i]] = _chunked(values[span], decay[span], b[span], c[span], state)
+    scan_sequences(out, states, slots, query_lens, fresh,
+                   lambda rows, state: _recurrent_step(values[rows], decay[rows], b[rows], c[rows], state),
+                   lambda span, state: _chunked(values[span], decay[span], b[span], c[span], state))
     return out
 
 
