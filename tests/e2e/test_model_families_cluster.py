@@ -34,11 +34,12 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # sliding layers with their own rope; OLMoE's is MiniMax-M2's whole-projection q/k norms with Qwen3-MoE's routing;
 # Qwen3.5's hybrid layers, whose recurrent state travels beside the KV, run as its dense model: its MoE and Qwen3-Next
 # add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
-# 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one)
+# 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one; Nemotron-H's blocks hold
+# the same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each)
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
                                            "qwen3_5-moe", "qwen3_next", "granite_hybrid-dense",
-                                           "granite_hybrid-attention"})
+                                           "granite_hybrid-attention", "nemotron_h"})
 # the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
 # are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
 PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "qwen3_5", "granite_hybrid"}

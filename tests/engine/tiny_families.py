@@ -28,12 +28,12 @@ _GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], mamba_n_head
                        mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=64,
                        embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
                        logits_scaling=2.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5", "qwen3_5-moe",
-                "qwen3_next",
+RANDOM_NORMS = {"nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5",
+                "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe",
+RANDOM_BIASES = {"nemotron_h", "granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe",
                  "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
@@ -171,6 +171,11 @@ FAMILIES: dict[str, dict] = {
     # granite-4.0-micro's kind: the same checkpoint type with attention on every layer (no recurrent state)
     "granite_hybrid-attention": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID | {
         "layer_types": ["attention"] * 3}, num_local_experts=0, position_embedding_type="rope", rope_theta=10000.0),
+    # Nemotron-H: blocks of one mixer each (Mamba-2 with 8 heads of 16 in 2 groups, a squared-ReLU MLP, attention
+    # without rope), as its hybrid_override_pattern "M-*-M" says; norms, the conv's bias and dt_bias drawn at random
+    "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
+                       head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+                       conv_kernel=4, time_step_min=0.001, tie_word_embeddings=False),
     # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
     # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
     # by 1 + weight, initialised to 0)

@@ -180,10 +180,10 @@ class LinearAttention:
 
 @dataclass(frozen=True)
 class Mamba2:
-    """Mamba-2 layers (IBM Granite 4.0's ``-H`` models; :mod:`services.engine.model.mamba_decoder`): ``layers`` mix
-    tokens through a selective state space instead of attention. Per layer and sequence the state is the last
-    ``conv_kernel - 1`` inputs of a depthwise causal convolution over the x/B/C rows (``conv_dim`` channels) and
-    a ``[heads, state_size, head_dim]`` float32 matrix."""
+    """Mamba-2 layers (IBM Granite 4.0's ``-H`` models, Nemotron-H; :mod:`services.engine.model.mamba_decoder`):
+    ``layers`` mix tokens through a selective state space instead of attention. Per layer and sequence the state is
+    the last ``conv_kernel - 1`` inputs of a depthwise causal convolution over the x/B/C rows (``conv_dim``
+    channels) and a ``[heads, state_size, head_dim]`` float32 matrix."""
 
     layers: tuple[int, ...]
     heads: int
@@ -192,6 +192,7 @@ class Mamba2:
     groups: int
     conv_kernel: int
     conv_bias: bool = True
+    dt_min: float = 0.0  # the step sizes' floor (``time_step_limit``'s lower bound)
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "state_size", "groups"):
@@ -230,7 +231,8 @@ def state_bytes(spec: LinearAttention | Mamba2, dtype_bytes: int) -> int:
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
     Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
-    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next and Granite 4.0).
+    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite 4.0 and
+    Nemotron-H).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -281,6 +283,8 @@ class ModelConfig:
     # hybrid models: the layers whose token mixing is a recurrent state (no KV), and what it is
     linear_attention: LinearAttention | None = None
     mamba: Mamba2 | None = None
+    # layers that are an MLP alone, with no token mixing and no KV (Nemotron-H's)
+    mlp_only_layers: tuple[int, ...] = ()
     # the attention's output is multiplied by the sigmoid of a gate the q projection also gives (Qwen3.5's and
     # Qwen3-Next's full-attention layers: each head's q rows, then its gate rows)
     attn_output_gate: bool = False
@@ -311,8 +315,8 @@ class ModelConfig:
         if recurrent is not None and (not recurrent.layers or len(recurrent.layers) > self.num_layers
                                       or any(not 0 <= i < self.num_layers for i in recurrent.layers)):
             raise ModelLoadError(f"recurrent layers {recurrent.layers} must be some of the {self.num_layers} layers")
-        if recurrent is not None and len(set(recurrent.layers)) >= self.num_layers:
-            raise ModelLoadError("every layer is recurrent: at least one attention layer is needed (its KV cache)")
+        if not self.kv_layers:
+            raise ModelLoadError("no attention layer: at least one is needed (its KV cache)")
         mla = self.mla
         if mla is not None and (self.num_kv_heads, self.head_dim, self.rotary_dim) != (1, mla.cache_dim,
                                                                                          mla.qk_rope_head_dim):
@@ -332,8 +336,8 @@ class ModelConfig:
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that keep KV (a hybrid model's attention layers; every layer otherwise), in order: the KV
         cache's layer ``n`` is layer ``kv_layers[n]``'s."""
-        linear = () if self.recurrent is None else self.recurrent.layers
-        return tuple(i for i in range(self.num_layers) if i not in linear)
+        mixing = set(self.mlp_only_layers) | set(() if self.recurrent is None else self.recurrent.layers)
+        return tuple(i for i in range(self.num_layers) if i not in mixing)
 
     @property
     def recurrent(self) -> LinearAttention | Mamba2 | None:

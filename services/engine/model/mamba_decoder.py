@@ -73,8 +73,19 @@ class MambaDecoderModel(DecoderModel):
         if spec is None or i not in spec.layers:
             base = super()._layer(i)
             return MambaLayerWeights(**{name: getattr(base, name) for name in base.__dataclass_fields__})
-        take, hidden, m = self._source.take, self.config.hidden_size, f"model.layers.{i}.mamba."
-        mamba = MambaWeights(
+        take, hidden = self._source.take, self.config.hidden_size
+        mamba = self._mamba_weights(f"model.layers.{i}.mamba.")
+        p = f"model.layers.{i}."
+        layer = MambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=mamba.in_proj,
+                                  o=mamba.out_proj, post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+                                  gate_up=None, down=None, mamba=mamba)
+        return self._with_mlp(layer, i)  # type: ignore[return-value]
+
+    def _mamba_weights(self, m: str) -> MambaWeights:
+        """A Mamba-2 mixer's weights, named ``m`` + ``in_proj.weight`` and so on."""
+        spec, take, hidden = self.config.mamba, self._source.take, self.config.hidden_size
+        assert spec is not None
+        return MambaWeights(
             in_proj=self._projection([(m + "in_proj.weight", (spec.intermediate + spec.conv_dim + spec.heads,
                                                               hidden))]),
             conv=take(m + "conv1d.weight", (spec.conv_dim, 1, spec.conv_kernel))[:, 0],
@@ -85,11 +96,6 @@ class MambaDecoderModel(DecoderModel):
             norm=take(m + "norm.weight", (spec.intermediate,)),
             out_proj=self._projection([(m + "out_proj.weight", (hidden, spec.intermediate))]),
         )
-        p = f"model.layers.{i}."
-        layer = MambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=mamba.in_proj,
-                                  o=mamba.out_proj, post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
-                                  gate_up=None, down=None, mamba=mamba)
-        return self._with_mlp(layer, i)  # type: ignore[return-value]
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
@@ -119,7 +125,10 @@ class MambaDecoderModel(DecoderModel):
         xbc = causal_conv1d(xbc, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh, net.conv_bias)
         xs, b, c = xbc.split([spec.intermediate, spec.groups * spec.state_size, spec.groups * spec.state_size], dim=-1)
         xs = xs.reshape(num_tokens, spec.heads, spec.head_dim)
-        y = ssd_scan(xs, F.softplus(dt + net.dt_bias), net.a, b.reshape(num_tokens, spec.groups, spec.state_size),
+        dt = F.softplus(dt + net.dt_bias)
+        if spec.dt_min > 0:  # time_step_limit's floor (Nemotron-H's time_step_min)
+            dt = dt.clamp(min=spec.dt_min)
+        y = ssd_scan(xs, dt, net.a, b.reshape(num_tokens, spec.groups, spec.state_size),
                      c.reshape(num_tokens, spec.groups, spec.state_size), states.ssm[n], plan.slots, plan.query_lens,
                      plan.fresh)
         y = (y + net.skip[:, None] * xs.float()).reshape(num_tokens, spec.intermediate) * F.silu(gate.float())

@@ -1,0 +1,61 @@
+"""NVIDIA Nemotron-H (Nemotron-H 4B/8B/47B/56B, NVIDIA-Nemotron-Nano-9B/12B-v2; ``nemotron_h``): a stack of blocks,
+each one norm and one mixer (:mod:`services.engine.model.nemotron_h_decoder`): Mamba-2 (``M`` in its
+``hybrid_override_pattern``), attention without rope (``*``) or a squared-ReLU MLP (``-``). Its MoE blocks (``E``,
+Nemotron 3) and multi-token-prediction layers are not served: the former refused by name, the latter not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import Mamba2, ModelConfig
+from services.engine.model.hf_config import base_fields, with_defaults
+
+ARCHITECTURE = "nemotron_h"
+_KINDS = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention", "attention": "attention",
+          "mlp": "mlp"}
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    from transformers import NemotronHConfig
+
+    full = with_defaults(ARCHITECTURE, NemotronHConfig, cfg)
+    kinds = [_KINDS.get(kind, kind) for kind in full.get("layer_types") or full.get("layers_block_type") or []]
+    unknown = sorted(set(kinds) - {"mamba", "attention", "mlp"})
+    if unknown:
+        raise ModelLoadError(f"{ARCHITECTURE}: block types {unknown} are not supported (mamba, attention, mlp)")
+    for key in ("mamba_proj_bias", "use_bias", "mlp_bias", "attention_bias", "residual_in_fp32"):
+        if full.get(key):
+            raise ModelLoadError(f"{ARCHITECTURE}: {key} is not supported (no release has it)")
+    if full.get("mlp_hidden_act", "relu2") != "relu2" or full.get("mamba_hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{ARCHITECTURE}: activations {full.get('mlp_hidden_act')!r}/"
+                             f"{full.get('mamba_hidden_act')!r} are not supported (relu2, silu)")
+    if full.get("sliding_window"):
+        raise ModelLoadError(f"{ARCHITECTURE}: sliding_window is not supported")
+    layers = [i for i, kind in enumerate(kinds)]
+    fields = base_fields({**full, "num_hidden_layers": len(kinds), "rms_norm_eps": full["layer_norm_epsilon"]},
+                         ARCHITECTURE, check_mlp=False)
+    of = {kind: tuple(i for i in layers if kinds[i] == kind) for kind in ("mamba", "attention", "mlp")}
+    mamba = None if not of["mamba"] else Mamba2(
+        layers=of["mamba"], heads=int(full["mamba_num_heads"]), head_dim=int(full["mamba_head_dim"]),
+        state_size=int(full["ssm_state_size"]), groups=int(full["n_groups"]), conv_kernel=int(full["conv_kernel"]),
+        conv_bias=bool(full.get("use_conv_bias", True)), dt_min=float(full.get("time_step_min") or 0.0))
+    return ModelConfig(**fields, mamba=mamba, mlp_only_layers=of["mlp"], nope_layers=of["attention"])
+
+
+def nemotron_h_tensor_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the model (``backbone.`` or transformers' ``model.`` prefix; the embedding and
+    final norm under the shared decoder's names; each block's norm as its input norm); None for the
+    multi-token-prediction layers' (not read)."""
+    if name.startswith("mtp."):
+        return None
+    if name.startswith("backbone."):
+        name = "model." + name.removeprefix("backbone.")
+    renamed = {"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}
+    if name in renamed:
+        return renamed[name]
+    if name.startswith("model.layers.") and name.endswith(".norm.weight") and ".mixer." not in name:
+        return name.removesuffix("norm.weight") + "input_layernorm.weight"
+    return name

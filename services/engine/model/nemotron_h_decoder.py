@@ -1,0 +1,64 @@
+"""Nemotron-H's decoder: ``h += mixer(norm(h))`` per block, the mixer one of Mamba-2 (as Granite 4.0's,
+:mod:`services.engine.model.mamba_decoder`, with the step sizes floored at ``time_step_min``), attention without
+rope, or an MLP ``down(relu(up(x))²)``. Norms compute in float32, the weight applied before the cast back."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels.linear import RowPaths, linear
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.mamba_decoder import MambaDecoderModel, MambaLayerWeights
+
+if TYPE_CHECKING:
+    from kernels.attention.base import AttentionBackend
+
+
+class NemotronHDecoderModel(MambaDecoderModel):
+    """A :class:`DecoderModel` over a Nemotron-H checkpoint; same constructor."""
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, *args: Any,
+                 **kwargs: Any):
+        if config.moe is not None:
+            raise ModelLoadError(f"{config.architecture}: MoE blocks are not supported")
+        super().__init__(config, tensors, dtype, *args, **kwargs)
+
+    def _layer(self, i: int) -> MambaLayerWeights:
+        cfg, take, hidden, p = self.config, self._source.take, self.config.hidden_size, f"model.layers.{i}."
+        m = p + "mixer."
+        layer = MambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=None, o=None,  # type: ignore[arg-type]
+                                  post_norm=None, gate_up=None, down=None)  # type: ignore[arg-type]
+        if cfg.mamba is not None and i in cfg.mamba.layers:
+            layer.mamba = self._mamba_weights(m)
+        elif i in cfg.mlp_only_layers:
+            layer.gate_up = self._projection([(m + "up_proj.weight", (cfg.intermediate_size, hidden))])
+            layer.down = self._projection([(m + "down_proj.weight", (hidden, cfg.intermediate_size))])
+        else:
+            layer.qkv = self._projection(self._qkv_parts(m))
+            layer.o = self._projection([(m + "o_proj.weight", (hidden, cfg.q_size))])
+        return layer
+
+    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
+                     ) -> torch.Tensor:
+        """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention blocks' only)."""
+        eps = self.config.rms_norm_eps
+        hidden = F.embedding(input_ids, self.embed)
+        rope = self.ops.rope.prepare(positions)
+        for i, layer in enumerate(self.layers):
+            x = _norm(hidden, layer.input_norm, eps)
+            if layer.mamba is not None:
+                hidden = hidden + self._mamba(i, layer.mamba, x, paths)
+            elif layer.down is not None:
+                hidden = hidden + linear(torch.relu(linear(x, layer.gate_up, paths)).square(), layer.down, paths)
+            else:
+                hidden = hidden + self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
+        return _norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
