@@ -143,6 +143,8 @@ def attention_weights(config: ModelConfig, layer: int = 0) -> int:
     """Weights of ``layer``'s token mixing: its q, k, v and o projections (and an output gate's); a hybrid model's
     linear-attention layer's input projections (q, k, v, z, b, a) and output projection."""
     hidden, linear, mamba = config.hidden_size, config.linear_attention, config.mamba
+    if layer in config.mlp_blocks:  # Nemotron-H's MLP blocks mix no tokens
+        return 0
     if linear is not None and layer in linear.layers:
         return hidden * (linear.conv_dim + linear.value_dim + 2 * linear.value_heads) + linear.value_dim * hidden
     if mamba is not None and layer in mamba.layers:  # in_proj (z, x/B/C, dt) and out_proj
@@ -155,6 +157,9 @@ def layer_weights(config: ModelConfig, layer: int) -> int:
     """Weights of ``layer``'s projections that each token multiplies: q, k, v, o and its MLP (a dense layer's
     gate, up and down; a sparse layer's ``top_k`` experts')."""
     moe = config.moe
+    if config.block_kinds:  # Nemotron-H: an MLP block's up and down projections (no gate), nothing in the others
+        mlp = 2 * config.hidden_size * config.intermediate_size if config.block_kinds[layer] == "mlp" else 0
+        return attention_weights(config, layer) + mlp
     inter = moe.top_k * moe.intermediate_size if config.is_sparse_layer(layer) else config.intermediate_size
     return attention_weights(config, layer) + 3 * config.hidden_size * inter
 

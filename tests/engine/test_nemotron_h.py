@@ -22,8 +22,9 @@ def released(family_dir):
 def test_the_pattern_names_each_block(released):
     cfg = config_from_hf(released)
     assert cfg.architecture == "nemotron_h" and cfg.num_layers == 5
-    assert cfg.mamba.layers == (0, 4) and cfg.mlp_only_layers == (1, 3) and cfg.kv_layers == (2,)
-    assert cfg.nope_layers == (2,) and cfg.mamba.dt_min == 0.001 and cfg.mamba.conv_bias
+    assert cfg.mamba.layers == (0, 4) and cfg.mlp_blocks == (1, 3) and cfg.kv_layers == (2,)
+    assert cfg.nope_layers == (2,) and cfg.mamba.dt_min == 0.0 and cfg.mamba.conv_bias  # time_step_limit's floor
+    assert config_from_hf(released | {"time_step_limit": [0.01, float("inf")]}).mamba.dt_min == 0.01
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -31,6 +32,8 @@ def test_the_pattern_names_each_block(released):
     ({"hybrid_override_pattern": "M-M-M"}, "no attention layer"),
     ({"mlp_hidden_act": "silu"}, "activations"),
     ({"residual_in_fp32": True}, "residual_in_fp32"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"time_step_limit": [0.0, 10.0]}, "time_step_limit"),
 ])
 def test_what_it_cannot_serve_is_refused_by_name(released, change, message):
     with pytest.raises(ModelLoadError, match=message):
@@ -44,3 +47,16 @@ def test_the_released_tensor_names():
     assert nemotron_h_tensor_name("backbone.layers.0.mixer.norm.weight") == "model.layers.0.mixer.norm.weight"
     assert nemotron_h_tensor_name("lm_head.weight") == "lm_head.weight"
     assert nemotron_h_tensor_name("mtp.layers.0.norm.weight") is None
+
+
+def test_the_weights_a_step_reads_are_its_matrices(family_dir):
+    """The bandwidth floor's count (``random_llama.weight_bytes``): a Mamba-2 block's projections, an attention
+    block's, an MLP block's up and down, and no MLP beside a mixer."""
+    from services.engine.random_llama import weight_bytes
+    from tests.engine.tiny_families import load_reference
+
+    path = family_dir("nemotron_h")
+    model = load_reference(path)
+    cfg = config_from_hf(read_hf_config(path))
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # the conv's weight is 3-D: not counted
+    assert weight_bytes(cfg, 2) == 2 * (matrices - cfg.vocab_size * cfg.hidden_size)  # the table is gathered

@@ -192,7 +192,7 @@ class Mamba2:
     groups: int
     conv_kernel: int
     conv_bias: bool = True
-    dt_min: float = 0.0  # the step sizes' floor (``time_step_limit``'s lower bound)
+    dt_min: float = 0.0  # the step sizes' floor: ``time_step_limit``'s lower bound
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "state_size", "groups"):
@@ -283,8 +283,9 @@ class ModelConfig:
     # hybrid models: the layers whose token mixing is a recurrent state (no KV), and what it is
     linear_attention: LinearAttention | None = None
     mamba: Mamba2 | None = None
-    # layers that are an MLP alone, with no token mixing and no KV (Nemotron-H's)
-    mlp_only_layers: tuple[int, ...] = ()
+    # Nemotron-H's blocks, one mixer each: "mamba", "attention" or "mlp" per layer (an MLP block mixes no tokens
+    # and keeps no KV); empty: every layer is a token mixer followed by an MLP
+    block_kinds: tuple[str, ...] = ()
     # the attention's output is multiplied by the sigmoid of a gate the q projection also gives (Qwen3.5's and
     # Qwen3-Next's full-attention layers: each head's q rows, then its gate rows)
     attn_output_gate: bool = False
@@ -315,6 +316,12 @@ class ModelConfig:
         if recurrent is not None and (not recurrent.layers or len(recurrent.layers) > self.num_layers
                                       or any(not 0 <= i < self.num_layers for i in recurrent.layers)):
             raise ModelLoadError(f"recurrent layers {recurrent.layers} must be some of the {self.num_layers} layers")
+        if self.block_kinds and (len(self.block_kinds) != self.num_layers
+                                 or set(self.block_kinds) - {"mamba", "attention", "mlp"}
+                                 or tuple(i for i, k in enumerate(self.block_kinds) if k == "mamba")
+                                 != (() if self.mamba is None else self.mamba.layers)):
+            raise ModelLoadError(f"block kinds {self.block_kinds} must name each of the {self.num_layers} layers "
+                                 "mamba (its Mamba-2 layers), attention or mlp")
         if not self.kv_layers:
             raise ModelLoadError("no attention layer: at least one is needed (its KV cache)")
         mla = self.mla
@@ -336,8 +343,13 @@ class ModelConfig:
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that keep KV (a hybrid model's attention layers; every layer otherwise), in order: the KV
         cache's layer ``n`` is layer ``kv_layers[n]``'s."""
-        mixing = set(self.mlp_only_layers) | set(() if self.recurrent is None else self.recurrent.layers)
+        mixing = set(self.mlp_blocks) | set(() if self.recurrent is None else self.recurrent.layers)
         return tuple(i for i in range(self.num_layers) if i not in mixing)
+
+    @property
+    def mlp_blocks(self) -> tuple[int, ...]:
+        """The layers that are an MLP alone (``block_kinds``)."""
+        return tuple(i for i, kind in enumerate(self.block_kinds) if kind == "mlp")
 
     @property
     def recurrent(self) -> LinearAttention | Mamba2 | None:

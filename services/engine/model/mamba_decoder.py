@@ -126,7 +126,7 @@ class MambaDecoderModel(DecoderModel):
         xs, b, c = xbc.split([spec.intermediate, spec.groups * spec.state_size, spec.groups * spec.state_size], dim=-1)
         xs = xs.reshape(num_tokens, spec.heads, spec.head_dim)
         dt = F.softplus(dt + net.dt_bias)
-        if spec.dt_min > 0:  # time_step_limit's floor (Nemotron-H's time_step_min)
+        if spec.dt_min > 0:  # time_step_limit's floor
             dt = dt.clamp(min=spec.dt_min)
         y = ssd_scan(xs, dt, net.a, b.reshape(num_tokens, spec.groups, spec.state_size),
                      c.reshape(num_tokens, spec.groups, spec.state_size), states.ssm[n], plan.slots, plan.query_lens,

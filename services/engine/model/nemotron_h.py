@@ -2,6 +2,10 @@
 each one norm and one mixer (:mod:`services.engine.model.nemotron_h_decoder`): Mamba-2 (``M`` in its
 ``hybrid_override_pattern``), attention without rope (``*``) or a squared-ReLU MLP (``-``). Its MoE blocks (``E``,
 Nemotron 3) and multi-token-prediction layers are not served: the former refused by name, the latter not read.
+
+The step sizes are floored at ``time_step_limit``'s lower bound (0 in the releases), as vLLM, TensorRT-LLM and
+NVIDIA's own CUDA path do; transformers' torch fallback floors its full-sequence path (not its decode step) at
+``time_step_min`` (0.001) instead, which a step size of a trained model rarely comes near.
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              f"{full.get('mamba_hidden_act')!r} are not supported (relu2, silu)")
     if full.get("sliding_window"):
         raise ModelLoadError(f"{ARCHITECTURE}: sliding_window is not supported")
+    if full.get("tie_word_embeddings"):  # transformers never ties this family's head
+        raise ModelLoadError(f"{ARCHITECTURE}: tie_word_embeddings is not supported (its head is its own)")
+    limit = tuple(full.get("time_step_limit") or (0.0, float("inf")))
+    if len(limit) != 2 or limit[1] != float("inf"):
+        raise ModelLoadError(f"{ARCHITECTURE}: time_step_limit {list(limit)} is not supported (only an upper bound of "
+                             "infinity)")
     layers = [i for i, kind in enumerate(kinds)]
     fields = base_fields({**full, "num_hidden_layers": len(kinds), "rms_norm_eps": full["layer_norm_epsilon"]},
                          ARCHITECTURE, check_mlp=False)
@@ -41,8 +51,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     mamba = None if not of["mamba"] else Mamba2(
         layers=of["mamba"], heads=int(full["mamba_num_heads"]), head_dim=int(full["mamba_head_dim"]),
         state_size=int(full["ssm_state_size"]), groups=int(full["n_groups"]), conv_kernel=int(full["conv_kernel"]),
-        conv_bias=bool(full.get("use_conv_bias", True)), dt_min=float(full.get("time_step_min") or 0.0))
-    return ModelConfig(**fields, mamba=mamba, mlp_only_layers=of["mlp"], nope_layers=of["attention"])
+        conv_bias=bool(full.get("use_conv_bias", True)), dt_min=float(limit[0]))
+    return ModelConfig(**fields, mamba=mamba, block_kinds=tuple(kinds), nope_layers=of["attention"])
 
 
 def nemotron_h_tensor_name(name: str) -> str | None:

@@ -1,6 +1,7 @@
 """Nemotron-H's decoder: ``h += mixer(norm(h))`` per block, the mixer one of Mamba-2 (as Granite 4.0's,
-:mod:`services.engine.model.mamba_decoder`, with the step sizes floored at ``time_step_min``), attention without
-rope, or an MLP ``down(relu(up(x))²)``. Norms compute in float32, the weight applied before the cast back."""
+:mod:`services.engine.model.mamba_decoder`), attention without
+rope, or an MLP ``down(relu(up(x))²)``. Norms compute in float32, the weight applied before the cast back. (The
+MLP block keeps its up projection as the layer's ``gate_up``: it has no gate.)"""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class NemotronHDecoderModel(MambaDecoderModel):
                                   post_norm=None, gate_up=None, down=None)  # type: ignore[arg-type]
         if cfg.mamba is not None and i in cfg.mamba.layers:
             layer.mamba = self._mamba_weights(m)
-        elif i in cfg.mlp_only_layers:
+        elif cfg.block_kinds[i] == "mlp":
             layer.gate_up = self._projection([(m + "up_proj.weight", (cfg.intermediate_size, hidden))])
             layer.down = self._projection([(m + "down_proj.weight", (hidden, cfg.intermediate_size))])
         else:
