@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from kernels.linear import RowPaths, linear
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
+from services.engine.model.gemma_decoder import gemma_rms_norm
 from services.engine.model.mamba_decoder import MambaDecoderModel, MambaLayerWeights
 
 if TYPE_CHECKING:
@@ -27,11 +28,12 @@ class NemotronHDecoderModel(MambaDecoderModel):
         if config.moe is not None:
             raise ModelLoadError(f"{config.architecture}: MoE blocks are not supported")
         super().__init__(config, tensors, dtype, *args, **kwargs)
+        self.final_norm = self.final_norm.float()
 
     def _layer(self, i: int) -> MambaLayerWeights:
         cfg, take, hidden, p = self.config, self._source.take, self.config.hidden_size, f"model.layers.{i}."
         m = p + "mixer."
-        layer = MambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=None, o=None,  # type: ignore[arg-type]
+        layer = MambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)).float(), qkv=None, o=None,  # type: ignore[arg-type]
                                   post_norm=None, gate_up=None, down=None)  # type: ignore[arg-type]
         if cfg.mamba is not None and i in cfg.mamba.layers:
             layer.mamba = self._mamba_weights(m)
@@ -51,15 +53,11 @@ class NemotronHDecoderModel(MambaDecoderModel):
         hidden = F.embedding(input_ids, self.embed)
         rope = self.ops.rope.prepare(positions)
         for i, layer in enumerate(self.layers):
-            x = _norm(hidden, layer.input_norm, eps)
+            x = gemma_rms_norm(hidden, layer.input_norm, eps)
             if layer.mamba is not None:
                 hidden = hidden + self._mamba(i, layer.mamba, x, paths)
             elif layer.down is not None:
                 hidden = hidden + linear(torch.relu(linear(x, layer.gate_up, paths)).square(), layer.down, paths)
             else:
                 hidden = hidden + self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
-        return _norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
-
-
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+        return gemma_rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
