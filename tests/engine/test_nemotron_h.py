@@ -60,3 +60,16 @@ def test_the_weights_a_step_reads_are_its_matrices(family_dir):
     cfg = config_from_hf(read_hf_config(path))
     matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # the conv's weight is 3-D: not counted
     assert weight_bytes(cfg, 2) == 2 * (matrices - cfg.vocab_size * cfg.hidden_size)  # the table is gathered
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "granite_hybrid", "qwen3_5"])
+def test_a_hybrid_config_survives_the_weights_cache_round_trip(family_dir, name):
+    """The weights cache keeps a model's config as JSON (``gguf_cache_config``): tuples and the recurrent specs
+    come back as they were."""
+    import dataclasses
+    import json
+
+    from services.engine.weights.gguf_cache_config import config_from_dict
+
+    cfg = config_from_hf(read_hf_config(family_dir(name)))
+    assert config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg

@@ -14,7 +14,15 @@ from typing import Any
 from safetensors import safe_open
 
 from kernels.rope_scaling import RopeScaling
-from services.engine.model.config import GemmaConfig, LatentAttention, ModelConfig, MoEConfig, Multipliers
+from services.engine.model.config import (
+    GemmaConfig,
+    LatentAttention,
+    LinearAttention,
+    Mamba2,
+    ModelConfig,
+    MoEConfig,
+    Multipliers,
+)
 from services.engine.weights.digest import weights_digest
 
 CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
@@ -62,4 +70,8 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
         data["multipliers"] = Multipliers(**data["multipliers"])
     if data.get("mla") is not None:
         data["mla"] = LatentAttention(**data["mla"])
+    data["block_kinds"] = tuple(data.get("block_kinds") or ())
+    for key, spec in (("linear_attention", LinearAttention), ("mamba", Mamba2)):
+        if data.get(key) is not None:
+            data[key] = spec(**{**data[key], "layers": tuple(data[key]["layers"])})
     return ModelConfig(**data)
