@@ -116,7 +116,7 @@ class LLMEngine(PrefillRole, DecodeRole):
                                  config.enable_prefix_caching and not hybrid)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
                                   deterministic=config.deterministic, graphs=self._graph_options(graph_capture),
-                                  state_slots=config.max_num_seqs)
+                                  state_capacity=config.max_num_seqs)
         remote = None if hybrid else self._remote_store(remote_store)
         block_bytes = bytes_per_block(self.runner.kv_cache)
         self.offload = KVOffload(block_bytes, 0 if hybrid else int(config.offload_host_gib * 2**30), remote,
@@ -323,7 +323,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         its parked state."""
         if self.state_slots is None:
             return None
-        states = self.runner.states
+        states = self.recurrent_states
         assert states is not None
         self._sweep_state_slots()
         slots: dict[str, int] = {}
@@ -343,7 +343,7 @@ class LLMEngine(PrefillRole, DecodeRole):
 
     def _sweep_state_slots(self) -> None:
         """Free the state slots of requests no longer running (so that the slots in use never outnumber the
-        running requests, at most ``max_num_seqs``)."""
+        running requests)."""
         if self.state_slots is not None:
             running = {r.request_id for r in self.scheduler.running}
             self.state_slots.sweep(running.__contains__)
@@ -353,8 +353,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         goes on from it), read before its slot is freed."""
         if self.state_slots is None or request.status is not RequestStatus.FINISHED_HANDED_OFF or request.embed:
             return None
-        assert self.runner.states is not None
-        return self.runner.states.read(self.state_slots.slot_of(request.request_id))
+        assert self.recurrent_states is not None
+        return self.recurrent_states.read(self.state_slots.slot_of(request.request_id))
 
     def execute_step(self, planned: PlannedStep) -> StepSamples:
         """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no

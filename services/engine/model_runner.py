@@ -39,11 +39,11 @@ class ModelRunner:
     block more than ``num_blocks``, the last, where padding rows write (the pool never hands it out).
 
     A hybrid model (``config.recurrent``): the KV tensor holds its attention layers only, and
-    :attr:`states` (``state_slots`` of them) its linear-attention layers' recurrent states; :meth:`execute`
+    :attr:`states` (``state_capacity`` slots to start with) its recurrent layers' states; :meth:`execute`
     takes each scheduled request's slot. Its steps run eager."""
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,
-                 deterministic: bool = False, graphs: GraphOptions | None = None, state_slots: int = 1):
+                 deterministic: bool = False, graphs: GraphOptions | None = None, state_capacity: int = 1):
         if deterministic:
             if attention_backend not in (None, "auto", DETERMINISTIC_ATTENTION):
                 raise ValueError(f"the deterministic mode needs attention backend {DETERMINISTIC_ATTENTION!r}, "
@@ -62,8 +62,8 @@ class ModelRunner:
         self.kv_layers = list(self.kv_cache.unbind(0))
         self.states: RecurrentStates | None = None
         if cfg.recurrent is not None:
-            self.states = RecurrentStates(cfg.recurrent, state_slots, model.dtype, model.device)
-            model.bind_states(self.states)  # type: ignore[attr-defined]
+            self.states = RecurrentStates(cfg.recurrent, state_capacity, model.dtype, model.device)
+            model.bind_states(self.states)
         self.attention = _attention_for(model, attention_backend)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
                                                                       graphs)

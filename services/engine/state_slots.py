@@ -13,17 +13,15 @@ request (``Request.pending_state``) until a step schedules it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import heapq
+from collections.abc import Callable
 
 
 class StateSlots:
     def __init__(self) -> None:
         self._slots: dict[str, int] = {}
-        self._free: list[int] = []
+        self._free: list[int] = []  # a heap: the lowest free slot first
         self._next = 0
-
-    def __len__(self) -> int:
-        return len(self._slots)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._slots
@@ -33,8 +31,7 @@ class StateSlots:
         slot = self._slots.get(request_id)
         if slot is None:
             if self._free:
-                self._free.sort(reverse=True)
-                slot = self._free.pop()
+                slot = heapq.heappop(self._free)
             else:
                 slot, self._next = self._next, self._next + 1
             self._slots[request_id] = slot
@@ -50,13 +47,10 @@ class StateSlots:
     def slot_of(self, request_id: str) -> int:
         return self._slots[request_id]
 
-    def assign_all(self, request_ids: Iterable[str]) -> dict[str, int]:
-        return {rid: self.assign(rid) for rid in request_ids}
-
     def release(self, request_id: str) -> None:
         slot = self._slots.pop(request_id, None)
         if slot is not None:
-            self._free.append(slot)
+            heapq.heappush(self._free, slot)
 
     def sweep(self, runs: Callable[[str], bool]) -> None:
         """Free the slots of the requests for which ``runs`` is False."""

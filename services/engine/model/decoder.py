@@ -34,6 +34,7 @@ log = structlog.get_logger(__name__)
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
 
 
 @dataclass
@@ -104,6 +105,8 @@ class DecoderModel(ExpertLoading):
                                                                       (cfg.vocab_size, cfg.hidden_size))
         self.lm_head = prepare_linear(head, row_block=self._row_block, prompt_rows=deterministic)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
+        self._kv_index = {layer: n for n, layer in enumerate(cfg.kv_layers)}  # layer -> its KV cache (a hybrid's)
+        self.states: RecurrentStates | None = None  # a hybrid model's, bound by the runner
         source.check_all_taken()
         del self._source, self._quantized
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
@@ -114,6 +117,10 @@ class DecoderModel(ExpertLoading):
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
                                     deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
+
+    def bind_states(self, states: RecurrentStates) -> None:
+        """A hybrid model's recurrent states, which the model reads and writes; the runner plans them each step."""
+        self.states = states
 
     def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,
                     by_row_kind: bool = True) -> LinearWeight:

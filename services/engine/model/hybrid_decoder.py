@@ -10,7 +10,7 @@ output gate ``z``, a write strength ``beta = sigmoid(b)`` and a decay ``g = -exp
 runs the gated delta rule (:mod:`kernels.gated_delta`) and norms each head's output gated by ``silu(z)``.
 
 The states live in a :class:`~services.engine.recurrent_states.RecurrentStates` the model runner binds
-(:meth:`HybridDecoderModel.bind_states`) and plans before each step. Elementwise steps run torch's ops.
+(:meth:`DecoderModel.bind_states`) and plans before each step. Elementwise steps run torch's ops.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from services.engine.model.gemma_decoder import gemma_rms_norm, offset_norm_weig
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
-    from services.engine.recurrent_states import RecurrentStates
 
 
 @dataclass
@@ -62,12 +61,6 @@ class HybridDecoderModel(DecoderModel):
                                  "attention layers have no batch-invariant kernel here)")
         super().__init__(config, _split_tensors(config, tensors), dtype, *args, **kwargs)
         self.final_norm = offset_norm_weight(self.final_norm)
-        self._kv_index = {layer: n for n, layer in enumerate(config.kv_layers)}
-        self.states: RecurrentStates | None = None
-
-    def bind_states(self, states: RecurrentStates) -> None:
-        """The states the model reads and writes; the runner plans them before each step."""
-        self.states = states
 
     def _qkv_parts(self, a: str) -> list[tuple[str, tuple[int, int]]]:
         """q, k and v rows, then the output gate's (split out of q_proj at load)."""

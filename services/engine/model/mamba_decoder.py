@@ -27,7 +27,6 @@ from services.engine.model.decoder import DecoderModel, LayerWeights
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
-    from services.engine.recurrent_states import RecurrentStates
 
 
 @dataclass
@@ -61,12 +60,6 @@ class MambaDecoderModel(DecoderModel):
         if config.moe is None:  # the shared MLP alone is the dense MLP
             tensors = {name.replace(".mlp.shared_expert.", ".mlp."): t for name, t in tensors.items()}
         super().__init__(config, tensors, dtype, *args, **kwargs)
-        self._kv_index = {layer: n for n, layer in enumerate(config.kv_layers)}
-        self.states: RecurrentStates | None = None
-
-    def bind_states(self, states: RecurrentStates) -> None:
-        """The states the model reads and writes; the runner plans them before each step."""
-        self.states = states
 
     def _layer(self, i: int) -> MambaLayerWeights:
         spec = self.config.mamba
