@@ -3,7 +3,8 @@ Qwen3-Next's linear-attention layers): a depthwise causal convolution and the ga
 
 A step's rows are the concatenated new tokens of its sequences (``query_lens`` each, in order, as the
 paged-attention backends take them); sequence ``b``'s state is row ``slots[b]`` of the state tensors, read as
-zeros where ``fresh[b]`` (its first token is among these rows) and written back in place.
+zeros where ``fresh[b]`` (its first token is among these rows) and written back in place. ``saves`` (:class:`Save`)
+copy a sequence's state after one of its rows into another row of the same tensor (a prefix-cache checkpoint).
 
 The delta rule runs in float32, as the released models' kernels do: a sequence of one token by the recurrence
 (all such sequences of the step at once), a longer one in chunks of :data:`CHUNK` tokens (the WY form: within a
@@ -14,11 +15,25 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 CHUNK = 64
+
+
+class Save(NamedTuple):
+    """After sequence ``seq``'s first ``rows`` new rows (1 to all of them), copy its state into row ``into``."""
+
+    seq: int
+    rows: int
+    into: int
+
+
+def saves_of(saves: Sequence[Save], seq: int) -> list[Save]:
+    """``seq``'s saves, in row order."""
+    return sorted((s for s in saves if s.seq == seq), key=lambda s: s.rows)
 
 
 def split_single(query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -28,10 +43,11 @@ def split_single(query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: Sequence[int],
-                  query_lens: Sequence[int], fresh: Sequence[bool], bias: torch.Tensor | None = None) -> torch.Tensor:
+                  query_lens: Sequence[int], fresh: Sequence[bool], bias: torch.Tensor | None = None,
+                  saves: Sequence[Save] = ()) -> torch.Tensor:
     """SiLU of each sequence's depthwise causal convolution: ``x [T, C]``, ``weight [C, K]`` (and ``bias [C]``),
-    ``states [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in place). Returns
-    ``[T, C]``."""
+    ``states [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in place; ``saves`` copy
+    them as they stood after a row). Returns ``[T, C]``."""
     out = torch.empty_like(x)
     width = weight.shape[1] - 1
     starts = sequence_starts(query_lens)
@@ -42,23 +58,26 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, s
             window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
             out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
             past.copy_(window[..., 1:])
+        _save_final(states, slots, single, saves)
     for b in longer:
         seq = x[starts[b]:starts[b] + query_lens[b]].t()  # [C, L]
         past = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
         window = torch.cat([past, seq], dim=-1)  # [C, K-1+L]
         conv = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])[0]  # [C, L]
         out[starts[b]:starts[b] + query_lens[b]] = F.silu(conv).t()
+        for save in saves_of(saves, b):  # the K-1 inputs before row `rows`
+            states[save.into] = window[:, save.rows:save.rows + width]
         states[slots[b]] = window[:, -width:]
     return out
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int],
-                     fresh: Sequence[bool]) -> torch.Tensor:
+                     fresh: Sequence[bool], saves: Sequence[Save] = ()) -> torch.Tensor:
     """The gated delta rule: ``q, k [T, Hk, dk]`` (l2-normed here; q then scaled by ``dk ** -0.5``), ``v [T, Hv,
     dv]`` (each key head serves ``Hv / Hk`` consecutive value heads), ``g [T, Hv]`` the log decay, ``beta [T, Hv]``
-    the write strength; ``states [slots, Hv, dk, dv]`` float32, updated in place. Returns ``[T, Hv, dv]`` in v's
-    dtype."""
+    the write strength; ``states [slots, Hv, dk, dv]`` float32, updated in place (and copied at ``saves``). Returns
+    ``[T, Hv, dv]`` in v's dtype."""
     heads = v.shape[1]
     if k.shape[1] != heads:
         q = q.repeat_interleave(heads // k.shape[1], dim=1)
@@ -68,7 +87,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     out = torch.empty_like(values)
     scan_sequences(out, states, slots, query_lens, fresh,
                    lambda rows, state: _recurrent_step(q[rows], k[rows], values[rows], g[rows], beta[rows], state),
-                   lambda span, state: _chunked(q[span], k[span], values[span], g[span], beta[span], state))
+                   lambda span, state: _chunked(q[span], k[span], values[span], g[span], beta[span], state), saves)
     return out.to(v.dtype)
 
 
@@ -77,20 +96,37 @@ Chunked = Callable[[slice, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def scan_sequences(out: torch.Tensor, states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int],
-                   fresh: Sequence[bool], step: Step, chunked: Chunked) -> None:
+                   fresh: Sequence[bool], step: Step, chunked: Chunked, saves: Sequence[Save] = ()) -> None:
     """Fill ``out``'s rows sequence by sequence from each one's state: the one-token sequences at once through
     ``step(their rows, their states)`` (states updated in place), each longer one through ``chunked(its rows, its
-    state) -> (outputs, final state)``."""
+    state) -> (outputs, final state)``, in pieces that end at its ``saves`` (the state after each is copied)."""
     starts = sequence_starts(query_lens)
     single, longer = split_single(query_lens)
     if single:
         rows = torch.tensor([starts[b] for b in single])
         with state_rows(states, [slots[b] for b in single], [fresh[b] for b in single]) as state:
             out[rows] = step(rows, state)
+        _save_final(states, slots, single, saves)
     for b in longer:
-        span = slice(starts[b], starts[b] + query_lens[b])
         state = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
-        out[span], states[slots[b]] = chunked(span, state)
+        begin = 0
+        for save in saves_of(saves, b):
+            if save.rows > begin:
+                span = slice(starts[b] + begin, starts[b] + save.rows)
+                out[span], state = chunked(span, state)
+                begin = save.rows
+            states[save.into] = state
+        if begin < query_lens[b]:
+            span = slice(starts[b] + begin, starts[b] + query_lens[b])
+            out[span], state = chunked(span, state)
+        states[slots[b]] = state
+
+
+def _save_final(states: torch.Tensor, slots: Sequence[int], single: list[int], saves: Sequence[Save]) -> None:
+    """The saves of one-token sequences: their state after their one row."""
+    for save in saves:
+        if save.seq in single:
+            states[save.into] = states[slots[save.seq]]
 
 
 @contextlib.contextmanager

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta import scan_sequences
+from kernels.gated_delta import Save, scan_sequences
 
 CHUNK = 64
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-             states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool]
-             ) -> torch.Tensor:
+             states: torch.Tensor, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool],
+             saves: Sequence[Save] = ()) -> torch.Tensor:
     """``x [T, H, P]``, ``dt [T, H]`` (the step sizes, biased and softplus'ed), ``a [H]`` (negative), ``b, c [T, G,
     N]`` (each of ``G`` groups serves ``H / G`` consecutive heads). Returns ``y [T, H, P]`` float32 (no ``D`` skip)."""
     heads = x.shape[1]
@@ -31,7 +31,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     out = torch.empty_like(values)
     scan_sequences(out, states, slots, query_lens, fresh,
                    lambda rows, state: _recurrent_step(values[rows], decay[rows], b[rows], c[rows], state),
-                   lambda span, state: _chunked(values[span], decay[span], b[span], c[span], state))
+                   lambda span, state: _chunked(values[span], decay[span], b[span], c[span], state), saves)
     return out
 
 

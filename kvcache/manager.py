@@ -192,6 +192,21 @@ class KVCacheManager:
             self.pool.cache_block(self.pool.blocks[table.block_ids[i]], table.block_hashes[i])
         table.num_cached_blocks = max(table.num_cached_blocks, num_full)
 
+    def prefix_key(self, request_id: str, token_ids: Sequence[int], num_tokens: int) -> BlockHash:
+        """The chained key of the block that ends at ``num_tokens`` (a multiple of the block size) of ``token_ids``,
+        the request's whole sequence, chained on from the keys its table holds (they need not be published)."""
+        if num_tokens <= 0 or num_tokens % self.block_size or num_tokens > len(token_ids):
+            raise BlockTableError(f"{request_id}: no full block ends at token {num_tokens} of {len(token_ids)}")
+        known = self._table(request_id).block_hashes
+        end = num_tokens // self.block_size
+        if end <= len(known):
+            return known[end - 1]
+        parent = known[-1] if known else None
+        for i in range(len(known), end):
+            parent = hash_block(parent, token_ids[i * self.block_size : (i + 1) * self.block_size], self.fingerprint)
+        assert parent is not None
+        return parent
+
     def free(self, request_id: str) -> None:
         """Release every block of the request; its cached blocks stay findable, deepest evicted first."""
         table = self._tables.pop(request_id, None)

@@ -24,6 +24,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
+    # a hybrid model's prefix cache: checkpoints of the recurrent state kept (each one request's state, taken out of
+    # kv_cache_gib; state_checkpoints.py); None: a quarter of max_num_seqs; 0: no prefix reuse for hybrid models
+    state_checkpoints: int | None = None
     attention_backend: str | None = None  # None/"auto": flashinfer on CUDA, cpu_native on CPU, else torch
     num_threads: int | None = None
     int4_max_rows: int = 8  # bf16 on CPU: steps of at most this many tokens use a Q4 GGUF's 4-bit weights (0: never)
@@ -50,6 +53,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.state_checkpoints is not None and self.state_checkpoints < 0:
+            raise ValueError(f"state_checkpoints must be >= 0 (or unset), got {self.state_checkpoints}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
@@ -68,6 +73,13 @@ class EngineConfig:
         if self.cache_outputs and self.deterministic:
             raise ValueError("cache_outputs serves blocks of output positions as later prompts' prefixes, which the "
                              "deterministic mode never does (their numbers differ): use one or the other")
+
+    @property
+    def num_state_checkpoints(self) -> int:
+        """A hybrid model's state checkpoints (0 without prefix caching)."""
+        if not self.enable_prefix_caching:
+            return 0
+        return max(1, self.max_num_seqs // 4) if self.state_checkpoints is None else self.state_checkpoints
 
     @property
     def torch_dtype(self) -> torch.dtype:

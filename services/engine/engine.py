@@ -45,6 +45,7 @@ from services.engine.request_trace import end_trace
 from services.engine.reservations import ReservationBook
 from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
+from services.engine.state_checkpoints import StateCheckpoints
 from services.engine.state_slots import StateSlots
 from services.engine.stats import EngineStats
 from services.engine.step_batch import SchedulerConfig, StepBatch
@@ -61,15 +62,16 @@ log = structlog.get_logger(__name__)
 
 
 def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) -> int:
-    """The KV blocks ``kv_cache_gib`` holds, after a hybrid model's ``max_num_seqs`` recurrent-state slots (a budget
-    they fill is refused naming both settings)."""
+    """The KV blocks ``kv_cache_gib`` holds, after a hybrid model's ``max_num_seqs`` recurrent-state slots and its
+    state checkpoints (a budget they fill is refused naming the settings)."""
     budget = int(config.kv_cache_gib * 2**30)
     if cfg.recurrent is not None:
-        states = config.max_num_seqs * cfg.recurrent.state_bytes(dtype_bytes)
+        count = config.max_num_seqs + config.num_state_checkpoints
+        states = count * cfg.recurrent.state_bytes(dtype_bytes)
         if states >= budget:
             raise ValueError(f"kv_cache_gib {config.kv_cache_gib} does not hold the recurrent states of max_num_seqs "
-                             f"{config.max_num_seqs} requests ({states / 2**30:.2f} GiB): raise the one or lower the "
-                             "other")
+                             f"{config.max_num_seqs} requests and {config.num_state_checkpoints} state_checkpoints "
+                             f"({states / 2**30:.2f} GiB): raise the one or lower the others")
         budget -= states
     return max(1, budget // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size))
 
@@ -79,6 +81,7 @@ class PlannedStep:
     batch: StepBatch
     tables: dict[str, list[int]]
     state_slots: dict[str, int] | None = None  # a hybrid model's: each scheduled request's recurrent-state slot
+    state_saves: tuple[tuple[int, int, int], ...] = ()  # and its checkpoints written: (sequence, rows, checkpoint)
 
 
 class LLMEngine(PrefillRole, DecodeRole):
@@ -108,15 +111,18 @@ class LLMEngine(PrefillRole, DecodeRole):
             **self.model_identity, dtype=config.dtype, block_size=config.block_size,
             num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, **int4,
         )
-        # a hybrid model's recurrent state cannot be rebuilt from KV blocks: no prefix reuse, no kept KV (a preempted
-        # request is recomputed), no output cache; each running request holds a state slot (state_slots.py)
+        # a hybrid model's recurrent state cannot be rebuilt from KV blocks: prefix hits only as far as a state
+        # checkpoint covers them (state_checkpoints.py), no kept KV (a preempted request is recomputed), no output
+        # cache; each running request holds a state slot (state_slots.py)
         hybrid = cfg.has_recurrent_state
         self.state_slots = StateSlots() if hybrid else None
+        checkpoints = config.num_state_checkpoints if hybrid else 0
+        self.state_checkpoints = StateCheckpoints(checkpoints) if checkpoints else None
         self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint,
-                                 config.enable_prefix_caching and not hybrid)
+                                 config.enable_prefix_caching and (not hybrid or checkpoints > 0))
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
                                   deterministic=config.deterministic, graphs=self._graph_options(graph_capture),
-                                  state_capacity=config.max_num_seqs)
+                                  state_capacity=config.max_num_seqs, state_checkpoints=checkpoints)
         remote = None if hybrid else self._remote_store(remote_store)
         block_bytes = bytes_per_block(self.runner.kv_cache)
         self.offload = KVOffload(block_bytes, 0 if hybrid else int(config.offload_host_gib * 2**30), remote,
@@ -125,7 +131,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                             prompt_blocks_only=config.deterministic), self.kv,
-            admission=make_policy(config.admission), offloader=self.offload,
+            admission=make_policy(config.admission), offloader=self.offload, checkpoints=self.state_checkpoints,
         )
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids
         self.structured = StructuredCompiler(tokenizer, cfg.vocab_size) if tokenizer is not None else None
@@ -314,13 +320,14 @@ class LLMEngine(PrefillRole, DecodeRole):
             return None
         tables = {s.request.request_id: self.kv.block_ids(s.request.request_id) for s in batch.scheduled}
         self._in_flight = batch.request_ids
-        return PlannedStep(batch, tables, self._plan_state_slots(batch))
+        slots = self._plan_state_slots(batch)
+        return PlannedStep(batch, tables, slots, self._plan_state_saves(batch))
 
     def _plan_state_slots(self, batch: StepBatch) -> dict[str, int] | None:
         """A hybrid model's: free the slots of requests that stopped running, then the scheduled requests' slots
         (growing the states, which no step reads now, when more requests run than it holds), with the states parked
-        on requests committed while none was free. A request given a new slot starts at its first token, or brings
-        its parked state."""
+        on requests committed while none was free. A request given a new slot starts at its first token, brings its
+        parked state, or starts from the state checkpoint of its prefix hit."""
         if self.state_slots is None:
             return None
         states = self.recurrent_states
@@ -337,9 +344,36 @@ class LLMEngine(PrefillRole, DecodeRole):
             if pending is not None and item.start > 0:
                 states.write(slot, pending)
             elif new and item.start > 0:
-                raise RuntimeError(f"{request.request_id} would resume at token {item.start} without its recurrent "
-                                   "state")
+                states.restore(self._checkpoint_at(request, item.start), slot)
         return slots
+
+    def _checkpoint_at(self, request: Request, start: int) -> int:
+        """The state checkpoint of ``request``'s first ``start`` tokens, which its prefix hit found (the scheduler
+        admitted it in this step, before any checkpoint was saved or evicted)."""
+        key = self.kv.block_hashes(request.request_id)[start // self.kv.block_size - 1] \
+            if start % self.kv.block_size == 0 and self.state_checkpoints is not None else None
+        checkpoint = self.state_checkpoints.lookup(key) if key is not None else None
+        if checkpoint is None:
+            raise RuntimeError(f"{request.request_id} would resume at token {start} without its recurrent state")
+        return checkpoint
+
+    def _plan_state_saves(self, batch: StepBatch) -> tuple[tuple[int, int, int], ...]:
+        """The state checkpoints this step writes, as ``(sequence, rows, checkpoint)``: each scheduled request's
+        positions (``Request.state_saves``) among its new tokens, but those already saved, and those for which every
+        checkpoint is taken by this step's other saves (planned after every restore of this step, so that a
+        checkpoint evicted here has been read)."""
+        if self.state_checkpoints is None:
+            return ()
+        saves = []
+        for seq, item in enumerate(batch.scheduled):
+            request, end = item.request, item.start + item.num_new_tokens
+            for position in request.state_saves:
+                if item.start < position <= end:
+                    key = self.kv.prefix_key(request.request_id, request.token_ids, position)
+                    checkpoint = self.state_checkpoints.reserve(key, busy={into for _, _, into in saves})
+                    if checkpoint is not None:
+                        saves.append((seq, position - item.start, checkpoint))
+        return tuple(saves)
 
     def _sweep_state_slots(self) -> None:
         """Free the state slots of requests no longer running (so that the slots in use never outnumber the
@@ -366,7 +400,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.offload.copy_in(self.runner.kv_cache, batch.swap_in)
         if not batch.scheduled:
             return StepSamples()
-        return self.runner.execute(batch, planned.tables, planned.state_slots)
+        return self.runner.execute(batch, planned.tables, planned.state_slots, planned.state_saves)
 
     def end_step(self, planned: PlannedStep, sampled: StepSamples) -> list[RequestOutput]:
         self.scheduler.release_swapped(planned.batch)
@@ -458,6 +492,8 @@ class LLMEngine(PrefillRole, DecodeRole):
             running = {r.request_id for r in self.scheduler.running}
             stray = sorted(self.state_slots.holders() - running)
             assert not stray, f"requests that do not run hold state slots: {stray}"
+        if self.state_checkpoints is not None:
+            self.state_checkpoints.check_integrity()
 
     # ---- status -------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

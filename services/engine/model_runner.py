@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import structlog
 import torch
 
@@ -43,7 +45,8 @@ class ModelRunner:
     takes each scheduled request's slot. Its steps run eager."""
 
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, attention_backend: str | None = None,
-                 deterministic: bool = False, graphs: GraphOptions | None = None, state_capacity: int = 1):
+                 deterministic: bool = False, graphs: GraphOptions | None = None, state_capacity: int = 1,
+                 state_checkpoints: int = 0):
         if deterministic:
             if attention_backend not in (None, "auto", DETERMINISTIC_ATTENTION):
                 raise ValueError(f"the deterministic mode needs attention backend {DETERMINISTIC_ATTENTION!r}, "
@@ -62,8 +65,7 @@ class ModelRunner:
         self.kv_layers = list(self.kv_cache.unbind(0))
         self.states: RecurrentStates | None = None
         if cfg.recurrent is not None:
-            self.states = RecurrentStates(cfg.recurrent, state_capacity, model.dtype, model.device)
-            model.bind_states(self.states)
+            self.states = RecurrentStates(cfg.recurrent, state_capacity, model.dtype, model.device, state_checkpoints)
         self.attention = _attention_for(model, attention_backend)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
                                                                       graphs)
@@ -75,12 +77,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, block_tables: dict[str, list[int]],
-                state_slots: dict[str, int] | None = None) -> StepSamples:
-        """Run one step. ``state_slots``: each scheduled request's state slot (a hybrid model's)."""
+                state_slots: dict[str, int] | None = None,
+                state_saves: Sequence[tuple[int, int, int]] = ()) -> StepSamples:
+        """Run one step. ``state_slots``: each scheduled request's state slot (a hybrid model's); ``state_saves``: the
+        state checkpoints the step writes, ``(sequence, rows, checkpoint)``."""
         if self.states is not None:
             assert state_slots is not None, "a hybrid model's step needs its requests' state slots"
             self.states.set_plan([state_slots[s.request.request_id] for s in batch.scheduled],
-                                 [s.num_new_tokens for s in batch.scheduled], [s.start == 0 for s in batch.scheduled])
+                                 [s.num_new_tokens for s in batch.scheduled], [s.start == 0 for s in batch.scheduled],
+                                 state_saves)
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens, seq_lens, tables, logits_indices, samplers, prompt_lens = [], [], [], [], [], []
@@ -121,6 +126,7 @@ class ModelRunner:
             self.attention,
             torch.tensor(logits_indices + [row for row, _, _ in prompt_rows], dtype=torch.long, device=device),
             _row_paths(batch, device) if self.model.deterministic else None,
+            self.states,
         )
         samples = sample_step(self.model.logits(hidden[:len(samplers)]), samplers) if samplers else StepSamples()
         embedding_rows = [(i, r.request_id) for i, r in enumerate(samplers) if r.embed]

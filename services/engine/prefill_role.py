@@ -35,6 +35,7 @@ from services.engine.prefix_claims import PrefixClaim
 from services.engine.request import Request, RequestStatus
 from services.engine.request_trace import RequestTrace
 from services.engine.sampling_params import EMBEDDING_SAMPLING, SamplingParams
+from services.engine.state_slots import StateSlots
 from services.engine.validation import RequestValidator
 
 __all__ = ["FirstToken", "HandoffPlan", "PrefillRole", "PrefixClaim", "ReadyBlocks"]
@@ -49,6 +50,7 @@ class PrefillRole:
     _handoffs: dict[str, Handoff]  # admitted prefill-only requests (until abort_prefill), in admission order
     validator: RequestValidator
     kv_pool: torch.Tensor
+    state_slots: StateSlots | None  # a hybrid model's (engine.py)
 
     # ---- one prefill-only request -------------------------------------------------------------------
     def check_prefill(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[bytes]:
@@ -156,8 +158,9 @@ class PrefillRole:
         """``(first block, KV bytes)`` of the full prompt blocks this handed-off request computed here
         (not those it found cached), or None. Call before its blocks are released."""
         request = self.held.get(request_id)
-        if request is None or not self.kv.has_request(request_id) or not self.kv.enable_prefix_caching:
-            return None  # (a hybrid model's blocks are no prefix to anyone: its state is not in them)
+        if request is None or not self.kv.has_request(request_id) or not self.kv.enable_prefix_caching \
+                or self.state_slots is not None:
+            return None  # (a hybrid model's blocks are no prefix to another node: its state is not in them)
         first = request.num_cached_tokens // self.kv.block_size
         end = request.num_prompt_tokens // self.kv.block_size
         if end <= first:
@@ -193,9 +196,9 @@ class PrefillRole:
         """Allocate blocks for prompt blocks ``first_block .. end_block`` (fetched from elsewhere) that are
         still needed, held by the request's claim. None when they no longer chain onto the local prefix
         (it shrank since the lookup), when the local cache now has them all, or when the pool has no room
-        (the prompt is then computed), and with prefix caching off (a hybrid model's state is not in the blocks).
-        The caller writes the claim's blocks (``write_kv_blocks``)."""
-        if not self.kv.enable_prefix_caching:
+        (the prompt is then computed), and with prefix caching off or for a hybrid model (its state is not in the
+        blocks). The caller writes the claim's blocks (``write_kv_blocks``)."""
+        if not self.kv.enable_prefix_caching or self.state_slots is not None:
             return None
         return prefix_claims.claim(self.kv, request_id, prompt_ids, first_block, end_block)
 

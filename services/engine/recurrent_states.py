@@ -1,8 +1,9 @@
 """The recurrent states of a hybrid model's recurrent layers (``ModelConfig.recurrent``: Gated DeltaNet, Mamba-2): one
-slot per request that holds one, in tensors the model reads and writes in place, and each step's plan of which slot each
-sequence of the batch uses.
+slot per request that holds one, and the prefix cache's checkpoints, in tensors the model reads and writes in place, and
+each step's plan of which slot each sequence of the batch uses and where its state is checkpointed.
 
-Which request holds which slot is the engine's bookkeeping (:class:`services.engine.state_slots.StateSlots`); a
+Which request holds which slot is the engine's bookkeeping (:class:`services.engine.state_slots.StateSlots`), which
+checkpoint holds which prefix the prefix cache's (:class:`services.engine.state_checkpoints.StateCheckpoints`); a
 slot's bytes travel with its request from a prefill node to a decode node (:meth:`RecurrentStates.read`,
 :meth:`RecurrentStates.write`), as its KV blocks do.
 """
@@ -14,30 +15,34 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.gated_delta import Save
 from services.engine.model.config import LinearAttention, Mamba2
 
 
 @dataclass(frozen=True)
 class StatePlan:
-    """A step's sequences, in batch order: the slot of each, its new rows, and whether its first token is among
-    them (its state then starts from zeros)."""
+    """A step's sequences, in batch order: the state row of each, its new rows, and whether its first token is among
+    them (its state then starts from zeros); ``saves``: the checkpoints written during the step."""
 
     slots: tuple[int, ...]
     query_lens: tuple[int, ...]
     fresh: tuple[bool, ...]
+    saves: tuple[Save, ...] = ()
 
 
 class RecurrentStates:
-    """Per recurrent layer: ``conv [capacity, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [capacity,
-    *spec.ssm_shape]`` in float32. A step may run while a commit writes another slot: :meth:`grow` only between
-    steps."""
+    """Per recurrent layer: ``conv [rows, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [rows,
+    *spec.ssm_shape]`` in float32; the first ``checkpoints`` rows are the prefix cache's checkpoints, the ``capacity``
+    rows after them the requests' slots (slot ``s`` is row ``checkpoints + s``). A step may run while a commit writes
+    another slot: :meth:`grow` only between steps."""
 
-    def __init__(self, spec: LinearAttention | Mamba2, capacity: int, dtype: torch.dtype, device: torch.device):
-        self.spec, self.capacity = spec, capacity
-        layers = range(len(spec.layers))
-        self.conv = [torch.zeros(capacity, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
+    def __init__(self, spec: LinearAttention | Mamba2, capacity: int, dtype: torch.dtype, device: torch.device,
+                 checkpoints: int = 0):
+        self.spec, self.capacity, self.checkpoints = spec, capacity, checkpoints
+        layers, rows = range(len(spec.layers)), checkpoints + capacity
+        self.conv = [torch.zeros(rows, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
                      for _ in layers]
-        self.ssm = [torch.zeros(capacity, *spec.ssm_shape, dtype=torch.float32, device=device) for _ in layers]
+        self.ssm = [torch.zeros(rows, *spec.ssm_shape, dtype=torch.float32, device=device) for _ in layers]
         self.plan = StatePlan((), (), ())
 
     def grow(self, capacity: int) -> None:
@@ -47,15 +52,23 @@ class RecurrentStates:
             return
         for tensors in (self.conv, self.ssm):
             for i, t in enumerate(tensors):
-                grown = t.new_zeros(capacity, *t.shape[1:])
-                grown[:self.capacity] = t
+                grown = t.new_zeros(self.checkpoints + capacity, *t.shape[1:])
+                grown[:t.shape[0]] = t
                 tensors[i] = grown
                 del t
         self.capacity = capacity
 
-    def set_plan(self, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool]) -> None:
-        """The next step's sequences (see :class:`StatePlan`)."""
-        self.plan = StatePlan(tuple(slots), tuple(query_lens), tuple(fresh))
+    def set_plan(self, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool],
+                 saves: Sequence[tuple[int, int, int]] = ()) -> None:
+        """The next step's sequences (see :class:`StatePlan`): their slots, and ``saves`` as ``(sequence, rows,
+        checkpoint)``."""
+        self.plan = StatePlan(tuple(self.checkpoints + s for s in slots), tuple(query_lens), tuple(fresh),
+                              tuple(Save(seq, rows, checkpoint) for seq, rows, checkpoint in saves))
+
+    def restore(self, checkpoint: int, slot: int) -> None:
+        """Slot ``slot`` starts from checkpoint ``checkpoint``'s state (a prefix-cache hit)."""
+        for t in (*self.conv, *self.ssm):
+            t[self.checkpoints + slot].copy_(t[checkpoint])
 
     @property
     def bytes_per_slot(self) -> int:
@@ -64,7 +77,8 @@ class RecurrentStates:
     def read(self, slot: int) -> bytes:
         """Slot ``slot``'s state: each layer's conv rows, then each layer's ssm matrix, raw (the same model and
         dtype read it back with :meth:`write`)."""
-        parts = [t[slot].contiguous().view(torch.uint8).reshape(-1) for t in (*self.conv, *self.ssm)]
+        row = self.checkpoints + slot
+        parts = [t[row].contiguous().view(torch.uint8).reshape(-1) for t in (*self.conv, *self.ssm)]
         return torch.cat(parts).cpu().numpy().tobytes()
 
     def write(self, slot: int, payload: bytes | memoryview) -> None:
@@ -72,8 +86,8 @@ class RecurrentStates:
         if len(payload) != self.bytes_per_slot:
             raise ValueError(f"a recurrent state of {len(payload)} bytes, where this model's is {self.bytes_per_slot}")
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.conv[0].device)
-        offset = 0
+        offset, row = 0, self.checkpoints + slot
         for t in (*self.conv, *self.ssm):
             size = t[0].numel() * t.element_size()
-            t[slot].view(torch.uint8).reshape(-1).copy_(data[offset:offset + size])
+            t[row].view(torch.uint8).reshape(-1).copy_(data[offset:offset + size])
             offset += size

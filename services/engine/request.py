@@ -100,6 +100,9 @@ class Request:
     # a hybrid model's recurrent state received with the commit while no state slot was free (state_slots.py):
     # written into the slot the step that schedules it gives it
     pending_state: bytes | None = None
+    # a hybrid model's prefix cache: the token positions after which its state is checkpointed (state_checkpoints.py),
+    # set at each admission
+    state_saves: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -16,6 +16,9 @@ from the cache-store the requests behind it may be admitted around it, from the 
 not need, so a slow store holds up only the requests whose KV it has. Without a copy (no offloader, or no
 room in it) the blocks are freed at once and the request is recomputed on resume, helped by whatever of its
 blocks the prefix cache still holds.
+
+A hybrid model's prefix hit is good only as far as a checkpoint of its recurrent state covers it
+(``state_checkpoints.py``): the scheduler admits with that part, and notes on the request where it checkpoints.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Iterable
 from kvcache.manager import KVCacheManager, PrefixMatch
 from services.engine.admission import AdmissionPolicy, NoReservation, StepSignal
 from services.engine.request import Request, RequestStatus
+from services.engine.state_checkpoints import StateCheckpoints
 from services.engine.step_batch import (
     KVOffloader,
     ScheduledRequest,
@@ -41,9 +45,10 @@ from services.engine.step_batch import (
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, admission: AdmissionPolicy | None = None,
-                 offloader: KVOffloader | None = None):
+                 offloader: KVOffloader | None = None, checkpoints: StateCheckpoints | None = None):
         self.config = config
         self.kv = kv
+        self.checkpoints = checkpoints  # a hybrid model's (prefix hits only as far as a checkpoint covers them)
         self.admission = admission or NoReservation()
         self.offloader = offloader
         self.waiting: deque[Request] = deque()
@@ -245,7 +250,7 @@ class Scheduler:
                 if not self._resume(request, batch, owed):
                     break
             else:
-                prefix = self.kv.match_prefix(self.prefix_tokens(request))
+                prefix = self._usable_prefix(request)
                 needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
                 keep = owed if request.status is RequestStatus.PREEMPTED else owed + headroom
                 if self.kv.num_free_blocks - keep < needed:
@@ -261,6 +266,16 @@ class Scheduler:
             owed += self.kv.blocks_needed(request.request_id, request.num_tokens + 1)
             budget -= batch.scheduled[-1].num_new_tokens
         return admitted
+
+    def _usable_prefix(self, request: Request) -> PrefixMatch:
+        """The prefix cache's hit for ``request``; a hybrid model's only as far as a state checkpoint covers it, with
+        where the request is to checkpoint its state noted on it (``Request.state_saves``)."""
+        match = self.kv.match_prefix(self.prefix_tokens(request))
+        if self.checkpoints is None:
+            return match
+        usable = self.checkpoints.usable(match)
+        request.state_saves = self.checkpoints.positions(request.num_prompt_tokens, match, usable, self.kv.block_size)
+        return usable
 
     def _resume(self, request: Request, batch: StepBatch, owed: int) -> bool:
         """Readmit a preempted request whose KV was kept: blocks the prefix cache still holds are shared,

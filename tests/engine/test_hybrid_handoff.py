@@ -47,7 +47,7 @@ def _reserve_and_send_blocks(prefill: LLMEngine, decode: LLMEngine, request_id: 
                              ) -> None:
     grant = decode.reserve(request_id, prompt, GREEDY, 30.0)
     assert not isinstance(grant, Refusal), grant
-    assert grant.num_cached_blocks == 0  # no prefix reuse for a hybrid model
+    assert grant.num_cached_blocks == 0  # the decode node has not seen the prompt
     source = prefill.transferable_block_ids(prefill.held[request_id])
     decode.receive_blocks(request_id, list(grant.block_ids))
     write_blocks(decode.runner.kv_cache, grant.block_ids, read_blocks(prefill.runner.kv_cache, source))
@@ -159,6 +159,7 @@ def test_the_states_come_out_of_the_cache_budget(hybrid):
     per_slot = cfg.linear_attention.state_bytes(4)
     assert engine.recurrent_states.bytes_per_slot == per_slot
     assert engine.runner.kv_cache.shape[0] == len(cfg.kv_layers) == 1  # the attention layer's KV alone
-    assert engine.kv.num_blocks == (int(0.01 * 2**30) - 4 * per_slot) // (cfg.kv_bytes_per_token(4) * 16)
-    with pytest.raises(ValueError, match="max_num_seqs 20"):
+    assert engine.recurrent_states.checkpoints == 1  # state checkpoints: a quarter of max_num_seqs
+    assert engine.kv.num_blocks == (int(0.01 * 2**30) - (4 + 1) * per_slot) // (cfg.kv_bytes_per_token(4) * 16)
+    with pytest.raises(ValueError, match="max_num_seqs 20 requests and 5 state_checkpoints"):
         _engine(path, num_kv_blocks=None, kv_cache_gib=0.0001, max_num_seqs=20)

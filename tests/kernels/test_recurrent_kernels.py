@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta import causal_conv1d, gated_delta_rule
+from kernels.gated_delta import Save, causal_conv1d, gated_delta_rule
 from kernels.ssd import ssd_scan
 
 LENS = [1, 100, 1, 130, 7, 1]
@@ -80,3 +80,54 @@ def test_ssd_scan_matches_transformers(layout):
                                             return_final_states=True)
         torch.testing.assert_close(out[span], expected[0], atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(states[slots[i]], final[0].transpose(-1, -2), atol=1e-5, rtol=1e-5)
+
+
+# (sequence, rows, checkpoint row): mid-sequence, at a chunk's end, past it, at a sequence's end, a one-token sequence
+SAVES = [Save(1, 37, 10), Save(1, 100, 11), Save(0, 1, 12), Save(3, 64, 13), Save(3, 65, 14), Save(5, 1, 15)]
+
+
+def _delta_rule(rows: int):
+    torch.manual_seed(3)
+    q, k = torch.randn(rows, 2, 16), torch.randn(rows, 2, 16)
+    v, g, beta = torch.randn(rows, 4, 24), -torch.rand(rows, 4), torch.rand(rows, 4)
+    return (lambda span, states, slots, lens, fresh, saves=():
+            gated_delta_rule(q[span], k[span], v[span], g[span], beta[span], states, slots, lens, fresh, saves)), \
+        torch.randn(16, 4, 16, 24) * 0.1
+
+
+def _conv(rows: int):
+    torch.manual_seed(4)
+    x, weight, bias = torch.randn(rows, 12), torch.randn(12, 4), torch.randn(12)
+    return (lambda span, states, slots, lens, fresh, saves=():
+            causal_conv1d(x[span], weight, states, slots, lens, fresh, bias, saves)), torch.randn(16, 12, 3)
+
+
+def _ssd(rows: int):
+    torch.manual_seed(5)
+    x, dt, a = torch.randn(rows, 4, 8), F.softplus(torch.randn(rows, 4)), -torch.rand(4) * 2
+    b, c = torch.randn(rows, 2, 16), torch.randn(rows, 2, 16)
+    return (lambda span, states, slots, lens, fresh, saves=():
+            ssd_scan(x[span], dt[span], a, b[span], c[span], states, slots, lens, fresh, saves)), \
+        torch.randn(16, 4, 16, 8) * 0.1
+
+
+@pytest.mark.parametrize("kernel", [_delta_rule, _conv, _ssd], ids=["gated_delta_rule", "causal_conv1d", "ssd_scan"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_saved_state_is_the_state_after_that_many_rows(kernel, layout):
+    """A prefix-cache checkpoint written mid-step (``saves``) is the state the sequence's first ``rows`` rows alone
+    leave; the step's outputs and final states are those of the step without saves; other rows are untouched."""
+    run, before = kernel(sum(LENS))
+    slots, everything = LAYOUTS[layout], slice(0, sum(LENS))
+    plain, saved = before.clone(), before.clone()
+    want = run(everything, plain, slots, LENS, FRESH)
+    got = run(everything, saved, slots, LENS, FRESH, SAVES)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(saved[slots], plain[slots], atol=1e-5, rtol=1e-4)
+    spans = list(_spans())
+    for save in SAVES:
+        alone = before.clone()
+        span = slice(spans[save.seq].start, spans[save.seq].start + save.rows)
+        run(span, alone, [slots[save.seq]], [save.rows], [FRESH[save.seq]])
+        torch.testing.assert_close(saved[save.into], alone[slots[save.seq]], atol=1e-5, rtol=1e-4)
+    untouched = [s for s in range(16) if s not in slots and s not in {save.into for save in SAVES}]
+    assert torch.equal(saved[untouched], before[untouched])

@@ -106,7 +106,6 @@ class DecoderModel(ExpertLoading):
         self.lm_head = prepare_linear(head, row_block=self._row_block, prompt_rows=deterministic)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
         self._kv_index = {layer: n for n, layer in enumerate(cfg.kv_layers)}  # layer -> its KV cache (a hybrid's)
-        self.states: RecurrentStates | None = None  # a hybrid model's, bound by the runner
         source.check_all_taken()
         del self._source, self._quantized
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
@@ -117,10 +116,6 @@ class DecoderModel(ExpertLoading):
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
                                     deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
-
-    def bind_states(self, states: RecurrentStates) -> None:
-        """A hybrid model's recurrent states, which the model reads and writes; the runner plans them each step."""
-        self.states = states
 
     def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,
                     by_row_kind: bool = True) -> LinearWeight:
@@ -204,9 +199,10 @@ class DecoderModel(ExpertLoading):
         return logits if scalars is None or scalars.logits_divisor == 1.0 else logits / scalars.logits_divisor
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                     ) -> torch.Tensor:
-        """:meth:`forward` up to the LM head: the final-normed hidden rows ``[len(logits_indices), hidden]``."""
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
+        """:meth:`forward` up to the LM head: the final-normed hidden rows ``[len(logits_indices), hidden]``
+        (``states``: a hybrid model's recurrent states, planned for this step; the runner's, as ``kv_caches`` are)."""
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         # the residual stream, and what the last block adds to it (added where the next norm reads it: one
         # fused kernel on the FlashInfer path, which writes both in place)

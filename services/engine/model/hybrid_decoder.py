@@ -9,8 +9,8 @@ same projection as q. A DeltaNet layer projects q/k/v (through a causal depthwis
 output gate ``z``, a write strength ``beta = sigmoid(b)`` and a decay ``g = -exp(A_log) * softplus(a + dt_bias)``,
 runs the gated delta rule (:mod:`kernels.gated_delta`) and norms each head's output gated by ``silu(z)``.
 
-The states live in a :class:`~services.engine.recurrent_states.RecurrentStates` the model runner binds
-(:meth:`DecoderModel.bind_states`) and plans before each step. Elementwise steps run torch's ops.
+The states live in a :class:`~services.engine.recurrent_states.RecurrentStates` the model runner holds, plans before
+each step and passes to :meth:`final_hidden`. Elementwise steps run torch's ops.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from services.engine.model.gemma_decoder import gemma_rms_norm, offset_norm_weig
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
 
 
 @dataclass
@@ -99,17 +100,17 @@ class HybridDecoderModel(DecoderModel):
         return layer
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                     ) -> torch.Tensor:
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention layers' only), computed as
-        the module says; the bound states are planned for this step."""
+        the module says; ``states`` planned for this step."""
         eps = self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
         rope = self.ops.rope.prepare(positions)
         for i, layer in enumerate(self.layers):
             x = gemma_rms_norm(hidden, layer.input_norm, eps)
             if layer.delta_net is not None:
-                hidden = hidden + self._delta_net(i, layer.delta_net, x, paths)
+                hidden = hidden + self._delta_net(i, layer.delta_net, x, paths, states)
             else:
                 hidden = hidden + self._gated_attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope,
                                                         paths)
@@ -127,19 +128,21 @@ class HybridDecoderModel(DecoderModel):
         attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
         return linear(attn.reshape(num_tokens, cfg.q_size) * torch.sigmoid(gate), layer.o, paths)
 
-    def _delta_net(self, i: int, net: DeltaNetWeights, x: torch.Tensor, paths: RowPaths | None) -> torch.Tensor:
-        spec, states = self.config.linear_attention, self.states
-        assert spec is not None and states is not None, "a hybrid model runs with its states bound"
+    def _delta_net(self, i: int, net: DeltaNetWeights, x: torch.Tensor, paths: RowPaths | None,
+                   states: RecurrentStates | None) -> torch.Tensor:
+        spec = self.config.linear_attention
+        assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
         n, plan, num_tokens = spec.layers.index(i), states.plan, x.shape[0]
         mixed, z, b, a = linear(x, net.in_proj, paths).split(
             [spec.conv_dim, spec.value_dim, spec.value_heads, spec.value_heads], dim=-1)
-        mixed = causal_conv1d(mixed, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh)
+        mixed = causal_conv1d(mixed, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
+                              saves=plan.saves)
         q, k, v = mixed.split([spec.key_dim, spec.key_dim, spec.value_dim], dim=-1)
         decay = net.a_scale * F.softplus(a.float() + net.dt_bias)
         out = gated_delta_rule(q.reshape(num_tokens, spec.key_heads, spec.key_head_dim),
                                k.reshape(num_tokens, spec.key_heads, spec.key_head_dim),
                                v.reshape(num_tokens, spec.value_heads, spec.value_head_dim),
-                               decay, b.sigmoid(), states.ssm[n], plan.slots, plan.query_lens, plan.fresh)
+                               decay, b.sigmoid(), states.ssm[n], plan.slots, plan.query_lens, plan.fresh, plan.saves)
         normed = F.rms_norm(out.float(), (spec.value_head_dim,), None, self.config.rms_norm_eps).to(out.dtype)
         gated = (net.norm * normed).float() * F.silu(z.reshape(out.shape).float())
         return linear(gated.to(out.dtype).reshape(num_tokens, spec.value_dim), net.out_proj, paths)

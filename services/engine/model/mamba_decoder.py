@@ -6,7 +6,8 @@ Per layer: ``h += residual · mix(norm(h))``, then ``h += residual · mlp(norm(h
 projects the gate ``z``, the x/B/C rows (through a causal depthwise convolution with bias and SiLU) and the step
 sizes ``dt`` (``softplus(dt + dt_bias)``), runs the scan (:mod:`kernels.ssd`, ``A = -exp(A_log)``) plus the
 ``D · x`` skip, multiplies by ``silu(z)`` and RMS-norms each of its ``groups`` groups (the gate before the norm).
-The states live in the :class:`~services.engine.recurrent_states.RecurrentStates` the model runner binds.
+The states live in the :class:`~services.engine.recurrent_states.RecurrentStates` the model runner passes to
+:meth:`MambaDecoderModel.final_hidden`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from services.engine.model.decoder import DecoderModel, LayerWeights
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
 
 
 @dataclass
@@ -91,10 +93,10 @@ class MambaDecoderModel(DecoderModel):
         )
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                     ) -> torch.Tensor:
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention layers' only), computed as
-        the module says; the bound states are planned for this step."""
+        the module says; ``states`` planned for this step."""
         cfg, eps = self.config, self.config.rms_norm_eps
         scalars = cfg.multipliers
         assert scalars is not None, "Granite's scalars"
@@ -103,19 +105,21 @@ class MambaDecoderModel(DecoderModel):
         for i, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer.input_norm, eps)
             if layer.mamba is not None:
-                mixed = self._mamba(i, layer.mamba, x, paths)
+                mixed = self._mamba(i, layer.mamba, x, paths, states)
             else:
                 mixed = self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
             hidden = hidden + mixed * scalars.residual
             hidden = hidden + self._mlp(rms_norm(hidden, layer.post_norm, eps), layer, paths) * scalars.residual
         return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
 
-    def _mamba(self, i: int, net: MambaWeights, x: torch.Tensor, paths: RowPaths | None) -> torch.Tensor:
-        spec, states = self.config.mamba, self.states
-        assert spec is not None and states is not None, "a hybrid model runs with its states bound"
+    def _mamba(self, i: int, net: MambaWeights, x: torch.Tensor, paths: RowPaths | None,
+               states: RecurrentStates | None) -> torch.Tensor:
+        spec = self.config.mamba
+        assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
         n, plan, num_tokens = spec.layers.index(i), states.plan, x.shape[0]
         gate, xbc, dt = linear(x, net.in_proj, paths).split([spec.intermediate, spec.conv_dim, spec.heads], dim=-1)
-        xbc = causal_conv1d(xbc, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh, net.conv_bias)
+        xbc = causal_conv1d(xbc, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh, net.conv_bias,
+                            plan.saves)
         xs, b, c = xbc.split([spec.intermediate, spec.groups * spec.state_size, spec.groups * spec.state_size], dim=-1)
         xs = xs.reshape(num_tokens, spec.heads, spec.head_dim)
         dt = F.softplus(dt + net.dt_bias)
@@ -123,7 +127,7 @@ class MambaDecoderModel(DecoderModel):
             dt = dt.clamp(min=spec.dt_min)
         y = ssd_scan(xs, dt, net.a, b.reshape(num_tokens, spec.groups, spec.state_size),
                      c.reshape(num_tokens, spec.groups, spec.state_size), states.ssm[n], plan.slots, plan.query_lens,
-                     plan.fresh)
+                     plan.fresh, plan.saves)
         y = (y + net.skip[:, None] * xs.float()).reshape(num_tokens, spec.intermediate) * F.silu(gate.float())
         grouped = y.view(num_tokens, spec.groups, spec.intermediate // spec.groups)
         normed = F.rms_norm(grouped, (grouped.shape[-1],), None, self.config.rms_norm_eps).view_as(y)

@@ -18,6 +18,7 @@ from services.engine.model.mamba_decoder import MambaDecoderModel, MambaLayerWei
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
 
 
 class NemotronHDecoderModel(MambaDecoderModel):
@@ -46,8 +47,8 @@ class NemotronHDecoderModel(MambaDecoderModel):
         return layer
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                     ) -> torch.Tensor:
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention blocks' only)."""
         eps = self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
@@ -55,7 +56,7 @@ class NemotronHDecoderModel(MambaDecoderModel):
         for i, layer in enumerate(self.layers):
             x = gemma_rms_norm(hidden, layer.input_norm, eps)
             if layer.mamba is not None:
-                hidden = hidden + self._mamba(i, layer.mamba, x, paths)
+                hidden = hidden + self._mamba(i, layer.mamba, x, paths, states)
             elif layer.down is not None:
                 hidden = hidden + linear(torch.relu(linear(x, layer.gate_up, paths)).square(), layer.down, paths)
             else:
