@@ -44,6 +44,9 @@ class EngineNodeConfig(ServerConfig):
     max_num_seqs: int = setting(128, "requests in one batch")
     max_num_batched_tokens: int = setting(1024, "tokens per step (the prefill chunk)")
     max_model_len: int = setting(0, "context length (0: the model's)")
+    state_checkpoints: int = setting(-1, "a hybrid model's prefix cache: checkpoints of the recurrent state kept, each "
+                                         "one request's state, out of kv_cache_gib (-1: a quarter of max_num_seqs; "
+                                         "0: no prefix reuse for hybrid models)")
     threads: int = setting(0, "torch threads (0: torch's default)")
     int4_max_rows: int = setting(8, "bf16 on CPU: steps of at most this many tokens run a Q4 GGUF's own 4-bit "
                                     "weights (0: always the dense bf16 weights)")
@@ -75,6 +78,8 @@ class EngineNodeConfig(ServerConfig):
             raise ValueError(f"stats_log_interval_s must be >= 0 (0: none), got {self.stats_log_interval_s}")
         if self.engine_failure_exit_s < 0:
             raise ValueError(f"engine_failure_exit_s must be >= 0, got {self.engine_failure_exit_s}")
+        if self.state_checkpoints < -1:
+            raise ValueError(f"state_checkpoints must be >= 0 (-1: the default), got {self.state_checkpoints}")
         for name in ("num_kv_blocks", "max_model_len", "threads"):  # 0: the default
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: the default), got {getattr(self, name)}")
@@ -108,6 +113,7 @@ class EngineNodeConfig(ServerConfig):
             num_kv_blocks=self.num_kv_blocks or None, kv_cache_gib=self.kv_cache_gib,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len or None, int4_max_rows=self.int4_max_rows,
+            state_checkpoints=None if self.state_checkpoints == -1 else self.state_checkpoints,
             deterministic=self.deterministic, cuda_graphs=self.cuda_graphs == "on", fused_ops=self.fused_ops == "on",
             trust_remote_code=self.trust_remote_code,
             # threads: the EngineWorker sets them on its thread

@@ -89,6 +89,7 @@ def test_server_config_refuses_ports_out_of_range_and_no_message_room(argv, mess
     (["--block-size", "12"], "block_size must be a power of two, got 12"),
     (["--offload-host-gib", "-1"], "offload_host_gib must be >= 0, got -1.0"),
     (["--lease-ms", "0"], "lease_ms must be >= 1, got 0"),
+    (["--state-checkpoints", "-2"], "state_checkpoints must be >= 0 (-1: the default), got -2"),
     (["--http-listen", "127.0.0.1:99999"], "http_listen: port must be 0-65535"),
 ])
 def test_model_node_and_gateway_sizes_out_of_range_are_usage_errors(argv, message, capsys):
@@ -98,3 +99,12 @@ def test_model_node_and_gateway_sizes_out_of_range_are_usage_errors(argv, messag
     with pytest.raises(SystemExit) as exit_info:
         build_config(config, base + argv, env={})
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_state_checkpoints_reach_the_engine_with_their_default():
+    def engine(argv: list[str]):
+        return build_config(DecodeNodeConfig, argv, env={}).engine_config()
+
+    assert engine([]).state_checkpoints is None and engine(["--max-num-seqs", "8"]).num_state_checkpoints == 2
+    assert engine(["--state-checkpoints", "0"]).num_state_checkpoints == 0
+    assert engine(["--state-checkpoints", "5"]).num_state_checkpoints == 5

@@ -1,5 +1,6 @@
 """Each family's tiny checkpoint served by a real cluster (gateway, prefill node, decode node; float32) gives
-transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed, and (for
+transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed (a hybrid model's
+from a checkpoint of its state), and (for
 the families whose KV or attention differs) requests the decode node preempts under a small pool (kept in host
 memory) and resumes. One cluster per family (Llama with llama3 rope); the checkpoints and references are those
 of tests/engine/test_model_families.py."""
@@ -43,7 +44,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
 # the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
 # are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
 PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "qwen3_5", "granite_hybrid"}
-HYBRID = {"qwen3_5", "granite_hybrid"}  # a recurrent state per request, not in the KV blocks: no prefix reuse
+HYBRID = {"qwen3_5", "granite_hybrid"}  # a recurrent state per request, not in the KV blocks: hits need a checkpoint
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)
@@ -66,9 +67,22 @@ def test_a_cluster_serves_the_family_with_transformers_tokens(served):
         assert_matches(f"{name}/{label}", expected, tokens)
         if label == "shared-prefix":
             assert last.usage.cached_tokens == (0 if name in HYBRID else 256), last.usage
+    if name in HYBRID:
+        _hybrid_hits(name, reference, stub, prompts)
     if name in PRESSURED:
         _pressure(name, reference, stub)
     wait_idle(stub)
+
+
+def _hybrid_hits(name: str, reference, stub, prompts: dict[str, list[int]]) -> None:
+    """The prefill node's state checkpoints: "shared-prefix" saved one where it left "long"'s blocks (256), so a third
+    prompt with that prefix starts there; "long" again starts from the one it saved at its end (288). The decode node
+    goes on from the state the prefill node computed after the hit."""
+    third = prompts["long"][:256] + [(i * 611) % 49000 + 9 for i in range(30)]
+    for label, ids, cached in (("third", third, 256), ("long-again", prompts["long"], 288)):
+        tokens, _, last = generate(stub, token_ids=ids, sampling=greedy(NEW_TOKENS))
+        assert_matches(f"{name}/{label}", greedy_full_forward(reference, ids, NEW_TOKENS), tokens)
+        assert last.usage.cached_tokens == cached, (label, last.usage)
 
 
 def _pressure(name: str, reference, stub) -> None:
