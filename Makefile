@@ -6,7 +6,7 @@ PYTHON    := $(BIN)/python
 STAMP     := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-structured bench-sim bench-admission bench-fairness bench-prefix bench-routing bench-migration bench-determinism bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
+.PHONY: all venv protos run run-mixed test test-fast lint format bench bench-families bench-pd bench-mtls bench-structured bench-sim bench-admission bench-fairness bench-prefix bench-hybrid-prefix bench-routing bench-migration bench-determinism bench-cache-store bench-observability bench-serve bench-compare bench-gpu llamacpp llama-server chart chart-schema clean
 
 all: venv
 
@@ -87,6 +87,10 @@ bench-cache-store: venv
 
 bench-prefix: venv
 	$(PYTHON) -m services.bench.prefix_reuse
+
+# a hybrid model's prefix cache (state checkpoints): TTFT of chat turns sharing a system prompt, Qwen3.5-0.8B's shape
+bench-hybrid-prefix: venv
+	$(PYTHON) -m services.bench.hybrid_prefix $(BENCH_HYBRID_PREFIX_ARGS)
 
 # a draining decode node's running requests moved to its peer: seconds and bytes per request (issue 27)
 bench-migration: venv
