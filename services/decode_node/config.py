@@ -16,6 +16,10 @@ class DecodeNodeConfig(EngineNodeConfig):
 
     listen: str = setting("127.0.0.1:50053", "host:port to serve on; port 0 = ephemeral")
     lease_ms: int = setting(10_000, "how long a reservation holds without KV traffic (caps what prefill asks)")
+    state_checkpoints: int = setting(0, "a hybrid model's prefix cache: checkpoints of the recurrent state kept, each "
+                                        "one request's state, out of kv_cache_gib (prompts are computed on prefill "
+                                        "nodes: here only a preempted request's recompute saves and uses one; -1: a "
+                                        "quarter of max_num_seqs)")
     handover_after_ms: int = setting(300, "hand a preempted request whose KV is in the cache-store to another decode "
                                           "node once it waited this long here (0: never)")
     max_reservations_per_caller: int = setting(256, "live reservations (granted, not yet committed, aborted or "

@@ -25,7 +25,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     # a hybrid model's prefix cache: checkpoints of the recurrent state kept (each one request's state, taken out of
-    # kv_cache_gib; state_checkpoints.py); None: a quarter of max_num_seqs; 0: no prefix reuse for hybrid models
+    # kv_cache_gib; state_checkpoints.py); None: a quarter of max_num_seqs; 0: no prefix hits for hybrid models
     state_checkpoints: int | None = None
     attention_backend: str | None = None  # None/"auto": flashinfer on CUDA, cpu_native on CPU, else torch
     num_threads: int | None = None

@@ -117,9 +117,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         hybrid = cfg.has_recurrent_state
         self.state_slots = StateSlots() if hybrid else None
         checkpoints = config.num_state_checkpoints if hybrid else 0
-        self.state_checkpoints = StateCheckpoints(checkpoints) if checkpoints else None
-        self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint,
-                                 config.enable_prefix_caching and (not hybrid or checkpoints > 0))
+        self.state_checkpoints = StateCheckpoints(checkpoints) if hybrid else None
+        self.kv = KVCacheManager(num_blocks, config.block_size, self.fingerprint, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.attention_backend,
                                   deterministic=config.deterministic, graphs=self._graph_options(graph_capture),
                                   state_capacity=config.max_num_seqs, state_checkpoints=checkpoints)

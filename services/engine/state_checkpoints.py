@@ -14,6 +14,8 @@ position (mid-chunk, no extra step), at (:meth:`StateCheckpoints.positions`):
 
 Checkpoints are evicted least recently used first; one whose blocks were evicted is never matched and goes in turn
 (SGLang's Mamba radix cache and vLLM's aligned Mamba prefix caching keep states at block boundaries the same way).
+With a capacity of 0 nothing is saved and no hit is usable (the KV blocks may still be shared where the state comes
+from elsewhere: a decode node's commit).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from kvcache.manager import NO_PREFIX, PrefixMatch
 
 class StateCheckpoints:
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"state checkpoints need a capacity of at least 1, got {capacity}")
+        if capacity < 0:
+            raise ValueError(f"state checkpoints need a capacity of at least 0, got {capacity}")
         self.capacity = capacity
         self._by_key: OrderedDict[BlockHash, int] = OrderedDict()  # least recently used first
         self._free = list(range(capacity - 1, -1, -1))  # popped from the end: checkpoint 0 first

@@ -46,7 +46,7 @@ class EngineNodeConfig(ServerConfig):
     max_model_len: int = setting(0, "context length (0: the model's)")
     state_checkpoints: int = setting(-1, "a hybrid model's prefix cache: checkpoints of the recurrent state kept, each "
                                          "one request's state, out of kv_cache_gib (-1: a quarter of max_num_seqs; "
-                                         "0: no prefix reuse for hybrid models)")
+                                         "0: no prefix hits for hybrid models)")
     threads: int = setting(0, "torch threads (0: torch's default)")
     int4_max_rows: int = setting(8, "bf16 on CPU: steps of at most this many tokens run a Q4 GGUF's own 4-bit "
                                     "weights (0: always the dense bf16 weights)")

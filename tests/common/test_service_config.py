@@ -11,6 +11,7 @@ from services.common.config import build_config, setting
 from services.common.server_config import ServerConfig
 from services.decode_node.config import DecodeNodeConfig
 from services.gateway.config import GatewayConfig
+from services.prefill_node.config import PrefillNodeConfig
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,13 @@ def test_model_node_and_gateway_sizes_out_of_range_are_usage_errors(argv, messag
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_state_checkpoints_reach_the_engine_with_their_default():
-    def engine(argv: list[str]):
-        return build_config(DecodeNodeConfig, argv, env={}).engine_config()
+def test_state_checkpoints_reach_the_engine_with_each_role_s_default():
+    def engine(config, argv: list[str]):
+        return build_config(config, argv, env={}).engine_config()
 
-    assert engine([]).state_checkpoints is None and engine(["--max-num-seqs", "8"]).num_state_checkpoints == 2
-    assert engine(["--state-checkpoints", "0"]).num_state_checkpoints == 0
-    assert engine(["--state-checkpoints", "5"]).num_state_checkpoints == 5
+    # a prefill node computes the prompts: a quarter of max_num_seqs; a decode node only recomputes: none
+    assert engine(PrefillNodeConfig, ["--max-num-seqs", "8"]).num_state_checkpoints == 2
+    assert engine(PrefillNodeConfig, ["--state-checkpoints", "0"]).num_state_checkpoints == 0
+    assert engine(DecodeNodeConfig, []).num_state_checkpoints == 0
+    assert engine(DecodeNodeConfig, ["--state-checkpoints", "-1", "--max-num-seqs", "8"]).num_state_checkpoints == 2
+    assert engine(DecodeNodeConfig, ["--state-checkpoints", "5"]).num_state_checkpoints == 5

@@ -77,10 +77,11 @@ def test_an_evicted_checkpoint_is_recomputed(hybrid):
 def test_no_checkpoints_no_hits(hybrid):
     name, path, reference = hybrid
     engine = _engine(path, state_checkpoints=0)
-    assert engine.state_checkpoints is None and engine.recurrent_states.checkpoints == 0
-    assert not engine.kv.enable_prefix_caching
+    assert engine.state_checkpoints.capacity == 0 and engine.recurrent_states.checkpoints == 0
     results = engine.generate([SOUP[:100], SOUP[:100]], GREEDY)
     assert [r.cached_tokens for r in results] == [0, 0]
+    assert engine.kv.match_prefix(SOUP[:100]).num_blocks == 6  # the blocks are cached; no state is
+    assert len(engine.state_checkpoints) == 0 and engine.state_checkpoints.saves_total == 0
     assert_matches(f"{name}/off", greedy_full_forward(reference, SOUP[:100], GREEDY.max_tokens), results[1].token_ids)
     _all_free(engine)
 

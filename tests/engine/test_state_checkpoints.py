@@ -63,8 +63,11 @@ def test_checkpoints_are_evicted_least_recently_used_first():
     assert checkpoints.reserve(keys[2], busy={first, second}) is None  # this step saves into both already
     assert checkpoints.reserve(keys[2], busy={first}) == second and keys[0] in checkpoints
     checkpoints.check_integrity()
-    with pytest.raises(ValueError, match="at least 1"):
-        StateCheckpoints(0)
+    with pytest.raises(ValueError, match="at least 0"):
+        StateCheckpoints(-1)
+    none = StateCheckpoints(0)  # saves nothing, so no hit is ever usable
+    assert none.reserve(keys[0]) is None and none.usable(_match(3)).num_blocks == 0
+    none.check_integrity()
 
 
 def test_the_scheduler_admits_a_hybrid_request_with_the_covered_hit_only():
