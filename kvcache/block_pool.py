@@ -119,6 +119,14 @@ class BlockPool:
         self.index.insert(block_hash, block)
         return True
 
+    def refresh(self, blocks: Iterable[KVBlock]) -> None:
+        """Move the cached (ref 0) ones of ``blocks`` to the free-queue tail, in the order given, as if just freed:
+        their content was just computed again, so it is in use (the last one given is evicted last)."""
+        for block in blocks:
+            if block.ref_count == 0 and block.block_hash is not None:
+                self.free_queue.remove(block)
+                self.free_queue.append(block)
+
     def evict_cached(self, n: int) -> int:
         """Drop the hashes of up to ``n`` cached blocks, head first (they stay free); returns how many."""
         evicted = 0

@@ -173,7 +173,9 @@ class KVCacheManager:
         """Publish every block made FULL by the first ``num_computed_tokens`` computed tokens.
 
         ``token_ids`` is the request's whole sequence so far (prompt + output). Keys are chained
-        incrementally from the ones already stored on the table; partial blocks never enter the index.
+        incrementally from the ones already stored on the table; partial blocks never enter the index. A key
+        another block holds already stays that block's, which counts as used again (a hybrid model's request
+        recomputes cached blocks its state checkpoints do not cover, and saves a checkpoint on them).
         """
         table = self._table(request_id)
         if num_computed_tokens > len(token_ids):
@@ -188,8 +190,11 @@ class KVCacheManager:
             block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
             parent = hash_block(parent, block_tokens, self.fingerprint)
             table.block_hashes.append(parent)
+        computed_again = []  # blocks another block already holds: that one is refreshed, its leading blocks last
         for i in range(table.num_cached_blocks, num_full):
-            self.pool.cache_block(self.pool.blocks[table.block_ids[i]], table.block_hashes[i])
+            if not self.pool.cache_block(self.pool.blocks[table.block_ids[i]], table.block_hashes[i]):
+                computed_again.append(self.pool.get_cached_block(table.block_hashes[i]))
+        self.pool.refresh(reversed([b for b in computed_again if b is not None]))
         table.num_cached_blocks = max(table.num_cached_blocks, num_full)
 
     def prefix_key(self, request_id: str, token_ids: Sequence[int], num_tokens: int) -> BlockHash:

@@ -70,7 +70,7 @@ class Adoptions:
         request.num_computed_tokens = computed  # once its blocks are written
         request.num_preemptions = handed.num_preemptions
         request.num_cached_tokens = handed.cached_tokens
-        prefix = self.kv.match_prefix(self.scheduler.prefix_tokens(request))  # full blocks, computed tokens
+        prefix = self.scheduler.usable_prefix(request)  # full blocks of computed tokens (a hybrid's: checkpointed)
         needed = self.kv.blocks_needed(rid, request.num_tokens + 1, prefix)
         refusal = self.book.no_room(rid, needed)  # the oldest refused prefill request's blocks kept too
         if refusal is not None:

@@ -213,6 +213,7 @@ class Scheduler:
         else:
             self.kv.free(rid)
             request.num_computed_tokens = 0
+            request.pending_state = None  # a parked state is of its whole prompt: recomputed, it starts elsewhere
         request.num_preemptions += 1
         request.transition(RequestStatus.PREEMPTED)
         self.waiting.appendleft(request)
@@ -250,7 +251,7 @@ class Scheduler:
                 if not self._resume(request, batch, owed):
                     break
             else:
-                prefix = self._usable_prefix(request)
+                prefix = self.usable_prefix(request)
                 needed = self.kv.blocks_needed(request.request_id, request.num_tokens + 1, prefix)
                 keep = owed if request.status is RequestStatus.PREEMPTED else owed + headroom
                 if self.kv.num_free_blocks - keep < needed:
@@ -267,7 +268,7 @@ class Scheduler:
             budget -= batch.scheduled[-1].num_new_tokens
         return admitted
 
-    def _usable_prefix(self, request: Request) -> PrefixMatch:
+    def usable_prefix(self, request: Request) -> PrefixMatch:
         """The prefix cache's hit for ``request``; a hybrid model's only as far as a state checkpoint covers it, with
         where the request is to checkpoint its state noted on it (``Request.state_saves``)."""
         match = self.kv.match_prefix(self.prefix_tokens(request))

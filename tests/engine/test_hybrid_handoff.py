@@ -6,6 +6,7 @@ end, are refused naming the field with nothing changed; every slot and block is 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvcache.kv_bytes import read_blocks, write_blocks
 from services.engine.config import EngineConfig
@@ -15,6 +16,7 @@ from services.engine.handover import HandedRequest
 from services.engine.prefill_role import FirstToken, HandoffPlan
 from services.engine.reservations import IncompleteTransferError, Refusal
 from services.engine.sampling_params import SamplingParams
+from services.engine.step_batch import StepBatch
 from tests.engine.test_model_families import assert_matches
 from tests.engine.tiny_families import greedy_full_forward, load_reference
 
@@ -163,3 +165,42 @@ def test_the_states_come_out_of_the_cache_budget(hybrid):
     assert engine.kv.num_blocks == (int(0.01 * 2**30) - (4 + 1) * per_slot) // (cfg.kv_bytes_per_token(4) * 16)
     with pytest.raises(ValueError, match="max_num_seqs 20 requests and 5 state_checkpoints"):
         _engine(path, num_kv_blocks=None, kv_cache_gib=0.0001, max_num_seqs=20)
+
+
+def test_a_parked_state_is_dropped_when_its_request_is_preempted_and_recomputed_from_a_checkpoint(hybrid, monkeypatch):
+    """A request committed while no slot was free, then preempted before a step gave it one (the newest decoding
+    request is the victim), is recomputed: from the checkpoint of its prompt where one is left, never from the state
+    it had parked (the state of its whole prompt, which once written at the checkpoint's position went on silently
+    wrong)."""
+    path, expected, _ = hybrid
+    prefill, decode = _engine(path, state_checkpoints=0), _engine(path, max_num_seqs=1, state_checkpoints=2)
+    monkeypatch.setattr(decode.reservations, "no_free_slot", lambda: None)
+    decode.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0.0))  # a checkpoint after 144 tokens
+    first = _prefill(prefill, "r", PROMPT)
+    grant = decode.reserve("r", PROMPT, GREEDY, 30.0)
+    new = list(grant.block_ids)[grant.num_cached_blocks:]
+    decode.receive_blocks("r", new)
+    source = prefill.transferable_block_ids(prefill.held["r"])[grant.num_cached_blocks:]
+    write_blocks(decode.runner.kv_cache, new, read_blocks(prefill.runner.kv_cache, source))
+    decode.receive_state("r", 0, len(first.recurrent_state), first.recurrent_state)
+    prefill.end_prefill("r")
+    decode.add_request(token_ids=OTHER, sampling=GREEDY, request_id="local")
+    decode.step()  # "local" holds the one slot
+    request = decode.commit("r", first.token_id)
+    assert request.pending_state is not None
+    decode.scheduler._preempt(request, StepBatch())  # as _grow preempts the newest decoding request
+    assert request.pending_state is None
+    want = torch.frombuffer(bytearray(_prefill(prefill, "x", [*PROMPT, first.token_id]).recurrent_state),
+                            dtype=torch.float32)
+    tokens = [first.token_id]
+    while decode.has_unfinished():
+        for out in decode.step():
+            tokens += out.new_token_ids if out.request_id == "r" else []
+        if request.num_computed_tokens == len(PROMPT) + 1 and "r" in decode.state_slots:
+            got = torch.frombuffer(bytearray(decode.recurrent_states.read(decode.state_slots.slot_of("r"))),
+                                   dtype=torch.float32)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert decode.state_checkpoints.hits_total == 1  # resumed at 144
+    assert_matches("qwen3_5/parked-preempted", expected, tokens)
+    prefill.end_prefill("x")
+    _all_free(decode)

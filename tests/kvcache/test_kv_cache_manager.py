@@ -226,3 +226,24 @@ def test_usage_and_caching_disabled() -> None:
     kv.free("a")
     assert kv.usage == 0.0 and len(kv.pool.index) == 0
     kv.check_integrity()
+
+
+def test_a_block_computed_again_keeps_the_cached_one_and_refreshes_it() -> None:
+    """A request that computes blocks the index already holds (a hybrid model's, past its state checkpoints) leaves
+    the cached ones indexed and moves them to the free queue's tail, leading block last: they are in use again."""
+    kv = manager(num_blocks=12)
+    shared, other = list(range(8)), list(range(100, 108))
+    run_prefill(kv, "a", shared)
+    kv.free("a")
+    run_prefill(kv, "b", other)
+    kv.free("b")
+    originals = [b.block_id for b in kv.pool.free_queue.blocks() if b.block_hash is not None][-4:-2]
+    assert originals == list(kv.match_prefix([*shared, 0]).block_ids[::-1])  # "a"'s, older than "b"'s
+    assert kv.allocate("c", len(shared), PrefixMatch()) is not None  # no hit used: computed again
+    kv.cache_computed("c", shared, len(shared))
+    kv.check_integrity()
+    assert kv.match_prefix([*shared, 0]).block_ids == tuple(reversed(originals))  # still "a"'s blocks
+    cached_order = [b.block_id for b in kv.pool.free_queue.blocks() if b.block_hash is not None]
+    assert cached_order[-2:] == originals  # now the last evicted: the deepest, then the leading one
+    kv.free("c")
+    kv.check_integrity()

@@ -181,15 +181,17 @@ class DecoderModel(ExpertLoading):
         return layer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                ) -> torch.Tensor:
+                attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                states: RecurrentStates | None = None) -> torch.Tensor:
         """Run one step over the concatenated new tokens of a batch (attention already planned).
 
         ``paths``: the path of each row through the projections that have a 4-bit form (the deterministic
         mode; None: by the step's row count). The experts of a sparse layer and the LM head ignore it.
+        ``states``: a hybrid model's recurrent states (:meth:`final_hidden`).
         Returns float32 logits ``[len(logits_indices), vocab]`` for the token positions that sample.
         """
-        return self.logits(self.final_hidden(input_ids, positions, kv_caches, attention, logits_indices, paths))
+        return self.logits(self.final_hidden(input_ids, positions, kv_caches, attention, logits_indices, paths,
+                                             states))
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The float32 logits ``[n, vocab]`` of final hidden rows ``[n, hidden]`` (:meth:`final_hidden`); a

@@ -27,6 +27,7 @@ from services.engine.model.decoder import DecoderModel, LayerWeights, attention_
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
 
 
 @dataclass
@@ -85,8 +86,8 @@ class GemmaDecoderModel(DecoderModel):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                     ) -> torch.Tensor:
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract, computed as Gemma 2 and 3 do (see the module)."""
         cfg, eps = self.config, self.config.rms_norm_eps
         assert cfg.gemma is not None

@@ -17,6 +17,7 @@ from services.engine.model.decoder import DecoderModel, LayerWeights, attention_
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
+    from services.engine.recurrent_states import RecurrentStates
 
 
 class Olmo2DecoderModel(DecoderModel):
@@ -45,8 +46,8 @@ class Olmo2DecoderModel(DecoderModel):
         )
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None
-                     ) -> torch.Tensor:
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract, in OLMo 2's layer."""
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
