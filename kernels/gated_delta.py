@@ -44,10 +44,11 @@ def split_single(query_lens: Sequence[int]) -> tuple[list[int], list[int]]:
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, slots: Sequence[int],
                   query_lens: Sequence[int], fresh: Sequence[bool], bias: torch.Tensor | None = None,
-                  saves: Sequence[Save] = ()) -> torch.Tensor:
-    """SiLU of each sequence's depthwise causal convolution: ``x [T, C]``, ``weight [C, K]`` (and ``bias [C]``),
-    ``states [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in place; ``saves`` copy
-    them as they stood after a row). Returns ``[T, C]``."""
+                  saves: Sequence[Save] = (), silu: bool = True) -> torch.Tensor:
+    """SiLU (unless not ``silu``) of each sequence's depthwise causal convolution: ``x [T, C]``, ``weight [C, K]``
+    (and ``bias [C]``), ``states [slots, C, K-1]`` (a sequence's last ``K-1`` inputs before these rows, updated in
+    place; ``saves`` copy them as they stood after a row). Returns ``[T, C]``."""
+    act = F.silu if silu else _identity
     out = torch.empty_like(x)
     width = weight.shape[1] - 1
     starts = sequence_starts(query_lens)
@@ -56,7 +57,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, s
         rows = torch.tensor([starts[b] for b in single])
         with state_rows(states, [slots[b] for b in single], [fresh[b] for b in single]) as past:
             window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
-            out[rows] = F.silu(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
+            out[rows] = act(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
             past.copy_(window[..., 1:])
         _save_final(states, slots, single, saves)
     for b in longer:
@@ -64,7 +65,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, s
         past = states[slots[b]].zero_() if fresh[b] else states[slots[b]]
         window = torch.cat([past, seq], dim=-1)  # [C, K-1+L]
         conv = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])[0]  # [C, L]
-        out[starts[b]:starts[b] + query_lens[b]] = F.silu(conv).t()
+        out[starts[b]:starts[b] + query_lens[b]] = act(conv).t()
         for save in saves_of(saves, b):  # the K-1 inputs before row `rows`
             states[save.into] = window[:, save.rows:save.rows + width]
         states[slots[b]] = window[:, -width:]
@@ -154,6 +155,10 @@ def sequence_starts(query_lens: Sequence[int]) -> list[int]:
         starts.append(total)
         total += n
     return starts
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.gated_delta import Save
-from services.engine.model.config import LinearAttention, Mamba2
+from services.engine.model.config import LinearAttention, Mamba2, ShortConv
 
 
 @dataclass(frozen=True)
@@ -31,18 +31,20 @@ class StatePlan:
 
 
 class RecurrentStates:
-    """Per recurrent layer: ``conv [rows, conv_dim, conv_kernel - 1]`` in the model's dtype and ``ssm [rows,
-    *spec.ssm_shape]`` in float32; the first ``checkpoints`` rows are the prefix cache's checkpoints, the ``capacity``
-    rows after them the requests' slots (slot ``s`` is row ``checkpoints + s``). A step may run while a commit writes
-    another slot: :meth:`grow` only between steps."""
+    """Per recurrent layer: ``conv [rows, conv_dim, conv_kernel - 1]`` in the model's dtype and (but for LFM2's short
+    convolutions) ``ssm [rows, *spec.ssm_shape]`` in float32; the first ``checkpoints`` rows are the prefix cache's
+    checkpoints, the ``capacity`` rows after them the requests' slots (slot ``s`` is row ``checkpoints + s``). A step
+    may run while a commit writes another slot: :meth:`grow` only between steps."""
 
-    def __init__(self, spec: LinearAttention | Mamba2, capacity: int, dtype: torch.dtype, device: torch.device,
+    def __init__(self, spec: LinearAttention | Mamba2 | ShortConv, capacity: int, dtype: torch.dtype,
+                 device: torch.device,
                  checkpoints: int = 0):
         self.spec, self.capacity, self.checkpoints = spec, capacity, checkpoints
         layers, rows = range(len(spec.layers)), checkpoints + capacity
         self.conv = [torch.zeros(rows, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
                      for _ in layers]
-        self.ssm = [torch.zeros(rows, *spec.ssm_shape, dtype=torch.float32, device=device) for _ in layers]
+        self.ssm = [] if spec.ssm_shape is None else \
+            [torch.zeros(rows, *spec.ssm_shape, dtype=torch.float32, device=device) for _ in layers]
         self.plan = StatePlan((), (), ())
 
     def grow(self, capacity: int) -> None:

@@ -1,8 +1,9 @@
 """A hybrid model's prefix cache (``state_checkpoints.py``), served by the mixed engine in float32 from tiny random
-checkpoints of both recurrent kinds (Qwen3.5's Gated DeltaNet, Granite 4.0-H's Mamba-2), against transformers' greedy
-tokens: a shared system prompt is served from a checkpoint from the third request on (saved mid-chunk or at a chunk's
-end), a prompt again from its own, a checkpoint evicted is recomputed, and a prefill node's handed-off state after a
-hit is the state a decode node goes on from. Nothing is left held after any of them."""
+checkpoints of each recurrent kind (Qwen3.5's Gated DeltaNet, Granite 4.0-H's Mamba-2, LFM2's short convolutions),
+against transformers' greedy tokens: a shared system prompt is served from a checkpoint from the third request on
+(saved mid-chunk or at a chunk's end), a prompt again from its own, a checkpoint evicted is recomputed, and a prefill
+node's handed-off state after a hit is the state a decode node goes on from. Nothing is left held after any of
+them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _engine(path, **overrides) -> LLMEngine:
     return LLMEngine.from_config(EngineConfig(**(settings | overrides)))
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "granite_hybrid"])
+@pytest.fixture(scope="module", params=["qwen3_5", "granite_hybrid", "lfm2"])
 def hybrid(request, family_dir):
     path = family_dir(request.param)
     return request.param, path, load_reference(path)

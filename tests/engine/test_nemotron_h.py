@@ -62,7 +62,7 @@ def test_the_weights_a_step_reads_are_its_matrices(family_dir):
     assert weight_bytes(cfg, 2) == 2 * (matrices - cfg.vocab_size * cfg.hidden_size)  # the table is gathered
 
 
-@pytest.mark.parametrize("name", ["nemotron_h", "granite_hybrid", "qwen3_5"])
+@pytest.mark.parametrize("name", ["nemotron_h", "granite_hybrid", "qwen3_5", "lfm2"])
 def test_a_hybrid_config_survives_the_weights_cache_round_trip(family_dir, name):
     """The weights cache keeps a model's config as JSON (``gguf_cache_config``): tuples and the recurrent specs
     come back as they were."""

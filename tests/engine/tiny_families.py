@@ -28,7 +28,7 @@ _GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], mamba_n_head
                        mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=64,
                        embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
                        logits_scaling=2.0, tie_word_embeddings=True)
-RANDOM_NORMS = {"nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5",
+RANDOM_NORMS = {"lfm2", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5",
                 "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe"}
@@ -176,6 +176,12 @@ FAMILIES: dict[str, dict] = {
     "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
                        head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
                        conv_kernel=4, time_step_min=0.001, tie_word_embeddings=False),
+    # LFM2: gated short convolutions (3 taps, their last 2 inputs a recurrent state, no KV) around a Qwen3-style
+    # attention layer; the MLP width derived as transformers does (two thirds of 128, rounded up to 32: 96); norms
+    # drawn at random
+    "lfm2": dict(model_type="lfm2", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5,
+                 block_multiple_of=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                 tie_word_embeddings=True),
     # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
     # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
     # by 1 + weight, initialised to 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from kernels.rope_scaling import RopeScaling
@@ -220,18 +221,44 @@ class Mamba2:
         return state_bytes(self, dtype_bytes)
 
 
-def state_bytes(spec: LinearAttention | Mamba2, dtype_bytes: int) -> int:
-    """One sequence's state over all of ``spec``'s layers: the conv rows in the serving dtype, the matrix in
-    float32."""
-    heads, rows, cols = spec.ssm_shape
-    return len(spec.layers) * (spec.conv_dim * (spec.conv_kernel - 1) * dtype_bytes + heads * rows * cols * 4)
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolutions (Liquid AI; :mod:`services.engine.model.lfm2_decoder`): ``layers`` mix tokens
+    through a depthwise causal convolution of ``conv_kernel`` taps over ``B · x`` (``conv_dim`` channels, the hidden
+    size), gated by ``C``. Per layer and sequence the state is the convolution's last ``conv_kernel - 1`` inputs;
+    there is no matrix state."""
+
+    layers: tuple[int, ...]
+    conv_dim: int
+    conv_kernel: int
+    conv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.conv_dim < 1:
+            raise ModelLoadError(f"config short conv channels must be >= 1, got {self.conv_dim}")
+        if self.conv_kernel < 2:
+            raise ModelLoadError(f"config short conv kernel must be >= 2, got {self.conv_kernel}")
+
+    @property
+    def ssm_shape(self) -> None:
+        return None
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        return state_bytes(self, dtype_bytes)
+
+
+def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) -> int:
+    """One sequence's state over all of ``spec``'s layers: the conv rows in the serving dtype, the matrix (where the
+    layers have one) in float32."""
+    matrix = 0 if spec.ssm_shape is None else math.prod(spec.ssm_shape) * 4
+    return len(spec.layers) * (spec.conv_dim * (spec.conv_kernel - 1) * dtype_bytes + matrix)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
     Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
-    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite 4.0 and
+    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite 4.0, LFM2 and
     Nemotron-H).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
@@ -283,6 +310,7 @@ class ModelConfig:
     # hybrid models: the layers whose token mixing is a recurrent state (no KV), and what it is
     linear_attention: LinearAttention | None = None
     mamba: Mamba2 | None = None
+    short_conv: ShortConv | None = None
     # Nemotron-H's blocks, one mixer each: "mamba", "attention" or "mlp" per layer (an MLP block mixes no tokens
     # and keeps no KV); empty: every layer is a token mixer followed by an MLP
     block_kinds: tuple[str, ...] = ()
@@ -352,9 +380,9 @@ class ModelConfig:
         return tuple(i for i, kind in enumerate(self.block_kinds) if kind == "mlp")
 
     @property
-    def recurrent(self) -> LinearAttention | Mamba2 | None:
+    def recurrent(self) -> LinearAttention | Mamba2 | ShortConv | None:
         """The layers that carry a per-sequence state instead of KV, and its shape (a hybrid model's)."""
-        return self.linear_attention or self.mamba
+        return self.linear_attention or self.mamba or self.short_conv
 
     @property
     def has_recurrent_state(self) -> bool:

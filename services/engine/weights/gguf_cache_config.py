@@ -22,6 +22,7 @@ from services.engine.model.config import (
     ModelConfig,
     MoEConfig,
     Multipliers,
+    ShortConv,
 )
 from services.engine.weights.digest import weights_digest
 
@@ -71,7 +72,7 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     if data.get("mla") is not None:
         data["mla"] = LatentAttention(**data["mla"])
     data["block_kinds"] = tuple(data.get("block_kinds") or ())
-    for key, spec in (("linear_attention", LinearAttention), ("mamba", Mamba2)):
+    for key, spec in (("linear_attention", LinearAttention), ("mamba", Mamba2), ("short_conv", ShortConv)):
         if data.get(key) is not None:
             data[key] = spec(**{**data[key], "layers": tuple(data[key]["layers"])})
     return ModelConfig(**data)
