@@ -27,11 +27,12 @@ def test_the_released_config_reads_as_transformers_builds_it():
     assert cfg.architecture == "lfm2" and cfg.num_layers == 16 and cfg.head_dim == 64
     assert cfg.kv_layers == (2, 5, 8, 10, 12, 14)
     assert cfg.short_conv.layers == (0, 1, 3, 4, 6, 7, 9, 11, 13, 15)
-    assert (cfg.short_conv.conv_dim, cfg.short_conv.conv_kernel, cfg.short_conv.conv_bias) == (2048, 3, False)
+    assert (cfg.short_conv.conv_dim, cfg.short_conv.conv_kernel) == (2048, 3)
     assert cfg.intermediate_size == 8192  # two thirds of block_ff_dim, rounded up to block_multiple_of
     assert cfg.qk_norm and not cfg.qk_norm_whole and cfg.tie_word_embeddings and cfg.rope_theta == 1e6
     assert cfg.rms_norm_eps == 1e-5 and cfg.eos_token_ids == (7,)
     assert cfg.short_conv.state_bytes(2) == 10 * 2048 * 2 * 2  # each conv layer's last 2 inputs, bf16
+    assert not config_from_hf(RELEASED | {"tie_embedding": False}).tie_word_embeddings  # the first releases' key
 
 
 def test_the_mlp_width_is_transformers_for_other_settings():
@@ -49,6 +50,7 @@ def test_the_mlp_width_is_transformers_for_other_settings():
     ({"full_attn_idxs": []}, "no attention layer"),
     ({"layer_types": ["conv", "mamba"] * 8}, "layer_types must list 16 of conv, full_attention"),
     ({"conv_L_cache": 1}, "short conv kernel must be >= 2"),
+    ({"conv_bias": True}, "conv_bias is not supported"),
 ])
 def test_what_it_cannot_serve_is_refused_by_name(change, message):
     with pytest.raises(ModelLoadError, match=message):
@@ -73,3 +75,17 @@ def test_the_deterministic_mode_is_refused_by_name(family_dir):
     with pytest.raises(ModelLoadError, match="lfm2 is not served in the deterministic mode"):
         LLMEngine.from_config(EngineConfig(model_path=str(family_dir("lfm2")), dtype="float32", num_kv_blocks=16,
                                            deterministic=True))
+
+
+def test_the_weights_a_step_reads_are_its_matrices(family_dir):
+    """The bandwidth floor's count (``random_llama.weight_bytes``): a convolution layer's in and out projections, an
+    attention layer's, every MLP."""
+    from services.engine.random_llama import weight_bytes
+    from services.engine.weights.model_config_reader import read_hf_config
+    from tests.engine.tiny_families import load_reference
+
+    path = family_dir("lfm2")
+    model = load_reference(path)
+    cfg = config_from_hf(read_hf_config(path))
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # the conv's weight is 3-D: not counted
+    assert weight_bytes(cfg, 2) == 2 * matrices  # the tied table, counted once as the head

@@ -231,7 +231,6 @@ class ShortConv:
     layers: tuple[int, ...]
     conv_dim: int
     conv_kernel: int
-    conv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.conv_dim < 1:

@@ -40,12 +40,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if len(kinds) != fields["num_layers"] or set(kinds) - set(LAYER_KINDS):
         raise ModelLoadError(f"{ARCHITECTURE}: layer_types must list {fields['num_layers']} of "
                              f"{', '.join(LAYER_KINDS)}, got {kinds}")
+    if full.get("conv_bias"):
+        raise ModelLoadError(f"{ARCHITECTURE}: conv_bias is not supported (no release has it)")
     if "full_attention" not in kinds:
         raise ModelLoadError(f"{ARCHITECTURE}: layer_types has no attention layer (a convolution-only model is not "
                              "served)")
     conv = ShortConv(layers=tuple(i for i, kind in enumerate(kinds) if kind == "conv"),
-                     conv_dim=fields["hidden_size"], conv_kernel=int(full["conv_L_cache"]),
-                     conv_bias=bool(full.get("conv_bias")))
+                     conv_dim=fields["hidden_size"], conv_kernel=int(full["conv_L_cache"]))
     return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None)
 
 

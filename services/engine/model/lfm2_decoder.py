@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 class ShortConvWeights:
     in_proj: LinearWeight  # [3 * hidden, hidden]: B, C, x rows
     conv: torch.Tensor  # [hidden, conv_kernel]
-    conv_bias: torch.Tensor | None  # [hidden]
     out_proj: LinearWeight
 
 
@@ -61,10 +60,9 @@ class Lfm2DecoderModel(DecoderModel):
             return Lfm2LayerWeights(**{name: getattr(base, name) for name in base.__dataclass_fields__})
         take, hidden, c = self._source.take, self.config.hidden_size, f"model.layers.{i}.conv."
         conv = ShortConvWeights(
-            in_proj=self._projection([(c + "in_proj.weight", (3 * hidden, hidden))], bias=spec.conv_bias),
+            in_proj=self._projection([(c + "in_proj.weight", (3 * hidden, hidden))]),
             conv=take(c + "conv.weight", (hidden, 1, spec.conv_kernel))[:, 0],
-            conv_bias=take(c + "conv.bias", (hidden,)) if spec.conv_bias else None,
-            out_proj=self._projection([(c + "out_proj.weight", (hidden, hidden))], bias=spec.conv_bias),
+            out_proj=self._projection([(c + "out_proj.weight", (hidden, hidden))]),
         )
         p = f"model.layers.{i}."
         layer = Lfm2LayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=conv.in_proj,
@@ -96,5 +94,5 @@ class Lfm2DecoderModel(DecoderModel):
         n, plan = spec.layers.index(i), states.plan
         b, c, xs = linear(x, net.in_proj, paths).chunk(3, dim=-1)
         mixed = causal_conv1d(b * xs, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
-                              net.conv_bias, plan.saves, silu=False)
+                              saves=plan.saves, silu=False)
         return linear(c * mixed, net.out_proj, paths)
