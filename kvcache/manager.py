@@ -185,32 +185,29 @@ class KVCacheManager:
             raise BlockTableError(f"{request_id}: computed {num_full} full blocks but holds fewer")
         if not self.enable_prefix_caching:
             return
-        parent = table.block_hashes[-1] if table.block_hashes else None
-        for i in range(len(table.block_hashes), num_full):
-            block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent = hash_block(parent, block_tokens, self.fingerprint)
-            table.block_hashes.append(parent)
-        computed_again = []  # blocks another block already holds: that one is refreshed, its leading blocks last
+        table.block_hashes.extend(self._chained(table.block_hashes, token_ids, num_full))
+        computed_again = []  # keys another block already holds: that one is refreshed, its leading blocks last
         for i in range(table.num_cached_blocks, num_full):
             if not self.pool.cache_block(self.pool.blocks[table.block_ids[i]], table.block_hashes[i]):
                 computed_again.append(self.pool.get_cached_block(table.block_hashes[i]))
         self.pool.refresh(reversed([b for b in computed_again if b is not None]))
         table.num_cached_blocks = max(table.num_cached_blocks, num_full)
 
+    def _chained(self, known: Sequence[BlockHash], token_ids: Sequence[int], end: int) -> list[BlockHash]:
+        """The keys of blocks ``len(known) .. end`` of ``token_ids``, chained on from ``known``."""
+        keys, parent = [], known[-1] if known else None
+        for i in range(len(known), end):
+            parent = hash_block(parent, token_ids[i * self.block_size : (i + 1) * self.block_size], self.fingerprint)
+            keys.append(parent)
+        return keys
+
     def prefix_key(self, request_id: str, token_ids: Sequence[int], num_tokens: int) -> BlockHash:
         """The chained key of the block that ends at ``num_tokens`` (a multiple of the block size) of ``token_ids``,
         the request's whole sequence, chained on from the keys its table holds (they need not be published)."""
         if num_tokens <= 0 or num_tokens % self.block_size or num_tokens > len(token_ids):
             raise BlockTableError(f"{request_id}: no full block ends at token {num_tokens} of {len(token_ids)}")
-        known = self._table(request_id).block_hashes
-        end = num_tokens // self.block_size
-        if end <= len(known):
-            return known[end - 1]
-        parent = known[-1] if known else None
-        for i in range(len(known), end):
-            parent = hash_block(parent, token_ids[i * self.block_size : (i + 1) * self.block_size], self.fingerprint)
-        assert parent is not None
-        return parent
+        known, end = self._table(request_id).block_hashes, num_tokens // self.block_size
+        return known[end - 1] if end <= len(known) else self._chained(known, token_ids, end)[-1]
 
     def free(self, request_id: str) -> None:
         """Release every block of the request; its cached blocks stay findable, deepest evicted first."""

@@ -11,9 +11,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import structlog
 import torch
 
+from kernels.gated_delta import Save
 from kernels.int4_linear import int4_supported
 from kernels.signature import deterministic_kernels
 from kvcache.hashing import model_fingerprint
@@ -49,6 +49,7 @@ from services.engine.state_checkpoints import StateCheckpoints
 from services.engine.state_slots import StateSlots
 from services.engine.stats import EngineStats
 from services.engine.step_batch import SchedulerConfig, StepBatch
+from services.engine.step_states import StepStates
 from services.engine.structured.compiler import StructuredCompiler
 from services.engine.structured.masking import GrammarMasker
 from services.engine.structured.matcher import check_tokens
@@ -57,8 +58,6 @@ from services.engine.tokenizer import ChatMessage, Tokenizer
 from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
-
-log = structlog.get_logger(__name__)
 
 
 def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) -> int:
@@ -81,7 +80,7 @@ class PlannedStep:
     batch: StepBatch
     tables: dict[str, list[int]]
     state_slots: dict[str, int] | None = None  # a hybrid model's: each scheduled request's recurrent-state slot
-    state_saves: tuple[tuple[int, int, int], ...] = ()  # and its checkpoints written: (sequence, rows, checkpoint)
+    state_saves: tuple[Save, ...] = ()  # and the state checkpoints the step writes
 
 
 class LLMEngine(PrefillRole, DecodeRole):
@@ -132,6 +131,9 @@ class LLMEngine(PrefillRole, DecodeRole):
                             prompt_blocks_only=config.deterministic), self.kv,
             admission=make_policy(config.admission), offloader=self.offload, checkpoints=self.state_checkpoints,
         )
+        states = self.runner.states
+        self.step_states = StepStates(states, self.state_slots, self.state_checkpoints, self.kv, self.scheduler) \
+            if states is not None and self.state_slots is not None and self.state_checkpoints is not None else None
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else cfg.eos_token_ids
         self.structured = StructuredCompiler(tokenizer, cfg.vocab_size) if tokenizer is not None else None
         self.grammar_masks = GrammarMasker(self.structured, cfg.vocab_size)
@@ -319,75 +321,14 @@ class LLMEngine(PrefillRole, DecodeRole):
             return None
         tables = {s.request.request_id: self.kv.block_ids(s.request.request_id) for s in batch.scheduled}
         self._in_flight = batch.request_ids
-        slots = self._plan_state_slots(batch)
-        return PlannedStep(batch, tables, slots, self._plan_state_saves(batch))
-
-    def _plan_state_slots(self, batch: StepBatch) -> dict[str, int] | None:
-        """A hybrid model's: free the slots of requests that stopped running, then the scheduled requests' slots
-        (growing the states, which no step reads now, when more requests run than it holds), with the states parked
-        on requests committed while none was free. A request given a new slot starts at its first token, brings its
-        parked state, or starts from the state checkpoint of its prefix hit."""
-        if self.state_slots is None:
-            return None
-        states = self.recurrent_states
-        assert states is not None
-        self._sweep_state_slots()
-        slots: dict[str, int] = {}
-        for item in batch.scheduled:
-            request, new = item.request, item.request.request_id not in self.state_slots
-            slot = slots[request.request_id] = self.state_slots.assign(request.request_id)
-            if slot >= states.capacity:  # a few slots at a time, outside the kv_cache_gib budget
-                states.grow(max(slot + 1, states.capacity + max(1, states.capacity // 16)))
-                log.warning("more requests run than max_num_seqs: recurrent states grown", slots=states.capacity)
-            pending, request.pending_state = request.pending_state, None
-            if pending is not None and item.start > 0:
-                states.write(slot, pending)
-            elif new and item.start > 0:
-                states.restore(self._checkpoint_at(request, item.start), slot)
-        return slots
-
-    def _checkpoint_at(self, request: Request, start: int) -> int:
-        """The state checkpoint of ``request``'s first ``start`` tokens, which its prefix hit found (the scheduler
-        admitted it in this step, before any checkpoint was saved or evicted)."""
-        key = self.kv.block_hashes(request.request_id)[start // self.kv.block_size - 1] \
-            if start % self.kv.block_size == 0 and self.state_checkpoints is not None else None
-        checkpoint = self.state_checkpoints.lookup(key) if key is not None else None
-        if checkpoint is None:
-            raise RuntimeError(f"{request.request_id} would resume at token {start} without its recurrent state")
-        return checkpoint
-
-    def _plan_state_saves(self, batch: StepBatch) -> tuple[tuple[int, int, int], ...]:
-        """The state checkpoints this step writes, as ``(sequence, rows, checkpoint)``: each scheduled request's
-        positions (``Request.state_saves``) among its new tokens, but those already saved, and those for which every
-        checkpoint is taken by this step's other saves (planned after every restore of this step, so that a
-        checkpoint evicted here has been read)."""
-        if self.state_checkpoints is None:
-            return ()
-        saves = []
-        for seq, item in enumerate(batch.scheduled):
-            request, end = item.request, item.start + item.num_new_tokens
-            for position in request.state_saves:
-                if item.start < position <= end:
-                    key = self.kv.prefix_key(request.request_id, request.token_ids, position)
-                    checkpoint = self.state_checkpoints.reserve(key, busy={into for _, _, into in saves})
-                    if checkpoint is not None:
-                        saves.append((seq, position - item.start, checkpoint))
-        return tuple(saves)
+        if self.step_states is None:
+            return PlannedStep(batch, tables)
+        return PlannedStep(batch, tables, *self.step_states.plan(batch))
 
     def _sweep_state_slots(self) -> None:
-        """Free the state slots of requests no longer running (so that the slots in use never outnumber the
-        running requests)."""
-        if self.state_slots is not None:
-            running = {r.request_id for r in self.scheduler.running}
-            self.state_slots.sweep(running.__contains__)
-
-    def _handed_off_state(self, request: Request) -> bytes | None:
-        """The recurrent state of a hybrid model's prefill-only request handed off in this step (its decode node
-        goes on from it), read before its slot is freed."""
-        if self.state_slots is None or request.status is not RequestStatus.FINISHED_HANDED_OFF or request.embed:
-            return None
-        assert self.recurrent_states is not None
-        return self.recurrent_states.read(self.state_slots.slot_of(request.request_id))
+        """Free the state slots of requests no longer running (a hybrid model's; ``step_states.py``)."""
+        if self.step_states is not None:
+            self.step_states.sweep()
 
     def execute_step(self, planned: PlannedStep) -> StepSamples:
         """Copy preempted KV out and resumed KV in, then run the model for a planned batch. Reads no
@@ -410,7 +351,8 @@ class LLMEngine(PrefillRole, DecodeRole):
         advanced = self.scheduler.update(planned.batch, sampled.tokens)
         self._in_flight = set()
         outputs = [self._output(r, sampled.logprobs.get(r.request_id), sampled.embeddings.get(r.request_id),
-                                self._handed_off_state(r)) for r in advanced]
+                                self.step_states.handed_off(r) if self.step_states is not None else None)
+                   for r in advanced]
         self._sweep_state_slots()
         deferred, self._deferred_aborts = self._deferred_aborts | set(sampled.grammar_errors), set()
         for request_id in deferred:
@@ -487,12 +429,8 @@ class LLMEngine(PrefillRole, DecodeRole):
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
-        if self.state_slots is not None:
-            running = {r.request_id for r in self.scheduler.running}
-            stray = sorted(self.state_slots.holders() - running)
-            assert not stray, f"requests that do not run hold state slots: {stray}"
-        if self.state_checkpoints is not None:
-            self.state_checkpoints.check_integrity()
+        if self.step_states is not None:
+            self.step_states.check_integrity()
 
     # ---- status -------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -11,6 +11,7 @@ import torch
 from kernels.attention.base import AttentionBackend
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+from kernels.gated_delta import Save
 from kernels.linear import RowPaths
 from services.engine.decode_graphs import GraphOptions, build_decode_graphs
 from services.engine.logprob_compute import token_logprobs
@@ -78,9 +79,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: StepBatch, block_tables: dict[str, list[int]],
                 state_slots: dict[str, int] | None = None,
-                state_saves: Sequence[tuple[int, int, int]] = ()) -> StepSamples:
+                state_saves: Sequence[Save] = ()) -> StepSamples:
         """Run one step. ``state_slots``: each scheduled request's state slot (a hybrid model's); ``state_saves``: the
-        state checkpoints the step writes, ``(sequence, rows, checkpoint)``."""
+        state checkpoints the step writes."""
         if self.states is not None:
             assert state_slots is not None, "a hybrid model's step needs its requests' state slots"
             self.states.set_plan([state_slots[s.request.request_id] for s in batch.scheduled],

@@ -37,8 +37,7 @@ class RecurrentStates:
     may run while a commit writes another slot: :meth:`grow` only between steps."""
 
     def __init__(self, spec: LinearAttention | Mamba2 | ShortConv, capacity: int, dtype: torch.dtype,
-                 device: torch.device,
-                 checkpoints: int = 0):
+                 device: torch.device, checkpoints: int = 0):
         self.spec, self.capacity, self.checkpoints = spec, capacity, checkpoints
         layers, rows = range(len(spec.layers)), checkpoints + capacity
         self.conv = [torch.zeros(rows, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
@@ -61,11 +60,10 @@ class RecurrentStates:
         self.capacity = capacity
 
     def set_plan(self, slots: Sequence[int], query_lens: Sequence[int], fresh: Sequence[bool],
-                 saves: Sequence[tuple[int, int, int]] = ()) -> None:
-        """The next step's sequences (see :class:`StatePlan`): their slots, and ``saves`` as ``(sequence, rows,
-        checkpoint)``."""
-        self.plan = StatePlan(tuple(self.checkpoints + s for s in slots), tuple(query_lens), tuple(fresh),
-                              tuple(Save(seq, rows, checkpoint) for seq, rows, checkpoint in saves))
+                 saves: Sequence[Save] = ()) -> None:
+        """The next step's sequences (see :class:`StatePlan`): their slots, and the checkpoints written (a save's
+        ``into`` is a checkpoint's row)."""
+        self.plan = StatePlan(tuple(self.checkpoints + s for s in slots), tuple(query_lens), tuple(fresh), tuple(saves))
 
     def restore(self, checkpoint: int, slot: int) -> None:
         """Slot ``slot`` starts from checkpoint ``checkpoint``'s state (a prefix-cache hit)."""
