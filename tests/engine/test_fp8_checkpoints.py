@@ -1,8 +1,9 @@
-"""Block-scaled FP8 checkpoints (DeepSeek-V3's, Qwen3-FP8's, MiniMax-M2's format): a tiny family's linear weights
-written as float8 e4m3 with a float32 scale per 16x16 block load as the bf16 weights transformers' own FP8 loader
-dequantises (``FineGrainedFP8Config(dequantize=True)``), bit for bit, and the engine serves transformers' greedy
-tokens from them; a block cut by the matrix's edge takes its block's scale; E8M0 scales; what is not served is
-refused by name."""
+"""FP8 checkpoints: block-scaled (DeepSeek-V3's, Qwen3-FP8's, MiniMax-M2's format: a float32 scale per 16x16 block
+here) and per-tensor with static activation scales (Ministral 3's and Devstral 2's). A tiny family's linear weights
+written as float8 e4m3 load as the bf16 weights transformers' own FP8 loader dequantises
+(``FineGrainedFP8Config(dequantize=True)``), bit for bit, and the engine serves transformers' greedy tokens from
+them; a block cut by the matrix's edge takes its block's scale; E8M0 scales; what is not served is refused by
+name."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.registry import tensor_renamer
 from services.engine.sampling_params import SamplingParams
 from services.engine.weights import load_weights
-from services.engine.weights.fp8_blocks import dequantize_fp8_blocks, dequantize_weight, fp8_block_size
+from services.engine.weights.fp8_blocks import Fp8Scheme, dequantize_fp8, dequantize_weight, fp8_scheme
 from tests.engine.test_model_families import NEW_TOKENS, _prompts, assert_matches
 from tests.engine.tiny_families import greedy_full_forward
 
 BLOCK = 16
 _PROJECTIONS = ("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")  # Mixtral's and MiniMax's expert names
 QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
+PER_TENSOR = {"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": None, "dequantize": False}
+PER_TENSOR_FAMILIES = {"mistral3-text"}
 
 
 def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,9 +39,16 @@ def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (blocks / scale[:, None, :, None]).view(rows, cols).to(torch.float8_e4m3fn), scale
 
 
-def _fp8_copy(source, target):
-    """``target``: ``source``'s checkpoint with every projection of its layers in FP8 blocks (as the released FP8
-    files: embeddings, norms, routers and the head stay as they were)."""
+def _quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes and the one float32 scale (a 0-d tensor) of a weight."""
+    scale = weight.float().abs().amax() / 448.0
+    return (weight.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+def _fp8_copy(source, target, per_tensor: bool = False):
+    """``target``: ``source``'s checkpoint with every projection of its layers in FP8 blocks, or per tensor with a
+    static activation scale each (as the released FP8 files: embeddings, norms, routers and the head stay as they
+    were)."""
     shutil.copytree(source, target)
     tensors = {}
     for file in sorted(target.glob("*.safetensors")):
@@ -47,21 +57,26 @@ def _fp8_copy(source, target):
     (target / "model.safetensors.index.json").unlink(missing_ok=True)
     stored = {}
     for name, tensor in tensors.items():
-        if name.startswith("model.layers.") and name.endswith(_PROJECTIONS) and tensor.dim() == 2:
+        if name.startswith("model.layers.") and name.endswith(_PROJECTIONS) and tensor.dim() == 2 and per_tensor:
+            stored[name], stored[name + "_scale_inv"] = _quantize_per_tensor(tensor)
+            stored[name.removesuffix(".weight") + ".activation_scale"] = torch.tensor(0.05)
+        elif name.startswith("model.layers.") and name.endswith(_PROJECTIONS) and tensor.dim() == 2:
             stored[name], stored[name + "_scale_inv"] = _quantize(tensor)
         else:
             stored[name] = tensor
     save_file(stored, str(target / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((target / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps(config | {"quantization_config": QUANTIZATION}))
+    quantization = PER_TENSOR if per_tensor else QUANTIZATION
+    (target / "config.json").write_text(json.dumps(config | {"quantization_config": quantization}))
     return target
 
 
-@pytest.fixture(scope="module", params=["qwen3", "deepseek-v3", "minimax_m2"])
+@pytest.fixture(scope="module", params=["qwen3", "deepseek-v3", "minimax_m2", "mistral3-text"])
 def fp8(request, family_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
-    path = _fp8_copy(family_dir(request.param), tmp_path_factory.mktemp("fp8") / request.param)
+    path = _fp8_copy(family_dir(request.param), tmp_path_factory.mktemp("fp8") / request.param,
+                     per_tensor=request.param in PER_TENSOR_FAMILIES)
     reference = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16,
                                                      quantization_config=FineGrainedFP8Config(dequantize=True))
     return request.param, path, reference.eval()
@@ -71,7 +86,7 @@ def test_the_weights_are_transformers_dequantised_ones_bit_for_bit(fp8):
     name, path, reference = fp8
     loaded = load_weights(path)
     quantized = [n for n in load_file(str(path / "model.safetensors")) if n.endswith("_scale_inv")]
-    assert quantized and not any(n.endswith("_scale_inv") for n in loaded.tensors)
+    assert quantized and not any(n.endswith(("_scale_inv", "activation_scale")) for n in loaded.tensors)
     hf, rename = reference.state_dict(), tensor_renamer(loaded.config)
     for scale_name in quantized:
         weight = rename(scale_name.removesuffix("_scale_inv"))  # the shared decoder's name
@@ -116,22 +131,26 @@ def test_a_block_cut_by_the_edge_takes_its_block_s_scale_and_e8m0_scales_are_pow
 
 
 @pytest.mark.parametrize(("quantization", "named"), [
-    (QUANTIZATION | {"activation_scheme": "static"}, "activation_scheme 'static'"),
+    (QUANTIZATION | {"activation_scheme": "per-channel"}, "activation_scheme 'per-channel'"),
     (QUANTIZATION | {"fmt": "e5m2"}, "fmt 'e5m2'"),
-    ({k: v for k, v in QUANTIZATION.items() if k != "weight_block_size"}, "per-tensor FP8"),
+    (QUANTIZATION | {"weight_block_size": [128]}, r"weight_block_size of \[128\]"),
     ({"quant_method": "compressed-tensors"}, "quantization 'compressed-tensors' is not supported"),
     ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported"),
 ])
 def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quantization, named):
     with pytest.raises(ModelLoadError, match=named):
-        fp8_block_size({"quantization_config": quantization})
-    assert fp8_block_size({"quantization_config": {"quant_method": "mxfp4"}}) is None  # GPT-OSS reads its own
+        fp8_scheme({"quantization_config": quantization})
+    assert fp8_scheme({"quantization_config": {"quant_method": "mxfp4"}}) is None  # GPT-OSS reads its own
     # MiniMax-M2's own spelling of the format, with the modules it leaves unquantized
     minimax = {"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
                "weight_block_size": [128, 128],
                "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}
-    assert fp8_block_size({"quantization_config": minimax}) == (128, 128)
-    assert fp8_block_size({}) is None
+    assert fp8_scheme({"quantization_config": minimax}) == Fp8Scheme((128, 128))
+    assert fp8_scheme({}) is None
+    # Devstral 2's: one scale per tensor, static activation scales
+    devstral = {"activation_scheme": "static", "dequantize": False, "quant_method": "fp8", "weight_block_size": None,
+                "modules_to_not_convert": ["model.vision_tower", "model.multi_modal_projector", "lm_head"]}
+    assert fp8_scheme({"quantization_config": devstral}) == Fp8Scheme(None)
 
 
 @pytest.mark.parametrize(("tensors", "named"), [
@@ -145,4 +164,13 @@ def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quan
 ])
 def test_a_weight_and_scale_that_do_not_pair_are_refused_by_name(tensors, named):
     with pytest.raises(ModelLoadError, match=named):
-        dequantize_fp8_blocks(dict(tensors), (16, 16))
+        dequantize_fp8(dict(tensors), Fp8Scheme((16, 16)))
+
+
+def test_per_tensor_scales_multiply_the_whole_weight_and_a_wider_scale_is_refused_by_name():
+    weight = (torch.randn(8, 12, generator=torch.Generator().manual_seed(3)) * 8).to(torch.float8_e4m3fn)
+    tensors = {"a.weight": weight, "a.weight_scale_inv": torch.tensor([0.25]), "a.activation_scale": torch.tensor(2.0)}
+    dequantize_fp8(tensors, Fp8Scheme(None))
+    assert list(tensors) == ["a.weight"] and torch.equal(tensors["a.weight"], (weight.float() * 0.25).bfloat16())
+    with pytest.raises(ModelLoadError, match=r"'a.weight' is \(8,\); a checkpoint without weight_block_size has one"):
+        dequantize_fp8({"a.weight": weight, "a.weight_scale_inv": torch.ones(8)}, Fp8Scheme(None))

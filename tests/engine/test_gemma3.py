@@ -12,7 +12,7 @@ from services.engine.config import EngineConfig
 from services.engine.decode_graphs import graph_support
 from services.engine.engine import LLMEngine
 from services.engine.errors import ModelLoadError
-from services.engine.model.gemma3 import text_tensor_name
+from services.engine.model.multimodal_text import text_tensor_name
 from services.engine.model.registry import config_from_hf
 from services.engine.weights import load_weights
 

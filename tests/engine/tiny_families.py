@@ -4,6 +4,7 @@ fixed seed, ``save_pretrained``) beside the bundled model's real tokenizer, and 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,12 @@ _GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], mamba_n_head
                        mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=64,
                        embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
                        logits_scaling=2.0, tie_word_embeddings=True)
+# Ministral 3: yarn as Mistral sets it, and the attention temperature past the yarn's original context (64 here: the
+# test prompts reach 300 tokens, four periods on)
+_MINISTRAL3_TEXT = dict(model_type="ministral3", head_dim=16, tie_word_embeddings=False, sliding_window=None,
+                        rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                                         "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
 RANDOM_NORMS = {"lfm2", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5",
                 "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
@@ -195,6 +202,13 @@ FAMILIES: dict[str, dict] = {
                        norm_topk_prob=True),
     # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
     # softcap: as in Google's files; transformers' multimodal class would not apply one)
+    # Ministral 3: Mistral3ForConditionalGeneration around a ministral3 text model, under language_model.* (tied as
+    # the text model says: transformers ties by the top level's flag, which the released files leave untied)
+    "mistral3": dict(model_type="mistral3", text_config=_MINISTRAL3_TEXT, tie_word_embeddings=False,
+                                vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
+    # Devstral 2: the ministral3 text model on its own
+    "mistral3-text": dict(_MINISTRAL3_TEXT),
     "gemma3-multimodal": dict(model_type="gemma3", text_config=_GEMMA3_TEXT | {"final_logit_softcapping": None},
                               mm_tokens_per_image=4,
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -202,9 +216,19 @@ FAMILIES: dict[str, dict] = {
 }
 
 
+# the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
+_AUTO_CLASSES = {"mistral3": "AutoModelForImageTextToText"}
+
+
+def _auto_class(model_type: str):
+    import transformers
+
+    return getattr(transformers, _AUTO_CLASSES.get(model_type, "AutoModelForCausalLM"))
+
+
 def build_family(name: str, root: Path, tokenizer_hf) -> Path:
     """``root/name``: config.json, sharded safetensors with their index, generation_config.json, tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     spec = dict(FAMILIES[name])
     model_type = spec.pop("model_type")
@@ -215,7 +239,7 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
     else:
         config = AutoConfig.for_model(model_type, **ids, **(SHAPE | spec))
     torch.manual_seed(1234)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = _auto_class(model_type).from_config(config, dtype=torch.float32)
     if name in RANDOM_NORMS:
         with torch.no_grad():
             for param_name, param in model.named_parameters():
@@ -239,9 +263,8 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
 
 
 def load_reference(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model_type = json.loads((path / "config.json").read_text())["model_type"]
+    return _auto_class(model_type).from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 @dataclass(frozen=True)

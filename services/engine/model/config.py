@@ -256,8 +256,8 @@ def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) ->
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5, OLMo 2,
-    DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite 4.0, LFM2 and
+    Mistral, Mistral 3, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5,
+    OLMo 2, DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite 4.0, LFM2 and
     Nemotron-H).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
@@ -316,6 +316,11 @@ class ModelConfig:
     # the attention's output is multiplied by the sigmoid of a gate the q projection also gives (Qwen3.5's and
     # Qwen3-Next's full-attention layers: each head's q rows, then its gate rows)
     attn_output_gate: bool = False
+    # Ministral 3's (and Llama 4's) attention temperature: after rope, the queries at position p are multiplied by
+    # ``1 + beta * log(1 + floor(p / period))`` (``llama_4_scaling_beta``; the period is the yarn's original
+    # context), which is 1 within the first period; beta 0: none
+    query_temperature_beta: float = 0.0
+    query_temperature_period: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -335,6 +340,9 @@ class ModelConfig:
             raise ModelLoadError(f"a sliding window must be >= 1, got {self.layer_windows}")
         if any(not 0 <= layer < self.num_layers for layer in self.nope_layers):
             raise ModelLoadError(f"NoPE layers {self.nope_layers} outside the {self.num_layers} layers")
+        if self.query_temperature_beta and self.query_temperature_period < 1:
+            raise ModelLoadError(f"a query temperature (beta {self.query_temperature_beta}) needs a period >= 1, got "
+                                 f"{self.query_temperature_period}")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
         if self.linear_attention is not None and self.mamba is not None:

@@ -214,9 +214,10 @@ class DecoderModel(ExpertLoading):
             hidden = hidden * scalars.embedding
         residual = 1.0 if scalars is None else scalars.residual
         rope = ops.rope.prepare(positions)
+        query_scale = query_temperature(cfg, positions, hidden.dtype)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, hidden = ops.add_rms_norm(delta, hidden, layer.input_norm, eps)
-            o = self._attention(i, layer, x, kv_cache, attention, rope, paths)
+            o = self._attention(i, layer, x, kv_cache, attention, rope, paths, query_scale)
             if layer.attn_out_norm is not None:
                 o = rms_norm(o, layer.attn_out_norm, eps)
             x, hidden = ops.add_rms_norm(o if residual == 1.0 else o * residual, hidden, layer.post_norm, eps)
@@ -228,9 +229,10 @@ class DecoderModel(ExpertLoading):
         return ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
-                   attention: AttentionBackend, rope: object, paths: RowPaths | None) -> torch.Tensor:
+                   attention: AttentionBackend, rope: object, paths: RowPaths | None,
+                   query_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Layer ``i``'s attention block on its normed input ``x [T, hidden]``, through the output projection
-        (``rope``: the step's ``ops.rope.prepare``)."""
+        (``rope``: the step's ``ops.rope.prepare``; ``query_scale``: :func:`query_temperature`'s ``[T, 1, 1]``)."""
         cfg, eps, num_tokens = self.config, self.config.rms_norm_eps, x.shape[0]
         q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         if layer.q_norm is not None and cfg.qk_norm_whole:
@@ -242,6 +244,8 @@ class DecoderModel(ExpertLoading):
             k = rms_norm(k, layer.k_norm, eps)
         if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
             q, k = self.ops.rope(q, k, rope)
+        if query_scale is not None:
+            q = q * query_scale
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
         return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
@@ -250,6 +254,15 @@ class DecoderModel(ExpertLoading):
         if layer.moe is not None:
             return moe_forward(x, layer.moe, self.config.moe, self.ops.silu_and_mul)
         return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
+
+
+def query_temperature(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Each query's multiplier ``[T, 1, 1]`` in ``dtype`` (``ModelConfig.query_temperature_beta``), computed in
+    float32 as transformers does; None for a model without one."""
+    if not config.query_temperature_beta:
+        return None
+    periods = torch.floor(positions / config.query_temperature_period)  # true division: float32
+    return (1 + config.query_temperature_beta * torch.log(1 + periods)).to(dtype)[:, None, None]
 
 
 def attention_options(config: ModelConfig, layer: int, sinks: torch.Tensor | None = None) -> dict[str, object]:

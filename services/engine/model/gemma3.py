@@ -4,7 +4,7 @@ base), served exactly at any length (:mod:`services.engine.model.gemma_decoder`)
 
 Both checkpoints are read: ``Gemma3ForCausalLM`` (``gemma3_text``: the 1B, and text-only exports) and the
 multimodal ``Gemma3ForConditionalGeneration`` (``gemma3``: 4B, 12B, 27B), whose text model is served and whose
-vision tower is never read (:func:`text_tensor_name`). ``config.json`` is completed with transformers' own
+vision tower is never read (``multimodal_text.text_tensor_name``). ``config.json`` is completed with transformers' own
 defaults (``Gemma3TextConfig``), as Google's files leave most fields out. llama.cpp's ``gemma3`` GGUF files too
 (:func:`config_from_gguf`).
 """
@@ -18,14 +18,12 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig, windowed_layers
 from services.engine.model.gguf_config import END_OF_TURN_KEY, GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows, with_defaults
+from services.engine.model.multimodal_text import text_config
 
 ARCHITECTURE = "gemma3"
 GGUF_ARCHITECTURE = "gemma3"
 LLAMA_CPP_27B_LAYERS = 62  # llama.cpp scales Gemma-3-27B's queries by hidden / heads, the others' by head_dim
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")  # transformers' names of the tanh-approximated GELU
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
-_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -85,21 +83,6 @@ def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The text model's config with transformers' defaults filled in (a multimodal config's ``text_config``)."""
     from transformers import Gemma3TextConfig
 
-    text = dict(cfg.get("text_config") or {}) if cfg.get("model_type") == "gemma3" else dict(cfg)
+    text = text_config(cfg, "gemma3")
     text["model_type"] = "gemma3_text"
-    if cfg.get("model_type") == "gemma3":  # the top level's ids and tying hold where the text model lacks them
-        for key in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):
-            if cfg.get(key) is not None:
-                text.setdefault(key, cfg[key])
     return with_defaults(ARCHITECTURE, Gemma3TextConfig, text)
-
-
-def text_tensor_name(name: str) -> str | None:
-    """A checkpoint tensor's name in the text model (``model.layers.…``), None for the vision tower's and the
-    projector's (not read). A ``Gemma3ForCausalLM`` name is already one."""
-    if name.startswith(_VISION_PREFIXES):
-        return None
-    for prefix, replacement in _TEXT_PREFIXES:
-        if name.startswith(prefix):
-            return replacement + name.removeprefix(prefix)
-    return name

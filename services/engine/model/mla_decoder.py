@@ -97,8 +97,10 @@ class LatentAttentionDecoderModel(DecoderModel):
         return self._with_mlp(layer, i)
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
-                   attention: AttentionBackend, rope: object, paths: RowPaths | None) -> torch.Tensor:
+                   attention: AttentionBackend, rope: object, paths: RowPaths | None,
+                   query_scale: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
+        assert query_scale is None, "no latent-attention family has a query temperature"
         mla, w = self._mla, layer.latent
         tokens, heads = x.shape[0], self.config.num_heads
         rope_dim, rank, nope = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.qk_nope_head_dim

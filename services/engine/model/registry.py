@@ -53,6 +53,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
     Family("seed_oss", "services.engine.model.seed_oss", ("seed_oss",)),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),
+    Family("mistral3", "services.engine.model.mistral3", ("mistral3", "ministral3"),
+           tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
     Family("mixtral", "services.engine.model.mixtral", ("mixtral",),
            tensor_names="services.engine.model.mixtral:mixtral_tensor_name"),
     Family("qwen2_moe", "services.engine.model.qwen2_moe", ("qwen2_moe",), "qwen2moe"),
@@ -89,7 +91,7 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.gemma_decoder:GemmaDecoderModel"),
     Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"), "gemma3",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel",
-           tensor_names="services.engine.model.gemma3:text_tensor_name"),
+           tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
 )
 
 

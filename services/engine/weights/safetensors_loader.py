@@ -1,6 +1,6 @@
 """Read a Hugging Face checkpoint directory: ``config.json`` and ``model.safetensors`` or the shards its
 ``model.safetensors.index.json`` lists. Tensors keep their stored dtype (bf16 stays bf16: the model casts
-each once to the serving dtype; block-scaled FP8 weights become bf16); a shard the index names but the
+each once to the serving dtype; FP8 weights become bf16); a shard the index names but the
 directory lacks is refused by name. A base model saved bare (transformers' ``*Model``: an embedding model's
 checkpoint such as Qwen3-Embedding's) is read under ``model.`` names, its missing head tied to the embeddings."""
 
@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.registry import tensor_renamer
-from services.engine.weights.fp8_blocks import dequantize_fp8_blocks, fp8_block_size
+from services.engine.weights.fp8_blocks import dequantize_fp8, fp8_scheme
 from services.engine.weights.loader import LoadedWeights
 from services.engine.weights.model_config_reader import hf_dir_config, read_hf_config
 
@@ -44,10 +44,10 @@ def shard_files(path: Path) -> list[Path]:
 
 
 def load_safetensors_dir(path: Path) -> LoadedWeights:
-    """The checkpoint's config and tensors (a block-scaled FP8 checkpoint's weights dequantised to bf16,
+    """The checkpoint's config and tensors (an FP8 checkpoint's weights dequantised to bf16,
     :mod:`~services.engine.weights.fp8_blocks`)."""
     config = hf_dir_config(path)
-    fp8_block = fp8_block_size(read_hf_config(path))
+    fp8 = fp8_scheme(read_hf_config(path))
     rename = tensor_renamer(config)
     files = shard_files(path)
     prefix = "model." if _bare_base_model(files) else ""
@@ -60,8 +60,8 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
                         tensors[model_name] = shard.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
-    if fp8_block is not None:
-        dequantize_fp8_blocks(tensors, fp8_block)
+    if fp8 is not None:
+        dequantize_fp8(tensors, fp8)
     if "lm_head.weight" in tensors and config.tie_word_embeddings:
         del tensors["lm_head.weight"]
     if prefix and "lm_head.weight" not in tensors and not config.tie_word_embeddings:

@@ -1,0 +1,54 @@
+"""Mistral 3: Mistral Small 3.1/3.2 and Magistral Small (24B; ``mistral3``, a vision-language checkpoint whose text
+model is Mistral's), Ministral 3 (3B/8B/14B; ``mistral3`` around a ``ministral3`` text model) and Devstral 2
+(``ministral3``, text only).
+
+The text model is Mistral's decoder. ``ministral3`` adds yarn rope (Mistral's own ``beta_fast``/``mscale``
+settings) and an attention temperature: past the yarn's original context the queries are scaled up by
+``1 + llama_4_scaling_beta · log(1 + ⌊p / original⌋)`` (``ModelConfig.query_temperature_beta``; 1 within it). The
+vision tower and projector are not read (``multimodal_text``): prompts are text. The FP8 releases (per-tensor
+scales) are dequantised at load (``weights/fp8_blocks.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.hf_config import base_fields, every_layer_window
+from services.engine.model.multimodal_text import text_config
+
+ARCHITECTURE = "mistral3"
+WRAPPER = "mistral3"
+TEXT_MODEL_TYPES = ("mistral", "ministral3")
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    text = text_config(cfg, WRAPPER)
+    model_type = text.get("model_type", "ministral3" if cfg.get("model_type") == "ministral3" else "mistral")
+    if model_type not in TEXT_MODEL_TYPES:
+        raise ModelLoadError(f"mistral3: a text model of type {model_type!r} is not supported (only "
+                             f"{', '.join(TEXT_MODEL_TYPES)})")
+    fields = base_fields(text, ARCHITECTURE)
+    beta, period = _query_temperature(text) if model_type == "ministral3" else (0.0, 0)
+    # transformers' defaults where sliding_window is absent: Mistral's 4096, Ministral 3's none (every release
+    # writes null)
+    windows = every_layer_window(text, fields["max_position"], default=4096 if model_type == "mistral" else None)
+    return ModelConfig(**fields, layer_windows=windows, query_temperature_beta=beta, query_temperature_period=period)
+
+
+def _query_temperature(text: Mapping[str, Any]) -> tuple[float, int]:
+    """``(llama_4_scaling_beta, original_max_position_embeddings)`` of a ``ministral3`` text model's rope
+    parameters, as its attention reads them (transformers' ``Ministral3Attention``: both required there)."""
+    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        raise ModelLoadError("ministral3: rope_parameters has no llama_4_scaling_beta (its attention needs it)")
+    if not float(beta):
+        return 0.0, 0
+    period = params.get("original_max_position_embeddings")
+    if not period:
+        raise ModelLoadError("ministral3: llama_4_scaling_beta without original_max_position_embeddings in "
+                             "rope_parameters")
+    return float(beta), int(period)
