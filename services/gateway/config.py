@@ -16,7 +16,7 @@ from services.gateway.router import ROUTING_POLICIES
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47",
                      "qwen3_coder", "deepseek_v3", "deepseek_v31", "kimi_k2", "minimax_m2", "seed_oss")
 REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "openai_gptoss", "glm45", "minimax_m2",
-                     "seed_oss")  # services/gateway/openai/reasoning/
+                     "seed_oss", "mistral")  # services/gateway/openai/reasoning/
 
 
 def split_addresses(text: str) -> tuple[str, ...]:

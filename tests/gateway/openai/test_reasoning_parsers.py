@@ -163,3 +163,27 @@ def test_minimax_m2_splits_as_deepseek_r1_and_seed_oss_with_its_own_markers(text
     for pieces in [[seeded], list(seeded), *([seeded[:i], seeded[i:]] for i in range(len(seeded) + 1))]:
         assert streamed(seed, pieces) == want, pieces
     assert seed.split(text.replace("<think>", "").replace("</think>", "")).content == ""  # no end: all thought
+
+
+def _bracketed(text: str) -> str:
+    return text.replace("<think>", "[THINK]").replace("</think>", "[/THINK]")
+
+
+@pytest.mark.parametrize(("text", "qwen3", "_r1"), CASES)
+def test_mistral_splits_as_qwen3_with_its_own_markers(text, qwen3, _r1):
+    """Magistral opens ``[THINK]`` itself, as Qwen3 opens ``<think>``: ``mistral`` (vLLM's name) is Qwen3's split of
+    ``[THINK]…[/THINK]``, in whole and streamed (its own markers held back as Qwen3's are)."""
+    mistral = reasoning_parser("mistral")
+    marked, want = _bracketed(text), ReasoningSplit(_bracketed(qwen3.reasoning), _bracketed(qwen3.content))
+    assert mistral.name == "mistral" and mistral.markers == ("[THINK]", "[/THINK]")
+    assert mistral.split(marked) == want
+    for pieces in [[marked], list(marked), *([marked[:i], marked[i:]] for i in range(len(marked) + 1))]:
+        assert streamed(mistral, pieces) == want, pieces
+
+
+@pytest.mark.parametrize(("text", "whole", "stream"), QWEN3_STREAMED_OTHERWISE)
+def test_mistral_streams_an_unfinished_or_unopened_thought_as_qwen3(text, whole, stream):
+    mistral, marked = reasoning_parser("mistral"), _bracketed(text)
+    assert mistral.split(marked) == ReasoningSplit(_bracketed(whole.reasoning), _bracketed(whole.content))
+    for pieces in [[marked], list(marked)]:
+        assert streamed(mistral, pieces) == ReasoningSplit(_bracketed(stream.reasoning), _bracketed(stream.content))

@@ -26,15 +26,15 @@ class Qwen3ReasoningParser:
     markers = (THINK_START, THINK_END)
 
     def split(self, text: str) -> ReasoningSplit:
-        before, found, after = text.partition(THINK_END)
+        before, found, after = text.partition(self.end_marker)
         if not found:
             return ReasoningSplit(content=text)
-        if before.startswith(THINK_START):
-            before = before[len(THINK_START):]
+        if before.startswith(self.start_marker):
+            before = before[len(self.start_marker):]
         return ReasoningSplit(reasoning=before, content=strip_leading_newlines(after))
 
     def stream(self) -> ReasoningStream:
-        return ThinkStream(unopened="content")
+        return ThinkStream(unopened="content", start=self.start_marker, end=self.end_marker)
 
 
 class Glm45ReasoningParser(Qwen3ReasoningParser):

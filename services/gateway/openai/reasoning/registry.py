@@ -13,6 +13,7 @@ from services.gateway.openai.reasoning.deepseek_r1 import (
     SeedOssReasoningParser,
 )
 from services.gateway.openai.reasoning.gpt_oss import GptOssReasoningParser
+from services.gateway.openai.reasoning.mistral import MistralReasoningParser
 from services.gateway.openai.reasoning.qwen3 import Glm45ReasoningParser, Qwen3ReasoningParser
 from services.gateway.openai.reasoning.types import ReasoningParser
 
@@ -24,6 +25,7 @@ PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "glm45": Glm45ReasoningParser,
     "minimax_m2": MiniMaxM2ReasoningParser,
     "seed_oss": SeedOssReasoningParser,
+    "mistral": MistralReasoningParser,
 }
 
 
