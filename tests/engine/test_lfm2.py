@@ -1,6 +1,6 @@
 """LFM2's config as its first releases write it (``full_attn_idxs``, ``block_ff_dim``, no ``layer_types``; LFM2-1.2B's
-``config.json``) with the MLP width transformers derives, its tensor names, and refusals by name. The family test
-serves the tiny checkpoint exactly (tests/engine/test_model_families.py)."""
+``config.json``) with the MLP width transformers derives, LFM2-MoE's (LFM2-8B-A1B's shape), their tensor names, and
+refusals by name. The family test serves the tiny checkpoints exactly (tests/engine/test_model_families.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,29 @@ def test_the_released_config_reads_as_transformers_builds_it():
     assert not config_from_hf(RELEASED | {"tie_embedding": False}).tie_word_embeddings  # the first releases' key
 
 
+MOE = {  # LFM2-8B-A1B's shape
+    "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "hidden_size": 2048, "intermediate_size": 7168,
+    "moe_intermediate_size": 1792, "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_experts": 32, "num_experts_per_tok": 4, "num_dense_layers": 2, "norm_topk_prob": True,
+    "use_expert_bias": True, "routed_scaling_factor": 1.0, "conv_L_cache": 3, "conv_bias": False,
+    "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "conv"] * 4, "vocab_size": 65536,
+    "max_position_embeddings": 128000, "rope_theta": 1000000.0, "norm_eps": 1e-05, "tie_embedding": True,
+}
+
+
+def test_lfm2_moe_reads_its_experts_after_its_dense_layers():
+    cfg = config_from_hf(MOE)
+    assert cfg.architecture == "lfm2" and cfg.intermediate_size == 7168  # the dense layers' width, as stored
+    assert cfg.kv_layers == (2, 8, 14, 20) and len(cfg.short_conv.layers) == 20
+    moe = cfg.moe
+    assert moe.sparse_layers == tuple(range(2, 24)) and (moe.num_experts, moe.top_k) == (32, 4)
+    assert moe.intermediate_size == 1792 and moe.sigmoid_routing and moe.correction_bias and moe.norm_topk_prob
+    assert (moe.routed_scaling, moe.norm_epsilon, moe.expert_groups) == (1.0, 1e-6, 1)
+    assert cfg.tie_word_embeddings and cfg.qk_norm
+    with pytest.raises(ModelLoadError, match="lfm2_moe: use_expert_bias false is not supported"):
+        config_from_hf(MOE | {"use_expert_bias": False})
+
+
 def test_the_mlp_width_is_transformers_for_other_settings():
     from transformers import Lfm2Config
     from transformers.models.lfm2.modeling_lfm2 import Lfm2MLP
@@ -66,6 +89,16 @@ def test_the_released_tensor_names():
     assert lfm2_tensor_name("model.layers.2.self_attn.k_layernorm.weight") == "model.layers.2.self_attn.k_norm.weight"
     assert lfm2_tensor_name("model.layers.0.conv.out_proj.weight") == "model.layers.0.conv.out_proj.weight"
     assert lfm2_tensor_name("model.layers.0.conv.conv.weight") == "model.layers.0.conv.conv.weight"
+    # LFM2-MoE's: per-expert SwiGLUs (or transformers 5's stacked ones), the router and its choice bias
+    assert lfm2_tensor_name("model.layers.5.feed_forward.experts.31.w1.weight") == \
+        "model.layers.5.mlp.experts.31.gate_proj.weight"
+    assert lfm2_tensor_name("model.layers.5.feed_forward.experts.0.w2.weight") == \
+        "model.layers.5.mlp.experts.0.down_proj.weight"
+    assert lfm2_tensor_name("model.layers.5.feed_forward.experts.gate_up_proj") == \
+        "model.layers.5.mlp.experts.gate_up_proj"
+    assert lfm2_tensor_name("model.layers.5.feed_forward.gate.weight") == "model.layers.5.mlp.gate.weight"
+    assert lfm2_tensor_name("model.layers.5.feed_forward.expert_bias") == \
+        "model.layers.5.mlp.gate.e_score_correction_bias"
 
 
 def test_the_deterministic_mode_is_refused_by_name(family_dir):

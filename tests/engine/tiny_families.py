@@ -35,13 +35,13 @@ _MINISTRAL3_TEXT = dict(model_type="ministral3", head_dim=16, tie_word_embedding
                         rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                          "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
                                          "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
-RANDOM_NORMS = {"lfm2", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention", "qwen3_5",
-                "qwen3_5-moe", "qwen3_next",
+RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention",
+                "qwen3_5", "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"nemotron_h", "granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4", "ernie4_5-moe",
-                 "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
+RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4",
+                 "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 
@@ -189,6 +189,12 @@ FAMILIES: dict[str, dict] = {
     "lfm2": dict(model_type="lfm2", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5,
                  block_multiple_of=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                  tie_word_embeddings=True),
+    # LFM2-MoE: LFM2's layers with a dense MLP first, then experts chosen by sigmoid + expert_bias (drawn at random),
+    # renormalised and scaled
+    "lfm2-moe": dict(model_type="lfm2_moe", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
+                     norm_eps=1e-5, num_dense_layers=1, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                     routed_scaling_factor=2.5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                     tie_word_embeddings=True),
     # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
     # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
     # by 1 + weight, initialised to 0)
@@ -251,7 +257,7 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
                 if param_name.endswith(("bias", "sinks")):
                     param.normal_(0.0, 0.5)
             for buffer_name, buffer in model.named_buffers():
-                if buffer_name.endswith("e_score_correction_bias"):
+                if buffer_name.endswith(("e_score_correction_bias", "expert_bias")):
                     buffer.normal_(0.0, 0.5)
             for param_name, param in model.named_parameters():  # ERNIE's correction bias is a parameter
                 if param_name.endswith("e_score_correction_bias"):

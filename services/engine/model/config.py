@@ -38,6 +38,7 @@ class MoEConfig:
     expert_groups: int = 1  # n_group
     top_groups: int = 1  # topk_group
     routed_scaling: float = 1.0  # routed_scaling_factor
+    norm_epsilon: float = 1e-20  # sigmoid routing: added to the top-k sum it renormalises by (LFM2-MoE's: 1e-6)
 
     @property
     def correction_bias(self) -> bool:

@@ -1,7 +1,7 @@
-"""Liquid AI's LFM2 (LFM2-350M, -700M, -1.2B, -2.6B and their fine-tunes): a hybrid decoder whose layers are mostly
-gated short convolutions (a depthwise causal convolution of ``conv_L_cache`` taps, its last inputs a recurrent state
-per request; :mod:`services.engine.model.lfm2_decoder`) and a few attention layers (``layer_types``, or
-``full_attn_idxs`` in the first releases' configs).
+"""Liquid AI's LFM2 (LFM2-350M, -700M, -1.2B, -2.6B and their fine-tunes) and LFM2-MoE (``lfm2_moe``: LFM2-8B-A1B):
+a hybrid decoder whose layers are mostly gated short convolutions (a depthwise causal convolution of ``conv_L_cache``
+taps, its last inputs a recurrent state per request; :mod:`services.engine.model.lfm2_decoder`) and a few attention
+layers (``layer_types``, or ``full_attn_idxs`` in the first releases' configs).
 
 Each layer is ``h += mix(norm(h))`` then ``h += mlp(norm(h))``. The attention layers are Qwen3's (per-head q/k
 RMS norms, full rope), without biases. The MLP is SwiGLU with the width transformers derives from ``block_ff_dim``
@@ -9,6 +9,12 @@ RMS norms, full rope), without biases. The MLP is SwiGLU with the width transfor
 ``block_multiple_of``). The checkpoint's names are read as Llama's where they mean the same
 (``operator_norm``, ``ffn_norm``, ``feed_forward.w1/w3/w2``, ``out_proj``, ``q_layernorm``; the final
 ``embedding_norm``).
+
+LFM2-MoE's MLP is dense (``intermediate_size`` wide) on its first ``num_dense_layers`` layers, sparse on the rest:
+experts ``moe_intermediate_size`` wide (``feed_forward.experts.{e}.w1/w3/w2``), chosen by the sigmoid of the router's
+logits plus ``expert_bias`` (the choice only), weighted by the sigmoid, renormalised (+1e-6, as transformers) and
+times ``routed_scaling_factor`` (``MoEConfig.sigmoid_routing``; the router runs in float32, as every sigmoid router
+here does).
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import ModelConfig, ShortConv
-from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.config import ModelConfig, MoEConfig, ShortConv
+from services.engine.model.hf_config import base_fields, required, with_defaults
 
 ARCHITECTURE = "lfm2"
+MOE_TYPE = "lfm2_moe"
 LAYER_KINDS = ("conv", "full_attention")
 _RENAMES = (
     (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
@@ -31,11 +38,15 @@ _RENAMES = (
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    from transformers import Lfm2Config
+    from transformers import Lfm2Config, Lfm2MoeConfig
 
-    full = with_defaults(ARCHITECTURE, Lfm2Config, cfg)  # reads block_ff_dim, tie_embedding, full_attn_idxs
-    fields = base_fields({**full, "intermediate_size": _mlp_width(full), "rms_norm_eps": full["norm_eps"]},
-                         ARCHITECTURE)
+    if cfg.get("model_type") == MOE_TYPE:
+        full = with_defaults(ARCHITECTURE, Lfm2MoeConfig, cfg)  # reads tie_embedding
+        width = int(full["intermediate_size"])
+    else:
+        full = with_defaults(ARCHITECTURE, Lfm2Config, cfg)  # reads block_ff_dim, tie_embedding, full_attn_idxs
+        width = _mlp_width(full)
+    fields = base_fields({**full, "intermediate_size": width, "rms_norm_eps": full["norm_eps"]}, ARCHITECTURE)
     kinds = list(full.get("layer_types") or [])
     if len(kinds) != fields["num_layers"] or set(kinds) - set(LAYER_KINDS):
         raise ModelLoadError(f"{ARCHITECTURE}: layer_types must list {fields['num_layers']} of "
@@ -47,7 +58,20 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              "served)")
     conv = ShortConv(layers=tuple(i for i, kind in enumerate(kinds) if kind == "conv"),
                      conv_dim=fields["hidden_size"], conv_kernel=int(full["conv_L_cache"]))
-    return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None)
+    moe = _experts(full, fields["num_layers"]) if cfg.get("model_type") == MOE_TYPE else None
+    return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None, moe=moe)
+
+
+def _experts(full: Mapping[str, Any], num_layers: int) -> MoEConfig:
+    """LFM2-MoE's sparse layers (all but the first ``num_dense_layers``) and their routing."""
+    if not full.get("use_expert_bias", True):
+        raise ModelLoadError(f"{MOE_TYPE}: use_expert_bias false is not supported (no release has it)")
+    dense = int(full.get("num_dense_layers") or 0)
+    return MoEConfig(num_experts=int(required(full, "num_experts")), top_k=int(required(full, "num_experts_per_tok")),
+                     intermediate_size=int(required(full, "moe_intermediate_size")),
+                     norm_topk_prob=bool(full.get("norm_topk_prob", True)),
+                     sparse_layers=tuple(range(dense, num_layers)), sigmoid_routing=True,
+                     routed_scaling=float(full.get("routed_scaling_factor") or 1.0), norm_epsilon=1e-6)
 
 
 def _mlp_width(full: Mapping[str, Any]) -> int:
@@ -62,10 +86,22 @@ def _mlp_width(full: Mapping[str, Any]) -> int:
     return width
 
 
+_EXPERT_RENAMES = ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
+
+
 def lfm2_tensor_name(name: str) -> str:
     """A checkpoint tensor's name as the shared decoder reads it (the convolutions' keep theirs)."""
     if name == "model.embedding_norm.weight":
         return "model.norm.weight"
+    if ".feed_forward.experts." in name:  # LFM2-MoE's experts (per expert, or transformers 5's stacked ones)
+        name = name.replace(".feed_forward.experts.", ".mlp.experts.")
+        for old, new in _EXPERT_RENAMES:
+            name = name.replace(old, new)
+        return name
+    if name.endswith(".feed_forward.expert_bias"):
+        return name.replace(".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")
+    if ".feed_forward.gate." in name:
+        return name.replace(".feed_forward.gate.", ".mlp.gate.")
     for old, new in _RENAMES:
         if old in name:
             return name.replace(old, new)

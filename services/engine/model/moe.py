@@ -75,7 +75,7 @@ def _sigmoid_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> t
     top_experts = choice.topk(config.top_k, dim=-1).indices
     top_probs = scores.gather(1, top_experts)
     if config.norm_topk_prob:
-        top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
+        top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + config.norm_epsilon)
     return top_probs * config.routed_scaling, top_experts
 
 

@@ -41,7 +41,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("granite_hybrid", "services.engine.model.granite_hybrid", ("granitemoehybrid",),
            model="services.engine.model.mamba_decoder:MambaDecoderModel",
            tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name"),
-    Family("lfm2", "services.engine.model.lfm2", ("lfm2",),
+    Family("lfm2", "services.engine.model.lfm2", ("lfm2", "lfm2_moe"),
            model="services.engine.model.lfm2_decoder:Lfm2DecoderModel",
            tensor_names="services.engine.model.lfm2:lfm2_tensor_name"),
     Family("nemotron_h", "services.engine.model.nemotron_h", ("nemotron_h",),
