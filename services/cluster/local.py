@@ -1,9 +1,12 @@
 """Start gateway, prefill nodes, decode nodes and a cache-store as processes on loopback, and stop them.
 
-Used by ``make run`` and by the end-to-end tests. The cache-store starts first, then every prefill and
-decode node at once (their model loads overlap), then the gateway, which is given their addresses; each is
-waited for until its health check says SERVING. On exit the gateway drains first, then every node gets
-SIGTERM at once (their drains side by side), then the cache-store; SIGKILL for any that lingers.
+Used by ``make run`` and by the end-to-end tests. Every process starts at once: the cache-store and the
+nodes on ports chosen by the launcher (``ports.unused_port``), so the gateway and the nodes are given their
+peers' addresses before those serve, and the gateway's start overlaps the nodes' model loads. Each is waited
+for until its health check says SERVING, then the gateway until it has heard from every node (its polls
+reach a node within a second of it serving). A chosen port someone else bound first starts it all again.
+On exit the gateway drains first, then every node gets SIGTERM at once (their drains side by side), then the
+cache-store; SIGKILL for any that lingers.
 :meth:`LocalCluster.lost` names the processes that exited while the cluster ran (``make run`` stops the
 cluster then, instead of running on without them).
 """
@@ -14,7 +17,8 @@ import contextlib
 import os
 import signal
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.cluster.certificates import ClusterCertificates
 from services.common.launch import ROLE_OF_MODULE, ServiceProcess, launch
+from services.common.ports import PortTaken, StartupError, unused_port
 from services.common.tls.identity import Identity
 
 
@@ -103,41 +108,90 @@ def _exit_status(code: int) -> str:
 @contextlib.contextmanager
 def start_cluster(spec: ClusterSpec = ClusterSpec(), stdout: int | None = None,
                   stderr: int | None = None) -> Iterator[LocalCluster]:
-    with contextlib.ExitStack() as stack:
-        security = _Security.of(spec, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pdserve-"))))
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        with contextlib.ExitStack() as stack:
+            try:
+                cluster = _start(stack, spec, stdout, stderr)
+            except PortTaken:  # another process bound a port chosen for a node first: start again, elsewhere
+                if attempt == _START_ATTEMPTS:
+                    raise
+                continue
+            stack.callback(_terminate_all, cluster)  # runs first on exit: the gateway, then the nodes side by side
+            yield cluster
+            return
 
-        def start(module: str, *args: str, env: Mapping[str, str] | None = None) -> ServiceProcess:
-            return stack.enter_context(launch(module, *args, *security.args(module, 1),
-                                              startup_timeout_s=spec.startup_timeout_s,
-                                              env={**spec.env, **security.env, **(env or {})}, cwd=spec.cwd,
-                                              stdout=stdout, stderr=stderr, identity=security.identity))
 
-        store = start("services.cache_store") if spec.cache_store else None
-        decode_args = spec.node_args("decode")
-        if store is not None and spec.offload_to_cache_store:
-            decode_args += ("--offload-cache-store", store.address)
-        prefill_args = spec.node_args("prefill")
-        if store is not None and spec.prefill_cache_store:
-            prefill_args += ("--cache-store", store.address)
-        decode = _start_many(stack, "services.decode_node", spec.num_decode, decode_args, spec, stdout, stderr,
-                             security)
-        prefill = _start_many(stack, "services.prefill_node", spec.num_prefill, prefill_args, spec, stdout, stderr,
-                              security)
-        for node in (*decode, *prefill):  # neither kind needs the other to start: their model loads overlap
-            node.wait_serving(spec.startup_timeout_s)
-        gateway_args = ["--prefill", ",".join(p.address for p in prefill),
-                        "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
-                        *spec.gateway_args]
-        if store is not None:
-            gateway_args += ["--cache-store", store.address]
-        if spec.http_listen:
-            gateway_args += ["--http-listen", spec.http_listen]
-        key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
-        gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
-        http_url = http_url_of(gateway.address, spec.api_key) if spec.http_listen else ""
-        cluster = LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
-        stack.callback(_terminate_all, cluster)  # runs first on exit: the gateway, then the nodes side by side
-        yield cluster
+_START_ATTEMPTS = 3
+
+
+def _start(stack: contextlib.ExitStack, spec: ClusterSpec, stdout: int | None, stderr: int | None) -> LocalCluster:
+    """Start every process at once, each node on a port chosen here (``ports.unused_port``), so that the
+    gateway and the nodes get their peers' addresses before those serve; then wait for all of them, and for
+    the gateway to have heard from every node."""
+    security = _Security.of(spec, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pdserve-"))))
+
+    def start(module: str, *args: str, index: int = 1, env: Mapping[str, str] | None = None,
+              port: int = 0) -> ServiceProcess:
+        return stack.enter_context(launch(module, *args, *security.args(module, index),
+                                          startup_timeout_s=spec.startup_timeout_s,
+                                          env={**spec.env, **security.env, **(env or {})}, cwd=spec.cwd,
+                                          stdout=stdout, stderr=stderr, identity=security.identity, wait=False,
+                                          port=port))
+
+    store = start("services.cache_store", port=unused_port()) if spec.cache_store else None
+    decode_args = spec.node_args("decode")
+    if store is not None and spec.offload_to_cache_store:
+        decode_args += ("--offload-cache-store", store.address)
+    prefill_args = spec.node_args("prefill")
+    if store is not None and spec.prefill_cache_store:
+        prefill_args += ("--cache-store", store.address)
+    decode = [start("services.decode_node", *decode_args, index=i, port=unused_port())
+              for i in range(1, spec.num_decode + 1)]
+    prefill = [start("services.prefill_node", *prefill_args, index=i, port=unused_port())
+               for i in range(1, spec.num_prefill + 1)]
+    gateway_args = ["--prefill", ",".join(p.address for p in prefill),
+                    "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
+                    *spec.gateway_args]
+    if store is not None:
+        gateway_args += ["--cache-store", store.address]
+    if spec.http_listen:
+        gateway_args += ["--http-listen", spec.http_listen]
+    key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
+    gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
+    for process in (*([store] if store is not None else []), *decode, *prefill, gateway):
+        process.wait_serving(spec.startup_timeout_s)
+    _wait_until_polled(gateway.address, len(prefill) + len(decode), spec.api_key, spec.startup_timeout_s)
+    http_url = http_url_of(gateway.address, spec.api_key) if spec.http_listen else ""
+    return LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
+
+
+def _wait_until_polled(gateway: str, num_nodes: int, api_key: str, timeout_s: float) -> None:
+    """Wait until the gateway's ``ClusterStatus`` has an answer from each of its ``num_nodes`` model nodes
+    (healthy, or left out for what it reported: a test's mismatched node), as a gateway started after its
+    nodes has from its first poll. A gateway that does not answer ``ClusterStatus`` here (a key this
+    launcher lacks) is not waited for."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(gateway) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        while True:
+            try:
+                status = stub.ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10,
+                                            metadata=key_metadata(api_key))
+            except grpc.RpcError as error:
+                if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    return
+                raise
+            nodes = [n for n in status.nodes if n.role in ("prefill", "decode")]
+            unheard = [n.address for n in nodes if not n.healthy and not n.model_name]
+            if len(nodes) >= num_nodes and not unheard:
+                return
+            if time.monotonic() > deadline:
+                raise StartupError(f"the gateway {gateway} has not heard from {', '.join(unheard)} after "
+                                   f"{timeout_s:.1f}s, though they serve")
+            time.sleep(_POLL_S)
+
+
+_POLL_S = 0.05
 
 
 def _terminate_all(cluster: LocalCluster) -> None:
@@ -162,15 +216,6 @@ def http_url_of(gateway: str, api_key: str = "") -> str:
         status = gateway_pb2_grpc.GatewayStub(channel).ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10,
                                                                      metadata=key_metadata(api_key))
     return status.http_url
-
-
-def _start_many(stack: contextlib.ExitStack, module: str, count: int, args: Sequence[str], spec: ClusterSpec,
-                stdout: int | None, stderr: int | None, security: _Security) -> list[ServiceProcess]:
-    """Start ``count`` copies without waiting for them (model loading overlaps): the caller waits."""
-    managers = [launch(module, *args, *security.args(module, i), startup_timeout_s=spec.startup_timeout_s,
-                       env={**spec.env, **security.env}, cwd=spec.cwd, stdout=stdout, stderr=stderr, wait=False,
-                       identity=security.identity) for i in range(1, count + 1)]
-    return [stack.enter_context(manager) for manager in managers]
 
 
 @dataclass

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.ports import wait_for_port_file, wait_until_serving
+from services.common.ports import PortTaken, StartupError, port_is_free, wait_for_port_file, wait_until_serving
 from services.common.server import IGNORE_SIGINT
 from services.common.tls.identity import Identity
 
@@ -40,6 +40,7 @@ class ServiceProcess:
     identity: Identity | bool | None = True  # how to call it: True = this process's identity; None = plaintext
     given_role: str = ""  # its role where the module is none of ROLE_OF_MODULE's (a test's wrapper of a node)
     terminated: bool = False  # SIGTERM was sent
+    given_port: int = 0  # the port it was told to bind (its address is known before it serves); 0: ephemeral
 
     @property
     def role(self) -> str:
@@ -47,11 +48,20 @@ class ServiceProcess:
         return self.given_role or ROLE_OF_MODULE.get(self.module, "")
 
     def wait_serving(self, timeout_s: float) -> str:
-        """Wait for the port file and a SERVING health check; returns (and sets) the address."""
-        if not self.address:
-            assert self.port_file is not None, "no port file to read"
-            port = wait_for_port_file(self.port_file, timeout_s, self.process)
+        """Wait for the port file and a SERVING health check; returns (and sets) the address. Raises
+        :class:`PortTaken` when it exited before serving on a ``given_port`` someone else holds now."""
+        if self.port_file is not None:
+            try:
+                port = wait_for_port_file(self.port_file, timeout_s, self.process)
+            except StartupError as error:
+                if self.given_port and self.process.poll() is not None and not port_is_free(self.host,
+                                                                                             self.given_port):
+                    raise PortTaken(f"{self.module} could not bind {self.address}: another process took it "
+                                    f"({error})") from None
+                raise
             self.address = f"{self.host}:{port}"
+        else:
+            assert self.address, "no port file to read"
         role = self.role if self.identity is not None else ""
         wait_until_serving(self.address, timeout_s=timeout_s, role=role, identity=self.identity)
         return self.address
@@ -89,16 +99,19 @@ def launch(
     wait: bool = True,
     identity: Identity | bool | None = True,
     role: str = "",
+    port: int = 0,
 ) -> Iterator[ServiceProcess]:
-    """Run ``python -m module --listen host:0 --port-file … *args``; yields once it is SERVING (at once
+    """Run ``python -m module --listen host:PORT --port-file … *args``; yields once it is SERVING (at once
     with ``wait=False``: call ``node.wait_serving()`` later, so several processes can start together).
+    ``port`` 0 binds an ephemeral port, whose address is known once it serves; a given one
+    (``ports.unused_port``) makes ``node.address`` known at once, for peers started beside it.
     ``cwd`` runs the module from another checkout (``python -m`` imports from the working directory first).
     ``identity``: how this process calls it (health checks): True = this process's (``tls.channels``), None
     = plaintext (also when ``--insecure`` is among ``args``). ``role``: the process's cluster role, for a module
     that is none of ``ROLE_OF_MODULE``'s (a test's wrapper around a node's main)."""
     with tempfile.TemporaryDirectory(prefix="pdserve-launch-") as tmp:
         port_file = Path(tmp) / "port"
-        command = [sys.executable, "-m", module, "--listen", f"{host}:0", "--port-file", str(port_file),
+        command = [sys.executable, "-m", module, "--listen", f"{host}:{port}", "--port-file", str(port_file),
                    *args]
         # IGNORE_SIGINT: a terminal's Ctrl-C (SIGINT to its whole foreground group) is for the launcher, which
         # stops its services in order with one SIGTERM each; a SIGINT of their own would be a second signal,
@@ -106,8 +119,8 @@ def launch(
         process = subprocess.Popen(command, cwd=cwd or REPO_ROOT,
                                    env={**os.environ, IGNORE_SIGINT: "1", **(env or {})}, stdout=stdout, stderr=stderr)
         plain = "--insecure" in args or (env or {}).get("PDSERVE_INSECURE", "").lower() in ("1", "true", "yes")
-        node = ServiceProcess(module, process, address="", port_file=port_file, host=host,
-                              identity=None if plain else identity, given_role=role)
+        node = ServiceProcess(module, process, address=f"{host}:{port}" if port else "", port_file=port_file,
+                              host=host, identity=None if plain else identity, given_role=role, given_port=port)
         try:
             if wait:
                 node.wait_serving(startup_timeout_s)

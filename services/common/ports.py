@@ -8,6 +8,7 @@ says it is ready (a model node loading its model, or a gateway binding its HTTP 
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
@@ -22,8 +23,20 @@ from services.common.tls.identity import Identity
 POLL_S = 0.02
 
 
+# Linux's default ephemeral range (where bind(port 0) and outgoing connections take their local ports), for
+# systems that do not say theirs
+DEFAULT_EPHEMERAL = (32768, 60999)
+_CHOSEN_FROM = (10000, 65535)  # a chosen port comes from here, less the ephemeral range
+
+
 class StartupError(RuntimeError):
     """A service did not come up: it exited, or did not serve within the timeout."""
+
+
+class PortTaken(StartupError):
+    """A service given a port in advance exited before serving, and the port is now someone else's: another
+    process bound it between :func:`unused_port` and the service's own bind. Starting again, with another
+    port, is the remedy."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -39,6 +52,45 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux: ``ip_local_port_range``; elsewhere Linux's default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
+
+def unused_port(host: str = "127.0.0.1", attempts: int = 100) -> int:
+    """A port free on ``host`` now, chosen at random outside the ephemeral range, for a service that should
+    be reachable before it has bound (a launcher passes it to the service and to its peers at once).
+
+    Outside the ephemeral range no port 0 bind and no outgoing connection takes it meanwhile; only another
+    process that chose the same port could (the service then fails to bind: :class:`PortTaken`). Falls back to
+    :func:`free_port` when the ephemeral range leaves no room."""
+    low, high = ephemeral_range()
+    candidates = [r for r in ((_CHOSEN_FROM[0], min(low, _CHOSEN_FROM[1] + 1)), (max(high + 1, _CHOSEN_FROM[0]),
+                                                                               _CHOSEN_FROM[1] + 1)) if r[0] < r[1]]
+    chooser = random.SystemRandom()
+    for _ in range(attempts if candidates else 0):
+        start, stop = chooser.choice(candidates)
+        port = chooser.randrange(start, stop)
+        if port_is_free(host, port):
+            return port
+    return free_port(host)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` now (as a gRPC server binds: with ``SO_REUSEADDR``)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_for_port_file(path: Path, timeout_s: float = 10.0, process: subprocess.Popen | None = None) -> int:
