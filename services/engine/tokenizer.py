@@ -93,17 +93,38 @@ def custom_tokenizer_class(directory: Path) -> str | None:
     return None
 
 
+PROCESSOR_TEMPLATE = "chat_template.json"
+
+
 def _load_hf(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     if path.is_dir():
         try:
-            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+            hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         except ValueError as error:  # transformers': "... contains custom code ... trust_remote_code=True"
             if trust_remote_code or "trust_remote_code" not in str(error):
                 raise
             custom = custom_tokenizer_class(path) or "a class of its own"
             raise ValueError(f"{path}: its tokenizer is code the model directory brings ({custom}); pass "
                              f"--trust-remote-code to run it (as transformers and vLLM require)") from None
+        return _with_processor_template(hf, path)
     return AutoTokenizer.from_pretrained(str(gguf_tokenizer.converted_dir(path)))
+
+
+def _with_processor_template(hf: PreTrainedTokenizerBase, path: Path) -> PreTrainedTokenizerBase:
+    """``hf``, with the chat template of the directory's ``chat_template.json`` where the tokenizer has none: a
+    vision-language model's processor keeps its template there (Qwen2.5-VL's, Qwen3-VL's, Mistral 3's), which
+    transformers' tokenizer does not read and vLLM does."""
+    file = path / PROCESSOR_TEMPLATE
+    if getattr(hf, "chat_template", None) or not file.is_file():
+        return hf
+    try:
+        template = json.loads(file.read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ValueError(f"{file}: not a processor's chat template ({error})") from None
+    if not isinstance(template, str) or not template:
+        raise ValueError(f"{file}: its chat_template is not a template's text")
+    hf.chat_template = template
+    return hf
 
 
 class Tokenizer:

@@ -41,7 +41,8 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
                                            "qwen3_5-moe", "qwen3_next", "granite_hybrid-dense",
-                                           "granite_hybrid-attention", "nemotron_h", "mistral3-text"})
+                                           "granite_hybrid-attention", "nemotron_h", "mistral3-text",
+                                           "qwen_vl", "qwen_vl-2.5"})
 # the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
 # are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
 PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "qwen3_5", "granite_hybrid"}

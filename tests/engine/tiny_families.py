@@ -35,6 +35,9 @@ _MINISTRAL3_TEXT = dict(model_type="ministral3", head_dim=16, tie_word_embedding
                         rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                          "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
                                          "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
+_MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
+_QWEN3_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                        deepstack_visual_indexes=[0], patch_size=14)
 RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
@@ -215,6 +218,23 @@ FAMILIES: dict[str, dict] = {
                                                    num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
     # Devstral 2: the ministral3 text model on its own
     "mistral3-text": dict(_MINISTRAL3_TEXT),
+    # Qwen3-VL: Qwen3's text model under model.language_model.* with interleaved M-RoPE (plain rope for text: its
+    # sections, 2 + 3 + 3 of the 8 frequencies, all see the same position), the vision tower beside it (not read);
+    # tied as the top level says (the text config's true is what transformers 5 writes there)
+    "qwen_vl": dict(model_type="qwen3_vl", tie_word_embeddings=False, vision_config=_QWEN3_VL_VISION,
+                    text_config=dict(model_type="qwen3_vl_text", head_dim=16, rope_parameters=_MROPE | {
+                        "mrope_interleaved": True})),
+    # Qwen3-VL-MoE: Qwen3-MoE's layers (a dense middle one), experts stacked and written transposed as the released
+    # files store them ([E, hidden, 2·inter]: _HUB_LAYOUTS)
+    "qwen_vl-moe": dict(model_type="qwen3_vl_moe", tie_word_embeddings=False, vision_config=_QWEN3_VL_VISION,
+                        text_config=dict(model_type="qwen3_vl_moe_text", head_dim=16, num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1,
+                                         mlp_only_layers=[1], rope_parameters=_MROPE | {"mrope_interleaved": True})),
+    # Qwen2.5-VL: Qwen2's text model (q/k/v biases), written as its released files are (model.layers.*, visual.*)
+    "qwen_vl-2.5": dict(model_type="qwen2_5_vl", tie_word_embeddings=False,
+                        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                           out_hidden_size=64, patch_size=14, fullatt_block_indexes=[0]),
+                        text_config=dict(model_type="qwen2_5_vl_text", rope_parameters=_MROPE)),
     "gemma3-multimodal": dict(model_type="gemma3", text_config=_GEMMA3_TEXT | {"final_logit_softcapping": None},
                               mm_tokens_per_image=4,
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -223,7 +243,22 @@ FAMILIES: dict[str, dict] = {
 
 
 # the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
-_AUTO_CLASSES = {"mistral3": "AutoModelForImageTextToText"}
+_AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")}
+
+
+def _transposed_experts(path: Path) -> None:
+    """Qwen3-VL-MoE's released layout: each stacked expert tensor with its last two dims swapped."""
+    from safetensors.torch import load_file, save_file
+
+    for file in path.glob("*.safetensors"):
+        tensors = load_file(str(file))
+        for name in [n for n in tensors if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))]:
+            tensors[name] = tensors[name].transpose(1, 2).contiguous()
+        save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+# a tiny checkpoint rewritten in its family's released layout where transformers 5 saves another
+_HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts}
 
 
 def _auto_class(model_type: str):
@@ -264,6 +299,8 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
                     param.normal_(0.0, 0.1)  # its choice adds it to probabilities (about 1 / 8 each here)
     path = root / name
     model.save_pretrained(str(path), max_shard_size="2MB")
+    if name in _HUB_LAYOUTS:
+        _HUB_LAYOUTS[name](path)
     tokenizer_hf.save_pretrained(str(path))
     return path
 

@@ -1,6 +1,8 @@
 """How the shared decoder takes a sparse layer's weights from a checkpoint: its router (float32 where the routing
-is the sigmoid's, with its correction bias), its routed experts (per-expert tensors, or transformers 5's stacked
-ones; stacked for grouped GEMMs on the GPU path), and its shared expert (Qwen2-MoE's gated one, Granite MoE's and
+is the sigmoid's, with its correction bias), its routed experts (per-expert tensors, or stacked ones: transformers 5's
+layout, ``gate_up_proj [E, 2·inter, hidden]`` and ``down_proj [E, hidden, inter]``, or stored transposed as
+Qwen3-VL-MoE's files are, read as transformers reads them: transposed only where the stored shape is not the expected
+one; stacked for grouped GEMMs on the GPU path), and its shared expert (Qwen2-MoE's gated one, Granite MoE's and
 GLM-4.5's ungated ones). A mixin of :class:`~services.engine.model.decoder.DecoderModel`, using its weight source,
 projections and settings."""
 
@@ -81,9 +83,8 @@ class ExpertLoading:
         router = self._router(p)
         if self.grouped_experts:
             return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
-        if source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
-            gate_up = source.take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden))
-            down = source.take(p + "experts.down_proj", (moe.num_experts, hidden, inter))
+        if source.has(p + "experts.gate_up_proj"):  # stacked
+            gate_up, down = self._stacked(p)
             return MoEWeights(router, [prepare_linear(w, row_block=self._row_block) for w in gate_up.unbind(0)],
                               [prepare_linear(w, row_block=self._row_block) for w in down.unbind(0)])
         e = p + "experts.{}."
@@ -100,11 +101,27 @@ class ExpertLoading:
         moe, hidden, take = self.config.moe, self.config.hidden_size, self._source.take
         assert moe is not None
         inter, e = moe.intermediate_size, p + "experts.{}."
-        if self._source.has(p + "experts.gate_up_proj"):  # transformers 5's fused in-memory layout
-            return GroupedExperts(take(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden)),
-                                  take(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
+        if self._source.has(p + "experts.gate_up_proj"):  # stacked
+            return GroupedExperts(*self._stacked(p))
         gate_up = torch.stack([torch.cat([take(e.format(j) + "gate_proj.weight", (inter, hidden)),
                                           take(e.format(j) + "up_proj.weight", (inter, hidden))])
                                for j in range(moe.num_experts)])
         down = torch.stack([take(e.format(j) + "down_proj.weight", (hidden, inter)) for j in range(moe.num_experts)])
         return GroupedExperts(gate_up, down)
+
+    def _stacked(self, p: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sparse layer's stacked ``gate_up_proj`` and ``down_proj`` in transformers 5's layout; each is read
+        transposed where it is stored so (its last two dims swapped: Qwen3-VL-MoE's files), as transformers' loader
+        reads such checkpoints (only a tensor whose stored shape is not the expected one is transposed)."""
+        moe, hidden = self.config.moe, self.config.hidden_size
+        assert moe is not None
+        inter = moe.intermediate_size
+        return (self._maybe_transposed(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden)),
+                self._maybe_transposed(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
+
+    def _maybe_transposed(self, name: str, shape: tuple[int, int, int]) -> torch.Tensor:
+        source = self._source
+        stored = tuple(source.tensors[name].shape) if source.has(name) else shape
+        if stored != shape and stored == (shape[0], shape[2], shape[1]):
+            return source.take(name, stored).transpose(1, 2).contiguous()
+        return source.take(name, shape)

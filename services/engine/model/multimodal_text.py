@@ -1,11 +1,15 @@
 """The text model of a vision-language checkpoint (a ``*ForConditionalGeneration``: Gemma 3's 4B/12B/27B,
-Mistral Small 3.x, Ministral 3): its ``text_config`` and its tensors. The vision tower and the projector are
-never read; the prompt is text only.
+Mistral Small 3.x, Ministral 3, Qwen2.5-VL, Qwen3-VL): its ``text_config`` and its tensors. The vision tower and
+the projector are never read; the prompt is text only.
 
 Two layouts of tensor names exist: the first releases' (``language_model.model.*``, ``language_model.lm_head.*``,
-``vision_tower.*``, ``multi_modal_projector.*``) and transformers 5's (``model.language_model.*``, ``lm_head.*``,
-``model.vision_tower.*``, ``model.multi_modal_projector.*``); both map to the text model's own
-(``model.layers.…``).
+``vision_tower.*``, ``multi_modal_projector.*``; Qwen2.5-VL's ``model.*`` and ``visual.*``) and transformers 5's
+(``model.language_model.*``, ``lm_head.*``, ``model.vision_tower.*``, ``model.multi_modal_projector.*``,
+``model.visual.*``); both map to the text model's own (``model.layers.…``).
+
+Tying: transformers 5 ties a vision-language model's head by the top level's ``tie_word_embeddings`` (the text
+config's may say otherwise: Qwen3-VL's files write ``true`` there beside an untied head), and keeps a stored head
+that differs from the embeddings untied whatever the flag (the weights loader does the same).
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+                   "visual.", "model.visual.")
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
-_INHERITED = ("eos_token_id", "bos_token_id", "tie_word_embeddings")
+_INHERITED = ("eos_token_id", "bos_token_id")
 
 
 def text_tensor_name(name: str) -> str | None:
@@ -31,12 +36,15 @@ def text_tensor_name(name: str) -> str | None:
 
 
 def text_config(cfg: Mapping[str, Any], wrapper_type: str) -> dict[str, Any]:
-    """``cfg`` itself (a text-only config), or, where its ``model_type`` is ``wrapper_type``, its ``text_config``,
-    with the top level's token ids and tying where the text model's lack them."""
-    if cfg.get("model_type") != wrapper_type:
+    """``cfg`` itself (a text-only config, or a wrapper's written flat, as Qwen2.5-VL's first files are), or, where
+    its ``model_type`` is ``wrapper_type``, its ``text_config``, with the top level's token ids where the text
+    model's lack them and the top level's tying where it has one."""
+    if cfg.get("model_type") != wrapper_type or not cfg.get("text_config"):
         return dict(cfg)
-    text = dict(cfg.get("text_config") or {})
+    text = dict(cfg["text_config"])
     for key in _INHERITED:
         if cfg.get(key) is not None:
             text.setdefault(key, cfg[key])
+    if cfg.get("tie_word_embeddings") is not None:
+        text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     return text

@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
 from services.engine.model.registry import tensor_renamer
 from services.engine.weights.fp8_blocks import dequantize_fp8, fp8_scheme
 from services.engine.weights.loader import LoadedWeights
@@ -63,7 +64,7 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
     if fp8 is not None:
         dequantize_fp8(tensors, fp8)
     if "lm_head.weight" in tensors and config.tie_word_embeddings:
-        del tensors["lm_head.weight"]
+        config = _tied_or_not(config, tensors, path)
     if prefix and "lm_head.weight" not in tensors and not config.tie_word_embeddings:
         log.warning("a base model without an LM head (an embedding model's checkpoint): its head is tied to the "
                     "embeddings, so its generated text means nothing; its embeddings are its own", model=str(path))
@@ -83,3 +84,16 @@ def _bare_base_model(files: list[Path]) -> bool:
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
     return "embed_tokens.weight" in names and not any(name.startswith("model.") for name in names)
+
+
+def _tied_or_not(config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> ModelConfig:
+    """A config that says tied with a stored head: tied (the head dropped) where the head is the embeddings, else
+    untied, as transformers loads such a checkpoint (a vision-language model's top-level flag may say tied beside a
+    head of its own: Mistral 3's)."""
+    head, embed = tensors["lm_head.weight"], tensors.get("model.embed_tokens.weight")
+    if embed is None or (head.shape == embed.shape and torch.equal(head, embed)):
+        del tensors["lm_head.weight"]
+        return config
+    log.warning("the config ties the LM head to the embeddings, but the checkpoint stores a head of its own: served "
+                "untied, as transformers loads it", model=str(path))
+    return dataclasses.replace(config, tie_word_embeddings=False)

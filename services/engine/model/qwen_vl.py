@@ -1,0 +1,46 @@
+"""The text model of Qwen's vision-language checkpoints: Qwen2-VL and Qwen2.5-VL (``qwen2_vl``, ``qwen2_5_vl``:
+Qwen2's decoder), Qwen3-VL (``qwen3_vl``: Qwen3's) and Qwen3-VL-MoE (``qwen3_vl_moe``: Qwen3-MoE's; its experts
+stacked and stored transposed, ``moe_loading``; its top-k weights always renormalised, as its router does). The vision
+tower is not read (``multimodal_text``): prompts are text.
+
+Their multimodal rope (M-RoPE: the rotary dims split into temporal, height and width sections, each rotated by its own
+position id, interleaved in Qwen3-VL) gives a text token the same id in all three, and is then the plain rope of the
+same base: that is what is served. ``rope_scaling`` ``{"type": "mrope"}`` (Qwen2.5-VL's first files) reads as plain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from services.engine.model import qwen2, qwen3, qwen3_moe
+from services.engine.model.config import ModelConfig
+from services.engine.model.multimodal_text import text_config
+
+ARCHITECTURE = "qwen_vl"
+_TEXT: dict[str, tuple[str, Callable[[Mapping[str, Any]], ModelConfig]]] = {
+    "qwen2_vl": ("qwen2_vl", qwen2.config_from_hf), "qwen2_5_vl": ("qwen2_5_vl", qwen2.config_from_hf),
+    "qwen3_vl": ("qwen3_vl", qwen3.config_from_hf), "qwen3_vl_moe": ("qwen3_vl_moe", qwen3_moe.config_from_hf),
+}
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    wrapper, text_family = _TEXT[str(cfg["model_type"])]
+    text = text_config(cfg, wrapper)
+    if wrapper == "qwen3_vl_moe":  # its router always renormalises the top-k (the config has no flag)
+        text["norm_topk_prob"] = True
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(text.get(key), Mapping):
+            text[key] = _plain_rope(text[key])
+    return dataclasses.replace(text_family(text), architecture=ARCHITECTURE)
+
+
+def _plain_rope(params: Mapping[str, Any]) -> dict[str, Any]:
+    """M-RoPE's parameters as the plain rope a text token sees (its sections dropped; type ``mrope`` is default)."""
+    plain = {k: v for k, v in params.items() if k not in _MROPE_KEYS}
+    for key in ("rope_type", "type"):
+        if plain.get(key) == "mrope":
+            plain[key] = "default"
+    return plain
