@@ -436,7 +436,7 @@ class LLMEngine(PrefillRole, DecodeRole):
     def stats(self) -> EngineStats:
         """A snapshot of the engine's counters and gauges (call under the engine lock: on its thread)."""
         pool, sched, offload, policy = self.kv.pool, self.scheduler.stats, self.offload, self.scheduler.admission
-        cache = self.output_cache
+        cache, checkpoints = self.output_cache, self.state_checkpoints
         return EngineStats(
             requests_total=sched.requests_admitted_total, prompt_tokens_total=sched.prompt_tokens_total,
             generated_tokens_total=sched.generated_tokens_total,
@@ -461,6 +461,10 @@ class LLMEngine(PrefillRole, DecodeRole):
             + (cache.remote.trips_total if cache is not None else 0),
             handovers_out_total=self.handovers.stats.handovers_out_total,
             handovers_in_total=self.adoptions.stats.handovers_in_total,
+            state_checkpoints_total=checkpoints.capacity if checkpoints is not None else 0,
+            state_checkpoints_used=len(checkpoints) if checkpoints is not None else 0,
+            state_checkpoint_saves_total=checkpoints.saves_total if checkpoints is not None else 0,
+            state_checkpoint_hits_total=checkpoints.hits_total if checkpoints is not None else 0,
             model_name=str(self.model_identity.get("model", "")),
             weights_digest=str(self.model_identity.get("weights", "")), deterministic=self.config.deterministic,
         )

@@ -47,6 +47,11 @@ class EngineStats:
     store_breaker_trips_total: int  # the offload's and the output cache's stores, together
     handovers_out_total: int
     handovers_in_total: int
+    # a hybrid model's state checkpoints (prefix hits of its recurrent state; all 0 for other models)
+    state_checkpoints_total: int  # how many it keeps (--state-checkpoints)
+    state_checkpoints_used: int  # holding a prefix's state
+    state_checkpoint_saves_total: int  # states saved at a block boundary
+    state_checkpoint_hits_total: int  # requests that started from one
     # the model
     model_name: str
     weights_digest: str

@@ -50,6 +50,15 @@ def engine_node_families(status: gateway_pb2.NodeStatus) -> Iterator[Metric]:
     yield gauge("pdserve_offload_host_bytes", "Host memory holding preempted KV now", s.offload_host_bytes_used)
     yield counter("pdserve_resumes_total", "Preempted requests resumed from their kept KV", s.resumes_total)
     yield counter("pdserve_recomputes_total", "Preempted requests whose KV was recomputed", s.recomputes_total)
+    yield labelled(GaugeMetricFamily("pdserve_state_checkpoints", "A hybrid model's checkpoints of the recurrent "
+                                     "state (prefix hits start from them), by state; the states sum to how many it "
+                                     "keeps", labels=["state"]),
+                   "state", [("used", s.state_checkpoints_used),
+                             ("free", s.state_checkpoints_total - s.state_checkpoints_used)])
+    yield counter("pdserve_state_checkpoint_saves_total", "Recurrent states saved at a block boundary",
+                  s.state_checkpoint_saves_total)
+    yield counter("pdserve_state_checkpoint_hits_total", "Requests that started from a saved recurrent state",
+                  s.state_checkpoint_hits_total)
     yield gauge("pdserve_admission_headroom_blocks", "Blocks kept free for the running requests now",
                 s.admission_headroom_blocks)
     yield gauge("pdserve_admission_new_token_ratio", "The new_token_ratio policy's ratio (0 for others)",

@@ -29,6 +29,9 @@ def node_status(stats: EngineStats, role: str, address: str, healthy: bool = Tru
         handovers_in_total=stats.handovers_in_total, kv_layout_id=layout_id(kv_layout(stats.kv_layout)),
         store_breaker_trips_total=stats.store_breaker_trips_total,
         model_name=stats.model_name, weights_digest=stats.weights_digest, deterministic=stats.deterministic,
+        state_checkpoints_total=stats.state_checkpoints_total, state_checkpoints_used=stats.state_checkpoints_used,
+        state_checkpoint_saves_total=stats.state_checkpoint_saves_total,
+        state_checkpoint_hits_total=stats.state_checkpoint_hits_total,
     )
 
 

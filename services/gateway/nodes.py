@@ -70,6 +70,10 @@ class NodeInfo:
     model_name: str = ""  # model nodes: the model they serve, by name
     weights_digest: str = ""  # ... and by its weight files' bytes; empty = not reported
     deterministic: bool = False  # model nodes: batch-invariant mode (--deterministic)
+    state_checkpoints_total: int = 0  # a hybrid model's nodes: checkpoints of the recurrent state it keeps
+    state_checkpoints_used: int = 0
+    state_checkpoint_saves_total: int = 0
+    state_checkpoint_hits_total: int = 0
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

@@ -88,6 +88,12 @@ def _hybrid_hits(name: str, reference, stub, prompts: dict[str, list[int]]) -> N
         tokens, _, last = generate(stub, token_ids=ids, sampling=greedy(NEW_TOKENS))
         assert_matches(f"{name}/{label}", greedy_full_forward(reference, ids, NEW_TOKENS), tokens)
         assert last.usage.cached_tokens == cached, (label, last.usage)
+    # ClusterStatus reports them: the prefill node's two hits (and a decode node keeps no checkpoint)
+    prefill, decode = ([n for n in model_nodes(stub) if n.role == role] for role in ("prefill", "decode"))
+    assert [n.state_checkpoint_hits_total for n in prefill] == [2], prefill
+    assert prefill[0].state_checkpoints_total > 0 and 0 < prefill[0].state_checkpoints_used <= \
+        prefill[0].state_checkpoint_saves_total
+    assert all(n.state_checkpoints_total == 0 and n.state_checkpoint_hits_total == 0 for n in decode), decode
 
 
 def _pressure(name: str, reference, stub) -> None:

@@ -59,6 +59,9 @@ def test_a_shared_system_prompt_is_served_from_a_checkpoint(hybrid, shared):
     # the third starts there; the first again starts from its own end
     assert cached == [0, 0, boundary, end], cached
     assert engine.state_checkpoints.hits_total == 2
+    stats = engine.stats()  # what NodeStatus and /metrics report: two hits of four states saved (ends and the parting)
+    assert (stats.state_checkpoint_hits_total, stats.state_checkpoint_saves_total) == (2, 4)
+    assert stats.state_checkpoints_used == 4 and stats.state_checkpoints_total == engine.state_checkpoints.capacity
     _all_free(engine)
 
 
@@ -83,6 +86,9 @@ def test_no_checkpoints_no_hits(hybrid):
     assert [r.cached_tokens for r in results] == [0, 0]
     assert engine.kv.match_prefix(SOUP[:100]).num_blocks == 6  # the blocks are cached; no state is
     assert len(engine.state_checkpoints) == 0 and engine.state_checkpoints.saves_total == 0
+    stats = engine.stats()
+    assert (stats.state_checkpoints_total, stats.state_checkpoint_saves_total, stats.state_checkpoint_hits_total) == (
+        0, 0, 0)
     assert_matches(f"{name}/off", greedy_full_forward(reference, SOUP[:100], GREEDY.max_tokens), results[1].token_ids)
     _all_free(engine)
 
