@@ -178,7 +178,7 @@ class LLMEngine(PrefillRole, DecodeRole):
                            deterministic=config.deterministic, fused_ops=config.fused_ops)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids, config.trust_remote_code)
         check_vocabulary(weights.config, tokenizer.vocab_size)
-        identity = {"model": weights.config.name, "weights": weights_digest(weights.source)}
+        identity = {"model": weights.config.name, "weights": weights.digest or weights_digest(weights.source)}
         return cls(config, model, tokenizer, identity, remote_store=remote_store)
 
     def close(self) -> None:

@@ -17,7 +17,6 @@ from services.engine.chat_template import template_source
 from services.engine.generation_defaults import generation_defaults
 from services.engine.model_files import bundled_model_path
 from services.engine.tokenizer import Tokenizer
-from services.engine.weights.model_config_reader import load_model_config
 from services.gateway.api_keys import ApiKeys
 from services.gateway.auth_interceptor import ApiKeyInterceptor, open_services
 from services.gateway.config import GatewayConfig
@@ -145,11 +144,10 @@ async def serve(config: GatewayConfig) -> None:
     started = time.perf_counter()
     path = config.model or bundled_model_path()
     template = template_source(config.chat_template) if config.chat_template else None  # before slow loads
-    model = load_model_config(path)
+    identity, model = await asyncio.to_thread(model_identity, path)  # reads the weight files once
     tokenizer = Tokenizer.load(path, model.eos_token_ids, config.trust_remote_code)
     if template is not None:
         tokenizer.use_chat_template(template)
-    identity = await asyncio.to_thread(model_identity, path)  # reads the weight files once
     gateway = assemble(config, tokenizer, vocab_size=model.vocab_size, max_position=model.max_position,
                        hidden_size=model.hidden_size,
                        model=identity)

@@ -13,8 +13,12 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.gateway.nodes import DECODE, PREFILL, NodeInfo
+
+if TYPE_CHECKING:
+    from services.engine.model.config import ModelConfig
 
 MISMATCH = "it serves another model"  # how the error of a node left out for its model starts
 
@@ -28,12 +32,15 @@ class ModelIdentity:
         return f"{self.name or '?'} (weights {self.weights_digest[:12] or '?'})"
 
 
-def model_identity(path: Path) -> ModelIdentity:
-    """The identity a node that loads ``path`` reports (reads the weight files once, ~1 GB/s)."""
+def model_identity(path: Path) -> tuple[ModelIdentity, ModelConfig]:
+    """The identity a node that loads ``path`` reports, and the model's config (reads the weight files once,
+    ~1 GB/s)."""
     from services.engine.weights.digest import weights_digest
     from services.engine.weights.model_config_reader import load_model_config
 
-    return ModelIdentity(load_model_config(path).name, weights_digest(path))
+    digest = weights_digest(path)
+    config = load_model_config(path, digest)
+    return ModelIdentity(config.name, digest), config
 
 
 def serves(node: NodeInfo, model: ModelIdentity) -> bool:

@@ -61,3 +61,28 @@ def test_a_rewritten_file_gets_its_own_entry_and_no_variable_writes_nothing(tmp_
     _, other = _write("qwen2", tmp_path)
     load_weights(other)
     assert len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_a_cached_load_reads_the_file_s_bytes_once_for_its_entry_and_its_identity(tmp_path, monkeypatch):
+    """The entry's name and the engine's identity are the same digest: a node start hashes the file once (the
+    gateway's start too, for its config and its identity)."""
+    from services.engine.weights import digest as digest_module
+    from services.engine.weights import gguf_cache
+    from services.gateway import model_check
+
+    monkeypatch.setenv(gguf_cache_config.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    _, path = _write("granite", tmp_path, mixed)
+    hashed = []
+    real = digest_module.weights_digest
+
+    def counted(source):
+        hashed.append(source)
+        return real(source)
+
+    for module in (gguf_cache, gguf_cache_config, digest_module):
+        monkeypatch.setattr(module, "weights_digest", counted)
+    loaded = load_weights(path)
+    assert loaded.digest == real(path) and len(hashed) == 1
+    hashed.clear()
+    identity, config = model_check.model_identity(path)
+    assert (identity.weights_digest, identity.name) == (loaded.digest, config.name) and len(hashed) == 1

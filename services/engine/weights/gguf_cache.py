@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from kernels.int4_linear import GroupQuantized
+from services.engine.weights.digest import weights_digest
 from services.engine.weights.gguf_cache_config import cache_dir, config_from_dict, entry_path
 from services.engine.weights.loader import LoadedWeights
 
@@ -39,12 +40,13 @@ def cached(path: Path, keep_q4: bool, load: Callable[[bool], LoadedWeights]) -> 
     directory = cache_dir()
     if directory is None:
         return load(keep_q4)
-    entry = entry_path(directory, path)
+    digest = weights_digest(path)  # the entry's name, and the engine's identity: the file is read once
+    entry = entry_path(directory, path, digest)
     found = _read(entry, path)
     if found is None:
         found = load(True)
         _write(entry, found)
-    return found if keep_q4 or not found.quantized else dataclasses.replace(found, quantized={})
+    return dataclasses.replace(found, digest=digest, quantized=found.quantized if keep_q4 else {})
 
 
 def _read(entry: Path, source: Path) -> LoadedWeights | None:

@@ -35,15 +35,17 @@ def cache_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def entry_path(directory: Path, path: Path) -> Path:
-    """Named by the file's bytes (:func:`weights_digest`: a file rewritten in place gets a new entry)."""
-    return directory / f"{weights_digest(path)}-v{VERSION}.safetensors"
+def entry_path(directory: Path, path: Path, digest: str = "") -> Path:
+    """Named by the file's bytes (``digest``, else :func:`weights_digest`: a file rewritten in place gets a new
+    entry)."""
+    return directory / f"{digest or weights_digest(path)}-v{VERSION}.safetensors"
 
 
-def cached_config(path: Path, read: Callable[[], ModelConfig]) -> ModelConfig:
-    """The configuration from a cache entry's metadata when there is one, else ``read()``."""
+def cached_config(path: Path, read: Callable[[], ModelConfig], digest: str = "") -> ModelConfig:
+    """The configuration from a cache entry's metadata when there is one, else ``read()`` (``digest``: the file's,
+    when the caller has it)."""
     directory = cache_dir()
-    entry = entry_path(directory, path) if directory is not None else None
+    entry = entry_path(directory, path, digest) if directory is not None else None
     if entry is not None and entry.is_file():
         with contextlib.suppress(Exception), safe_open(str(entry), "numpy") as file:
             return config_from_dict(json.loads(file.metadata()["pdserve"])["config"])

@@ -28,6 +28,7 @@ class LoadedWeights:
     tensors: dict[str, torch.Tensor]
     source: Path
     quantized: dict[str, GroupQuantized] = field(default_factory=dict)
+    digest: str = ""  # the weight files' digest where the loading computed it (the weights cache's key); "": not
 
 
 def load_weights(path: str | Path, keep_q4: bool = False) -> LoadedWeights:

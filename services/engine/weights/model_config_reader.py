@@ -21,14 +21,15 @@ def model_kind(path: Path) -> str:
     raise ModelLoadError(f"{path}: expected a .gguf file or a directory with config.json and *.safetensors")
 
 
-def load_model_config(path: str | Path) -> ModelConfig:
-    """The model's configuration without its tensors (for processes that only tokenize and route)."""
+def load_model_config(path: str | Path, digest: str = "") -> ModelConfig:
+    """The model's configuration without its tensors (for processes that only tokenize and route; ``digest``: the
+    weight files', when the caller has it: a GGUF file's config may come from the weights cache, named by it)."""
     path = Path(path)
     if model_kind(path) == "gguf":
         from services.engine.weights.gguf_cache_config import cached_config
         from services.engine.weights.gguf_metadata import read_gguf_config
 
-        return cached_config(path, lambda: read_gguf_config(path))
+        return cached_config(path, lambda: read_gguf_config(path), digest)
     return hf_dir_config(path)
 
 
