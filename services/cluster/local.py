@@ -160,12 +160,12 @@ def _start(stack: contextlib.ExitStack, spec: ClusterSpec, stdout: int | None, s
     gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
     for process in (*([store] if store is not None else []), *decode, *prefill, gateway):
         process.wait_serving(spec.startup_timeout_s)
-    _wait_until_polled(gateway.address, len(prefill) + len(decode), spec.api_key, spec.startup_timeout_s)
+    wait_until_polled(gateway.address, len(prefill) + len(decode), spec.api_key, spec.startup_timeout_s)
     http_url = http_url_of(gateway.address, spec.api_key) if spec.http_listen else ""
     return LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
 
 
-def _wait_until_polled(gateway: str, num_nodes: int, api_key: str, timeout_s: float) -> None:
+def wait_until_polled(gateway: str, num_nodes: int, api_key: str = "", timeout_s: float = 120.0) -> None:
     """Wait until the gateway's ``ClusterStatus`` has an answer from each of its ``num_nodes`` model nodes
     (healthy, or left out for what it reported: a test's mismatched node), as a gateway started after its
     nodes has from its first poll. A gateway that does not answer ``ClusterStatus`` here (a key this

@@ -41,6 +41,7 @@ from pdserve.v1 import (
 
 from services.cache_store.keys import store_key
 from services.common.launch import launch
+from services.common.ports import unused_port
 from services.common.tls.channels import open_sync_channel
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
@@ -82,19 +83,20 @@ def expected(reference, prompts):
 @pytest.fixture(scope="module")
 def cluster():
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str, wait: bool = False):
+        def start(module: str, *args: str, wait: bool = False, port: int = 0):
             return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
-                                              wait=wait))
+                                              wait=wait, port=port))
 
         store = start("services.cache_store", wait=True)
         offload = ("--offload-cache-store", store.address)
-        a = start("services.decode_node", *ENGINE_ARGS, *A_ARGS, *offload)
-        b = start("services.decode_node", *ENGINE_ARGS, *B_ARGS, *offload)
-        p = start("services.prefill_node", *ENGINE_ARGS, "--cache-store", store.address)
-        for node in (a, b, p):
-            node.wait_serving(120)
+        # on chosen ports: the gateway starts beside the nodes, given their addresses
+        a = start("services.decode_node", *ENGINE_ARGS, *A_ARGS, *offload, port=unused_port())
+        b = start("services.decode_node", *ENGINE_ARGS, *B_ARGS, *offload, port=unused_port())
+        p = start("services.prefill_node", *ENGINE_ARGS, "--cache-store", store.address, port=unused_port())
         gateway = start("services.gateway", "--prefill", p.address, "--decode", f"{a.address},{b.address}",
-                        "--cache-store", store.address, *GATEWAY_ARGS, wait=True)
+                        "--cache-store", store.address, *GATEWAY_ARGS)
+        for node in (a, b, p, gateway):
+            node.wait_serving(120)
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             _wait_healthy(stub)

@@ -12,7 +12,9 @@ import urllib.request
 import grpc
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
+from services.cluster.local import wait_until_polled
 from services.common.launch import launch
+from services.common.ports import unused_port
 from services.engine_node.serve import ENGINE_FAILED_EXIT_CODE
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy
 
@@ -23,17 +25,19 @@ def test_a_request_whose_prefill_engine_failed_is_retried_on_the_other_node():
     with contextlib.ExitStack() as stack:
         def start(module: str, *args: str, env: dict[str, str] | None = None, role: str = ""):
             return stack.enter_context(launch(module, *args, env=env, startup_timeout_s=90, wait=False,
-                                              stderr=subprocess.DEVNULL, role=role))
+                                              stderr=subprocess.DEVNULL, role=role, port=unused_port()))
 
+        # on chosen ports: the gateway starts beside the nodes, given their addresses
         failing = start("tests.e2e.failing_node", *NODE_ARGS,
                         env={"FAILING_NODE_ROLE": "prefill", "FAILING_NODE_AT_WORK": "1"}, role="prefill")
         healthy = start("services.prefill_node", *NODE_ARGS)
         decode = start("services.decode_node", *NODE_ARGS)
-        for node in (failing, healthy, decode):
-            node.wait_serving(90)
         gateway = stack.enter_context(launch(
             "services.gateway", "--prefill", f"{failing.address},{healthy.address}", "--decode", decode.address,
-            *GATEWAY_ARGS, startup_timeout_s=60, stderr=subprocess.DEVNULL))
+            *GATEWAY_ARGS, startup_timeout_s=60, stderr=subprocess.DEVNULL, wait=False))
+        for process in (failing, healthy, decode, gateway):
+            process.wait_serving(90)
+        wait_until_polled(gateway.address, 3)  # both prefill nodes healthy: the loop below reaches the failing one
         channel = stack.enter_context(grpc.insecure_channel(gateway.address))
         stub = gateway_pb2_grpc.GatewayStub(channel)
 

@@ -13,7 +13,9 @@ import grpc
 import pytest
 from pdserve.v1 import decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc, node_pb2, prefill_pb2, prefill_pb2_grpc
 
+from services.cluster.local import wait_until_polled
 from services.common.launch import launch
+from services.common.ports import unused_port
 from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy
 
@@ -27,17 +29,19 @@ PREFILL_ARGS = (*ENGINE_ARGS, "--max-num-batched-tokens", "32", *KEEPALIVE_ARGS)
 class Nodes:
     def __init__(self, stack: contextlib.ExitStack, *gateway_args: str):
         self.stack = stack
-        self.decode = self.start("services.decode_node", *DECODE_ARGS, wait=False)  # the nodes start together
-        self.prefill = self.start("services.prefill_node", *PREFILL_ARGS, wait=False)
-        for node in (self.decode, self.prefill):
-            node.wait_serving(120)
+        # every process at once: the nodes on chosen ports, so the gateway is given their addresses
+        self.decode = self.start("services.decode_node", *DECODE_ARGS, port=unused_port())
+        self.prefill = self.start("services.prefill_node", *PREFILL_ARGS, port=unused_port())
         self.gateway = self.start("services.gateway", "--prefill", self.prefill.address, "--decode",
                                   self.decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS, *gateway_args)
+        for process in (self.decode, self.prefill, self.gateway):
+            process.wait_serving(120)
+        wait_until_polled(self.gateway.address, 2)
         self.stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(self.gateway.address)))
 
-    def start(self, module: str, *args: str, wait: bool = True):
+    def start(self, module: str, *args: str, port: int = 0):
         return self.stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
-                                               wait=wait))
+                                               wait=False, port=port))
 
     def decode_status(self) -> gateway_pb2.NodeStatus:
         with open_sync_channel(self.decode.address, "decode") as channel:
@@ -142,6 +146,7 @@ def test_decode_node_killed_mid_generation_gives_unavailable_and_it_rejoins_afte
     _wait(lambda: not nodes.healthy("decode"), 10, "the gateway to mark the dead decode node unhealthy")
 
     nodes.decode = nodes.start("services.decode_node", *DECODE_ARGS, "--listen", address)
+    nodes.decode.wait_serving(120)
     _wait(lambda: nodes.healthy("decode"), 20, "the restarted decode node to rejoin")
     _, text, last = generate(nodes.stub, prompt="The capital of France is", sampling=greedy(5))
     assert text.startswith(" Paris") and last.finish_reason == "length"

@@ -13,7 +13,9 @@ import grpc
 import pytest
 from pdserve.v1 import gateway_pb2_grpc
 
+from services.cluster.local import wait_until_polled
 from services.common.launch import launch
+from services.common.ports import unused_port
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, model_nodes
 
 pytestmark = pytest.mark.slow
@@ -22,17 +24,18 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def mixed():
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str, wait: bool = False):
+        def start(module: str, *args: str):  # every process at once: the nodes on chosen ports
             return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
-                                              wait=wait))
+                                              wait=False, port=0 if module == "services.gateway" else unused_port()))
 
         decode = start("services.decode_node", *ENGINE_ARGS)
         good = start("services.prefill_node", *ENGINE_ARGS)
         other = start("services.prefill_node", *ENGINE_ARGS, "--dtype", "bfloat16")
-        for node in (decode, good, other):
-            node.wait_serving(120)
         gateway = start("services.gateway", "--prefill", f"{good.address},{other.address}", "--decode",
-                        decode.address, *GATEWAY_ARGS, wait=True)
+                        decode.address, *GATEWAY_ARGS)
+        for process in (decode, good, other, gateway):
+            process.wait_serving(120)
+        wait_until_polled(gateway.address, 3)  # the bfloat16 node too: it answers, and is left out
         with grpc.insecure_channel(gateway.address) as channel:
             yield gateway_pb2_grpc.GatewayStub(channel), good.address, other.address, decode.address
 

@@ -14,7 +14,9 @@ import grpc
 import pytest
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc, node_pb2, prefill_pb2_grpc
 
+from services.cluster.local import wait_until_polled
 from services.common.launch import launch
+from services.common.ports import unused_port
 from services.common.tls.channels import open_sync_channel
 from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, wait_idle
 from tests.e2e.test_faults import KEEPALIVE_ARGS, stopped
@@ -27,16 +29,17 @@ PROMPT = " ".join(f"item{i}" for i in range(500))  # about 2000 tokens: seconds 
 @pytest.fixture(scope="module")
 def cluster():
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str, wait: bool = True):
+        def start(module: str, *args: str):  # every process at once: the nodes on chosen ports
             return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
-                                              wait=wait))
+                                              wait=False, port=0 if module == "services.gateway" else unused_port()))
 
-        decode = start("services.decode_node", *ENGINE_ARGS, *KEEPALIVE_ARGS, wait=False)  # the nodes start together
-        prefill = [start("services.prefill_node", *PREFILL_ARGS, wait=False) for _ in range(2)]
-        for node in (decode, *prefill):
-            node.wait_serving(120)
+        decode = start("services.decode_node", *ENGINE_ARGS, *KEEPALIVE_ARGS)
+        prefill = [start("services.prefill_node", *PREFILL_ARGS) for _ in range(2)]
         gateway = start("services.gateway", "--prefill", ",".join(p.address for p in prefill),
                         "--decode", decode.address, *GATEWAY_ARGS, *KEEPALIVE_ARGS)
+        for process in (decode, *prefill, gateway):
+            process.wait_serving(120)
+        wait_until_polled(gateway.address, 3)
         stub = gateway_pb2_grpc.GatewayStub(stack.enter_context(grpc.insecure_channel(gateway.address)))
         yield stub, prefill
 

@@ -30,6 +30,7 @@ import structlog
 from pdserve.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 from services.common.launch import launch
+from services.common.ports import unused_port
 from services.common.tls.channels import open_sync_channel
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
@@ -67,25 +68,28 @@ def cluster(tmp_path_factory):
     logs = tmp_path_factory.mktemp("rolling")
     a_log, b_log = logs / "decode-a.log", logs / "decode-b.log"
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str, wait: bool = False, stderr=subprocess.DEVNULL):
-            return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=stderr, wait=wait))
+        def start(module: str, *args: str, wait: bool = False, stderr=subprocess.DEVNULL, port: int = 0):
+            return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=stderr, wait=wait,
+                                              port=port))
 
         a_stderr, b_stderr = stack.enter_context(a_log.open("wb")), stack.enter_context(b_log.open("wb"))
 
         store = start("services.cache_store", wait=True)
         offload = ("--offload-cache-store", store.address)
+        # on chosen ports: the gateway starts beside the nodes, given their addresses
         a = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "400", "--drain-timeout-s",
-                  DECODE_DRAIN_S, *offload, stderr=a_stderr)
+                  DECODE_DRAIN_S, *offload, stderr=a_stderr, port=unused_port())
         b = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "300", "--drain-timeout-s",
-                  DECODE_DRAIN_S, *offload, stderr=b_stderr)
-        c = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "200", *offload)
-        p1 = start("services.prefill_node", *ENGINE_ARGS, "--max-num-seqs", "1", "--max-num-batched-tokens", "16")
-        p2 = start("services.prefill_node", *ENGINE_ARGS)
-        for node in (a, b, c, p1, p2):
-            node.wait_serving(120)
+                  DECODE_DRAIN_S, *offload, stderr=b_stderr, port=unused_port())
+        c = start("services.decode_node", *ENGINE_ARGS, "--num-kv-blocks", "200", *offload, port=unused_port())
+        p1 = start("services.prefill_node", *ENGINE_ARGS, "--max-num-seqs", "1", "--max-num-batched-tokens", "16",
+                   port=unused_port())
+        p2 = start("services.prefill_node", *ENGINE_ARGS, port=unused_port())
         gateway = start("services.gateway", "--prefill", f"{p1.address},{p2.address}",
                         "--decode", f"{a.address},{b.address},{c.address}", "--cache-store", store.address,
-                        *GATEWAY_ARGS, wait=True)
+                        *GATEWAY_ARGS)
+        for process in (a, b, c, p1, p2, gateway):
+            process.wait_serving(120)
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             _wait_for(lambda: sum(n.healthy for n in model_nodes(stub)) == 5, "all five model nodes healthy")

@@ -19,6 +19,7 @@ import pytest
 from pdserve.v1 import gateway_pb2_grpc
 
 from services.common.launch import launch
+from services.common.ports import unused_port
 from tests.e2e.conftest import GATEWAY_ARGS, model_nodes, wait_idle
 from tests.e2e.test_structured_output_cluster import FAMILY, LONG_SCHEMA, TINY_ENGINE_ARGS, run_schemas
 
@@ -35,19 +36,20 @@ B_ARGS = ("--num-kv-blocks", "16")
 def cluster(family_dir):
     model = ("--model", str(family_dir(FAMILY)))
     with contextlib.ExitStack() as stack:
-        def start(module: str, *args: str, wait: bool = False):
+        def start(module: str, *args: str, wait: bool = False, port: int = 0):
             return stack.enter_context(launch(module, *args, startup_timeout_s=120, stderr=subprocess.DEVNULL,
-                                              wait=wait))
+                                              wait=wait, port=port))
 
         store = start("services.cache_store", wait=True)
         offload = ("--offload-cache-store", store.address)
-        a = start("services.decode_node", *model, *TINY_ENGINE_ARGS, *A_ARGS, *offload)
-        b = start("services.decode_node", *model, *TINY_ENGINE_ARGS, *B_ARGS, *offload)
-        p = start("services.prefill_node", *model, *TINY_ENGINE_ARGS, "--num-kv-blocks", "128")
-        for node in (a, b, p):
-            node.wait_serving(120)
+        # on chosen ports: the gateway starts beside the nodes, given their addresses
+        a = start("services.decode_node", *model, *TINY_ENGINE_ARGS, *A_ARGS, *offload, port=unused_port())
+        b = start("services.decode_node", *model, *TINY_ENGINE_ARGS, *B_ARGS, *offload, port=unused_port())
+        p = start("services.prefill_node", *model, *TINY_ENGINE_ARGS, "--num-kv-blocks", "128", port=unused_port())
         gateway = start("services.gateway", *model, "--prefill", p.address, "--decode", f"{a.address},{b.address}",
-                        *GATEWAY_ARGS, wait=True)
+                        *GATEWAY_ARGS)
+        for process in (a, b, p, gateway):
+            process.wait_serving(120)
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             deadline = time.monotonic() + 30
