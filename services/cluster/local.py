@@ -18,7 +18,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,16 +138,21 @@ def _start(stack: contextlib.ExitStack, spec: ClusterSpec, stdout: int | None, s
                                           stdout=stdout, stderr=stderr, identity=security.identity, wait=False,
                                           port=port))
 
-    store = start("services.cache_store", port=unused_port()) if spec.cache_store else None
+    chosen: list[int] = []
+
+    def port() -> int:  # one that no other process of this cluster was given
+        chosen.append(unused_port(avoid=chosen))
+        return chosen[-1]
+
+    store = start("services.cache_store", port=port()) if spec.cache_store else None
     decode_args = spec.node_args("decode")
     if store is not None and spec.offload_to_cache_store:
         decode_args += ("--offload-cache-store", store.address)
     prefill_args = spec.node_args("prefill")
     if store is not None and spec.prefill_cache_store:
         prefill_args += ("--cache-store", store.address)
-    decode = [start("services.decode_node", *decode_args, index=i, port=unused_port())
-              for i in range(1, spec.num_decode + 1)]
-    prefill = [start("services.prefill_node", *prefill_args, index=i, port=unused_port())
+    decode = [start("services.decode_node", *decode_args, index=i, port=port()) for i in range(1, spec.num_decode + 1)]
+    prefill = [start("services.prefill_node", *prefill_args, index=i, port=port())
                for i in range(1, spec.num_prefill + 1)]
     gateway_args = ["--prefill", ",".join(p.address for p in prefill),
                     "--decode", ",".join(d.address for d in decode), *spec.gateway_model_args(),
@@ -158,36 +163,46 @@ def _start(stack: contextlib.ExitStack, spec: ClusterSpec, stdout: int | None, s
         gateway_args += ["--http-listen", spec.http_listen]
     key_env = {"PDSERVE_API_KEY": spec.api_key} if spec.api_key else None  # not a flag: ps shows flags
     gateway = start("services.gateway", *gateway_args, "--listen", spec.gateway_listen, env=key_env)
-    for process in (*([store] if store is not None else []), *decode, *prefill, gateway):
+    processes = [*([store] if store is not None else []), *decode, *prefill, gateway]
+    for process in processes:
         process.wait_serving(spec.startup_timeout_s)
-    wait_until_polled(gateway.address, len(prefill) + len(decode), spec.api_key, spec.startup_timeout_s)
+    wait_until_polled(gateway.address, len(prefill) + len(decode), spec.api_key, spec.startup_timeout_s,
+                      processes)
     http_url = http_url_of(gateway.address, spec.api_key) if spec.http_listen else ""
     return LocalCluster(gateway, prefill, decode, store, http_url, security.identity)
 
 
-def wait_until_polled(gateway: str, num_nodes: int, api_key: str = "", timeout_s: float = 120.0) -> None:
+def wait_until_polled(gateway: str, num_nodes: int, api_key: str = "", timeout_s: float = 120.0,
+                      processes: Sequence[ServiceProcess] = ()) -> None:
     """Wait until the gateway's ``ClusterStatus`` has an answer from each of its ``num_nodes`` model nodes
     (healthy, or left out for what it reported: a test's mismatched node), as a gateway started after its
     nodes has from its first poll. A gateway that does not answer ``ClusterStatus`` here (a key this
-    launcher lacks) is not waited for."""
+    launcher lacks) is not waited for. :class:`StartupError` at once when one of ``processes`` (the cluster's)
+    exits, or when the gateway fails the call; past ``timeout_s``, naming each node not heard from and why."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(gateway) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         while True:
+            exited = [f"{p.module} ({p.address}) {_exit_status(code)}" for p in processes
+                      if (code := p.process.poll()) is not None]
+            if exited:
+                raise StartupError(f"while the gateway {gateway} polled its nodes: {'; '.join(exited)}")
             try:
                 status = stub.ClusterStatus(gateway_pb2.ClusterStatusRequest(), timeout=10,
                                             metadata=key_metadata(api_key))
             except grpc.RpcError as error:
                 if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     return
-                raise
+                raise StartupError(f"the gateway {gateway} failed ClusterStatus: {error.code().name}: "
+                                   f"{error.details()}") from None
             nodes = [n for n in status.nodes if n.role in ("prefill", "decode")]
-            unheard = [n.address for n in nodes if not n.healthy and not n.model_name]
+            unheard = [n for n in nodes if not n.healthy and not n.model_name]
             if len(nodes) >= num_nodes and not unheard:
                 return
             if time.monotonic() > deadline:
-                raise StartupError(f"the gateway {gateway} has not heard from {', '.join(unheard)} after "
-                                   f"{timeout_s:.1f}s, though they serve")
+                said = "; ".join(f"{n.address}: {n.error or 'no answer'}" for n in unheard)
+                raise StartupError(f"the gateway {gateway} lists {len(nodes)} of {num_nodes} model nodes and has "
+                                   f"not heard from {len(unheard)} after {timeout_s:.1f}s ({said or 'none'})")
             time.sleep(_POLL_S)
 
 

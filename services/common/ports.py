@@ -12,6 +12,7 @@ import random
 import socket
 import subprocess
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import grpc
@@ -63,21 +64,23 @@ def ephemeral_range() -> tuple[int, int]:
         return DEFAULT_EPHEMERAL
 
 
-def unused_port(host: str = "127.0.0.1", attempts: int = 100) -> int:
-    """A port free on ``host`` now, chosen at random outside the ephemeral range, for a service that should
-    be reachable before it has bound (a launcher passes it to the service and to its peers at once).
+def unused_port(host: str = "127.0.0.1", attempts: int = 100, avoid: Collection[int] = ()) -> int:
+    """A port free on ``host`` now, chosen at random outside the ephemeral range (and not in ``avoid``: those a
+    launcher chose already for services not bound yet), for a service that should be reachable before it has
+    bound (a launcher passes it to the service and to its peers at once).
 
     Outside the ephemeral range no port 0 bind and no outgoing connection takes it meanwhile; only another
     process that chose the same port could (the service then fails to bind: :class:`PortTaken`). Falls back to
     :func:`free_port` when the ephemeral range leaves no room."""
     low, high = ephemeral_range()
-    candidates = [r for r in ((_CHOSEN_FROM[0], min(low, _CHOSEN_FROM[1] + 1)), (max(high + 1, _CHOSEN_FROM[0]),
-                                                                               _CHOSEN_FROM[1] + 1)) if r[0] < r[1]]
+    below = range(_CHOSEN_FROM[0], min(low, _CHOSEN_FROM[1] + 1))
+    above = range(max(high + 1, _CHOSEN_FROM[0]), _CHOSEN_FROM[1] + 1)
+    room = len(below) + len(above)
     chooser = random.SystemRandom()
-    for _ in range(attempts if candidates else 0):
-        start, stop = chooser.choice(candidates)
-        port = chooser.randrange(start, stop)
-        if port_is_free(host, port):
+    for _ in range(attempts if room else 0):
+        pick = chooser.randrange(room)  # uniform over both ranges together
+        port = below[pick] if pick < len(below) else above[pick - len(below)]
+        if port not in avoid and port_is_free(host, port):
             return port
     return free_port(host)
 

@@ -24,9 +24,21 @@ def test_a_chosen_port_is_free_and_outside_the_ephemeral_range():
 
 
 def test_with_no_room_outside_the_ephemeral_range_a_port_zero_bind_chooses(monkeypatch):
+    chosen = []
+    real = ports.free_port
+    monkeypatch.setattr(ports, "free_port", lambda host="127.0.0.1": chosen.append(real(host)) or chosen[-1])
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))
     port = unused_port()
-    assert port_is_free("127.0.0.1", port)
+    assert chosen == [port] and port_is_free("127.0.0.1", port)
+
+
+def test_a_port_a_launcher_chose_already_is_not_chosen_again(monkeypatch):
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (10001, 65535))  # room for one: 10000
+    if not port_is_free("127.0.0.1", 10000):
+        pytest.skip("port 10000 is taken on this machine")
+    assert unused_port() == 10000
+    other = unused_port(avoid=[10000])  # none left outside: a port 0 bind's
+    assert other != 10000 and port_is_free("127.0.0.1", other)
 
 
 def _held() -> socket.socket:

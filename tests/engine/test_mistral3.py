@@ -52,7 +52,10 @@ def test_mistral_small_3_serves_its_mistral_text_model():
     assert cfg.architecture == "mistral3" and (cfg.hidden_size, cfg.num_layers, cfg.head_dim) == (5120, 40, 128)
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.rope_theta, cfg.max_position) == (32, 8, 1e9, 131072)
     assert cfg.rope_scaling is None and not cfg.layer_windows and not cfg.query_temperature_beta
-    assert not cfg.tie_word_embeddings and cfg.eos_token_ids == (2,) and cfg.bos_token_id == 1
+    assert cfg.eos_token_ids == (2,) and cfg.bos_token_id == 1
+    # Mistral3Config's default ties (transformers 5's reading): the released files store a head of their own, which
+    # the loader keeps untied as transformers does (tests/engine/test_qwen_vl.py)
+    assert cfg.tie_word_embeddings
     # MistralConfig's default window where the key is absent (every release writes null)
     text = {k: v for k, v in MISTRAL_SMALL["text_config"].items() if k != "sliding_window"}
     assert config_from_hf(MISTRAL_SMALL | {"text_config": text}).layer_windows == (4096,) * 40
@@ -64,7 +67,7 @@ def test_ministral_3_reads_yarn_and_the_attention_temperature():
     scaling = cfg.rope_scaling
     assert (scaling.rope_type, scaling.factor, scaling.original_max_position) == ("yarn", 16.0, 16384)
     assert (cfg.query_temperature_beta, cfg.query_temperature_period) == (0.1, 16384)
-    assert not cfg.layer_windows and not cfg.tie_word_embeddings
+    assert not cfg.layer_windows
 
 
 def test_devstral_2_has_no_temperature_and_mistral_s_yarn():
@@ -99,3 +102,20 @@ def test_the_attention_temperature_is_transformers(dtype):
 def test_what_is_not_served_is_refused_by_name(config, named):
     with pytest.raises(ModelLoadError, match=named):
         config_from_hf(config)
+
+
+def test_a_decoder_of_its_own_refuses_a_query_temperature_it_would_not_apply(family_dir):
+    """The temperature lives in the shared decoder's layer: a family whose decoder replaces the layer loop or the
+    attention (the hybrids', latent attention's) would drop it silently, so such a pairing is refused."""
+    from services.engine.model.decoder import DecoderModel
+    from services.engine.weights import load_weights
+
+    class OwnLoop(DecoderModel):
+        def final_hidden(self, *args, **kwargs):
+            raise AssertionError("not run")
+
+    weights = load_weights(family_dir("mistral3-text"))
+    assert weights.config.query_temperature_beta == 0.1
+    with pytest.raises(ModelLoadError, match="mistral3: its decoder has no query temperature"):
+        OwnLoop(weights.config, weights.tensors, torch.float32)
+    DecoderModel(weights.config, weights.tensors, torch.float32)  # the shared one applies it

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -63,11 +64,21 @@ def test_qwen3_vl_is_qwen3_and_its_moe_qwen3_moe_renormalised():
     assert sparse.sparse_layers == tuple(range(48)) and sparse.norm_topk_prob  # its router always renormalises
 
 
-def test_the_top_level_ties_the_head_as_transformers_5_reads_it():
-    tied = config_from_hf(QWEN3_VL_8B | {"tie_word_embeddings": True,
-                                         "text_config": QWEN3_VL_8B["text_config"] | {"tie_word_embeddings": False}})
-    untied = config_from_hf(QWEN3_VL_8B | {"text_config": QWEN3_VL_8B["text_config"] | {"tie_word_embeddings": True}})
-    assert tied.tie_word_embeddings and not untied.tie_word_embeddings
+@pytest.mark.parametrize(("config", "top", "text", "tied"), [
+    (QWEN3_VL_8B, True, False, True), (QWEN3_VL_8B, False, False, False), (QWEN3_VL_8B, None, None, False),
+    (QWEN3_VL_8B, False, True, True),  # a stored head that differs stays untied all the same (the loader's rule)
+    (QWEN3_VL_30B_A3B, None, None, True),  # Qwen3VLMoeConfig's default
+    (QWEN2_5_VL_7B | {"text_config": {k: v for k, v in QWEN2_5_VL_7B.items() if k != "vision_config"}},
+     False, True, True),  # transformers' own rule for the 2.5's first files: the text config's true wins
+])
+def test_tied_where_the_top_level_or_its_default_or_the_text_config_says_so(config, top, text, tied):
+    """With the loader keeping a stored head that differs untied, the only failure left would be a headless
+    checkpoint read untied: so a wrapper is tied where any reading of transformers' would tie it."""
+    config = {k: v for k, v in config.items() if k != "tie_word_embeddings"} | (
+        {} if top is None else {"tie_word_embeddings": top})
+    config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "tie_word_embeddings"} | (
+        {} if text is None else {"tie_word_embeddings": text})
+    assert config_from_hf(config).tie_word_embeddings is tied
 
 
 def test_the_text_model_s_names_in_both_layouts():
@@ -98,3 +109,19 @@ def test_a_head_the_config_ties_but_the_checkpoint_stores_apart_stays_untied(fam
     loaded = load_weights(path)
     assert loaded.config.tie_word_embeddings and "lm_head.weight" not in loaded.tensors
     assert torch.equal(loaded.tensors["model.embed_tokens.weight"], embed)
+
+
+def test_mistral_s_own_format_copy_is_neither_read_nor_hashed(family_dir, tmp_path):
+    """Mistral's repositories ship ``consolidated.safetensors`` (the same weights under Mistral's names) beside the
+    Hugging Face files: the loader reads the index's shards, or every file but that one, and the digest hashes the
+    same files (for Mistral Small 3.1, 48 GB less to read at every start)."""
+    from services.engine.weights.digest import weights_digest
+
+    path = shutil.copytree(family_dir("mistral3-text"), tmp_path / "mistral")
+    digest = weights_digest(path)
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2, 2)}, str(path / "consolidated.safetensors"))
+    assert weights_digest(path) == digest and "layers.0.attention.wq.weight" not in load_weights(path).tensors
+    (path / "model.safetensors.index.json").unlink()  # no index: every file but Mistral's own
+    assert weights_digest(path) == digest  # the same shards, the same bytes
+    loaded = load_weights(path)
+    assert "model.embed_tokens.weight" in loaded.tensors and "layers.0.attention.wq.weight" not in loaded.tensors

@@ -4,11 +4,18 @@ fixed seed, ``save_pretrained``) beside the bundled model's real tokenizer, and 
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+# the reference side, here for the tests that import it from here
+from tests.engine.tiny_reference import (  # noqa: F401
+    HUB_LAYOUTS,
+    Reference,
+    auto_class,
+    greedy_full_forward,
+    load_reference,
+)
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, rms_norm_eps=1e-6)
@@ -225,7 +232,7 @@ FAMILIES: dict[str, dict] = {
                     text_config=dict(model_type="qwen3_vl_text", head_dim=16, rope_parameters=_MROPE | {
                         "mrope_interleaved": True})),
     # Qwen3-VL-MoE: Qwen3-MoE's layers (a dense middle one), experts stacked and written transposed as the released
-    # files store them ([E, hidden, 2·inter]: _HUB_LAYOUTS)
+    # files store them ([E, hidden, 2·inter]: HUB_LAYOUTS)
     "qwen_vl-moe": dict(model_type="qwen3_vl_moe", tie_word_embeddings=False, vision_config=_QWEN3_VL_VISION,
                         text_config=dict(model_type="qwen3_vl_moe_text", head_dim=16, num_experts=8,
                                          num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1,
@@ -242,31 +249,6 @@ FAMILIES: dict[str, dict] = {
 }
 
 
-# the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
-_AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")}
-
-
-def _transposed_experts(path: Path) -> None:
-    """Qwen3-VL-MoE's released layout: each stacked expert tensor with its last two dims swapped."""
-    from safetensors.torch import load_file, save_file
-
-    for file in path.glob("*.safetensors"):
-        tensors = load_file(str(file))
-        for name in [n for n in tensors if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))]:
-            tensors[name] = tensors[name].transpose(1, 2).contiguous()
-        save_file(tensors, str(file), metadata={"format": "pt"})
-
-
-# a tiny checkpoint rewritten in its family's released layout where transformers 5 saves another
-_HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts}
-
-
-def _auto_class(model_type: str):
-    import transformers
-
-    return getattr(transformers, _AUTO_CLASSES.get(model_type, "AutoModelForCausalLM"))
-
-
 def build_family(name: str, root: Path, tokenizer_hf) -> Path:
     """``root/name``: config.json, sharded safetensors with their index, generation_config.json, tokenizer."""
     from transformers import AutoConfig
@@ -280,7 +262,7 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
     else:
         config = AutoConfig.for_model(model_type, **ids, **(SHAPE | spec))
     torch.manual_seed(1234)
-    model = _auto_class(model_type).from_config(config, dtype=torch.float32)
+    model = auto_class(model_type).from_config(config, dtype=torch.float32)
     if name in RANDOM_NORMS:
         with torch.no_grad():
             for param_name, param in model.named_parameters():
@@ -299,30 +281,7 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
                     param.normal_(0.0, 0.1)  # its choice adds it to probabilities (about 1 / 8 each here)
     path = root / name
     model.save_pretrained(str(path), max_shard_size="2MB")
-    if name in _HUB_LAYOUTS:
-        _HUB_LAYOUTS[name](path)
+    if name in HUB_LAYOUTS:
+        HUB_LAYOUTS[name](path)
     tokenizer_hf.save_pretrained(str(path))
     return path
-
-
-def load_reference(path: Path):
-    model_type = json.loads((path / "config.json").read_text())["model_type"]
-    return _auto_class(model_type).from_pretrained(str(path), dtype=torch.float32).eval()
-
-
-@dataclass(frozen=True)
-class Reference:
-    token_ids: list[int]
-    margins: list[float]
-
-
-@torch.inference_mode()
-def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
-    ids, tokens, margins = list(prompt), [], []
-    for _ in range(new_tokens):
-        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
-        top2 = logits.topk(2)
-        tokens.append(int(top2.indices[0]))
-        margins.append(float(top2.values[0] - top2.values[1]))
-        ids.append(tokens[-1])
-    return Reference(tokens, margins)

@@ -39,6 +39,9 @@ class MoEConfig:
     top_groups: int = 1  # topk_group
     routed_scaling: float = 1.0  # routed_scaling_factor
     norm_epsilon: float = 1e-20  # sigmoid routing: added to the top-k sum it renormalises by (LFM2-MoE's: 1e-6)
+    # stacked experts may be stored transposed ([E, hidden, 2·inter], [E, inter, hidden]: Qwen3-VL-MoE's files),
+    # read so where the stored shape is that one, as transformers reads them
+    stacked_transposed: bool = False
 
     @property
     def correction_bias(self) -> bool:

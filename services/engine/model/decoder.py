@@ -83,6 +83,10 @@ class DecoderModel(ExpertLoading):
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
                  int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
                  flashinfer_module: ModuleType | None = None, grouped_experts: bool | None = None):
+        if config.query_temperature_beta and (type(self).final_hidden is not DecoderModel.final_hidden
+                                              or type(self)._attention is not DecoderModel._attention):
+            raise ModelLoadError(f"{config.architecture}: its decoder has no query temperature "
+                                 "(llama_4_scaling_beta); only the shared decoder's layer applies it")
         self.config = config
         self.deterministic = deterministic
         self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0

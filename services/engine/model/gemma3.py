@@ -83,6 +83,6 @@ def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The text model's config with transformers' defaults filled in (a multimodal config's ``text_config``)."""
     from transformers import Gemma3TextConfig
 
-    text = text_config(cfg, "gemma3")
+    text = text_config(cfg, "gemma3", default_tie=True)
     text["model_type"] = "gemma3_text"
     return with_defaults(ARCHITECTURE, Gemma3TextConfig, text)

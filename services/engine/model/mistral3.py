@@ -25,7 +25,8 @@ TEXT_MODEL_TYPES = ("mistral", "ministral3")
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    text = text_config(cfg, WRAPPER)
+    """A ``mistral3`` config's text model (``mistral`` or ``ministral3``), or a ``ministral3`` one's."""
+    text = text_config(cfg, WRAPPER, default_tie=True)
     model_type = text.get("model_type", "ministral3" if cfg.get("model_type") == "ministral3" else "mistral")
     if model_type not in TEXT_MODEL_TYPES:
         raise ModelLoadError(f"mistral3: a text model of type {model_type!r} is not supported (only "

@@ -1,10 +1,10 @@
 """How the shared decoder takes a sparse layer's weights from a checkpoint: its router (float32 where the routing
 is the sigmoid's, with its correction bias), its routed experts (per-expert tensors, or stacked ones: transformers 5's
-layout, ``gate_up_proj [E, 2·inter, hidden]`` and ``down_proj [E, hidden, inter]``, or stored transposed as
-Qwen3-VL-MoE's files are, read as transformers reads them: transposed only where the stored shape is not the expected
-one; stacked for grouped GEMMs on the GPU path), and its shared expert (Qwen2-MoE's gated one, Granite MoE's and
-GLM-4.5's ungated ones). A mixin of :class:`~services.engine.model.decoder.DecoderModel`, using its weight source,
-projections and settings."""
+layout, ``gate_up_proj [E, 2·inter, hidden]`` and ``down_proj [E, hidden, inter]``, or, for a family whose files
+store them transposed (``MoEConfig.stacked_transposed``: Qwen3-VL-MoE's), read as transformers reads them: transposed
+only where the stored shape is not the expected one; stacked for grouped GEMMs on the GPU path), and its shared
+expert (Qwen2-MoE's gated one, Granite MoE's and GLM-4.5's ungated ones). A mixin of
+:class:`~services.engine.model.decoder.DecoderModel`, using its weight source, projections and settings."""
 
 from __future__ import annotations
 
@@ -110,9 +110,9 @@ class ExpertLoading:
         return GroupedExperts(gate_up, down)
 
     def _stacked(self, p: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sparse layer's stacked ``gate_up_proj`` and ``down_proj`` in transformers 5's layout; each is read
-        transposed where it is stored so (its last two dims swapped: Qwen3-VL-MoE's files), as transformers' loader
-        reads such checkpoints (only a tensor whose stored shape is not the expected one is transposed)."""
+        """A sparse layer's stacked ``gate_up_proj`` and ``down_proj`` in transformers 5's layout; with
+        ``MoEConfig.stacked_transposed``, each is read transposed where it is stored so (its last two dims swapped), as
+        transformers' loader reads such checkpoints (only a tensor whose stored shape is not the expected one)."""
         moe, hidden = self.config.moe, self.config.hidden_size
         assert moe is not None
         inter = moe.intermediate_size
@@ -120,8 +120,9 @@ class ExpertLoading:
                 self._maybe_transposed(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
 
     def _maybe_transposed(self, name: str, shape: tuple[int, int, int]) -> torch.Tensor:
-        source = self._source
+        source, moe = self._source, self.config.moe
+        assert moe is not None
         stored = tuple(source.tensors[name].shape) if source.has(name) else shape
-        if stored != shape and stored == (shape[0], shape[2], shape[1]):
+        if moe.stacked_transposed and stored != shape and stored == (shape[0], shape[2], shape[1]):
             return source.take(name, stored).transpose(1, 2).contiguous()
         return source.take(name, shape)

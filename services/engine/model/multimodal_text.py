@@ -7,9 +7,12 @@ Two layouts of tensor names exist: the first releases' (``language_model.model.*
 (``model.language_model.*``, ``lm_head.*``, ``model.vision_tower.*``, ``model.multi_modal_projector.*``,
 ``model.visual.*``); both map to the text model's own (``model.layers.…``).
 
-Tying: transformers 5 ties a vision-language model's head by the top level's ``tie_word_embeddings`` (the text
-config's may say otherwise: Qwen3-VL's files write ``true`` there beside an untied head), and keeps a stored head
-that differs from the embeddings untied whatever the flag (the weights loader does the same).
+Tying: transformers 5 reads a vision-language model's ``tie_word_embeddings`` at its top level (its class's default
+where absent: true for Mistral 3, Gemma 3 and Qwen3-VL-MoE), Qwen2-VL's and Qwen2.5-VL's also from the text config
+(their first files kept it there), and keeps a stored head that differs from the embeddings untied whatever the flag.
+Here a wrapper is tied where the top level (or its default) or the text config says so: with the loader's own rule
+(a stored head that differs stays untied, ``weights/safetensors_loader.py``) that serves every checkpoint as
+transformers does, a headless one tied, whichever file the flag was written in.
 """
 
 from __future__ import annotations
@@ -35,16 +38,17 @@ def text_tensor_name(name: str) -> str | None:
     return name
 
 
-def text_config(cfg: Mapping[str, Any], wrapper_type: str) -> dict[str, Any]:
+def text_config(cfg: Mapping[str, Any], wrapper_type: str, default_tie: bool = False) -> dict[str, Any]:
     """``cfg`` itself (a text-only config, or a wrapper's written flat, as Qwen2.5-VL's first files are), or, where
     its ``model_type`` is ``wrapper_type``, its ``text_config``, with the top level's token ids where the text
-    model's lack them and the top level's tying where it has one."""
+    model's lack them, tied where the top level (``default_tie``, the wrapper class's default, where it has none)
+    or the text config says so (see the module)."""
     if cfg.get("model_type") != wrapper_type or not cfg.get("text_config"):
         return dict(cfg)
     text = dict(cfg["text_config"])
     for key in _INHERITED:
         if cfg.get(key) is not None:
             text.setdefault(key, cfg[key])
-    if cfg.get("tie_word_embeddings") is not None:
-        text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    top = cfg.get("tie_word_embeddings")
+    text["tie_word_embeddings"] = bool(default_tie if top is None else top) or bool(text.get("tie_word_embeddings"))
     return text

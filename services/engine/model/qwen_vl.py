@@ -19,22 +19,28 @@ from services.engine.model.config import ModelConfig
 from services.engine.model.multimodal_text import text_config
 
 ARCHITECTURE = "qwen_vl"
-_TEXT: dict[str, tuple[str, Callable[[Mapping[str, Any]], ModelConfig]]] = {
-    "qwen2_vl": ("qwen2_vl", qwen2.config_from_hf), "qwen2_5_vl": ("qwen2_5_vl", qwen2.config_from_hf),
-    "qwen3_vl": ("qwen3_vl", qwen3.config_from_hf), "qwen3_vl_moe": ("qwen3_vl_moe", qwen3_moe.config_from_hf),
+# checkpoint type → its text family's reader, and whether the wrapper class ties by default (transformers 5)
+_TEXT: dict[str, tuple[Callable[[Mapping[str, Any]], ModelConfig], bool]] = {
+    "qwen2_vl": (qwen2.config_from_hf, False), "qwen2_5_vl": (qwen2.config_from_hf, False),
+    "qwen3_vl": (qwen3.config_from_hf, False), "qwen3_vl_moe": (qwen3_moe.config_from_hf, True),
 }
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    wrapper, text_family = _TEXT[str(cfg["model_type"])]
-    text = text_config(cfg, wrapper)
+    """The text model of a ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl`` or ``qwen3_vl_moe`` config."""
+    wrapper = str(cfg["model_type"])
+    text_family, default_tie = _TEXT[wrapper]
+    text = text_config(cfg, wrapper, default_tie)
     if wrapper == "qwen3_vl_moe":  # its router always renormalises the top-k (the config has no flag)
         text["norm_topk_prob"] = True
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(text.get(key), Mapping):
             text[key] = _plain_rope(text[key])
-    return dataclasses.replace(text_family(text), architecture=ARCHITECTURE)
+    config = text_family(text)
+    if config.moe is not None:  # its files store the stacked experts transposed (moe_loading reads both)
+        config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, stacked_transposed=True))
+    return dataclasses.replace(config, architecture=ARCHITECTURE)
 
 
 def _plain_rope(params: Mapping[str, Any]) -> dict[str, Any]:

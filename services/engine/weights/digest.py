@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from services.engine.weights.shards import shard_files
+
 _CHUNK = 8 << 20
 
 
 def weight_files(source: Path) -> list[Path]:
-    """The files whose bytes make the model: a GGUF file, or a checkpoint directory's ``config.json`` and
-    ``*.safetensors``."""
+    """The files whose bytes make the model: a GGUF file, or a checkpoint directory's ``config.json`` and the
+    shards the loader reads (``shards.shard_files``: not Mistral's own-format copy of the same weights)."""
     if source.is_file():
         return [source]
-    return [source / "config.json", *sorted(source.glob("*.safetensors"))]
+    return [source / "config.json", *shard_files(source)]
 
 
 def weights_digest(source: Path) -> str:

@@ -7,7 +7,6 @@ checkpoint such as Qwen3-Embedding's) is read under ``model.`` names, its missin
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import structlog
@@ -20,28 +19,9 @@ from services.engine.model.registry import tensor_renamer
 from services.engine.weights.fp8_blocks import dequantize_fp8, fp8_scheme
 from services.engine.weights.loader import LoadedWeights
 from services.engine.weights.model_config_reader import hf_dir_config, read_hf_config
+from services.engine.weights.shards import shard_files
 
-INDEX = "model.safetensors.index.json"
 log = structlog.get_logger(__name__)
-
-
-def shard_files(path: Path) -> list[Path]:
-    """The checkpoint's safetensors files: the index's shards when there is an index, else every file."""
-    index = path / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"{index}: not a safetensors index ({exc})") from exc
-        names = sorted(set(weight_map.values()))
-        missing = [name for name in names if not (path / name).is_file()]
-        if missing:
-            raise ModelLoadError(f"{path}: shard(s) {', '.join(missing)} listed in {INDEX} are missing")
-        return [path / name for name in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{path}: no *.safetensors files")
-    return files
 
 
 def load_safetensors_dir(path: Path) -> LoadedWeights:

@@ -1,0 +1,58 @@
+"""The transformers side of the tiny checkpoints (tests/engine/tiny_families.py): the class that loads each, the
+released layout a family's files are rewritten in where transformers 5 saves another, and the greedy reference
+(argmax of a full forward at each step, no KV cache)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
+AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")}
+
+
+def _transposed_experts(path: Path) -> None:
+    """Qwen3-VL-MoE's released layout: each stacked expert tensor with its last two dims swapped."""
+    from safetensors.torch import load_file, save_file
+
+    for file in path.glob("*.safetensors"):
+        tensors = load_file(str(file))
+        for name in [n for n in tensors if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))]:
+            tensors[name] = tensors[name].transpose(1, 2).contiguous()
+        save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+# a tiny checkpoint rewritten in its family's released layout where transformers 5 saves another
+HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts}
+
+
+def auto_class(model_type: str):
+    import transformers
+
+    return getattr(transformers, AUTO_CLASSES.get(model_type, "AutoModelForCausalLM"))
+
+
+def load_reference(path: Path):
+    model_type = json.loads((path / "config.json").read_text())["model_type"]
+    return auto_class(model_type).from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+@dataclass(frozen=True)
+class Reference:
+    token_ids: list[int]
+    margins: list[float]
+
+
+@torch.inference_mode()
+def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
+    ids, tokens, margins = list(prompt), [], []
+    for _ in range(new_tokens):
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        top2 = logits.topk(2)
+        tokens.append(int(top2.indices[0]))
+        margins.append(float(top2.values[0] - top2.values[1]))
+        ids.append(tokens[-1])
+    return Reference(tokens, margins)
