@@ -74,6 +74,8 @@ def _tied_or_not(config: ModelConfig, tensors: dict[str, torch.Tensor], path: Pa
     if embed is None or (head.shape == embed.shape and torch.equal(head, embed)):
         del tensors["lm_head.weight"]
         return config
-    log.warning("the config ties the LM head to the embeddings, but the checkpoint stores a head of its own: served "
-                "untied, as transformers loads it", model=str(path))
+    # info, not a warning: the released Mistral 3 and Qwen3-VL-MoE files are read so at every start (their class's
+    # default ties, their files store a head)
+    log.info("the config ties the LM head to the embeddings, but the checkpoint stores a head of its own: served "
+             "untied, as transformers loads it", model=str(path))
     return dataclasses.replace(config, tie_word_embeddings=False)
