@@ -33,12 +33,12 @@ def test_with_no_room_outside_the_ephemeral_range_a_port_zero_bind_chooses(monke
 
 
 def test_a_port_a_launcher_chose_already_is_not_chosen_again(monkeypatch):
-    monkeypatch.setattr(ports, "ephemeral_range", lambda: (10001, 65535))  # room for one: 10000
-    if not port_is_free("127.0.0.1", 10000):
-        pytest.skip("port 10000 is taken on this machine")
-    assert unused_port() == 10000
-    other = unused_port(avoid=[10000])  # none left outside: a port 0 bind's
-    assert other != 10000 and port_is_free("127.0.0.1", other)
+    only = ports.free_port()  # room for this one alone outside the ephemeral range
+    monkeypatch.setattr(ports, "_CHOSEN_FROM", (only, only))
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, only - 1))
+    assert unused_port() == only
+    other = unused_port(avoid=[only])  # none left outside: a port 0 bind's
+    assert other != only and port_is_free("127.0.0.1", other)
 
 
 def _held() -> socket.socket:

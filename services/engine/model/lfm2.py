@@ -40,7 +40,8 @@ _RENAMES = (
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import Lfm2Config, Lfm2MoeConfig
 
-    if cfg.get("model_type") == MOE_TYPE:
+    is_moe = cfg.get("model_type") == MOE_TYPE
+    if is_moe:
         full = with_defaults(ARCHITECTURE, Lfm2MoeConfig, cfg)  # reads tie_embedding
         width = int(full["intermediate_size"])
     else:
@@ -58,7 +59,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              "served)")
     conv = ShortConv(layers=tuple(i for i, kind in enumerate(kinds) if kind == "conv"),
                      conv_dim=fields["hidden_size"], conv_kernel=int(full["conv_L_cache"]))
-    moe = _experts(full, fields["num_layers"]) if cfg.get("model_type") == MOE_TYPE else None
+    moe = _experts(full, fields["num_layers"]) if is_moe else None
     return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None, moe=moe)
 
 

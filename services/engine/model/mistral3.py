@@ -11,10 +11,12 @@ scales) are dequantised at load (``weights/fp8_blocks.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
+from services.engine.model import mistral
 from services.engine.model.config import ModelConfig
 from services.engine.model.hf_config import base_fields, every_layer_window
 from services.engine.model.multimodal_text import text_config
@@ -31,11 +33,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if model_type not in TEXT_MODEL_TYPES:
         raise ModelLoadError(f"mistral3: a text model of type {model_type!r} is not supported (only "
                              f"{', '.join(TEXT_MODEL_TYPES)})")
+    if model_type == "mistral":  # Mistral Small 3.x, Magistral: Mistral's own text model
+        return dataclasses.replace(mistral.config_from_hf(text), architecture=ARCHITECTURE)
     fields = base_fields(text, ARCHITECTURE)
-    beta, period = _query_temperature(text) if model_type == "ministral3" else (0.0, 0)
-    # transformers' defaults where sliding_window is absent: Mistral's 4096, Ministral 3's none (every release
-    # writes null)
-    windows = every_layer_window(text, fields["max_position"], default=4096 if model_type == "mistral" else None)
+    beta, period = _query_temperature(text)
+    # transformers' default where sliding_window is absent: none (every release writes null)
+    windows = every_layer_window(text, fields["max_position"])
     return ModelConfig(**fields, layer_windows=windows, query_temperature_beta=beta, query_temperature_period=period)
 
 
