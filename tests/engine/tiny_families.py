@@ -42,13 +42,22 @@ _MINISTRAL3_TEXT = dict(model_type="ministral3", head_dim=16, tie_word_embedding
                         rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                          "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
                                          "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
+# (its routed weights times 2, so the scaling shows; the temperature's period 64, as Ministral 3's)
+_MISTRAL4_TEXT = dict(model_type="mistral4", q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=16,
+                      qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4, n_routed_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1,
+                      n_group=2, topk_group=1, routed_scaling_factor=2.0, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                                       "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1,
+                                       "partial_rotary_factor": 0.5})
 _MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
 _QWEN3_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                         deepstack_visual_indexes=[0], patch_size=14)
 RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
-                "glm4_moe_lite", "minimax_m2", "olmoe"}
+                "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4"}
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4",
                  "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
@@ -225,6 +234,12 @@ FAMILIES: dict[str, dict] = {
                                                    num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
     # Devstral 2: the ministral3 text model on its own
     "mistral3-text": dict(_MINISTRAL3_TEXT),
+    # Mistral Small 4: Mistral3ForConditionalGeneration around a mistral4 text model (DeepSeek-V3's latent attention
+    # with Ministral 3's query temperature, softmax routing within the best of 2 groups, a shared expert; norms drawn
+    # at random)
+    "mistral4": dict(model_type="mistral3", text_config=_MISTRAL4_TEXT, tie_word_embeddings=False,
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
     # Qwen3-VL: Qwen3's text model under model.language_model.* with interleaved M-RoPE (plain rope for text: its
     # sections, 2 + 3 + 3 of the 8 frequencies, all see the same position), the vision tower beside it (not read);
     # tied as the top level says (the text config's true is what transformers 5 writes there)
@@ -257,7 +272,7 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
     model_type = spec.pop("model_type")
     ids = dict(vocab_size=len(tokenizer_hf), bos_token_id=1, eos_token_id=2)
     if "text_config" in spec:  # a multimodal checkpoint: the shape is its text model's
-        spec["text_config"] = dict(**ids, **SHAPE, **spec["text_config"])
+        spec["text_config"] = ids | SHAPE | spec["text_config"]
         config = AutoConfig.for_model(model_type, **spec)
     else:
         config = AutoConfig.for_model(model_type, **ids, **(SHAPE | spec))

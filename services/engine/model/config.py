@@ -20,7 +20,9 @@ class MoEConfig:
     ``biased_choice`` (ERNIE 4.5): the softmax of float32 logits with the same correction bias in the choice
     only (sigmoid routing always has it). ``group_limited_softmax`` (DeepSeek-V2): the softmax of float32 logits,
     the top-k chosen among the ``top_groups`` groups of highest best-expert probability (``group_limited_greedy``;
-    with one group, plain ``greedy``), no correction bias."""
+    with one group, plain ``greedy``), no correction bias. ``grouped_softmax`` (Mistral 4): the softmax of float32
+    logits, chosen as sigmoid routing chooses (the ``top_groups`` groups of best-two sum) without a bias, weighted
+    by the softmax."""
 
     num_experts: int
     top_k: int
@@ -35,6 +37,7 @@ class MoEConfig:
     sigmoid_routing: bool = False
     biased_choice: bool = False
     group_limited_softmax: bool = False
+    grouped_softmax: bool = False
     expert_groups: int = 1  # n_group
     top_groups: int = 1  # topk_group
     routed_scaling: float = 1.0  # routed_scaling_factor
@@ -50,8 +53,8 @@ class MoEConfig:
 
     @property
     def float32_router(self) -> bool:
-        """The router runs in float32 (sigmoid routing, biased choice, group-limited softmax)."""
-        return self.correction_bias or self.group_limited_softmax
+        """The router runs in float32 (sigmoid routing, biased choice, group-limited or grouped softmax)."""
+        return self.correction_bias or self.group_limited_softmax or self.grouped_softmax
 
     @property
     def float32_weights(self) -> bool:

@@ -78,13 +78,16 @@ class DecoderModel(ExpertLoading):
     over (a feature of the checkpoint this family does not have)."""
 
     FUSED_OPS: ClassVar[bool] = True  # a family whose layer calls torch's ops directly sets it False
+    # a family whose own ``_attention`` multiplies its queries by ``query_scale`` (the query temperature) sets it
+    QUERY_TEMPERATURE: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
                  int4_max_rows: int = 0, deterministic: bool = False, fused_ops: bool = True,
                  flashinfer_module: ModuleType | None = None, grouped_experts: bool | None = None):
         if config.query_temperature_beta and (type(self).final_hidden is not DecoderModel.final_hidden
-                                              or type(self)._attention is not DecoderModel._attention):
+                                              or (type(self)._attention is not DecoderModel._attention
+                                                  and not type(self).QUERY_TEMPERATURE)):
             raise ModelLoadError(f"{config.architecture}: its decoder has no query temperature "
                                  "(llama_4_scaling_beta); only the shared decoder's layer applies it")
         self.config = config

@@ -62,14 +62,28 @@ def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | No
                           qk_nope_head_dim=int(required(cfg, "qk_nope_head_dim")),
                           v_head_dim=int(required(cfg, "v_head_dim")),
                           q_lora_rank=None if q_lora is None else int(q_lora))
-    fields = base_fields({k: v for k, v in cfg.items() if k not in ("head_dim", "partial_rotary_factor")},
-                         architecture)
+    fields = base_fields(_without_partial_rotary(cfg, mla), architecture)
     scaling = fields["rope_scaling"]
     scale = mla.qk_head_dim**-0.5
     if scaling is not None and scaling.mscale_all_dim:  # transformers' yarn_apply_mscale
         scale *= yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
     return ModelConfig(**{**fields, "num_kv_heads": 1, "head_dim": mla.cache_dim, "rotary_dim": mla.qk_rope_head_dim},
                        mla=mla, moe=moe, rope_interleaved=interleaved, multipliers=Multipliers(attention=scale))
+
+
+def _without_partial_rotary(cfg: Mapping[str, Any], mla: LatentAttention) -> dict[str, Any]:
+    """``cfg`` without ``head_dim`` and ``partial_rotary_factor`` (the latent attention's own dims say them); a
+    rope parameters' factor (Mistral 4 writes ``qk_rope_head_dim / qk_head_dim``) must be that one."""
+    out = {k: v for k, v in cfg.items() if k not in ("head_dim", "partial_rotary_factor")}
+    for key in ("rope_parameters", "rope_scaling"):
+        params = out.get(key)
+        if isinstance(params, Mapping) and "partial_rotary_factor" in params:
+            factor = float(params["partial_rotary_factor"])
+            if int(mla.qk_head_dim * factor) != mla.qk_rope_head_dim:
+                raise ModelLoadError(f"{cfg.get('model_type')}: {key}.partial_rotary_factor {factor} does not give "
+                                     f"qk_rope_head_dim {mla.qk_rope_head_dim} of the {mla.qk_head_dim}-wide heads")
+            out[key] = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    return out
 
 
 def sparse_mlp(cfg: Mapping[str, Any], sparse_layers: tuple[int, ...], **routing: Any) -> MoEConfig | None:

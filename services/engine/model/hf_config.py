@@ -181,3 +181,20 @@ def with_defaults(architecture: str, config_class: type, cfg: Mapping[str, Any])
         return config_class.from_dict(dict(cfg)).to_dict()
     except Exception as exc:  # its validators raise their own classes: any of them means a bad config
         raise ModelLoadError(f"{architecture}: config.json is not a {config_class.__name__} ({exc})") from exc
+
+
+def query_temperature(cfg: Mapping[str, Any], model_type: str) -> tuple[float, int]:
+    """``(llama_4_scaling_beta, original_max_position_embeddings)`` of a text model's rope parameters, as its
+    attention reads them (transformers' ``Ministral3Attention`` and ``Mistral4Attention``: both required there);
+    ``(0, 0)`` for a beta of 0."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        raise ModelLoadError(f"{model_type}: rope_parameters has no llama_4_scaling_beta (its attention needs it)")
+    if not float(beta):
+        return 0.0, 0
+    period = params.get("original_max_position_embeddings")
+    if not period:
+        raise ModelLoadError(f"{model_type}: llama_4_scaling_beta without original_max_position_embeddings in "
+                             "rope_parameters")
+    return float(beta), int(period)

@@ -1,6 +1,6 @@
 """Mistral 3: Mistral Small 3.1/3.2 and Magistral Small (24B; ``mistral3``, a vision-language checkpoint whose text
 model is Mistral's), Ministral 3 (3B/8B/14B; ``mistral3`` around a ``ministral3`` text model) and Devstral 2
-(``ministral3``, text only).
+(``ministral3``, text only); Mistral Small 4's wrapper too (a ``mistral4`` text model, served by :mod:`mistral4`).
 
 The text model is Mistral's decoder. ``ministral3`` adds yarn rope (Mistral's own ``beta_fast``/``mscale``
 settings) and an attention temperature: past the yarn's original context the queries are scaled up by
@@ -16,18 +16,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model import mistral
+from services.engine.model import mistral, mistral4
 from services.engine.model.config import ModelConfig
-from services.engine.model.hf_config import base_fields, every_layer_window
+from services.engine.model.hf_config import base_fields, every_layer_window, query_temperature
 from services.engine.model.multimodal_text import text_config
 
 ARCHITECTURE = "mistral3"
 WRAPPER = "mistral3"
-TEXT_MODEL_TYPES = ("mistral", "ministral3")
+TEXT_MODEL_TYPES = ("mistral", "ministral3", "mistral4")
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    """A ``mistral3`` config's text model (``mistral`` or ``ministral3``), or a ``ministral3`` one's."""
+    """A ``mistral3`` config's text model (``mistral``, ``ministral3`` or ``mistral4``), or a ``ministral3`` one's."""
     text = text_config(cfg, WRAPPER, default_tie=True)
     model_type = text.get("model_type", "ministral3" if cfg.get("model_type") == "ministral3" else "mistral")
     if model_type not in TEXT_MODEL_TYPES:
@@ -35,24 +35,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              f"{', '.join(TEXT_MODEL_TYPES)})")
     if model_type == "mistral":  # Mistral Small 3.x, Magistral: Mistral's own text model
         return dataclasses.replace(mistral.config_from_hf(text), architecture=ARCHITECTURE)
+    if model_type == "mistral4":  # Mistral Small 4: latent attention and experts (its own family's decoder)
+        return mistral4.config_from_hf(text)
     fields = base_fields(text, ARCHITECTURE)
-    beta, period = _query_temperature(text)
+    beta, period = query_temperature(text, model_type)
     # transformers' default where sliding_window is absent: none (every release writes null)
     windows = every_layer_window(text, fields["max_position"])
     return ModelConfig(**fields, layer_windows=windows, query_temperature_beta=beta, query_temperature_period=period)
-
-
-def _query_temperature(text: Mapping[str, Any]) -> tuple[float, int]:
-    """``(llama_4_scaling_beta, original_max_position_embeddings)`` of a ``ministral3`` text model's rope
-    parameters, as its attention reads them (transformers' ``Ministral3Attention``: both required there)."""
-    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    beta = params.get("llama_4_scaling_beta")
-    if beta is None:
-        raise ModelLoadError("ministral3: rope_parameters has no llama_4_scaling_beta (its attention needs it)")
-    if not float(beta):
-        return 0.0, 0
-    period = params.get("original_max_position_embeddings")
-    if not period:
-        raise ModelLoadError("ministral3: llama_4_scaling_beta without original_max_position_embeddings in "
-                             "rope_parameters")
-    return float(beta), int(period)

@@ -60,6 +60,8 @@ class LatentLayerWeights(LayerWeights):
 class LatentAttentionDecoderModel(DecoderModel):
     """A :class:`DecoderModel` whose layers attend through :class:`LatentProjections` (see the module)."""
 
+    QUERY_TEMPERATURE = True
+
     def __init__(self, config, tensors, dtype, device="cpu", *args, deterministic: bool = False, **kwargs):
         if deterministic:
             raise ModelLoadError(f"the deterministic mode does not serve latent attention ({config.architecture})")
@@ -100,7 +102,6 @@ class LatentAttentionDecoderModel(DecoderModel):
                    attention: AttentionBackend, rope: object, paths: RowPaths | None,
                    query_scale: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
-        assert query_scale is None, "no latent-attention family has a query temperature"
         mla, w = self._mla, layer.latent
         tokens, heads = x.shape[0], self.config.num_heads
         rope_dim, rank, nope = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.qk_nope_head_dim
@@ -116,6 +117,8 @@ class LatentAttentionDecoderModel(DecoderModel):
         q = torch.cat((q[..., nope:], q_latent), dim=-1)
         k = torch.cat((k_rope, rms_norm(latent, w.kv_a_norm, LATENT_NORM_EPS)), dim=-1).view(tokens, 1, rope_dim + rank)
         q, k = self.ops.rope(q, k, rope)
+        if query_scale is not None:  # Mistral 4's temperature: the whole query, as transformers scales it
+            q = q * query_scale
         out = attention.forward(q, k, k, kv_cache, self.scale)
         values = torch.bmm(out[..., rope_dim:].transpose(0, 1), w.w_uv).transpose(0, 1)  # [T, H, v_head_dim]
         return linear(values.reshape(tokens, heads * mla.v_head_dim), layer.o, paths)

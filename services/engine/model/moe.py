@@ -44,8 +44,8 @@ class MoEWeights:
 
 def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's ``top_k`` experts ``[T, top_k]`` and their float32 weights (see :class:`MoEConfig`)."""
-    if config.sigmoid_routing:
-        return _sigmoid_route(x, weights, config)
+    if config.sigmoid_routing or config.grouped_softmax:
+        return _grouped_route(x, weights, config)
     if config.biased_choice:
         return _biased_softmax_route(x, weights, config)
     if config.group_limited_softmax:
@@ -62,10 +62,11 @@ def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torc
     return top_probs, top_experts
 
 
-def _sigmoid_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _grouped_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """GLM-4.5's and DeepSeek-V3's routing, in float32: chosen by ``sigmoid + bias`` within the best groups,
-    weighted by the sigmoid."""
-    scores = torch.sigmoid(linear(x.float(), weights.router))
+    weighted by the sigmoid; Mistral 4's (``grouped_softmax``) the same with the softmax and no bias."""
+    logits = linear(x.float(), weights.router)
+    scores = torch.softmax(logits, dim=-1) if config.grouped_softmax else torch.sigmoid(logits)
     choice = scores if weights.choice_bias is None else scores + weights.choice_bias
     if config.top_groups < config.expert_groups:
         by_group = choice.view(choice.shape[0], config.expert_groups, -1)

@@ -1,0 +1,55 @@
+"""Mistral 4: Mistral Small 4 (119B, 6.5B active; ``mistral3`` around a ``mistral4`` text model, as released) and a
+``mistral4`` text model on its own (``Mistral4ForCausalLM``).
+
+The text model is DeepSeek-V3's (:func:`~services.engine.model.deepseek.latent_config`): latent attention with yarn
+(its ``mscale_all_dim`` on the scores) and rope on adjacent pairs (``rope_interleave``), experts from the
+``first_k_dense_replace``-th layer on beside ``n_shared_experts`` ungated shared experts. What Mistral adds:
+
+- the router's **softmax** (not DeepSeek-V3's sigmoid, no correction bias), its top-k chosen among the
+  ``topk_group`` best of ``n_group`` groups, a group scored by the sum of its best two probabilities
+  (:attr:`~services.engine.model.config.MoEConfig.grouped_softmax`), renormalised (``norm_topk_prob``) and times
+  ``routed_scaling_factor``; computed in float32 (transformers: in the model dtype);
+- Ministral 3's **attention temperature**: after rope the queries at position p are multiplied by
+  ``1 + llama_4_scaling_beta · log(1 + ⌊p / original_max_position_embeddings⌋)`` (the latent decoder applies
+  :attr:`~services.engine.model.config.ModelConfig.query_temperature_beta` as the shared one does).
+
+The vision tower and projector are not read (``multimodal_text``). The FP8 release (per-tensor scales) is
+dequantised at load (``weights/fp8_blocks.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.model.config import ModelConfig
+from services.engine.model.deepseek import latent_config, present, sparse_mlp
+from services.engine.model.glm4_moe import glm4_moe_tensor_name
+from services.engine.model.hf_config import query_temperature, required
+from services.engine.model.multimodal_text import text_tensor_name
+
+ARCHITECTURE = "mistral4"
+
+# Mistral4Config's
+_DEFAULTS = {"first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
+             "norm_topk_prob": True, "q_lora_rank": 1024, "n_routed_experts": 128, "n_shared_experts": 1,
+             "rope_interleave": True, "rms_norm_eps": 1e-6}
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    """A ``mistral4`` text config (on its own, or a ``mistral3`` wrapper's ``text_config``)."""
+    cfg = {**_DEFAULTS, **present(cfg)}
+    layers = int(required(cfg, "num_hidden_layers"))
+    moe = sparse_mlp(cfg, tuple(range(int(cfg["first_k_dense_replace"]), layers)), grouped_softmax=True,
+                     expert_groups=int(cfg["n_group"]), top_groups=int(cfg["topk_group"]))
+    config = latent_config(cfg, ARCHITECTURE, moe, interleaved=bool(cfg["rope_interleave"]))
+    beta, period = query_temperature(cfg, ARCHITECTURE)
+    return dataclasses.replace(config, query_temperature_beta=beta, query_temperature_period=period)
+
+
+def mistral4_tensor_name(name: str) -> str | None:
+    """A Mistral 4 checkpoint tensor's name in the latent decoder (the wrapper's text model's; its shared experts
+    the decoder's shared expert), None for the vision tower's and projector's."""
+    text = text_tensor_name(name)
+    return None if text is None else glm4_moe_tensor_name(text)
