@@ -234,9 +234,10 @@ class ChatCompletionBody(GenerationBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # variables the chat template reads (enable_thinking, …)
-    # OpenAI's; given to the chat template as its variable reasoning_effort (GPT-OSS's "Reasoning: high"; a
-    # template that reads no such variable renders the same prompt), unless chat_template_kwargs sets it
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # OpenAI's values; given to the chat template as its variable reasoning_effort (GPT-OSS's "Reasoning: high";
+    # Mistral Small 4's "none" or "high"; a template that reads no such variable renders the same prompt), unless
+    # chat_template_kwargs sets it
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @field_validator("add_generation_prompt", "continue_final_message", mode="before")
     @classmethod

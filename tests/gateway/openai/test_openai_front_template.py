@@ -158,6 +158,7 @@ async def effort_front(tokenizer, model_config):
 async def test_reasoning_effort_reaches_the_template_unless_its_kwargs_set_it(effort_front):
     front, shaped = effort_front
     for extra, effort in (({}, "medium"), ({"reasoning_effort": "high"}, "high"),
+                          ({"reasoning_effort": "none"}, "none"),  # Mistral Small 4's instant replies
                           ({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}, "low")):
         script(front, shaped)
         reply = await front.http.post("/v1/chat/completions", json={"messages": CHAT, **extra})

@@ -39,7 +39,7 @@ INCLUDABLE = frozenset({OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content", "fi
 class ReasoningOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None  # the reasoning is given as its text; no summary is written
 
 
