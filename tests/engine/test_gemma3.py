@@ -12,6 +12,7 @@ from services.engine.config import EngineConfig
 from services.engine.decode_graphs import graph_support
 from services.engine.engine import LLMEngine
 from services.engine.errors import ModelLoadError
+from services.engine.model.gguf_config import TURN_END_KEY
 from services.engine.model.multimodal_text import text_tensor_name
 from services.engine.model.registry import config_from_hf
 from services.engine.weights import load_weights
@@ -184,5 +185,5 @@ def test_a_llama_cpp_file_reads_as_llama_cpp_reads_it():
     assert not config_from_gguf(_gguf_fields(**{"gemma3.attention.sliding_window": 0})).has_windows
     # a file without eot_token_id: <end_of_turn> found by its text (the loader's derived key), as llama.cpp does
     found = config_from_gguf(_gguf_fields(**{"tokenizer.ggml.eot_token_id": None,
-                                             "pdserve.end_of_turn_token_id": 106}))
+                                             TURN_END_KEY: (106,)}))
     assert found.eos_token_ids == (1, 106)

@@ -1,8 +1,8 @@
 """GGUF files of every GGUF family (``llama`` with Mixtral's experts too, ``granite``, ``granitemoe``, ``qwen2``,
-``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma2``, ``gemma3``), written the way llama.cpp writes them from tiny
-transformers models, load into a ``DecoderModel`` whose float32 logits equal the HF twin's (the twin carries the file's
-dequantised weights, so quantised files are held to the same bar); what the loader cannot serve exactly is refused
-with the culprit named."""
+``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma2``, ``gemma3``; ``gpt-oss``'s in tests/engine/test_gguf_gpt_oss.py),
+written the way llama.cpp writes them from tiny transformers models, load into a ``DecoderModel`` whose float32
+logits equal the HF twin's (the twin carries the file's dequantised weights, so quantised files are held to the same
+bar); what the loader cannot serve exactly is refused with the culprit named."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     for load in (load_weights, load_model_config):
         with pytest.raises(ModelLoadError,
                            match=r"gpt2.*supported: llama, granite, granitemoe, qwen2, qwen3, qwen2moe, qwen3moe, "
-                                 r"gemma2, gemma3"):
+                                 r"gpt-oss, gemma2, gemma3"):
             load(path)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig, windowed_layers
-from services.engine.model.gemma3 import ACTIVATIONS, gguf_turn_end_ids
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
+from services.engine.model.gemma3 import ACTIVATIONS
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "gemma2"

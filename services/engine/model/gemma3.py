@@ -16,7 +16,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import GemmaConfig, ModelConfig, windowed_layers
-from services.engine.model.gguf_config import END_OF_TURN_KEY, GGUFFields, gguf_base_fields
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows, with_defaults
 from services.engine.model.multimodal_text import text_config
 
@@ -70,13 +70,6 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                           local_rope_theta=10000.0,
                           final_logit_softcap=float(softcap) if softcap else None),
     )
-
-
-def gguf_turn_end_ids(base: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[int, ...]:
-    """A Gemma GGUF file's end ids: its EOS and ``<end_of_turn>`` (``eot_token_id``, else the loader's
-    :data:`END_OF_TURN_KEY`), which ends a chat turn."""
-    eot = fields.get("tokenizer.ggml.eot_token_id", fields.get(END_OF_TURN_KEY))
-    return tuple(dict.fromkeys((*base["eos_token_ids"], *(() if eot is None else (int(eot),)))))
 
 
 def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:

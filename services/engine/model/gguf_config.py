@@ -13,10 +13,13 @@ from services.engine.errors import ModelLoadError
 # Set by the GGUF loader from the file's tensors: the embedding's rows, else the token count. Read when the
 # metadata lacks ``{arch}.vocab_size`` (llama.cpp's converters write it for some architectures only).
 DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
-# Set by the GGUF loader for a Gemma 3 file: the id of the token ``<end_of_turn>`` (llama.cpp finds it by its text
-# too: converters write ``tokenizer.ggml.eot_token_id`` only sometimes).
-END_OF_TURN_KEY = "pdserve.end_of_turn_token_id"
-END_OF_TURN_TEXT = "<end_of_turn>"
+# Set by the GGUF loader: the ids of the tokens that end a turn in an architecture's chat format, found by their
+# text, as llama.cpp finds them (converters write ``tokenizer.ggml.eot_token_id`` only sometimes): Gemma's
+# ``<end_of_turn>``; GPT-OSS's harmony ends, its generation_config's EOS ids (a final answer's ``<|return|>``, a tool
+# call's ``<|call|>``, and ``<|endoftext|>``).
+TURN_END_KEY = "pdserve.turn_end_token_ids"
+TURN_END_TEXTS = {"gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
+                  "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>")}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
@@ -79,3 +82,11 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
     )
+
+
+def gguf_turn_end_ids(base: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[int, ...]:
+    """A GGUF file's end ids: its EOS, its ``eot_token_id`` and the loader's :data:`TURN_END_KEY` ids (the tokens
+    that end a chat turn)."""
+    eot = fields.get("tokenizer.ggml.eot_token_id")
+    ends = (*base["eos_token_ids"], *(() if eot is None else (int(eot),)), *fields.get(TURN_END_KEY, ()))
+    return tuple(dict.fromkeys(int(i) for i in ends))

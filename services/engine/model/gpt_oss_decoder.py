@@ -4,7 +4,8 @@ experts.
 Its experts are stored as transformers holds them: ``gate_up_proj [E, hidden, 2 * inter]`` with the gate and up
 columns interleaved (gate even, up odd), ``down_proj [E, inter, hidden]``, each with a bias; OpenAI's checkpoints
 store both in MXFP4 (``*_blocks`` and ``*_scales``), dequantised at load by transformers' own routine (every
-value is exact in bfloat16). Each expert becomes a :class:`LinearWeight` of ``[gate rows; up rows]`` and one of
+value is exact in bfloat16); a llama.cpp GGUF file's are laid out so at load (:func:`experts_from_gguf`). Each
+expert becomes a :class:`LinearWeight` of ``[gate rows; up rows]`` and one of
 its down rows, so the shared per-expert loop (:func:`moe_forward`) runs them, with :func:`clamped_swiglu` as
 the activation. The grouped-GEMM path has no biases: GPT-OSS always runs the loop.
 """
@@ -90,3 +91,26 @@ class GptOssDecoderModel(DecoderModel):
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: Any) -> torch.Tensor:
         assert layer.moe is not None and self.config.moe is not None
         return moe_forward(x, layer.moe, self.config.moe, self._activation)
+
+
+def experts_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A llama.cpp ``gpt-oss`` file's experts laid out as transformers holds them (the GGUF loader's hook): its
+    converter split ``gate_up_proj`` into ``ffn_gate_exps`` and ``ffn_up_exps`` (``[E, inter, hidden]``, biases
+    ``[E, inter]``) and stores ``ffn_down_exps`` as ``[E, hidden, inter]``; here the gate and up columns are
+    interleaved again (gate even, up odd) and down is ``[E, inter, hidden]``, so :meth:`GptOssDecoderModel._experts`
+    reads either file alike."""
+    out = dict(tensors)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        stacked = {name: out.pop(p + f"gguf_{name}", None) for name in ("gate.weight", "up.weight", "down.weight",
+                                                                           "gate.bias", "up.bias", "down.bias")}
+        missing = sorted(name for name, t in stacked.items() if t is None)
+        if missing:
+            raise ModelLoadError(f"GGUF gpt-oss layer {i}: its experts lack ffn_{{{', '.join(missing)}}} "
+                                 "(each of gate, up and down needs its weight and bias)")
+        gate, up = stacked["gate.weight"], stacked["up.weight"]
+        out[p + "gate_up_proj"] = torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2)  # [E, hidden, 2I]
+        out[p + "gate_up_proj_bias"] = torch.stack((stacked["gate.bias"], stacked["up.bias"]), dim=2).flatten(1)
+        out[p + "down_proj"] = stacked["down.weight"].transpose(1, 2)  # [E, inter, hidden]
+        out[p + "down_proj_bias"] = stacked["down.bias"]
+    return out

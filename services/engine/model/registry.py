@@ -32,6 +32,9 @@ class Family:
     # the checkpoints carry multi-token-prediction layers after the last decoder layer (``model.layers.{n}.*``
     # for n >= num_layers), which serve speculative decoding: not read
     mtp_layers: bool = False
+    # ``(tensors, config) -> tensors``: lays out what the GGUF loader kept stacked (``gguf_names``) as the
+    # family's model takes it
+    gguf_tensors: str | None = None
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -63,8 +66,9 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
     Family("phi3", "services.engine.model.phi3", ("phi3",),
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),
-    Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",),
-           model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel"),
+    Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",), "gpt-oss",
+           model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel",
+           gguf_tensors="services.engine.model.gpt_oss_decoder:experts_from_gguf"),
     Family("glm4", "services.engine.model.glm4", ("glm4",)),
     Family("olmo2", "services.engine.model.olmo2", ("olmo2",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
@@ -134,6 +138,12 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
 def _attribute(path: str) -> Any:
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def gguf_tensors_hook(architecture: str) -> Callable[..., dict] | None:
+    """The family's GGUF tensor layout hook (``Family.gguf_tensors``), or None."""
+    hook = family(architecture).gguf_tensors
+    return None if hook is None else _attribute(hook)
 
 
 def model_class(architecture: str) -> type:

@@ -1,11 +1,13 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``gemma2``, ``gemma3``) with the ``gguf`` package, dequantise to float32 and rename to Hugging Face names
-(:mod:`services.engine.weights.gguf_names`).
+``qwen3moe``, ``gemma2``, ``gemma3``, ``gpt-oss``) with the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16,
+exact) and rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite`` and ``granitemoe``
   architectures only (its Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
-- Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight.
+- Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
+  family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
+  biases), the stacks are kept whole and the hook lays them out.
 - Gemma 2's and 3's norms are stored as ``1 + weight`` (:data:`~services.engine.weights.gguf_names.NORM_OFFSETS`); the
   1 is taken off (in float32) and its layers' own names are mapped.
 - ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is
@@ -21,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType, ReaderTensor
 
 from kernels.int4_linear import GroupQuantized
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.registry import config_from_gguf
+from services.engine.model.registry import config_from_gguf, gguf_tensors_hook
 from services.engine.weights.gguf_metadata import complete_config, dequantize, open_gguf, read_fields, tensor_roles
 from services.engine.weights.gguf_names import NORM_OFFSETS
 from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
@@ -56,6 +59,9 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
         if role.kind == "rope_freqs":
             rope_freqs = array
             continue
+        if role.kind == "stacked":  # laid out by the family's hook below
+            tensors[role.hf_name] = _as_tensor(array, tensor)
+            continue
         if role.kind == "experts":
             if array.ndim != 3:
                 raise ModelLoadError(f"GGUF tensor {tensor.name!r} has shape {array.shape}; expected "
@@ -78,7 +84,17 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
             quantized[name] = codes.rows(torch.from_numpy(unpermute_rope_rows(np.arange(array.shape[0]), heads))) \
                 if heads else codes
     config = complete_config(config, {t.name for t in reader.tensors}, rope_freqs)
+    hook = gguf_tensors_hook(config.architecture)
+    if hook is not None:
+        tensors = hook(tensors, config)
     return LoadedWeights(config=config, tensors=tensors, source=path, quantized=quantized)
+
+
+def _as_tensor(array: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
+    """A dequantised array as a tensor: bfloat16 for an MXFP4 one (every value, a 4-bit float times a power of
+    two, is exact in bfloat16: half float32's memory, as transformers loads GPT-OSS's MXFP4 experts), else float32."""
+    out = torch.from_numpy(array)
+    return out.to(torch.bfloat16) if tensor.tensor_type == GGMLQuantizationType.MXFP4 else out
 
 
 def _rope_heads(name: str, config: ModelConfig) -> int:

@@ -13,9 +13,9 @@ from gguf import GGUFReader, ReaderTensor, quants
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, END_OF_TURN_KEY, END_OF_TURN_TEXT
+from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, TURN_END_KEY, TURN_END_TEXTS
 from services.engine.model.registry import config_from_gguf
-from services.engine.weights.gguf_names import GEMMA_ARCHITECTURES, ROPE_FREQS, TensorRole, tensor_role
+from services.engine.weights.gguf_names import ROPE_FREQS, TensorRole, tensor_role
 
 _EMBEDDING = "token_embd.weight"
 
@@ -23,7 +23,7 @@ _EMBEDDING = "token_embd.weight"
 def read_fields(reader: GGUFReader) -> dict[str, Any]:
     """Scalar and string metadata of the file (token lists are skipped: the tokenizer reads them), plus
     :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``;
-    for Gemma 2 and 3, :data:`END_OF_TURN_KEY`."""
+    :data:`TURN_END_KEY` (the ids of the architecture's :data:`TURN_END_TEXTS`)."""
     fields: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
@@ -31,10 +31,10 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
         fields[key] = field.contents()
     embedding = next((t for t in reader.tensors if t.name == _EMBEDDING), None)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and fields.get("general.architecture") in GEMMA_ARCHITECTURES:
-        texts = tokens.contents()
-        if END_OF_TURN_TEXT in texts:
-            fields[END_OF_TURN_KEY] = texts.index(END_OF_TURN_TEXT)
+    ends = TURN_END_TEXTS.get(str(fields.get("general.architecture")), ())
+    if tokens is not None and ends:
+        ids = {text: i for i, text in enumerate(tokens.contents()) if text in ends}
+        fields[TURN_END_KEY] = tuple(ids[text] for text in ends if text in ids)
     if embedding is not None:
         fields[DERIVED_VOCAB_KEY] = int(embedding.shape[-1])  # GGUF shapes are innermost first: [hidden, vocab]
     elif tokens is not None:

@@ -1,8 +1,9 @@
 """GGUF tensor names (llama.cpp's) → the Hugging Face names :class:`DecoderModel` takes.
 
 Every tensor of a file is accounted for: mapped to one HF name, split into one HF name per expert (the 3-D
-``ffn_{gate,up,down}_exps``), read as rope settings (``rope_freqs``), or known to be redundant and skipped
-(:data:`REDUNDANT`). Any other name is a :class:`ModelLoadError` naming it, never silently dropped.
+``ffn_{gate,up,down}_exps``), kept stacked for its family to lay out (GPT-OSS's experts), read as rope settings
+(``rope_freqs``), or known to be redundant and skipped (:data:`REDUNDANT`). Any other name is a
+:class:`ModelLoadError` naming it, never silently dropped.
 """
 
 from __future__ import annotations
@@ -54,11 +55,22 @@ _GEMMA_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
 _SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
                   "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
                   "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
+# GPT-OSS: the norm after attention (before the MLP), the sinks, the router with its bias
+_GPT_OSS_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                  "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.weight": "mlp.router.weight",
+                  "ffn_gate_inp.bias": "mlp.router.bias"}
 _ARCH_LAYER_NAMES = {
     # the shared expert and its gate; Granite MoE's shared MLP has no gate
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     "granitemoe": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
+    "gpt-oss": _GPT_OSS_NAMES,
+}
+# Experts kept stacked, under these names, for their family's loader hook to lay out as transformers holds them
+# (``Family.gguf_tensors``; GPT-OSS's experts, each projection with a bias: [E, out, in] and [E, out])
+_STACKED_NAMES = {
+    "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
+                for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
 NORM_OFFSETS = dict.fromkeys(GEMMA_ARCHITECTURES, 1.0)
 """What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's ``1 + weight`` scale,
@@ -74,7 +86,8 @@ _ONE_EXPERT_RE = re.compile(r"^ffn_(gate|up|down)\.(\d+)\.weight$")
 @dataclass(frozen=True)
 class TensorRole:
     """What one GGUF tensor becomes: ``kind`` is ``"weight"`` (one HF tensor, ``hf_name``), ``"experts"``
-    (``hf_name`` is a pattern with ``{}`` for the expert index), ``"rope_freqs"`` or ``"redundant"``."""
+    (``hf_name`` is a pattern with ``{}`` for the expert index), ``"stacked"`` (kept whole as ``hf_name``, for its
+    family's loader hook), ``"rope_freqs"`` or ``"redundant"``."""
 
     kind: str
     hf_name: str = ""
@@ -97,6 +110,8 @@ def tensor_role(gguf_name: str, architecture: str = "") -> TensorRole:
         names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
         if rest in names:
             return TensorRole("weight", prefix + names[rest])
+        if rest in (stacked := _STACKED_NAMES.get(architecture, {})):
+            return TensorRole("stacked", prefix + stacked[rest])
         if rest in _EXPERT_NAMES:
             return TensorRole("experts", prefix + _EXPERT_NAMES[rest])
         if (one := _ONE_EXPERT_RE.match(rest)) is not None:
