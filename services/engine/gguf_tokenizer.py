@@ -14,13 +14,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from services.engine.model_files import cache_dir
 
-GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama"}
+GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama", "lfm2moe": "lfm2"}
 """llama.cpp architectures whose GGUF tokenizer transformers does not read by name, and the architecture whose
-reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields."""
+reading serves it: IBM Granite's converter is llama's subclass and writes the same ``tokenizer.ggml.*`` fields;
+LFM2-MoE's writes LFM2's."""
 
 
 HELPER_TIMEOUT_S = 600.0
@@ -72,15 +74,31 @@ def _convert_in_a_helper(path: Path) -> None:
 
 
 def _read_gguf_tokenizers_as_their_kin() -> None:
-    """Lets transformers' GGUF reader take the architectures of :data:`GGUF_TOKENIZER_AS` (its table of
-    architectures gains each, with its kin's metadata names); only the tokenizer is read from it here."""
+    """Lets transformers' GGUF readers take the architectures of :data:`GGUF_TOKENIZER_AS`: its legacy table of
+    architectures gains each, with its kin's metadata names, and its config builders (the reader of the kin's own
+    keys, such as LFM2's) one that reads the file's keys as its kin's; only the tokenizer is read from it here."""
     from transformers import modeling_gguf_pytorch_utils as gguf_reading
+    from transformers.integrations.gguf import gguf_config_mapping
 
     names = gguf_reading.GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    builders = gguf_config_mapping.GGUF_CONFIG_ARCHS
     for architecture, kin in GGUF_TOKENIZER_AS.items():
-        if architecture not in gguf_reading.GGUF_SUPPORTED_ARCHITECTURES:
+        if architecture not in gguf_reading.GGUF_SUPPORTED_ARCHITECTURES and kin in names:
             names.setdefault(architecture, names[kin])
             gguf_reading.GGUF_SUPPORTED_ARCHITECTURES.append(architecture)
+        if kin in builders and architecture not in builders:
+            builders[architecture] = _as_kin(architecture, kin, builders[kin])
+
+
+def _as_kin(architecture: str, kin: str, build: Callable[[dict, tuple], dict]) -> Callable[[dict, tuple], dict]:
+    """``build`` (a config builder of transformers' for ``kin``'s files) over ``architecture``'s metadata, its
+    ``{architecture}.*`` keys read as ``{kin}.*``."""
+    def read(metadata: dict, tensor_names: tuple) -> dict:
+        prefix = architecture + "."
+        return build({kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
+                      for key, value in metadata.items()}, tensor_names)
+
+    return read
 
 
 if __name__ == "__main__":  # the helper: converts here (torch importable), never through another helper

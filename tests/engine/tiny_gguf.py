@@ -251,15 +251,22 @@ def _load_twin(model, twin: dict[str, np.ndarray]) -> None:
 
 
 def pdserve_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
-    """Float32 logits of every position of one full-prompt forward of a ``DecoderModel``."""
+    """Float32 logits of every position of one full-prompt forward of a ``DecoderModel`` (a hybrid one with a
+    fresh recurrent state, its attention layers' KV only)."""
+    from services.engine.recurrent_states import RecurrentStates
+
     cfg = model.config
     blocks = -(-len(ids) // block_size)
-    kv = torch.zeros(cfg.num_layers, blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
+    kv = torch.zeros(len(cfg.kv_layers), blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
     attention = create_backend("torch", "cpu")
     attention.plan(AttentionMetadata.build([len(ids)], [len(ids)], [list(range(blocks))], block_size, "cpu"))
+    states = None
+    if cfg.recurrent is not None:
+        states = RecurrentStates(cfg.recurrent, 1, model.dtype, torch.device("cpu"))
+        states.set_plan([0], [len(ids)], [True])
     with torch.inference_mode():
         return model.forward(torch.tensor(ids), torch.arange(len(ids)), list(kv.unbind(0)), attention,
-                             torch.arange(len(ids)))
+                             torch.arange(len(ids)), states=states)
 
 
 def hf_logits(model, ids: list[int]) -> torch.Tensor:

@@ -15,6 +15,9 @@ experts ``moe_intermediate_size`` wide (``feed_forward.experts.{e}.w1/w3/w2``), 
 logits plus ``expert_bias`` (the choice only), weighted by the sigmoid, renormalised (+1e-6, as transformers) and
 times ``routed_scaling_factor`` (``MoEConfig.sigmoid_routing``; the router runs in float32, as every sigmoid router
 here does).
+
+llama.cpp's GGUF files of both (``lfm2``, ``lfm2moe``: Liquid AI's own releases are GGUF) are read too
+(:func:`config_from_gguf`; the final norm is their ``token_embd_norm``).
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig, ShortConv
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, required, with_defaults
 
 ARCHITECTURE = "lfm2"
 MOE_TYPE = "lfm2_moe"
+GGUF_MOE = "lfm2moe"
 LAYER_KINDS = ("conv", "full_attention")
 _RENAMES = (
     (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
@@ -61,6 +66,33 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                      conv_dim=fields["hidden_size"], conv_kernel=int(full["conv_L_cache"]))
     moe = _experts(full, fields["num_layers"]) if is_moe else None
     return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None, moe=moe)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A llama.cpp ``lfm2`` or ``lfm2moe`` file's config, read as llama.cpp reads it: a layer is attention where its
+    ``attention.head_count_kv`` (one per layer) is not 0, else a convolution of ``shortconv.l_cache`` taps; the MLP
+    as wide as ``feed_forward_length`` (the converter writes the width transformers derives); LFM2-MoE's experts
+    on the layers after ``leading_dense_block_count``, routed as the safetensors' (sigmoid, its correction bias,
+    renormalised)."""
+    arch = str(fields.get("general.architecture"))
+    f = GGUFFields(fields, arch)
+    per_layer = f.key("attention.head_count_kv")
+    layers = int(f.key("block_count"))
+    kv_heads = [int(n) for n in per_layer] if isinstance(per_layer, list | tuple) else [int(per_layer)] * layers
+    if len(kv_heads) != layers or not any(kv_heads):
+        raise ModelLoadError(f"GGUF {arch}: attention.head_count_kv must give {layers} layers, some of them "
+                             f"attention (not 0); got {per_layer}")
+    base = gguf_base_fields({**fields, f"{arch}.attention.head_count_kv": max(kv_heads)}, arch)
+    conv = ShortConv(layers=tuple(i for i, n in enumerate(kv_heads) if not n), conv_dim=base["hidden_size"],
+                     conv_kernel=int(f.key("shortconv.l_cache")))
+    moe = None
+    if arch == GGUF_MOE:
+        moe = MoEConfig(num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
+                        intermediate_size=int(f.key("expert_feed_forward_length")), norm_topk_prob=True,
+                        sparse_layers=tuple(range(int(f.get("leading_dense_block_count") or 0), layers)),
+                        sigmoid_routing=True, norm_epsilon=1e-6)
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE}, qk_norm=True,
+                       short_conv=conv if conv.layers else None, moe=moe)
 
 
 def _experts(full: Mapping[str, Any], num_layers: int) -> MoEConfig:

@@ -96,3 +96,10 @@ class Lfm2DecoderModel(DecoderModel):
         mixed = causal_conv1d(b * xs, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
                               saves=plan.saves, silu=False)
         return linear(c * mixed, net.out_proj, paths)
+
+
+def conv_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A llama.cpp ``lfm2`` file's convolution weights with the channel dim its converter squeezed out
+    (``[hidden, taps]`` → transformers' ``[hidden, 1, taps]``; the GGUF loader's hook)."""
+    return {name: t.unsqueeze(1) if name.endswith(".conv.conv.weight") and t.dim() == 2 else t
+            for name, t in tensors.items()}

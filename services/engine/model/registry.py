@@ -26,7 +26,7 @@ class Family:
     name: str  # ModelConfig.architecture
     module: str
     hf_model_types: tuple[str, ...]
-    gguf_architecture: str | None = None
+    gguf_architecture: str | tuple[str, ...] | None = None  # llama.cpp's general.architecture (or several)
     model: str = "services.engine.model.decoder:DecoderModel"
     tensor_names: str | None = None  # name -> its name in the model, or None: not read
     # the checkpoints carry multi-token-prediction layers after the last decoder layer (``model.layers.{n}.*``
@@ -44,9 +44,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("granite_hybrid", "services.engine.model.granite_hybrid", ("granitemoehybrid",),
            model="services.engine.model.mamba_decoder:MambaDecoderModel",
            tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name"),
-    Family("lfm2", "services.engine.model.lfm2", ("lfm2", "lfm2_moe"),
+    Family("lfm2", "services.engine.model.lfm2", ("lfm2", "lfm2_moe"), ("lfm2", "lfm2moe"),
            model="services.engine.model.lfm2_decoder:Lfm2DecoderModel",
-           tensor_names="services.engine.model.lfm2:lfm2_tensor_name"),
+           tensor_names="services.engine.model.lfm2:lfm2_tensor_name",
+           gguf_tensors="services.engine.model.lfm2_decoder:conv_from_gguf"),
     Family("nemotron_h", "services.engine.model.nemotron_h", ("nemotron_h",),
            model="services.engine.model.nemotron_h_decoder:NemotronHDecoderModel",
            tensor_names="services.engine.model.nemotron_h:nemotron_h_tensor_name"),
@@ -113,7 +114,7 @@ def supported_hf() -> str:
 
 
 def supported_gguf() -> str:
-    return ", ".join(f.gguf_architecture for f in FAMILIES if f.gguf_architecture)
+    return ", ".join(arch for f in FAMILIES for arch in _gguf_architectures(f))
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -127,10 +128,15 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                          f"{supported_hf()}")
 
 
+def _gguf_architectures(family: Family) -> tuple[str, ...]:
+    arch = family.gguf_architecture
+    return () if arch is None else (arch,) if isinstance(arch, str) else arch
+
+
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     arch = fields.get("general.architecture")
     for family in FAMILIES:
-        if family.gguf_architecture is not None and arch == family.gguf_architecture:
+        if arch in _gguf_architectures(family):
             return _module(family).config_from_gguf(fields)
     raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {supported_gguf()}")
 

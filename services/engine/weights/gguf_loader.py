@@ -1,6 +1,6 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``gemma2``, ``gemma3``, ``gpt-oss``) with the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16,
-exact) and rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
+``qwen3moe``, ``gemma2``, ``gemma3``, ``gpt-oss``, ``lfm2``, ``lfm2moe``) with the ``gguf`` package, dequantise to
+float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite`` and ``granitemoe``

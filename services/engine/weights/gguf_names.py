@@ -59,13 +59,21 @@ _SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
 _GPT_OSS_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                   "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.weight": "mlp.router.weight",
                   "ffn_gate_inp.bias": "mlp.router.bias"}
+# LFM2's convolution layers (the 2-D conv weight [hidden, taps] is given its channel dim back by the family's hook)
+_LFM2_NAMES = {"shortconv.conv.weight": "conv.conv.weight", "shortconv.in_proj.weight": "conv.in_proj.weight",
+               "shortconv.out_proj.weight": "conv.out_proj.weight"}
 _ARCH_LAYER_NAMES = {
     # the shared expert and its gate; Granite MoE's shared MLP has no gate
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     "granitemoe": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
+    "lfm2": _LFM2_NAMES,
+    # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
+    "lfm2moe": {**_LFM2_NAMES, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
 }
+# LFM2's final norm (its ``embedding_norm``) as llama.cpp names it
+_ARCH_GLOBAL_NAMES = {arch: {"token_embd_norm.weight": "model.norm.weight"} for arch in ("lfm2", "lfm2moe")}
 # Experts kept stacked, under these names, for their family's loader hook to lay out as transformers holds them
 # (``Family.gguf_tensors``; GPT-OSS's experts, each projection with a bias: [E, out, in] and [E, out])
 _STACKED_NAMES = {
@@ -99,8 +107,8 @@ class TensorRole:
 def tensor_role(gguf_name: str, architecture: str = "") -> TensorRole:
     """The role of ``gguf_name`` in a file of ``architecture`` (its ``general.architecture``); raises
     :class:`ModelLoadError` for a name this loader does not know."""
-    if gguf_name in _GLOBAL_NAMES:
-        return TensorRole("weight", _GLOBAL_NAMES[gguf_name])
+    if gguf_name in (names := {**_GLOBAL_NAMES, **_ARCH_GLOBAL_NAMES.get(architecture, {})}):
+        return TensorRole("weight", names[gguf_name])
     if gguf_name == ROPE_FREQS:
         return TensorRole("rope_freqs")
     match = _LAYER_RE.match(gguf_name)
