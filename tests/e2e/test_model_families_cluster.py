@@ -2,8 +2,8 @@
 transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed (a hybrid model's
 from a checkpoint of its state), and (for
 the families whose KV or attention differs) requests the decode node preempts under a small pool (kept in host
-memory) and resumes. One cluster per family (Llama with llama3 rope); the checkpoints and references are those
-of tests/engine/test_model_families.py."""
+memory) and resumes. One cluster per kind of layer and KV (Llama with llama3 rope; see CLUSTER_FAMILIES); the
+checkpoints and references are those of tests/engine/test_model_families.py."""
 
 from __future__ import annotations
 
@@ -37,15 +37,21 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # Qwen3.5's hybrid layers, whose recurrent state travels beside the KV, run as its dense model: its MoE and Qwen3-Next
 # add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
 # 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one; Nemotron-H's blocks hold
-# the same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each)
+# the same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each; Granite's dense layer is Llama's
+# with Granite MoE's multipliers; SmolLM3's is Llama's, some layers without rope; LFM2-MoE's state is LFM2's, its
+# experts sigmoid-routed as GLM-4.5's; the Qwen-VL wrappers' text layers are Qwen3's and Qwen3-MoE's, read through a
+# wrapper as Mistral 3's is; Mistral 4's layer is DeepSeek-V3's with Ministral 3's temperature, both served here). The
+# gateway's torch-free reading of every family's config is held to the engine's by the family test.
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
                                            "qwen3_5-moe", "qwen3_next", "granite_hybrid-dense",
                                            "granite_hybrid-attention", "nemotron_h", "mistral3-text",
-                                           "qwen_vl", "qwen_vl-2.5"})
-# the families whose KV or attention differs (windows, sinks, softcap, q/k norms, experts, a fused projection)
-# are also preempted and resumed; the others' layers are Llama's or Mixtral's, whose clusters are
-PRESSURED = {"llama3", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "qwen3_5", "granite_hybrid"}
+                                           "qwen_vl", "qwen_vl-2.5", "qwen_vl-moe", "granite", "smollm3", "lfm2-moe",
+                                           "mistral4"})
+# preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
+# rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
+# (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)
+PRESSURED = {"llama3", "phi3", "gpt_oss", "gemma3", "qwen3_5", "granite_hybrid"}
 # a recurrent state per request, not in the KV blocks: hits need a checkpoint (LFM2's, a convolution's last inputs
 # alone, crosses P→D as the others' do; its preemption runs in the engine's family test); checkpoint hits served by
 # these (LFM2-MoE's state is LFM2's)

@@ -17,6 +17,7 @@ from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.model.decoder import DecoderModel
 from services.engine.sampling_params import SamplingParams
+from services.engine.weights.model_config_reader import load_model_config
 from tests.conftest import make_engine
 from tests.engine.hf_reference import first_divergence
 from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_reference
@@ -62,6 +63,10 @@ def test_mixed_engine_gives_transformers_greedy_tokens(family):
     name, path, prompts, expected = family
     engine = _engine(path)
     assert engine.model.config.architecture == name.split("-")[0].replace("llama3", "llama")
+    # the gateway's torch-free reading of the family's config is the engine's (each cluster needs it alike), but
+    # for the tying, which the loader decides from the tensors it finds (a stored head that differs stays untied)
+    served = engine.model.config
+    assert dataclasses.replace(load_model_config(path), tie_word_embeddings=served.tie_word_embeddings) == served
     sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     names = list(prompts)
     first = engine.generate([prompts[n] for n in names[:-1]], sampling)  # 300 tokens: prefill in 5 chunks
