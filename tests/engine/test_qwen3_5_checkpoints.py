@@ -76,3 +76,11 @@ def test_a_config_it_cannot_serve_is_refused_by_name(multimodal, change, message
     config["text_config"] |= change
     with pytest.raises(ModelLoadError, match=message):
         config_from_hf(config)
+
+
+def test_a_moe_config_as_transformers_defines_it_needs_no_dense_width():
+    """``Qwen3_5MoeTextConfig`` has no ``intermediate_size`` (every layer's MLP is experts): its config reads."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    cfg = config_from_hf(Qwen3_5MoeTextConfig().to_dict())
+    assert (cfg.num_layers, cfg.moe.num_experts, cfg.moe.sparse_layers) == (40, 256, tuple(range(40)))

@@ -14,10 +14,13 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import LinearAttention, ModelConfig, MoEConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import base_fields, required, with_defaults
 from services.engine.model.qwen3_moe import sparse_layers
 
 ARCHITECTURE = "qwen3_5"
+GGUF_DENSE, GGUF_MOE = "qwen35", "qwen35moe"
+_GGUF_TEXT_TYPES = {GGUF_DENSE: "qwen3_5_text", GGUF_MOE: "qwen3_5_moe_text"}
 LAYER_KINDS = ("linear_attention", "full_attention")
 _MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 _SKIPPED = ("mtp.", "model.visual.", "visual.")
@@ -30,6 +33,9 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 def hybrid_config(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
     """The config of a Qwen3.5 (``architecture`` "qwen3_5") or Qwen3-Next ("qwen3_next") ``config.json``."""
     text = _text_config(cfg, architecture)
+    if text["model_type"] == "qwen3_5_moe_text" and text.get("intermediate_size") is None:
+        # every layer's MLP is experts: Qwen3_5MoeTextConfig has no dense width, which nothing here reads
+        text["intermediate_size"] = text.get("moe_intermediate_size")
     if text.get("attention_bias"):
         raise ModelLoadError(f"{architecture}: attention_bias is not supported (no release has it)")
     fields = base_fields(text, architecture, partial_rotary=True)
@@ -77,6 +83,41 @@ def _text_config(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     classes = {"qwen3_5_text": "Qwen3_5TextConfig", "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
                "qwen3_next": "Qwen3NextConfig"}
     return with_defaults(architecture, getattr(transformers, classes[model_type]), text)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A llama.cpp ``qwen35`` or ``qwen35moe`` file's config: its metadata read into the text config transformers
+    builds from it, then read as a ``config.json`` is (the multi-token-prediction block, counted in
+    ``block_count``, is not a decoder layer; the value dim is stated whole, the rotary width in dims)."""
+    arch = str(fields.get("general.architecture"))
+    f = GGUFFields(fields, arch)
+    head_dim, value_heads = int(f.key("attention.key_length")), int(f.key("ssm.time_step_rank"))
+    eos, bos = fields.get("tokenizer.ggml.eos_token_id"), fields.get("tokenizer.ggml.bos_token_id")
+    text: dict[str, Any] = {
+        "model_type": _GGUF_TEXT_TYPES[arch], "vocab_size": gguf_base_fields(fields, arch)["vocab_size"],
+        "max_position_embeddings": int(f.key("context_length")), "hidden_size": int(f.key("embedding_length")),
+        "num_attention_heads": int(f.key("attention.head_count")),
+        "num_key_value_heads": int(f.key("attention.head_count_kv")), "head_dim": head_dim,
+        "rms_norm_eps": float(f.key("attention.layer_norm_rms_epsilon")),
+        "full_attention_interval": int(f.key("full_attention_interval")),
+        "linear_conv_kernel_dim": int(f.key("ssm.conv_kernel")), "linear_key_head_dim": int(f.key("ssm.state_size")),
+        "linear_num_key_heads": int(f.key("ssm.group_count")), "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": int(f.key("ssm.inner_size")) // value_heads,
+        "num_hidden_layers": int(f.key("block_count")) - int(f.get("nextn_predict_layers") or 0),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(f.key("rope.freq_base")),
+                            "mrope_section": [s for s in f.get("rope.dimension_sections") or () if s],
+                            "mrope_interleaved": True,
+                            "partial_rotary_factor": int(f.key("rope.dimension_count")) / head_dim},
+        "tie_word_embeddings": True,  # decided by the loader from the tensors present
+        "eos_token_id": None if eos is None else int(eos), "bos_token_id": None if bos is None else int(bos),
+    }
+    if f.get("feed_forward_length"):
+        text["intermediate_size"] = int(f.get("feed_forward_length"))
+    if arch == GGUF_MOE:
+        text.update(num_experts=int(f.key("expert_count")), num_experts_per_tok=int(f.key("expert_used_count")),
+                    moe_intermediate_size=int(f.key("expert_feed_forward_length")),
+                    shared_expert_intermediate_size=int(f.key("expert_shared_feed_forward_length")))
+    return hybrid_config(text, ARCHITECTURE)
 
 
 def qwen3_5_tensor_name(name: str) -> str | None:

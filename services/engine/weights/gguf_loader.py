@@ -1,6 +1,7 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``gemma2``, ``gemma3``, ``gpt-oss``, ``lfm2``, ``lfm2moe``) with the ``gguf`` package, dequantise to
-float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
+``qwen3moe``, ``qwen35``, ``qwen35moe``, ``gemma2``, ``gemma3``, ``gpt-oss``, ``lfm2``, ``lfm2moe``) with the ``gguf``
+package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
+(:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite`` and ``granitemoe``
@@ -8,8 +9,9 @@ float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names (:mod:`service
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
   biases), the stacks are kept whole and the hook lays them out.
-- Gemma 2's and 3's norms are stored as ``1 + weight`` (:data:`~services.engine.weights.gguf_names.NORM_OFFSETS`); the
-  1 is taken off (in float32) and its layers' own names are mapped.
+- Gemma 2's, Gemma 3's and Qwen3.5's norms are stored as ``1 + weight``
+  (:func:`~services.engine.weights.gguf_names.norm_offset`); the 1 is taken off (in float32) and their layers' own
+  names are mapped. A multi-token-prediction block after the last layer (``nextn_predict_layers``) is not read.
 - ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is
   how llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``.
 - Whether the head is tied and whether attention has biases is read from the tensors present.
@@ -30,7 +32,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.registry import config_from_gguf, gguf_tensors_hook
 from services.engine.weights.gguf_metadata import complete_config, dequantize, open_gguf, read_fields, tensor_roles
-from services.engine.weights.gguf_names import NORM_OFFSETS
+from services.engine.weights.gguf_names import norm_offset
 from services.engine.weights.gguf_q4 import Q4_TYPES, decode_q4
 from services.engine.weights.loader import LoadedWeights
 
@@ -48,7 +50,7 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     fields = read_fields(reader)
     roles = tensor_roles(reader, fields)  # every name is checked before anything is dequantised
     config = config_from_gguf(fields)
-    norm_offset = NORM_OFFSETS.get(str(fields.get("general.architecture")), 0.0)
+    architecture = str(fields.get("general.architecture"))
     tensors: dict[str, torch.Tensor] = {}
     quantized: dict[str, GroupQuantized] = {}
     rope_freqs = None
@@ -76,8 +78,8 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
         heads = _rope_heads(name, config)
         if heads:
             array = unpermute_rope_rows(array, heads)
-        if norm_offset and tensor.name.endswith("norm.weight"):
-            array = array - np.float32(norm_offset)
+        if offset := norm_offset(architecture, tensor.name):
+            array = array - np.float32(offset)
         tensors[name] = torch.from_numpy(array)
         if keep_q4 and tensor.tensor_type in Q4_TYPES and ".layers." in name and array.ndim == 2:
             codes = decode_q4(tensor.data, tensor.tensor_type, array.shape)

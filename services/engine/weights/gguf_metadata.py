@@ -62,8 +62,19 @@ def read_gguf_config(path: Path) -> ModelConfig:
 
 
 def tensor_roles(reader: GGUFReader, fields: dict[str, Any]) -> list[tuple[ReaderTensor, TensorRole]]:
+    """Each tensor's role; those of the multi-token-prediction blocks after the last decoder layer (the file's last
+    ``nextn_predict_layers`` of ``block_count``: Qwen3.5's) are redundant, as their safetensors twins are not read."""
     architecture = str(fields.get("general.architecture", ""))
-    return [(tensor, tensor_role(tensor.name, architecture)) for tensor in reader.tensors]
+    mtp = int(fields.get(f"{architecture}.nextn_predict_layers") or 0)
+    first_mtp = int(fields.get(f"{architecture}.block_count") or 0) - mtp if mtp else None
+    return [(tensor, TensorRole("redundant") if first_mtp is not None and _layer_of(tensor.name) >= first_mtp
+             else tensor_role(tensor.name, architecture)) for tensor in reader.tensors]
+
+
+def _layer_of(name: str) -> int:
+    """The ``blk.N`` layer a tensor belongs to (-1: none)."""
+    parts = name.split(".", 2)
+    return int(parts[1]) if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit() else -1
 
 
 def dequantize(tensor: ReaderTensor) -> np.ndarray:

@@ -62,6 +62,14 @@ _GPT_OSS_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight
 # LFM2's convolution layers (the 2-D conv weight [hidden, taps] is given its channel dim back by the family's hook)
 _LFM2_NAMES = {"shortconv.conv.weight": "conv.conv.weight", "shortconv.in_proj.weight": "conv.in_proj.weight",
                "shortconv.out_proj.weight": "conv.out_proj.weight"}
+# Qwen3.5's Gated DeltaNet layers and its norm after attention (the loader's hook undoes the converter's
+# transforms of them: :mod:`services.engine.model.qwen3_5_gguf`)
+_QWEN35_NAMES = {
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight", "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_alpha.weight": "linear_attn.in_proj_a.weight", "ssm_beta.weight": "linear_attn.in_proj_b.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight", "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight", "ssm_a": "linear_attn.A_log",
+    "ssm_dt.bias": "linear_attn.dt_bias", "post_attention_norm.weight": "post_attention_layernorm.weight"}
 _ARCH_LAYER_NAMES = {
     # the shared expert and its gate; Granite MoE's shared MLP has no gate
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
@@ -69,6 +77,8 @@ _ARCH_LAYER_NAMES = {
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
     "lfm2": _LFM2_NAMES,
+    "qwen35": _QWEN35_NAMES,
+    "qwen35moe": {**_QWEN35_NAMES, "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
     "lfm2moe": {**_LFM2_NAMES, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
 }
@@ -80,9 +90,18 @@ _STACKED_NAMES = {
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
-NORM_OFFSETS = dict.fromkeys(GEMMA_ARCHITECTURES, 1.0)
-"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's ``1 + weight`` scale,
-stored whole); the loader takes it off again, as the model adds it itself."""
+NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "qwen35", "qwen35moe"), 1.0)
+"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's and Qwen3.5's
+``1 + weight`` scale, stored whole) but those of :data:`UNOFFSET_NORMS`; the loader takes it off again, as the model
+adds it itself."""
+UNOFFSET_NORMS = frozenset({"ssm_norm.weight"})  # Qwen3.5's gated norm in its DeltaNet layers: a plain scale
+
+
+def norm_offset(architecture: str, gguf_name: str) -> float:
+    """What llama.cpp added to this tensor of an ``architecture`` file (0: nothing; see :data:`NORM_OFFSETS`)."""
+    if not gguf_name.endswith("norm.weight") or gguf_name.rsplit(".", 2)[-2] + ".weight" in UNOFFSET_NORMS:
+        return 0.0
+    return NORM_OFFSETS.get(architecture, 0.0)
 # Redundant tensors, skipped: ``attn_rot_embd`` is the rotary ``inv_freq`` buffer that old conversions
 # stored per layer; the rope tables are recomputed from the metadata (as for safetensors' rotary_emb.inv_freq).
 REDUNDANT = frozenset({"attn_rot_embd"})

@@ -1,0 +1,47 @@
+"""A llama.cpp ``qwen35``/``qwen35moe`` file's Gated DeltaNet tensors laid out as transformers holds them (the GGUF
+loader's hook, ``Family.gguf_tensors``), undoing what its converter did (the names and the norms' ``+ 1`` are undone
+by the loader, :mod:`services.engine.weights.gguf_names`):
+
+- ``ssm_a`` holds ``-exp(A_log)``: ``A_log = log(-ssm_a)``, in float32;
+- the convolution weight was squeezed to ``[channels, taps]``: its channel dim comes back;
+- the value heads were *tiled* (value head ``j`` of key head ``k`` at ``j * key_heads + k``) where transformers
+  *groups* them by key head (at ``k * per_key + j``): every tensor with a row per value element or per value head
+  (``in_proj_z``, the value rows of ``in_proj_qkv`` and of the convolution, ``in_proj_a``, ``in_proj_b``,
+  ``A_log``, ``dt_bias``) is reordered by row, and ``out_proj``, which takes the value elements in, by column.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine.model.config import LinearAttention, ModelConfig
+
+
+def grouped_from_tiled(spec: LinearAttention, head_dim: int = 1) -> torch.Tensor:
+    """The permutation taking tiled rows (``head_dim`` rows a value head) to grouped: ``grouped = tiled[perm]``."""
+    per_key = spec.value_heads // spec.key_heads
+    tiled_of_grouped = torch.arange(spec.value_heads * head_dim).reshape(per_key, spec.key_heads, head_dim)
+    return tiled_of_grouped.transpose(0, 1).reshape(-1)
+
+
+def delta_net_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """``tensors`` (the GGUF loader's, under transformers' names) with each DeltaNet layer's laid out as
+    transformers holds them (see the module)."""
+    spec = config.linear_attention
+    assert spec is not None, "a Qwen3.5 config has DeltaNet layers"
+    per_value = grouped_from_tiled(spec, spec.value_head_dim)
+    per_head = grouped_from_tiled(spec)
+    key_rows = 2 * spec.key_heads * spec.key_head_dim  # q and k rows before the value rows, in their order
+    out = dict(tensors)
+    for i in spec.layers:
+        d = f"model.layers.{i}.linear_attn."
+        out[d + "A_log"] = torch.log(-out[d + "A_log"].float())[per_head]
+        for name in ("dt_bias", "in_proj_a.weight", "in_proj_b.weight"):
+            out[d + name] = out[d + name][per_head]
+        out[d + "in_proj_z.weight"] = out[d + "in_proj_z.weight"][per_value]
+        for name in ("in_proj_qkv.weight", "conv1d.weight"):
+            rows = out[d + name]
+            out[d + name] = torch.cat((rows[:key_rows], rows[key_rows:][per_value]))
+        out[d + "conv1d.weight"] = out[d + "conv1d.weight"].unsqueeze(1)
+        out[d + "out_proj.weight"] = out[d + "out_proj.weight"][:, per_value].contiguous()
+    return out
