@@ -17,7 +17,7 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.registry import model_class
 from services.engine.weights import load_weights
 from services.engine.weights.gguf_metadata import read_gguf_config
-from tests.engine.tiny_gguf import F32, SHAPE, hf_logits, pdserve_logits, tiny_hf
+from tests.engine.tiny_gguf import F32, SHAPE, add_metadata, close_writer, hf_logits, pdserve_logits, tiny_hf
 
 MXFP4 = gguf.GGMLQuantizationType.MXFP4
 IDS = [(i * 37 + 5) % 96 for i in range(45)]  # 45 tokens: three KV blocks of 16, past the window of 8
@@ -58,19 +58,10 @@ def write_gpt_oss_gguf(model, path: Path, experts: gguf.GGMLQuantizationType = M
             "expert_used_count": cfg.num_experts_per_tok, "attention.sliding_window": cfg.sliding_window,
             "rope.scaling.type": "yarn", "rope.scaling.factor": YARN["factor"],
             "rope.scaling.original_context_length": YARN["original_max_position_embeddings"]}
-    for key, value in keys.items():
-        if isinstance(value, str):
-            writer.add_string(f"gpt-oss.{key}", value)
-        elif isinstance(value, float):
-            writer.add_float32(f"gpt-oss.{key}", value)
-        else:
-            writer.add_uint32(f"gpt-oss.{key}", int(value))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
     tokens = [f"<t{i}>" for i in range(cfg.vocab_size)]
     for text, i in ENDS.items():
         tokens[i] = text
-    writer.add_token_list(tokens)
+    add_metadata(writer, "gpt-oss", keys, tokens)
 
     state = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
     twin: dict[str, np.ndarray] = {}
@@ -101,10 +92,7 @@ def write_gpt_oss_gguf(model, path: Path, experts: gguf.GGMLQuantizationType = M
             twin[hf_name] = add(hf_name + ".weight", array)
         else:
             twin[hf_name] = add(hf_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    close_writer(writer)
     model.load_state_dict({name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in twin.items()})
     return path
 

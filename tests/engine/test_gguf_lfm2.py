@@ -18,7 +18,17 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.registry import config_from_gguf, model_class
 from services.engine.weights import load_weights
 from services.engine.weights.gguf_metadata import read_gguf_config
-from tests.engine.tiny_gguf import F32, Q4_0, Q8_0, all_f32, hf_logits, pdserve_logits, tiny_hf
+from tests.engine.tiny_gguf import (
+    F32,
+    Q4_0,
+    Q8_0,
+    add_metadata,
+    all_f32,
+    close_writer,
+    hf_logits,
+    pdserve_logits,
+    tiny_hf,
+)
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]  # 45 tokens: three KV blocks of 16
 LAYERS = ["conv", "full_attention", "conv"]
@@ -62,13 +72,9 @@ def write_lfm2_gguf(model, path: Path, quant=all_f32) -> Path:
         keys.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
                      "expert_feed_forward_length": cfg.moe_intermediate_size,
                      "leading_dense_block_count": cfg.num_dense_layers, "expert_gating_func": 2})  # 2: sigmoid
-    for key, value in keys.items():
-        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(f"{arch}.{key}", value)
-    writer.add_array(f"{arch}.attention.head_count_kv",
-                     [cfg.num_key_value_heads if kind == "full_attention" else 0 for kind in cfg.layer_types])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    keys["attention.head_count_kv"] = [cfg.num_key_value_heads if kind == "full_attention" else 0
+                                       for kind in cfg.layer_types]
+    add_metadata(writer, arch, keys, [f"<t{i}>" for i in range(cfg.vocab_size)])
 
     twin: dict[str, np.ndarray] = {}
 
@@ -96,10 +102,7 @@ def write_lfm2_gguf(model, path: Path, quant=all_f32) -> Path:
             twin[hf_name] = add(hf_name + ".bias", array)
         else:
             twin[hf_name] = add(hf_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    close_writer(writer)
     state = {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in twin.items()}
     if cfg.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
@@ -147,22 +150,14 @@ def test_an_lfm2_moe_file_s_tokenizer_reads_as_lfm2_s(tmp_path, monkeypatch, bun
         tokens[i] = text
     path = tmp_path / "lfm2moe-tokenizer.gguf"
     writer = gguf.GGUFWriter(str(path), "lfm2moe")
-    for key, value in {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
-                       "attention.head_count": 2, "shortconv.l_cache": 3}.items():
-        writer.add_uint32(f"lfm2moe.{key}", value)
-    writer.add_array("lfm2moe.attention.head_count_kv", [2])
-    writer.add_float32("lfm2moe.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_float32("lfm2moe.rope.freq_base", 1e6)
+    add_metadata(writer, "lfm2moe", {"block_count": 1, "context_length": 64, "embedding_length": 8,
+                                     "feed_forward_length": 8, "attention.head_count": 2, "shortconv.l_cache": 3,
+                                     "attention.head_count_kv": [2], "attention.layer_norm_rms_epsilon": 1e-5,
+                                     "rope.freq_base": 1e6}, tokens)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("lfm2")
-    writer.add_token_list(tokens)
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["model"]["merges"]])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
     writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    close_writer(writer)
     text = "Hello world, it's 2026! Liquid models run on a laptop."
     assert Tokenizer.load(path).encode_plain(text) == bundled_tokenizer.encode_plain(text)

@@ -17,7 +17,7 @@ from services.engine.model.qwen3_5_gguf import grouped_from_tiled
 from services.engine.model.registry import model_class
 from services.engine.weights import load_weights
 from services.engine.weights.gguf_metadata import read_gguf_config
-from tests.engine.tiny_gguf import F32, Q8_0, all_f32, hf_logits, pdserve_logits, tiny_hf
+from tests.engine.tiny_gguf import F32, Q8_0, add_metadata, all_f32, close_writer, hf_logits, pdserve_logits, tiny_hf
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]
 # the value heads (4) are twice the key heads (2), so tiled and grouped orders differ
@@ -129,14 +129,9 @@ def write_qwen3_5_gguf(model, path: Path, quant=all_f32) -> Path:
                      "expert_shared_feed_forward_length": cfg.shared_expert_intermediate_size})
     else:
         keys["feed_forward_length"] = cfg.intermediate_size
-    for key, value in keys.items():
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
-    writer.add_array(f"{arch}.rope.dimension_sections", [2, 1, 1, 0])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    keys.update({"rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+                 "rope.dimension_sections": [2, 1, 1, 0]})
+    add_metadata(writer, arch, keys, [f"<t{i}>" for i in range(cfg.vocab_size)])
     state = {}
     for name, tensor in model.state_dict().items():
         parts = []
@@ -149,10 +144,7 @@ def write_qwen3_5_gguf(model, path: Path, quant=all_f32) -> Path:
         state[name] = torch.from_numpy(np.ascontiguousarray(_from_gguf(name, values, cfg)))
     writer.add_tensor(f"blk.{cfg.num_hidden_layers}.nextn.eh_proj.weight",  # the MTP block: not read
                       np.zeros((cfg.hidden_size, 2 * cfg.hidden_size), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    close_writer(writer)
     model.load_state_dict(state)
     return path
 

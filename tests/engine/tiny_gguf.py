@@ -188,18 +188,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
                      "final_logit_softcapping": float(cfg.final_logit_softcapping)})
     keys.update(metadata or {})
     writer.add_name(f"tiny-{arch}")
-    for key, value in keys.items():
-        if value is None:
-            continue
-        if isinstance(value, str):
-            writer.add_string(f"{arch}.{key}", value)
-        elif isinstance(value, float):
-            writer.add_float32(f"{arch}.{key}", value)
-        else:
-            writer.add_uint32(f"{arch}.{key}", int(value))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_token_list(tokens or [f"<t{i}>" for i in range(cfg.vocab_size)])
+    add_metadata(writer, arch, keys, tokens or [f"<t{i}>" for i in range(cfg.vocab_size)])
 
     twin = {}
     for hf_name, array in _hf_tensors(model).items():
@@ -223,12 +212,36 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         writer.add_tensor(name, stored, raw_dtype=raw_dtype)
     for name, array in (extra or {}).items():
         writer.add_tensor(name, array)
+    close_writer(writer)
+    _load_twin(model, twin)
+    return path
+
+
+def add_metadata(writer: gguf.GGUFWriter, arch: str, keys: dict, tokens: list[str]) -> None:
+    """``{arch}.*`` keys as llama.cpp's converter types them (strings, float32, lists as arrays, other numbers
+    uint32; ``None`` skipped), then BOS 1, EOS 2 and the token list."""
+    for key, value in keys.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        elif isinstance(value, list):
+            writer.add_array(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", int(value))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_token_list(tokens)
+
+
+def close_writer(writer: gguf.GGUFWriter) -> None:
+    """Writes the header, the metadata and the tensors, and closes the file."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    _load_twin(model, twin)
-    return path
 
 
 def _load_twin(model, twin: dict[str, np.ndarray]) -> None:
