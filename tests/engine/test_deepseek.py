@@ -12,15 +12,14 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.linear import prepare_linear
 from services.engine.config import EngineConfig
 from services.engine.engine import LLMEngine
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import MoEConfig
 from services.engine.model.mla_decoder import LatentAttentionDecoderModel
-from services.engine.model.moe import MoEWeights, route
 from services.engine.model.registry import config_from_hf
 from services.engine.weights import load_weights
+from tests.engine.router_reference import assert_routes_as
 from tests.engine.test_model_families import _prompts
 from tests.engine.tiny_families import load_reference
 from tests.engine.tiny_gguf import hf_logits, pdserve_logits
@@ -166,17 +165,9 @@ def test_v2_s_router_picks_transformers_experts_and_weights(method, groups, top_
     hf = DeepseekV2TopkRouter(DeepseekV2Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=3,
                                                topk_method=method, n_group=groups, topk_group=top_groups,
                                                routed_scaling_factor=16.0))
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        hf.weight.copy_(torch.randn(16, 32, generator=gen))
-    x = torch.randn(200, 32, generator=gen)
-    _, hf_weights, hf_experts = hf(x)
-    config = MoEConfig(num_experts=16, top_k=3, intermediate_size=8, norm_topk_prob=False, sparse_layers=(0,),
-                       group_limited_softmax=True, expert_groups=groups, top_groups=top_groups, routed_scaling=16.0)
-    weights, experts = route(x, MoEWeights(prepare_linear(hf.weight.detach().clone(), pack=False), [], []), config)
-    order, hf_order = experts.argsort(dim=-1), hf_experts.argsort(dim=-1)
-    assert torch.equal(experts.gather(1, order), hf_experts.gather(1, hf_order))
-    assert torch.allclose(weights.gather(1, order), hf_weights.gather(1, hf_order), rtol=1e-6, atol=0)
+    assert_routes_as(hf, MoEConfig(num_experts=16, top_k=3, intermediate_size=8, norm_topk_prob=False,
+                                   sparse_layers=(0,), group_limited_softmax=True, expert_groups=groups,
+                                   top_groups=top_groups, routed_scaling=16.0), seed=5)
 
 
 def test_the_cache_holds_one_row_a_token_and_the_deterministic_mode_is_refused(v3):

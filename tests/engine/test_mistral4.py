@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from kernels.linear import prepare_linear
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import MoEConfig
-from services.engine.model.moe import MoEWeights, route
+from services.engine.model.moe import route
 from services.engine.model.registry import config_from_hf, model_class
+from tests.engine.router_reference import assert_routes_as, router_weights
 from tests.engine.test_mistral3 import PIXTRAL
 
 
@@ -70,22 +70,13 @@ def test_the_router_picks_transformers_experts_and_weights(groups, top_groups):
 
     hf = Mistral4TopkRouter(Mistral4Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=3, n_group=groups,
                                            topk_group=top_groups, routed_scaling_factor=2.5, norm_topk_prob=True))
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        hf.weight.copy_(torch.randn(16, 32, generator=gen))
-    x = torch.randn(200, 32, generator=gen)
-    _, hf_weights, hf_experts = hf(x)
     config = MoEConfig(num_experts=16, top_k=3, intermediate_size=8, norm_topk_prob=True, sparse_layers=(0,),
                        grouped_softmax=True, expert_groups=groups, top_groups=top_groups, routed_scaling=2.5)
-    weights, experts = route(x, MoEWeights(prepare_linear(hf.weight.detach().clone(), pack=False), [], []), config)
-    order, hf_order = experts.argsort(dim=-1), hf_experts.argsort(dim=-1)
-    assert torch.equal(experts.gather(1, order), hf_experts.gather(1, hf_order))
-    assert torch.allclose(weights.gather(1, order), hf_weights.gather(1, hf_order), rtol=1e-6, atol=0)
+    x = assert_routes_as(hf, config, seed=7)
     if top_groups < groups:  # the group limit changes some choice (else this test could not tell it apart)
-        free = route(x, MoEWeights(prepare_linear(hf.weight.detach().clone(), pack=False), [], []),
-                     MoEConfig(num_experts=16, top_k=3, intermediate_size=8, norm_topk_prob=True, sparse_layers=(0,),
-                               grouped_softmax=True, routed_scaling=2.5))[1]
-        assert not torch.equal(free.sort(dim=-1).values, experts.sort(dim=-1).values)
+        limited = route(x, router_weights(hf), config)[1]
+        free = route(x, router_weights(hf), dataclasses.replace(config, expert_groups=1, top_groups=1))[1]
+        assert not torch.equal(free.sort(dim=-1).values, limited.sort(dim=-1).values)
 
 
 def _with_rope(text: dict, **changes) -> dict:
