@@ -123,6 +123,5 @@ def test_a_gpt_oss_file_gives_transformers_logits(tmp_path, experts):
 @pytest.mark.parametrize("drop", ["blk.1.ffn_up_exps.bias", "blk.0.ffn_down_exps.weight"])
 def test_a_file_missing_part_of_its_experts_is_refused_by_name(tmp_path, drop):
     path = write_gpt_oss_gguf(_tiny_gpt_oss(), tmp_path / "partial.gguf", F32, drop=drop)
-    layer, part = drop.split(".")[1], drop.split(".", 2)[2].removeprefix("ffn_").replace("_exps", "")
-    with pytest.raises(ModelLoadError, match=rf"gpt-oss layer {layer}: its experts lack .*{part}"):
+    with pytest.raises(ModelLoadError, match=rf"gpt-oss layer {drop.split('.')[1]}: its experts lack {drop} "):
         load_weights(path)

@@ -13,11 +13,20 @@ import numpy as np
 import pytest
 import torch
 
-from services.engine.model.qwen3_5_gguf import grouped_from_tiled
 from services.engine.model.registry import model_class
 from services.engine.weights import load_weights
 from services.engine.weights.gguf_metadata import read_gguf_config
-from tests.engine.tiny_gguf import F32, Q8_0, add_metadata, all_f32, close_writer, hf_logits, pdserve_logits, tiny_hf
+from tests.engine.tiny_gguf import (
+    F32,
+    Q4_0,
+    Q8_0,
+    add_metadata,
+    all_f32,
+    close_writer,
+    hf_logits,
+    pdserve_logits,
+    tiny_hf,
+)
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]
 # the value heads (4) are twice the key heads (2), so tiled and grouped orders differ
@@ -82,8 +91,7 @@ def _to_gguf(name: str, array: np.ndarray, cfg) -> list[tuple[str, np.ndarray]]:
 
 def _from_gguf(name: str, stored: np.ndarray, cfg) -> np.ndarray:
     """The state-dict tensor a file's dequantised values stand for (the converter's transforms undone)."""
-    per_value, per_head = grouped_from_tiled(_Spec(cfg), cfg.linear_value_head_dim).numpy(), \
-        grouped_from_tiled(_Spec(cfg)).numpy()
+    per_value, per_head = np.argsort(_tiled(cfg, cfg.linear_value_head_dim)), np.argsort(_tiled(cfg))  # inverses
     key_rows = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
     if name.endswith("linear_attn.A_log"):
         return np.log(-stored)[per_head]
@@ -101,11 +109,6 @@ def _from_gguf(name: str, stored: np.ndarray, cfg) -> np.ndarray:
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         return stored - np.float32(1.0)
     return stored
-
-
-class _Spec:
-    def __init__(self, cfg):
-        self.key_heads, self.value_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
 
 
 def write_qwen3_5_gguf(model, path: Path, quant=all_f32) -> Path:
@@ -184,3 +187,33 @@ def test_transformers_reads_the_written_file_as_the_twin(tmp_path):
     path = write_qwen3_5_gguf(model, tmp_path / "tiny-qwen35.gguf")
     theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
     assert torch.allclose(hf_logits(theirs, IDS), hf_logits(model, IDS), atol=1e-4, rtol=1e-4)
+
+
+def test_the_writer_s_float32_file_stands_for_the_model_itself(tmp_path):
+    """The test's own inverse of the converter's transforms gives back every tensor bit for bit (so the twin is the
+    model, and a wrong reorder in the loader could not hide behind one in the twin)."""
+    model = tiny_hf("qwen3_5_text", **HYBRID)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    write_qwen3_5_gguf(model, tmp_path / "tiny-qwen35.gguf")
+    after = model.state_dict()
+    for name, tensor in before.items():
+        assert torch.allclose(after[name], tensor, rtol=0, atol=1e-6), name  # the norms' 1 + w - 1 may round
+
+
+def test_4bit_codes_are_kept_only_where_the_file_s_layout_is_the_model_s(tmp_path):
+    """The DeltaNet projections a hook reorders run dense (their codes stand for the tiled layout); the others keep
+    their 4-bit codes, each standing for its tensor."""
+    model = tiny_hf("qwen3_5_text", **HYBRID)
+
+    def q4(name: str) -> gguf.GGMLQuantizationType:
+        return Q4_0 if name.endswith(("attn_qkv.weight", "attn_gate.weight", "ssm_out.weight", "ffn_up.weight",
+                                      "attn_q.weight")) else F32
+
+    weights = load_weights(write_qwen3_5_gguf(model, tmp_path / "q4.gguf", q4), keep_q4=True)
+    assert "model.layers.0.mlp.up_proj.weight" in weights.quantized
+    assert "model.layers.1.self_attn.q_proj.weight" in weights.quantized
+    for name in ("in_proj_qkv.weight", "in_proj_z.weight", "out_proj.weight"):
+        assert f"model.layers.0.linear_attn.{name}" not in weights.quantized, name
+    for name, codes in weights.quantized.items():
+        assert torch.equal(codes.dequantize(), weights.tensors[name].float()), name
+

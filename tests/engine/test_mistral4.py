@@ -1,8 +1,8 @@
 """Mistral Small 4's config as released (``mistral3`` around a ``mistral4`` text model, FP8 per tensor; the text model
 is transformers' ``Mistral4Config`` defaults, which are that checkpoint's), and a ``mistral4`` text model on its own,
 read as transformers builds them; its router against transformers' own; refusals by name. The family test serves
-the tiny checkpoint exactly, in process and by a cluster (tests/engine/test_model_families.py,
-tests/e2e/test_model_families_cluster.py)."""
+the tiny checkpoint exactly in process (tests/engine/test_model_families.py); its layer's two parts are served by
+clusters in DeepSeek-V3's and Ministral 3's (tests/e2e/test_model_families_cluster.py)."""
 
 from __future__ import annotations
 

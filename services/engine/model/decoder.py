@@ -89,7 +89,7 @@ class DecoderModel(ExpertLoading):
                                               or (type(self)._attention is not DecoderModel._attention
                                                   and not type(self).QUERY_TEMPERATURE)):
             raise ModelLoadError(f"{config.architecture}: its decoder has no query temperature "
-                                 "(llama_4_scaling_beta); only the shared decoder's layer applies it")
+                                 "(llama_4_scaling_beta); only the shared and the latent decoders' layers apply it")
         self.config = config
         self.deterministic = deterministic
         self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0

@@ -104,13 +104,19 @@ def experts_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> 
         p = f"model.layers.{i}.mlp.experts."
         stacked = {name: out.pop(p + f"gguf_{name}", None) for name in ("gate.weight", "up.weight", "down.weight",
                                                                            "gate.bias", "up.bias", "down.bias")}
-        missing = sorted(name for name, t in stacked.items() if t is None)
+        missing = [f"blk.{i}.ffn_{name.replace('.', '_exps.')}" for name, t in stacked.items() if t is None]
         if missing:
-            raise ModelLoadError(f"GGUF gpt-oss layer {i}: its experts lack ffn_{{{', '.join(missing)}}} "
-                                 "(each of gate, up and down needs its weight and bias)")
-        gate, up = stacked["gate.weight"], stacked["up.weight"]
+            raise ModelLoadError(f"GGUF gpt-oss layer {i}: its experts lack {', '.join(missing)} (each of gate, up "
+                                 "and down needs its weight and bias)")
+        gate, up = _alike(stacked["gate.weight"], stacked["up.weight"])  # one MXFP4 (bf16), one not: float32
         out[p + "gate_up_proj"] = torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2)  # [E, hidden, 2I]
-        out[p + "gate_up_proj_bias"] = torch.stack((stacked["gate.bias"], stacked["up.bias"]), dim=2).flatten(1)
+        out[p + "gate_up_proj_bias"] = torch.stack(_alike(stacked["gate.bias"], stacked["up.bias"]), dim=2).flatten(1)
         out[p + "down_proj"] = stacked["down.weight"].transpose(1, 2)  # [E, inter, hidden]
         out[p + "down_proj_bias"] = stacked["down.bias"]
     return out
+
+
+def _alike(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` in the dtype that holds both exactly."""
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    return a.to(dtype), b.to(dtype)

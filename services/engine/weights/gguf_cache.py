@@ -1,6 +1,7 @@
 """A cache of dequantised GGUF weights: a process that loads a GGUF file it (or another process) already
-loaded reads the float32 tensors, the 4-bit codes and the configuration from one safetensors file instead
-of parsing the GGUF metadata and dequantising again (seconds per process for the bundled 135M model).
+loaded reads the dequantised tensors (float32; MXFP4 ones bfloat16), the 4-bit codes and the configuration from
+one safetensors file instead of parsing the GGUF metadata and dequantising again (seconds per process for the
+bundled 135M model).
 
 Off unless ``PDSERVE_WEIGHTS_CACHE_DIR`` names a directory (the test suite sets one for its session: it
 starts ~100 node processes of the same model). An entry is ``<weights digest of the file>-v<version>.safetensors``

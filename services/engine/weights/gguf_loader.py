@@ -8,7 +8,8 @@ package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Fa
   architectures only (its Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
-  biases), the stacks are kept whole and the hook lays them out.
+  biases), the stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms
+  (LFM2's squeezed conv, Qwen3.5's DeltaNet); the 4-bit codes of a tensor it changed are not kept.
 - Gemma 2's, Gemma 3's and Qwen3.5's norms are stored as ``1 + weight``
   (:func:`~services.engine.weights.gguf_names.norm_offset`); the 1 is taken off (in float32) and their layers' own
   names are mapped. A multi-token-prediction block after the last layer (``nextn_predict_layers``) is not read.
@@ -88,7 +89,10 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     config = complete_config(config, {t.name for t in reader.tensors}, rope_freqs)
     hook = gguf_tensors_hook(config.architecture)
     if hook is not None:
-        tensors = hook(tensors, config)
+        laid_out = hook(tensors, config)
+        # the 4-bit codes stand for the file's layout: those of a tensor the hook changed are dropped (it runs dense)
+        quantized = {name: codes for name, codes in quantized.items() if laid_out.get(name) is tensors.get(name)}
+        tensors = laid_out
     return LoadedWeights(config=config, tensors=tensors, source=path, quantized=quantized)
 
 

@@ -48,7 +48,8 @@ _EXPERT_NAMES = {
 # is the norm before the MLP, and the two norms after attention and the MLP are its own; Qwen2-MoE's and Granite
 # MoE's shared experts)
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
-"""llama.cpp's Gemma architectures: the norms below, stored as ``1 + weight``, and ``<end_of_turn>`` as an EOS."""
+"""llama.cpp's Gemma architectures: the norms below, stored as ``1 + weight`` (their ``<end_of_turn>``:
+``gguf_config.TURN_END_TEXTS``)."""
 _GEMMA_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}

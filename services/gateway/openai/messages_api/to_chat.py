@@ -194,7 +194,7 @@ def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
 
 def _output_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """``output_config``'s ``format`` (a JSON schema) → chat's ``response_format``; ``effort`` → the template's
-    ``reasoning_effort`` (``xhigh`` and ``max`` as ``high``, the most a chat template takes)."""
+    ``reasoning_effort`` (``xhigh`` and ``max`` as ``high``, the most the templates that read it, GPT-OSS's, know)."""
     if config is None:
         return {}
     unknown = sorted(set(config) - {"format", "effort"})
