@@ -88,7 +88,8 @@ def build_config(
     assert dataclasses.is_dataclass(cls), f"{cls!r} is not a dataclass"
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(prog=prog, description=description or cls.__doc__)
+    # no abbreviations: `--port 50052` is not `--port-file 50052` (a file named 50052, the service on another port)
+    parser = argparse.ArgumentParser(prog=prog, description=description or cls.__doc__, allow_abbrev=False)
     converters: dict[str, tuple[Callable[[str], Any], bool]] = {}
     for field in dataclasses.fields(cls):
         if not field.init:

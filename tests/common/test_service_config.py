@@ -60,6 +60,14 @@ def test_bad_settings_are_usage_errors_naming_the_setting(argv, env, message, ca
     assert message in capsys.readouterr().err
 
 
+def test_a_flag_is_its_whole_name_never_an_abbreviation(capsys):
+    """``--port 50052`` once meant ``--port-file 50052``: the service wrote its port to a file named 50052 and
+    listened on another."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_config(PrefillNodeConfig, ["--port", "50052"], env={})
+    assert exit_info.value.code == 2 and "unrecognized arguments: --port 50052" in capsys.readouterr().err
+
+
 def test_server_config_validates_listen_and_logging(capsys):
     assert build_config(ServerConfig, [], env={"PDSERVE_LISTEN": "127.0.0.1:0"}).listen == "127.0.0.1:0"
     for argv in (["--listen", "nohost"], ["--log-level", "loud"], ["--log-format", "xml"]):
