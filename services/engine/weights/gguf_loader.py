@@ -71,7 +71,7 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
                                      "[num_experts, out, in]")
             for expert, weight in enumerate(array):
                 name = role.expert_name(expert)
-                tensors[name] = torch.from_numpy(weight)
+                tensors[name] = _as_tensor(weight, tensor)
                 if keep_q4 and tensor.tensor_type in Q4_TYPES:
                     quantized[name] = decode_q4(tensor.data[expert], tensor.tensor_type, weight.shape)
             continue
@@ -81,7 +81,7 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
             array = unpermute_rope_rows(array, heads)
         if offset := norm_offset(architecture, tensor.name):
             array = array - np.float32(offset)
-        tensors[name] = torch.from_numpy(array)
+        tensors[name] = _as_tensor(array, tensor)
         if keep_q4 and tensor.tensor_type in Q4_TYPES and ".layers." in name and array.ndim == 2:
             codes = decode_q4(tensor.data, tensor.tensor_type, array.shape)
             quantized[name] = codes.rows(torch.from_numpy(unpermute_rope_rows(np.arange(array.shape[0]), heads))) \
