@@ -63,6 +63,15 @@ def _longrope(dim: int, theta: float, s: RopeScaling) -> tuple[torch.Tensor, flo
     return 1.0 / (torch.tensor(s.short_factor, dtype=torch.float32) * theta**shape), float(attention)
 
 
+def _proportional(head_dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """transformers' proportional rope: the leading ``rotated_fraction`` of the ``head_dim // 2`` frequencies are the
+    default ones of the whole head, the others 0 (those dims pass through: cos 1, sin 0), all divided by ``factor``."""
+    angles = int(s.rotated_fraction * head_dim // 2)
+    inv_freq = torch.zeros(head_dim // 2, dtype=torch.float32)
+    inv_freq[:angles] = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+    return inv_freq / s.factor
+
+
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> tuple[torch.Tensor, float]:
     """``inv_freq`` (float32, ``head_dim // 2``; ``head_dim``: the rotated dims) and the factor cos/sin are
     multiplied by."""
@@ -71,6 +80,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
         inv_freq, attention = _yarn(head_dim, theta, s)
     elif s.rope_type == "longrope":
         inv_freq, attention = _longrope(head_dim, theta, s)
+    elif s.rope_type == "proportional":
+        inv_freq, attention = _proportional(head_dim, theta, s), 1.0
     else:
         inv_freq, attention = _default_inv_freq(head_dim, theta), 1.0
         if s.rope_type == "linear":

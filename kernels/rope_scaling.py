@@ -5,7 +5,9 @@ A checkpoint's ``rope_scaling`` (``rope_parameters`` in newer configs) names one
 ``linear`` (positions interpolated by ``factor``), ``dynamic`` (NTK: equal to ``default`` within the
 pre-training context, which is all pdserve serves of such a model), ``llama3`` (Llama 3.1+: low frequencies
 divided by ``factor``, a smooth ramp between) and ``yarn`` (per-dimension blend of interpolation and
-extrapolation plus an attention factor on cos/sin) and ``longrope`` (Phi-3.5, Phi-4-mini: per-dimension
+extrapolation plus an attention factor on cos/sin), ``proportional`` (Gemma 4's full layers: the first
+``partial_rotary_factor`` of each half of the head rotates with default frequencies of the whole head, the rest
+not at all, all divided by ``factor``) and ``longrope`` (Phi-3.5, Phi-4-mini: per-dimension
 ``short_factor`` divisors and an attention factor from the context's growth; transformers switches to
 ``long_factor`` past ``original_max_position_embeddings``, which pdserve does not serve of such a model). GGUF
 files of Llama 3.1+ carry the llama3 result as per-dimension divisors (``rope_freqs``): ``freq_factors``.
@@ -16,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")  # dynamic: plain rope within the context
+# dynamic: plain rope within the context
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "proportional")
 
 
 class UnsupportedRopeError(ValueError):
@@ -38,6 +41,7 @@ class RopeScaling:
     truncate: bool = True  # yarn
     freq_factors: tuple[float, ...] | None = None  # GGUF rope_freqs: inv_freq is divided by these
     short_factor: tuple[float, ...] | None = None  # longrope: inv_freq's divisors within the original context
+    rotated_fraction: float = 1.0  # proportional: the partial_rotary_factor of the frequencies that rotate
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
@@ -47,6 +51,8 @@ class RopeScaling:
             raise UnsupportedRopeError(f"rope type {self.rope_type!r} needs original_max_position_embeddings")
         if self.rope_type == "longrope" and not self.short_factor:
             raise UnsupportedRopeError("rope type 'longrope' needs short_factor")
+        if not 0.0 <= self.rotated_fraction <= 1.0:
+            raise UnsupportedRopeError(f"partial_rotary_factor must be in [0, 1], got {self.rotated_fraction}")
         if self.factor <= 0:
             raise UnsupportedRopeError(f"rope scaling factor must be > 0, got {self.factor}")
 

@@ -28,6 +28,13 @@ _GEMMA3_TEXT = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                     final_logit_softcapping=30.0, tie_word_embeddings=True)
+# Gemma 4: sliding layers (window 24) of 2 KV heads of 16 around full ones of 32-wide heads with the proportional
+# rope on a quarter; norms, the router's scales and each layer's scalar drawn around 1 (Gemma 4's norms take their
+# weight as stored)
+_GEMMA4_TEXT = dict(head_dim=16, global_head_dim=32, sliding_window=24, tie_word_embeddings=True,
+                    rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 1000000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 _HYBRID = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
@@ -58,6 +65,7 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hyb
                 "qwen3_5", "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4"}
+RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4",
                  "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
@@ -186,6 +194,26 @@ FAMILIES: dict[str, dict] = {
                    attn_logit_softcapping=3.0, final_logit_softcapping=30.0, rope_theta=10000.0,
                    tie_word_embeddings=True),
     "gemma3": dict(model_type="gemma3_text", **_GEMMA3_TEXT),
+    # Gemma 4 as the 31B and 26B-A4B are: the full layers' values are their keys (attention_k_eq_v) with one KV
+    # head (a slot of 2 sliding heads' width: written twice), experts beside every dense MLP, the logits capped
+    "gemma4": dict(model_type="gemma4_text", **_GEMMA4_TEXT,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                   num_hidden_layers=4, attention_k_eq_v=True, num_global_key_value_heads=1, enable_moe_block=True,
+                   num_experts=8, top_k_experts=2, moe_intermediate_size=48, hidden_size_per_layer_input=0,
+                   final_logit_softcapping=30.0),
+    # Gemma 4 as the E2B and E4B are (Gemma4ForConditionalGeneration with vision and audio towers, not read): the
+    # last two layers attend over the KV of the last earlier layer of their kind with MLPs twice as wide, per-layer
+    # inputs of 8 per layer; the sliding layers' heads fill half the slot (written twice)
+    "gemma4-e": dict(model_type="gemma4", per_layer_vocab=True,
+                     text_config=_GEMMA4_TEXT | dict(
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                                      "full_attention"], num_hidden_layers=5, num_kv_shared_layers=2,
+                         use_double_wide_mlp=True, hidden_size_per_layer_input=8),
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=14,
+                                        position_embedding_size=64),
+                     audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       subsampling_conv_channels=[8, 4], output_proj_dims=32)),
     # Granite 4.0-H: Mamba-2 layers (8 heads of 16, 2 groups, a state of 16) around an attention layer without rope
     # (position_embedding_type nope, as released), Granite's four scalars, experts beside a shared MLP; norms, the
     # conv's bias and dt_bias drawn at random
@@ -271,6 +299,8 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
     spec = dict(FAMILIES[name])
     model_type = spec.pop("model_type")
     ids = dict(vocab_size=len(tokenizer_hf), bos_token_id=1, eos_token_id=2)
+    if spec.pop("per_layer_vocab", False):  # Gemma 4's per-layer inputs: a table of the same vocabulary
+        ids["vocab_size_per_layer_input"] = len(tokenizer_hf)
     if "text_config" in spec:  # a multimodal checkpoint: the shape is its text model's
         spec["text_config"] = ids | SHAPE | spec["text_config"]
         config = AutoConfig.for_model(model_type, **spec)
@@ -283,6 +313,11 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
             for param_name, param in model.named_parameters():
                 if "norm" in param_name:
                     param.normal_(0.0, 0.3)
+    if name in RANDOM_AROUND_ONE:
+        with torch.no_grad():
+            for param_name, param in [*model.named_parameters(), *model.named_buffers()]:
+                if param_name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")):
+                    param.normal_(1.0, 0.3)
     if name in RANDOM_BIASES:
         with torch.no_grad():
             for param_name, param in model.named_parameters():

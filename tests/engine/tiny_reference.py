@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 # the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
-AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")}
+AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl",
+                                                                      "gemma4")}
 
 
 def _transposed_experts(path: Path) -> None:

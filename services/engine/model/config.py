@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from services.engine.model.gemma4_config import Gemma4Config
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class MoEConfig:
     # stacked experts may be stored transposed ([E, hidden, 2·inter], [E, inter, hidden]: Qwen3-VL-MoE's files),
     # read so where the stored shape is that one, as transformers reads them
     stacked_transposed: bool = False
+    # the experts' float32 weights multiply their outputs before one rounding (Gemma 4's, whose router is its own)
+    float32_expert_weights: bool = False
 
     @property
     def correction_bias(self) -> bool:
@@ -59,8 +65,9 @@ class MoEConfig:
     @property
     def float32_weights(self) -> bool:
         """Each routed expert's output is multiplied by its float32 weight and rounded once (GLM-4.5's and the
-        DeepSeeks' experts, as transformers runs them); the other families round the weight to the model dtype."""
-        return self.sigmoid_routing or self.group_limited_softmax
+        DeepSeeks' and Gemma 4's experts, as transformers runs them); the other families round the weight to the model
+        dtype."""
+        return self.sigmoid_routing or self.group_limited_softmax or self.float32_expert_weights
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -263,9 +270,9 @@ def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) ->
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
-    Mistral, Mistral 3, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, GPT-OSS, GLM-4, GLM-4.5, ERNIE 4.5,
-    OLMo 2, DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite 4.0, LFM2 and
-    Nemotron-H).
+    Mistral, Mistral 3, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, Gemma 4, GPT-OSS, GLM-4, GLM-4.5,
+    ERNIE 4.5, OLMo 2, DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite
+    4.0, LFM2 and Nemotron-H).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -296,6 +303,9 @@ class ModelConfig:
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None
     for full attention; empty: every layer full. Served exactly at any length."""
     gemma: GemmaConfig | None = None
+    # Gemma 4's layers (heads per layer in one KV slot, KV shared across layers, per-layer inputs; then
+    # ``num_kv_heads`` and ``head_dim`` are the KV cache's slot, and the rope is the full layers')
+    gemma4: Gemma4Config | None = None
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
@@ -366,6 +376,8 @@ class ModelConfig:
                                  "mamba (its Mamba-2 layers), attention or mlp")
         if not self.kv_layers:
             raise ModelLoadError("no attention layer: at least one is needed (its KV cache)")
+        if self.gemma4 is not None:
+            self.gemma4.check_fits(self.num_heads, self.kv_size)
         mla = self.mla
         if mla is not None and (self.num_kv_heads, self.head_dim, self.rotary_dim) != (1, mla.cache_dim,
                                                                                          mla.qk_rope_head_dim):
@@ -383,9 +395,11 @@ class ModelConfig:
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers that keep KV (a hybrid model's attention layers; every layer otherwise), in order: the KV
-        cache's layer ``n`` is layer ``kv_layers[n]``'s."""
+        """The layers that keep KV (a hybrid model's attention layers; all but Gemma 4's KV-sharing ones; every layer
+        otherwise), in order: the KV cache's layer ``n`` is layer ``kv_layers[n]``'s."""
         mixing = set(self.mlp_blocks) | set(() if self.recurrent is None else self.recurrent.layers)
+        if self.gemma4 is not None:
+            mixing |= set(self.gemma4.shared_layers)
         return tuple(i for i in range(self.num_layers) if i not in mixing)
 
     @property

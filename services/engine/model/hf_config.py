@@ -52,6 +52,7 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
             mscale_all_dim=number("mscale_all_dim", None), truncate=bool(params.get("truncate", True)),
             short_factor=None if params.get("short_factor") is None
             else tuple(float(f) for f in params["short_factor"]),
+            rotated_fraction=float(params.get("partial_rotary_factor") or 1.0) if rope_type == "proportional" else 1.0,
         )
     except UnsupportedRopeError as exc:
         raise ModelLoadError(f"{cfg.get('model_type')}: {exc}") from exc
@@ -77,8 +78,11 @@ def served_length(cfg: Mapping[str, Any], scaling: RopeScaling | None) -> int:
 
 
 def rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int | None:
-    """The rotated dims of a head (``partial_rotary_factor`` of it, as transformers rounds it); None: all."""
+    """The rotated dims of a head (``partial_rotary_factor`` of it, as transformers rounds it); None: all (and a
+    proportional rope's, whose factor picks frequencies across the whole head: ``RopeScaling.rotated_fraction``)."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if (params.get("rope_type") or params.get("type")) == "proportional":
+        return None
     factor = float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
     if factor == 1.0:
         return None

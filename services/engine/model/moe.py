@@ -113,15 +113,22 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
                 silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
     """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
     top_probs, top_experts = route(x, weights, config)
-    if weights.grouped is not None:
-        out = grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
-    else:
-        out = _experts_loop(x, weights, config, top_probs, top_experts, silu_and_mul)
+    out = experts_forward(x, weights, config, top_probs, top_experts, silu_and_mul)
     if weights.shared is not None:
         shared = weights.shared
         shared_out = linear(silu_and_mul(linear(x, shared.gate_up)), shared.down)
         out = out + (shared_out if shared.gate is None else torch.sigmoid(linear(x, shared.gate)) * shared_out)
     return out
+
+
+def experts_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_probs: torch.Tensor,
+                    top_experts: torch.Tensor, silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
+    """The routed experts' sum ``[T, hidden]`` for tokens ``x [T, hidden]`` routed to ``top_experts [T, top_k]`` with
+    float32 weights ``top_probs`` (a family with a router of its own calls it; ``silu_and_mul``: the experts'
+    activation of their gate times their up rows)."""
+    if weights.grouped is not None:
+        return grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
+    return _experts_loop(x, weights, config, top_probs, top_experts, silu_and_mul)
 
 
 def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_probs: torch.Tensor,

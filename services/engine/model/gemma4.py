@@ -1,0 +1,133 @@
+"""Gemma 4 (Google, 2026): Gemma 3's layer of four norms with attention heads that differ by layer, KV shared across
+layers, per-layer inputs and experts beside the MLP (:mod:`services.engine.model.gemma4_config`), served by
+:mod:`services.engine.model.gemma4_decoder`.
+
+Both checkpoints are read: ``Gemma4ForCausalLM`` (``gemma4_text``) and the multimodal
+``Gemma4ForConditionalGeneration`` (``gemma4``: every release), whose text model is served and whose vision and audio
+towers and their embedders are never read (:func:`gemma4_tensor_name`). ``config.json`` is completed with
+transformers' own defaults (``Gemma4TextConfig``), which give each full layer its ``global_head_dim`` (and, with
+``attention_k_eq_v``, ``num_global_key_value_heads``) as ``per_layer_config``. Sliding layers rotate with their own
+plain rope; full layers with a proportional one (:mod:`kernels.rope_frequencies`) over their wider heads. Attention
+is scaled by 1 (the q/k norms set the scale); values are normed without a weight.
+
+Refused by name: bidirectional attention over all tokens (an embedding model), an activation other than the tanh
+GELU, attention biases, and per-layer inputs of a vocabulary smaller than the model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig, MoEConfig, windowed_layers
+from services.engine.model.gemma3 import ACTIVATIONS
+from services.engine.model.gemma4_config import Gemma4Config
+from services.engine.model.hf_config import base_fields, rope_settings, typed_layer_windows, with_defaults
+from services.engine.model.multimodal_text import VISION_PREFIXES, text_config, text_tensor_name
+
+ARCHITECTURE = "gemma4"
+_NOT_READ = ("model.audio_tower.", "model.embed_audio.", "model.embed_vision.", "audio_tower.", "embed_audio.",
+             "embed_vision.")
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    text = _text_config(cfg)
+    _refuse_unserved(text)
+    layers = int(text["num_hidden_layers"])
+    kinds = list(text["layer_types"])
+    windows = typed_layer_windows(ARCHITECTURE, kinds, layers, text.get("sliding_window"))
+    ropes = text["rope_parameters"]
+    local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
+    if local_scaling is not None:
+        raise ModelLoadError(f"gemma4: the sliding layers' rope must be plain, got {ropes['sliding_attention']}")
+    fields = base_fields({**text, "rope_parameters": ropes["full_attention"]}, ARCHITECTURE, check_mlp=False)
+    heads = _layer_heads(text, layers)
+    sources = _kv_sources(kinds, int(text.get("num_kv_shared_layers") or 0))
+    owners = [heads[i] for i in range(layers) if sources[i] == i]
+    head_dim = max(dim for _, dim in heads)
+    slot = max(h * d for h, d in owners)
+    if slot % head_dim:
+        raise ModelLoadError(f"gemma4: a KV slot of {slot} values does not hold whole heads of {head_dim}")
+    gemma4 = Gemma4Config(
+        layer_heads=tuple(heads), kv_sources=sources,
+        value_is_key=tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
+        if text.get("attention_k_eq_v") else (),
+        per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0),
+        double_wide_layers=tuple(i for i in range(layers) if sources[i] != i) if text.get("use_double_wide_mlp")
+        else (),
+        moe_beside_mlp=bool(text.get("enable_moe_block")),
+        final_logit_softcap=None if text.get("final_logit_softcapping") is None
+        else float(text["final_logit_softcapping"]))
+    return ModelConfig(
+        **fields | {"num_kv_heads": slot // head_dim, "head_dim": head_dim}, qk_norm=True,
+        layer_windows=windows, local_rope_layers=windowed_layers(windows), local_rope_theta=local_theta,
+        moe=_experts(text, layers) if gemma4.moe_beside_mlp else None, gemma4=gemma4,
+    )
+
+
+def gemma4_tensor_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the text model, None for the vision and audio towers' and their embedders'."""
+    if name.startswith(_NOT_READ) or name.startswith(VISION_PREFIXES):
+        return None
+    return text_tensor_name(name)
+
+
+def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    from transformers import Gemma4TextConfig
+
+    text = text_config(cfg, "gemma4", default_tie=True)
+    text["model_type"] = "gemma4_text"
+    return with_defaults(ARCHITECTURE, Gemma4TextConfig, text)
+
+
+def _refuse_unserved(text: Mapping[str, Any]) -> None:
+    if text.get("hidden_activation") not in ACTIVATIONS:
+        raise ModelLoadError(f"gemma4: hidden_activation {text.get('hidden_activation')!r} is not supported "
+                             f"(only {', '.join(ACTIVATIONS)})")
+    if text.get("use_bidirectional_attention") == "all":
+        raise ModelLoadError("gemma4: use_bidirectional_attention 'all' (an embedding model) is not supported")
+    if text.get("attention_bias"):
+        raise ModelLoadError("gemma4: attention_bias is not supported")
+    if text.get("hidden_size_per_layer_input") and int(text["vocab_size_per_layer_input"]) < int(text["vocab_size"]):
+        raise ModelLoadError(f"gemma4: vocab_size_per_layer_input {text['vocab_size_per_layer_input']} is smaller "
+                             f"than vocab_size {text['vocab_size']} (a token would have no per-layer input)")
+
+
+def _layer_heads(text: Mapping[str, Any], layers: int) -> list[tuple[int, int]]:
+    """Each layer's (KV heads, head dim): the config's, overridden by ``per_layer_config`` (keyed by layer index,
+    written ``"05"`` by transformers, or by layer type)."""
+    kinds = list(text["layer_types"])
+    overrides: dict[int, Mapping[str, Any]] = {}
+    for key, own in (text.get("per_layer_config") or {}).items():
+        key = str(key)
+        for layer in [int(key)] if key.isdigit() else [i for i, kind in enumerate(kinds) if kind == key]:
+            overrides[layer] = own
+    heads = []
+    for layer in range(layers):
+        own = overrides.get(layer) or {}
+        heads.append((int(own.get("num_key_value_heads") or text["num_key_value_heads"]),
+                      int(own.get("head_dim") or text["head_dim"])))
+    return heads
+
+
+def _kv_sources(kinds: list[str], shared: int) -> tuple[int, ...]:
+    """Each layer's KV source (transformers' ``kv_sharing_modes``): the last ``shared`` layers attend over the last
+    earlier layer of their kind, the others over their own."""
+    first_shared = len(kinds) - shared
+    if shared and (first_shared < 1 or not set(kinds[first_shared:]) <= set(kinds[:first_shared])):
+        raise ModelLoadError(f"gemma4: num_kv_shared_layers {shared} leaves a shared layer no earlier layer of its "
+                             f"kind to share (layer_types {kinds})")
+    last = {kind: max(i for i in range(first_shared) if kinds[i] == kind) for kind in set(kinds[:first_shared])}
+    return tuple(i if i < first_shared else last[kinds[i]] for i in range(len(kinds)))
+
+
+def _experts(text: Mapping[str, Any], layers: int) -> MoEConfig:
+    """Every layer's experts (beside its dense MLP): top-k of a softmax, renormalised (the router's own scale per
+    expert is the decoder's), each expert's output times its float32 weight."""
+    for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        if not text.get(key):
+            raise ModelLoadError(f"gemma4: enable_moe_block needs {key}")
+    return MoEConfig(num_experts=int(text["num_experts"]), top_k=int(text["top_k_experts"]),
+                     intermediate_size=int(text["moe_intermediate_size"]), norm_topk_prob=True,
+                     sparse_layers=tuple(range(layers)), float32_expert_weights=True)
