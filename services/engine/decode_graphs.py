@@ -90,6 +90,8 @@ def graph_support(model: DecoderModel) -> str:
     """Why ``model``'s decode cannot be captured ("" when it can)."""
     if model.deterministic:
         return "the deterministic mode picks each row's path per step"
+    if model.config.gemma4 is not None:
+        return "its layers' heads differ in number and width (the graph attention plans one shape)"
     if any(layer.moe is not None and layer.moe.grouped is None for layer in model.layers):
         return "its mixture-of-experts layers route tokens on the host (grouped experts are off)"
     if model.config.has_windows:

@@ -35,7 +35,7 @@ def test_buckets_cover_max_num_seqs_and_stop_at_256():
 
 def test_what_a_graph_cannot_hold_is_named():
     layer = SimpleNamespace(moe=None)
-    full = SimpleNamespace(has_windows=False, attention_sinks=False, attn_logit_softcap=None)
+    full = SimpleNamespace(has_windows=False, attention_sinks=False, attn_logit_softcap=None, gemma4=None)
 
     def model(layers, deterministic=False, config=full):
         return SimpleNamespace(deterministic=deterministic, layers=layers, config=config)
@@ -51,6 +51,8 @@ def test_what_a_graph_cannot_hold_is_named():
         "attention_sinks": True})))
     capped = SimpleNamespace(**vars(full) | {"attn_logit_softcap": 50.0})
     assert "attention logit softcapping" in graph_support(model([layer], config=capped))
+    gemma4 = SimpleNamespace(**vars(full) | {"gemma4": object()})  # (its layers have no ``moe``: checked first)
+    assert "heads differ in number and width" in graph_support(model([SimpleNamespace()], config=gemma4))
 
 
 def test_cuda_graphs_need_a_cuda_device():
