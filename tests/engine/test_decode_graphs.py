@@ -46,7 +46,8 @@ def test_what_a_graph_cannot_hold_is_named():
     assert "mixture-of-experts layers route tokens on the host" in graph_support(looped)
     grouped = model([layer, SimpleNamespace(moe=SimpleNamespace(grouped=1))])
     assert graph_support(grouped) == ""  # grouped experts: no host sync, capturable
-    assert "sliding-window layers" in graph_support(model([layer], config=SimpleNamespace(has_windows=True)))
+    windowed = SimpleNamespace(**vars(full) | {"has_windows": True})
+    assert "sliding-window layers" in graph_support(model([layer], config=windowed))
     assert "attention sinks" in graph_support(model([layer], config=SimpleNamespace(**vars(full) | {
         "attention_sinks": True})))
     capped = SimpleNamespace(**vars(full) | {"attn_logit_softcap": 50.0})
