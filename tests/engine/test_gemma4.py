@@ -99,6 +99,10 @@ def test_the_towers_are_not_read_and_the_text_model_is():
     (_text(rope_parameters={FULL: {"rope_type": "proportional", "rope_theta": 1e6},
                             SLIDING: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}),
      "sliding layers' rope must be plain"),
+    (_text(rope_parameters={FULL: {"rope_type": "proportional", "rope_theta": 1e6}}),
+     "rope_parameters has no sliding_attention entry"),
+    (_text(per_layer_config={"05": {"head_dim": 512}, "11": {"head_dim": 256, "num_key_value_heads": 16}}),
+     r"the full_attention layers' heads differ in width \[256, 512\]"),
 ])
 def test_what_is_not_served_is_refused_by_name(config, named):
     with pytest.raises(ModelLoadError, match=named):

@@ -38,7 +38,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     kinds = list(text["layer_types"])
     windows = typed_layer_windows(ARCHITECTURE, kinds, layers, text.get("sliding_window"))
     ropes = text["rope_parameters"]
-    local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
+    for kind in set(kinds):
+        if not (ropes or {}).get(kind):
+            raise ModelLoadError(f"gemma4: rope_parameters has no {kind} entry")
+    local_theta, local_scaling = rope_settings({"rope_parameters": ropes.get("sliding_attention") or {}})
     if local_scaling is not None:
         raise ModelLoadError(f"gemma4: the sliding layers' rope must be plain, got {ropes['sliding_attention']}")
     fields = base_fields({**text, "rope_parameters": ropes["full_attention"]}, ARCHITECTURE, check_mlp=False)
@@ -96,18 +99,18 @@ def _refuse_unserved(text: Mapping[str, Any]) -> None:
 
 def _layer_heads(text: Mapping[str, Any], layers: int) -> list[tuple[int, int]]:
     """Each layer's (KV heads, head dim): the config's, overridden by ``per_layer_config`` (keyed by layer index,
-    written ``"05"`` by transformers, or by layer type)."""
-    kinds = list(text["layer_types"])
-    overrides: dict[int, Mapping[str, Any]] = {}
-    for key, own in (text.get("per_layer_config") or {}).items():
-        key = str(key)
-        for layer in [int(key)] if key.isdigit() else [i for i, kind in enumerate(kinds) if kind == key]:
-            overrides[layer] = own
+    written ``"05"`` by transformers); the layers of a kind share one width (their rope's), or the config is refused."""
+    overrides = {int(key): own for key, own in (text.get("per_layer_config") or {}).items()}
     heads = []
     for layer in range(layers):
         own = overrides.get(layer) or {}
         heads.append((int(own.get("num_key_value_heads") or text["num_key_value_heads"]),
                       int(own.get("head_dim") or text["head_dim"])))
+    kinds = list(text["layer_types"])
+    for kind in set(kinds):
+        widths = {heads[i][1] for i in range(layers) if kinds[i] == kind}
+        if len(widths) > 1:
+            raise ModelLoadError(f"gemma4: the {kind} layers' heads differ in width {sorted(widths)} (one rope a kind)")
     return heads
 
 

@@ -92,6 +92,7 @@ class Gemma4DecoderModel(DecoderModel):
             raise ModelLoadError(f"{config.architecture} is not served in float16 (its activations overflow it); "
                                  "use bfloat16 or float32")
         self.g: Gemma4Config = config.gemma4
+        self._shared_sources = {config.gemma4.kv_sources[i] for i in config.gemma4.shared_layers}
         super().__init__(config, tensors, dtype, *args, **kwargs)
         cfg = config
         full = next(i for i in range(cfg.num_layers) if i not in cfg.local_rope_layers)
@@ -117,8 +118,7 @@ class Gemma4DecoderModel(DecoderModel):
                 parts.append((a + "v_proj.weight", (kv_heads * dim, hidden)))
         else:  # transformers ignores a sharing layer's own k/v weights where a file has them
             for name in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
-                if self._source.has(a + name):
-                    take(a + name, tuple(self._source.tensors[a + name].shape))
+                self._source.skip(a + name)
         inter = cfg.intermediate_size * (2 if i in g.double_wide_layers else 1)
         layer = Gemma4LayerWeights(
             input_norm=take(p + "input_layernorm.weight", (hidden,)),
@@ -197,7 +197,8 @@ class Gemma4DecoderModel(DecoderModel):
         tables = {False: self.rope.tables(positions, self.dtype)}
         if self.local_rope is not None:
             tables[True] = self.local_rope.tables(positions, self.dtype)
-        written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # source layer -> the KV rows it wrote
+        # a source layer -> the KV rows it wrote this step (kept only for the layers a later one shares)
+        written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, Gemma4LayerWeights)
             x = gemma4_norm(hidden, layer.input_norm, eps)
@@ -249,8 +250,10 @@ class Gemma4DecoderModel(DecoderModel):
             repeats = g.repeats(i, cfg.kv_size)
             if repeats > 1:
                 k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-            written[i] = (k, v)
-        k, v = written[source]
+            if i in self._shared_sources:
+                written[i] = (k, v)
+        else:
+            k, v = written[source]
         cache = kv_caches[self._kv_index[source]]
         view = cache.view(*cache.shape[:3], cfg.kv_size // dim, dim)
         attn = attention.forward(q, k, v, view, self.scale, **attention_options(cfg, i))

@@ -52,7 +52,8 @@ def rope_settings(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
             mscale_all_dim=number("mscale_all_dim", None), truncate=bool(params.get("truncate", True)),
             short_factor=None if params.get("short_factor") is None
             else tuple(float(f) for f in params["short_factor"]),
-            rotated_fraction=float(params.get("partial_rotary_factor") or 1.0) if rope_type == "proportional" else 1.0,
+            rotated_fraction=1.0 if rope_type != "proportional" or params.get("partial_rotary_factor") is None
+            else float(params["partial_rotary_factor"]),
         )
     except UnsupportedRopeError as exc:
         raise ModelLoadError(f"{cfg.get('model_type')}: {exc}") from exc

@@ -51,6 +51,12 @@ class WeightSource:
         self.taken.add(name)
         return tensor
 
+    def skip(self, name: str) -> None:
+        """Mark ``name`` (where the checkpoint has it) as read without converting it: a tensor the reference loader
+        ignores too."""
+        if name in self.tensors:
+            self.taken.add(name)
+
     def check_all_taken(self) -> None:
         unused = sorted(n for n in self.tensors if n not in self.taken and not n.endswith(IGNORED_SUFFIXES))
         if unused:
