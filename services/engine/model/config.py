@@ -11,6 +11,7 @@ from services.engine.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from services.engine.model.gemma4_config import Gemma4Config
+    from services.engine.model.llama4 import Llama4Attention
 
 
 @dataclass(frozen=True)
@@ -271,8 +272,8 @@ def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) ->
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
     Mistral, Mistral 3, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, Gemma 4, GPT-OSS, GLM-4, GLM-4.5,
-    ERNIE 4.5, OLMo 2, DeepSeek-V2/V3, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next, Granite
-    4.0, LFM2 and Nemotron-H).
+    ERNIE 4.5, OLMo 2, DeepSeek-V2/V3, Llama 4, GLM-4.7-Flash, MiniMax-M2, OLMoE, and the hybrids Qwen3.5, Qwen3-Next,
+    Granite 4.0, LFM2 and Nemotron-H).
 
     ``architecture`` names the family in :mod:`services.engine.model.registry`; the optional features
     (biases, q/k norms, experts, rope scaling, sliding-window layers) are what the families differ in.
@@ -338,6 +339,8 @@ class ModelConfig:
     # context), which is 1 within the first period; beta 0: none
     query_temperature_beta: float = 0.0
     query_temperature_period: int = 0
+    # Llama 4's attention: q/k L2 norms after rope, a query temperature on the unrotated layers
+    llama4: Llama4Attention | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

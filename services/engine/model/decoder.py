@@ -221,7 +221,7 @@ class DecoderModel(ExpertLoading):
             hidden = hidden * scalars.embedding
         residual = 1.0 if scalars is None else scalars.residual
         rope = ops.rope.prepare(positions)
-        query_scale = query_temperature(cfg, positions, hidden.dtype)
+        query_scale = self._query_scale(positions, hidden.dtype)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, hidden = ops.add_rms_norm(delta, hidden, layer.input_norm, eps)
             o = self._attention(i, layer, x, kv_cache, attention, rope, paths, query_scale)
@@ -234,6 +234,11 @@ class DecoderModel(ExpertLoading):
             if residual != 1.0:
                 delta = delta * residual
         return ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
+
+    def _query_scale(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """The step's query multipliers ``[T, 1, 1]`` that :meth:`_attention` takes (:func:`query_temperature`'s; a
+        family with a temperature of its own gives its own), None for none."""
+        return query_temperature(self.config, positions, dtype)
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
                    attention: AttentionBackend, rope: object, paths: RowPaths | None,
