@@ -41,6 +41,33 @@ def test_scout_reads_experts_on_every_layer_nope_layers_and_is_served_up_to_its_
     assert not cfg.tie_word_embeddings
 
 
+def _released_scout_text() -> dict:
+    """Scout's text config with the keys its release writes (transformers 4.51's: ``attn_temperature_tuning`` 4,
+    ``rope_scaling``, the cache and compressor keys)."""
+    return {"attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0, "attn_scale": 0.1,
+            "attn_temperature_tuning": 4, "bos_token_id": 200000, "cache_implementation": "hybrid",
+            "eos_token_id": [200001, 200007, 200008], "floor_scale": 8192, "for_llm_compressor": False,
+            "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+            "interleave_moe_layer_step": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+            "max_position_embeddings": 10485760, "model_type": "llama4_text", "moe_layers": list(range(48)),
+            "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(48)], "num_attention_heads": 40,
+            "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 16,
+            "output_router_logits": False, "pad_token_id": 200018, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+            "torch_dtype": "bfloat16", "use_qk_norm": True, "vocab_size": 202048}
+
+
+def test_the_released_scout_config_reads_its_temperature_flag_as_4_51_did():
+    cfg = config_from_hf({"model_type": "llama4", "text_config": _released_scout_text(), "vision_config": {}})
+    assert cfg.llama4.temperature_scale == 0.1 and cfg.max_position == 8192
+    assert (cfg.rope_scaling.rope_type, cfg.rope_scaling.factor, cfg.rope_scaling.original_max_position) == (
+        "llama3", 16.0, 8192)
+    assert cfg.eos_token_ids == (200001, 200007, 200008)
+    assert config_from_hf(_released_scout_text() | {"attn_temperature_tuning": 0}).llama4.temperature_scale == 0.0
+
+
 def test_maverick_kind_interleaves_dense_layers_without_qk_norms():
     cfg = config_from_hf(_scout_text() | {"num_local_experts": 128, "interleave_moe_layer_step": 2,
                                           "use_qk_norm": False, "moe_layers": None})
@@ -73,12 +100,13 @@ def test_the_vision_model_is_not_read_and_the_feed_forward_is_the_mlp():
 
 def test_the_released_wrapper_is_served_as_its_text_model(tmp_path, bundled_tokenizer):
     """Llama4ForConditionalGeneration, written by transformers, gives its language model's greedy tokens (the
-    wrapper's own forward is not called: transformers 5.24's fails on text-only input)."""
+    wrapper's own forward is not called: transformers 5.24's fails on text-only input); its experts' gate/up tensors
+    are square here ([E, 64, 2 · 32]), read transposed all the same."""
     from transformers import Llama4Config, Llama4ForConditionalGeneration
 
     vocab = len(bundled_tokenizer.hf)
     text = SHAPE | dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, head_dim=16, num_hidden_layers=4,
-                        num_local_experts=4, num_experts_per_tok=1, intermediate_size=48, intermediate_size_mlp=96,
+                        num_local_experts=4, num_experts_per_tok=1, intermediate_size=32, intermediate_size_mlp=96,
                         interleave_moe_layer_step=2, floor_scale=64, attention_chunk_size=512)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
@@ -99,7 +127,9 @@ def test_the_released_wrapper_is_served_as_its_text_model(tmp_path, bundled_toke
 @pytest.mark.parametrize(("change", "named"), [
     ({"attention_bias": True}, "attention_bias is not supported"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
-    ({"no_rope_layers": [1, 0]}, "no_rope_layers lists 2 layers, not 48"),
+    ({"no_rope_layers": [1, 0]}, "no_rope_layers lists 2 layers, fewer than 48"),
+    ({"attention_chunk_size": None, "layer_types": ["chunked_attention"] * 48},
+     "chunked_attention layers but attention_chunk_size is null"),
 ])
 def test_what_is_not_served_is_refused_by_name(change, named):
     with pytest.raises(ModelLoadError, match=named):

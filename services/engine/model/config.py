@@ -50,6 +50,9 @@ class MoEConfig:
     # stacked experts may be stored transposed ([E, hidden, 2·inter], [E, inter, hidden]: Qwen3-VL-MoE's files),
     # read so where the stored shape is that one, as transformers reads them
     stacked_transposed: bool = False
+    # stacked experts always stored transposed (Llama 4's: [E, hidden, 2·inter] and [E, inter, hidden]), whatever
+    # the shapes (a square one included)
+    stacked_input_major: bool = False
     # the experts' float32 weights multiply their outputs before one rounding (Gemma 4's, whose router is its own)
     float32_expert_weights: bool = False
 

@@ -46,10 +46,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         raise ModelLoadError("llama4: attention_bias is not supported")
     fields = base_fields(text, ARCHITECTURE)
     layers = fields["num_layers"]
-    rotated = [bool(r) for r in text["no_rope_layers"]]
-    if len(rotated) != layers:
-        raise ModelLoadError(f"llama4: no_rope_layers lists {len(rotated)} layers, not {layers}")
+    rotated = [bool(r) for r in text["no_rope_layers"]][:layers]
+    if len(rotated) < layers:
+        raise ModelLoadError(f"llama4: no_rope_layers lists {len(rotated)} layers, fewer than {layers}")
     chunk = text.get("attention_chunk_size")
+    if "chunked_attention" in text["layer_types"] and not chunk:
+        raise ModelLoadError("llama4: layer_types has chunked_attention layers but attention_chunk_size is null")
     if "chunked_attention" in text["layer_types"] and chunk and int(chunk) < fields["max_position"]:
         log.warning("llama4: serving at most %d tokens (max_position_embeddings %d): past attention_chunk_size its "
                     "rotated layers attend within chunks, which pdserve's attention does not do", int(chunk),
@@ -60,7 +62,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     intermediate_size=int(text["intermediate_size"]), norm_topk_prob=False,
                     sparse_layers=tuple(int(i) for i in text["moe_layers"]),
                     shared_expert_intermediate_size=int(text["intermediate_size"]), shared_expert_gated=False,
-                    stacked_transposed=True)
+                    stacked_input_major=True)
     return ModelConfig(
         **fields | {"intermediate_size": int(text["intermediate_size_mlp"])}, moe=moe,
         nope_layers=tuple(i for i, r in enumerate(rotated) if not r), rope_interleaved=True,
@@ -86,4 +88,6 @@ def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     text = text_config(cfg, "llama4")
     text["model_type"] = "llama4_text"
+    if "attn_temperature_tuning" in text:  # the releases' 4 (transformers 4.51's default), read as a flag as it was
+        text["attn_temperature_tuning"] = bool(text["attn_temperature_tuning"])
     return with_defaults(ARCHITECTURE, Llama4TextConfig, text)

@@ -1,18 +1,20 @@
 """Llama 4's decoder: the shared decoder (:class:`DecoderModel`) with Llama 4's attention and experts, computed as
 transformers' ``Llama4TextAttention`` and ``Llama4TextMoe`` compute them (:mod:`services.engine.model.llama4`).
 
-Attention: rope on the rotated layers, then their q and k L2-normed per head (``x * rsqrt(mean(x^2) + eps)`` in
-float32, no weight); the unrotated layers' queries times their float32 temperature, rounded once. Experts: each
-token's top-k router logits; the sigmoid of each (rounded to the serving dtype) scales the token that expert takes,
-whose output is added unweighted, beside the shared expert's output. The experts run one by one (a host read per
-sparse layer: no decode graphs)."""
+Attention: rope on the rotated layers (in float32, rounded once), then their q and k L2-normed per head
+(``x * rsqrt(mean(x^2) + eps)`` in float32, no weight); the unrotated layers' queries times their float32
+temperature, rounded once. Experts: each token's top-k router logits; the sigmoid of each (rounded to the serving
+dtype) scales the token that expert takes, whose output is added unweighted, beside the shared expert's output. The
+experts run one by one (a host read per sparse layer: no decode graphs)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from kernels.fused_ops import TorchRope
 from kernels.linear import RowPaths, linear
 from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
 
@@ -35,6 +37,11 @@ class Llama4DecoderModel(DecoderModel):
         assert config.llama4 is not None, "Llama4DecoderModel needs a Llama 4 config"
         kwargs["grouped_experts"] = False
         super().__init__(config, tensors, dtype, *args, **kwargs)
+        # transformers rotates in float32 and rounds once: torch's rope here takes float32 tables (FlashInfer's
+        # fused kernel computes in float32 itself)
+        self._float32_rope = isinstance(self.ops.rope, TorchRope) and dtype != torch.float32
+        if self._float32_rope:
+            self.ops = replace(self.ops, rope=TorchRope(self.rope, torch.float32))
 
     def _query_scale(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         """The unrotated layers' float32 temperature ``[T, 1, 1]`` (None without one)."""
@@ -54,7 +61,11 @@ class Llama4DecoderModel(DecoderModel):
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         if i not in cfg.nope_layers:
-            q, k = self.ops.rope(q, k, rope)
+            if self._float32_rope:
+                rq, rk = self.ops.rope(q.float(), k.float(), rope)
+                q, k = rq.to(q.dtype), rk.to(k.dtype)
+            else:
+                q, k = self.ops.rope(q, k, rope)
             if spec.qk_l2_norm:
                 q, k = l2_norm(q, cfg.rms_norm_eps), l2_norm(k, cfg.rms_norm_eps)
         elif query_scale is not None:

@@ -112,7 +112,8 @@ class ExpertLoading:
     def _stacked(self, p: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A sparse layer's stacked ``gate_up_proj`` and ``down_proj`` in transformers 5's layout; with
         ``MoEConfig.stacked_transposed``, each is read transposed where it is stored so (its last two dims swapped), as
-        transformers' loader reads such checkpoints (only a tensor whose stored shape is not the expected one)."""
+        transformers' loader reads such checkpoints (only a tensor whose stored shape is not the expected one); with
+        ``MoEConfig.stacked_input_major`` (Llama 4's), each is always read transposed."""
         moe, hidden = self.config.moe, self.config.hidden_size
         assert moe is not None
         inter = moe.intermediate_size
@@ -122,6 +123,8 @@ class ExpertLoading:
     def _maybe_transposed(self, name: str, shape: tuple[int, int, int]) -> torch.Tensor:
         source, moe = self._source, self.config.moe
         assert moe is not None
+        if moe.stacked_input_major:
+            return source.take(name, (shape[0], shape[2], shape[1])).transpose(1, 2).contiguous()
         stored = tuple(source.tensors[name].shape) if source.has(name) else shape
         if moe.stacked_transposed and stored != shape and stored == (shape[0], shape[2], shape[1]):
             return source.take(name, stored).transpose(1, 2).contiguous()
