@@ -40,7 +40,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "services.engine.model.llama", ("llama",), "llama"),
     Family("smollm3", "services.engine.model.smollm3", ("smollm3",)),
-    Family("llama4", "services.engine.model.llama4", ("llama4_text", "llama4"),
+    Family("llama4", "services.engine.model.llama4", ("llama4_text", "llama4"), "llama4",
            model="services.engine.model.llama4_decoder:Llama4DecoderModel",
            tensor_names="services.engine.model.llama4:llama4_tensor_name"),
     Family("granite", "services.engine.model.granite", ("granite",), "granite"),

@@ -24,6 +24,7 @@ from services.engine.model.config import (
     Multipliers,
     ShortConv,
 )
+from services.engine.model.llama4 import Llama4Attention
 from services.engine.weights.digest import weights_digest
 
 CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
@@ -73,6 +74,8 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
         data["multipliers"] = Multipliers(**data["multipliers"])
     if data.get("mla") is not None:
         data["mla"] = LatentAttention(**data["mla"])
+    if data.get("llama4") is not None:
+        data["llama4"] = Llama4Attention(**data["llama4"])
     data["block_kinds"] = tuple(data.get("block_kinds") or ())
     for key, spec in (("linear_attention", LinearAttention), ("mamba", Mamba2), ("short_conv", ShortConv)):
         if data.get(key) is not None:
