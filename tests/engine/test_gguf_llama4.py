@@ -117,7 +117,7 @@ def test_a_llama4_file_gives_transformers_logits(tmp_path, experts, top_k, quant
 
 def test_maverick_s_expert_count_drops_the_qk_norms_as_llama_cpp_does(tmp_path):
     """llama.cpp decides the q/k norms by the model type: not on the 128-expert model (Maverick, whose config says
-    ``use_qk_norm`` false); and a file whose sliding window is 0 has neither chunks nor NoPE layers."""
+    ``use_qk_norm`` false); a file whose sliding window is 0 (MobileLLM's), which llama.cpp cannot run, is refused."""
     fields = {"general.architecture": "llama4", "llama4.block_count": 4, "llama4.context_length": 1 << 20,
               "llama4.embedding_length": 64, "llama4.feed_forward_length": 96, "llama4.attention.head_count": 4,
               "llama4.attention.layer_norm_rms_epsilon": 1e-5, "llama4.vocab_size": 100, "llama4.expert_count": 128,
@@ -125,11 +125,11 @@ def test_maverick_s_expert_count_drops_the_qk_norms_as_llama_cpp_does(tmp_path):
               "llama4.interleave_moe_layer_step": 2}
     cfg = config_from_gguf(fields)
     assert not cfg.llama4.qk_l2_norm and cfg.max_position == 8192 and cfg.nope_layers == (3,)
-    unchunked = config_from_gguf(fields | {"llama4.attention.sliding_window": 0, "llama4.expert_count": 16})
-    assert unchunked.llama4.qk_l2_norm and unchunked.nope_layers == () and unchunked.max_position == 1 << 20
-    assert unchunked.llama4.temperature_scale == 0.0
+    assert config_from_gguf(fields | {"llama4.expert_count": 16}).llama4.qk_l2_norm
     with pytest.raises(ModelLoadError, match="GGUF llama4: a file without experts"):
         config_from_gguf(fields | {"llama4.expert_count": 0})
+    with pytest.raises(ModelLoadError, match=r"GGUF llama4: attention\.sliding_window 0"):
+        config_from_gguf(fields | {"llama4.attention.sliding_window": 0})
 
 
 def test_a_llama4_file_s_tokenizer_reads_as_llama_s(tmp_path, monkeypatch, bundled_tokenizer):
@@ -155,4 +155,9 @@ def test_a_llama4_file_s_tokenizer_reads_as_llama_s(tmp_path, monkeypatch, bundl
     writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
     close_writer(writer)
     text = "Hello world, it's 2026! Llama 4 runs here too."
-    assert Tokenizer.load(path).encode_plain(text) == bundled_tokenizer.encode_plain(text)
+    loaded = Tokenizer.load(path)
+    assert loaded.encode_plain(text) == bundled_tokenizer.encode_plain(text)
+    # the split is Llama 4's (GPT-4o's, from tokenizer.ggml.pre), not Llama 3's: contractions stay on their word,
+    # and a capital starts a piece
+    pieces = [p for p, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str("HelloWorld I'LL it's")]
+    assert pieces == ["Hello", "World", "ĠI'LL", "Ġit's"], pieces

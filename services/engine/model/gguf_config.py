@@ -19,7 +19,8 @@ DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
 # call's ``<|call|>``, and ``<|endoftext|>``).
 TURN_END_KEY = "pdserve.turn_end_token_ids"
 TURN_END_TEXTS = {"gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
-                  "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"), "llama4": ("<|eot|>", "<|eom|>")}
+                  "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
+                  "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>")}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 

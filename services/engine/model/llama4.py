@@ -80,38 +80,34 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    """A llama.cpp ``llama4`` file's config, read as its loader reads it: chunked layers unless
-    ``attention.sliding_window`` is 0 (then rope on every layer and no temperature), and with them llama.cpp's own
-    constants (:data:`LLAMA_CPP_CHUNK` …); experts on every ``interleave_moe_layer_step``-th layer, each and the
-    shared one ``expert_feed_forward_length`` wide, the dense layers ``feed_forward_length``; q and k rows as the
-    checkpoint's (its converter does not permute them)."""
+    """A llama.cpp ``llama4`` file's config, read as its loader reads it: chunked layers with llama.cpp's own
+    constants (:data:`LLAMA_CPP_CHUNK` …; its ``attention.sliding_window_pattern`` places the chunked layers only,
+    which the served length never reaches; a sliding window of 0 is refused by name); experts on every
+    ``interleave_moe_layer_step``-th layer, each and the shared one ``expert_feed_forward_length`` wide, the dense
+    layers ``feed_forward_length``; q and k rows as the checkpoint's (its converter does not permute them)."""
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
     experts = int(f.get("expert_count") or 0)
     if not experts:
         raise ModelLoadError("GGUF llama4: a file without experts (MobileLLM's) is not served (llama.cpp refuses it)")
-    pattern = f.get("attention.sliding_window_pattern")
-    if pattern not in (None, LLAMA_CPP_NOPE_STEP):
-        raise ModelLoadError(f"GGUF llama4: attention.sliding_window_pattern {pattern} is not supported (only "
-                             f"{LLAMA_CPP_NOPE_STEP})")
+    if f.get("attention.sliding_window") is not None and int(f.get("attention.sliding_window")) == 0:
+        raise ModelLoadError("GGUF llama4: attention.sliding_window 0 (MobileLLM's unchunked layers) is not served "
+                             "(llama.cpp's loader then has no query temperature for its last layer)")
     layers, step = base["num_layers"], int(f.key("interleave_moe_layer_step"))
-    chunked = f.get("attention.sliding_window") is None or int(f.get("attention.sliding_window")) != 0
     inter = int(f.key("expert_feed_forward_length"))
     moe = MoEConfig(num_experts=experts, top_k=int(f.key("expert_used_count")), intermediate_size=inter,
                     norm_topk_prob=False, sparse_layers=tuple(i for i in range(layers) if step and (i + 1) % step == 0),
                     shared_expert_intermediate_size=inter, shared_expert_gated=False)
     max_position = base["max_position"]
-    if chunked and max_position > LLAMA_CPP_CHUNK:
+    if max_position > LLAMA_CPP_CHUNK:
         log.warning("llama4: serving at most %d tokens (context_length %d): past them its rotated layers attend within "
                     "chunks, which pdserve's attention does not do", LLAMA_CPP_CHUNK, max_position)
         max_position = LLAMA_CPP_CHUNK
     return ModelConfig(
         **base | {"eos_token_ids": gguf_turn_end_ids(base, fields), "max_position": max_position}, moe=moe,
-        nope_layers=tuple(i for i in range(layers) if (i + 1) % LLAMA_CPP_NOPE_STEP == 0) if chunked else (),
-        rope_interleaved=True,
+        nope_layers=tuple(i for i in range(layers) if (i + 1) % LLAMA_CPP_NOPE_STEP == 0), rope_interleaved=True,
         llama4=Llama4Attention(qk_l2_norm=experts != LLAMA_CPP_NO_QK_NORM_EXPERTS,
-                               temperature_scale=LLAMA_CPP_TEMPERATURE if chunked else 0.0,
-                               temperature_floor=LLAMA_CPP_CHUNK),
+                               temperature_scale=LLAMA_CPP_TEMPERATURE, temperature_floor=LLAMA_CPP_CHUNK),
     )
 
 
