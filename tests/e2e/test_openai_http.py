@@ -104,6 +104,23 @@ def test_echo_and_prompt_logprobs_are_transformers_log_softmax_of_the_prompt(cli
                                                                          zip(shown[1:], ids[1:], strict=True)])
 
 
+def test_chat_prompt_logprobs_are_the_rendered_prompt_s_as_completions_gives_them(client, bundled_tokenizer):
+    """vLLM's chat ``prompt_logprobs`` (beside the choices) are those /v1/completions gives the prompt the chat
+    template renders."""
+    tok = bundled_tokenizer
+    ids = tok.encode(tok.hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True))
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, **{
+        **GREEDY, "extra_body": {**GREEDY["extra_body"], "prompt_logprobs": 1}})
+    shown = chat.model_extra["prompt_logprobs"]
+    assert shown[0] is None and len(shown) == len(ids) == chat.usage.prompt_tokens
+    assert all(str(token) in entry for token, entry in zip(ids[1:], shown[1:], strict=True))
+    plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0.0,
+                                      extra_body={"prompt_logprobs": 1})
+    again = plain.choices[0].model_extra["prompt_logprobs"]
+    for mine, theirs, token in zip(shown[1:], again[1:], ids[1:], strict=True):
+        assert mine[str(token)]["logprob"] == pytest.approx(theirs[str(token)]["logprob"], abs=1e-4)
+
+
 def test_allowed_token_ids_hold_on_the_prefill_and_the_decode_node(client, stub, bundled_tokenizer):
     listed = bundled_tokenizer.encode(" red green blue")
     tokens, text, _ = generate(stub, prompt=PROMPT, sampling=greedy(NEW_TOKENS, allowed_token_ids=listed))

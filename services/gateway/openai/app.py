@@ -236,8 +236,11 @@ def _add_generation_routes(app: FastAPI, generations: Generations) -> None:
         chat = ChatRequest.of(body, request_id, parsers)
 
         def renderer(index: int, prepared: PreparedRequest) -> Renderer:
-            logprobs = LogprobsRender(core.tokenizer, body.return_tokens_as_token_ids) if body.logprobs else None
-            return ChatRenderer(who, logprobs, index, chat.split_for(prepared))
+            as_ids = body.return_tokens_as_token_ids
+            logprobs = LogprobsRender(core.tokenizer, as_ids) if body.logprobs else None
+            shown = PromptShown(prepared.prompt_ids, LogprobsRender(core.tokenizer, as_ids),
+                                prompt_logprobs=body.prompt_logprobs) if body.prompt_logprobs is not None else None
+            return ChatRenderer(who, logprobs, index, chat.split_for(prepared), shown)
 
         return echoed(await generations.run(request, [chat.generate], renderer, body, chat.constraint_param), echo)
 

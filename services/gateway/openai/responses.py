@@ -136,6 +136,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageBody
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, of the rendered prompt
 
 
 class ChatDelta(BaseModel):

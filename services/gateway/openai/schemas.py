@@ -228,6 +228,8 @@ class ChatCompletionBody(GenerationBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
+    # vLLM's: each prompt token's logprob and the k most likely (of the rendered prompt), not streamed (as vLLM)
+    prompt_logprobs: int | None = None
     tools: list[ToolBody] | None = None
     tool_choice: str | NamedToolChoice | None = None  # None: "auto" with tools, "none" without
     parallel_tool_calls: bool = True
@@ -264,6 +266,15 @@ class ChatCompletionBody(GenerationBody):
                                  f"{error.errors()[0]['msg']}") from None
         raise ValueError(f"expected one of {', '.join(TOOL_CHOICES)} or {{'type': 'function', 'function': "
                          f"{{'name': ...}}}}, got {value!r}"[:300])
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_count(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise ValueError(f"must be in [0, {MAX_LOGPROBS}], got {value}")
+        if value is not None and info.data.get("stream"):
+            raise ValueError("is not available with stream: true (as vLLM's chat completions)")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

@@ -98,7 +98,7 @@ def chat_input(body: ChatCompletionBody, request_id: str, parsers: FrontParsers 
     return GenerateInput(request_id=request_id, messages=messages, tools=tool_dicts, template=body.template_options(),
                          truncate_prompt_tokens=body.truncate_prompt_tokens,
                          sampling=sampling_of(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
-                                              structured),
+                                              structured, prompt_logprobs=body.prompt_logprobs),
                          reasoning_markers=parsers.reasoning_markers if parsers is not None else None)
 
 
@@ -225,6 +225,7 @@ class ChatRenderer:
     logprobs: LogprobsRender | None = None  # the request asked for logprobs
     index: int = 0  # of the choice, among the request's n
     split: OutputSplit = field(default_factory=OutputSplit)
+    prompt: PromptShown | None = None  # the request asked for vLLM's prompt_logprobs (whole bodies only)
     _stream: StreamSplit | None = field(default=None, init=False, repr=False)
     _calls_sent: int = field(default=0, init=False, repr=False)
 
@@ -277,5 +278,8 @@ class ChatRenderer:
         choice = out.ChatChoice(index=self.index, message=message, finish_reason=self._finish(finish_reason,
                                                                                               len(calls)),
                                 logprobs=self._logprobs(logprobs))
+        prompt = self.prompt
+        shown = prompt.names.vllm_prompt(prompt_logprobs, prompt.prompt_logprobs) \
+            if prompt is not None and prompt.prompt_logprobs is not None else None
         return out.ChatCompletion(id=self.who.id, created=self.who.created, model=self.who.model, choices=[choice],
-                                  usage=usage_body(usage))
+                                  usage=usage_body(usage), prompt_logprobs=shown)

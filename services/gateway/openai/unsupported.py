@@ -39,7 +39,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "chat_template": (_unset, "a chat template per request (the gateway's --chat-template sets the server's)"),
     "documents": (_empty, "documents in the chat template"),
     "echo": (_one_of(False), "the prompt echoed in the output on chat completions (/v1/completions takes it)"),
-    "prompt_logprobs": (_unset, "prompt logprobs on chat completions (/v1/completions takes them)"),
+    "prompt_logprobs": (_unset, "prompt logprobs here (/v1/completions and /v1/chat/completions take them)"),
     "logits_processors": (_empty, "logits processors"),
     "audio": (_unset, "audio output"),
     "modalities": (lambda value: value is None or value == ["text"], "non-text output"),

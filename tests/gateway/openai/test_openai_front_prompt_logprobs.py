@@ -78,10 +78,39 @@ async def test_prompt_logprobs_in_vllm_shape(front, tokenizer):
     assert front.cluster.p.requests[-1].sampling.prompt_logprobs == 2
 
 
-async def test_prompt_logprobs_out_of_range_or_on_chat_are_refused(front, tokenizer):
+async def test_chat_prompt_logprobs_are_the_rendered_prompt_s_at_the_response_s_top(front, tokenizer):
+    """vLLM's chat shape: ``prompt_logprobs`` beside the choices, one entry per token of the prompt the chat
+    template rendered (the first None)."""
+    messages = [{"role": "user", "content": "Hi"}]
+    ids = script(front, tokenizer)
+    plain = await front.http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                                "max_tokens": len(ids)})
+    assert plain.status_code == 200 and plain.json()["prompt_logprobs"] is None
+    rendered = list(front.cluster.p.requests[-1].prompt_token_ids)
+    assert not front.cluster.p.requests[-1].sampling.HasField("prompt_logprobs")
+    ids = script(front, tokenizer)
+    front.cluster.p.prompt_logprobs = [
+        gateway_pb2.TokenLogprob(token_id=t, logprob=-i / 10, rank=i, top=[gateway_pb2.TopLogprob(token_id=5,
+                                                                                                  logprob=-0.01)])
+        for i, t in enumerate(rendered[1:], 1)]
+    reply = await front.http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                                "max_tokens": len(ids), "prompt_logprobs": 1})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert front.cluster.p.requests[-1].sampling.prompt_logprobs == 1
+    assert body["choices"][0]["message"]["content"] == tokenizer.decode(ids)
+    shown = body["prompt_logprobs"]
+    assert len(shown) == len(rendered) == body["usage"]["prompt_tokens"] and shown[0] is None
+    for i, (token_id, entry) in enumerate(zip(rendered[1:], shown[1:], strict=True), 1):
+        assert set(entry) == {str(token_id), "5"} and abs(entry[str(token_id)]["logprob"] + i / 10) < 1e-6
+
+
+async def test_prompt_logprobs_out_of_range_or_streamed_on_chat_are_refused(front, tokenizer):
+    chat = [{"role": "user", "content": "Hi"}]
     for body, param in (({"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
-                        ({"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 1}, "prompt_logprobs"),
-                        ({"messages": [{"role": "user", "content": "Hi"}], "echo": True}, "echo")):
+                        ({"messages": chat, "prompt_logprobs": 21}, "prompt_logprobs"),
+                        ({"messages": chat, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+                        ({"messages": chat, "echo": True}, "echo")):
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
         reply = await front.http.post(path, json={"model": MODEL, **body})
         assert reply.status_code == 400, reply.text
