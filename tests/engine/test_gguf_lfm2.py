@@ -27,7 +27,9 @@ from tests.engine.tiny_gguf import (
     close_writer,
     hf_logits,
     pdserve_logits,
+    tensor_adder,
     tiny_hf,
+    write_bpe_tokenizer_gguf,
 )
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]  # 45 tokens: three KV blocks of 16
@@ -77,14 +79,7 @@ def write_lfm2_gguf(model, path: Path, quant=all_f32) -> Path:
     add_metadata(writer, arch, keys, [f"<t{i}>" for i in range(cfg.vocab_size)])
 
     twin: dict[str, np.ndarray] = {}
-
-    def add(gguf_side: str, array: np.ndarray) -> np.ndarray:
-        name = names.get_name(gguf_side, try_suffixes=(".weight", ".bias"))
-        assert name is not None, gguf_side
-        qtype = quant(name)
-        stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
-        writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
-        return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
+    add = tensor_adder(writer, names, quant)
 
     for hf_name, tensor in model.state_dict().items():
         array = tensor.detach().numpy().copy()
@@ -139,25 +134,12 @@ def test_a_file_without_an_attention_layer_is_refused_by_name():
 def test_an_lfm2_moe_file_s_tokenizer_reads_as_lfm2_s(tmp_path, monkeypatch, bundled_tokenizer):
     """transformers reads LFM2's GGUF tokenizer, not LFM2-MoE's by name: the converter writes the same fields, so
     an ``lfm2moe`` file's is read as its kin's (``GGUF_TOKENIZER_AS``); here with the bundled vocabulary."""
-    import json
-
     from services.engine.tokenizer import Tokenizer
 
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
-    backend = json.loads(bundled_tokenizer.hf.backend_tokenizer.to_str())
-    tokens = [""] * len(backend["model"]["vocab"])
-    for text, i in backend["model"]["vocab"].items():
-        tokens[i] = text
-    path = tmp_path / "lfm2moe-tokenizer.gguf"
-    writer = gguf.GGUFWriter(str(path), "lfm2moe")
-    add_metadata(writer, "lfm2moe", {"block_count": 1, "context_length": 64, "embedding_length": 8,
-                                     "feed_forward_length": 8, "attention.head_count": 2, "shortconv.l_cache": 3,
-                                     "attention.head_count_kv": [2], "attention.layer_norm_rms_epsilon": 1e-5,
-                                     "rope.freq_base": 1e6}, tokens)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("lfm2")
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["model"]["merges"]])
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-    close_writer(writer)
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "shortconv.l_cache": 3, "attention.head_count_kv": [2],
+            "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e6}
+    path = write_bpe_tokenizer_gguf(tmp_path / "lfm2moe-tokenizer.gguf", "lfm2moe", keys, "lfm2", bundled_tokenizer.hf)
     text = "Hello world, it's 2026! Liquid models run on a laptop."
     assert Tokenizer.load(path).encode_plain(text) == bundled_tokenizer.encode_plain(text)

@@ -31,7 +31,9 @@ from tests.engine.tiny_gguf import (
     hf_logits,
     llama3_rope_freqs,
     pdserve_logits,
+    tensor_adder,
     tiny_hf,
+    write_bpe_tokenizer_gguf,
 )
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]
@@ -68,14 +70,7 @@ def write_llama4_gguf(model, path: Path, quant=all_f32, extra_keys: dict | None 
             "interleave_moe_layer_step": cfg.interleave_moe_layer_step} | (extra_keys or {})
     add_metadata(writer, "llama4", keys, [f"<t{i}>" for i in range(cfg.vocab_size)])
     twin: dict[str, np.ndarray] = {}
-
-    def add(hf_side: str, array: np.ndarray) -> np.ndarray:
-        name = names.get_name(hf_side, try_suffixes=(".weight", ".bias"))
-        assert name is not None, hf_side
-        qtype = quant(name)
-        stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
-        writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
-        return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
+    add = tensor_adder(writer, names, quant)
 
     for hf_name, tensor in model.state_dict().items():
         array = tensor.detach().numpy().copy()
@@ -138,22 +133,11 @@ def test_a_llama4_file_s_tokenizer_reads_as_llama_s(tmp_path, monkeypatch, bundl
     from services.engine.tokenizer import Tokenizer
 
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
-    backend = json.loads(bundled_tokenizer.hf.backend_tokenizer.to_str())
-    tokens = [""] * len(backend["model"]["vocab"])
-    for text, i in backend["model"]["vocab"].items():
-        tokens[i] = text
-    path = tmp_path / "llama4-tokenizer.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama4")
-    add_metadata(writer, "llama4", {"block_count": 1, "context_length": 64, "embedding_length": 8,
-                                    "feed_forward_length": 8, "attention.head_count": 2,
-                                    "attention.layer_norm_rms_epsilon": 1e-5, "expert_count": 2,
-                                    "expert_used_count": 1, "expert_feed_forward_length": 8,
-                                    "interleave_moe_layer_step": 1}, tokens)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("llama4")
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["model"]["merges"]])
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-    close_writer(writer)
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5, "expert_count": 2,
+            "expert_used_count": 1, "expert_feed_forward_length": 8, "interleave_moe_layer_step": 1}
+    path = write_bpe_tokenizer_gguf(tmp_path / "llama4-tokenizer.gguf", "llama4", keys, "llama4",
+                                    bundled_tokenizer.hf)
     text = "Hello world, it's 2026! Llama 4 runs here too."
     loaded = Tokenizer.load(path)
     assert loaded.encode_plain(text) == bundled_tokenizer.encode_plain(text)

@@ -236,6 +236,39 @@ def add_metadata(writer: gguf.GGUFWriter, arch: str, keys: dict, tokens: list[st
     writer.add_token_list(tokens)
 
 
+def tensor_adder(writer: gguf.GGUFWriter, names, quant: QuantChoice) -> Callable[[str, np.ndarray], np.ndarray]:
+    """``add(hf_name, array)``: writes ``array`` under the GGUF name ``names`` gives ``hf_name`` (its ``.weight`` or
+    ``.bias`` suffix tried), quantised as ``quant`` chooses, and returns the file's float32 dequantisation of it."""
+    def add(hf_name: str, array: np.ndarray) -> np.ndarray:
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        qtype = quant(name)
+        stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+        writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
+        return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
+
+    return add
+
+
+def write_bpe_tokenizer_gguf(path: Path, arch: str, keys: dict, pre: str, tokenizer_hf) -> Path:
+    """A GGUF file of ``arch`` (its ``keys``) holding ``tokenizer_hf``'s byte-level BPE as llama.cpp's GPT-2-style
+    vocab writes it (the tokens, the merges, ``tokenizer.ggml.pre`` ``pre``) and an 8-wide embedding."""
+    import json
+
+    backend = json.loads(tokenizer_hf.backend_tokenizer.to_str())
+    tokens = [""] * len(backend["model"]["vocab"])
+    for text, i in backend["model"]["vocab"].items():
+        tokens[i] = text
+    writer = gguf.GGUFWriter(str(path), arch)
+    add_metadata(writer, arch, keys, tokens)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["model"]["merges"]])
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    close_writer(writer)
+    return path
+
+
 def close_writer(writer: gguf.GGUFWriter) -> None:
     """Writes the header, the metadata and the tensors, and closes the file."""
     writer.write_header_to_file()
