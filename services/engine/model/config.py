@@ -35,6 +35,10 @@ class MoEConfig:
     norm_topk_prob: bool  # the top-k probabilities are renormalised to sum to 1
     sparse_layers: tuple[int, ...]  # layers whose MLP is the sparse block; the others are dense
     softmax_after_topk: bool = False  # GPT-OSS: the softmax of the top-k logits (else the top-k of the softmax)
+    sigmoid_after_topk: bool = False  # Llama 4: the sigmoid of each top-k logit
+    # Llama 4: each expert takes its token times the weight (rounded to the model dtype), its output added as it is
+    # (not on the grouped-GEMM path)
+    weights_scale_inputs: bool = False
     swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU (see services.engine.model.gpt_oss_decoder)
     swiglu_alpha: float = 1.702
     shared_expert_intermediate_size: int | None = None  # a shared expert every token goes through (Qwen2-MoE's,

@@ -112,6 +112,7 @@ class DecoderModel(ExpertLoading):
                                                                       (cfg.vocab_size, cfg.hidden_size))
         self.lm_head = prepare_linear(head, row_block=self._row_block, prompt_rows=deterministic)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
+        self._model_weights()
         self._kv_index = {layer: n for n, layer in enumerate(cfg.kv_layers)}  # layer -> its KV cache (a hybrid's)
         source.check_all_taken()
         del self._source, self._quantized
@@ -123,6 +124,10 @@ class DecoderModel(ExpertLoading):
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
                                     deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
+
+    def _model_weights(self) -> None:
+        """Model-level weights a family adds (beside the embedding, final norm and head), taken before the loader
+        checks that every tensor was read."""
 
     def _projection(self, parts: list[tuple[str, tuple[int, int]]], bias: bool = False,
                     by_row_kind: bool = True) -> LinearWeight:

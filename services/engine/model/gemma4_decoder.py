@@ -141,20 +141,13 @@ class Gemma4DecoderModel(DecoderModel):
             layer.ple_gate = self._projection([(p + "per_layer_input_gate.weight", (ple, hidden))])
             layer.ple_projection = self._projection([(p + "per_layer_projection.weight", (hidden, ple))])
             layer.ple_norm = take(p + "post_per_layer_input_norm.weight", (hidden,))
-        if i == cfg.num_layers - 1:
-            self._model_inputs()
         return layer
 
     def _gemma4_experts(self, p: str) -> Gemma4Experts:
         moe, take, hidden = self.config.moe, self._source.take, self.config.hidden_size
         assert moe is not None
         router = prepare_linear(take(p + "router.proj.weight", (moe.num_experts, hidden)), row_block=self._row_block)
-        if self.grouped_experts:
-            experts = MoEWeights(router, [], [], grouped=self._stacked_experts(p))
-        else:
-            gate_up, down = self._stacked(p)
-            experts = MoEWeights(router, [prepare_linear(w, row_block=self._row_block) for w in gate_up.unbind(0)],
-                                 [prepare_linear(w, row_block=self._row_block) for w in down.unbind(0)])
+        experts = self._expert_weights(p, router)
         return Gemma4Experts(
             router=router, router_scale=take(p + "router.scale", (hidden,)),
             expert_scale=take(p + "router.per_expert_scale", (moe.num_experts,)), experts=experts,
@@ -162,9 +155,8 @@ class Gemma4DecoderModel(DecoderModel):
             post_norm=take(p + "post_feedforward_layernorm_2.weight", (hidden,)),
             mlp_post_norm=take(p + "post_feedforward_layernorm_1.weight", (hidden,)))
 
-    def _model_inputs(self) -> None:
-        """The per-layer inputs' model-level weights (read with the last layer, before the loader checks that every
-        tensor was taken)."""
+    def _model_weights(self) -> None:
+        """The per-layer inputs' model-level weights."""
         cfg, ple, take = self.config, self.g.per_layer_input_size, self._source.take
         self.ple_embed = self.ple_model_projection = self.ple_model_norm = None
         if not ple:

@@ -68,7 +68,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     intermediate_size=int(text["intermediate_size"]), norm_topk_prob=False,
                     sparse_layers=tuple(int(i) for i in text["moe_layers"]),
                     shared_expert_intermediate_size=int(text["intermediate_size"]), shared_expert_gated=False,
-                    stacked_input_major=True)
+                    stacked_input_major=True, sigmoid_after_topk=True, weights_scale_inputs=True)
     return ModelConfig(
         **fields | {"intermediate_size": int(text["intermediate_size_mlp"])}, moe=moe,
         nope_layers=tuple(i for i, r in enumerate(rotated) if not r), rope_interleaved=True,
@@ -97,7 +97,8 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     inter = int(f.key("expert_feed_forward_length"))
     moe = MoEConfig(num_experts=experts, top_k=int(f.key("expert_used_count")), intermediate_size=inter,
                     norm_topk_prob=False, sparse_layers=tuple(i for i in range(layers) if step and (i + 1) % step == 0),
-                    shared_expert_intermediate_size=inter, shared_expert_gated=False)
+                    shared_expert_intermediate_size=inter, shared_expert_gated=False, sigmoid_after_topk=True,
+                    weights_scale_inputs=True)
     max_position = base["max_position"]
     if max_position > LLAMA_CPP_CHUNK:
         log.warning("llama4: serving at most %d tokens (context_length %d): past them its rotated layers attend within "

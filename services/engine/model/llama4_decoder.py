@@ -3,9 +3,9 @@ transformers' ``Llama4TextAttention`` and ``Llama4TextMoe`` compute them (:mod:`
 
 Attention: rope on the rotated layers (in float32, rounded once), then their q and k L2-normed per head
 (``x * rsqrt(mean(x^2) + eps)`` in float32, no weight); the unrotated layers' queries times their float32
-temperature, rounded once. Experts: each token's top-k router logits; the sigmoid of each (rounded to the serving
-dtype) scales the token that expert takes, whose output is added unweighted, beside the shared expert's output. The
-experts run one by one (a host read per sparse layer: no decode graphs)."""
+temperature, rounded once. Experts: the shared decoder's (``moe_forward``), as ``MoEConfig`` says Llama 4's
+route (the sigmoid of each top-k router logit) and weigh (the weight scales the token an expert takes, beside an
+ungated shared expert); one by one (``weights_scale_inputs`` has no grouped-GEMM path: no decode graphs)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from services.engine.model.decoder import DecoderModel, LayerWeights, attention_
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
-    from services.engine.model.moe import MoEWeights
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,34 +72,3 @@ class Llama4DecoderModel(DecoderModel):
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
         return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
-
-    def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
-        if layer.moe is None:
-            return super()._mlp(x, layer, paths)
-        return self._shared_out(x, layer.moe) + self._routed_out(x, layer.moe)
-
-    def _shared_out(self, x: torch.Tensor, moe: MoEWeights) -> torch.Tensor:
-        shared = moe.shared
-        assert shared is not None
-        return linear(self.ops.silu_and_mul(linear(x, shared.gate_up)), shared.down)
-
-    def _routed_out(self, x: torch.Tensor, moe: MoEWeights) -> torch.Tensor:
-        """Each token through its top-k experts, its input scaled by each one's sigmoid score (see the module)."""
-        spec = self.config.moe
-        assert spec is not None
-        top_logits, top_experts = linear(x, moe.router).topk(spec.top_k, dim=-1)
-        scores = torch.sigmoid(top_logits.float()).to(x.dtype).flatten()
-        flat = top_experts.flatten()
-        order = flat.argsort(stable=True)
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(torch.bincount(flat, minlength=spec.num_experts).tolist()):
-            if not count:
-                continue
-            slots = order[start:start + count]
-            start += count
-            tokens = slots // spec.top_k
-            rows = x[tokens] * scores[slots, None]
-            out.index_add_(0, tokens, linear(self.ops.silu_and_mul(linear(rows, moe.gate_up[expert])),
-                                             moe.down[expert]))
-        return out

@@ -51,9 +51,10 @@ def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torc
     if config.group_limited_softmax:
         return _group_limited_softmax_route(x, weights, config)
     router_logits = linear(x, weights.router)
-    if config.softmax_after_topk:
+    if config.softmax_after_topk or config.sigmoid_after_topk:
         top_logits, top_experts = router_logits.topk(config.top_k, dim=-1)
-        top_probs = torch.softmax(top_logits, dim=-1, dtype=torch.float32)
+        top_probs = torch.sigmoid(top_logits.float()) if config.sigmoid_after_topk \
+            else torch.softmax(top_logits, dim=-1, dtype=torch.float32)
     else:
         probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
         top_probs, top_experts = probs.topk(config.top_k, dim=-1)
@@ -127,6 +128,7 @@ def experts_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top
     float32 weights ``top_probs`` (a family with a router of its own calls it; ``silu_and_mul``: the experts'
     activation of their gate times their up rows)."""
     if weights.grouped is not None:
+        assert not config.weights_scale_inputs, "grouped experts weight their outputs"
         return grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
     return _experts_loop(x, weights, config, top_probs, top_experts, silu_and_mul)
 
@@ -147,7 +149,11 @@ def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_p
         slots = order[start:start + count]
         start += count
         tokens = slots // config.top_k
-        y = linear(silu_and_mul(linear(x[tokens], weights.gate_up[expert])), weights.down[expert])
-        y = y * top_probs[slots, None]
+        if config.weights_scale_inputs:  # Llama 4's: the weight scales what the expert takes
+            y = linear(silu_and_mul(linear(x[tokens] * top_probs[slots, None], weights.gate_up[expert])),
+                       weights.down[expert])
+        else:
+            y = linear(silu_and_mul(linear(x[tokens], weights.gate_up[expert])), weights.down[expert])
+            y = y * top_probs[slots, None]
         out.index_add_(0, tokens, y.to(x.dtype))
     return out

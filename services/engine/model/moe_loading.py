@@ -77,10 +77,14 @@ class ExpertLoading:
         return self._source.take(name, (1, hidden))
 
     def _routed_experts(self, p: str) -> MoEWeights:
+        return self._expert_weights(p, self._router(p))
+
+    def _expert_weights(self, p: str, router: LinearWeight) -> MoEWeights:
+        """A sparse layer's experts (``p``: their parent's prefix) beside ``router``: grouped, stacked or per expert,
+        as the checkpoint and the settings have them (a family whose router is its own passes it)."""
         moe, hidden = self.config.moe, self.config.hidden_size
         assert moe is not None
         inter, source = moe.intermediate_size, self._source
-        router = self._router(p)
         if self.grouped_experts:
             return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
         if source.has(p + "experts.gate_up_proj"):  # stacked
