@@ -96,6 +96,8 @@ def graph_support(model: DecoderModel) -> str:
         return "its mixture-of-experts layers route tokens on the host (grouped experts are off)"
     if model.config.has_windows:
         return "its sliding-window layers (the graph attention has no window)"
+    if model.config.attention_chunk is not None:
+        return "its chunked-attention layers (the graph attention plans one page table per sequence)"
     if model.config.attention_sinks:
         return "its attention sinks (the graph attention has none)"
     if model.config.attn_logit_softcap is not None:

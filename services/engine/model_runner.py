@@ -9,6 +9,7 @@ import structlog
 import torch
 
 from kernels.attention.base import AttentionBackend
+from kernels.attention.chunked import ChunkedAttention
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 from kernels.gated_delta import Save
@@ -67,6 +68,10 @@ class ModelRunner:
         self.states: RecurrentStates | None = None
         if cfg.recurrent is not None:
             self.states = RecurrentStates(cfg.recurrent, state_capacity, model.dtype, model.device, state_checkpoints)
+        chunk = cfg.attention_chunk
+        if chunk is not None and chunk % block_size:
+            raise ValueError(f"the model's attention chunk of {chunk} tokens is not a whole number of blocks of "
+                             f"{block_size}: use a block size that divides it")
         self.attention = _attention_for(model, attention_backend)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
                                                                       graphs)
@@ -160,8 +165,12 @@ def _prompt_logprobs(model: DecoderModel, hidden: torch.Tensor, rows: list[tuple
 def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
     """The backend ``name`` ("auto" by default) builds for the model's device. A model with sliding-window
     layers, attention sinks or an attention logit softcap needs one that takes them (every backend "auto" picks
-    does); another is refused, naming what it lacks (``ValueError``)."""
+    does); another is refused, naming what it lacks (``ValueError``). A model with chunked layers gets two, one for
+    those layers (:class:`ChunkedAttention`)."""
     attention = create_backend(name, model.device)
+    chunk = model.config.attention_chunk
+    if chunk is not None:
+        attention = ChunkedAttention(attention, create_backend(attention.name, model.device), chunk)
     lacking = [what for what, needed, has in (
         ("sliding-window attention", model.config.has_windows, attention.supports_window),
         ("attention sinks", model.config.attention_sinks, attention.supports_sinks),

@@ -35,7 +35,8 @@ def test_buckets_cover_max_num_seqs_and_stop_at_256():
 
 def test_what_a_graph_cannot_hold_is_named():
     layer = SimpleNamespace(moe=None)
-    full = SimpleNamespace(has_windows=False, attention_sinks=False, attn_logit_softcap=None, gemma4=None)
+    full = SimpleNamespace(has_windows=False, attention_sinks=False, attn_logit_softcap=None, gemma4=None,
+                           attention_chunk=None)
 
     def model(layers, deterministic=False, config=full):
         return SimpleNamespace(deterministic=deterministic, layers=layers, config=config)
@@ -48,6 +49,8 @@ def test_what_a_graph_cannot_hold_is_named():
     assert graph_support(grouped) == ""  # grouped experts: no host sync, capturable
     windowed = SimpleNamespace(**vars(full) | {"has_windows": True})
     assert "sliding-window layers" in graph_support(model([layer], config=windowed))
+    chunked = SimpleNamespace(**vars(full) | {"attention_chunk": 8192})
+    assert "chunked-attention layers" in graph_support(model([layer], config=chunked))
     assert "attention sinks" in graph_support(model([layer], config=SimpleNamespace(**vars(full) | {
         "attention_sinks": True})))
     capped = SimpleNamespace(**vars(full) | {"attn_logit_softcap": 50.0})

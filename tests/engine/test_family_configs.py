@@ -108,11 +108,11 @@ def test_mistral_7b_v01_has_its_window_on_every_layer_and_later_mistrals_none():
 def test_windows_no_shorter_than_the_served_context_are_dropped():
     """A node capped at 4096 tokens serves Mistral-7B-v0.1 without windows (they hide nothing there)."""
     v01 = config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": 4096})
-    assert not v01.windows_within(4096).has_windows and v01.windows_within(4097).layer_windows == (4096,) * 4
-    assert v01.windows_within(None) == v01
+    assert not v01.served_within(4096).has_windows and v01.served_within(4097).layer_windows == (4096,) * 4
+    assert v01.served_within(None) == v01
     gemma_like = v01.__class__(**{**vars(v01), "layer_windows": (512, None, 512, None)})
-    assert gemma_like.windows_within(512).layer_windows == ()
-    assert gemma_like.windows_within(513).layer_windows == (512, None, 512, None)
+    assert gemma_like.served_within(512).layer_windows == ()
+    assert gemma_like.served_within(513).layer_windows == (512, None, 512, None)
 
 
 def test_a_node_capped_below_the_window_keeps_the_deterministic_mode_and_the_cpu_kernel(family_dir):

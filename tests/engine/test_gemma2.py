@@ -48,7 +48,7 @@ def test_the_9b_config_reads_as_transformers_defines_it():
     assert cfg.eos_token_ids == (1, 107) and cfg.bos_token_id == 2
     assert config_from_hf(GEMMA2_27B).gemma.query_pre_attn_scalar == 144
     # a context no longer than the window: served without windows (every layer full attention then)
-    assert not cfg.windows_within(4096).has_windows and cfg.windows_within(4097).has_windows
+    assert not cfg.served_within(4096).has_windows and cfg.served_within(4097).has_windows
 
 
 @pytest.mark.parametrize(("change", "named"), [

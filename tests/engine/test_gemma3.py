@@ -118,7 +118,7 @@ def test_served_no_longer_than_its_window_the_sliding_layers_keep_their_own_rope
     path = family_dir("gemma3")
     assert not _engine(path, max_model_len=24).model.config.has_windows
     weights = load_weights(path)
-    config = weights.config.windows_within(24)
+    config = weights.config.served_within(24)
     assert not config.has_windows and config.local_rope_layers == (0, 2)
     prompt = [(i * 7919) % 49000 + 17 for i in range(20)]
     logits = pdserve_logits(GemmaDecoderModel(config, weights.tensors, torch.float32), prompt)

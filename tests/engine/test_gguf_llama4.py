@@ -102,7 +102,8 @@ def test_a_llama4_file_gives_transformers_logits(tmp_path, experts, top_k, quant
     assert cfg.intermediate_size == 96 and not cfg.tie_word_embeddings
     assert cfg.llama4.qk_l2_norm and (cfg.llama4.temperature_scale, cfg.llama4.temperature_floor) == (0.1, 8192)
     assert cfg.rope_scaling.freq_factors is not None  # llama3's scaling, as rope_freqs
-    assert cfg.max_position == model.config.max_position_embeddings < 8192  # under llama.cpp's chunk: the file's
+    assert cfg.max_position == model.config.max_position_embeddings  # the file's context: chunked past 8192
+    assert cfg.attention_chunk is None and cfg.chunked_layers == ()  # a context shorter than llama.cpp's chunk
     ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
     theirs = hf_logits(model, IDS)
     assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
@@ -119,7 +120,8 @@ def test_maverick_s_expert_count_drops_the_qk_norms_as_llama_cpp_does(tmp_path):
               "llama4.expert_used_count": 1, "llama4.expert_feed_forward_length": 32,
               "llama4.interleave_moe_layer_step": 2}
     cfg = config_from_gguf(fields)
-    assert not cfg.llama4.qk_l2_norm and cfg.max_position == 8192 and cfg.nope_layers == (3,)
+    assert not cfg.llama4.qk_l2_norm and cfg.max_position == 1 << 20 and cfg.nope_layers == (3,)
+    assert cfg.attention_chunk == 8192 and cfg.chunked_layers == (0, 1, 2)  # llama.cpp's chunk, on the rotated layers
     assert config_from_gguf(fields | {"llama4.expert_count": 16}).llama4.qk_l2_norm
     with pytest.raises(ModelLoadError, match="GGUF llama4: a file without experts"):
         config_from_gguf(fields | {"llama4.expert_count": 0})

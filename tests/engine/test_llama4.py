@@ -1,7 +1,7 @@
-"""Llama 4's configs read as transformers builds them (Scout's, transformers' defaults; Maverick's kind), served up to
-its attention chunk; the released wrapper's checkpoint served exactly (its vision model not read); the query
-temperature at the positions it steps; refusals by name. The family test serves the tiny text checkpoint exactly
-(tests/engine/test_model_families.py: ``llama4``)."""
+"""Llama 4's configs read as transformers builds them (Scout's, transformers' defaults; Maverick's kind), served at
+their whole context with chunked attention on the rotated layers; the released wrapper's checkpoint served exactly
+(its vision model not read); the query temperature at the positions it steps; refusals by name. The family test
+serves the tiny text checkpoint exactly across chunks of 48 (tests/engine/test_model_families.py: ``llama4``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _scout_text() -> dict:
     return Llama4TextConfig().to_dict()
 
 
-def test_scout_reads_experts_on_every_layer_nope_layers_and_is_served_up_to_its_chunk():
+def test_scout_reads_experts_on_every_layer_nope_layers_and_chunks_on_the_rotated_ones():
     cfg = config_from_hf({"model_type": "llama4", "text_config": _scout_text(), "vision_config": {}})
     assert cfg.architecture == "llama4" and model_class("llama4") is Llama4DecoderModel
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (48, 5120, 40, 8, 128)
@@ -37,7 +37,8 @@ def test_scout_reads_experts_on_every_layer_nope_layers_and_is_served_up_to_its_
     assert moe.sparse_layers == tuple(range(48)) and not moe.shared_expert_gated and not moe.norm_topk_prob
     assert cfg.intermediate_size == 16384  # intermediate_size_mlp: the dense layers' (none in Scout)
     assert (cfg.llama4.qk_l2_norm, cfg.llama4.temperature_scale, cfg.llama4.temperature_floor) == (True, 0.1, 8192)
-    assert cfg.max_position == 8192  # the chunk: past it the rotated layers attend within chunks
+    assert cfg.max_position == _scout_text()["max_position_embeddings"] > 8192  # served whole: chunks past 8192
+    assert cfg.attention_chunk == 8192 and cfg.chunked_layers == tuple(i for i in range(48) if i not in cfg.nope_layers)
     assert not cfg.tie_word_embeddings
 
 
@@ -61,7 +62,7 @@ def _released_scout_text() -> dict:
 
 def test_the_released_scout_config_reads_its_temperature_flag_as_4_51_did():
     cfg = config_from_hf({"model_type": "llama4", "text_config": _released_scout_text(), "vision_config": {}})
-    assert cfg.llama4.temperature_scale == 0.1 and cfg.max_position == 8192
+    assert cfg.llama4.temperature_scale == 0.1 and cfg.max_position == 10485760 and cfg.attention_chunk == 8192
     assert (cfg.rope_scaling.rope_type, cfg.rope_scaling.factor, cfg.rope_scaling.original_max_position) == (
         "llama3", 16.0, 8192)
     assert cfg.eos_token_ids == (200001, 200007, 200008)
@@ -107,7 +108,7 @@ def test_the_released_wrapper_is_served_as_its_text_model(tmp_path, bundled_toke
     vocab = len(bundled_tokenizer.hf)
     text = SHAPE | dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, head_dim=16, num_hidden_layers=4,
                         num_local_experts=4, num_experts_per_tok=1, intermediate_size=32, intermediate_size_mlp=96,
-                        interleave_moe_layer_step=2, floor_scale=64, attention_chunk_size=512)
+                        interleave_moe_layer_step=2, floor_scale=64, attention_chunk_size=32)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
     torch.manual_seed(5)
@@ -122,6 +123,19 @@ def test_the_released_wrapper_is_served_as_its_text_model(tmp_path, bundled_toke
         with torch.inference_mode():
             expected = greedy_full_forward(reference, prompt, 6)
         assert_matches(f"llama4-wrapper/{name}", expected, engine.generate([prompt], sampling)[0].token_ids)
+
+
+def test_served_within_a_chunk_the_layers_are_full_and_the_rope_tables_that_long():
+    cfg = config_from_hf(_released_scout_text())
+    within = cfg.served_within(8192)  # no query sees past its chunk: every layer full (decode graphs, one plan)
+    assert within.attention_chunk is None and within.chunked_layers == () and within.max_position == 8192
+    past = cfg.served_within(8193)
+    assert past.attention_chunk == 8192 and past.chunked_layers == cfg.chunked_layers and past.max_position == 8193
+
+
+def test_a_block_size_that_does_not_divide_the_chunk_is_refused_by_name(family_dir):
+    with pytest.raises(ValueError, match="chunk of 48 tokens is not a whole number of blocks of 32"):
+        _engine(family_dir("llama4"), block_size=32)
 
 
 @pytest.mark.parametrize(("change", "named"), [

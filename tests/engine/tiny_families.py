@@ -196,10 +196,11 @@ FAMILIES: dict[str, dict] = {
     # Llama 4 as Maverick's text model is (its wrapper's reading: tests/engine/test_llama4.py): experts (top-2 here, so
     # that the sum shows; top-1 there) on every other layer beside a shared one, dense MLPs between, no rope on every
     # fourth layer (the last here), L2 q/k norms, llama3 rope scaling; the query temperature's floor at 64 (8192 there)
-    # so that the 300-token prompts cross it; chunks of 512 (8192 there), longer than any prompt here
+    # so that the 300-token prompts cross it; the rotated layers' chunks of 48 (8192 there), so that the prompts span
+    # six, the prefix hit (256) ends mid-chunk and the prefill's steps of 64 cross chunk boundaries
     "llama4": dict(model_type="llama4_text", tie_word_embeddings=False, head_dim=16, num_hidden_layers=4,
                    num_local_experts=8, num_experts_per_tok=2, intermediate_size=48, intermediate_size_mlp=96,
-                   interleave_moe_layer_step=2, floor_scale=64, attention_chunk_size=512,
+                   interleave_moe_layer_step=2, floor_scale=64, attention_chunk_size=48,
                    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                     "original_max_position_embeddings": 256}),

@@ -14,6 +14,7 @@ import gguf
 import numpy as np
 import torch
 
+from kernels.attention.chunked import ChunkedAttention
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
 
@@ -305,6 +306,8 @@ def pdserve_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
     blocks = -(-len(ids) // block_size)
     kv = torch.zeros(len(cfg.kv_layers), blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
     attention = create_backend("torch", "cpu")
+    if cfg.attention_chunk is not None:  # chunked layers (Llama 4's) take a second plan
+        attention = ChunkedAttention(attention, create_backend("torch", "cpu"), cfg.attention_chunk)
     attention.plan(AttentionMetadata.build([len(ids)], [len(ids)], [list(range(blocks))], block_size, "cpu"))
     states = None
     if cfg.recurrent is not None:

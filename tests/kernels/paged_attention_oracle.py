@@ -78,12 +78,13 @@ def make_sequences(
 
 
 def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: list[int], scale: float,
-           window: int | None = None, sinks: torch.Tensor | None = None, softcap: float | None = None
-           ) -> torch.Tensor:
+           window: int | None = None, sinks: torch.Tensor | None = None, softcap: float | None = None,
+           chunk: int | None = None) -> torch.Tensor:
     """Dense float64 attention: query j of sequence i sees positions ``0..p`` where ``p = seq_len - query_len
-    + j`` (with a sliding ``window``: ``p - window + 1..p``); ``sinks [Hq]``: each head's softmax also counts
-    ``exp(sinks[h])``, with no value (transformers' GPT-OSS eager attention); ``softcap``: each scaled score
-    ``s`` is ``softcap * tanh(s / softcap)`` (transformers' Gemma 2 eager attention)."""
+    + j`` (with a sliding ``window``: ``p - window + 1..p``; with an attention ``chunk``: ``p - p % chunk..p``);
+    ``sinks [Hq]``: each head's softmax also counts ``exp(sinks[h])``, with no value (transformers' GPT-OSS eager
+    attention); ``softcap``: each scaled score ``s`` is ``softcap * tanh(s / softcap)`` (transformers' Gemma 2
+    eager attention)."""
     outputs, start = [], 0
     num_heads = q.shape[1]
     for key, value, query_len, seq_len in zip(seqs.keys, seqs.values, query_lens, seq_lens, strict=True):
@@ -98,6 +99,8 @@ def oracle(q: torch.Tensor, seqs: Sequences, query_lens: list[int], seq_lens: li
         visible = torch.arange(seq_len).view(1, -1) <= query_pos
         if window is not None:
             visible &= torch.arange(seq_len).view(1, -1) > query_pos - window
+        if chunk is not None:
+            visible &= torch.arange(seq_len).view(1, -1) // chunk == query_pos // chunk
         scores = scores.masked_fill(~visible, float("-inf"))
         if sinks is None:
             probs = scores.softmax(-1)

@@ -324,7 +324,7 @@ class ModelConfig:
     # post_self_attn_layernorm and post_mlp_layernorm), beside the usual two before them
     sandwich_norms: bool = False
     # the layers that rotate with a plain rope of their own base (Gemma 3's and OLMo 3's sliding layers, as the
-    # checkpoint names them: also where serving drops a window that hides nothing, :meth:`windows_within`), and that
+    # checkpoint names them: also where serving drops a window that hides nothing, :meth:`served_within`), and that
     # base (Gemma's is ``GemmaConfig.local_rope_theta``)
     local_rope_layers: tuple[int, ...] = ()
     local_rope_theta: float | None = None
@@ -348,6 +348,10 @@ class ModelConfig:
     query_temperature_period: int = 0
     # Llama 4's attention: q/k L2 norms after rope, a query temperature on the unrotated layers
     llama4: Llama4Attention | None = None
+    # chunked attention (Llama 4's rotated layers): a query at position p of a layer in ``chunked_layers`` sees the
+    # positions ``p - p % attention_chunk .. p`` only (kernels.attention.chunked); None: every layer full
+    attention_chunk: int | None = None
+    chunked_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -367,6 +371,13 @@ class ModelConfig:
             raise ModelLoadError(f"a sliding window must be >= 1, got {self.layer_windows}")
         if any(not 0 <= layer < self.num_layers for layer in self.nope_layers):
             raise ModelLoadError(f"NoPE layers {self.nope_layers} outside the {self.num_layers} layers")
+        if self.attention_chunk is not None and (self.attention_chunk < 1 or not self.chunked_layers):
+            raise ModelLoadError(f"an attention chunk must be >= 1 and name its layers, got {self.attention_chunk} "
+                                 f"on layers {self.chunked_layers}")
+        if any(not 0 <= layer < self.num_layers for layer in self.chunked_layers) or (
+                self.chunked_layers and self.attention_chunk is None):
+            raise ModelLoadError(f"chunked layers {self.chunked_layers} must be some of the {self.num_layers} layers, "
+                                 "with an attention chunk")
         if self.query_temperature_beta and self.query_temperature_period < 1:
             raise ModelLoadError(f"a query temperature (beta {self.query_temperature_beta}) needs a period >= 1, got "
                                  f"{self.query_temperature_period}")
@@ -438,13 +449,21 @@ class ModelConfig:
     def has_windows(self) -> bool:
         return any(w is not None for w in self.layer_windows)
 
-    def windows_within(self, max_len: int | None) -> ModelConfig:
-        """This config served at most ``max_len`` tokens (None: ``max_position``): a window that long or longer
-        hides nothing there and is dropped, so that such a model keeps what windows cost (the CPU kernel on
-        every layer, CUDA graphs, the deterministic mode). The KV is the same either way."""
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of ``layer`` (None: its attention is not chunked)."""
+        return self.attention_chunk if layer in self.chunked_layers else None
+
+    def served_within(self, max_len: int | None) -> ModelConfig:
+        """This config served at most ``max_len`` tokens (None: ``max_position``): its positions (the rope tables)
+        cut to that length, and a window or an attention chunk that long or longer, which hides nothing there,
+        dropped, so that such a model keeps what windows cost (the CPU kernel on every layer, CUDA graphs, the
+        deterministic mode). The KV is the same either way."""
         length = min(max_len or self.max_position, self.max_position)
         windows = tuple(None if w is None or w >= length else w for w in self.layer_windows)
-        return replace(self, layer_windows=windows if any(w is not None for w in windows) else ())
+        chunked = self.attention_chunk is not None and self.attention_chunk < length
+        return replace(self, max_position=length, layer_windows=windows if any(w is not None for w in windows) else (),
+                       attention_chunk=self.attention_chunk if chunked else None,
+                       chunked_layers=self.chunked_layers if chunked else ())
 
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.sparse_layers

@@ -284,11 +284,16 @@ def query_temperature(config: ModelConfig, positions: torch.Tensor, dtype: torch
 
 def attention_options(config: ModelConfig, layer: int, sinks: torch.Tensor | None = None) -> dict[str, object]:
     """Layer ``layer``'s options to the backend's ``forward``: only those it has (a backend without windows,
-    sinks or a softcap takes none of those keywords, and is never chosen for a model that has them)."""
+    sinks or a softcap takes none of those keywords, and is never chosen for a model that has them; a chunked
+    layer's ``chunk`` goes to :class:`~kernels.attention.chunked.ChunkedAttention`, which the model runner builds
+    for a model with chunked layers)."""
     options: dict[str, object] = {}
     window = config.window(layer)
     if window is not None:
         options["window"] = window
+    chunk = config.chunk(layer)
+    if chunk is not None:
+        options["chunk"] = chunk
     if sinks is not None:
         options["sinks"] = sinks
     if config.attn_logit_softcap is not None:

@@ -43,7 +43,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     fields = base_fields(full, ARCHITECTURE, check_mlp=False)  # the experts' activation is GPT-OSS's own
     layers, window = fields["num_layers"], full.get("sliding_window")
     windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), layers, int(window or 0))
-    # no window, or one the context never outgrows: every layer full (ModelConfig.windows_within drops the latter)
+    # no window, or one the context never outgrows: every layer full (ModelConfig.served_within drops the latter)
     windows = windows if window is not None and int(window) < fields["max_position"] else ()
     moe = MoEConfig(num_experts=int(full["num_local_experts"]), top_k=int(full["num_experts_per_tok"]),
                     intermediate_size=fields["intermediate_size"], norm_topk_prob=False,

@@ -7,9 +7,9 @@ no weight); the unrotated layers' queries are scaled by ``1 + attn_scale * log1p
 (``attn_temperature_tuning``); the router takes each token's top-k logits, and the experts take the token *scaled
 by* the sigmoid of its logit (not their output weighted), beside a shared expert every token goes through.
 
-The rotated layers attend within chunks of ``attention_chunk_size`` (8192): a query sees the keys of its own chunk
-only. Below that length a chunk is the whole causal context, so the model is served exactly up to it (logged), as a
-longrope model is served up to its original context; longer prompts are refused at admission.
+The rotated layers (``layer_types``' ``chunked_attention``) attend within chunks of ``attention_chunk_size`` (8192):
+a query sees the keys of its own chunk only (``ModelConfig.attention_chunk``, served by
+:mod:`kernels.attention.chunked`); the unrotated layers see the whole context.
 
 Both checkpoints are read: ``Llama4ForCausalLM`` (``llama4_text``) and ``Llama4ForConditionalGeneration``
 (``llama4``: every release), whose vision model and projector are never read (:func:`llama4_tensor_name`); and
@@ -18,7 +18,6 @@ llama.cpp's ``llama4`` GGUF files (:func:`config_from_gguf`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,6 @@ from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, with_defaults
 from services.engine.model.multimodal_text import VISION_PREFIXES, text_config, text_tensor_name
-
-log = logging.getLogger(__name__)
 
 ARCHITECTURE = "llama4"
 GGUF_ARCHITECTURE = "llama4"
@@ -55,14 +52,12 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     rotated = [bool(r) for r in text["no_rope_layers"]][:layers]
     if len(rotated) < layers:
         raise ModelLoadError(f"llama4: no_rope_layers lists {len(rotated)} layers, fewer than {layers}")
+    chunked = tuple(i for i, kind in enumerate(text["layer_types"][:layers]) if kind == "chunked_attention")
     chunk = text.get("attention_chunk_size")
-    if "chunked_attention" in text["layer_types"] and not chunk:
+    if chunked and not chunk:
         raise ModelLoadError("llama4: layer_types has chunked_attention layers but attention_chunk_size is null")
-    if "chunked_attention" in text["layer_types"] and chunk and int(chunk) < fields["max_position"]:
-        log.warning("llama4: serving at most %d tokens (max_position_embeddings %d): past attention_chunk_size its "
-                    "rotated layers attend within chunks, which pdserve's attention does not do", int(chunk),
-                    fields["max_position"])
-        fields["max_position"] = int(chunk)
+    if chunked and int(chunk) >= fields["max_position"]:  # a chunk the context never outgrows hides nothing
+        chunked = ()
     experts = int(text["num_local_experts"])
     moe = MoEConfig(num_experts=experts, top_k=int(text["num_experts_per_tok"]),
                     intermediate_size=int(text["intermediate_size"]), norm_topk_prob=False,
@@ -72,6 +67,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         **fields | {"intermediate_size": int(text["intermediate_size_mlp"])}, moe=moe,
         nope_layers=tuple(i for i, r in enumerate(rotated) if not r), rope_interleaved=True,
+        attention_chunk=int(chunk) if chunked else None, chunked_layers=chunked,
         llama4=Llama4Attention(
             qk_l2_norm=bool(text.get("use_qk_norm")),
             temperature_scale=float(text["attn_scale"]) if text.get("attn_temperature_tuning") else 0.0,
@@ -81,8 +77,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     """A llama.cpp ``llama4`` file's config, read as its loader reads it: chunked layers with llama.cpp's own
-    constants (:data:`LLAMA_CPP_CHUNK` …; its ``attention.sliding_window_pattern`` places the chunked layers only,
-    which the served length never reaches; a sliding window of 0 is refused by name); experts on every
+    constants (:data:`LLAMA_CPP_CHUNK` …, chunked on every layer but each fourth, as its
+    ``attention.sliding_window_pattern`` places them; a sliding window of 0 is refused by name); experts on every
     ``interleave_moe_layer_step``-th layer, each and the shared one ``expert_feed_forward_length`` wide, the dense
     layers ``feed_forward_length``; q and k rows as the checkpoint's (its converter does not permute them)."""
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
@@ -99,14 +95,12 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                     norm_topk_prob=False, sparse_layers=tuple(i for i in range(layers) if step and (i + 1) % step == 0),
                     shared_expert_intermediate_size=inter, shared_expert_gated=False, sigmoid_after_topk=True,
                     weights_scale_inputs=True)
-    max_position = base["max_position"]
-    if max_position > LLAMA_CPP_CHUNK:
-        log.warning("llama4: serving at most %d tokens (context_length %d): past them its rotated layers attend within "
-                    "chunks, which pdserve's attention does not do", LLAMA_CPP_CHUNK, max_position)
-        max_position = LLAMA_CPP_CHUNK
+    rotated = tuple(i for i in range(layers) if (i + 1) % LLAMA_CPP_NOPE_STEP)
+    chunked = base["max_position"] > LLAMA_CPP_CHUNK  # a chunk the context never outgrows hides nothing
     return ModelConfig(
-        **base | {"eos_token_ids": gguf_turn_end_ids(base, fields), "max_position": max_position}, moe=moe,
-        nope_layers=tuple(i for i in range(layers) if (i + 1) % LLAMA_CPP_NOPE_STEP == 0), rope_interleaved=True,
+        **base | {"eos_token_ids": gguf_turn_end_ids(base, fields)}, moe=moe,
+        nope_layers=tuple(i for i in range(layers) if i not in rotated), rope_interleaved=True,
+        attention_chunk=LLAMA_CPP_CHUNK if chunked else None, chunked_layers=rotated if chunked else (),
         llama4=Llama4Attention(qk_l2_norm=experts != LLAMA_CPP_NO_QK_NORM_EXPERTS,
                                temperature_scale=LLAMA_CPP_TEMPERATURE, temperature_floor=LLAMA_CPP_CHUNK),
     )

@@ -28,7 +28,7 @@ from services.engine.model.llama4 import Llama4Attention
 from services.engine.weights.digest import weights_digest
 
 CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
-VERSION = 3  # of the entry's layout; bumped when it or the loader's output changes
+VERSION = 4  # of the entry's layout; bumped when it or the loader's output changes
 
 
 def cache_dir() -> Path | None:
@@ -67,6 +67,7 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
         data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})
     data["layer_windows"] = tuple(data.get("layer_windows") or ())
     data["nope_layers"] = tuple(data.get("nope_layers") or ())
+    data["chunked_layers"] = tuple(data.get("chunked_layers") or ())
     data["local_rope_layers"] = tuple(data.get("local_rope_layers") or ())
     if data.get("gemma") is not None:
         data["gemma"] = GemmaConfig(**data["gemma"])
