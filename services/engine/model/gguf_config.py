@@ -15,10 +15,14 @@ from services.engine.errors import ModelLoadError
 DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
 # Set by the GGUF loader: the ids of the tokens that end a turn in an architecture's chat format, found by their
 # text, as llama.cpp finds them (converters write ``tokenizer.ggml.eot_token_id`` only sometimes): Gemma's
-# ``<end_of_turn>``; GPT-OSS's harmony ends, its generation_config's EOS ids (a final answer's ``<|return|>``, a tool
-# call's ``<|call|>``, and ``<|endoftext|>``).
+# ``<end_of_turn>`` (Gemma 4's ``<turn|>`` and ``<|tool_response>``, its generation config's EOS ids too); GPT-OSS's
+# harmony ends, its generation_config's EOS ids (a final answer's ``<|return|>``, a tool call's ``<|call|>``, and
+# ``<|endoftext|>``).
 TURN_END_KEY = "pdserve.turn_end_token_ids"
-TURN_END_TEXTS = {"gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
+# Set by the GGUF loader: the names of the file's tensors, for an architecture whose config depends on which are there
+# (llama.cpp's Gemma 4 has a full layer's values be its keys where the file has no ``attn_v``)
+TENSOR_NAMES_KEY = "pdserve.tensor_names"
+TURN_END_TEXTS = {"gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",), "gemma4": ("<turn|>", "<|tool_response>"),
                   "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
                   "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>")}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}

@@ -106,7 +106,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma3", "services.engine.model.gemma3", ("gemma3_text", "gemma3"), "gemma3",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel",
            tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
-    Family("gemma4", "services.engine.model.gemma4", ("gemma4_text", "gemma4"),
+    Family("gemma4", "services.engine.model.gemma4", ("gemma4_text", "gemma4"), "gemma4",
            model="services.engine.model.gemma4_decoder:Gemma4DecoderModel",
            tensor_names="services.engine.model.gemma4:gemma4_tensor_name"),
 )

@@ -24,6 +24,7 @@ from services.engine.model.config import (
     Multipliers,
     ShortConv,
 )
+from services.engine.model.gemma4_config import Gemma4Config
 from services.engine.model.llama4 import Llama4Attention
 from services.engine.weights.digest import weights_digest
 
@@ -77,6 +78,12 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
         data["mla"] = LatentAttention(**data["mla"])
     if data.get("llama4") is not None:
         data["llama4"] = Llama4Attention(**data["llama4"])
+    if data.get("gemma4") is not None:
+        g = dict(data["gemma4"])
+        g["layer_heads"] = tuple(tuple(heads) for heads in g["layer_heads"])
+        for key in ("kv_sources", "value_is_key", "double_wide_layers"):
+            g[key] = tuple(g[key])
+        data["gemma4"] = Gemma4Config(**g)
     data["block_kinds"] = tuple(data.get("block_kinds") or ())
     for key, spec in (("linear_attention", LinearAttention), ("mamba", Mamba2), ("short_conv", ShortConv)):
         if data.get(key) is not None:

@@ -1,6 +1,6 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``qwen35``, ``qwen35moe``, ``gemma2``, ``gemma3``, ``gpt-oss``, ``lfm2``, ``lfm2moe``) with the ``gguf``
-package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
+``qwen3moe``, ``qwen35``, ``qwen35moe``, ``gemma2``, ``gemma3``, ``gemma4``, ``gpt-oss``, ``lfm2``, ``lfm2moe``) with
+the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
 (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
@@ -10,11 +10,13 @@ package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Fa
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
   biases), the stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms
   (LFM2's squeezed conv, Qwen3.5's DeltaNet); the 4-bit codes of a tensor it changed are not kept.
-- Gemma 2's, Gemma 3's and Qwen3.5's norms are stored as ``1 + weight``
+- Gemma 2's, Gemma 3's and Qwen3.5's norms are stored as ``1 + weight`` (Gemma 4's as they are)
   (:func:`~services.engine.weights.gguf_names.norm_offset`); the 1 is taken off (in float32) and their layers' own
   names are mapped. A multi-token-prediction block after the last layer (``nextn_predict_layers``) is not read.
 - ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is
-  how llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``.
+  how llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``; Gemma 4's (1 on the pairs that
+  rotate, 1e30 on the others) its proportional rope's ``rotated_fraction``. Gemma 4's experts are kept stacked, as
+  its decoder reads them.
 - Whether the head is tied and whether attention has biases is read from the tensors present.
 - A tensor name the loader does not know, or a quant type the ``gguf`` package cannot dequantise, is a
   :class:`ModelLoadError` naming the tensor; nothing is dropped silently.

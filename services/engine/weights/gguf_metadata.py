@@ -13,7 +13,7 @@ from gguf import GGUFReader, ReaderTensor, quants
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, TURN_END_KEY, TURN_END_TEXTS
+from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, TENSOR_NAMES_KEY, TURN_END_KEY, TURN_END_TEXTS
 from services.engine.model.registry import config_from_gguf
 from services.engine.weights.gguf_names import ROPE_FREQS, TensorRole, tensor_role
 
@@ -23,7 +23,7 @@ _EMBEDDING = "token_embd.weight"
 def read_fields(reader: GGUFReader) -> dict[str, Any]:
     """Scalar and string metadata of the file (token lists are skipped: the tokenizer reads them), plus
     :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``;
-    :data:`TURN_END_KEY` (the ids of the architecture's :data:`TURN_END_TEXTS`)."""
+    :data:`TURN_END_KEY` (the ids of the architecture's :data:`TURN_END_TEXTS`), :data:`TENSOR_NAMES_KEY`."""
     fields: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
@@ -35,6 +35,7 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
     if tokens is not None and ends:
         ids = {text: i for i, text in enumerate(tokens.contents()) if text in ends}
         fields[TURN_END_KEY] = tuple(ids[text] for text in ends if text in ids)
+    fields[TENSOR_NAMES_KEY] = tuple(t.name for t in reader.tensors)
     if embedding is not None:
         fields[DERIVED_VOCAB_KEY] = int(embedding.shape[-1])  # GGUF shapes are innermost first: [hidden, vocab]
     elif tokens is not None:
@@ -92,7 +93,8 @@ def dequantize(tensor: ReaderTensor) -> np.ndarray:
 
 def complete_config(config: ModelConfig, names: set[str], rope_freqs: np.ndarray | None) -> ModelConfig:
     """What the metadata does not say: a tied head (no ``output.weight``), attention biases (llama.cpp's
-    llama graph takes them where present; Qwen2 always has q/k/v ones) and the ``rope_freqs`` divisors."""
+    llama graph takes them where present; Qwen2 always has q/k/v ones) and the ``rope_freqs`` divisors (of a
+    proportional rope, Gemma 4's: the pairs that rotate, :func:`_rotated_fraction`)."""
     layer_tensors = {name.split(".", 2)[-1] for name in names if name.startswith("blk.")}
     changes: dict[str, Any] = {
         "tie_word_embeddings": "output.weight" not in names,
@@ -105,5 +107,27 @@ def complete_config(config: ModelConfig, names: set[str], rope_freqs: np.ndarray
             raise ModelLoadError(f"GGUF tensor {ROPE_FREQS!r} has {factors.size} factors; head_dim "
                                  f"{config.head_dim} needs {config.head_dim // 2}")
         scaling = config.rope_scaling or RopeScaling()
-        changes["rope_scaling"] = dataclasses.replace(scaling, freq_factors=tuple(float(f) for f in factors))
+        if scaling.rope_type == "proportional":
+            changes["rope_scaling"] = dataclasses.replace(scaling, rotated_fraction=_rotated_fraction(factors))
+        else:
+            changes["rope_scaling"] = dataclasses.replace(scaling, freq_factors=tuple(float(f) for f in factors))
     return dataclasses.replace(config, **changes)
+
+
+FROZEN_PAIR = 1e29
+"""A ``rope_freqs`` divisor at least this large stops its pair from rotating (llama.cpp's Gemma 4 converter writes
+1e30 for the pairs a proportional rope leaves unrotated)."""
+
+
+def _rotated_fraction(factors: np.ndarray) -> float:
+    """The ``rotated_fraction`` of a proportional rope whose leading pairs rotate (divisor 1) and the rest not
+    (:data:`FROZEN_PAIR`), as llama.cpp's converter writes them; other divisors are refused naming them."""
+    rotated = int(np.count_nonzero(factors == 1.0))
+    if not (np.all(factors[:rotated] == 1.0) and np.all(factors[rotated:] >= FROZEN_PAIR)):
+        raise ModelLoadError(f"GGUF tensor {ROPE_FREQS!r} of a proportional rope must be 1 for the pairs that rotate, "
+                             f"then >= {FROZEN_PAIR:g}; got {factors.tolist()}")
+    fraction = rotated / factors.size
+    if int(fraction * 2 * factors.size // 2) != rotated:  # as rope_frequencies counts the angles back
+        raise ModelLoadError(f"GGUF tensor {ROPE_FREQS!r}: {rotated} rotated pairs of {factors.size} is not a "
+                             "fraction the proportional rope can express")
+    return fraction

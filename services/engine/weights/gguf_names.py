@@ -53,6 +53,16 @@ GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 _GEMMA_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# Gemma 4's layers: Gemma's four norms (stored as they are), the norms around its experts beside the MLP, the
+# router's input and per-expert scales, the per-layer input's gate, projection and norm, the layer's output scale
+_GEMMA4_NAMES = {**_GEMMA_NORMS,
+                 "pre_ffw_norm_2.weight": "pre_feedforward_layernorm_2.weight",
+                 "post_ffw_norm_1.weight": "post_feedforward_layernorm_1.weight",
+                 "post_ffw_norm_2.weight": "post_feedforward_layernorm_2.weight",
+                 "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+                 "ffn_down_exps.scale": "router.per_expert_scale",
+                 "inp_gate.weight": "per_layer_input_gate.weight", "proj.weight": "per_layer_projection.weight",
+                 "post_norm.weight": "post_per_layer_input_norm.weight", "layer_output_scale.weight": "layer_scalar"}
 _SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
                   "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
                   "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
@@ -79,6 +89,7 @@ _ARCH_LAYER_NAMES = {
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
     "lfm2": _LFM2_NAMES,
+    "gemma4": _GEMMA4_NAMES,
     "qwen35": _QWEN35_NAMES,
     "qwen35moe": {**_QWEN35_NAMES, "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
@@ -86,9 +97,16 @@ _ARCH_LAYER_NAMES = {
 }
 # LFM2's final norm (its ``embedding_norm``) as llama.cpp names it
 _ARCH_GLOBAL_NAMES = {arch: {"token_embd_norm.weight": "model.norm.weight"} for arch in ("lfm2", "lfm2moe")}
+# Gemma 4's per-layer inputs: their embedding, the projection of the token's embedding and its norm
+_ARCH_GLOBAL_NAMES["gemma4"] = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
+                                "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+                                "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"}
 # Experts kept stacked, under these names, for their family's loader hook to lay out as transformers holds them
-# (``Family.gguf_tensors``; GPT-OSS's experts, each projection with a bias: [E, out, in] and [E, out])
+# (``Family.gguf_tensors``; GPT-OSS's experts, each projection with a bias: [E, out, in] and [E, out]), or as its
+# decoder reads them
 _STACKED_NAMES = {
+    # Gemma 4's, as transformers holds them: gate and up fused [E, 2 * inter, hidden], down [E, hidden, inter]
+    "gemma4": {"ffn_gate_up_exps.weight": "experts.gate_up_proj", "ffn_down_exps.weight": "experts.down_proj"},
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
