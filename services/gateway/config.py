@@ -14,9 +14,9 @@ from services.gateway.router import ROUTING_POLICIES
 
 # services/gateway/openai/tools/
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "gpt_oss", "openai", "glm45", "glm47",
-                     "qwen3_coder", "deepseek_v3", "deepseek_v31", "kimi_k2", "minimax_m2", "seed_oss")
+                     "qwen3_coder", "deepseek_v3", "deepseek_v31", "kimi_k2", "minimax_m2", "seed_oss", "gemma4")
 REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss", "openai_gptoss", "glm45", "minimax_m2",
-                     "seed_oss", "mistral")  # services/gateway/openai/reasoning/
+                     "seed_oss", "mistral", "gemma4")  # services/gateway/openai/reasoning/
 
 
 def split_addresses(text: str) -> tuple[str, ...]:
@@ -101,11 +101,15 @@ class GatewayConfig(ServerConfig):
                                             "(tool_choice required or named): hermes (<tool_call>{json}"
                                             "</tool_call>: Qwen2.5/Qwen3, Hermes), llama3_json (Llama 3.1+), "
                                             "mistral ([TOOL_CALLS][...]), gpt_oss (alias openai: GPT-OSS's "
-                                            "harmony commentary to=functions.NAME; not forced); auto: chosen "
+                                            "harmony commentary to=functions.NAME; not forced), gemma4 "
+                                            "(<|tool_call>call:NAME{...}<tool_call|>), glm45, glm47, "
+                                            "qwen3_coder, deepseek_v3, deepseek_v31, kimi_k2, minimax_m2, "
+                                            "seed_oss; auto: chosen "
                                             "from the chat template (hermes when it has no tool section)")
     reasoning_parser: str = setting("", "qwen3 or deepseek_r1: the HTTP front moves the output's <think>…</think> "
                                         "into reasoning_content; gpt_oss (alias openai_gptoss): GPT-OSS's "
-                                        "analysis channel, its final channel the content; a response_format "
+                                        "analysis channel, its final channel the content; gemma4: its "
+                                        "<|channel>thought channel; a response_format "
                                         "applies after the reasoning; empty: none")
     served_model_name: str = setting("", "the model id of the HTTP front (what /v1/models lists and requests "
                                          "name); empty = the model file's name without extension and "

@@ -14,6 +14,7 @@ import pytest
 from services.engine.structured.compiler import StructuredCompiler
 from services.engine.structured_spec import StructuredSpec
 from services.gateway.openai.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from services.gateway.openai.tools.gemma4 import Gemma4Parser
 from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
@@ -37,7 +38,7 @@ TOOLS = (
 )
 PARSERS = [HermesParser(), Llama3JsonParser(), MistralParser(), GlmParser("glm45", newlines=True),
            GlmParser("glm47", newlines=False), Qwen3CoderParser(), DeepSeekV3Parser(), DeepSeekV31Parser(),
-           KimiK2Parser(), MiniMaxM2Parser(), SeedOssParser()]
+           KimiK2Parser(), MiniMaxM2Parser(), SeedOssParser(), Gemma4Parser()]
 SAMPLES = 20
 MAX_TOKENS = 400
 

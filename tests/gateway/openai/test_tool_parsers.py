@@ -198,10 +198,11 @@ def test_auto_picks_the_template_family(template, family):
 
 def test_registry_by_name_and_unknown_names():
     names = ("hermes", "llama3_json", "mistral", "gpt_oss", "glm45", "glm47", "qwen3_coder", "deepseek_v3",
-             "deepseek_v31", "kimi_k2", "minimax_m2", "seed_oss")
+             "deepseek_v31", "kimi_k2", "minimax_m2", "seed_oss", "gemma4")
     assert set(CHOICES) == {"auto", "openai", *names}
     for name in names:
         assert tool_call_parser(name, "[TOOL_CALLS]").name == name
     with pytest.raises(ValueError, match="auto, hermes, llama3_json, mistral, gpt_oss, openai, glm45, glm47, "
-                                         "qwen3_coder, deepseek_v3, deepseek_v31, kimi_k2, minimax_m2, seed_oss"):
+                                         "qwen3_coder, deepseek_v3, deepseek_v31, kimi_k2, minimax_m2, seed_oss, "
+                                         "gemma4"):
         tool_call_parser("pythonic", "")

@@ -12,6 +12,7 @@ from services.gateway.openai.reasoning.deepseek_r1 import (
     MiniMaxM2ReasoningParser,
     SeedOssReasoningParser,
 )
+from services.gateway.openai.reasoning.gemma4 import Gemma4ReasoningParser
 from services.gateway.openai.reasoning.gpt_oss import GptOssReasoningParser
 from services.gateway.openai.reasoning.mistral import MistralReasoningParser
 from services.gateway.openai.reasoning.qwen3 import Glm45ReasoningParser, Qwen3ReasoningParser
@@ -26,6 +27,7 @@ PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "minimax_m2": MiniMaxM2ReasoningParser,
     "seed_oss": SeedOssReasoningParser,
     "mistral": MistralReasoningParser,
+    "gemma4": Gemma4ReasoningParser,
 }
 
 

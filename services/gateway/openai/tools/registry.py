@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 from services.gateway.openai.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from services.gateway.openai.tools.gemma4 import Gemma4Parser
 from services.gateway.openai.tools.glm import GlmParser
 from services.gateway.openai.tools.gpt_oss import GptOssToolParser
 from services.gateway.openai.tools.hermes import HermesParser
@@ -30,6 +31,7 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "kimi_k2": KimiK2Parser,
     "minimax_m2": MiniMaxM2Parser,
     "seed_oss": SeedOssParser,
+    "gemma4": Gemma4Parser,
 }
 CHOICES = ("auto", *PARSERS)
 _LLAMA3_HINTS = ("<|python_tag|>", "Environment: ipython", '"parameters"')
@@ -41,11 +43,14 @@ def detect_family(chat_template: str) -> str:
     (``</arg_key><arg_value>``), else glm45; Qwen3-Coder's ``<function=`` and ``<parameter=`` → qwen3_coder;
     ``<tool_call>`` → hermes; DeepSeek's ``<｜tool▁calls▁begin｜>`` → deepseek_v3 where its calls are fenced
     JSON (```` ```json ````), else deepseek_v31; Kimi's ``<|tool_calls_section_begin|>`` → kimi_k2; MiniMax's
-    ``<minimax:tool_call>`` → minimax_m2; Seed-OSS's ``<seed:tool_call>`` → seed_oss;
+    ``<minimax:tool_call>`` → minimax_m2; Seed-OSS's ``<seed:tool_call>`` → seed_oss; Gemma 4's ``<|tool_call>``
+    → gemma4;
     ``<|python_tag|>``, Llama 3's ``Environment: ipython`` or a ``"parameters"`` JSON hint → llama3_json; anything
     else (a template with no tool section included) → hermes."""
     if "[TOOL_CALLS]" in chat_template:
         return "mistral"
+    if "<|tool_call>" in chat_template:
+        return "gemma4"
     if "<minimax:tool_call>" in chat_template:
         return "minimax_m2"
     if "<seed:tool_call>" in chat_template:
