@@ -173,7 +173,10 @@ class LLMEngine(PrefillRole, DecodeRole):
         weights = load_weights(config.model_path, keep_q4=config.int4_max_rows > 0
                                and int4_supported(config.device, config.torch_dtype))
         model_type, model_config = model_class(weights.config.architecture), weights.config
-        model = model_type(model_config.served_within(config.max_model_len), weights.tensors, config.torch_dtype,
+        dtype_bytes = torch.finfo(config.torch_dtype).bits // 8
+        kv_tokens = (config.num_kv_blocks or _blocks_in_budget(config, model_config, dtype_bytes)) * config.block_size
+        served = model_config.served_within(config.max_model_len, kv_tokens)
+        model = model_type(served, weights.tensors, config.torch_dtype,
                            config.device, quantized=weights.quantized, int4_max_rows=config.int4_max_rows,
                            deterministic=config.deterministic, fused_ops=config.fused_ops)
         tokenizer = Tokenizer.load(config.model_path, weights.config.eos_token_ids, config.trust_remote_code)

@@ -46,9 +46,11 @@ DENSE_KIND = dict(layer_types=[SLIDING, FULL, SLIDING, FULL], num_hidden_layers=
                   num_global_key_value_heads=1, enable_moe_block=True, num_experts=4, top_k_experts=2,
                   moe_intermediate_size=32, hidden_size_per_layer_input=0, final_logit_softcapping=30.0)
 # the E models' kind: the last two layers attend over the last earlier one of their kind (llama.cpp's choice and
-# transformers' agree on this order of kinds), with MLPs twice as wide; per-layer inputs of 8
+# transformers' agree on this order of kinds), with MLPs twice as wide; per-layer inputs of 8; the logits capped as
+# every release's are
 E_KIND = dict(layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL], num_hidden_layers=5, num_kv_shared_layers=2,
-              use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=96)
+              use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=96,
+              final_logit_softcapping=30.0)
 
 
 def _tiny(kind: dict, seed: int = 0):
@@ -98,7 +100,7 @@ def _metadata(cfg: dict) -> dict:
             "expert_feed_forward_length": cfg["moe_intermediate_size"] if moe else None}
 
 
-def write_gemma4_gguf(model, path: Path, quant=all_f32, keys: dict | None = None) -> Path:
+def write_gemma4_gguf(model, path: Path, quant=all_f32, keys: dict | None = None, rope_freqs: bool = True) -> Path:
     """``model`` as llama.cpp's converter writes it, and the file's dequantised values loaded into ``model``."""
     cfg = model.config.to_dict()  # the full layers' heads are in its per_layer_config (transformers' writing)
     layers, shared = cfg["num_hidden_layers"], cfg["num_kv_shared_layers"] or 0
@@ -124,7 +126,9 @@ def write_gemma4_gguf(model, path: Path, quant=all_f32, keys: dict | None = None
         twin[name] = add(name + ".weight" if ".experts." in name else name, array)  # the converter adds .weight
     width = next(heads["head_dim"] for heads in cfg["per_layer_config"].values())  # the full layers'
     angles = int(width * cfg["rope_parameters"][FULL]["partial_rotary_factor"] / 2)
-    writer.add_tensor("rope_freqs.weight", np.array([1.0] * angles + [1e30] * (width // 2 - angles), dtype=np.float32))
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.array([1.0] * angles + [1e30] * (width // 2 - angles),
+                                                        dtype=np.float32))
     close_writer(writer)
     _load_twin(model, twin)
     return path
@@ -171,6 +175,23 @@ def test_turns_end_at_its_turn_and_tool_response_tokens(tmp_path):
 def test_what_llama_cpp_reads_otherwise_is_refused_by_name(tmp_path, kind, keys, named):
     path = write_gemma4_gguf(_tiny(kind), tmp_path / "tiny-gemma4.gguf", keys=keys)
     with pytest.raises(ModelLoadError, match=named):
+        read_gguf_config(path)
+
+
+def test_missing_keys_take_llama_cpp_s_defaults(tmp_path):
+    """A file without ``final_logit_softcapping`` is capped at 30 and one with 0 is not (llama.cpp's default and its
+    "off"); without ``rope.freq_base_swa`` the sliding layers rotate with the full layers' base."""
+    model = _tiny(E_KIND)
+    cfg = read_gguf_config(write_gemma4_gguf(model, tmp_path / "a.gguf", keys={"final_logit_softcapping": None,
+                                                                                 "rope.freq_base_swa": None}))
+    assert cfg.gemma4.final_logit_softcap == 30.0 and cfg.local_rope_theta == cfg.rope_theta == 1000000.0
+    cfg = read_gguf_config(write_gemma4_gguf(model, tmp_path / "b.gguf", keys={"final_logit_softcapping": 0.0}))
+    assert cfg.gemma4.final_logit_softcap is None and cfg.local_rope_theta == 10000.0
+
+
+def test_a_file_without_rope_freqs_is_refused(tmp_path):
+    path = write_gemma4_gguf(_tiny(E_KIND), tmp_path / "tiny-gemma4.gguf", rope_freqs=False)
+    with pytest.raises(ModelLoadError, match=r"proportional rope needs the 'rope_freqs\.weight' tensor"):
         read_gguf_config(path)
 
 

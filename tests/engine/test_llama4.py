@@ -131,6 +131,16 @@ def test_served_within_a_chunk_the_layers_are_full_and_the_rope_tables_that_long
     assert within.attention_chunk is None and within.chunked_layers == () and within.max_position == 8192
     past = cfg.served_within(8193)
     assert past.attention_chunk == 8192 and past.chunked_layers == cfg.chunked_layers and past.max_position == 8193
+    pooled = cfg.served_within(None, kv_tokens=1 << 20)  # 10M positions, a pool of 1M tokens: tables of 1M
+    assert (pooled.max_position, pooled.rope_length, pooled.attention_chunk) == (10485760, 1 << 20, 8192)
+    assert cfg.served_within(None, kv_tokens=1 << 30).rope_positions is None
+
+
+def test_the_rope_tables_hold_the_positions_the_kv_pool_can(family_dir):
+    engine = _engine(family_dir("llama4"), num_kv_blocks=8)  # 128 tokens of KV; a context of 4096 all the same
+    assert engine.max_model_len == 4096 and engine.model.rope.max_position == 128
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    assert len(engine.generate([list(range(5, 125))], sampling)[0].token_ids) == 4  # position 123: the table's last
 
 
 def test_a_block_size_that_does_not_divide_the_chunk_is_refused_by_name(family_dir):

@@ -352,6 +352,9 @@ class ModelConfig:
     # positions ``p - p % attention_chunk .. p`` only (kernels.attention.chunked); None: every layer full
     attention_chunk: int | None = None
     chunked_layers: tuple[int, ...] = ()
+    # the positions the rope tables hold, where fewer than ``max_position`` (:meth:`served_within`: no sequence outgrows
+    # the node's KV pool); None: ``max_position``
+    rope_positions: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -453,17 +456,25 @@ class ModelConfig:
         """The attention chunk of ``layer`` (None: its attention is not chunked)."""
         return self.attention_chunk if layer in self.chunked_layers else None
 
-    def served_within(self, max_len: int | None) -> ModelConfig:
-        """This config served at most ``max_len`` tokens (None: ``max_position``): its positions (the rope tables)
-        cut to that length, and a window or an attention chunk that long or longer, which hides nothing there,
-        dropped, so that such a model keeps what windows cost (the CPU kernel on every layer, CUDA graphs, the
-        deterministic mode). The KV is the same either way."""
+    @property
+    def rope_length(self) -> int:
+        """The positions a rope table holds: ``rope_positions``, else ``max_position``."""
+        return min(self.rope_positions or self.max_position, self.max_position)
+
+    def served_within(self, max_len: int | None, kv_tokens: int | None = None) -> ModelConfig:
+        """This config served at most ``max_len`` tokens (None: ``max_position``) from a KV pool of ``kv_tokens`` (None:
+        unbounded): its positions cut to that length, the rope tables to the pool's tokens where fewer (no sequence
+        outgrows its pool: Llama 4 Scout's 10M positions would take ~5 GiB of float32 tables each on the host and the
+        GPU), and a window or an attention chunk that long or longer, which hides nothing there, dropped, so that
+        such a model keeps what windows cost (the CPU kernel on every layer, CUDA graphs, the deterministic mode).
+        The KV is the same either way."""
         length = min(max_len or self.max_position, self.max_position)
         windows = tuple(None if w is None or w >= length else w for w in self.layer_windows)
         chunked = self.attention_chunk is not None and self.attention_chunk < length
         return replace(self, max_position=length, layer_windows=windows if any(w is not None for w in windows) else (),
                        attention_chunk=self.attention_chunk if chunked else None,
-                       chunked_layers=self.chunked_layers if chunked else ())
+                       chunked_layers=self.chunked_layers if chunked else (),
+                       rope_positions=kv_tokens if kv_tokens is not None and kv_tokens < length else None)
 
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.sparse_layers

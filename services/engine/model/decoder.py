@@ -116,7 +116,7 @@ class DecoderModel(ExpertLoading):
         self._kv_index = {layer: n for n, layer in enumerate(cfg.kv_layers)}  # layer -> its KV cache (a hybrid's)
         source.check_all_taken()
         del self._source, self._quantized
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling,
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_length, cfg.rope_theta, self.device, cfg.rope_scaling,
                                     cfg.rotary_dim, interleaved=cfg.rope_interleaved)
         multipliers = cfg.multipliers
         self.scale = cfg.head_dim**-0.5 if multipliers is None or multipliers.attention is None \

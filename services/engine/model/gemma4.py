@@ -30,6 +30,7 @@ from services.engine.model.hf_config import base_fields, rope_settings, typed_la
 from services.engine.model.multimodal_text import VISION_PREFIXES, text_config, text_tensor_name
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "gemma4"
+LLAMA_CPP_SOFTCAP = 30.0  # llama.cpp's final logit softcap where a file has none (0 turns it off)
 _NOT_READ = ("model.audio_tower.", "model.embed_audio.", "model.embed_vision.", "audio_tower.", "embed_audio.",
              "embed_vision.")
 
@@ -88,7 +89,8 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     layer without ``attn_v`` (:data:`TENSOR_NAMES_KEY`); the last ``attention.shared_kv_layers`` layers over an
     earlier layer's KV (llama.cpp's choice of layer, refused where it is not transformers'); the full layers'
     proportional rope from ``rope_freqs`` (:func:`~services.engine.weights.gguf_metadata.complete_config`); norms as
-    stored (its converter adds nothing to them)."""
+    stored (its converter adds nothing to them); its defaults where a key is missing (a logit softcap of 30, the
+    sliding layers' rope base the full layers')."""
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
     layers = int(f.key("block_count"))
     pattern = f.key("attention.sliding_window_pattern")
@@ -120,14 +122,14 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     names = set(fields.get(TENSOR_NAMES_KEY, ()))
     base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.attention.head_count_kv": max(kv_heads),
                              f"{GGUF_ARCHITECTURE}.feed_forward_length": widths[0]}, GGUF_ARCHITECTURE)
-    softcap = f.get("final_logit_softcapping")
+    softcap = f.get("final_logit_softcapping", LLAMA_CPP_SOFTCAP)  # 0: none
     gemma4 = Gemma4Config(
         layer_heads=tuple((kv_heads[i], sliding if kinds[i] == "sliding_attention" else full) for i in range(layers)),
         kv_sources=sources,
         value_is_key=tuple(i for i in range(layers) if kinds[i] == "full_attention" and sources[i] == i
                            and f"blk.{i}.attn_k.weight" in names and f"blk.{i}.attn_v.weight" not in names),
         per_layer_input_size=int(f.key("embedding_length_per_layer_input")), double_wide_layers=double,
-        moe_beside_mlp=bool(f.get("expert_count")), final_logit_softcap=None if softcap is None else float(softcap))
+        moe_beside_mlp=bool(f.get("expert_count")), final_logit_softcap=float(softcap) if softcap else None)
     moe = None
     if gemma4.moe_beside_mlp:
         moe = MoEConfig(num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
@@ -136,7 +138,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     windows = typed_layer_windows(f"GGUF {GGUF_ARCHITECTURE}", kinds, layers, f.get("attention.sliding_window"))
     base |= {"architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields),
              "rope_scaling": RopeScaling(rope_type="proportional")}  # rotated_fraction: rope_freqs' (complete_config)
-    return _model_config(base, gemma4, windows, float(f.get("rope.freq_base_swa", 10000.0)), moe)
+    return _model_config(base, gemma4, windows, float(f.get("rope.freq_base_swa", base["rope_theta"])), moe)
 
 
 def _per_layer(f: GGUFFields, name: str, layers: int, default: Any = None) -> list[int]:

@@ -98,10 +98,10 @@ class Gemma4DecoderModel(DecoderModel):
         full = next(i for i in range(cfg.num_layers) if i not in cfg.local_rope_layers)
         full_dim = self.g.layer_heads[full][1]
         if full_dim != cfg.head_dim:  # the shared decoder's rope is the slot's width; the full layers' is theirs
-            self.rope = RotaryEmbedding(full_dim, cfg.max_position, cfg.rope_theta, self.device, cfg.rope_scaling)
+            self.rope = RotaryEmbedding(full_dim, cfg.rope_length, cfg.rope_theta, self.device, cfg.rope_scaling)
         local = [self.g.layer_heads[i][1] for i in cfg.local_rope_layers]
         assert cfg.local_rope_theta is not None
-        self.local_rope = None if not local else RotaryEmbedding(local[0], cfg.max_position, cfg.local_rope_theta,
+        self.local_rope = None if not local else RotaryEmbedding(local[0], cfg.rope_length, cfg.local_rope_theta,
                                                                  self.device)
         self.scale = 1.0
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=dtype, device=self.device)

@@ -61,7 +61,7 @@ class GemmaDecoderModel(DecoderModel):
                                  "use bfloat16 or float32")
         super().__init__(config, tensors, dtype, *args, **kwargs)
         self.final_norm = offset_norm_weight(self.final_norm)
-        self.local_rope = RotaryEmbedding(config.head_dim, config.max_position, config.gemma.local_rope_theta,
+        self.local_rope = RotaryEmbedding(config.head_dim, config.rope_length, config.gemma.local_rope_theta,
                                           self.device)
         self.scale = config.gemma.query_pre_attn_scalar**-0.5
         self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype, device=self.device)

@@ -29,7 +29,7 @@ class Olmo2DecoderModel(DecoderModel):
     def __init__(self, config, tensors, dtype, *args, **kwargs):
         super().__init__(config, tensors, dtype, *args, **kwargs)
         self.local_rope = None if config.local_rope_theta is None else TorchRope(
-            RotaryEmbedding(config.head_dim, config.max_position, config.local_rope_theta, self.device), dtype)
+            RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, self.device), dtype)
 
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."

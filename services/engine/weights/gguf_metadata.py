@@ -101,6 +101,9 @@ def complete_config(config: ModelConfig, names: set[str], rope_freqs: np.ndarray
         "qkv_bias": config.qkv_bias or "attn_q.bias" in layer_tensors,
         "o_bias": config.o_bias or "attn_output.bias" in layer_tensors,
     }
+    if rope_freqs is None and config.rope_scaling is not None and config.rope_scaling.rope_type == "proportional":
+        raise ModelLoadError(f"GGUF {config.architecture}: the full layers' proportional rope needs the "
+                             f"{ROPE_FREQS!r} tensor (llama.cpp's loader requires it too)")
     if rope_freqs is not None:
         factors = rope_freqs.reshape(-1)
         if factors.size != config.head_dim // 2:
