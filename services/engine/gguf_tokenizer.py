@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from services.engine.model_files import cache_dir
 
@@ -24,6 +25,21 @@ GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama", "lfm2moe": "lfm2
 reading serves it: IBM Granite's and Llama 4's converters are llama's subclasses and write the same
 ``tokenizer.ggml.*`` fields (Llama 4's: a GPT-2-style BPE whose split, GPT-4o's, transformers takes from
 ``tokenizer.ggml.pre``; the kin only passes its architecture check); LFM2-MoE's writes LFM2's."""
+
+READ_ALONE = frozenset({"deepseek2"})
+"""Architectures whose GGUF config transformers cannot read (DeepSeek's): their tokenizer is built from its
+``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer builders, split as :data:`PRE_SPLITS` says."""
+
+PRE_SPLITS = {
+    # DeepSeek-V3's (and R1's, Kimi K2's …): groups of up to three digits, then runs of CJK ideographs and kana, then
+    # its GPT-4-like split, each isolated in turn (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM, as its
+    # tokenizer.json has them)
+    "deepseek-v3": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+                    r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+}
+"""Pre-tokenizers transformers' GGUF reader does not know, by ``tokenizer.ggml.pre``: the regexes that split the
+text in turn (each match isolated), before the byte-level map."""
 
 
 HELPER_TIMEOUT_S = 600.0
@@ -52,7 +68,11 @@ def _convert(path: Path, directory: Path) -> None:
     from transformers import AutoTokenizer
 
     _read_gguf_tokenizers_as_their_kin()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
+    if _architecture(path) in READ_ALONE:
+        tokenizer = _tokenizer_alone(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
+    _split_as_the_file_says(tokenizer, path)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=directory.parent))
     tokenizer.save_pretrained(str(staging))
@@ -60,6 +80,42 @@ def _convert(path: Path, directory: Path) -> None:
         staging.rename(directory)
     except OSError:  # another process saved it first
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _field(path: Path, key: str) -> Any:
+    """A metadata field's value (None where the file has none)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get(key)
+    return None if field is None else field.contents()
+
+
+def _architecture(path: Path) -> str:
+    return str(_field(path, "general.architecture"))
+
+
+def _tokenizer_alone(path: Path) -> Any:
+    """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
+    without reading the model's config."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, fields, settings = get_gguf_tokenizer(str(path))
+    backend, _ = convert_gguf_tokenizer(architecture, fields)
+    return PreTrainedTokenizerFast(tokenizer_object=backend,
+                                   **{key: value for key, value in settings.items() if value is not None})
+
+
+def _split_as_the_file_says(tokenizer: Any, path: Path) -> None:
+    """The pre-tokenizer of :data:`PRE_SPLITS` for the file's ``tokenizer.ggml.pre``, where it has one."""
+    from tokenizers import Regex, pre_tokenizers
+
+    splits = PRE_SPLITS.get(str(_field(path, "tokenizer.ggml.pre")))
+    if splits is None:
+        return
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def _convert_in_a_helper(path: Path) -> None:
@@ -96,8 +152,9 @@ def _as_kin(architecture: str, kin: str, build: Callable[[dict, tuple], dict]) -
     ``{architecture}.*`` keys read as ``{kin}.*``."""
     def read(metadata: dict, tensor_names: tuple) -> dict:
         prefix = architecture + "."
-        return build({kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
-                      for key, value in metadata.items()}, tensor_names)
+        renamed = {kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
+                   for key, value in metadata.items()}
+        return build(renamed, tensor_names)
 
     return read
 

@@ -13,6 +13,8 @@ experts from the ``first_k_dense_replace``-th layer on, beside ``n_shared_expert
   ``routed_scaling_factor``.
 - V3's multi-token-prediction layers after the last (``model.layers.61.*``) are not read.
 
+llama.cpp's ``deepseek2`` GGUF files too (:mod:`services.engine.model.deepseek_gguf`).
+
 Refused by name: ``attention_bias`` (no released checkpoint has it), a ``moe_layer_freq`` other than 1, and other
 scoring functions or top-k methods. The official V3/R1/Kimi K2 files are FP8 with block scales, which the weight
 loader dequantises to bf16 (:mod:`services.engine.weights.fp8_blocks`).
@@ -49,6 +51,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              "(only 1: experts on every layer from first_k_dense_replace)")
     moe = sparse_mlp(cfg, tuple(range(first_sparse, layers)), **routing)
     return latent_config(cfg, ARCHITECTURE, moe, interleaved=True if v2 else bool(cfg.get("rope_interleave", True)))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A llama.cpp ``deepseek2`` file's config (:mod:`services.engine.model.deepseek_gguf`)."""
+    from services.engine.model.deepseek_gguf import config_from_gguf as read
+
+    return read(fields)
 
 
 def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | None, interleaved: bool) -> ModelConfig:

@@ -1,7 +1,7 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``qwen35``, ``qwen35moe``, ``gemma2``, ``gemma3``, ``gemma4``, ``gpt-oss``, ``lfm2``, ``lfm2moe``) with
-the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
-(:mod:`services.engine.weights.gguf_names`).
+``qwen3moe``, ``qwen35``, ``qwen35moe``, ``gemma2``, ``gemma3``, ``gemma4``, ``gpt-oss``, ``lfm2``, ``lfm2moe``,
+``deepseek2``) with the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face
+names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite`` and ``granitemoe``
@@ -9,7 +9,8 @@ the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename 
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
   biases), the stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms
-  (LFM2's squeezed conv, Qwen3.5's DeltaNet); the 4-bit codes of a tensor it changed are not kept.
+  (LFM2's squeezed conv, Qwen3.5's DeltaNet, DeepSeek's kv_b split in two); the 4-bit codes of a tensor it changed
+  are not kept.
 - Gemma 2's, Gemma 3's and Qwen3.5's norms are stored as ``1 + weight`` (Gemma 4's as they are)
   (:func:`~services.engine.weights.gguf_names.norm_offset`); the 1 is taken off (in float32) and their layers' own
   names are mapped. A multi-token-prediction block after the last layer (``nextn_predict_layers``) is not read.

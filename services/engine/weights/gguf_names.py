@@ -81,6 +81,15 @@ _QWEN35_NAMES = {
     "ssm_conv1d.weight": "linear_attn.conv1d.weight", "ssm_norm.weight": "linear_attn.norm.weight",
     "ssm_out.weight": "linear_attn.out_proj.weight", "ssm_a": "linear_attn.A_log",
     "ssm_dt.bias": "linear_attn.dt_bias", "post_attention_norm.weight": "post_attention_layernorm.weight"}
+# DeepSeek's latent attention (the MLA files' split kv_b is stacked below, for its family's hook), its router's
+# correction bias, its shared experts
+_DEEPSEEK2_NAMES = {"attn_q_a.weight": "self_attn.q_a_proj.weight",
+                    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+                    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+                    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+                    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+                    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+                    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT}
 _ARCH_LAYER_NAMES = {
     # the shared expert and its gate; Granite MoE's shared MLP has no gate
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
@@ -90,6 +99,7 @@ _ARCH_LAYER_NAMES = {
     "gpt-oss": _GPT_OSS_NAMES,
     "lfm2": _LFM2_NAMES,
     "gemma4": _GEMMA4_NAMES,
+    "deepseek2": _DEEPSEEK2_NAMES,
     "qwen35": _QWEN35_NAMES,
     "qwen35moe": {**_QWEN35_NAMES, "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
@@ -107,6 +117,8 @@ _ARCH_GLOBAL_NAMES["gemma4"] = {"per_layer_token_embd.weight": "model.embed_toke
 _STACKED_NAMES = {
     # Gemma 4's, as transformers holds them: gate and up fused [E, 2 * inter, hidden], down [E, hidden, inter]
     "gemma4": {"ffn_gate_up_exps.weight": "experts.gate_up_proj", "ffn_down_exps.weight": "experts.down_proj"},
+    # DeepSeek's kv_b_proj as the MLA files split it: [H, kv_lora, nope] and [H, v, kv_lora]
+    "deepseek2": {"attn_k_b.weight": "self_attn.gguf_k_b", "attn_v_b.weight": "self_attn.gguf_v_b"},
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }

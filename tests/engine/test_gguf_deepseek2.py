@@ -1,0 +1,177 @@
+"""DeepSeek GGUF files (llama.cpp's ``deepseek2``: DeepSeek-V3/R1, Kimi K2, V2-Lite), written from tiny transformers
+models the way its converter writes them (``kv_b_proj`` split per head into ``attn_k_b``, transposed, and
+``attn_v_b`` in the MLA files, whole as ``attn_kv_b`` in older ones; the experts stacked per projection; the router's
+correction bias as ``exp_probs_b.bias``; yarn's ``mscale_all_dim`` as a tenth of ``yarn_log_multiplier``; nothing
+permuted), load into the latent-attention decoder whose float32 logits equal the HF twin's (the twin carries the
+file's dequantised weights), quantised files too; the config equals the one read from the model's ``config.json``
+and is read torch-free alike; the tokenizer splits text as DeepSeek-V3's does; what llama.cpp reads otherwise than
+transformers is refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.registry import config_from_hf, model_class
+from services.engine.weights import load_weights
+from services.engine.weights.gguf_cache_config import config_from_dict
+from services.engine.weights.gguf_metadata import read_gguf_config
+from tests.engine.tiny_gguf import (
+    F32,
+    Q8_0,
+    _hf_tensors,
+    _load_twin,
+    add_metadata,
+    all_f32,
+    close_writer,
+    hf_logits,
+    pdserve_logits,
+    tensor_adder,
+    tiny_hf,
+    write_bpe_tokenizer_gguf,
+)
+
+IDS = [(i * 37 + 5) % 96 for i in range(45)]
+LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, num_key_value_heads=4,
+              tie_word_embeddings=False)
+# DeepSeek-V3's kind: a q LoRA, sigmoid routing with the correction bias among the best of two groups, renormalised
+# and scaled, a shared expert, the first layer dense; yarn with mscale_all_dim
+V3 = dict(q_lora_rank=64, **LATENT, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+          n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+          norm_topk_prob=True,
+          rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                           "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                           "rope_theta": 10000.0})
+# V2-Lite's kind: one q projection, softmax over all experts, unnormalised, two shared experts
+V2_LITE = dict(q_lora_rank=None, **LATENT, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               n_shared_experts=2, first_k_dense_replace=1, topk_method="greedy", routed_scaling_factor=1.0,
+               rope_theta=10000.0)
+
+
+def _tiny(model_type: str, kind: dict, seed: int = 0):
+    model = tiny_hf(model_type, seed=seed, vocab_size=96, **kind)
+    with torch.no_grad():  # transformers starts the correction bias at 0: drawn so that a misplaced one shows
+        for name, buffer in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.5)
+    return model
+
+
+def _quantised(name: str) -> gguf.GGMLQuantizationType:
+    """Q8_0 where each row is whole blocks of 32 (not attn_k_b's 16-wide rows); the norms, the router and its bias F32,
+    as llama.cpp's converter keeps them."""
+    return F32 if name.endswith(("norm.weight", "ffn_gate_inp.weight", "attn_k_b.weight", ".bias")) else Q8_0
+
+
+def _metadata(cfg) -> dict:
+    heads, rope = cfg.num_attention_heads, cfg.qk_rope_head_dim
+    scaling = cfg.rope_parameters if cfg.rope_parameters.get("rope_type") == "yarn" else None
+    sigmoid = cfg.model_type == "deepseek_v3"
+    return {"context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
+            "block_count": cfg.num_hidden_layers, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": heads, "attention.head_count_kv": 1,
+            "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+            "rope.freq_base": float(cfg.rope_parameters["rope_theta"]), "rope.dimension_count": rope,
+            "leading_dense_block_count": cfg.first_k_dense_replace, "attention.q_lora_rank": cfg.q_lora_rank,
+            "attention.kv_lora_rank": cfg.kv_lora_rank, "attention.key_length": cfg.kv_lora_rank + rope,
+            "attention.value_length": cfg.kv_lora_rank, "attention.key_length_mla": cfg.qk_nope_head_dim + rope,
+            "attention.value_length_mla": cfg.v_head_dim, "expert_feed_forward_length": cfg.moe_intermediate_size,
+            "expert_count": cfg.n_routed_experts, "expert_used_count": cfg.num_experts_per_tok,
+            "expert_shared_count": cfg.n_shared_experts, "expert_weights_scale": float(cfg.routed_scaling_factor),
+            "expert_weights_norm": True if cfg.norm_topk_prob else None, "expert_gating_func": 2 if sigmoid else 1,
+            "expert_group_count": cfg.n_group if sigmoid else None,
+            "expert_group_used_count": cfg.topk_group if sigmoid else None,
+            "rope.scaling.type": "yarn" if scaling else None,
+            "rope.scaling.factor": float(scaling["factor"]) if scaling else None,
+            "rope.scaling.original_context_length": scaling["original_max_position_embeddings"] if scaling else None,
+            "rope.scaling.yarn_log_multiplier": 0.1 * scaling["mscale_all_dim"] if scaling else None}
+
+
+def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = None, mla: bool = True) -> Path:
+    """``model`` as llama.cpp's converter writes it (``mla``: kv_b split as its MLA files have it, else whole), and
+    the file's dequantised values loaded into ``model``."""
+    cfg = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), "deepseek2")
+    add_metadata(writer, "deepseek2", _metadata(cfg) | (keys or {}), [f"t{i}" for i in range(96)])
+    add = tensor_adder(writer, names, quant)
+    twin: dict[str, np.ndarray] = {}
+    nope, kv_lora, heads = cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.num_attention_heads
+    for name, array in _hf_tensors(model).items():
+        layer = name.split(".")[2] if ".layers." in name else ""
+        if name.endswith("e_score_correction_bias"):  # the converter's exp_probs_b, kept in float32
+            twin[name] = add_raw(writer, f"blk.{layer}.exp_probs_b.bias", array, lambda _: F32)
+            continue
+        if name.endswith("kv_b_proj.weight") and mla:
+            per_head = array.reshape(heads, nope + cfg.v_head_dim, kv_lora)
+            k_b = add_raw(writer, f"blk.{layer}.attn_k_b.weight", per_head[:, :nope].transpose(0, 2, 1), quant)
+            v_b = add_raw(writer, f"blk.{layer}.attn_v_b.weight", per_head[:, nope:], quant)
+            twin[name] = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(array.shape)
+            continue
+        twin[name] = add(name, array)
+    close_writer(writer)
+    _load_twin(model, twin)
+    return path
+
+
+def add_raw(writer: gguf.GGUFWriter, name: str, array: np.ndarray, quant) -> np.ndarray:
+    """``array`` written under ``name`` as ``quant`` chooses; its float32 dequantisation."""
+    qtype = quant(name)
+    stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+    writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
+    return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
+
+
+@pytest.mark.parametrize(("model_type", "kind", "quant", "mla"), [
+    ("deepseek_v3", V3, all_f32, True), ("deepseek_v3", V3, _quantised, True), ("deepseek_v3", V3, all_f32, False),
+    ("deepseek_v2", V2_LITE, all_f32, True)], ids=["v3", "v3-q8", "v3-before-mla", "v2-lite"])
+def test_a_deepseek2_file_gives_transformers_logits(tmp_path, model_type, kind, quant, mla):
+    model = _tiny(model_type, kind)
+    path = write_deepseek2_gguf(model, tmp_path / "tiny-deepseek.gguf", quant, mla=mla)
+    weights = load_weights(path)
+    cfg = weights.config
+    hf = config_from_hf(model.config.to_dict())
+    # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
+    assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
+    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
+    theirs = hf_logits(model, IDS)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
+    assert config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg  # the GGUF weights cache's
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"expert_gating_func": 1, "expert_group_count": 2, "expert_group_used_count": 1},
+     "softmax routing over 2 expert groups is not served"),
+    ({"expert_gating_func": 3}, "expert_gating_func 3 is not supported"),
+    ({"rope.scaling.type": "linear"}, "rope scaling 'linear' is not supported"),
+])
+def test_what_llama_cpp_reads_otherwise_is_refused_by_name(tmp_path, keys, named):
+    path = write_deepseek2_gguf(_tiny("deepseek_v3", V3), tmp_path / "tiny-deepseek.gguf", keys=keys)
+    with pytest.raises(ModelLoadError, match=named):
+        read_gguf_config(path)
+
+
+def test_the_tokenizer_splits_text_as_deepseek_v3_s(tmp_path, monkeypatch, bundled_tokenizer):
+    """transformers reads DeepSeek's GPT-2-style GGUF tokenizer as Qwen2's (``GGUF_TOKENIZER_AS``) but knows no
+    ``deepseek-v3`` split: the file's is set after (``PRE_SPLITS``): digits in groups of up to three, a punctuation
+    mark with the letters after it, runs of CJK apart (here with the bundled vocabulary)."""
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-6}
+    path = write_bpe_tokenizer_gguf(tmp_path / "deepseek-tokenizer.gguf", "deepseek2", keys, "deepseek-v3",
+                                    bundled_tokenizer.hf)
+    loaded = Tokenizer.load(path)
+    pieces = [p for p, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x12345!abc 日本語です")]
+    assert pieces[:5] == ["x", "123", "45", "!abc", "Ġ"] and len(pieces) == 6, pieces  # then the CJK run, whole
+    text = "DeepSeek-V3 says 1234567 in 日本語."
+    assert loaded.decode(loaded.encode_plain(text)) == text
