@@ -102,6 +102,10 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.max_model_len = min(config.max_model_len or cfg.max_position, cfg.max_position)
         dtype_bytes = torch.finfo(model.dtype).bits // 8
         num_blocks = config.num_kv_blocks or _blocks_in_budget(config, cfg, dtype_bytes)
+        if cfg.rope_length < min(self.max_model_len, num_blocks * config.block_size):
+            raise ValueError(f"the model's rope tables hold {cfg.rope_length} positions, fewer than a sequence in a "
+                             f"pool of {num_blocks} blocks of {config.block_size} may reach "
+                             "(ModelConfig.served_within)")
         int4 = {"int4_max_rows": model.int4_max_rows} if model.int4_max_rows else {}
         if config.deterministic:  # other numerics: its KV is not a default node's, nor one of other kernels'
             int4["deterministic"] = deterministic_kernels(model.device)

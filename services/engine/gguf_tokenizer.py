@@ -96,10 +96,17 @@ def _architecture(path: Path) -> str:
 
 def _tokenizer_alone(path: Path) -> Any:
     """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
-    without reading the model's config."""
+    without reading the model's config; a split (``tokenizer.ggml.pre``) neither :data:`PRE_SPLITS` nor transformers
+    knows is refused by name (Kimi K2's ``kimi-k2``, DeepSeek-V2's ``deepseek-llm``, GLM-4.7-Flash's ``glm4``)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
+    pre = _field(path, "tokenizer.ggml.pre")
+    if pre is not None and pre not in PRE_SPLITS and pre not in GGUF_PRE_TOKENIZER_SPLITS:
+        raise ValueError(f"{path}: its tokenizer splits text as {pre!r} (tokenizer.ggml.pre), which pdserve does not "
+                         f"know for a {_architecture(path)} file (known: {', '.join(sorted(PRE_SPLITS))}); tokenizing "
+                         "with another split would give other tokens than the model's")
     architecture, fields, settings = get_gguf_tokenizer(str(path))
     backend, _ = convert_gguf_tokenizer(architecture, fields)
     return PreTrainedTokenizerFast(tokenizer_object=backend,

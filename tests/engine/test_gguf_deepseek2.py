@@ -175,3 +175,7 @@ def test_the_tokenizer_splits_text_as_deepseek_v3_s(tmp_path, monkeypatch, bundl
     assert pieces[:5] == ["x", "123", "45", "!abc", "Ġ"] and len(pieces) == 6, pieces  # then the CJK run, whole
     text = "DeepSeek-V3 says 1234567 in 日本語."
     assert loaded.decode(loaded.encode_plain(text)) == text
+    kimi = write_bpe_tokenizer_gguf(tmp_path / "kimi-tokenizer.gguf", "deepseek2", keys, "kimi-k2",
+                                    bundled_tokenizer.hf)  # a split pdserve does not know is refused, not guessed
+    with pytest.raises(ValueError, match="splits text as 'kimi-k2'"):
+        Tokenizer.load(kimi)

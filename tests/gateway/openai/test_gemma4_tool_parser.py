@@ -156,3 +156,34 @@ def test_forced_nested_arguments_follow_their_schemas(bundled_tokenizer):
                 {"stops": [{"city": "Rome"}] * 4, "mode": "car"}):
         assert not accepts(PARSER.render_calls([_call("plan", bad)])), bad
     assert accepts(PARSER.render_calls([_call("plan", {"stops": [{"city": "Rome"}], "mode": None, "budget": 2.5})]))
+
+
+TREE = ToolSpec("tree", "A tree", {
+    "type": "object", "$defs": {"node": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 4}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        "required": ["name"]}},
+    "properties": {"root": {"$ref": "#/$defs/node"}, "B": {"type": "integer"},
+                   "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 40}},
+    "required": ["root", "B"]})
+
+
+def test_forced_keys_in_dictsort_order_long_lists_recursive_refs_and_free_keys(bundled_tokenizer):
+    """Keys in Jinja's dictsort order (case aside: ``a`` before ``B``, as the template writes them), a list of up to
+    40 items, a schema that refers to itself, and a free-form tool's keys as the template writes them (a dash)."""
+    from services.engine.structured.compiler import StructuredCompiler
+    from services.engine.structured_spec import StructuredSpec
+
+    assert render_value({"B": 1, "a": 2, "Zed": 3, "a_b": 4}) == "{a:2,a_b:4,B:1,Zed:3}"
+    compiler = StructuredCompiler(bundled_tokenizer, vocab_size=len(bundled_tokenizer.hf))
+    grammar = PARSER.forced_grammar([TREE, FREE], parallel=False)
+
+    def accepts(arguments: dict, name: str = "tree") -> bool:
+        text = PARSER.render_calls([_call(name, arguments)])
+        matcher = compiler.compile(StructuredSpec("grammar", grammar)).new_matcher()
+        return matcher.consume_tokens(bundled_tokenizer.encode(text)) and matcher.is_accepting()
+
+    tree = {"name": "r", "kids": [{"name": "a", "kids": [{"name": "b"}]}, {"name": "c", "kids": []}]}
+    assert accepts({"root": tree, "B": 2, "a": list(range(40))})
+    assert not accepts({"root": tree, "B": 2, "a": list(range(41))})
+    assert not accepts({"root": {"name": "toolong"}, "B": 2})  # a nested name past its maxLength
+    assert accepts({"file-path": "/tmp", "n": 1}, "anything")

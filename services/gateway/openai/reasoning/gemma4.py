@@ -5,7 +5,11 @@ output without ``<channel|>`` is all content; with thinking off the template clo
 itself, so every output is content (``PreparedRequest.reasoning_closed``).
 
 Streaming is Qwen3's (:class:`~services.gateway.openai.reasoning.think_stream.ThinkStream`, with Gemma 4's markers)
-with the label held back at the start of the reasoning until it is known to be there or not.
+with the label held back at the start of the reasoning until it is known to be there or not. As Qwen3's, a stream
+cannot wait for a ``<channel|>`` that may never come: text of an output that did not open the channel streams as
+content, where :meth:`Gemma4ReasoningParser.split` reads the text before a ``<channel|>`` as reasoning. Newer Gemma 4
+templates open the channel in the prompt after a tool's result when thinking is on; such a turn's thought then
+streams as content (whole responses split it right).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ The arguments are Gemma 4's values (:mod:`~services.gateway.openai.tools.gemma4_
 not ``call:NAME{…}`` stays content. The model ends its turn after its calls with ``<|tool_response>``, one of its EOS
 ids (the template then writes each result as ``<|tool_response>response:NAME{…}<tool_response|>``).
 
-The forced grammar writes each tool's arguments in sorted order of their names (as the template's ``dictsort``), the
+The forced grammar writes each tool's arguments in sorted order of their names (as the template's ``dictsort``: case
+aside), the
 required ones always, a comma between two: a string as ``<|"|>`` text ``<|"|>`` (within its ``minLength`` and
 ``maxLength``; an ``enum`` or ``const`` of strings one of them), an object with ``properties`` the same way within
 braces, a list of its ``items`` within brackets (``minItems`` to ``maxItems`` of them), a number, an integer or a
@@ -23,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.engine.structured.schema_tools import close_objects
-from services.gateway.openai.tools.gemma4_values import QUOTE, read_arguments, render_value
+from services.gateway.openai.tools.gemma4_values import QUOTE, read_arguments, render_value, sort_keys
 from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal
 from services.gateway.openai.tools.hermes import HermesStream
 from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
@@ -39,7 +40,7 @@ _ANY_VALUE = [
     'g_value: g_string | %json {"type": "number"} | "true" | "false" | "None" | g_object | g_array',
     f"g_string: {lark_literal(QUOTE)} g_text",
     'g_object: "{" (g_pair ("," g_pair)*)? "}"',
-    'g_pair: /[A-Za-z_][A-Za-z0-9_]*/ ":" g_value',
+    'g_pair: /[^\\s:,{}\\[\\]<]+/ ":" g_value',  # a key as the template writes it: bare, any but its separators
     'g_array: "[" (g_value ("," g_value)*)? "]"',
 ]
 
@@ -106,6 +107,7 @@ class _Grammar:
         self.lines: list[str] = []
         self._count = 0
         self._any = False
+        self._refs: dict[str, str] = {}  # a $ref'd definition's rule, made once (a schema may refer to itself)
 
     def _rule(self, body: str, prefix: str = "r") -> str:
         self._count += 1
@@ -126,7 +128,7 @@ class _Grammar:
         # from the last key back: ``rest``, the arguments from this key on after one was written (each after a
         # comma); ``first``, those from this key on with none written yet ("": nothing may follow)
         rest = first = ""
-        for key in sorted(properties, reverse=True):
+        for key in reversed(sort_keys(properties)):
             pair = f"{lark_literal(key + ':')} {self._value(properties[key], defs)}"
             then = f" {rest}" if rest else ""
             if key in required:
@@ -139,10 +141,16 @@ class _Grammar:
     def _value(self, schema: Any, defs: Mapping[str, Any]) -> str:
         if not isinstance(schema, Mapping):
             return self._any_value("g_value")
-        if "$ref" in schema:  # to the tool's $defs or definitions
+        if "$ref" in schema:  # to the tool's $defs or definitions: one rule each, which may refer to itself
             name = str(schema["$ref"]).rsplit("/", 1)[-1]
             target = next((d[name] for d in defs.values() if isinstance(d, Mapping) and name in d), None)
-            return self._value(target, defs) if isinstance(target, Mapping) else self._any_value("g_value")
+            if not isinstance(target, Mapping):
+                return self._any_value("g_value")
+            if name not in self._refs:
+                self._count += 1
+                rule = self._refs[name] = f"ref_{self._count}"
+                self.lines.append(f"{rule}: {self._value(target, defs)}")
+            return self._refs[name]
         for key in ("anyOf", "oneOf"):
             if isinstance(schema.get(key), list):
                 return "(" + " | ".join(self._value(branch, defs) for branch in schema[key]) + ")"
@@ -168,16 +176,12 @@ class _Grammar:
 
     def _array(self, item: str, low: int, high: Any) -> str:
         """``[`` ``low`` to ``high`` (None: any number of) ``item`` separated by commas ``]``."""
+        if high is not None and int(high) <= 0:
+            return '"[" "]"'
         more = f'("," {item})'
-        if high is None:
-            tail = f" {more}*"
-        else:
-            tail = ""  # the optional ones after the required, nested so that each needs the one before
-            for _ in range(int(high) - max(low, 1)):
-                tail = f" ({more}{tail})?"
-        if low == 0:
-            return f'"[" ({item}{tail})? "]"' if high is None or int(high) > 0 else '"[" "]"'
-        return f'"[" {item}{f" {more}" * (low - 1)}{tail} "]"'
+        repeats = "*" if high is None else f"{{{max(low, 1) - 1},{int(high) - 1}}}"
+        items = f"{item} {more}{repeats}"
+        return f'"[" {items} "]"' if low > 0 else f'"[" ({items})? "]"'
 
     def _string(self, schema: Mapping[str, Any]) -> str:
         if strings := string_options(schema):

@@ -5,9 +5,9 @@
 
 A string between ``<|"|>`` markers, raw (no escapes: quotes, braces, commas and line breaks stand as they are); a
 number bare (``42``, ``2.5``, ``1e-05``); ``true`` and ``false``; null as the template prints it, ``None`` (``null``,
-``none`` and ``nil`` read too); an object ``{key:value,…}`` with bare keys, written in sorted order; a list
-``[value,…]``. No whitespace is written; a reader skips it around keys, values and separators. A bare word that is
-none of these reads as a string, an empty value as ``""`` (as vLLM's).
+``none`` and ``nil`` read too); an object ``{key:value,…}`` with bare keys, in Jinja's ``dictsort`` order (case
+aside); a list ``[value,…]``. No whitespace is written; a reader skips it around keys, values and separators. A bare
+word that is none of these reads as a string, an empty value as ``""`` (as vLLM's).
 """
 
 from __future__ import annotations
@@ -49,10 +49,15 @@ def render_value(value: Any) -> str:
     if value is None:
         return "None"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{key}:{render_value(value[key])}" for key in sorted(value)) + "}"
+        return "{" + ",".join(f"{key}:{render_value(value[key])}" for key in sort_keys(value)) + "}"
     if isinstance(value, list):
         return "[" + ",".join(render_value(item) for item in value) + "]"
     return json.dumps(value)
+
+
+def sort_keys(keys: Any) -> list[str]:
+    """An object's keys in the order the template writes them: Jinja's ``dictsort``, which ignores case."""
+    return sorted(keys, key=str.lower)
 
 
 class _Reader:
