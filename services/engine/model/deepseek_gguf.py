@@ -1,5 +1,7 @@
 """llama.cpp's ``deepseek2`` GGUF files (DeepSeek-V3, V3.1, R1, Kimi K2 and V2-Lite, as its converter writes them),
-read as its loader reads them into DeepSeek's latent attention (:mod:`services.engine.model.deepseek`).
+read as its loader reads them into DeepSeek's latent attention (:mod:`services.engine.model.deepseek`). Their
+tokenizers are served where their split is DeepSeek-V3's (:data:`services.engine.gguf_tokenizer.PRE_SPLITS`); Kimi
+K2's, V2's and GLM-4.7-Flash's are refused by name.
 
 - The heads: ``attention.key_length_mla`` and ``value_length_mla`` (the MLA files' own; ``key_length`` and
   ``value_length`` are the latent's there), else ``key_length``/``value_length`` (files from before llama.cpp's MLA
