@@ -66,13 +66,16 @@ def _directory_of(path: Path) -> Path:
 
 def _convert(path: Path, directory: Path) -> None:
     from transformers import AutoTokenizer
+    from transformers.integrations.gguf import read_gguf_metadata
 
     _read_gguf_tokenizers_as_their_kin()
-    if _architecture(path) in READ_ALONE:
-        tokenizer = _tokenizer_alone(path)
+    metadata, _ = read_gguf_metadata(str(path))  # the scalar fields (arrays only counted): fast
+    architecture, pre = str(metadata.get("general.architecture")), metadata.get("tokenizer.ggml.pre")
+    if architecture in READ_ALONE:
+        tokenizer = _tokenizer_alone(path, architecture, pre)
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
-    _split_as_the_file_says(tokenizer, path)
+    _split_as(tokenizer, pre)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=directory.parent))
     tokenizer.save_pretrained(str(staging))
@@ -82,19 +85,7 @@ def _convert(path: Path, directory: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _field(path: Path, key: str) -> Any:
-    """A metadata field's value (None where the file has none)."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(path)).fields.get(key)
-    return None if field is None else field.contents()
-
-
-def _architecture(path: Path) -> str:
-    return str(_field(path, "general.architecture"))
-
-
-def _tokenizer_alone(path: Path) -> Any:
+def _tokenizer_alone(path: Path, architecture: str, pre: Any) -> Any:
     """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
     without reading the model's config; a split (``tokenizer.ggml.pre``) neither :data:`PRE_SPLITS` nor transformers
     knows is refused by name (Kimi K2's ``kimi-k2``, DeepSeek-V2's ``deepseek-llm``, GLM-4.7-Flash's ``glm4``)."""
@@ -102,10 +93,9 @@ def _tokenizer_alone(path: Path) -> Any:
     from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
-    pre = _field(path, "tokenizer.ggml.pre")
     if pre is not None and pre not in PRE_SPLITS and pre not in GGUF_PRE_TOKENIZER_SPLITS:
         raise ValueError(f"{path}: its tokenizer splits text as {pre!r} (tokenizer.ggml.pre), which pdserve does not "
-                         f"know for a {_architecture(path)} file (known: {', '.join(sorted(PRE_SPLITS))}); tokenizing "
+                         f"know for a {architecture} file (known: {', '.join(sorted(PRE_SPLITS))}); tokenizing "
                          "with another split would give other tokens than the model's")
     architecture, fields, settings = get_gguf_tokenizer(str(path))
     backend, _ = convert_gguf_tokenizer(architecture, fields)
@@ -113,11 +103,11 @@ def _tokenizer_alone(path: Path) -> Any:
                                    **{key: value for key, value in settings.items() if value is not None})
 
 
-def _split_as_the_file_says(tokenizer: Any, path: Path) -> None:
+def _split_as(tokenizer: Any, pre: Any) -> None:
     """The pre-tokenizer of :data:`PRE_SPLITS` for the file's ``tokenizer.ggml.pre``, where it has one."""
     from tokenizers import Regex, pre_tokenizers
 
-    splits = PRE_SPLITS.get(str(_field(path, "tokenizer.ggml.pre")))
+    splits = PRE_SPLITS.get(str(pre))
     if splits is None:
         return
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(

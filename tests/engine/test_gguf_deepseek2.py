@@ -29,6 +29,7 @@ from tests.engine.tiny_gguf import (
     _hf_tensors,
     _load_twin,
     add_metadata,
+    add_tensor_as,
     all_f32,
     close_writer,
     hf_logits,
@@ -107,26 +108,18 @@ def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = N
     for name, array in _hf_tensors(model).items():
         layer = name.split(".")[2] if ".layers." in name else ""
         if name.endswith("e_score_correction_bias"):  # the converter's exp_probs_b, kept in float32
-            twin[name] = add_raw(writer, f"blk.{layer}.exp_probs_b.bias", array, lambda _: F32)
+            twin[name] = add_tensor_as(writer, f"blk.{layer}.exp_probs_b.bias", array, lambda _: F32)
             continue
         if name.endswith("kv_b_proj.weight") and mla:
             per_head = array.reshape(heads, nope + cfg.v_head_dim, kv_lora)
-            k_b = add_raw(writer, f"blk.{layer}.attn_k_b.weight", per_head[:, :nope].transpose(0, 2, 1), quant)
-            v_b = add_raw(writer, f"blk.{layer}.attn_v_b.weight", per_head[:, nope:], quant)
+            k_b = add_tensor_as(writer, f"blk.{layer}.attn_k_b.weight", per_head[:, :nope].transpose(0, 2, 1), quant)
+            v_b = add_tensor_as(writer, f"blk.{layer}.attn_v_b.weight", per_head[:, nope:], quant)
             twin[name] = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(array.shape)
             continue
         twin[name] = add(name, array)
     close_writer(writer)
     _load_twin(model, twin)
     return path
-
-
-def add_raw(writer: gguf.GGUFWriter, name: str, array: np.ndarray, quant) -> np.ndarray:
-    """``array`` written under ``name`` as ``quant`` chooses; its float32 dequantisation."""
-    qtype = quant(name)
-    stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
-    writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
-    return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
 
 
 @pytest.mark.parametrize(("model_type", "kind", "quant", "mla"), [

@@ -243,12 +243,18 @@ def tensor_adder(writer: gguf.GGUFWriter, names, quant: QuantChoice) -> Callable
     def add(hf_name: str, array: np.ndarray) -> np.ndarray:
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
-        qtype = quant(name)
-        stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
-        writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
-        return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
+        return add_tensor_as(writer, name, array, quant)
 
     return add
+
+
+def add_tensor_as(writer: gguf.GGUFWriter, name: str, array: np.ndarray, quant: QuantChoice) -> np.ndarray:
+    """``array`` written under the GGUF name ``name``, quantised as ``quant`` chooses; the file's float32
+    dequantisation of it."""
+    qtype = quant(name)
+    stored = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+    writer.add_tensor(name, stored, raw_dtype=None if qtype == F32 else qtype)
+    return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
 
 
 def write_bpe_tokenizer_gguf(path: Path, arch: str, keys: dict, pre: str, tokenizer_hf) -> Path:
