@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import ModelConfig
+from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.deepseek import ARCHITECTURE, latent_config, sparse_mlp
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 
@@ -60,7 +60,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                                eos_token_ids=gguf_turn_end_ids(base, fields))
 
 
-def _experts(f: GGUFFields, layers: int):
+def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
     experts = int(f.get("expert_count") or 0)
     if not experts:
         return None
@@ -75,11 +75,11 @@ def _experts(f: GGUFFields, layers: int):
                              "scores a group by the sum of its top two experts, transformers' DeepSeek-V2 by its best)")
     else:
         raise ModelLoadError(f"GGUF deepseek2: expert_gating_func {gating} is not supported (1: softmax, 2: sigmoid)")
-    scale = float(f.get("expert_weights_scale") or 1.0)
     cfg = {"n_routed_experts": experts, "num_experts_per_tok": int(f.key("expert_used_count")),
            "moe_intermediate_size": int(f.key("expert_feed_forward_length")),
            "n_shared_experts": int(f.get("expert_shared_count") or 0),
-           "norm_topk_prob": bool(f.get("expert_weights_norm")), "routed_scaling_factor": scale if scale else 1.0}
+           "norm_topk_prob": bool(f.get("expert_weights_norm")),
+           "routed_scaling_factor": float(f.get("expert_weights_scale") or 1.0)}  # 0: none
     first_dense = int(f.get("leading_dense_block_count") or 0)
     return sparse_mlp(cfg, tuple(range(first_dense, layers)), **routing)
 

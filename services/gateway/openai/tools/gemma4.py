@@ -28,7 +28,7 @@ from services.gateway.openai.tools.gemma4_values import QUOTE, read_arguments, r
 from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal
 from services.gateway.openai.tools.hermes import HermesStream
 from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
-from services.gateway.openai.tools.schema_values import FUNCTION_NAME, json_value_grammar, lazy_text, string_options
+from services.gateway.openai.tools.schema_values import FUNCTION_NAME, json_value_grammar, lazy_text
 from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
 
 OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
@@ -184,8 +184,7 @@ class _Grammar:
         return f'"[" {items} "]"' if low > 0 else f'"[" ({items})? "]"'
 
     def _string(self, schema: Mapping[str, Any]) -> str:
-        if strings := string_options(schema):
-            return "(" + " | ".join(lark_literal(render_value(s)) for s in strings) + ")"
+        """A string of no ``enum`` or ``const`` (:meth:`_value` writes those): ``<|"|>`` lazy text ``<|"|>``."""
         self._count += 1
         rule = f"text_{self._count}"
         self.lines += lazy_text(rule, _QUOTE_REGEX, schema, _CLOSE_REGEX)
