@@ -31,15 +31,31 @@ READ_ALONE = frozenset({"deepseek2"})
 ``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer builders, split as :data:`PRE_SPLITS` says."""
 
 PRE_SPLITS = {
-    # DeepSeek-V3's (and R1's, Kimi K2's …): groups of up to three digits, then runs of CJK ideographs and kana, then
+    # DeepSeek-V3's (and R1's, V3.1's …): groups of up to three digits, then runs of CJK ideographs and kana, then
     # its GPT-4-like split, each isolated in turn (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM, as its
     # tokenizer.json has them)
     "deepseek-v3": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
                     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
                     r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    # GLM-4's (GLM-4-0414, 4.5, 4.6, 4.7, 4.7-Flash): GPT-4's cl100k split, as its tokenizer.json has it (llama.cpp's
+    # LLAMA_VOCAB_PRE_TYPE_CHATGLM4)
+    "glm4": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",),
+    # Kimi K2's: the tiktoken pattern of its tokenization_kimi.py (runs of Han apart; letters as GPT-4o's split
+    # them, Han excepted, by Oniguruma's class intersection)
+    "kimi-k2": (r"""[\p{Han}]+"""
+                r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
+                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+                r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
+                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+                r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",),
 }
 """Pre-tokenizers transformers' GGUF reader does not know, by ``tokenizer.ggml.pre``: the regexes that split the
 text in turn (each match isolated), before the byte-level map."""
+
+NO_BOS_PRES = frozenset({"glm4"})
+"""Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added: the chat template writes it, as
+llama.cpp's loader (which drops the BOS of a ``glm4`` vocabulary) and GLM's own tokenizer have it."""
 
 
 HELPER_TIMEOUT_S = 600.0
@@ -88,7 +104,7 @@ def _convert(path: Path, directory: Path) -> None:
 def _tokenizer_alone(path: Path, architecture: str, pre: Any) -> Any:
     """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
     without reading the model's config; a split (``tokenizer.ggml.pre``) neither :data:`PRE_SPLITS` nor transformers
-    knows is refused by name (Kimi K2's ``kimi-k2``, DeepSeek-V2's ``deepseek-llm``, GLM-4.7-Flash's ``glm4``)."""
+    knows is refused by name (DeepSeek-V2's ``deepseek-llm``)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
@@ -98,6 +114,8 @@ def _tokenizer_alone(path: Path, architecture: str, pre: Any) -> Any:
                          f"know for a {architecture} file (known: {', '.join(sorted(PRE_SPLITS))}); tokenizing "
                          "with another split would give other tokens than the model's")
     architecture, fields, settings = get_gguf_tokenizer(str(path))
+    if pre in NO_BOS_PRES:
+        settings["add_bos_token"] = False
     backend, _ = convert_gguf_tokenizer(architecture, fields)
     return PreTrainedTokenizerFast(tokenizer_object=backend,
                                    **{key: value for key, value in settings.items() if value is not None})

@@ -1,11 +1,11 @@
-"""DeepSeek GGUF files (llama.cpp's ``deepseek2``: DeepSeek-V3/R1, Kimi K2, V2-Lite), written from tiny transformers
-models the way its converter writes them (``kv_b_proj`` split per head into ``attn_k_b``, transposed, and
-``attn_v_b`` in the MLA files, whole as ``attn_kv_b`` in older ones; the experts stacked per projection; the router's
-correction bias as ``exp_probs_b.bias``; yarn's ``mscale_all_dim`` as a tenth of ``yarn_log_multiplier``; nothing
-permuted), load into the latent-attention decoder whose float32 logits equal the HF twin's (the twin carries the
-file's dequantised weights), quantised files too; the config equals the one read from the model's ``config.json``
-and is read torch-free alike; the tokenizer splits text as DeepSeek-V3's does; what llama.cpp reads otherwise than
-transformers is refused by name."""
+"""DeepSeek GGUF files (llama.cpp's ``deepseek2``: DeepSeek-V3/R1, Kimi K2, V2-Lite, GLM-4.7-Flash), written from tiny
+transformers models the way its converter writes them (``kv_b_proj`` split per head into ``attn_k_b``, transposed,
+and ``attn_v_b`` in the MLA files, whole as ``attn_kv_b`` in older ones; the experts stacked per projection; the
+router's correction bias as ``exp_probs_b.bias``; yarn's ``mscale_all_dim`` as a tenth of ``yarn_log_multiplier``;
+nothing permuted), load into the latent-attention decoder whose float32 logits equal the HF twin's (the twin carries
+the file's dequantised weights), quantised files too; the config equals the one read from the model's ``config.json``
+and is read torch-free alike; the tokenizers split text as DeepSeek-V3's, Kimi K2's and GLM's do; what llama.cpp
+reads otherwise than transformers is refused by name."""
 
 from __future__ import annotations
 
@@ -50,10 +50,18 @@ V3 = dict(q_lora_rank=64, **LATENT, n_routed_experts=8, num_experts_per_tok=2, m
           rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
                            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                            "rope_theta": 10000.0})
+# GLM-4.7-Flash's kind (Glm4MoeLiteForCausalLM, which llama.cpp converts as deepseek2): sigmoid routing with the
+# correction bias in one group, renormalised and scaled by 1.8, a shared expert, the first layer dense; no yarn
+GLM47_FLASH = dict(q_lora_rank=64, **LATENT, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                   n_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3,
+                   routed_scaling_factor=1.8, rms_norm_eps=1e-5, rope_theta=1000000.0)
 # V2-Lite's kind: one q projection, softmax over all experts, unnormalised, two shared experts
 V2_LITE = dict(q_lora_rank=None, **LATENT, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                n_shared_experts=2, first_k_dense_replace=1, topk_method="greedy", routed_scaling_factor=1.0,
                rope_theta=10000.0)
+# a file of the tokenizer alone
+_TOKENIZER_KEYS = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+                   "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-6}
 
 
 def _tiny(model_type: str, kind: dict, seed: int = 0):
@@ -74,13 +82,16 @@ def _quantised(name: str) -> gguf.GGMLQuantizationType:
 def _metadata(cfg) -> dict:
     heads, rope = cfg.num_attention_heads, cfg.qk_rope_head_dim
     scaling = cfg.rope_parameters if cfg.rope_parameters.get("rope_type") == "yarn" else None
-    sigmoid = cfg.model_type == "deepseek_v3"
+    sigmoid = cfg.model_type in ("deepseek_v3", "glm4_moe_lite")
+    first_dense = getattr(cfg, "first_k_dense_replace", None)
+    if first_dense is None:  # GLM-4.7-Flash's config.json has both; its transformers config only the kinds
+        first_dense = cfg.mlp_layer_types.index("sparse")
     return {"context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
             "block_count": cfg.num_hidden_layers, "feed_forward_length": cfg.intermediate_size,
             "attention.head_count": heads, "attention.head_count_kv": 1,
             "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
             "rope.freq_base": float(cfg.rope_parameters["rope_theta"]), "rope.dimension_count": rope,
-            "leading_dense_block_count": cfg.first_k_dense_replace, "attention.q_lora_rank": cfg.q_lora_rank,
+            "leading_dense_block_count": first_dense, "attention.q_lora_rank": cfg.q_lora_rank,
             "attention.kv_lora_rank": cfg.kv_lora_rank, "attention.key_length": cfg.kv_lora_rank + rope,
             "attention.value_length": cfg.kv_lora_rank, "attention.key_length_mla": cfg.qk_nope_head_dim + rope,
             "attention.value_length_mla": cfg.v_head_dim, "expert_feed_forward_length": cfg.moe_intermediate_size,
@@ -95,13 +106,24 @@ def _metadata(cfg) -> dict:
             "rope.scaling.yarn_log_multiplier": 0.1 * scaling["mscale_all_dim"] if scaling else None}
 
 
-def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = None, mla: bool = True) -> Path:
-    """``model`` as llama.cpp's converter writes it (``mla``: kv_b split as its MLA files have it, else whole), and
-    the file's dequantised values loaded into ``model``."""
+def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = None, mla: bool = True,
+                         mtp: bool = False, token_ids: dict[str, int] | None = None) -> Path:
+    """``model`` as llama.cpp's converter writes it (``mla``: kv_b split as its MLA files have it, else whole;
+    ``mtp``: a multi-token-prediction block after the last layer, as GLM-4.7-Flash's files have it; ``token_ids``:
+    ``tokenizer.ggml.*`` ids), and the file's dequantised values loaded into ``model``."""
     cfg = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, cfg.num_hidden_layers)
+    layers = cfg.num_hidden_layers
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, layers + mtp)
     writer = gguf.GGUFWriter(str(path), "deepseek2")
-    add_metadata(writer, "deepseek2", _metadata(cfg) | (keys or {}), [f"t{i}" for i in range(96)])
+    extra = {"block_count": layers + 1, "nextn_predict_layers": 1} if mtp else {}
+    add_metadata(writer, "deepseek2", _metadata(cfg) | extra | (keys or {}), [f"t{i}" for i in range(96)])
+    for key, value in (token_ids or {}).items():
+        writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    if mtp:  # a few of the block's tensors: its own and a decoder layer's (ones a reader that took it would misread)
+        for name, shape in [("nextn.eh_proj", (cfg.hidden_size, 2 * cfg.hidden_size)),
+                            ("nextn.enorm", (cfg.hidden_size,)), ("attn_norm", (cfg.hidden_size,)),
+                            ("ffn_gate_inp", (cfg.n_routed_experts, cfg.hidden_size))]:
+            writer.add_tensor(f"blk.{layers}.{name}.weight", np.ones(shape, dtype=np.float32))
     add = tensor_adder(writer, names, quant)
     twin: dict[str, np.ndarray] = {}
     nope, kv_lora, heads = cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.num_attention_heads
@@ -140,6 +162,25 @@ def test_a_deepseek2_file_gives_transformers_logits(tmp_path, model_type, kind, 
     assert config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg  # the GGUF weights cache's
 
 
+def test_a_glm_4_7_flash_file_with_its_prediction_block_gives_transformers_logits(tmp_path):
+    """GLM-4.7-Flash's files are llama.cpp's deepseek2 with a GLM vocabulary: the model is DeepSeek-V3's attention and
+    routing (one group, scale 1.8); the block after the last layer is not read; ``<|user|>`` (``eot_token_id``) and
+    ``<|observation|>`` (``eom_token_id``) end generation, as the model's generation config has them."""
+    model = _tiny("glm4_moe_lite", GLM47_FLASH)
+    path = write_deepseek2_gguf(model, tmp_path / "tiny-glm-4.7-flash.gguf", _quantised, mtp=True,
+                                token_ids={"eot_token_id": 90, "eom_token_id": 91})
+    weights = load_weights(path)
+    cfg = weights.config
+    hf = config_from_hf(model.config.to_dict())
+    assert cfg.eos_token_ids == (2, 90, 91) and cfg.num_layers == 3
+    assert cfg == dataclasses.replace(hf, architecture=cfg.architecture, name=cfg.name, eos_token_ids=cfg.eos_token_ids,
+                                      rms_norm_eps=cfg.rms_norm_eps)
+    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
+    theirs = hf_logits(model, IDS)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    assert read_gguf_config(path) == cfg
+
+
 @pytest.mark.parametrize(("keys", "named"), [
     ({"expert_gating_func": 1, "expert_group_count": 2, "expert_group_used_count": 1},
      "softmax routing over 2 expert groups is not served"),
@@ -159,16 +200,34 @@ def test_the_tokenizer_splits_text_as_deepseek_v3_s(tmp_path, monkeypatch, bundl
     from services.engine.tokenizer import Tokenizer
 
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
-    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
-            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-6}
-    path = write_bpe_tokenizer_gguf(tmp_path / "deepseek-tokenizer.gguf", "deepseek2", keys, "deepseek-v3",
+    path = write_bpe_tokenizer_gguf(tmp_path / "deepseek-tokenizer.gguf", "deepseek2", _TOKENIZER_KEYS, "deepseek-v3",
                                     bundled_tokenizer.hf)
     loaded = Tokenizer.load(path)
     pieces = [p for p, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x12345!abc 日本語です")]
     assert pieces[:5] == ["x", "123", "45", "!abc", "Ġ"] and len(pieces) == 6, pieces  # then the CJK run, whole
     text = "DeepSeek-V3 says 1234567 in 日本語."
     assert loaded.decode(loaded.encode_plain(text)) == text
-    kimi = write_bpe_tokenizer_gguf(tmp_path / "kimi-tokenizer.gguf", "deepseek2", keys, "kimi-k2",
-                                    bundled_tokenizer.hf)  # a split pdserve does not know is refused, not guessed
-    with pytest.raises(ValueError, match="splits text as 'kimi-k2'"):
-        Tokenizer.load(kimi)
+    v2 = write_bpe_tokenizer_gguf(tmp_path / "v2-tokenizer.gguf", "deepseek2", _TOKENIZER_KEYS, "deepseek-llm",
+                                  bundled_tokenizer.hf)  # a split pdserve does not know is refused, not guessed
+    with pytest.raises(ValueError, match="splits text as 'deepseek-llm'"):
+        Tokenizer.load(v2)
+
+
+@pytest.mark.parametrize(("pre", "pieces", "bos"), [
+    # Kimi K2's: a contraction kept with its word, runs of Han apart from kana and from the space before them
+    ("kimi-k2", ["It's", "ĠHTTPServer", "Ġ", "123", "45", "Ġ", "æĹ¥æľ¬èªŀ", "ãģ§ãģĻ"], True),
+    # GLM's (GPT-4's cl100k): the contraction apart, a space with the letters after it, Han and kana together; and no
+    # BOS though the file asks for one (the chat template writes [gMASK])
+    ("glm4", ["It", "'s", "ĠHTTPServer", "Ġ", "123", "45", "ĠæĹ¥æľ¬èªŀãģ§ãģĻ"], False)])
+def test_kimi_k2_and_glm_tokenizers_split_text_as_their_own(tmp_path, monkeypatch, bundled_tokenizer, pre, pieces,
+                                                            bos):
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_bpe_tokenizer_gguf(tmp_path / f"{pre}.gguf", "deepseek2", _TOKENIZER_KEYS, pre, bundled_tokenizer.hf,
+                                    add_bos=True)
+    loaded = Tokenizer.load(path)
+    split = loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str("It's HTTPServer 12345 日本語です")
+    assert [p for p, _ in split] == pieces
+    hello = bundled_tokenizer.hf("Hello", add_special_tokens=False)["input_ids"]
+    assert loaded.hf("Hello")["input_ids"] == [1] * bos + hello

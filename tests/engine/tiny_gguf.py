@@ -257,9 +257,11 @@ def add_tensor_as(writer: gguf.GGUFWriter, name: str, array: np.ndarray, quant: 
     return np.asarray(gguf.quants.dequantize(stored, qtype), dtype=np.float32).reshape(array.shape)
 
 
-def write_bpe_tokenizer_gguf(path: Path, arch: str, keys: dict, pre: str, tokenizer_hf) -> Path:
+def write_bpe_tokenizer_gguf(path: Path, arch: str, keys: dict, pre: str, tokenizer_hf,
+                             add_bos: bool | None = None) -> Path:
     """A GGUF file of ``arch`` (its ``keys``) holding ``tokenizer_hf``'s byte-level BPE as llama.cpp's GPT-2-style
-    vocab writes it (the tokens, the merges, ``tokenizer.ggml.pre`` ``pre``) and an 8-wide embedding."""
+    vocab writes it (the tokens, the merges, ``tokenizer.ggml.pre`` ``pre``, ``add_bos_token`` where given) and an
+    8-wide embedding."""
     import json
 
     backend = json.loads(tokenizer_hf.backend_tokenizer.to_str())
@@ -270,6 +272,8 @@ def write_bpe_tokenizer_gguf(path: Path, arch: str, keys: dict, pre: str, tokeni
     add_metadata(writer, arch, keys, tokens)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["model"]["merges"]])
     writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
     close_writer(writer)

@@ -1,7 +1,11 @@
-"""llama.cpp's ``deepseek2`` GGUF files (DeepSeek-V3, V3.1, R1, Kimi K2 and V2-Lite, as its converter writes them),
-read as its loader reads them into DeepSeek's latent attention (:mod:`services.engine.model.deepseek`). Their
-tokenizers are served where their split is DeepSeek-V3's (:data:`services.engine.gguf_tokenizer.PRE_SPLITS`); Kimi
-K2's, V2's and GLM-4.7-Flash's are refused by name.
+"""llama.cpp's ``deepseek2`` GGUF files (DeepSeek-V3, V3.1, R1, Kimi K2, V2-Lite and GLM-4.7-Flash, as its converter
+writes them), read as its loader reads them into DeepSeek's latent attention (:mod:`services.engine.model.deepseek`).
+Their tokenizers are served where pdserve knows their split (DeepSeek-V3's, Kimi K2's, GLM's:
+:data:`services.engine.gguf_tokenizer.PRE_SPLITS`); V2's ``deepseek-llm`` is refused by name.
+
+- GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) is DeepSeek-V3's model with one expert group; its files may carry the
+  multi-token-prediction layer as a last block (``nextn_predict_layers``), which is not read. Its latent norms keep
+  transformers' 1e-6 (llama.cpp's use the file's epsilon).
 
 - The heads: ``attention.key_length_mla`` and ``value_length_mla`` (the MLA files' own; ``key_length`` and
   ``value_length`` are the latent's there), else ``key_length``/``value_length`` (files from before llama.cpp's MLA
@@ -39,7 +43,8 @@ SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
-    layers, heads = base["num_layers"], base["num_heads"]
+    # the file's last nextn_predict_layers blocks are GLM-4.7-Flash's multi-token-prediction layer (not read)
+    layers, heads = base["num_layers"] - int(f.get("nextn_predict_layers") or 0), base["num_heads"]
     mla_k, mla_v = int(f.get("attention.key_length_mla") or 0), int(f.get("attention.value_length_mla") or 0)
     qk_head, v_head = (mla_k, mla_v) if mla_k and mla_v else (int(f.key("attention.key_length")),
                                                                 int(f.key("attention.value_length")))
@@ -79,7 +84,8 @@ def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
            "moe_intermediate_size": int(f.key("expert_feed_forward_length")),
            "n_shared_experts": int(f.get("expert_shared_count") or 0),
            "norm_topk_prob": bool(f.get("expert_weights_norm")),
-           "routed_scaling_factor": float(f.get("expert_weights_scale") or 1.0)}  # 0: none
+           # 0: none; rounded back from float32 (GLM-4.7-Flash's 1.8)
+           "routed_scaling_factor": round(float(f.get("expert_weights_scale") or 1.0), 6)}
     first_dense = int(f.get("leading_dense_block_count") or 0)
     return sparse_mlp(cfg, tuple(range(first_dense, layers)), **routing)
 

@@ -90,8 +90,9 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 
 def gguf_turn_end_ids(base: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[int, ...]:
-    """A GGUF file's end ids: its EOS, its ``eot_token_id`` and the loader's :data:`TURN_END_KEY` ids (the tokens
-    that end a chat turn)."""
-    eot = fields.get("tokenizer.ggml.eot_token_id")
-    ends = (*base["eos_token_ids"], *(() if eot is None else (int(eot),)), *fields.get(TURN_END_KEY, ()))
+    """A GGUF file's end ids: its EOS, its ``eot_token_id`` and ``eom_token_id`` (llama.cpp ends generation at each:
+    GLM's converter writes ``<|user|>`` and ``<|observation|>`` there) and the loader's :data:`TURN_END_KEY` ids (the
+    tokens that end a chat turn)."""
+    marked = (fields.get(f"tokenizer.ggml.{key}") for key in ("eot_token_id", "eom_token_id"))
+    ends = (*base["eos_token_ids"], *(int(i) for i in marked if i is not None), *fields.get(TURN_END_KEY, ()))
     return tuple(dict.fromkeys(int(i) for i in ends))
