@@ -26,8 +26,8 @@ reading serves it: IBM Granite's and Llama 4's converters are llama's subclasses
 ``tokenizer.ggml.*`` fields (Llama 4's: a GPT-2-style BPE whose split, GPT-4o's, transformers takes from
 ``tokenizer.ggml.pre``; the kin only passes its architecture check); LFM2-MoE's writes LFM2's."""
 
-READ_ALONE = frozenset({"deepseek2"})
-"""Architectures whose GGUF config transformers cannot read (DeepSeek's): their tokenizer is built from its
+READ_ALONE = frozenset({"deepseek2", "glm4moe"})
+"""Architectures whose GGUF config transformers cannot read (DeepSeek's, GLM-4.5's): their tokenizer is built from its
 ``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer builders, split as :data:`PRE_SPLITS` says."""
 
 PRE_SPLITS = {

@@ -13,6 +13,12 @@ on the first ``first_k_dense_replace`` layers and experts on the rest:
 The checkpoints carry ``num_nextn_predict_layers`` multi-token-prediction layers after the last decoder layer
 (``model.layers.46.*`` in Air's): they serve speculative decoding, which pdserve does not run, so they are not
 read (:attr:`~services.engine.model.registry.Family.mtp_layers`).
+
+llama.cpp's ``glm4moe`` GGUF files (:func:`config_from_gguf`) hold the same model: the head from
+``attention.key_length`` (else hidden / heads), its rotated part ``rope.dimension_count``; q/k norms where the file
+has ``attn_q_norm``; the router's correction bias as ``exp_probs_b.bias``, the norm before the MLP as
+``post_attention_norm``; the prediction layers as the last ``nextn_predict_layers`` blocks (not read); nothing
+permuted (GLM's rope is NeoX's, as llama.cpp's graph runs it).
 """
 
 from __future__ import annotations
@@ -21,10 +27,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required
 
 ARCHITECTURE = "glm4_moe"
+GGUF_ARCHITECTURE = "glm4moe"
+_SIGMOID = 2  # llama.cpp's expert_gating_func (its GLM-4.5 converter always writes it)
 
 _SHARED = re.compile(r"\.mlp\.shared_experts\.")
 
@@ -46,6 +56,33 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(**{**fields, "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-5))},
                        qkv_bias=bool(cfg.get("attention_bias", False)), qk_norm=bool(cfg.get("use_qk_norm", False)),
                        moe=moe)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    gating = int(f.get("expert_gating_func") or _SIGMOID)
+    if gating != _SIGMOID:
+        raise ModelLoadError(f"GGUF glm4moe: expert_gating_func {gating} is not supported (GLM-4.5's routing is the "
+                             f"sigmoid, {_SIGMOID})")
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    layers = base["num_layers"] - int(f.get("nextn_predict_layers") or 0)
+    head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
+    rotary = int(f.key("rope.dimension_count"))
+    expert_width = int(f.key("expert_feed_forward_length"))
+    moe = MoEConfig(
+        num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")), intermediate_size=expert_width,
+        norm_topk_prob=bool(f.get("expert_weights_norm")),
+        sparse_layers=tuple(range(int(f.get("leading_dense_block_count") or 0), layers)),
+        shared_expert_intermediate_size=expert_width * int(f.get("expert_shared_count") or 0) or None,
+        shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(f.get("expert_group_count") or 1),
+        top_groups=int(f.get("expert_group_used_count") or 1),
+        routed_scaling=round(float(f.get("expert_weights_scale") or 1.0), 6),  # rounded back from float32
+    )
+    names = fields.get(TENSOR_NAMES_KEY, ())
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "num_layers": layers, "head_dim": head_dim,
+                          "rotary_dim": None if rotary == head_dim else rotary,
+                          "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qk_norm=any(name.endswith(".attn_q_norm.weight") for name in names), moe=moe)
 
 
 def glm4_moe_tensor_name(name: str) -> str:

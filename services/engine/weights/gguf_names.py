@@ -100,6 +100,9 @@ _ARCH_LAYER_NAMES = {
     "lfm2": _LFM2_NAMES,
     "gemma4": _GEMMA4_NAMES,
     "deepseek2": _DEEPSEEK2_NAMES,
+    # GLM-4.5's: the norm before the MLP, the router's correction bias, the shared experts
+    "glm4moe": {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     "qwen35": _QWEN35_NAMES,
     "qwen35moe": {**_QWEN35_NAMES, "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
