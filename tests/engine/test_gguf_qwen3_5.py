@@ -174,7 +174,14 @@ def test_a_qwen3_5_file_gives_transformers_logits(tmp_path, model_type, quant):
     assert (cfg.rotary_dim, cfg.attn_output_gate, cfg.tie_word_embeddings) == (8, True, False)
     ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
     theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    # transformers' own float32 run strays from its float64 one (1e-4 here, 4e-3 on the MoE twin: the recurrence
+    # carries rounding on from a token where it is ill-conditioned), so pdserve's is held to the float64 run, no
+    # further from it than twice transformers' float32 (a misread tensor is 1e-1 off)
+    if model_type == "qwen3_5_moe_text":
+        model.set_experts_implementation("eager")  # its grouped matmul takes no float64
+    exact = hf_logits(model.double(), IDS)
+    assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max() + 1e-4, \
+        ((ours - exact).abs().max(), (theirs - exact).abs().max())
     assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
 
 
