@@ -3,17 +3,27 @@ gate/up as one ``gate_up_proj`` (the fused layout the shared decoder runs anyway
 where ``sliding_window`` is set (Phi-3-mini-4k: 2047), a sliding window on every layer, served exactly at any
 length; ``partial_rotary_factor`` (Phi-4-mini); ``longrope`` (Phi-3.5, Phi-4-mini, the 128k models; "su" and, as
 ``Phi3Config`` reads it, "yarn" are its other names), served up to ``original_max_position_embeddings``
-(``Phi3Config``'s default 4096 where absent)."""
+(``Phi3Config``'s default 4096 where absent).
+
+llama.cpp's ``phi3`` GGUF files (:func:`config_from_gguf`) hold the same tensors (``attn_qkv``; ``ffn_up`` the fused
+gate/up, gate rows first; nothing permuted: its rope is NeoX's); the head is hidden / heads and
+``rope.dimension_count`` its rotated part; ``attention.sliding_window`` the window (0: none, Phi-4's); longrope is
+there when the file has ``rope_factors_short`` (its converter writes no rope type): its short factors, the factor
+from ``context_length`` over ``rope.scaling.original_context_length``, the converter's ``attn_factor`` (read where it
+is not the one the factor gives)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from kernels.rope_scaling import RopeScaling
 from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import ROPE_SHORT_FACTORS_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, every_layer_window
 
-ARCHITECTURE = "phi3"
+ARCHITECTURE = GGUF_ARCHITECTURE = "phi3"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -23,3 +33,29 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         cfg["rope_scaling"] = {**scaling, "type": "longrope", "rope_type": "longrope"}
     fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
     return ModelConfig(**fields, layer_windows=every_layer_window(cfg, fields["max_position"]))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
+    rotary = int(f.get("rope.dimension_count") or head_dim)
+    scaling, length = _longrope(f, fields.get(ROPE_SHORT_FACTORS_KEY), base["max_position"])
+    return ModelConfig(**{**base, "head_dim": head_dim, "rotary_dim": None if rotary == head_dim else rotary,
+                          "rope_scaling": scaling, "max_position": length,
+                          "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       layer_windows=every_layer_window({"sliding_window": int(f.get("attention.sliding_window") or 0)
+                                                         or None, "num_hidden_layers": base["num_layers"]}, length))
+
+
+def _longrope(f: GGUFFields, short: tuple[float, ...] | None, context: int) -> tuple[RopeScaling | None, int]:
+    """The file's longrope and the length it is served to (its original context, as of the checkpoint)."""
+    if not short:
+        return None, context
+    original = int(f.key("rope.scaling.original_context_length"))
+    factor = context / original
+    derived = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    written = f.get("rope.scaling.attn_factor")
+    attention = None if written is None or abs(float(written) - derived) < 1e-6 else float(written)
+    return RopeScaling(rope_type="longrope", factor=factor, original_max_position=original, short_factor=short,
+                       attention_factor=attention), min(context, original)

@@ -68,7 +68,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
     Family("qwen_vl", "services.engine.model.qwen_vl", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"),
            tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
-    Family("phi3", "services.engine.model.phi3", ("phi3",),
+    Family("phi3", "services.engine.model.phi3", ("phi3",), "phi3",
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),
     Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",), "gpt-oss",
            model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel",

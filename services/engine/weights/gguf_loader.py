@@ -59,7 +59,7 @@ def load_gguf(path: Path, keep_q4: bool = False) -> LoadedWeights:
     quantized: dict[str, GroupQuantized] = {}
     rope_freqs = None
     for tensor, role in roles:
-        if role.kind == "redundant":
+        if role.kind in ("redundant", "metadata"):
             continue
         array = dequantize(tensor)
         if role.kind == "rope_freqs":

@@ -13,9 +13,15 @@ from gguf import GGUFReader, ReaderTensor, quants
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import DERIVED_VOCAB_KEY, TENSOR_NAMES_KEY, TURN_END_KEY, TURN_END_TEXTS
+from services.engine.model.gguf_config import (
+    DERIVED_VOCAB_KEY,
+    ROPE_SHORT_FACTORS_KEY,
+    TENSOR_NAMES_KEY,
+    TURN_END_KEY,
+    TURN_END_TEXTS,
+)
 from services.engine.model.registry import config_from_gguf
-from services.engine.weights.gguf_names import ROPE_FREQS, TensorRole, tensor_role
+from services.engine.weights.gguf_names import ROPE_FREQS, ROPE_SHORT_FACTORS, TensorRole, tensor_role
 
 _EMBEDDING = "token_embd.weight"
 
@@ -23,7 +29,8 @@ _EMBEDDING = "token_embd.weight"
 def read_fields(reader: GGUFReader) -> dict[str, Any]:
     """Scalar and string metadata of the file (token lists are skipped: the tokenizer reads them), plus
     :data:`DERIVED_VOCAB_KEY`: the embedding's rows, else the token count, for files without ``{arch}.vocab_size``;
-    :data:`TURN_END_KEY` (the ids of the architecture's :data:`TURN_END_TEXTS`), :data:`TENSOR_NAMES_KEY`."""
+    :data:`TURN_END_KEY` (the ids of the architecture's :data:`TURN_END_TEXTS`), :data:`TENSOR_NAMES_KEY`,
+    :data:`ROPE_SHORT_FACTORS_KEY` (where the file has them)."""
     fields: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
@@ -36,6 +43,10 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
         ids = {text: i for i, text in enumerate(tokens.contents()) if text in ends}
         fields[TURN_END_KEY] = tuple(ids[text] for text in ends if text in ids)
     fields[TENSOR_NAMES_KEY] = tuple(t.name for t in reader.tensors)
+    short = next((t for t in reader.tensors if t.name == ROPE_SHORT_FACTORS), None)
+    if short is not None:
+        # each float32 as its shortest decimal (the checkpoint's 1.3, not 1.2999999523…): the same float32 again
+        fields[ROPE_SHORT_FACTORS_KEY] = tuple(float(str(f)) for f in dequantize(short).reshape(-1))
     if embedding is not None:
         fields[DERIVED_VOCAB_KEY] = int(embedding.shape[-1])  # GGUF shapes are innermost first: [hidden, vocab]
     elif tokens is not None:

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from services.engine.errors import ModelLoadError
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: per-dimension divisors of inv_freq (see gguf_loader)
+ROPE_SHORT_FACTORS = "rope_factors_short.weight"  # Phi-3's longrope within the original context (read as metadata)
+# read into the config with the metadata (``gguf_metadata.read_fields``); Phi-3's long factors are for past the
+# original context, which pdserve does not serve (as of its safetensors)
+_METADATA_TENSORS = frozenset({ROPE_SHORT_FACTORS, "rope_factors_long.weight"})
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -100,6 +104,8 @@ _ARCH_LAYER_NAMES = {
     "lfm2": _LFM2_NAMES,
     "gemma4": _GEMMA4_NAMES,
     "deepseek2": _DEEPSEEK2_NAMES,
+    # Phi-3's fused q/k/v and gate/up (gate rows first), as its checkpoints store them
+    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
     # GLM-4.5's: the norm before the MLP, the router's correction bias, the shared experts
     "glm4moe": {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
@@ -149,7 +155,8 @@ _ONE_EXPERT_RE = re.compile(r"^ffn_(gate|up|down)\.(\d+)\.weight$")
 class TensorRole:
     """What one GGUF tensor becomes: ``kind`` is ``"weight"`` (one HF tensor, ``hf_name``), ``"experts"``
     (``hf_name`` is a pattern with ``{}`` for the expert index), ``"stacked"`` (kept whole as ``hf_name``, for its
-    family's loader hook), ``"rope_freqs"`` or ``"redundant"``."""
+    family's loader hook), ``"rope_freqs"``, ``"metadata"`` (read into the config with the metadata) or
+    ``"redundant"``."""
 
     kind: str
     hf_name: str = ""
@@ -165,6 +172,8 @@ def tensor_role(gguf_name: str, architecture: str = "") -> TensorRole:
         return TensorRole("weight", names[gguf_name])
     if gguf_name == ROPE_FREQS:
         return TensorRole("rope_freqs")
+    if gguf_name in _METADATA_TENSORS:
+        return TensorRole("metadata")
     match = _LAYER_RE.match(gguf_name)
     if match:
         layer, rest = match.group(1), match.group(2)
