@@ -54,8 +54,9 @@ PRE_SPLITS = {
 text in turn (each match isolated), before the byte-level map."""
 
 NO_BOS_PRES = frozenset({"glm4"})
-"""Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added: the chat template writes it, as
-llama.cpp's loader (which drops the BOS of a ``glm4`` vocabulary) and GLM's own tokenizer have it."""
+"""Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added, whatever ``add_bos_token`` says: the chat
+template writes it, as GLM's own tokenizer has it (llama.cpp adds none to these files either: its converter writes
+no ``add_bos_token``, which it then takes as false)."""
 
 
 HELPER_TIMEOUT_S = 600.0

@@ -40,6 +40,7 @@ from tests.engine.tiny_gguf import (
 )
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]
+IM_END = "<|im_end|>"  # Kimi K2's turn end (its tokenizer's EOS is [EOS]), id 95 in the files written here
 LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, num_key_value_heads=4,
               tie_word_embeddings=False)
 # DeepSeek-V3's kind: a q LoRA, sigmoid routing with the correction bias among the best of two groups, renormalised
@@ -116,7 +117,8 @@ def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = N
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, layers + mtp)
     writer = gguf.GGUFWriter(str(path), "deepseek2")
     extra = {"block_count": layers + 1, "nextn_predict_layers": 1} if mtp else {}
-    add_metadata(writer, "deepseek2", _metadata(cfg) | extra | (keys or {}), [f"t{i}" for i in range(96)])
+    # the last token as Kimi K2's turn end, found by its text
+    add_metadata(writer, "deepseek2", _metadata(cfg) | extra | (keys or {}), [f"t{i}" for i in range(95)] + [IM_END])
     for key, value in (token_ids or {}).items():
         writer.add_uint32(f"tokenizer.ggml.{key}", value)
     if mtp:  # a few of the block's tensors: its own and a decoder layer's (ones a reader that took it would misread)
@@ -153,6 +155,7 @@ def test_a_deepseek2_file_gives_transformers_logits(tmp_path, model_type, kind, 
     weights = load_weights(path)
     cfg = weights.config
     hf = config_from_hf(model.config.to_dict())
+    assert cfg.eos_token_ids == (2, 95)
     # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
     assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
     ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
@@ -164,15 +167,16 @@ def test_a_deepseek2_file_gives_transformers_logits(tmp_path, model_type, kind, 
 
 def test_a_glm_4_7_flash_file_with_its_prediction_block_gives_transformers_logits(tmp_path):
     """GLM-4.7-Flash's files are llama.cpp's deepseek2 with a GLM vocabulary: the model is DeepSeek-V3's attention and
-    routing (one group, scale 1.8); the block after the last layer is not read; ``<|user|>`` (``eot_token_id``) and
+    routing (one group, scale 1.8: the sigmoid, though the file names no gating function, its config naming no
+    scoring function); the block after the last layer is not read; ``<|user|>`` (``eot_token_id``) and
     ``<|observation|>`` (``eom_token_id``) end generation, as the model's generation config has them."""
     model = _tiny("glm4_moe_lite", GLM47_FLASH)
     path = write_deepseek2_gguf(model, tmp_path / "tiny-glm-4.7-flash.gguf", _quantised, mtp=True,
-                                token_ids={"eot_token_id": 90, "eom_token_id": 91})
+                                keys={"expert_gating_func": None}, token_ids={"eot_token_id": 90, "eom_token_id": 91})
     weights = load_weights(path)
     cfg = weights.config
     hf = config_from_hf(model.config.to_dict())
-    assert cfg.eos_token_ids == (2, 90, 91) and cfg.num_layers == 3
+    assert cfg.eos_token_ids == (2, 90, 91, 95) and cfg.num_layers == 3
     assert cfg == dataclasses.replace(hf, architecture=cfg.architecture, name=cfg.name, eos_token_ids=cfg.eos_token_ids,
                                       rms_norm_eps=cfg.rms_norm_eps)
     ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)

@@ -40,9 +40,10 @@ GLM45 = dict(head_dim=32, n_routed_experts=8, num_experts_per_tok=2, moe_interme
              first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
              use_qk_norm=True, attention_bias=True, partial_rotary_factor=0.5, rope_theta=1000000.0,
              tie_word_embeddings=False)
-# GLM-4.5-Air's: no q/k norms, one group, two shared experts, scale 1.8 (not a float32 number)
+# GLM-4.5-Air's: no q/k norms, one group, two shared experts, scale 1.8 (not a float32 number); here also two dense
+# layers first and the weights not renormalised (keys llama.cpp reads as absent: false)
 AIR = {**GLM45, "use_qk_norm": False, "n_group": 1, "topk_group": 1, "n_shared_experts": 2,
-       "routed_scaling_factor": 1.8}
+       "routed_scaling_factor": 1.8, "num_hidden_layers": 3, "first_k_dense_replace": 2, "norm_topk_prob": False}
 
 
 def _tiny(kind: dict):
@@ -71,7 +72,8 @@ def _metadata(cfg) -> dict:
             "expert_count": cfg.n_routed_experts, "expert_used_count": cfg.num_experts_per_tok,
             "expert_feed_forward_length": cfg.moe_intermediate_size, "expert_shared_count": cfg.n_shared_experts,
             "leading_dense_block_count": cfg.first_k_dense_replace, "expert_gating_func": 2,
-            "expert_weights_scale": float(cfg.routed_scaling_factor), "expert_weights_norm": cfg.norm_topk_prob,
+            "expert_weights_scale": float(cfg.routed_scaling_factor),
+            "expert_weights_norm": True if cfg.norm_topk_prob else None,
             "expert_group_count": cfg.n_group, "expert_group_used_count": cfg.topk_group}
 
 
@@ -100,11 +102,13 @@ def write_glm4moe_gguf(model, path: Path, quant=all_f32, keys: dict | None = Non
     return path
 
 
-@pytest.mark.parametrize(("kind", "quant"), [(GLM45, all_f32), (GLM45, _quantised), (AIR, all_f32)],
-                         ids=["glm-4.5", "glm-4.5-q8", "glm-4.5-air"])
-def test_a_glm4moe_file_gives_transformers_logits(tmp_path, kind, quant):
+@pytest.mark.parametrize(("kind", "quant", "keys"), [
+    (GLM45, all_f32, {}), (GLM45, _quantised, {}),
+    (AIR, all_f32, {"expert_gating_func": None})],  # a file naming no gating function: llama.cpp's default, the sigmoid
+    ids=["glm-4.5", "glm-4.5-q8", "glm-4.5-air"])
+def test_a_glm4moe_file_gives_transformers_logits(tmp_path, kind, quant, keys):
     model = _tiny(kind)
-    path = write_glm4moe_gguf(model, tmp_path / "tiny-glm4moe.gguf", quant)
+    path = write_glm4moe_gguf(model, tmp_path / "tiny-glm4moe.gguf", quant, keys)
     weights = load_weights(path)
     cfg = weights.config
     hf = config_from_hf(model.config.to_dict())

@@ -14,7 +14,8 @@ Their tokenizers are served where pdserve knows their split (DeepSeek-V3's, Kimi
 - ``kv_b_proj``: the MLA files split it per head into ``attn_k_b`` (its key rows, transposed: ``[H, kv_lora, nope]``)
   and ``attn_v_b`` (``[H, v, kv_lora]``); :func:`kv_b_from_gguf` joins them back. Older files store ``attn_kv_b``.
 - Routing: ``expert_gating_func`` 2 is V3's sigmoid with the correction bias among ``expert_group_used_count`` of
-  ``expert_group_count`` groups; 1 (or none: llama.cpp's default) a softmax over all experts (V2-Lite). A softmax over
+  ``expert_group_count`` groups; 1 (or none: llama.cpp's default) a softmax over all experts (V2-Lite); none with
+  the correction bias the sigmoid (GLM-4.7-Flash's files). A softmax over
   groups (V2's ``group_limited_greedy``) is refused by name: llama.cpp scores a group by its top two experts' sum,
   transformers by its best. ``expert_weights_norm`` renormalises, ``expert_weights_scale`` scales (0 or 1: none).
 - Yarn from ``rope.scaling.*``: ``yarn_log_multiplier`` is ``0.1 · mscale_all_dim`` (the converter's), and the scores
@@ -34,7 +35,7 @@ import torch
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.deepseek import ARCHITECTURE, latent_config, sparse_mlp
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
 
 GGUF_ARCHITECTURE = "deepseek2"
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
@@ -69,7 +70,7 @@ def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
     experts = int(f.get("expert_count") or 0)
     if not experts:
         return None
-    gating = int(f.get("expert_gating_func") or SOFTMAX)
+    gating = int(f.get("expert_gating_func") or _default_gating(f))
     groups, used = int(f.get("expert_group_count") or 1), int(f.get("expert_group_used_count") or 1)
     if gating == SIGMOID:
         routing: dict[str, Any] = dict(sigmoid_routing=True, expert_groups=groups, top_groups=used)
@@ -88,6 +89,14 @@ def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
            "routed_scaling_factor": round(float(f.get("expert_weights_scale") or 1.0), 6)}
     first_dense = int(f.get("leading_dense_block_count") or 0)
     return sparse_mlp(cfg, tuple(range(first_dense, layers)), **routing)
+
+
+def _default_gating(f: GGUFFields) -> int:
+    """The routing of a file without ``expert_gating_func``: V2's softmax, as llama.cpp reads one; but a file with
+    the correction bias (``exp_probs_b``) routes by the sigmoid, as GLM-4.7-Flash's files (whose config names no
+    scoring function, so its converter writes none) do and llama.cpp reads them (by their shape)."""
+    biased = any(name.endswith(".exp_probs_b.bias") for name in f.fields.get(TENSOR_NAMES_KEY, ()))
+    return SIGMOID if biased else SOFTMAX
 
 
 def _yarn(f: GGUFFields) -> dict[str, Any] | None:
