@@ -2,12 +2,16 @@
 ``--reasoning-parser``: the tool-call parser (``auto``: the family the chat template's source shows), and
 the reasoning parser with its end marker's tokens (what a constraint starts after; harmony's tool parser,
 which ``auto`` picks for GPT-OSS, brings its reasoning parser where none is named). A reasoning marker
-whose pieces are not each one token of the model's vocabulary stops the gateway at startup, naming the flag."""
+whose pieces are not each one token of the model's vocabulary stops the gateway at startup, naming the flag.
+The tool parser learns which of its markers are special tokens of the tokenizer (``special_tokens``), which its
+forced grammars then write as those tokens."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from services.engine.tokenizer import Tokenizer
 from services.gateway.openai.reasoning.registry import end_token_ids, reasoning_parser
@@ -44,6 +48,7 @@ def resolve_parsers(tool_parser_name: str, reasoning_parser_name: str, tokenizer
     except ValueError as error:
         raise _naming("--tool-call-parser", tool_parser_name, error) from error
     tokenizer.keep_special_tokens(tools.markers)  # e.g. Mistral's [TOOL_CALLS]: the parser must see it
+    tools.special_tokens = special_token_ids(tools.markers, tokenizer)
     if not reasoning_parser_name and tools.name == HARMONY:
         # the harmony markers are kept for the tool parser: without its reasoning parser every answer would show
         # them, and its analysis (as vLLM always reads GPT-OSS's output)
@@ -58,3 +63,10 @@ def resolve_parsers(tool_parser_name: str, reasoning_parser_name: str, tokenizer
         raise _naming("--reasoning-parser", reasoning_parser_name, error) from error
     tokenizer.keep_special_tokens(reasoning.markers)
     return FrontParsers(tools, tokenizer.template_takes_tools, reasoning, end_ids)
+
+
+def special_token_ids(markers: Sequence[str], tokenizer: Tokenizer) -> Mapping[str, int]:
+    """Those of ``markers`` that are special tokens of ``tokenizer`` (added tokens marked special: Gemma 4's
+    ``<|tool_call>``, Mistral's ``[TOOL_CALLS]``; not Qwen's ``<tool_call>``), with their ids."""
+    special = {token.content: i for i, token in tokenizer.hf.added_tokens_decoder.items() if token.special}
+    return MappingProxyType({marker: special[marker] for marker in markers if marker in special})

@@ -27,6 +27,7 @@ from services.gateway.openai.errors import OpenAIError
 from services.gateway.openai.schemas import ChatCompletionBody, ChatMessageBody
 from services.gateway.openai.structured import constraint_param, structured_of
 from services.gateway.openai.tool_schemas import NamedToolChoice
+from services.gateway.openai.tools.grammar import with_special_tokens
 from services.gateway.openai.tools.types import EMPTY_PARAMETERS, ParsedToolCall, ToolCallParser, ToolSpec
 
 SYSTEM_ROLES = ("system", "developer")
@@ -89,7 +90,8 @@ def constraint_of(body: ChatCompletionBody, request: ToolRequest, parser: ToolCa
         raise _bad(f"{param}", f"tool_choice {request.choice} and {param} both constrain the output; give "
                                f"one of them")
     try:
-        grammar = parser.forced_grammar(request.forced, parallel=request.parallel and request.choice == "required")
+        parallel = request.parallel and request.choice == "required"
+        grammar = with_special_tokens(parser.forced_grammar(request.forced, parallel=parallel), parser.special_tokens)
     except ValueError as error:  # a format whose calls no grammar here can force (GPT-OSS's harmony)
         raise _bad("tool_choice", str(error)) from None
     return StructuredSpec("grammar", grammar)

@@ -68,7 +68,8 @@ async def test_a_forced_call_is_gemma4_s_grammar_after_the_thought(front, gemma4
         "messages": CHAT, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
     assert reply.status_code == 200, reply.text
     structured = front.cluster.p.requests[-1].sampling.structured
-    assert '"<|tool_call>call:"' in structured.grammar and '"get_weather"' in structured.grammar
+    opening = f'<[{gemma4.hf.convert_tokens_to_ids("<|tool_call>")}]> "call:"'  # the marker as its special token
+    assert opening in structured.grammar and '"get_weather"' in structured.grammar
     assert '"get_time"' not in structured.grammar  # a named function: its alternative only
     assert list(structured.starts_after_token_ids) == [gemma4.hf.convert_tokens_to_ids("<channel|>")]
     (call,) = reply.json()["choices"][0]["message"]["tool_calls"]

@@ -1,11 +1,14 @@
 """Forced tool-call grammars: compiled for the bundled tokenizer, every completion the matcher allows —
 random allowed tokens until it stops — parses as calls of the request's tools (exactly one unless
 parallel) with arguments valid against the tool's schema and no content; and what breaks the format or a
-schema is refused."""
+schema is refused. Where the tokenizer has a format's markers as special tokens, the grammar writes them as those
+tokens (never spelled in ordinary ones), and its completions parse alike."""
 
 from __future__ import annotations
 
+import copy
 import json
+import tempfile
 
 import jsonschema
 import numpy as np
@@ -13,9 +16,11 @@ import pytest
 
 from services.engine.structured.compiler import StructuredCompiler
 from services.engine.structured_spec import StructuredSpec
+from services.gateway.openai.parsers import special_token_ids
 from services.gateway.openai.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from services.gateway.openai.tools.gemma4 import Gemma4Parser
 from services.gateway.openai.tools.glm import GlmParser
+from services.gateway.openai.tools.grammar import with_special_tokens
 from services.gateway.openai.tools.hermes import HermesParser
 from services.gateway.openai.tools.kimi_k2 import KimiK2Parser
 from services.gateway.openai.tools.llama3_json import Llama3JsonParser
@@ -53,9 +58,10 @@ def allowed_tokens(matcher, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits[:vocab_size])
 
 
-def sample_completion(matcher, tokenizer, vocab_size: int, rng: np.random.Generator) -> str:
+def sample_completion(matcher, tokenizer, vocab_size: int, rng: np.random.Generator,
+                      tokens: list[int] | None = None) -> str:
     """Random allowed tokens until the grammar stops; EOS, when allowed, taken half the time (always after
-    ``MAX_TOKENS``) so parallel calls end."""
+    ``MAX_TOKENS``) so parallel calls end. ``tokens``: gets the completion's tokens."""
     eos = set(tokenizer.eos_token_ids)
     out: list[int] = []
     while not matcher.is_stopped():
@@ -72,6 +78,8 @@ def sample_completion(matcher, tokenizer, vocab_size: int, rng: np.random.Genera
             break
         out.append(token)
     assert len(out) < 4 * MAX_TOKENS
+    if tokens is not None:
+        tokens += out
     return tokenizer.decode(out, skip_special_tokens=False)
 
 
@@ -95,6 +103,44 @@ def test_every_forced_completion_parses_as_valid_calls(parser, parallel, compile
     assert names_seen == set(schemas)  # both tools come up: one alternative each
     if parallel:
         assert max(counts) > 1
+
+
+@pytest.fixture(scope="module")
+def marked(bundled_tokenizer):
+    """The bundled tokenizer with every format's markers as special tokens (as Gemma 4's, Mistral's, DeepSeek's
+    and Kimi's tokenizers have theirs), and its compiler."""
+    from transformers import AutoTokenizer
+
+    from services.engine.tokenizer import Tokenizer
+
+    with tempfile.TemporaryDirectory() as staging:
+        bundled_tokenizer.hf.save_pretrained(staging)
+        hf = AutoTokenizer.from_pretrained(staging)
+        hf.add_special_tokens({"additional_special_tokens": sorted({m for p in PARSERS for m in p.markers})})
+        hf.save_pretrained(staging)
+        tokenizer = Tokenizer.load(staging)
+    return tokenizer, StructuredCompiler(tokenizer, vocab_size=len(tokenizer.hf))
+
+
+@pytest.mark.parametrize("parser", PARSERS, ids=lambda p: p.name)
+def test_markers_that_are_special_tokens_are_written_as_them(parser, marked):
+    tokenizer, compiler = marked
+    parser = copy.copy(parser)  # the front's, which knows its tokenizer's special tokens
+    parser.special_tokens = ids = special_token_ids(parser.markers, tokenizer)
+    grammar = with_special_tokens(parser.forced_grammar(TOOLS, parallel=True), ids)
+    compiled = compiler.compile(StructuredSpec("grammar", grammar))
+    rng = np.random.default_rng(7)
+    for _ in range(SAMPLES // 4):
+        tokens: list[int] = []
+        text = sample_completion(compiled.new_matcher(), tokenizer, compiler.vocab_size, rng, tokens)
+        parsed = parser.parse(text, TOOLS)
+        assert parsed.content == "" and parsed.calls, text
+        for call in parsed.calls:
+            jsonschema.validate(json.loads(call.arguments), next(t.parameters for t in TOOLS if t.name == call.name))
+        # every marker in the text is its token: none is spelled in ordinary tokens
+        written = sum(text.count(marker) for marker in parser.markers)
+        assert written == sum(token in ids.values() for token in tokens), text
+        assert written or parser.name == "llama3_json", text  # whose forced calls are bare JSON
 
 
 def _accepts(compiler, grammar: str, tokenizer, text: str) -> bool:

@@ -28,17 +28,17 @@ from services.gateway.openai.tools.gemma4_values import QUOTE, read_arguments, r
 from services.gateway.openai.tools.grammar import JSON_STYLE, lark_literal
 from services.gateway.openai.tools.hermes import HermesStream
 from services.gateway.openai.tools.scan import arguments_value, collect, hex_call_id
-from services.gateway.openai.tools.schema_values import FUNCTION_NAME, json_value_grammar, lazy_text
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, ToolSpec
+from services.gateway.openai.tools.schema_values import FUNCTION_NAME, json_value_grammar, lazy_text, text_before_token
+from services.gateway.openai.tools.types import NO_SPECIAL_TOKENS, ParsedOutput, ParsedToolCall, ToolSpec
 
 OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
 _CALL = re.compile(r"\s*call:([^{\s]+)\s*(\{.*\})\s*", re.DOTALL)
 _QUOTE_REGEX = re.escape(QUOTE).replace("/", "\\/")
 _CLOSE_REGEX = re.escape(CLOSE).replace("/", "\\/")
-# any value, unchecked: a tool without properties, or a schema the grammar does not type
+# any value, unchecked: a tool without properties, or a schema the grammar does not type (its string's text, its
+# closing quote's too where the text holds it: ``_Grammar._text``)
 _ANY_VALUE = [
     'g_value: g_string | %json {"type": "number"} | "true" | "false" | "None" | g_object | g_array',
-    f"g_string: {lark_literal(QUOTE)} g_text",
     'g_object: "{" (g_pair ("," g_pair)*)? "}"',
     'g_pair: /[^\\s:,{}\\[\\]<]+/ ":" g_value',  # a key as the template writes it: bare, any but its separators
     'g_array: "[" (g_value ("," g_value)*)? "]"',
@@ -57,6 +57,7 @@ def read_call(body: str) -> ParsedToolCall | None:
 class Gemma4Parser:
     name = "gemma4"
     markers = (OPEN, CLOSE, QUOTE)
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return collect(self.stream(tools), text)
@@ -67,7 +68,7 @@ class Gemma4Parser:
     def forced_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> str:
         if not tools:
             raise ValueError("a forced tool call needs at least one tool")
-        grammar = _Grammar()
+        grammar = _Grammar(quote_is_token=QUOTE in self.special_tokens)
         alternatives = " | ".join(grammar.tool(tool) for tool in tools)
         lines = [f"start: call{' call*' if parallel else ''}",
                  f"call: {lark_literal(OPEN + 'call:')} ({alternatives}) {lark_literal(CLOSE)}"]
@@ -101,9 +102,12 @@ def _rendered_arguments(call: ParsedToolCall) -> str:
 
 
 class _Grammar:
-    """The rules of one forced grammar, named as they are made."""
+    """The rules of one forced grammar, named as they are made. ``quote_is_token``: the tokenizer has ``<|"|>`` as
+    a special token (Gemma 4's has), which then closes a string, as the model writes it; else the string's lazy
+    text ends with the quote's characters."""
 
-    def __init__(self) -> None:
+    def __init__(self, quote_is_token: bool = False) -> None:
+        self.quote_is_token = quote_is_token
         self.lines: list[str] = []
         self._count = 0
         self._any = False
@@ -184,9 +188,15 @@ class _Grammar:
         return f'"[" {items} "]"' if low > 0 else f'"[" ({items})? "]"'
 
     def _string(self, schema: Mapping[str, Any]) -> str:
-        """A string of no ``enum`` or ``const`` (:meth:`_value` writes those): ``<|"|>`` lazy text ``<|"|>``."""
+        """A string of no ``enum`` or ``const`` (:meth:`_value` writes those): ``<|"|>`` text ``<|"|>``."""
         self._count += 1
-        rule = f"text_{self._count}"
+        return self._text(f"text_{self._count}", schema)
+
+    def _text(self, rule: str, schema: Mapping[str, Any] | None) -> str:
+        """A quoted string whose text is ``rule`` (made here), within ``schema``'s bounds."""
+        if self.quote_is_token:
+            self.lines += text_before_token(rule, schema, (QUOTE, CLOSE))
+            return f"{lark_literal(QUOTE)} {rule} {lark_literal(QUOTE)}"
         self.lines += lazy_text(rule, _QUOTE_REGEX, schema, _CLOSE_REGEX)
         return f"{lark_literal(QUOTE)} {rule}"
 
@@ -194,5 +204,5 @@ class _Grammar:
         """``rule`` of :data:`_ANY_VALUE` (``g_value`` or ``g_object``), whose lines are added once."""
         if not self._any:
             self._any = True
-            self.lines += _ANY_VALUE + lazy_text("g_text", _QUOTE_REGEX, None, _CLOSE_REGEX)
+            self.lines += [*_ANY_VALUE, f"g_string: {self._text('g_text', None)}"]
         return rule

@@ -15,7 +15,7 @@ named function) is refused: its grammar would have to write harmony's special to
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.gateway.openai.harmony import (
     CALL,
@@ -36,7 +36,13 @@ from services.gateway.openai.tools.scan import (
     hex_call_id,
     skip_space,
 )
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
+from services.gateway.openai.tools.types import (
+    NO_SPECIAL_TOKENS,
+    ParsedOutput,
+    ParsedToolCall,
+    StreamPiece,
+    ToolSpec,
+)
 
 
 def _call(function: str, body: str) -> ParsedToolCall | None:
@@ -84,6 +90,7 @@ class HarmonyToolStream:
 class GptOssToolParser:
     name = "gpt_oss"
     markers = MARKERS
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return collect(self.stream(tools), text)

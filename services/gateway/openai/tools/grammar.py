@@ -12,6 +12,7 @@ closed, as OpenAI's ``strict`` has it; every output still validates against the 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,8 @@ from services.gateway.openai.tools.types import ToolSpec
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _DEFS = ("$defs", "definitions")
+# what a scan of a grammar's text steps over whole: a %json body (its JSON read to its end), a /regex/, a "literal"
+_LARK_PIECE = re.compile(r'%json\s*|/(?:\\.|[^/\\\n])+/[imslux]*|"(?:\\.|[^"\\\n])*"')
 
 
 def call_schema(tool: ToolSpec, arguments_key: str) -> dict[str, Any]:
@@ -68,3 +71,34 @@ def _lit(text: str) -> str:
 def tool_lines(tools: Sequence[ToolSpec]) -> str:
     """Each tool as one line of JSON (its name, description and parameters schema)."""
     return "\n".join(json.dumps(tool.openai_dict()["function"], ensure_ascii=False) for tool in tools)
+
+
+def marked_literal(text: str, special_tokens: Mapping[str, int]) -> str:
+    """``text`` as a Lark sequence: each of ``special_tokens`` in it (by text) as that token, ``<[id]>``, the rest
+    as string literals."""
+    if not special_tokens or not any(marker in text for marker in special_tokens):
+        return lark_literal(text)
+    markers = "|".join(re.escape(m) for m in sorted(special_tokens, key=len, reverse=True))
+    return " ".join(f"<[{special_tokens[piece]}]>" if piece in special_tokens else lark_literal(piece)
+                    for piece in re.split(f"({markers})", text) if piece)
+
+
+def with_special_tokens(grammar: str, special_tokens: Mapping[str, int]) -> str:
+    """``grammar`` with its string literals' markers that are special tokens of the model's tokenizer
+    (``special_tokens``: their ids, by text) written as those tokens (:func:`marked_literal`). llguidance never
+    writes a special token for a literal's text (it spells ``"<|tool_call>"`` in ordinary tokens), while a model
+    writes its markers as their tokens; the decoded text, which the parsers read, is the same. Regexes and
+    ``%json`` bodies are kept as they are."""
+    if not special_tokens:
+        return grammar
+    out, at = [], 0
+    while (piece := _LARK_PIECE.search(grammar, at)) is not None:
+        out.append(grammar[at:piece.start()])
+        if piece.group().startswith("%json"):
+            _, at = json.JSONDecoder().raw_decode(grammar, piece.end())
+            out.append(grammar[piece.start():at])
+            continue
+        text = piece.group()
+        out.append(marked_literal(json.loads(text), special_tokens) if text.startswith('"') else text)
+        at = piece.end()
+    return "".join(out) + grammar[at:]

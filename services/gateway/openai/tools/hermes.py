@@ -12,7 +12,7 @@ blocks. An unclosed last block is a call if what follows its opening marker pars
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from services.gateway.openai.tools import grammar
 from services.gateway.openai.tools.scan import (
@@ -23,7 +23,13 @@ from services.gateway.openai.tools.scan import (
     hex_call_id,
     only_call,
 )
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
+from services.gateway.openai.tools.types import (
+    NO_SPECIAL_TOKENS,
+    ParsedOutput,
+    ParsedToolCall,
+    StreamPiece,
+    ToolSpec,
+)
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -86,6 +92,7 @@ class HermesStream:
 class HermesParser:
     name = "hermes"
     markers = (OPEN, CLOSE)
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return collect(self.stream(tools), text)

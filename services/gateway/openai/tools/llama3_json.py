@@ -10,7 +10,7 @@ any other output is all content, and text after the last call is content.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.gateway.openai.tools import grammar
 from services.gateway.openai.tools.scan import (
@@ -22,7 +22,13 @@ from services.gateway.openai.tools.scan import (
     hex_call_id,
     skip_space,
 )
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
+from services.gateway.openai.tools.types import (
+    NO_SPECIAL_TOKENS,
+    ParsedOutput,
+    ParsedToolCall,
+    StreamPiece,
+    ToolSpec,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = ";"
@@ -85,6 +91,7 @@ class Llama3JsonStream:
 class Llama3JsonParser:
     name = "llama3_json"
     markers = (PYTHON_TAG,)
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return collect(self.stream(tools), text)

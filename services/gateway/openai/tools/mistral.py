@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.gateway.openai.tools import grammar
 from services.gateway.openai.tools.scan import (
@@ -25,7 +25,13 @@ from services.gateway.openai.tools.scan import (
     held_prefix_len,
     skip_space,
 )
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
+from services.gateway.openai.tools.types import (
+    NO_SPECIAL_TOKENS,
+    ParsedOutput,
+    ParsedToolCall,
+    StreamPiece,
+    ToolSpec,
+)
 
 MARKER = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -94,6 +100,7 @@ class MistralStream:
 class MistralParser:
     name = "mistral"
     markers = (MARKER, ARGS)
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         return collect(self.stream(tools), text)

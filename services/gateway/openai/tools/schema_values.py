@@ -100,11 +100,26 @@ def lazy_text(rule: str, close: str, schema: Mapping[str, Any] | None = None,
     ``/`` escaped), within the ``minLength`` and ``maxLength`` of ``schema`` where it has them (its ``pattern``
     and ``format`` are not held), and without ``block_close`` (a regex of the tag that would end the call's
     block: ``</tool_call>``, or the format's own)."""
-    low, high = int((schema or {}).get("minLength") or 0), (schema or {}).get("maxLength")
-    bounds = "*" if not low and high is None else f"{{{low},{'' if high is None else int(high)}}}"
     terminal = rule.upper()
     return [f"{rule}[lazy]: {terminal}",
-            f"{terminal}: /(.|\\n){bounds}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/ & ~/(.|\\n)*{block_close}(.|\\n)*/"]
+            f"{terminal}: /(.|\\n){_length(schema)}{close}/ & ~/(.|\\n)*{close}(.|\\n)+/"
+            f" & ~/(.|\\n)*{block_close}(.|\\n)*/"]
+
+
+def text_before_token(rule: str, schema: Mapping[str, Any] | None, excluded: Sequence[str]) -> list[str]:
+    """Lark lines for ``rule``: text within the ``minLength`` and ``maxLength`` of ``schema`` where it has them,
+    holding none of the ``excluded`` texts, for a value that a special token closes (a token text cannot hold,
+    so the lexeme ends where the model writes it: no lazy match needed)."""
+    terminal = rule.upper()
+    excluded_regex = "|".join(re.escape(text).replace("/", "\\/") for text in excluded)
+    return [f"{rule}: {terminal}",
+            f"{terminal}: /(.|\\n){_length(schema)}/ & ~/(.|\\n)*({excluded_regex})(.|\\n)*/"]
+
+
+def _length(schema: Mapping[str, Any] | None) -> str:
+    """The regex repetition of a string's characters within ``schema``'s ``minLength`` and ``maxLength``."""
+    low, high = int((schema or {}).get("minLength") or 0), (schema or {}).get("maxLength")
+    return "*" if not low and high is None else f"{{{low},{'' if high is None else int(high)}}}"
 
 
 def json_value_grammar(schema: Any, defs: Mapping[str, Any], style: Mapping[str, Any]) -> str:

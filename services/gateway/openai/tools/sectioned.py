@@ -6,14 +6,14 @@ Kimi K2's ``kimi_k2.py``)::
 Each call is a block, streamed as Hermes' blocks are (:class:`HermesStream` with the format's call markers) and read
 by the format's :meth:`SectionedCallParser.read_call`; the section's own markers are dropped wherever they stand;
 any other text is content. Arguments are JSON objects. A forced call is the section around the format's calls with
-``%json`` arguments of each tool; the grammar spells the markers as text (a literal is matched with ordinary
-tokens), which the parser reads the same.
+``%json`` arguments of each tool; its markers are the tokenizer's special tokens where they are
+(``grammar.with_special_tokens``), which the parser reads the same as text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools import grammar
@@ -28,7 +28,13 @@ from services.gateway.openai.tools.scan import (
     skip_space,
 )
 from services.gateway.openai.tools.schema_values import json_value_grammar
-from services.gateway.openai.tools.types import ParsedOutput, ParsedToolCall, StreamPiece, ToolSpec
+from services.gateway.openai.tools.types import (
+    NO_SPECIAL_TOKENS,
+    ParsedOutput,
+    ParsedToolCall,
+    StreamPiece,
+    ToolSpec,
+)
 
 
 class DroppedMarkers:
@@ -80,6 +86,7 @@ class SectionedCallParser:
     call_open: str
     call_close: str
     extra_markers: tuple[str, ...] = ()  # the format's other special tokens (a separator)
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
 
     @property
     def markers(self) -> tuple[str, ...]:

@@ -16,8 +16,8 @@ from services.engine.structured.schema_tools import close_objects
 from services.gateway.openai.tools.grammar import lark_literal
 from services.gateway.openai.tools.hermes import CLOSE, OPEN, BlockCalls, HermesStream
 from services.gateway.openai.tools.scan import collect, hex_call_id
-from services.gateway.openai.tools.schema_values import is_string_schema, lazy_text, string_options
-from services.gateway.openai.tools.types import ParsedOutput, ToolSpec
+from services.gateway.openai.tools.schema_values import is_string_schema, lazy_text, string_options, text_before_token
+from services.gateway.openai.tools.types import NO_SPECIAL_TOKENS, ParsedOutput, ToolSpec
 
 
 class TaggedCallParser:
@@ -25,6 +25,7 @@ class TaggedCallParser:
 
     name: str
     markers: tuple[str, ...] = (OPEN, CLOSE)
+    special_tokens: Mapping[str, int] = NO_SPECIAL_TOKENS
     block_open, block_close = OPEN, CLOSE  # a block of calls (MiniMax's are its own)
     calls_in_block = False  # parallel calls are invocations in one block (MiniMax's), not blocks
     call_open = OPEN  # what opens a call in the forced grammar
@@ -73,7 +74,7 @@ class TaggedCallParser:
             lines = [f"start: {open_} ({alternatives}){'+' if parallel else ''} {close}"]
         else:
             lines = [f"start: call{more}", f"call: {open_} ({alternatives}) {close}"]
-        lines += lazy_text(self.text_rule, self.value_close_regex, block_close=self._block_close_regex)
+        lines += self._text_lines(self.text_rule, None)
         for i, tool in enumerate(tools):
             lines += self._tool_rules(f"tool_{i}", tool)
         return "\n".join(lines) + "\n"
@@ -99,9 +100,17 @@ class TaggedCallParser:
             if strings := string_options(schema):
                 return "(" + " | ".join(lark_literal(s) for s in strings) + f") {close}", []
             if schema.get("minLength") or schema.get("maxLength") is not None:
-                return rule, lazy_text(rule, self.value_close_regex, schema, self._block_close_regex)
+                return rule, self._text_lines(rule, schema)
             return self.text_rule, []
         return f"{self.typed_value(schema, defs)} {close}", []
+
+    def _text_lines(self, rule: str, schema: Mapping[str, Any] | None) -> list[str]:
+        """Lines for ``rule``: a string value's text (within ``schema``'s bounds) and its closing tag: lazy text up
+        to the tag; where the tag is a special token of the tokenizer, text without it, then the token."""
+        if self.value_close in self.special_tokens:
+            return [f"{rule}: {rule}_bare {lark_literal(self.value_close)}",
+                    *text_before_token(f"{rule}_bare", schema, (self.value_close, self.block_close))]
+        return lazy_text(rule, self.value_close_regex, schema, self._block_close_regex)
 
     def render_result(self, content: str, name: str | None) -> str:
         return f"<tool_response>\n{content}\n</tool_response>"

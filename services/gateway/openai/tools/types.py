@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
+
+NO_SPECIAL_TOKENS: Mapping[str, int] = MappingProxyType({})
 
 EMPTY_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
 
@@ -76,6 +79,9 @@ class ToolStream(Protocol):
 class ToolCallParser(Protocol):
     name: str  # as --tool-call-parser names it
     markers: tuple[str, ...]  # the format's marker texts: kept in the decoded output where they are special tokens
+    # those of the markers that are special tokens of the front's tokenizer, with their ids (set by the front;
+    # default none): a forced grammar writes them as those tokens (``grammar.with_special_tokens``)
+    special_tokens: Mapping[str, int]
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedOutput:
         """Never raises: text with no well-formed call is all content. A call naming no tool of the request
