@@ -192,13 +192,23 @@ def closes_reasoning(turn: str, start_marker: str, end_marker: str) -> bool:
     return turn.rfind(end_marker) > turn.rfind(start_marker)
 
 
-def prompt_closes_reasoning(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mapping[str, Any]],
-                            tools: Sequence[Mapping[str, Any]], options: ChatTemplateOptions, start_marker: str,
-                            end_marker: str) -> bool:
-    """Did the prompt close the reasoning in the turn the model continues (:func:`open_turn`)? The open turn
-    ends the whole text, so a whole that does not close it settles the question with one rendering."""
+PROMPT_CLOSED, PROMPT_OPENED = "closed", "opened"
+
+
+def prompt_reasoning(hf: PreTrainedTokenizerBase, template: str, messages: Sequence[Mapping[str, Any]],
+                     tools: Sequence[Mapping[str, Any]], options: ChatTemplateOptions, start_marker: str,
+                     end_marker: str) -> str:
+    """How the turn the model continues (:func:`open_turn`) left the reasoning: :data:`PROMPT_CLOSED` (an end
+    marker after its last start marker: the output is all answer), :data:`PROMPT_OPENED` (a start marker after its
+    last end marker: the output begins inside the reasoning, as DeepSeek-R1's template and Qwen3's thinking ones
+    write ``<think>\n``), or "" (neither). The open turn ends the whole text, so a whole that holds neither marker
+    settles the question with one rendering."""
     whole = render(hf, template, messages, tools, options)
-    if not closes_reasoning(whole, start_marker, end_marker):
-        return False
+    if start_marker not in whole and end_marker not in whole:
+        return ""
     turn = open_turn(hf, template, messages, tools, options, whole)
-    return turn is not None and closes_reasoning(turn, start_marker, end_marker)
+    if turn is None:
+        return ""
+    if closes_reasoning(turn, start_marker, end_marker):
+        return PROMPT_CLOSED
+    return PROMPT_OPENED if turn.rfind(start_marker) > turn.rfind(end_marker) else ""

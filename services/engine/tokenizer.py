@@ -235,12 +235,12 @@ class Tokenizer:
         return chat_template.open_turn(self.hf, self._template_source(tools), self._template_messages(messages),
                                        tools, options)
 
-    def prompt_closes_reasoning(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]],
-                                options: ChatTemplateOptions, start_marker: str, end_marker: str) -> bool:
-        """Whether the turn the model continues already closed its reasoning (``chat_template``)."""
-        return chat_template.prompt_closes_reasoning(self.hf, self._template_source(tools),
-                                                     self._template_messages(messages), tools, options,
-                                                     start_marker, end_marker)
+    def prompt_reasoning(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]],
+                         options: ChatTemplateOptions, start_marker: str, end_marker: str) -> str:
+        """Whether the turn the model continues already closed its reasoning, or opened it
+        (``chat_template.prompt_reasoning``)."""
+        return chat_template.prompt_reasoning(self.hf, self._template_source(tools), self._template_messages(messages),
+                                              tools, options, start_marker, end_marker)
 
     def _template_source(self, tools: Sequence[Mapping[str, Any]]) -> str:
         """The chat template that renders a conversation (with ``tools``: a tokenizer's ``tool_use`` one, where

@@ -30,7 +30,7 @@ from services.common import tracing
 from services.common.errors import UnavailableError
 from services.common.field_checks import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
 from services.common.sampling_convert import default_max_tokens, random_seed
-from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
+from services.engine.chat_template import DEFAULT_OPTIONS, PROMPT_CLOSED, ChatTemplateOptions
 from services.engine.errors import DuplicateRequestError, InvalidRequestError
 from services.engine.sampling_params import EMBEDDING_SAMPLING
 from services.engine.tokenizer import ChatMessage, Tokenizer
@@ -117,23 +117,22 @@ class GatewayCore:
                                  max(self.settings.max_tokens_cap, request.sampling.min_tokens))
         fields = request.sampling.with_defaults(self.settings.sampling_defaults)
         sampling = fields.resolve(default_max_tokens=cap, default_seed=random_seed())
-        closed = self._reasoning_closed(request)
+        reasoning = self._prompt_reasoning(request)
         spec = sampling.structured
-        if closed and spec is not None and spec.starts_after_token_ids:  # no end marker will come
+        if reasoning == PROMPT_CLOSED and spec is not None and spec.starts_after_token_ids:  # no end marker will come
             sampling = dataclasses.replace(sampling, structured=dataclasses.replace(spec, starts_after_token_ids=()))
         self.validator.validate(ids, sampling)
-        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling, closed,
+        return PreparedRequest(request.request_id or uuid.uuid4().hex, tuple(ids), sampling, reasoning,
                                prompt_cut=keep_last is not None and len(ids) >= keep_last)
 
-    def _reasoning_closed(self, request: GenerateInput) -> bool:
-        """Did the chat prompt close the reasoning itself: the turn the model continues holds the end marker
-        after its last start marker (``chat_template.prompt_closes_reasoning``)?"""
-        if request.reasoning_closed is not None:
-            return request.reasoning_closed
+    def _prompt_reasoning(self, request: GenerateInput) -> str:
+        """Did the chat prompt close the reasoning itself, or open it (``chat_template.prompt_reasoning``)?"""
+        if request.prompt_reasoning is not None:
+            return request.prompt_reasoning
         if request.reasoning_markers is None or not request.messages or self.tokenizer is None:
-            return False
-        return self.tokenizer.prompt_closes_reasoning(request.messages, request.tools, request.template,
-                                                      *request.reasoning_markers)
+            return ""
+        return self.tokenizer.prompt_reasoning(request.messages, request.tools, request.template,
+                                               *request.reasoning_markers)
 
     async def prepare_off_loop(self, request: GenerateInput) -> PreparedRequest:
         """``prepare``, on a worker thread when the prompt is long (the event loop keeps serving)."""

@@ -10,7 +10,7 @@ import grpc
 
 from services.common.errors import ServiceError
 from services.common.sampling_convert import SamplingFields
-from services.engine.chat_template import DEFAULT_OPTIONS, ChatTemplateOptions
+from services.engine.chat_template import DEFAULT_OPTIONS, PROMPT_CLOSED, PROMPT_OPENED, ChatTemplateOptions
 from services.engine.logprobs import TokenLogprobs
 from services.engine.sampling_params import SamplingParams
 from services.engine.tokenizer import ChatMessage
@@ -30,9 +30,9 @@ class GenerateInput:
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the chat template renders (messages only)
     template: ChatTemplateOptions = DEFAULT_OPTIONS  # how the chat template renders ``messages``
     # the reasoning markers (start, end) of the HTTP front's reasoning parser: with them ``prepare`` decides
-    # whether the chat prompt's open turn already closed the reasoning (``PreparedRequest.reasoning_closed``)
+    # whether the chat prompt's open turn already closed the reasoning or opened it (``PreparedRequest``)
     reasoning_markers: tuple[str, str] | None = None
-    reasoning_closed: bool | None = None  # that verdict when known already (a prompt tokenized once for n choices)
+    prompt_reasoning: str | None = None  # that verdict when known already (a prompt tokenized once for n choices)
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,20 @@ class PreparedRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
-    # the chat prompt closed the reasoning itself (Qwen3's template with enable_thinking false writes
-    # ``<think>\n\n</think>\n\n``): the output is all answer, and a constraint that was to start after the
-    # end marker applies from the first token
-    reasoning_closed: bool = False
+    # how the chat prompt left the reasoning (``chat_template.prompt_reasoning``): "closed" (Qwen3's template with
+    # enable_thinking false writes ``<think>\n\n</think>\n\n``: the output is all answer, and a constraint that
+    # was to start after the end marker applies from the first token), "opened" (DeepSeek-R1's writes
+    # ``<think>\n``: the output begins inside the reasoning), or ""
+    prompt_reasoning: str = ""
     prompt_cut: bool = False  # truncate_prompt_tokens may have dropped some of it (it is that long)
+
+    @property
+    def reasoning_closed(self) -> bool:
+        return self.prompt_reasoning == PROMPT_CLOSED
+
+    @property
+    def reasoning_opened(self) -> bool:
+        return self.prompt_reasoning == PROMPT_OPENED
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,14 @@ def test_templates_with_transformers_extensions_and_named_templates_get_their_va
     assert "{% generation %}" in source
     for tokenizer in (with_template(qwen3_shaped, source), with_template(qwen3_shaped, {"default": source})):
         assert text(tokenizer, HI, NO_THINKING).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        assert tokenizer.prompt_closes_reasoning(HI, (), NO_THINKING, "<think>", "</think>")
-        assert not tokenizer.prompt_closes_reasoning(HI, (), ChatTemplateOptions(), "<think>", "</think>")
+        assert tokenizer.prompt_reasoning(HI, (), NO_THINKING, "<think>", "</think>") == "closed"
+        assert tokenizer.prompt_reasoning(HI, (), ChatTemplateOptions(), "<think>", "</think>") == ""
+        # a template that opens the thinking in the generation prompt (DeepSeek-R1's, Qwen3's thinking ones)
+        prompt = "{%- if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}"
+        assert prompt in source
+        opening = with_template(tokenizer, source.replace(prompt, prompt + "<think>{{ '\\n' }}"))
+        assert text(opening, HI).endswith("<|im_start|>assistant\n<think>\n")
+        assert opening.prompt_reasoning(HI, (), ChatTemplateOptions(), "<think>", "</think>") == "opened"
 
 
 def test_a_model_without_a_chat_template_refuses_messages_by_name(bundled_tokenizer):

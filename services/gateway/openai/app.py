@@ -139,7 +139,7 @@ class Generations:
                     return prompts
                 raise InvalidRequestError(prepared.field, f"prompt {p} of the batch: {prepared.message}")
             inputs.append(dataclasses.replace(prompts[p], prompt=None, messages=None, token_ids=prepared.prompt_ids,
-                                              reasoning_closed=prepared.reasoning_closed))  # the ids cannot tell
+                                              prompt_reasoning=prepared.prompt_reasoning))  # the ids cannot tell
         return inputs
 
     async def run(self, request: Request, prompts: list[GenerateInput],

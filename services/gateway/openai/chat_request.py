@@ -11,6 +11,7 @@ from services.gateway.generation import GenerateInput, PreparedRequest
 from services.gateway.openai.output_split import OutputSplit
 from services.gateway.openai.parsers import FrontParsers
 from services.gateway.openai.reasoning.closed import ClosedReasoning
+from services.gateway.openai.reasoning.opened import OpenedReasoning
 from services.gateway.openai.schemas import ChatCompletionBody
 from services.gateway.openai.tool_calling import ToolRequest, tool_request_of
 from services.gateway.openai.translate import chat_input
@@ -22,6 +23,7 @@ class ChatRequest:
     generate: GenerateInput
     split: OutputSplit
     answer_only: OutputSplit  # the split where the prompt already closed the reasoning
+    opened: OutputSplit  # the split where the prompt opened it: the output begins inside the reasoning
 
     @classmethod
     def of(cls, body: ChatCompletionBody, request_id: str, parsers: FrontParsers) -> ChatRequest:
@@ -29,13 +31,17 @@ class ChatRequest:
         tools = tool_request_of(body)
         generate = chat_input(body, request_id, parsers, tools)
         split = OutputSplit(parsers.reasoning, parsers.tools if tools.offered else None, tools.tools)
-        answer_only = split if split.reasoning is None else dataclasses.replace(
-            split, reasoning=ClosedReasoning.of(split.reasoning))
-        return cls(tools, generate, split, answer_only)
+        if split.reasoning is None:
+            return cls(tools, generate, split, split, split)
+        return cls(tools, generate, split, dataclasses.replace(split, reasoning=ClosedReasoning.of(split.reasoning)),
+                   dataclasses.replace(split, reasoning=OpenedReasoning.of(split.reasoning)))
 
     def split_for(self, prepared: PreparedRequest) -> OutputSplit:
-        """How a choice's output splits: all of it is the answer where its prompt closed the reasoning."""
-        return self.answer_only if prepared.reasoning_closed else self.split
+        """How a choice's output splits: all of it is the answer where its prompt closed the reasoning; it begins
+        inside the reasoning where its prompt opened it."""
+        if prepared.reasoning_closed:
+            return self.answer_only
+        return self.opened if prepared.reasoning_opened else self.split
 
     @property
     def constraint_param(self) -> str | None:

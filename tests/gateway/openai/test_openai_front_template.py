@@ -138,6 +138,24 @@ async def test_the_output_of_a_prompt_that_closed_the_thinking_is_all_answer(thi
         assert (content, reasoning) == (("red and blue", "") if answer else ("", "red and blue")), extra
 
 
+async def test_the_output_of_a_prompt_that_opened_the_thinking_begins_in_the_reasoning(thinking_front):
+    """A prompt whose open turn opened the thinking (an assistant message continued inside it here; DeepSeek-R1's
+    and Qwen3's thinking templates end the prompt with ``<think>\\n``): the output is reasoning up to ``</think>``,
+    whole and streamed; Qwen3's parser alone would stream what it never saw opened as content."""
+    front, qwen3_shaped = thinking_front
+    thinking = [*CHAT, {"role": "assistant", "content": "<think>\nLet me"}]
+    extra = {"add_generation_prompt": False, "continue_final_message": True}
+    script(front, qwen3_shaped, " see.</think>\n\nred")
+    completion = await front.client.chat.completions.create(model=MODEL, messages=thinking, extra_body=extra)
+    message = completion.choices[0].message
+    assert (message.content, message.model_extra.get("reasoning_content")) == ("red", " see.")
+    script(front, qwen3_shaped, " see.</think>\n\nred")
+    stream = await front.client.chat.completions.create(model=MODEL, messages=thinking, stream=True, extra_body=extra)
+    chunks = [chunk.choices[0].delta async for chunk in stream if chunk.choices]
+    assert "".join(d.content or "" for d in chunks) == "red"
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in chunks) == " see."
+
+
 EFFORT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                    "<|im_start|>assistant\nReasoning: {{ reasoning_effort | default('medium') }}\n")
 

@@ -187,3 +187,23 @@ def test_mistral_streams_an_unfinished_or_unopened_thought_as_qwen3(text, whole,
     assert mistral.split(marked) == ReasoningSplit(_bracketed(whole.reasoning), _bracketed(whole.content))
     for pieces in [[marked], list(marked)]:
         assert streamed(mistral, pieces) == ReasoningSplit(_bracketed(stream.reasoning), _bracketed(stream.content))
+
+
+# A prompt that opened the reasoning (OpenedReasoning): the output begins inside it, whole and streamed alike,
+# for a parser that reads unopened text as content (Qwen3's, Gemma 4's) as for one that reads it as reasoning
+OPENED = [("thought{end}\n\nanswer", ReasoningSplit("thought", "answer")),
+          ("cut short", ReasoningSplit(reasoning="cut short")),
+          ("{end}answer", ReasoningSplit("", "answer")),
+          ("", ReasoningSplit())]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1", "gemma4", "mistral"])
+@pytest.mark.parametrize(("text", "split"), OPENED)
+def test_the_output_of_a_prompt_that_opened_the_reasoning_begins_in_it(name, text, split):
+    from services.gateway.openai.reasoning.opened import OpenedReasoning
+
+    opened = OpenedReasoning.of(reasoning_parser(name))
+    text = text.format(end=opened.end_marker)
+    assert opened.split(text) == split
+    for pieces in chunkings(text):
+        assert streamed(opened, pieces) == split, pieces

@@ -8,8 +8,9 @@ Streaming is Qwen3's (:class:`~services.gateway.openai.reasoning.think_stream.Th
 with the label held back at the start of the reasoning until it is known to be there or not. As Qwen3's, a stream
 cannot wait for a ``<channel|>`` that may never come: text of an output that did not open the channel streams as
 content, where :meth:`Gemma4ReasoningParser.split` reads the text before a ``<channel|>`` as reasoning. Newer Gemma 4
-templates open the channel in the prompt after a tool's result when thinking is on; such a turn's thought then
-streams as content (whole responses split it right).
+templates open the channel in the prompt after a tool's result when thinking is on: such a turn's output is read as
+after ``<|channel>`` (:class:`~services.gateway.openai.reasoning.opened.OpenedReasoning`), so its thought streams as
+reasoning.
 """
 
 from __future__ import annotations
