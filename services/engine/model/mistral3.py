@@ -7,6 +7,12 @@ settings) and an attention temperature: past the yarn's original context the que
 ``1 + llama_4_scaling_beta · log(1 + ⌊p / original⌋)`` (``ModelConfig.query_temperature_beta``; 1 within it). The
 vision tower and projector are not read (``multimodal_text``): prompts are text. The FP8 releases (per-tensor
 scales) are dequantised at load (``weights/fp8_blocks.py``).
+
+llama.cpp's ``mistral3`` GGUF files (:func:`config_from_gguf`: Ministral 3, Devstral 2, and Mistral's own-format
+checkpoints with the temperature) are its llama files (q/k rows permuted as its llama converter permutes them, undone
+by the loader) with three keys more: yarn's ``rope.scaling.*`` (its ``yarn_log_multiplier`` the checkpoint's
+``mscale_all_dim``, over ``mscale`` 1, as llama.cpp's magnitude term reads it), and ``attention.temperature_scale``,
+the ``llama_4_scaling_beta`` whose period is the yarn's original context (the whole context without one).
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model import mistral, mistral4
 from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, every_layer_window, query_temperature
 from services.engine.model.multimodal_text import text_config
 
-ARCHITECTURE = "mistral3"
+ARCHITECTURE = GGUF_ARCHITECTURE = "mistral3"
 WRAPPER = "mistral3"
 TEXT_MODEL_TYPES = ("mistral", "ministral3", "mistral4")
 
@@ -42,3 +50,28 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     # transformers' default where sliding_window is absent: none (every release writes null)
     windows = every_layer_window(text, fields["max_position"])
     return ModelConfig(**fields, layer_windows=windows, query_temperature_beta=beta, query_temperature_period=period)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
+    beta = round(float(f.get("attention.temperature_scale") or 0.0), 6)  # rounded back from float32
+    period = int(f.get("rope.scaling.original_context_length") or base["max_position"]) if beta else 0
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "head_dim": head_dim, "rope_scaling": _yarn(f, base),
+                          "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       query_temperature_beta=beta, query_temperature_period=period)
+
+
+def _yarn(f: GGUFFields, base: Mapping[str, Any]) -> RopeScaling | None:
+    """The file's yarn with its betas and magnitude term (llama.cpp's ``get_mscale(factor, 1) / get_mscale(factor,
+    yarn_log_multiplier)``, transformers' ``mscale`` 1 over ``mscale_all_dim``; none written: its default)."""
+    scaling = base["rope_scaling"]
+    if scaling is None or scaling.rope_type != "yarn":
+        return scaling
+    log_multiplier = f.get("rope.scaling.yarn_log_multiplier")
+    return dataclasses.replace(
+        scaling, beta_fast=float(f.get("rope.scaling.yarn_beta_fast", scaling.beta_fast)),
+        beta_slow=float(f.get("rope.scaling.yarn_beta_slow", scaling.beta_slow)),
+        mscale=None if log_multiplier is None else 1.0,
+        mscale_all_dim=None if log_multiplier is None else round(float(log_multiplier), 6))

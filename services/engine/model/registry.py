@@ -60,7 +60,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", "services.engine.model.qwen3", ("qwen3",), "qwen3"),
     Family("seed_oss", "services.engine.model.seed_oss", ("seed_oss",)),
     Family("mistral", "services.engine.model.mistral", ("mistral",)),
-    Family("mistral3", "services.engine.model.mistral3", ("mistral3", "ministral3"),
+    Family("mistral3", "services.engine.model.mistral3", ("mistral3", "ministral3"), "mistral3",
            tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
     Family("mixtral", "services.engine.model.mixtral", ("mixtral",),
            tensor_names="services.engine.model.mixtral:mixtral_tensor_name"),

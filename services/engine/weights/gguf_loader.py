@@ -108,8 +108,8 @@ def _as_tensor(array: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
 
 def _rope_heads(name: str, config: ModelConfig) -> int:
     """Heads whose rows llama.cpp permuted in this tensor (0: not permuted; only its llama converter does, and
-    Granite's, which is the llama one's subclass)."""
-    if config.architecture not in ("llama", "granite", "granite_moe"):
+    Granite's and Mistral 3's, which are the llama one's subclasses)."""
+    if config.architecture not in ("llama", "granite", "granite_moe", "mistral3"):
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads
