@@ -207,3 +207,12 @@ def test_the_output_of_a_prompt_that_opened_the_reasoning_begins_in_it(name, tex
     assert opened.split(text) == split
     for pieces in chunkings(text):
         assert streamed(opened, pieces) == split, pieces
+
+
+def test_an_opened_harmony_output_keeps_its_call_as_content():
+    """A harmony turn of calls has no final channel (the end marker): what follows the analysis is still content."""
+    from services.gateway.openai.reasoning.opened import OpenedReasoning
+
+    call = "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"
+    assert OpenedReasoning.of(reasoning_parser("gpt_oss")).split("think more<|end|>" + call) == \
+        ReasoningSplit("think more", call)

@@ -53,9 +53,12 @@ class OpenedReasoning:
         return self.parser.markers
 
     def split(self, text: str) -> ReasoningSplit:
-        if self.parser.end_marker not in text:  # cut (or stopped) before the reasoning ended: all of it is reasoning
-            return ReasoningSplit(reasoning=text)
-        return self.parser.split(self.parser.start_marker + text)
+        """As the stream reads it: after the start marker, an output cut before the end marker is all reasoning
+        (a parser's ``split`` of a start marker never closed may read it otherwise), and a harmony output's
+        calls, which come without that end marker, stay its content."""
+        stream = self.stream()
+        head, tail = stream.feed(text), stream.finish()
+        return ReasoningSplit(head.reasoning + tail.reasoning, head.content + tail.content)
 
     def stream(self) -> ReasoningStream:
         return _AfterStart(self.parser.stream(), self.parser.start_marker)
