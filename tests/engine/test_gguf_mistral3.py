@@ -36,11 +36,12 @@ from tests.engine.tiny_gguf import (
 )
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]
-# Ministral 3's settings, its original context 16 of 512 (the temperature steps twice within the 45-token prompt)
+# Ministral 3's settings, its original context 16 of 512 (the temperature steps twice within the 45-token prompt);
+# beta_fast and mscale_all_dim not their defaults, so that a misread one shows
 MINISTRAL3 = dict(head_dim=16, tie_word_embeddings=False, sliding_window=None,
                   rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 32.0,
-                                   "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
-                                   "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
+                                   "original_max_position_embeddings": 16, "beta_fast": 4.0, "beta_slow": 1.0,
+                                   "mscale": 1.0, "mscale_all_dim": 0.7, "llama_4_scaling_beta": 0.1})
 
 
 def _quantised(name: str) -> gguf.GGMLQuantizationType:

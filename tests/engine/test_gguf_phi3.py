@@ -38,9 +38,10 @@ IDS = [(i * 37 + 5) % 96 for i in range(45)]
 END = 93  # <|end|>'s id in the tiny vocabulary
 # Phi-3-mini-4k's kind: a window on every layer, the whole head rotated, its own head
 PHI3 = dict(sliding_window=24, rope_theta=250000.0, tie_word_embeddings=False)
-# Phi-4-mini's: 3/4 of each head rotated, longrope (served up to its original 512), a tied head
+# Phi-4-mini's: 3/4 of each head rotated, longrope over 4 times its original 512 (served up to it: its factor and
+# attention factor from the growth), a tied head
 PHI4_MINI = dict(partial_rotary_factor=0.75, rope_theta=10000.0, tie_word_embeddings=True,
-                 original_max_position_embeddings=512,
+                 max_position_embeddings=2048, original_max_position_embeddings=512,
                  rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.9, 2.6, 4.0, 7.5],
                                "long_factor": [1.1, 2.0, 3.5, 8.0, 16.0, 40.0],
                                "original_max_position_embeddings": 512})
@@ -86,6 +87,7 @@ def test_a_phi3_file_gives_transformers_logits(tmp_path, kind, quant):
     cfg = weights.config
     hf = config_from_hf(model.config.to_dict())
     assert cfg.eos_token_ids == (2, END)
+    assert cfg.max_position == 512 and (cfg.rope_scaling is None or cfg.rope_scaling.factor == 4.0)
     # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
     assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
     ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
