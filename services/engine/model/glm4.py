@@ -9,6 +9,11 @@ Llama's decoder with
 - q/k/v biases (``attention_bias``, true where absent) and gate/up stored as one ``gate_up_proj``.
 
 GLM-4-9B-Chat (``chatglm``, the 2024 release with its own remote code) is not this family.
+
+llama.cpp's ``glm4`` GGUF files (:func:`config_from_gguf`) hold the same tensors (the four norms as ``attn_norm``,
+``post_attention_norm``, ``ffn_norm``, ``post_ffw_norm``; ``ffn_up`` the fused gate/up; nothing permuted: its rope is
+on adjacent pairs, as transformers' GLM-4 rotates them); the head from ``attention.key_length`` (else hidden /
+heads), its rotated part ``rope.dimension_count``; q/k/v biases as the file has them.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields
 
-ARCHITECTURE = "glm4"
+ARCHITECTURE = GGUF_ARCHITECTURE = "glm4"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -27,3 +33,14 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
     return ModelConfig(**fields, qkv_bias=bool(cfg.get("attention_bias", True)), rope_interleaved=True,
                        sandwich_norms=True)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
+    rotary = int(f.key("rope.dimension_count"))
+    return ModelConfig(**{**base, "num_layers": base["num_layers"] - int(f.get("nextn_predict_layers") or 0),
+                          "head_dim": head_dim, "rotary_dim": None if rotary == head_dim else rotary,
+                          "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       rope_interleaved=True, sandwich_norms=True)

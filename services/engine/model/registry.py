@@ -73,7 +73,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_oss", "services.engine.model.gpt_oss", ("gpt_oss",), "gpt-oss",
            model="services.engine.model.gpt_oss_decoder:GptOssDecoderModel",
            gguf_tensors="services.engine.model.gpt_oss_decoder:experts_from_gguf"),
-    Family("glm4", "services.engine.model.glm4", ("glm4",)),
+    Family("glm4", "services.engine.model.glm4", ("glm4",), "glm4"),
     Family("olmo2", "services.engine.model.olmo2", ("olmo2",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("olmo3", "services.engine.model.olmo3", ("olmo3",),

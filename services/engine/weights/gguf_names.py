@@ -106,6 +106,10 @@ _ARCH_LAYER_NAMES = {
     "deepseek2": _DEEPSEEK2_NAMES,
     # Phi-3's fused q/k/v and gate/up (gate rows first), as its checkpoints store them
     "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
+    # GLM-4-0414's: the norms after attention and after the MLP, the one before the MLP; gate/up fused
+    "glm4": {"post_attention_norm.weight": "post_self_attn_layernorm.weight",
+             "ffn_norm.weight": "post_attention_layernorm.weight",
+             "post_ffw_norm.weight": "post_mlp_layernorm.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
     # GLM-4.5's: the norm before the MLP, the router's correction bias, the shared experts
     "glm4moe": {"post_attention_norm.weight": "post_attention_layernorm.weight",
                 "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},

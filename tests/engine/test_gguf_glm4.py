@@ -1,0 +1,76 @@
+"""GLM-4-0414 / GLM-Z1 GGUF files (llama.cpp's ``glm4``), written from tiny transformers models the way its converter
+writes them (the four norms as ``attn_norm``, ``post_attention_norm``, ``ffn_norm``, ``post_ffw_norm``; the fused
+gate/up as ``ffn_up``; the rotated half of the head as ``rope.dimension_count``; nothing permuted), load into the
+decoder whose float32 logits equal the HF twin's, quantised too; the config equals the one read from the model's
+``config.json``, torch-free alike; ``<|user|>`` and ``<|observation|>`` end generation."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+
+from services.engine.model.registry import config_from_hf, model_class
+from services.engine.weights import load_weights
+from services.engine.weights.gguf_metadata import read_gguf_config
+from tests.engine.tiny_gguf import (
+    F32,
+    Q8_0,
+    _hf_tensors,
+    _load_twin,
+    add_metadata,
+    all_f32,
+    close_writer,
+    hf_logits,
+    pdserve_logits,
+    tensor_adder,
+    tiny_hf,
+)
+
+IDS = [(i * 37 + 5) % 96 for i in range(45)]
+GLM4 = dict(head_dim=32, partial_rotary_factor=0.5, attention_bias=True, rope_theta=10000.0, tie_word_embeddings=False,
+            pad_token_id=0)
+
+
+def _quantised(name: str) -> gguf.GGMLQuantizationType:
+    return F32 if name.endswith(("norm.weight", ".bias")) else Q8_0
+
+
+def write_glm4_gguf(model, path: Path, quant=all_f32) -> Path:
+    """``model`` as llama.cpp's converter writes it, and the file's dequantised values loaded into ``model``."""
+    cfg = model.config
+    rope = cfg.rope_parameters
+    keys = {"context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
+            "block_count": cfg.num_hidden_layers, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
+            "attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
+            "rope.dimension_count": int(cfg.head_dim * rope.get("partial_rotary_factor", 0.5)),
+            "rope.freq_base": float(rope["rope_theta"]), "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps)}
+    writer = gguf.GGUFWriter(str(path), "glm4")
+    add_metadata(writer, "glm4", keys, [f"t{i}" for i in range(96)])
+    for key, value in {"eot_token_id": 90, "eom_token_id": 91}.items():  # GLM's <|user|> and <|observation|>
+        writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    add = tensor_adder(writer, gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4, cfg.num_hidden_layers), quant)
+    twin = {name: add(name, array) for name, array in _hf_tensors(model).items()}
+    close_writer(writer)
+    _load_twin(model, twin)
+    return path
+
+
+@pytest.mark.parametrize("quant", [all_f32, _quantised], ids=["f32", "q8_0"])
+def test_a_glm4_file_gives_transformers_logits(tmp_path, quant):
+    model = tiny_hf("glm4", vocab_size=96, **GLM4)
+    path = write_glm4_gguf(model, tmp_path / "tiny-glm4.gguf", quant)
+    weights = load_weights(path)
+    cfg = weights.config
+    hf = config_from_hf(model.config.to_dict())
+    assert cfg.eos_token_ids == (2, 90, 91) and cfg.rotary_dim == 16 and cfg.qkv_bias
+    # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
+    assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
+    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
+    theirs = hf_logits(model, IDS)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
