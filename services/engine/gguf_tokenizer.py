@@ -27,10 +27,11 @@ reading serves it: IBM Granite's, Llama 4's and Mistral 3's converters are llama
 ``tokenizer.ggml.*`` fields (Llama 4's: a GPT-2-style BPE whose split, GPT-4o's, transformers takes from
 ``tokenizer.ggml.pre``; the kin only passes its architecture check); LFM2-MoE's writes LFM2's."""
 
-READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe"})
-"""Architectures whose GGUF config transformers cannot read (DeepSeek's, GLM-4's and GLM-4.5's): their tokenizer is
-built from its ``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer builders, split as
-:data:`PRE_SPLITS` says."""
+READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "qwen3vlmoe"})
+"""Architectures whose GGUF config transformers cannot read (DeepSeek's, GLM-4's, GLM-4.5's; the Qwen-VL text models',
+named as no model type it knows): their tokenizer is built from its ``tokenizer.ggml.*`` fields alone, with
+transformers' GGUF tokenizer builders, split as the file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or
+transformers' own table)."""
 
 PRE_SPLITS = {
     # DeepSeek-V3's (and R1's, V3.1's …): groups of up to three digits, then runs of CJK ideographs and kana, then

@@ -166,8 +166,8 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     for load in (load_weights, load_model_config):
         with pytest.raises(ModelLoadError,
                            match=r"gpt2.*supported: llama, llama4, granite, lfm2, lfm2moe, granitemoe, qwen2, qwen3, "
-                                 r"mistral3, qwen2moe, qwen3moe, phi3, gpt-oss, glm4, glm4moe, deepseek2, qwen35, "
-                                 r"qwen35moe, gemma2, gemma3, gemma4$"):
+                                 r"mistral3, qwen2moe, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, "
+                                 r"glm4moe, deepseek2, qwen35, qwen35moe, gemma2, gemma3, gemma4$"):
             load(path)
 
 

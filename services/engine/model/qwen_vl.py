@@ -6,6 +6,10 @@ tower is not read (``multimodal_text``): prompts are text.
 Their multimodal rope (M-RoPE: the rotary dims split into temporal, height and width sections, each rotated by its own
 position id, interleaved in Qwen3-VL) gives a text token the same id in all three, and is then the plain rope of the
 same base: that is what is served. ``rope_scaling`` ``{"type": "mrope"}`` (Qwen2.5-VL's first files) reads as plain.
+
+llama.cpp's text GGUF files of them (``qwen2vl``, ``qwen3vl``, ``qwen3vlmoe``: :func:`config_from_gguf`) are its
+Qwen2, Qwen3 and Qwen3-MoE files with M-RoPE's sections and DeepStack's layer count besides (the vision tower and its
+DeepStack merger live in the separate mmproj file), read as those.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ _TEXT: dict[str, tuple[Callable[[Mapping[str, Any]], ModelConfig], bool]] = {
     "qwen3_vl": (qwen3.config_from_hf, False), "qwen3_vl_moe": (qwen3_moe.config_from_hf, True),
 }
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+# llama.cpp's architecture of the text GGUF → its text family's reader and architecture
+_GGUF_TEXT: dict[str, tuple[Callable[[Mapping[str, Any]], ModelConfig], str]] = {
+    "qwen2vl": (qwen2.config_from_gguf, "qwen2"), "qwen3vl": (qwen3.config_from_gguf, "qwen3"),
+    "qwen3vlmoe": (qwen3_moe.config_from_gguf, qwen3_moe.GGUF_ARCHITECTURE),
+}
+GGUF_ARCHITECTURES = tuple(_GGUF_TEXT)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -41,6 +51,16 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if config.moe is not None:  # its files store the stacked experts transposed (moe_loading reads both)
         config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, stacked_transposed=True))
     return dataclasses.replace(config, architecture=ARCHITECTURE)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A ``qwen2vl``, ``qwen3vl`` or ``qwen3vlmoe`` file's text model, its keys read as its text family's."""
+    architecture = str(fields.get("general.architecture"))
+    read, kin = _GGUF_TEXT[architecture]
+    prefix = architecture + "."
+    as_kin = {kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
+              for key, value in fields.items()}
+    return dataclasses.replace(read({**as_kin, "general.architecture": kin}), architecture=ARCHITECTURE)
 
 
 def _plain_rope(params: Mapping[str, Any]) -> dict[str, Any]:

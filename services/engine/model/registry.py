@@ -67,6 +67,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2_moe", "services.engine.model.qwen2_moe", ("qwen2_moe",), "qwen2moe"),
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
     Family("qwen_vl", "services.engine.model.qwen_vl", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"),
+           ("qwen2vl", "qwen3vl", "qwen3vlmoe"),
            tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
     Family("phi3", "services.engine.model.phi3", ("phi3",), "phi3",
            model="services.engine.model.phi3_decoder:Phi3DecoderModel"),

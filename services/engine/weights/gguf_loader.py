@@ -1,11 +1,13 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
-``qwen3moe``, ``qwen35``, ``qwen35moe``, ``gemma2``, ``gemma3``, ``gemma4``, ``gpt-oss``, ``lfm2``, ``lfm2moe``,
-``deepseek2``) with the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face
-names (:mod:`services.engine.weights.gguf_names`).
+``qwen3moe``, ``qwen35``, ``qwen35moe``, ``qwen2vl``, ``qwen3vl``, ``qwen3vlmoe``, ``gemma2``, ``gemma3``, ``gemma4``,
+``gpt-oss``, ``lfm2``, ``lfm2moe``, ``deepseek2``, ``glm4``, ``glm4moe``, ``phi3``, ``mistral3``) with the ``gguf``
+package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
+(:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
-  interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite`` and ``granitemoe``
-  architectures only (its Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes that.
+  interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite``, ``granitemoe`` and
+  ``mistral3`` architectures only (its Qwen converters store them as they are); :func:`unpermute_rope_rows` undoes
+  that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
   biases), the stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms

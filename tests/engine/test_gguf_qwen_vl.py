@@ -1,0 +1,112 @@
+"""The text GGUF files of Qwen's vision-language models (llama.cpp's ``qwen3vl`` and ``qwen2vl``: its Qwen3 and Qwen2
+files with M-RoPE's sections and DeepStack's layer count besides; the vision tower is the separate mmproj file), written
+from tiny transformers Qwen3-VL and Qwen2.5-VL models: the float32 logits of a text prompt equal the whole model's
+(M-RoPE gives a text token one position in every section), the config equals the one read from ``config.json``,
+torch-free alike; the tokenizer reads as Qwen3's."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForImageTextToText
+
+from services.engine.model.registry import config_from_hf, model_class
+from services.engine.weights import load_weights
+from services.engine.weights.gguf_metadata import read_gguf_config
+from tests.engine.tiny_gguf import (
+    add_metadata,
+    all_f32,
+    close_writer,
+    hf_logits,
+    pdserve_logits,
+    tensor_adder,
+    write_bpe_tokenizer_gguf,
+)
+
+IDS = [(i * 37 + 5) % 96 for i in range(45)]
+TEXT = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.2)
+MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
+KINDS = {
+    "qwen3vl": dict(model_type="qwen3_vl", tie_word_embeddings=False,
+                    vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                                       deepstack_visual_indexes=[0], patch_size=14),
+                    text_config=dict(model_type="qwen3_vl_text", head_dim=16, **TEXT,
+                                     rope_parameters=MROPE | {"mrope_interleaved": True})),
+    "qwen2vl": dict(model_type="qwen2_5_vl", tie_word_embeddings=False,
+                    vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                                       patch_size=14, fullatt_block_indexes=[0]),
+                    text_config=dict(model_type="qwen2_5_vl_text", **TEXT, rope_parameters=MROPE)),
+}
+
+
+def _tiny(kind: str):
+    spec = dict(KINDS[kind])
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # norms and biases drawn so that a misplaced one shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+    return model
+
+
+def write_text_gguf(model, arch: str, path: Path) -> Path:
+    """The text model as llama.cpp's converter writes it (float32: the file is the model itself)."""
+    text = model.config.text_config
+    keys = {"context_length": text.max_position_embeddings, "embedding_length": text.hidden_size,
+            "block_count": text.num_hidden_layers, "feed_forward_length": text.intermediate_size,
+            "attention.head_count": text.num_attention_heads, "attention.head_count_kv": text.num_key_value_heads,
+            "attention.layer_norm_rms_epsilon": float(text.rms_norm_eps),
+            "rope.freq_base": float(text.rope_parameters["rope_theta"]),
+            "rope.dimension_sections": [*text.rope_parameters["mrope_section"], 0]}
+    if arch == "qwen3vl":
+        keys |= {"attention.key_length": text.head_dim, "attention.value_length": text.head_dim,
+                 "n_deepstack_layers": len(model.config.vision_config.deepstack_visual_indexes)}
+    writer = gguf.GGUFWriter(str(path), arch)
+    add_metadata(writer, arch, keys, [f"t{i}" for i in range(96)])
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    add = tensor_adder(writer, gguf.get_tensor_name_map(model_arch, text.num_hidden_layers), all_f32)
+    for name, tensor in model.state_dict().items():
+        if "visual" not in name:
+            add(name.replace("model.language_model.", "model."), tensor.numpy())
+    close_writer(writer)
+    return path
+
+
+@pytest.mark.parametrize("arch", ["qwen3vl", "qwen2vl"])
+def test_a_qwen_vl_text_file_gives_the_whole_model_s_logits(tmp_path, arch):
+    model = _tiny(arch)
+    path = write_text_gguf(model, arch, tmp_path / f"tiny-{arch}.gguf")
+    weights = load_weights(path)
+    cfg = weights.config
+    hf = config_from_hf(model.config.to_dict())
+    # the file says what config.json says, but the name, its BOS and EOS ids (the writer's) and its float32 epsilon
+    assert cfg == dataclasses.replace(hf, name=cfg.name, bos_token_id=cfg.bos_token_id, eos_token_ids=cfg.eos_token_ids,
+                                      rms_norm_eps=cfg.rms_norm_eps)
+    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
+    theirs = hf_logits(model, IDS)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
+
+
+def test_a_qwen_vl_file_s_tokenizer_is_read_from_its_fields(tmp_path, monkeypatch, bundled_tokenizer):
+    """transformers knows no ``qwen3vl`` model type: the tokenizer is built from the file's fields alone
+    (``READ_ALONE``), split as its ``qwen2`` pre-tokenizer says (each digit apart)."""
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-6}
+    path = write_bpe_tokenizer_gguf(tmp_path / "qwen3vl-tokenizer.gguf", "qwen3vl", keys, "qwen2", bundled_tokenizer.hf)
+    loaded = Tokenizer.load(path)
+    pieces = [p for p, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x 123")]
+    assert pieces == ["x", "Ġ", "1", "2", "3"], pieces
+    assert loaded.encode_plain("Qwen3-VL reads 2026.") == bundled_tokenizer.encode_plain("Qwen3-VL reads 2026.")
