@@ -13,6 +13,7 @@ import gguf
 import pytest
 import torch
 
+from services.engine.errors import ModelLoadError
 from services.engine.model.registry import config_from_hf, model_class
 from services.engine.weights import load_weights
 from services.engine.weights.gguf_metadata import read_gguf_config
@@ -39,8 +40,9 @@ def _quantised(name: str) -> gguf.GGMLQuantizationType:
     return F32 if name.endswith(("norm.weight", ".bias")) else Q8_0
 
 
-def write_glm4_gguf(model, path: Path, quant=all_f32) -> Path:
-    """``model`` as llama.cpp's converter writes it, and the file's dequantised values loaded into ``model``."""
+def write_glm4_gguf(model, path: Path, quant=all_f32, more: dict | None = None) -> Path:
+    """``model`` as llama.cpp's converter writes it (``more``: other keys), and the file's dequantised values loaded
+    into ``model``; the vocabulary's 90 and 91 are GLM's ``<|user|>`` and ``<|observation|>``."""
     cfg = model.config
     rope = cfg.rope_parameters
     keys = {"context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
@@ -50,9 +52,10 @@ def write_glm4_gguf(model, path: Path, quant=all_f32) -> Path:
             "rope.dimension_count": int(cfg.head_dim * rope.get("partial_rotary_factor", 0.5)),
             "rope.freq_base": float(rope["rope_theta"]), "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps)}
     writer = gguf.GGUFWriter(str(path), "glm4")
-    add_metadata(writer, "glm4", keys, [f"t{i}" for i in range(96)])
-    for key, value in {"eot_token_id": 90, "eom_token_id": 91}.items():  # GLM's <|user|> and <|observation|>
-        writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    tokens = [f"t{i}" for i in range(96)]
+    tokens[90:92] = ["<|user|>", "<|observation|>"]
+    add_metadata(writer, "glm4", {**keys, **(more or {})}, tokens)
+    writer.add_uint32("tokenizer.ggml.eot_token_id", 90)  # as its converter writes it (no eom)
     add = tensor_adder(writer, gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4, cfg.num_hidden_layers), quant)
     twin = {name: add(name, array) for name, array in _hf_tensors(model).items()}
     close_writer(writer)
@@ -74,3 +77,10 @@ def test_a_glm4_file_gives_transformers_logits(tmp_path, quant):
     theirs = hf_logits(model, IDS)
     assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
     assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
+
+
+def test_a_glm4_v_text_file_is_refused_by_name(tmp_path):
+    path = write_glm4_gguf(tiny_hf("glm4", vocab_size=96, **GLM4), tmp_path / "tiny-glm4v.gguf",
+                           more={"rope.dimension_sections": [4, 2, 2, 0]})
+    with pytest.raises(ModelLoadError, match=r"rope\.dimension_sections"):
+        read_gguf_config(path)

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText
@@ -31,12 +32,17 @@ IDS = [(i * 37 + 5) % 96 for i in range(45)]
 TEXT = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.2)
 MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
+VISION3 = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+               deepstack_visual_indexes=[0], patch_size=14)
 KINDS = {
-    "qwen3vl": dict(model_type="qwen3_vl", tie_word_embeddings=False,
-                    vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                                       deepstack_visual_indexes=[0], patch_size=14),
+    "qwen3vl": dict(model_type="qwen3_vl", tie_word_embeddings=False, vision_config=VISION3,
                     text_config=dict(model_type="qwen3_vl_text", head_dim=16, **TEXT,
                                      rope_parameters=MROPE | {"mrope_interleaved": True})),
+    # Qwen3-VL-MoE: experts on every layer, the top-k always renormalised (no converter writes expert_weights_norm)
+    "qwen3vlmoe": dict(model_type="qwen3_vl_moe", tie_word_embeddings=False, vision_config=VISION3,
+                       text_config=dict(model_type="qwen3_vl_moe_text", head_dim=16, **TEXT, num_experts=8,
+                                        num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1,
+                                        rope_parameters=MROPE | {"mrope_interleaved": True})),
     "qwen2vl": dict(model_type="qwen2_5_vl", tie_word_embeddings=False,
                     vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                                        patch_size=14, fullatt_block_indexes=[0]),
@@ -67,27 +73,45 @@ def write_text_gguf(model, arch: str, path: Path) -> Path:
             "attention.layer_norm_rms_epsilon": float(text.rms_norm_eps),
             "rope.freq_base": float(text.rope_parameters["rope_theta"]),
             "rope.dimension_sections": [*text.rope_parameters["mrope_section"], 0]}
-    if arch == "qwen3vl":
+    if arch in ("qwen3vl", "qwen3vlmoe"):
         keys |= {"attention.key_length": text.head_dim, "attention.value_length": text.head_dim,
                  "n_deepstack_layers": len(model.config.vision_config.deepstack_visual_indexes)}
+    if arch == "qwen3vlmoe":
+        keys |= {"expert_count": text.num_experts, "expert_used_count": text.num_experts_per_tok,
+                 "expert_feed_forward_length": text.moe_intermediate_size}
     writer = gguf.GGUFWriter(str(path), arch)
     add_metadata(writer, arch, keys, [f"t{i}" for i in range(96)])
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     add = tensor_adder(writer, gguf.get_tensor_name_map(model_arch, text.num_hidden_layers), all_f32)
+    tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     for name, tensor in model.state_dict().items():
-        if "visual" not in name:
-            add(name.replace("model.language_model.", "model."), tensor.numpy())
+        name, array = name.replace("model.language_model.", "model."), tensor.numpy()
+        if "visual" in name or (tied and name == "lm_head.weight"):  # a tied head: no output.weight
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):  # stacked per projection, as the converter writes them
+            gate, up = np.split(array, 2, axis=1)
+            add(name.replace("gate_up_proj", "gate_proj.weight"), gate)
+            add(name.replace("gate_up_proj", "up_proj.weight"), up)
+        elif name.endswith("mlp.experts.down_proj"):
+            add(name + ".weight", array)
+        else:
+            add(name, array)
     close_writer(writer)
     return path
 
 
-@pytest.mark.parametrize("arch", ["qwen3vl", "qwen2vl"])
+@pytest.mark.parametrize("arch", ["qwen3vl", "qwen3vlmoe", "qwen2vl"])
 def test_a_qwen_vl_text_file_gives_the_whole_model_s_logits(tmp_path, arch):
     model = _tiny(arch)
     path = write_text_gguf(model, arch, tmp_path / f"tiny-{arch}.gguf")
     weights = load_weights(path)
     cfg = weights.config
     hf = config_from_hf(model.config.to_dict())
+    if hf.moe is not None:  # the released checkpoints store the stacked experts transposed; the file as the model
+        hf = dataclasses.replace(hf, moe=dataclasses.replace(hf.moe, stacked_transposed=False))
+    # tied as the model is (config.json's flag says true for its text config; a stored head of its own stays untied)
+    tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    hf = dataclasses.replace(hf, tie_word_embeddings=tied)
     # the file says what config.json says, but the name, its BOS and EOS ids (the writer's) and its float32 epsilon
     assert cfg == dataclasses.replace(hf, name=cfg.name, bos_token_id=cfg.bos_token_id, eos_token_ids=cfg.eos_token_ids,
                                       rms_norm_eps=cfg.rms_norm_eps)

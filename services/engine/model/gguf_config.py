@@ -18,7 +18,7 @@ DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
 # ``<end_of_turn>`` (Gemma 4's ``<turn|>`` and ``<|tool_response>``, its generation config's EOS ids too); GPT-OSS's
 # harmony ends, its generation_config's EOS ids (a final answer's ``<|return|>``, a tool call's ``<|call|>``, and
 # ``<|endoftext|>``); Phi-3's and Phi-4-mini's ``<|end|>``, Phi-4's ``<|im_end|>``; Kimi K2's ``<|im_end|>`` (its
-# generation config's EOS, where its tokenizer's is ``[EOS]``).
+# generation config's EOS, where its tokenizer's is ``[EOS]``); GLM-4-0414's ``<|user|>`` and ``<|observation|>``.
 TURN_END_KEY = "pdserve.turn_end_token_ids"
 # Set by the GGUF loader: the names of the file's tensors, for an architecture whose config depends on which are there
 # (llama.cpp's Gemma 4 has a full layer's values be its keys where the file has no ``attn_v``)
@@ -26,7 +26,8 @@ TENSOR_NAMES_KEY = "pdserve.tensor_names"
 # Set by the GGUF loader: the values of ``rope_factors_short.weight`` (llama.cpp's Phi-3 longrope: the per-dimension
 # divisors within the original context, the checkpoint's ``short_factor``), for the family's config to read
 ROPE_SHORT_FACTORS_KEY = "pdserve.rope_short_factors"
-TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
+TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "glm4": ("<|user|>", "<|observation|>"),
+                  "gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
                   "gemma4": ("<turn|>", "<|tool_response>"), "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
                   "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
                   "phi3": ("<|end|>", "<|im_end|>", "<|endoftext|>")}
