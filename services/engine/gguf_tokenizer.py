@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.engine.model.gguf_config import fields_as
 from services.engine.model_files import cache_dir
 
 GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama", "lfm2moe": "lfm2", "llama4": "llama",
@@ -170,10 +171,7 @@ def _as_kin(architecture: str, kin: str, build: Callable[[dict, tuple], dict]) -
     """``build`` (a config builder of transformers' for ``kin``'s files) over ``architecture``'s metadata, its
     ``{architecture}.*`` keys read as ``{kin}.*``."""
     def read(metadata: dict, tensor_names: tuple) -> dict:
-        prefix = architecture + "."
-        renamed = {kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
-                   for key, value in metadata.items()}
-        return build(renamed, tensor_names)
+        return build(fields_as(metadata, architecture, kin), tensor_names)
 
     return read
 

@@ -19,8 +19,6 @@ import pytest
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
 from services.engine.weights.gguf_cache_config import config_from_dict
 from services.engine.weights.gguf_metadata import read_gguf_config
 from tests.engine.tiny_gguf import (
@@ -32,8 +30,7 @@ from tests.engine.tiny_gguf import (
     add_tensor_as,
     all_f32,
     close_writer,
-    hf_logits,
-    pdserve_logits,
+    read_as_the_twin,
     tensor_adder,
     tiny_hf,
     write_bpe_tokenizer_gguf,
@@ -152,16 +149,8 @@ def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = N
 def test_a_deepseek2_file_gives_transformers_logits(tmp_path, model_type, kind, quant, mla):
     model = _tiny(model_type, kind)
     path = write_deepseek2_gguf(model, tmp_path / "tiny-deepseek.gguf", quant, mla=mla)
-    weights = load_weights(path)
-    cfg = weights.config
-    hf = config_from_hf(model.config.to_dict())
+    cfg = read_as_the_twin(path, model, IDS)
     assert cfg.eos_token_ids == (2, 95)
-    # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
-    assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
-    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
-    theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
     assert config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg  # the GGUF weights cache's
 
 
@@ -173,16 +162,8 @@ def test_a_glm_4_7_flash_file_with_its_prediction_block_gives_transformers_logit
     model = _tiny("glm4_moe_lite", GLM47_FLASH)
     path = write_deepseek2_gguf(model, tmp_path / "tiny-glm-4.7-flash.gguf", _quantised, mtp=True,
                                 keys={"expert_gating_func": None}, token_ids={"eot_token_id": 90, "eom_token_id": 91})
-    weights = load_weights(path)
-    cfg = weights.config
-    hf = config_from_hf(model.config.to_dict())
+    cfg = read_as_the_twin(path, model, IDS, file_own=("architecture",))  # read as DeepSeek's
     assert cfg.eos_token_ids == (2, 90, 91, 95) and cfg.num_layers == 3
-    assert cfg == dataclasses.replace(hf, architecture=cfg.architecture, name=cfg.name, eos_token_ids=cfg.eos_token_ids,
-                                      rms_norm_eps=cfg.rms_norm_eps)
-    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
-    theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-    assert read_gguf_config(path) == cfg
 
 
 @pytest.mark.parametrize(("keys", "named"), [

@@ -7,7 +7,6 @@ prediction layer as a last block, nothing permuted), load into the decoder whose
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import gguf
@@ -16,8 +15,6 @@ import pytest
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
 from services.engine.weights.gguf_metadata import read_gguf_config
 from tests.engine.tiny_gguf import (
     F32,
@@ -28,8 +25,7 @@ from tests.engine.tiny_gguf import (
     add_tensor_as,
     all_f32,
     close_writer,
-    hf_logits,
-    pdserve_logits,
+    read_as_the_twin,
     tensor_adder,
     tiny_hf,
 )
@@ -109,16 +105,8 @@ def write_glm4moe_gguf(model, path: Path, quant=all_f32, keys: dict | None = Non
 def test_a_glm4moe_file_gives_transformers_logits(tmp_path, kind, quant, keys):
     model = _tiny(kind)
     path = write_glm4moe_gguf(model, tmp_path / "tiny-glm4moe.gguf", quant, keys)
-    weights = load_weights(path)
-    cfg = weights.config
-    hf = config_from_hf(model.config.to_dict())
+    cfg = read_as_the_twin(path, model, IDS)
     assert cfg.eos_token_ids == (2, 90, 91) and cfg.qk_norm == kind["use_qk_norm"]
-    # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
-    assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
-    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
-    theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
 
 
 def test_routing_other_than_the_sigmoid_is_refused_by_name(tmp_path):

@@ -7,18 +7,13 @@ stepping within the prompt (the yarn's original context 16 here); the config equ
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-import torch
 
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
 from services.engine.weights.gguf_loader import unpermute_rope_rows
-from services.engine.weights.gguf_metadata import read_gguf_config
 from tests.engine.tiny_gguf import (
     F32,
     Q8_0,
@@ -28,9 +23,8 @@ from tests.engine.tiny_gguf import (
     add_tensor_as,
     all_f32,
     close_writer,
-    hf_logits,
     llama_permute,
-    pdserve_logits,
+    read_as_the_twin,
     tiny_hf,
     write_bpe_tokenizer_gguf,
 )
@@ -86,16 +80,8 @@ def write_mistral3_gguf(model, path: Path, quant=all_f32) -> Path:
 def test_a_mistral3_file_gives_transformers_logits(tmp_path, quant):
     model = tiny_hf("ministral3", vocab_size=96, **MINISTRAL3)
     path = write_mistral3_gguf(model, tmp_path / "tiny-ministral3.gguf", quant)
-    weights = load_weights(path)
-    cfg = weights.config
-    hf = config_from_hf(model.config.to_dict())
+    cfg = read_as_the_twin(path, model, IDS)
     assert (cfg.query_temperature_beta, cfg.query_temperature_period) == (0.1, 16)
-    # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
-    assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
-    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
-    theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
 
 
 def test_a_mistral3_file_s_tokenizer_reads_as_llama_s(tmp_path, monkeypatch, bundled_tokenizer):

@@ -8,18 +8,13 @@ generation."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-import torch
 
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
-from services.engine.weights.gguf_metadata import read_gguf_config
 from tests.engine.tiny_gguf import (
     F32,
     Q8_0,
@@ -28,8 +23,7 @@ from tests.engine.tiny_gguf import (
     add_metadata,
     all_f32,
     close_writer,
-    hf_logits,
-    pdserve_logits,
+    read_as_the_twin,
     tensor_adder,
     tiny_hf,
 )
@@ -83,14 +77,6 @@ def write_phi3_gguf(model, path: Path, quant=all_f32) -> Path:
 def test_a_phi3_file_gives_transformers_logits(tmp_path, kind, quant):
     model = tiny_hf("phi3", vocab_size=96, pad_token_id=0, **kind)
     path = write_phi3_gguf(model, tmp_path / "tiny-phi3.gguf", quant)
-    weights = load_weights(path)
-    cfg = weights.config
-    hf = config_from_hf(model.config.to_dict())
+    cfg = read_as_the_twin(path, model, IDS)
     assert cfg.eos_token_ids == (2, END)
     assert cfg.max_position == 512 and (cfg.rope_scaling is None or cfg.rope_scaling.factor == 4.0)
-    # the file says what config.json says, but the name, its EOS ids and its float32 epsilon
-    assert cfg == dataclasses.replace(hf, name=cfg.name, eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps)
-    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
-    theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading

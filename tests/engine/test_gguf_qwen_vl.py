@@ -15,15 +15,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText
 
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
-from services.engine.weights.gguf_metadata import read_gguf_config
+from services.engine.model.registry import config_from_hf
 from tests.engine.tiny_gguf import (
     add_metadata,
     all_f32,
     close_writer,
-    hf_logits,
-    pdserve_logits,
+    randomise_norms_and_biases,
+    read_as_the_twin,
     tensor_adder,
     write_bpe_tokenizer_gguf,
 )
@@ -55,12 +53,7 @@ def _tiny(kind: str):
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # norms and biases drawn so that a misplaced one shows
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith(".bias"):
-                param.copy_(0.2 * torch.randn_like(param))
+    randomise_norms_and_biases(model)
     return model
 
 
@@ -104,21 +97,13 @@ def write_text_gguf(model, arch: str, path: Path) -> Path:
 def test_a_qwen_vl_text_file_gives_the_whole_model_s_logits(tmp_path, arch):
     model = _tiny(arch)
     path = write_text_gguf(model, arch, tmp_path / f"tiny-{arch}.gguf")
-    weights = load_weights(path)
-    cfg = weights.config
     hf = config_from_hf(model.config.to_dict())
     if hf.moe is not None:  # the released checkpoints store the stacked experts transposed; the file as the model
         hf = dataclasses.replace(hf, moe=dataclasses.replace(hf.moe, stacked_transposed=False))
     # tied as the model is (config.json's flag says true for its text config; a stored head of its own stays untied)
     tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     hf = dataclasses.replace(hf, tie_word_embeddings=tied)
-    # the file says what config.json says, but the name, its BOS and EOS ids (the writer's) and its float32 epsilon
-    assert cfg == dataclasses.replace(hf, name=cfg.name, bos_token_id=cfg.bos_token_id, eos_token_ids=cfg.eos_token_ids,
-                                      rms_norm_eps=cfg.rms_norm_eps)
-    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
-    theirs = hf_logits(model, IDS)
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
+    read_as_the_twin(path, model, IDS, expected=hf, file_own=("bos_token_id",))  # the writer's BOS
 
 
 def test_a_qwen_vl_file_s_tokenizer_is_read_from_its_fields(tmp_path, monkeypatch, bundled_tokenizer):

@@ -6,6 +6,7 @@ weights are the file's dequantised values, so a float32 forward of both must agr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -57,13 +58,40 @@ def tiny_hf(model_type: str, seed: int = 0, **overrides):
     config = AutoConfig.for_model(model_type, **{**SHAPE, "bos_token_id": 1, "eos_token_id": 2, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    randomise_norms_and_biases(model)
+    return model
+
+
+def randomise_norms_and_biases(model) -> None:
+    """Norms drawn around 1 and biases around 0 (transformers starts them at 1 and 0), so that a misplaced one shows
+    in the logits."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.copy_(1 + 0.2 * torch.randn_like(param))
             elif name.endswith(".bias"):
                 param.copy_(0.2 * torch.randn_like(param))
-    return model
+
+
+def read_as_the_twin(path: Path, model, ids: list[int], expected=None, file_own: tuple[str, ...] = ()):
+    """The config the GGUF file at ``path`` (``model`` as a converter wrote it) loads with, once checked: it is
+    ``expected`` (default: what ``model``'s ``config.json`` gives) but for what the file says itself (its name, EOS
+    ids and float32 epsilon, and the fields ``file_own`` names); the gateway's torch-free reading gives it too; and
+    the decoder's float32 logits of ``ids`` equal ``model``'s."""
+    from services.engine.model.registry import config_from_hf, model_class
+    from services.engine.weights import load_weights
+    from services.engine.weights.gguf_metadata import read_gguf_config
+
+    weights = load_weights(path)
+    cfg = weights.config
+    expected = config_from_hf(model.config.to_dict()) if expected is None else expected
+    own = ("name", "eos_token_ids", "rms_norm_eps", *file_own)
+    assert cfg == dataclasses.replace(expected, **{field: getattr(cfg, field) for field in own})
+    ours = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), ids)
+    theirs = hf_logits(model, ids)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    assert read_gguf_config(path) == cfg  # the gateway's torch-free reading
+    return cfg
 
 
 def llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:

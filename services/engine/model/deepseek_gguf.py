@@ -85,8 +85,7 @@ def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
            "moe_intermediate_size": int(f.key("expert_feed_forward_length")),
            "n_shared_experts": int(f.get("expert_shared_count") or 0),
            "norm_topk_prob": bool(f.get("expert_weights_norm")),
-           # 0: none; rounded back from float32 (GLM-4.7-Flash's 1.8)
-           "routed_scaling_factor": round(float(f.get("expert_weights_scale") or 1.0), 6)}
+           "routed_scaling_factor": f.decimal("expert_weights_scale", 1.0)}  # 0: none
     first_dense = int(f.get("leading_dense_block_count") or 0)
     return sparse_mlp(cfg, tuple(range(first_dense, layers)), **routing)
 

@@ -43,11 +43,24 @@ class GGUFFields:
     def get(self, name: str, default: Any = None) -> Any:
         return self.fields.get(f"{self.arch}.{name}", default)
 
+    def decimal(self, name: str, default: float) -> float:
+        """A float32 key as the decimal its checkpoint wrote (6 places: 1.8, not 1.7999999523…); ``default`` where
+        it is missing or 0."""
+        return round(float(self.get(name) or default), 6)
+
     def key(self, name: str, default: Any = None) -> Any:
         value = self.get(name, default)
         if value is None:
             raise ModelLoadError(f"GGUF metadata lacks {self.arch}.{name}")
         return value
+
+
+def fields_as(fields: Mapping[str, Any], architecture: str, kin: str) -> dict[str, Any]:
+    """``fields`` of an ``architecture`` file with its ``{architecture}.*`` keys named ``{kin}.*``: a file whose
+    converter is ``kin``'s subclass, read as ``kin``'s."""
+    prefix = architecture + "."
+    return {kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
+            for key, value in fields.items()}
 
 
 def gguf_rope(f: GGUFFields) -> RopeScaling | None:

@@ -76,7 +76,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         shared_expert_intermediate_size=expert_width * int(f.get("expert_shared_count") or 0) or None,
         shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(f.get("expert_group_count") or 1),
         top_groups=int(f.get("expert_group_used_count") or 1),
-        routed_scaling=round(float(f.get("expert_weights_scale") or 1.0), 6),  # rounded back from float32
+        routed_scaling=f.decimal("expert_weights_scale", 1.0),
     )
     names = fields.get(TENSOR_NAMES_KEY, ())
     return ModelConfig(**{**base, "architecture": ARCHITECTURE, "num_layers": layers, "head_dim": head_dim,

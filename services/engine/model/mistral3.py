@@ -56,7 +56,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
-    beta = round(float(f.get("attention.temperature_scale") or 0.0), 6)  # rounded back from float32
+    beta = f.decimal("attention.temperature_scale", 0.0)
     period = int(f.get("rope.scaling.original_context_length") or base["max_position"]) if beta else 0
     return ModelConfig(**{**base, "architecture": ARCHITECTURE, "head_dim": head_dim, "rope_scaling": _yarn(f, base),
                           "eos_token_ids": gguf_turn_end_ids(base, fields)},
@@ -69,9 +69,9 @@ def _yarn(f: GGUFFields, base: Mapping[str, Any]) -> RopeScaling | None:
     scaling = base["rope_scaling"]
     if scaling is None or scaling.rope_type != "yarn":
         return scaling
-    log_multiplier = f.get("rope.scaling.yarn_log_multiplier")
+    written = f.get("rope.scaling.yarn_log_multiplier") is not None
     return dataclasses.replace(
         scaling, beta_fast=float(f.get("rope.scaling.yarn_beta_fast", scaling.beta_fast)),
         beta_slow=float(f.get("rope.scaling.yarn_beta_slow", scaling.beta_slow)),
-        mscale=None if log_multiplier is None else 1.0,
-        mscale_all_dim=None if log_multiplier is None else round(float(log_multiplier), 6))
+        mscale=1.0 if written else None,
+        mscale_all_dim=f.decimal("rope.scaling.yarn_log_multiplier", 0.0) if written else None)

@@ -20,6 +20,7 @@ from typing import Any
 
 from services.engine.model import qwen2, qwen3, qwen3_moe
 from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import fields_as
 from services.engine.model.multimodal_text import text_config
 
 ARCHITECTURE = "qwen_vl"
@@ -57,10 +58,8 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     """A ``qwen2vl``, ``qwen3vl`` or ``qwen3vlmoe`` file's text model, its keys read as its text family's."""
     architecture = str(fields.get("general.architecture"))
     read, kin = _GGUF_TEXT[architecture]
-    prefix = architecture + "."
-    as_kin = {kin + "." + key.removeprefix(prefix) if key.startswith(prefix) else key: value
-              for key, value in fields.items()}
-    return dataclasses.replace(read({**as_kin, "general.architecture": kin}), architecture=ARCHITECTURE)
+    as_kin = {**fields_as(fields, architecture, kin), "general.architecture": kin}
+    return dataclasses.replace(read(as_kin), architecture=ARCHITECTURE)
 
 
 def _plain_rope(params: Mapping[str, Any]) -> dict[str, Any]:
