@@ -28,11 +28,12 @@ reading serves it: IBM Granite's, Llama 4's and Mistral 3's converters are llama
 ``tokenizer.ggml.*`` fields (Llama 4's: a GPT-2-style BPE whose split, GPT-4o's, transformers takes from
 ``tokenizer.ggml.pre``; the kin only passes its architecture check); LFM2-MoE's writes LFM2's."""
 
-READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "qwen3vlmoe"})
+READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen3next", "smollm3",
+                        "seed_oss", "olmo2", "olmoe", "ernie4_5", "ernie4_5-moe"})
 """Architectures whose GGUF config transformers cannot read (DeepSeek's, GLM-4's, GLM-4.5's; the Qwen-VL text models',
-named as no model type it knows): their tokenizer is built from its ``tokenizer.ggml.*`` fields alone, with
-transformers' GGUF tokenizer builders, split as the file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or
-transformers' own table)."""
+named as no model type it knows; Qwen3-Next's, SmolLM3's, Seed-OSS's, OLMo's, ERNIE 4.5's): their tokenizer is built
+from its ``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer builders, a byte-level one split as the
+file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or transformers' own table; another is refused)."""
 
 PRE_SPLITS = {
     # DeepSeek-V3's (and R1's, V3.1's …): groups of up to three digits, then runs of CJK ideographs and kana, then
@@ -45,6 +46,12 @@ PRE_SPLITS = {
     # LLAMA_VOCAB_PRE_TYPE_CHATGLM4)
     "glm4": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
              r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",),
+    # Seed-Coder's (and Seed-OSS's where its file names it): GPT-4's split but digits one by one and punctuation
+    # runs without line ends (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SEED_CODER)
+    "seed-coder": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}\r\n]+"""
+                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",),
+    # OLMoE's (llama.cpp's ``olmo``): GPT-2's own split, as its GPT-NeoX tokenizer's byte-level pre-tokenizer has it
+    "olmo": (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",),
     # Kimi K2's: the tiktoken pattern of its tokenization_kimi.py (runs of Han apart; letters as GPT-4o's split
     # them, Han excepted, by Oniguruma's class intersection)
     "kimi-k2": (r"""[\p{Han}]+"""
@@ -93,7 +100,7 @@ def _convert(path: Path, directory: Path) -> None:
     metadata, _ = read_gguf_metadata(str(path))  # the scalar fields (arrays only counted): fast
     architecture, pre = str(metadata.get("general.architecture")), metadata.get("tokenizer.ggml.pre")
     if architecture in READ_ALONE:
-        tokenizer = _tokenizer_alone(path, architecture, pre)
+        tokenizer = _tokenizer_alone(path, architecture, pre, metadata.get("tokenizer.ggml.model"))
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
     _split_as(tokenizer, pre)
@@ -106,15 +113,16 @@ def _convert(path: Path, directory: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _tokenizer_alone(path: Path, architecture: str, pre: Any) -> Any:
+def _tokenizer_alone(path: Path, architecture: str, pre: Any, model: Any) -> Any:
     """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
-    without reading the model's config; a split (``tokenizer.ggml.pre``) neither :data:`PRE_SPLITS` nor transformers
-    knows is refused by name (DeepSeek-V2's ``deepseek-llm``)."""
+    without reading the model's config; a byte-level BPE's (``model`` ``gpt2``) split (``tokenizer.ggml.pre``) neither
+    :data:`PRE_SPLITS` nor transformers knows is refused by name (DeepSeek-V2's ``deepseek-llm``; a sentencepiece
+    vocabulary, ERNIE's, splits nothing)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
-    if pre is not None and pre not in PRE_SPLITS and pre not in GGUF_PRE_TOKENIZER_SPLITS:
+    if model == "gpt2" and pre is not None and pre not in PRE_SPLITS and pre not in GGUF_PRE_TOKENIZER_SPLITS:
         raise ValueError(f"{path}: its tokenizer splits text as {pre!r} (tokenizer.ggml.pre), which pdserve does not "
                          f"know for a {architecture} file (known: {', '.join(sorted(PRE_SPLITS))}); tokenizing "
                          "with another split would give other tokens than the model's")

@@ -26,9 +26,12 @@ SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_lay
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
 GGUF_ARCH = {"llama": "llama", "granite": "granite", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3",
-             "granitemoe": "granitemoe", "granitemoeshared": "granitemoe"}
+             "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3",
+             "seed_oss": "seed_oss", "olmo2": "olmo2", "olmo3": "olmo2", "olmoe": "olmoe", "ernie4_5": "ernie4_5",
+             "ernie4_5_moe": "ernie4_5-moe", "minimax_m2": "minimax-m2"}
 GRANITES = ("granite", "granitemoe", "granitemoeshared")
-PERMUTED = ("llama", "granite", "granitemoe")  # llama.cpp's llama converter and its subclasses permute q/k rows
+# llama.cpp's llama converter and its subclasses permute q/k rows
+PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 QuantChoice = Callable[[str], gguf.GGMLQuantizationType]  # GGUF tensor name → its type in the file
 
 
@@ -221,7 +224,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
 
     twin = {}
     for hf_name, array in _hf_tensors(model).items():
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias")) or _correction_bias_name(hf_name)
         assert name is not None, hf_name
         if name.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp's converter squeezes it to [hidden]
             array = array.reshape(-1)
@@ -244,6 +247,15 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     close_writer(writer)
     _load_twin(model, twin)
     return path
+
+
+def _correction_bias_name(hf_name: str) -> str | None:
+    """A router's correction bias as llama.cpp's converter names it (``e_score_correction_bias`` renamed
+    ``e_score_correction.bias``: ``exp_probs_b.bias``), wherever the checkpoint keeps it (MiniMax-M2's block, ERNIE
+    4.5's ``moe_statics``)."""
+    if not hf_name.endswith("e_score_correction_bias"):
+        return None
+    return f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias"
 
 
 def add_metadata(writer: gguf.GGUFWriter, arch: str, keys: dict, tokens: list[str]) -> None:

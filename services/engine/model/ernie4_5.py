@@ -10,6 +10,12 @@ experts routed by the softmax of float32 router logits, chosen by softmax plus a
 ungated MLP; the renormalisation's floor is ``moe_norm_min``'s default (1e-12) whatever the config says. Its
 multi-token-prediction weights (``mtp*``) are not read. ``use_bias`` (a bias on every projection, the MLP's too) is
 refused.
+
+llama.cpp's ``ernie4_5`` and ``ernie4_5-moe`` GGUF files (:func:`config_from_gguf`) hold the layer unpermuted (its rope
+on adjacent pairs, as here); the MoE's layers are those from ``leading_dense_block_count`` whose index + 1 is a
+multiple of ``interleave_moe_layer_step`` (llama.cpp's rule: the checkpoint's end index is not written), routed as
+above (the choice biased where the file holds ``exp_probs_b``), the shared experts ``expert_shared_feed_forward_length``
+wide.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required
 
 ARCHITECTURE = "ernie4_5"
+GGUF_ARCHITECTURE = ("ernie4_5", "ernie4_5-moe")
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -51,6 +59,29 @@ def _experts(cfg: Mapping[str, Any], layers: int) -> MoEConfig:
         shared_expert_intermediate_size=width * int(cfg.get("moe_num_shared_experts", 2)) or None,
         shared_expert_gated=False,
     )
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    arch = str(fields.get("general.architecture"))
+    f = GGUFFields(fields, arch)
+    base = gguf_base_fields(fields, arch)
+    base = {**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)}
+    if arch == "ernie4_5":
+        return ModelConfig(**base, rope_interleaved=True)
+    layers, start = base["num_layers"], int(f.get("leading_dense_block_count") or 0)
+    interval = int(f.get("interleave_moe_layer_step") or 1)
+    width = int(f.key("expert_feed_forward_length"))
+    shared = int(f.get("expert_shared_count") or 0)
+    names = fields.get(TENSOR_NAMES_KEY, ())
+    moe = MoEConfig(
+        num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")), intermediate_size=width,
+        norm_topk_prob=True, biased_choice=any(name.endswith(".exp_probs_b.bias") for name in names),
+        sparse_layers=tuple(i for i in range(start, layers) if (i + 1) % interval == 0),
+        shared_expert_intermediate_size=(int(f.get("expert_shared_feed_forward_length") or 0) or width * shared)
+        if shared else None,
+        shared_expert_gated=False,
+    )
+    return ModelConfig(**base, rope_interleaved=True, moe=moe)
 
 
 def ernie4_5_tensor_name(name: str) -> str | None:

@@ -18,7 +18,8 @@ DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
 # ``<end_of_turn>`` (Gemma 4's ``<turn|>`` and ``<|tool_response>``, its generation config's EOS ids too); GPT-OSS's
 # harmony ends, its generation_config's EOS ids (a final answer's ``<|return|>``, a tool call's ``<|call|>``, and
 # ``<|endoftext|>``); Phi-3's and Phi-4-mini's ``<|end|>``, Phi-4's ``<|im_end|>``; Kimi K2's ``<|im_end|>`` (its
-# generation config's EOS, where its tokenizer's is ``[EOS]``); GLM-4-0414's ``<|user|>`` and ``<|observation|>``.
+# generation config's EOS, where its tokenizer's is ``[EOS]``); GLM-4-0414's ``<|user|>`` and ``<|observation|>``;
+# ChatML's ``<|im_end|>`` for SmolLM3 and OLMo 3 (their files' EOS may be the base model's end of text).
 TURN_END_KEY = "pdserve.turn_end_token_ids"
 # Set by the GGUF loader: the names of the file's tensors, for an architecture whose config depends on which are there
 # (llama.cpp's Gemma 4 has a full layer's values be its keys where the file has no ``attn_v``)
@@ -30,7 +31,8 @@ TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "glm4": ("<|user|>", "<|observat
                   "gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
                   "gemma4": ("<turn|>", "<|tool_response>"), "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
                   "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
-                  "phi3": ("<|end|>", "<|im_end|>", "<|endoftext|>")}
+                  "phi3": ("<|end|>", "<|im_end|>", "<|endoftext|>"),
+                  "smollm3": ("<|im_end|>",), "olmo2": ("<|im_end|>",)}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
@@ -71,10 +73,15 @@ def gguf_rope(f: GGUFFields) -> RopeScaling | None:
     if _GGUF_ROPE_TYPES[kind] == "default":
         return None
     original = f.get("rope.scaling.original_context_length")
+    # yarn's settings where the converter wrote them (its generic writer: the checkpoint's betas and its
+    # ``attention_factor`` as ``yarn_attn_factor``); transformers' defaults otherwise
+    factor = f.get("rope.scaling.attn_factor", f.get("rope.scaling.yarn_attn_factor"))
     try:
         return RopeScaling(rope_type=_GGUF_ROPE_TYPES[kind], factor=float(f.key("rope.scaling.factor")),
                            original_max_position=None if original is None else int(original),
-                           attention_factor=f.get("rope.scaling.attn_factor"))
+                           attention_factor=None if factor is None else round(float(factor), 6),
+                           beta_fast=f.decimal("rope.scaling.yarn_beta_fast", 32.0),
+                           beta_slow=f.decimal("rope.scaling.yarn_beta_slow", 1.0))
     except UnsupportedRopeError as exc:
         raise ModelLoadError(f"GGUF {f.arch}: {exc}") from exc
 

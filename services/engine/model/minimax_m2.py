@@ -14,6 +14,11 @@ Its checkpoints name the MLP ``block_sparse_moe`` with Mixtral's ``w1``/``w3``/`
 the block; the official files are FP8 with block scales (:mod:`services.engine.weights.fp8_blocks`). The
 multi-token-prediction layers after the last are not read. A ``scoring_func`` other than sigmoid, a shared expert
 or another ``qk_norm_type`` is refused by name.
+
+llama.cpp's ``minimax-m2`` GGUF files (:func:`config_from_gguf`) hold the same layer unpermuted (its rope is NEOX's, on
+halves of the rotated part): ``rope.dimension_count`` the rotated dims, ``expert_gating_func`` the sigmoid (another is
+refused), the correction bias ``exp_probs_b``; llama.cpp renormalises the chosen weights and scales them by nothing,
+as the checkpoints do.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required, rotary_dim
 from services.engine.model.mixtral import mixtral_tensor_name
 
 ARCHITECTURE = "minimax_m2"
+GGUF_ARCHITECTURE = "minimax-m2"
+_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -44,6 +52,25 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     norm_topk_prob=True,
                     sparse_layers=tuple(range(fields["num_layers"])), sigmoid_routing=True)
     return ModelConfig(**fields, qk_norm=True, qk_norm_whole=True, moe=moe)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    gating = int(f.get("expert_gating_func") or _SIGMOID)
+    if gating != _SIGMOID:
+        raise ModelLoadError(f"GGUF minimax-m2: expert_gating_func {gating} is not supported (MiniMax-M2's routing is "
+                             f"the sigmoid, {_SIGMOID})")
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
+    rotary = int(f.get("rope.dimension_count") or head_dim)
+    width = int(f.get("expert_feed_forward_length") or f.key("feed_forward_length"))
+    moe = MoEConfig(num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
+                    intermediate_size=width, norm_topk_prob=True, sparse_layers=tuple(range(base["num_layers"])),
+                    sigmoid_routing=True)
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "head_dim": head_dim, "intermediate_size": width,
+                          "rotary_dim": None if rotary == head_dim else rotary,
+                          "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qk_norm=True, qk_norm_whole=True, moe=moe)
 
 
 def minimax_m2_tensor_name(name: str) -> str:

@@ -64,14 +64,13 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
 
 
 def _yarn(f: GGUFFields, base: Mapping[str, Any]) -> RopeScaling | None:
-    """The file's yarn with its betas and magnitude term (llama.cpp's ``get_mscale(factor, 1) / get_mscale(factor,
-    yarn_log_multiplier)``, transformers' ``mscale`` 1 over ``mscale_all_dim``; none written: its default)."""
+    """The file's yarn (its betas read with it: :func:`gguf_rope`) with its magnitude term (llama.cpp's
+    ``get_mscale(factor, 1) / get_mscale(factor, yarn_log_multiplier)``, transformers' ``mscale`` 1 over
+    ``mscale_all_dim``; none written: its default)."""
     scaling = base["rope_scaling"]
     if scaling is None or scaling.rope_type != "yarn":
         return scaling
     written = f.get("rope.scaling.yarn_log_multiplier") is not None
     return dataclasses.replace(
-        scaling, beta_fast=float(f.get("rope.scaling.yarn_beta_fast", scaling.beta_fast)),
-        beta_slow=float(f.get("rope.scaling.yarn_beta_slow", scaling.beta_slow)),
-        mscale=1.0 if written else None,
+        scaling, mscale=1.0 if written else None,
         mscale_all_dim=f.decimal("rope.scaling.yarn_log_multiplier", 0.0) if written else None)

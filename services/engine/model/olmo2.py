@@ -8,6 +8,11 @@ layer (:class:`Olmo2DecoderModel`):
 
 OLMo 3 (``olmo3``, :mod:`services.engine.model.olmo3`) adds sliding layers with their own rope;
 OLMoE (:mod:`services.engine.model.olmoe`) keeps Llama's pre-norm layer with these q/k norms.
+
+llama.cpp's ``olmo2`` GGUF files (:func:`config_from_gguf`) hold OLMo 2's and OLMo 3's layers unpermuted (NEOX's rope,
+on halves); an OLMo 3 file names its window (``attention.sliding_window``) and which layers slide
+(``attention.sliding_window_pattern``, true for a sliding one; llama.cpp's older files: three of every four), whose
+rope is plain over ``rope.freq_base_swa`` (else ``rope.freq_base``) while the full layers' carries the file's scaling.
 """
 
 from __future__ import annotations
@@ -15,13 +20,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.model.config import ModelConfig
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig, windowed_layers
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields
 
-ARCHITECTURE = "olmo2"
+ARCHITECTURE = GGUF_ARCHITECTURE = "olmo2"
+OLMO3 = "olmo3"
+_GGUF_SLIDING_PERIOD = 4  # llama.cpp's pattern where a file with a window names none: the fourth layer is full
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     cfg = {"rms_norm_eps": 1e-5, **cfg}  # Olmo2Config's default
     bias = bool(cfg.get("attention_bias", False))
     return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """OLMo 2's config, or OLMo 3's where the file names a window."""
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    base["eos_token_ids"] = gguf_turn_end_ids(base, fields)
+    window = int(f.get("attention.sliding_window") or 0)
+    if not window:
+        return ModelConfig(**base)
+    layers = base["num_layers"]
+    pattern = f.get("attention.sliding_window_pattern")
+    sliding = [bool(s) for s in pattern] if pattern is not None else \
+        [(i + 1) % _GGUF_SLIDING_PERIOD != 0 for i in range(layers)]
+    if len(sliding) != layers:
+        raise ModelLoadError(f"GGUF olmo2: attention.sliding_window_pattern lists {len(sliding)} layers, the file has "
+                             f"{layers}")
+    windows = tuple(window if s else None for s in sliding)
+    return ModelConfig(**{**base, "architecture": OLMO3}, layer_windows=windows,
+                       local_rope_layers=windowed_layers(windows),
+                       local_rope_theta=float(f.get("rope.freq_base_swa") or base["rope_theta"]))

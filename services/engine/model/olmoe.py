@@ -7,6 +7,10 @@
 
 Its checkpoints name the MLP as Qwen-MoE's (``mlp.gate``, ``mlp.experts.{e}.gate_proj|up_proj|down_proj``).
 ``clip_qkv`` (null in the released checkpoints) is refused by name.
+
+llama.cpp's ``olmoe`` GGUF files (:func:`config_from_gguf`) hold the layer unpermuted (NEOX's rope), the experts
+``feed_forward_length`` wide; llama.cpp routes them unrenormalised whatever the checkpoint said (its released
+``norm_topk_prob`` is false), and so does pdserve for a file.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required
 
-ARCHITECTURE = "olmoe"
+ARCHITECTURE = GGUF_ARCHITECTURE = "olmoe"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -32,3 +37,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     sparse_layers=tuple(range(fields["num_layers"])))
     bias = bool(cfg.get("attention_bias", False))
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_whole=True, moe=moe)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    width = int(f.get("expert_feed_forward_length") or f.key("feed_forward_length"))
+    moe = MoEConfig(num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
+                    intermediate_size=width, norm_topk_prob=False, sparse_layers=tuple(range(base["num_layers"])))
+    return ModelConfig(**{**base, "intermediate_size": width, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qk_norm=True, qk_norm_whole=True, moe=moe)

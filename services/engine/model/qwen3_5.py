@@ -19,8 +19,8 @@ from services.engine.model.hf_config import base_fields, required, with_defaults
 from services.engine.model.qwen3_moe import sparse_layers
 
 ARCHITECTURE = "qwen3_5"
-GGUF_DENSE, GGUF_MOE = "qwen35", "qwen35moe"
-_GGUF_TEXT_TYPES = {GGUF_DENSE: "qwen3_5_text", GGUF_MOE: "qwen3_5_moe_text"}
+GGUF_DENSE, GGUF_MOE, GGUF_NEXT = "qwen35", "qwen35moe", "qwen3next"
+_GGUF_TEXT_TYPES = {GGUF_DENSE: "qwen3_5_text", GGUF_MOE: "qwen3_5_moe_text", GGUF_NEXT: "qwen3_next"}
 LAYER_KINDS = ("linear_attention", "full_attention")
 _MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 _SKIPPED = ("mtp.", "model.visual.", "visual.")
@@ -86,9 +86,10 @@ def _text_config(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    """A llama.cpp ``qwen35`` or ``qwen35moe`` file's config: its metadata read into the text config transformers
-    builds from it, then read as a ``config.json`` is (the multi-token-prediction block, counted in
-    ``block_count``, is not a decoder layer; the value dim is stated whole, the rotary width in dims)."""
+    """A llama.cpp ``qwen35``, ``qwen35moe`` or ``qwen3next`` file's config: its metadata read into the text config
+    transformers builds from it, then read as a ``config.json`` is (the multi-token-prediction block, counted in
+    ``block_count``, is not a decoder layer; the value dim is stated whole, the rotary width in dims; Qwen3-Next's rope
+    has no sections, and its experts are on every layer, renormalised, as llama.cpp reads them)."""
     arch = str(fields.get("general.architecture"))
     f = GGUFFields(fields, arch)
     head_dim, value_heads = int(f.key("attention.key_length")), int(f.key("ssm.time_step_rank"))
@@ -105,19 +106,22 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         "linear_value_head_dim": int(f.key("ssm.inner_size")) // value_heads,
         "num_hidden_layers": int(f.key("block_count")) - int(f.get("nextn_predict_layers") or 0),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(f.key("rope.freq_base")),
-                            "mrope_section": [s for s in f.get("rope.dimension_sections") or () if s],
-                            "mrope_interleaved": True,
                             "partial_rotary_factor": int(f.key("rope.dimension_count")) / head_dim},
         "tie_word_embeddings": True,  # decided by the loader from the tensors present
         "eos_token_id": None if eos is None else int(eos), "bos_token_id": None if bos is None else int(bos),
     }
+    if arch != GGUF_NEXT:
+        text["rope_parameters"].update(mrope_section=[s for s in f.get("rope.dimension_sections") or () if s],
+                                       mrope_interleaved=True)
     if f.get("feed_forward_length"):
         text["intermediate_size"] = int(f.get("feed_forward_length"))
-    if arch == GGUF_MOE:
+    if arch in (GGUF_MOE, GGUF_NEXT):
         text.update(num_experts=int(f.key("expert_count")), num_experts_per_tok=int(f.key("expert_used_count")),
                     moe_intermediate_size=int(f.key("expert_feed_forward_length")),
                     shared_expert_intermediate_size=int(f.key("expert_shared_feed_forward_length")))
-    return hybrid_config(text, ARCHITECTURE)
+    if arch == GGUF_NEXT:
+        text.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    return hybrid_config(text, "qwen3_next" if arch == GGUF_NEXT else ARCHITECTURE)
 
 
 def qwen3_5_tensor_name(name: str) -> str | None:

@@ -1,6 +1,9 @@
 """ByteDance's Seed-OSS (36B; ``SeedOssForCausalLM``, ``seed_oss``): Llama's decoder with q/k/v biases
 (``attention_bias``, on by default) and an o_proj bias where ``attention_out_bias`` says so, an explicit
-``head_dim`` (128 where absent, as ``SeedOssConfig`` has it). ``mlp_bias`` is refused (the shared MLP has none)."""
+``head_dim`` (128 where absent, as ``SeedOssConfig`` has it). ``mlp_bias`` is refused (the shared MLP has none).
+
+llama.cpp's ``seed_oss`` GGUF files (:func:`config_from_gguf`) hold the layer unpermuted (NEOX's rope, on halves), the
+norm before the MLP as ``post_attention_norm``; the biases are those the file holds."""
 
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields
 
-ARCHITECTURE = "seed_oss"
+ARCHITECTURE = GGUF_ARCHITECTURE = "seed_oss"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -20,3 +24,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         cfg["head_dim"] = 128
     return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bool(cfg["attention_bias"]),
                        o_bias=bool(cfg["attention_out_bias"]))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    names = fields.get(TENSOR_NAMES_KEY, ())
+    return ModelConfig(**{**base, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qkv_bias=any(name.endswith(".attn_q.bias") for name in names),
+                       o_bias=any(name.endswith(".attn_output.bias") for name in names))

@@ -115,6 +115,17 @@ _ARCH_LAYER_NAMES = {
                 "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     "qwen35": _QWEN35_NAMES,
     "qwen35moe": {**_QWEN35_NAMES, "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
+    # Qwen3-Next's: Qwen3.5-MoE's, its b and a projections fused (``ssm_ba``)
+    "qwen3next": {**_QWEN35_NAMES, "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+                  "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
+    # OLMo 2's and 3's norms on the blocks' outputs (none on their inputs)
+    "olmo2": {"post_attention_norm.weight": "post_attention_layernorm.weight",
+              "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+    # Seed-OSS's norm before the MLP, which its converter names as a norm after attention
+    "seed_oss": {"post_attention_norm.weight": "post_attention_layernorm.weight"},
+    # the routers' correction bias; ERNIE 4.5's shared experts
+    "minimax-m2": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
+    "ernie4_5-moe": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
     "lfm2moe": {**_LFM2_NAMES, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
 }
@@ -135,8 +146,8 @@ _STACKED_NAMES = {
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
-NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "qwen35", "qwen35moe"), 1.0)
-"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's and Qwen3.5's
+NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "qwen35", "qwen35moe", "qwen3next"), 1.0)
+"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's, Qwen3.5's and Qwen3-Next's
 ``1 + weight`` scale, stored whole) but those of :data:`UNOFFSET_NORMS`; the loader takes it off again, as the model
 adds it itself."""
 UNOFFSET_NORMS = frozenset({"ssm_norm.weight"})  # Qwen3.5's gated norm in its DeltaNet layers: a plain scale

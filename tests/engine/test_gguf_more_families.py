@@ -1,0 +1,211 @@
+"""GGUF files of SmolLM3 (``smollm3``), Seed-OSS (``seed_oss``), OLMo 2 and OLMo 3 (``olmo2``), OLMoE (``olmoe``),
+ERNIE 4.5 (``ernie4_5``, ``ernie4_5-moe``) and MiniMax-M2 (``minimax-m2``), written from tiny transformers models the
+way llama.cpp's converters write them (SmolLM3's q/k rows permuted, its llama converter's subclass; the others' as they
+are; each converter's own keys), load into the decoder whose float32 logits equal the HF twin's; the config equals
+the one read from the model's ``config.json`` but where llama.cpp reads a file otherwise (OLMoE's unrenormalised
+routing), torch-free alike; their tokenizers are read from the file's fields."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+
+from services.engine.errors import ModelLoadError
+from services.engine.model import ernie4_5
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY
+from services.engine.model.registry import model_class
+from services.engine.weights import load_model_config, load_weights
+from services.engine.weights.gguf_metadata import read_fields
+from tests.engine.tiny_gguf import (
+    all_f32,
+    mixed,
+    pdserve_logits,
+    read_as_the_twin,
+    tiny_hf,
+    write_bpe_tokenizer_gguf,
+    write_gguf,
+)
+
+IDS = [(i * 37 + 5) % 96 for i in range(45)]
+# betas that move the ramp of a 16-wide head at base 1e4 over 256 positions (32 and 1 put it elsewhere)
+_YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256, "attention_factor": 1.25,
+         "beta_fast": 8.0, "beta_slow": 2.0}
+# (transformers overrides, the converter's keys beyond the generic ones); three layers where a pattern of layers shows
+FAMILIES = {
+    # SmolLM3: its file names no NoPE layers; llama.cpp leaves every fourth unrotated (layer 3 here), as released
+    "smollm3": (dict(model_type="smollm3", num_hidden_layers=4, pad_token_id=0, tie_word_embeddings=True), {}),
+    # Seed-OSS: q/k/v biases and an o_proj bias (the norm before the MLP named post_attention_norm)
+    "seed_oss": (dict(model_type="seed_oss", head_dim=16, attention_out_bias=True, pad_token_id=0,
+                      tie_word_embeddings=False), {}),
+    "olmo2": (dict(model_type="olmo2", pad_token_id=0, tie_word_embeddings=False), {}),
+    # OLMo 3: sliding (8 here, so the 45 tokens cross it), full, sliding; yarn on the full layer only, with its
+    # attention factor and betas, as the converter's generic writer writes them
+    "olmo3": (dict(model_type="olmo3", num_hidden_layers=3, sliding_window=8, pad_token_id=0,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {**_YARN, "rope_theta": 10000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                   tie_word_embeddings=False),
+              {"attention.sliding_window": 8, "attention.sliding_window_pattern": [True, False, True],
+               "rope.scaling.type": "yarn", "rope.scaling.factor": 2.0, "rope.scaling.original_context_length": 256,
+               "rope.scaling.yarn_attn_factor": 1.25, "rope.scaling.yarn_beta_fast": 8.0,
+               "rope.scaling.yarn_beta_slow": 2.0}),
+    "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
+                   tie_word_embeddings=False),
+              {"expert_count": 4, "expert_used_count": 2}),
+    "ernie4_5": (dict(model_type="ernie4_5", head_dim=16, tie_word_embeddings=True), {}),
+    # ERNIE 4.5 MoE: a dense first layer, then experts on every second layer from it (layers 1 and 3 of 4), two
+    # shared experts, the choice biased by the correction bias (drawn at random)
+    "ernie4_5_moe": (dict(model_type="ernie4_5_moe", head_dim=16, num_hidden_layers=4, moe_num_experts=4, moe_k=2,
+                          moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=1,
+                          moe_layer_interval=2, intermediate_size=128, tie_word_embeddings=False),
+                     {"expert_count": 4, "expert_used_count": 2, "interleave_moe_layer_step": 2,
+                      "leading_dense_block_count": 1, "expert_feed_forward_length": 32, "expert_shared_count": 2,
+                      "expert_shared_feed_forward_length": 128 // 2}),  # intermediate_size // kv heads, as written
+    # MiniMax-M2: q/k normed over all heads, rope on half of each head, sigmoid routing with its correction bias
+    "minimax_m2": (dict(model_type="minimax_m2", head_dim=16, rotary_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                        tie_word_embeddings=False),
+                   {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 96,
+                    "rope.dimension_count": 8, "expert_gating_func": 2}),
+}
+
+
+def _model(name: str):
+    overrides, _ = FAMILIES[name]
+    model = tiny_hf(**overrides)
+    with torch.no_grad():  # the routers' correction biases, which tiny_hf leaves at 0
+        for param_name, param in model.named_parameters(remove_duplicate=False):
+            if param_name.endswith("e_score_correction_bias"):
+                param.copy_(0.3 * torch.randn_like(param))
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn_like(buffer))
+    return model
+
+
+@pytest.mark.parametrize("quant", [all_f32, mixed], ids=["f32", "q8-q4-f16"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_file_of_the_family_gives_transformers_logits(name, quant, tmp_path):
+    model = _model(name)
+    path = write_gguf(model, tmp_path / f"tiny-{name}.gguf", quant, metadata=FAMILIES[name][1])
+    read_as_the_twin(path, model, IDS)
+
+
+def test_the_families_read_what_llama_cpp_reads(tmp_path):
+    """The layers each family's file gives its features: SmolLM3's NoPE layer, OLMo 3's windows and local rope, ERNIE
+    4.5's sparse layers and shared width, MiniMax-M2's rotated part, Seed-OSS's biases from its tensors."""
+    configs = {}
+    for name in ("smollm3", "olmo3", "ernie4_5_moe", "minimax_m2", "seed_oss"):
+        configs[name] = load_model_config(write_gguf(_model(name), tmp_path / f"{name}.gguf",
+                                                     metadata=FAMILIES[name][1]))
+    assert configs["smollm3"].nope_layers == (3,)
+    olmo3 = configs["olmo3"]
+    assert (olmo3.architecture, olmo3.layer_windows, olmo3.local_rope_layers) == ("olmo3", (8, None, 8), (0, 2))
+    assert (olmo3.rope_scaling.attention_factor, olmo3.rope_scaling.beta_fast, olmo3.rope_scaling.beta_slow) == \
+        (1.25, 8.0, 2.0)
+    moe = configs["ernie4_5_moe"].moe
+    assert (moe.sparse_layers, moe.shared_expert_intermediate_size, moe.biased_choice) == ((1, 3), 64, True)
+    assert configs["minimax_m2"].rotary_dim == 8 and configs["minimax_m2"].moe.sigmoid_routing
+    assert (configs["seed_oss"].qkv_bias, configs["seed_oss"].o_bias) == (True, True)
+
+
+def test_an_olmo3_file_without_a_pattern_slides_three_layers_of_four(tmp_path):
+    """llama.cpp's older OLMo 3 files name a window but no pattern: its runtime's period of 4."""
+    model = _model("olmo3")
+    keys = {**FAMILIES["olmo3"][1], "attention.sliding_window_pattern": None}
+    cfg = load_model_config(write_gguf(model, tmp_path / "olmo3.gguf", metadata=keys))
+    assert cfg.layer_windows == (8, 8, 8)  # three layers: none is a fourth
+
+
+def test_an_olmo3_pattern_of_another_length_is_refused(tmp_path):
+    keys = {**FAMILIES["olmo3"][1], "attention.sliding_window_pattern": [True, False]}
+    with pytest.raises(ModelLoadError, match="sliding_window_pattern lists 2 layers"):
+        load_model_config(write_gguf(_model("olmo3"), tmp_path / "olmo3.gguf", metadata=keys))
+
+
+def test_an_olmoe_file_routes_unrenormalised_as_llama_cpp_does(tmp_path):
+    """llama.cpp never renormalises OLMoE's chosen weights: a file of a checkpoint that said to is served as
+    llama.cpp serves it (the config says so), not as its checkpoint."""
+    model = tiny_hf(**{**FAMILIES["olmoe"][0], "norm_topk_prob": True})
+    cfg = load_model_config(write_gguf(model, tmp_path / "olmoe.gguf", metadata=FAMILIES["olmoe"][1]))
+    assert not cfg.moe.norm_topk_prob
+
+
+def test_a_minimax_m2_file_with_softmax_routing_is_refused(tmp_path):
+    keys = {**FAMILIES["minimax_m2"][1], "expert_gating_func": 1}
+    with pytest.raises(ModelLoadError, match="expert_gating_func 1"):
+        load_model_config(write_gguf(_model("minimax_m2"), tmp_path / "m2.gguf", metadata=keys))
+
+
+def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path):
+    """llama.cpp's ERNIE loader takes ``exp_probs_b`` as optional: without it the choice is the softmax's."""
+    model = _model("ernie4_5_moe")
+    cfg = load_model_config(write_gguf(model, tmp_path / "ernie.gguf", metadata=FAMILIES["ernie4_5_moe"][1]))
+    assert cfg.moe.biased_choice
+    stripped = dataclasses.replace(cfg.moe, biased_choice=False)
+    fields = read_fields(GGUFReader(str(tmp_path / "ernie.gguf")))
+    fields[TENSOR_NAMES_KEY] = tuple(n for n in fields[TENSOR_NAMES_KEY] if "exp_probs_b" not in n)
+    assert ernie4_5.config_from_gguf(fields).moe == stripped
+
+
+@pytest.mark.parametrize(("arch", "pre", "text", "pieces"), [
+    ("smollm3", "llama-bpe", "SmolLM3 runs 12345 here.", ["SmolLM", "3", "Ġruns", "Ġ", "123", "45"]),
+    ("olmo2", "dbrx", "OLMo 3 counts 12345.", None),
+    ("olmoe", "olmo", "OLMoE counts 12345!", ["OLMoE", "Ġcounts", "Ġ12345", "!"]),
+    ("seed_oss", "seed-coder", "Seed 12345\n\n!!", ["Seed", "Ġ", "1", "2", "3", "4", "5", "ĊĊ", "!!"]),
+    ("qwen3next", "qwen2", "Qwen3 counts 12345.", ["Qwen", "3", "Ġcounts", "Ġ", "1", "2", "3", "4", "5", "."]),
+])
+def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
+                                                       pieces):
+    """transformers reads no such GGUF config: the tokenizer is built from the file's fields, split as its
+    ``tokenizer.ggml.pre`` says."""
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5}
+    path = write_bpe_tokenizer_gguf(tmp_path / f"{arch}-tokenizer.gguf", arch, keys, pre, bundled_tokenizer.hf)
+    loaded = Tokenizer.load(path)
+    assert loaded.decode(loaded.encode_plain(text)) == text
+    split = [p for p, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    if pieces is not None:
+        assert split[:len(pieces)] == pieces, split
+
+
+def test_an_unknown_split_of_a_new_family_is_refused_by_name(tmp_path, monkeypatch, bundled_tokenizer):
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5}
+    path = write_bpe_tokenizer_gguf(tmp_path / "olmo2-superbpe.gguf", "olmo2", keys, "superbpe", bundled_tokenizer.hf)
+    with pytest.raises(ValueError, match="splits text as 'superbpe'"):
+        Tokenizer.load(path)
+
+
+def test_the_new_families_end_a_chat_turn_at_im_end(tmp_path):
+    """SmolLM3's and OLMo 3's ChatML turns end at ``<|im_end|>`` (their files' EOS may be the end of text)."""
+    tokens = [f"<t{i}>" for i in range(96)]
+    tokens[7] = "<|im_end|>"
+    for name in ("smollm3", "olmo2"):
+        cfg = load_model_config(write_gguf(_model(name), tmp_path / f"{name}-ends.gguf", tokens=tokens,
+                                           metadata=FAMILIES[name][1]))
+        assert cfg.eos_token_ids == (2, 7), (name, cfg.eos_token_ids)
+
+
+def test_the_written_olmo3_twin_is_not_trivially_equal(tmp_path):
+    """The sliding window and each of yarn's betas move the logits here, so the twin check sees a misread one."""
+    model = _model("olmo3")
+    path = write_gguf(model, tmp_path / "olmo3.gguf", metadata=FAMILIES["olmo3"][1])
+    cfg = read_as_the_twin(path, model, IDS)
+    weights = load_weights(path)
+    exact = pdserve_logits(model_class(cfg.architecture)(cfg, weights.tensors, torch.float32), IDS)
+    scaling = cfg.rope_scaling
+    for wrong in (dataclasses.replace(cfg, layer_windows=(None, None, None), local_rope_layers=()),
+                  dataclasses.replace(cfg, rope_scaling=dataclasses.replace(scaling, beta_fast=32.0)),
+                  dataclasses.replace(cfg, rope_scaling=dataclasses.replace(scaling, beta_slow=1.0))):
+        off = pdserve_logits(model_class(cfg.architecture)(wrong, load_weights(path).tensors, torch.float32), IDS)
+        assert not np.allclose(off.numpy(), exact.numpy(), atol=1e-3)
