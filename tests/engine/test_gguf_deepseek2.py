@@ -105,17 +105,19 @@ def _metadata(cfg) -> dict:
 
 
 def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = None, mla: bool = True,
-                         mtp: bool = False, token_ids: dict[str, int] | None = None) -> Path:
+                         mtp: bool = False, token_ids: dict[str, int] | None = None, arch: str = "deepseek2") -> Path:
     """``model`` as llama.cpp's converter writes it (``mla``: kv_b split as its MLA files have it, else whole;
     ``mtp``: a multi-token-prediction block after the last layer, as GLM-4.7-Flash's files have it; ``token_ids``:
-    ``tokenizer.ggml.*`` ids), and the file's dequantised values loaded into ``model``."""
+    ``tokenizer.ggml.*`` ids; ``arch`` ``mistral4``: Mistral 4's files, the experts' gate and up kept fused as
+    ``ffn_gate_up_exps``), and the file's dequantised values loaded into ``model``."""
     cfg = model.config
     layers = cfg.num_hidden_layers
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, layers + mtp)
-    writer = gguf.GGUFWriter(str(path), "deepseek2")
+    model_arch = gguf.MODEL_ARCH.MISTRAL4 if arch == "mistral4" else gguf.MODEL_ARCH.DEEPSEEK2
+    names = gguf.get_tensor_name_map(model_arch, layers + mtp)
+    writer = gguf.GGUFWriter(str(path), arch)
     extra = {"block_count": layers + 1, "nextn_predict_layers": 1} if mtp else {}
     # the last token as Kimi K2's turn end, found by its text
-    add_metadata(writer, "deepseek2", _metadata(cfg) | extra | (keys or {}), [f"t{i}" for i in range(95)] + [IM_END])
+    add_metadata(writer, arch, _metadata(cfg) | extra | (keys or {}), [f"t{i}" for i in range(95)] + [IM_END])
     for key, value in (token_ids or {}).items():
         writer.add_uint32(f"tokenizer.ggml.{key}", value)
     if mtp:  # a few of the block's tensors: its own and a decoder layer's (ones a reader that took it would misread)
@@ -126,8 +128,17 @@ def write_deepseek2_gguf(model, path: Path, quant=all_f32, keys: dict | None = N
     add = tensor_adder(writer, names, quant)
     twin: dict[str, np.ndarray] = {}
     nope, kv_lora, heads = cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.num_attention_heads
-    for name, array in _hf_tensors(model).items():
+    tensors = _hf_tensors(model)
+    for name, array in tensors.items():
         layer = name.split(".")[2] if ".layers." in name else ""
+        if arch == "mistral4" and name.endswith("mlp.experts.up_proj.weight"):
+            continue  # written with its gate
+        if arch == "mistral4" and name.endswith("mlp.experts.gate_proj.weight"):
+            up = name.replace("gate_proj", "up_proj")
+            fused = add_tensor_as(writer, f"blk.{layer}.ffn_gate_up_exps.weight",
+                                  np.concatenate([array, tensors[up]], axis=1), quant)
+            twin[name], twin[up] = np.split(fused, 2, axis=1)
+            continue
         if name.endswith("e_score_correction_bias"):  # the converter's exp_probs_b, kept in float32
             twin[name] = add_tensor_as(writer, f"blk.{layer}.exp_probs_b.bias", array, lambda _: F32)
             continue

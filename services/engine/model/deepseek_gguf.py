@@ -20,6 +20,9 @@ Their tokenizers are served where pdserve knows their split (DeepSeek-V3's, Kimi
   transformers by its best. ``expert_weights_norm`` renormalises, ``expert_weights_scale`` scales (0 or 1: none).
 - Yarn from ``rope.scaling.*``: ``yarn_log_multiplier`` is ``0.1 · mscale_all_dim`` (the converter's), and the scores
   scale by ``mscale²`` as transformers'; the rope's own magnitude is 1, as both compute it.
+- Mistral's own checkpoints (Mistral Large 3, Small 4), which llama.cpp converts as ``deepseek2`` too, carry
+  Ministral 3's query temperature (``attention.temperature_scale``, ``temperature_length``): read
+  (:func:`with_file_ids`).
 - q and k rows as the checkpoint's (the converter permutes nothing); the rope rotates pairs of adjacent dims, as
   llama.cpp's NORM rope and transformers' ``rope_interleave`` do.
 """
@@ -42,8 +45,30 @@ SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    cfg, f = latent_fields(fields, GGUF_ARCHITECTURE)
+    config = latent_config(cfg, ARCHITECTURE, _experts(f, cfg["num_hidden_layers"]), interleaved=True)
+    return with_file_ids(config, fields, GGUF_ARCHITECTURE)
+
+
+def with_file_ids(config: ModelConfig, fields: Mapping[str, Any], arch: str) -> ModelConfig:
+    """``config`` with the file's name, BOS and end ids, and its query temperature: ``attention.temperature_scale``
+    over ``attention.temperature_length`` (else the yarn's original context; llama.cpp's converter writes both for
+    Mistral's own checkpoints, Mistral Large 3's and Small 4's, whose queries past that context scale up)."""
+    base = gguf_base_fields(fields, arch)
+    f = GGUFFields(fields, arch)
+    beta = f.decimal("attention.temperature_scale", 0.0)
+    period = int(f.get("attention.temperature_length") or f.get("rope.scaling.original_context_length")
+                 or base["max_position"]) if beta else 0
+    return dataclasses.replace(config, name=base["name"], bos_token_id=base["bos_token_id"],
+                               eos_token_ids=gguf_turn_end_ids(base, fields), query_temperature_beta=beta,
+                               query_temperature_period=period)
+
+
+def latent_fields(fields: Mapping[str, Any], arch: str) -> tuple[dict[str, Any], GGUFFields]:
+    """The ``config.json`` fields of an ``arch`` file's latent attention, its widths and its rope (experts not
+    included), for :func:`~services.engine.model.deepseek.latent_config`; and the file's fields."""
+    f = GGUFFields(fields, arch)
+    base = gguf_base_fields(fields, arch)
     # the file's last nextn_predict_layers blocks are GLM-4.7-Flash's multi-token-prediction layer (not read)
     layers, heads = base["num_layers"] - int(f.get("nextn_predict_layers") or 0), base["num_heads"]
     mla_k, mla_v = int(f.get("attention.key_length_mla") or 0), int(f.get("attention.value_length_mla") or 0)
@@ -61,9 +86,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         "qk_rope_head_dim": rope_dim, "qk_nope_head_dim": qk_head - rope_dim, "v_head_dim": v_head,
         "tie_word_embeddings": True,  # decided by the loader from the tensors present
     }
-    config = latent_config(cfg, ARCHITECTURE, _experts(f, layers), interleaved=True)
-    return dataclasses.replace(config, name=base["name"], bos_token_id=base["bos_token_id"],
-                               eos_token_ids=gguf_turn_end_ids(base, fields))
+    return cfg, f
 
 
 def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
@@ -104,7 +127,7 @@ def _yarn(f: GGUFFields) -> dict[str, Any] | None:
     if kind in (None, "none"):
         return None
     if kind != "yarn":
-        raise ModelLoadError(f"GGUF deepseek2: rope scaling {kind!r} is not supported (only yarn)")
+        raise ModelLoadError(f"GGUF {f.arch}: rope scaling {kind!r} is not supported (only yarn)")
     # the converter writes 0.1 · mscale_all_dim; rounded back from float32
     mscale = round(float(f.get("rope.scaling.yarn_log_multiplier") or 0.0) / 0.1, 6)
     return {"rope_type": "yarn", "factor": float(f.key("rope.scaling.factor")),
@@ -124,11 +147,11 @@ def kv_b_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dic
         k_b, v_b = out.pop(name), out.pop(prefix + "gguf_v_b", None)
         want = (config.num_heads, mla.kv_lora_rank)
         if v_b is None or (k_b.shape[0], k_b.shape[1]) != want or (v_b.shape[0], v_b.shape[2]) != want:
-            raise ModelLoadError(f"GGUF deepseek2: {prefix}: attn_k_b {tuple(k_b.shape)} and attn_v_b "
+            raise ModelLoadError(f"GGUF {config.architecture} file: {prefix}: attn_k_b {tuple(k_b.shape)} and attn_v_b "
                                  f"{None if v_b is None else tuple(v_b.shape)} are not [heads, kv_lora, nope] and "
                                  "[heads, v, kv_lora]")
         joined = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
         out[prefix + "kv_b_proj.weight"] = joined.reshape(-1, mla.kv_lora_rank).contiguous()
     if any(n.endswith(".self_attn.gguf_v_b") for n in out):
-        raise ModelLoadError("GGUF deepseek2: an attn_v_b without its attn_k_b")
+        raise ModelLoadError(f"GGUF {config.architecture} file: an attn_v_b without its attn_k_b")
     return out

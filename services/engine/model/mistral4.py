@@ -15,6 +15,14 @@ The text model is DeepSeek-V3's (:func:`~services.engine.model.deepseek.latent_c
 
 The vision tower and projector are not read (``multimodal_text``). The FP8 release (per-tensor scales) is
 dequantised at load (``weights/fp8_blocks.py``).
+
+llama.cpp's ``mistral4`` GGUF files (:func:`config_from_gguf`) are its DeepSeek files (the latent attention read as
+:mod:`services.engine.model.deepseek_gguf` reads it: ``kv_b`` split in ``attn_k_b``/``attn_v_b``, yarn's
+``mscale_all_dim`` a tenth of ``yarn_log_multiplier``) with the experts' gate and up kept fused
+(``ffn_gate_up_exps``, gate rows first) and the softmax routing (another ``expert_gating_func`` is refused; llama.cpp
+scores a group as Mistral does, by its best two). The temperature is the file's ``attention.temperature_scale`` over
+``attention.temperature_length`` (else the yarn's original context): its converter writes neither for a Hugging Face
+checkpoint, so such a file is served as llama.cpp serves it, without the temperature (1 within the original context).
 """
 
 from __future__ import annotations
@@ -23,13 +31,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.deepseek import latent_config, present, sparse_mlp
+from services.engine.model.deepseek_gguf import SOFTMAX, latent_fields, with_file_ids
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import query_temperature, required
 from services.engine.model.multimodal_text import text_tensor_name
 
-ARCHITECTURE = "mistral4"
+ARCHITECTURE = GGUF_ARCHITECTURE = "mistral4"
 
 # Mistral4Config's
 _DEFAULTS = {"first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
@@ -46,6 +56,24 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     config = latent_config(cfg, ARCHITECTURE, moe, interleaved=bool(cfg["rope_interleave"]))
     beta, period = query_temperature(cfg, ARCHITECTURE)
     return dataclasses.replace(config, query_temperature_beta=beta, query_temperature_period=period)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    cfg, f = latent_fields(fields, GGUF_ARCHITECTURE)
+    gating = int(f.get("expert_gating_func") or SOFTMAX)
+    if gating != SOFTMAX:
+        raise ModelLoadError(f"GGUF mistral4: expert_gating_func {gating} is not supported (Mistral 4's routing is the "
+                             f"softmax, {SOFTMAX})")
+    cfg.update(n_routed_experts=int(f.key("expert_count")), num_experts_per_tok=int(f.key("expert_used_count")),
+               moe_intermediate_size=int(f.key("expert_feed_forward_length")),
+               n_shared_experts=int(f.get("expert_shared_count") or 0),
+               norm_topk_prob=bool(f.get("expert_weights_norm")),
+               routed_scaling_factor=f.decimal("expert_weights_scale", 1.0))  # 0: none
+    layers = cfg["num_hidden_layers"]
+    moe = sparse_mlp(cfg, tuple(range(int(f.get("leading_dense_block_count") or 0), layers)), grouped_softmax=True,
+                     expert_groups=int(f.get("expert_group_count") or 1),
+                     top_groups=int(f.get("expert_group_used_count") or 1))
+    return with_file_ids(latent_config(cfg, ARCHITECTURE, moe, interleaved=True), fields, GGUF_ARCHITECTURE)
 
 
 def mistral4_tensor_name(name: str) -> str | None:

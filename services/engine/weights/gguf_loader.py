@@ -1,8 +1,8 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
 ``qwen3moe``, ``qwen35``, ``qwen35moe``, ``qwen2vl``, ``qwen3vl``, ``qwen3vlmoe``, ``gemma2``, ``gemma3``, ``gemma4``,
 ``gpt-oss``, ``lfm2``, ``lfm2moe``, ``deepseek2``, ``glm4``, ``glm4moe``, ``phi3``, ``mistral3``, ``smollm3``,
-``seed_oss``, ``olmo2``, ``olmoe``, ``ernie4_5``, ``ernie4_5-moe``, ``minimax-m2``, ``qwen3next``) with the ``gguf``
-package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
+``seed_oss``, ``olmo2``, ``olmoe``, ``ernie4_5``, ``ernie4_5-moe``, ``minimax-m2``, ``qwen3next``, ``mistral4``) with
+the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
 (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its

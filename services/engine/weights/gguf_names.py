@@ -104,6 +104,7 @@ _ARCH_LAYER_NAMES = {
     "lfm2": _LFM2_NAMES,
     "gemma4": _GEMMA4_NAMES,
     "deepseek2": _DEEPSEEK2_NAMES,
+    "mistral4": _DEEPSEEK2_NAMES,
     # Phi-3's fused q/k/v and gate/up (gate rows first), as its checkpoints store them
     "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
     # GLM-4-0414's: the norms after attention and after the MLP, the one before the MLP; gate/up fused
@@ -135,6 +136,7 @@ _ARCH_GLOBAL_NAMES = {arch: {"token_embd_norm.weight": "model.norm.weight"} for 
 _ARCH_GLOBAL_NAMES["gemma4"] = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
                                 "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
                                 "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"}
+_KV_B_HALVES = {"attn_k_b.weight": "self_attn.gguf_k_b", "attn_v_b.weight": "self_attn.gguf_v_b"}
 # Experts kept stacked, under these names, for their family's loader hook to lay out as transformers holds them
 # (``Family.gguf_tensors``; GPT-OSS's experts, each projection with a bias: [E, out, in] and [E, out]), or as its
 # decoder reads them
@@ -142,7 +144,10 @@ _STACKED_NAMES = {
     # Gemma 4's, as transformers holds them: gate and up fused [E, 2 * inter, hidden], down [E, hidden, inter]
     "gemma4": {"ffn_gate_up_exps.weight": "experts.gate_up_proj", "ffn_down_exps.weight": "experts.down_proj"},
     # DeepSeek's kv_b_proj as the MLA files split it: [H, kv_lora, nope] and [H, v, kv_lora]
-    "deepseek2": {"attn_k_b.weight": "self_attn.gguf_k_b", "attn_v_b.weight": "self_attn.gguf_v_b"},
+    "deepseek2": _KV_B_HALVES,
+    # Mistral 4's: DeepSeek's, and its experts as transformers 5 holds them (gate and up fused, gate rows first)
+    "mistral4": {**_KV_B_HALVES, "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj",
+                 "ffn_down_exps.weight": "mlp.experts.down_proj"},
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
