@@ -131,8 +131,19 @@ def _tokenizer_alone(path: Path, architecture: str, pre: Any, model: Any) -> Any
     if pre in NO_BOS_PRES:
         settings["add_bos_token"] = False
     backend, _ = convert_gguf_tokenizer(architecture, fields)
+    if model == "llama" and fields.get("add_prefix_space") is False:
+        _without_space_prefix(backend)
     return PreTrainedTokenizerFast(tokenizer_object=backend,
                                    **{key: value for key, value in settings.items() if value is not None})
+
+
+def _without_space_prefix(backend: Any) -> None:
+    """A sentencepiece vocabulary whose file says ``add_space_prefix`` false (ERNIE 4.5's, as its tokenizer has it):
+    no ``▁`` before the text, and none taken off its decoding (transformers' builder adds both, its default)."""
+    from tokenizers import decoders, pre_tokenizers
+
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
 
 
 def _split_as(tokenizer: Any, pre: Any) -> None:

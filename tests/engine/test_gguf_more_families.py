@@ -28,6 +28,7 @@ from tests.engine.tiny_gguf import (
     tiny_hf,
     write_bpe_tokenizer_gguf,
     write_gguf,
+    write_spm_tokenizer_gguf,
 )
 
 IDS = [(i * 37 + 5) % 96 for i in range(45)]
@@ -173,6 +174,26 @@ def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bun
     split = [p for p, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
     if pieces is not None:
         assert split[:len(pieces)] == pieces, split
+
+
+@pytest.mark.parametrize(("add_space_prefix", "pieces"), [(True, ["▁Hello", "▁world"]), (False, ["Hello", "▁world"])])
+def test_ernie_s_sentencepiece_vocabulary_prefixes_a_space_as_its_file_says(tmp_path, monkeypatch, add_space_prefix,
+                                                                             pieces):
+    """ERNIE 4.5's files hold a sentencepiece vocabulary (pre ``default``, which splits nothing: not refused);
+    ``add_space_prefix`` says whether a ``▁`` starts the text, as llama.cpp reads it."""
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5}
+    vocabulary = ["▁", "H", "e", "l", "o", "w", "r", "d", "ll", "He", "llo", "Hello", "▁Hello", "or", "ld", "▁w",
+                  "▁wor", "▁world"]
+    path = write_spm_tokenizer_gguf(tmp_path / f"ernie-{add_space_prefix}.gguf", "ernie4_5", keys, vocabulary,
+                                    add_space_prefix)
+    loaded = Tokenizer.load(path)
+    ids = loaded.encode_plain("Hello world")
+    assert [loaded.hf.convert_ids_to_tokens(i) for i in ids] == pieces
+    assert loaded.decode(ids) == "Hello world"
 
 
 def test_an_unknown_split_of_a_new_family_is_refused_by_name(tmp_path, monkeypatch, bundled_tokenizer):

@@ -320,6 +320,23 @@ def write_bpe_tokenizer_gguf(path: Path, arch: str, keys: dict, pre: str, tokeni
     return path
 
 
+def write_spm_tokenizer_gguf(path: Path, arch: str, keys: dict, pieces: list[str], add_space_prefix: bool) -> Path:
+    """A GGUF file of ``arch`` (its ``keys``) holding a sentencepiece vocabulary as llama.cpp's converter writes one
+    (``tokenizer.ggml.model`` ``llama``, pre ``default``, scores that rank ``pieces`` in order, ``<unk>``, ``<s>``,
+    ``</s>`` first, ``add_space_prefix``) and an 8-wide embedding."""
+    tokens = ["<unk>", "<s>", "</s>", *pieces]
+    writer = gguf.GGUFWriter(str(path), arch)
+    add_metadata(writer, arch, keys, tokens)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_scores([0.0, 0.0, 0.0, *(-float(i) for i in range(len(pieces)))])
+    writer.add_token_types([2, 3, 3, *([1] * len(pieces))])
+    writer.add_add_space_prefix(add_space_prefix)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    close_writer(writer)
+    return path
+
+
 def close_writer(writer: gguf.GGUFWriter) -> None:
     """Writes the header, the metadata and the tensors, and closes the file."""
     writer.write_header_to_file()
