@@ -4,6 +4,7 @@ are added by the loader)."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ DERIVED_VOCAB_KEY = "pdserve.derived_vocab_size"
 # harmony ends, its generation_config's EOS ids (a final answer's ``<|return|>``, a tool call's ``<|call|>``, and
 # ``<|endoftext|>``); Phi-3's and Phi-4-mini's ``<|end|>``, Phi-4's ``<|im_end|>``; Kimi K2's ``<|im_end|>`` (its
 # generation config's EOS, where its tokenizer's is ``[EOS]``); GLM-4-0414's ``<|user|>`` and ``<|observation|>``;
-# ChatML's ``<|im_end|>`` for SmolLM3 and OLMo 3 (their files' EOS may be the base model's end of text).
+# ChatML's ``<|im_end|>`` for SmolLM3, OLMo 3 and Nemotron-H (their files' EOS may be the base model's end of text).
 TURN_END_KEY = "pdserve.turn_end_token_ids"
 # Set by the GGUF loader: the names of the file's tensors, for an architecture whose config depends on which are there
 # (llama.cpp's Gemma 4 has a full layer's values be its keys where the file has no ``attn_v``)
@@ -32,7 +33,7 @@ TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "glm4": ("<|user|>", "<|observat
                   "gemma4": ("<turn|>", "<|tool_response>"), "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
                   "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
                   "phi3": ("<|end|>", "<|im_end|>", "<|endoftext|>"),
-                  "smollm3": ("<|im_end|>",), "olmo2": ("<|im_end|>",)}
+                  "smollm3": ("<|im_end|>",), "olmo2": ("<|im_end|>",), "nemotron_h": ("<|im_end|>",)}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
@@ -46,15 +47,26 @@ class GGUFFields:
         return self.fields.get(f"{self.arch}.{name}", default)
 
     def decimal(self, name: str, default: float) -> float:
-        """A float32 key as the decimal its checkpoint wrote (6 places: 1.8, not 1.7999999523…); ``default`` where
-        it is missing or 0."""
-        return round(float(self.get(name) or default), 6)
+        """A float32 key as the decimal its checkpoint wrote (the shortest that is the same float32: 1.8, not
+        1.7999999523…; 0.0078125 whole); ``default`` where it is missing or 0."""
+        return float32_decimal(float(self.get(name) or default))
 
     def key(self, name: str, default: Any = None) -> Any:
         value = self.get(name, default)
         if value is None:
             raise ModelLoadError(f"GGUF metadata lacks {self.arch}.{name}")
         return value
+
+
+def float32_decimal(value: float) -> float:
+    """The shortest decimal that rounds to the same float32 as ``value`` (a float32 read back as the number its
+    writer meant)."""
+    single = struct.unpack("<f", struct.pack("<f", value))[0]
+    for digits in range(1, 10):
+        shortest = float(f"{single:.{digits}g}")
+        if struct.unpack("<f", struct.pack("<f", shortest))[0] == single:
+            return shortest
+    return single
 
 
 def fields_as(fields: Mapping[str, Any], architecture: str, kin: str) -> dict[str, Any]:
@@ -79,7 +91,7 @@ def gguf_rope(f: GGUFFields) -> RopeScaling | None:
     try:
         return RopeScaling(rope_type=_GGUF_ROPE_TYPES[kind], factor=float(f.key("rope.scaling.factor")),
                            original_max_position=None if original is None else int(original),
-                           attention_factor=None if factor is None else round(float(factor), 6),
+                           attention_factor=None if factor is None else float32_decimal(float(factor)),
                            beta_fast=f.decimal("rope.scaling.yarn_beta_fast", 32.0),
                            beta_slow=f.decimal("rope.scaling.yarn_beta_slow", 1.0))
     except UnsupportedRopeError as exc:

@@ -36,8 +36,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 def config_from_gguf(fields: Mapping[str, Any], arch: str = GGUF_ARCHITECTURE) -> ModelConfig:
     """As llama.cpp's loader reads it: its converter writes each scale only where it is not 0, and a missing one
     is no scaling (the attention's: ``head_dim ** -0.5``). ``arch``: the keys' prefix (``granitemoe`` too)."""
-    f = GGUFFields(fields, arch)
-    attention = f.get("attention.scale")
+    f = GGUFFields(fields, arch)  # each float32 scale read back as its checkpoint's decimal (0.22, not 0.2199999…)
+    attention = f.decimal("attention.scale", 0.0)
     return ModelConfig(**gguf_base_fields(fields, arch), multipliers=Multipliers(
-        embedding=float(f.get("embedding_scale") or 1.0), attention=float(attention) if attention else None,
-        residual=float(f.get("residual_scale") or 1.0), logits_divisor=float(f.get("logit_scale") or 1.0)))
+        embedding=f.decimal("embedding_scale", 1.0), attention=attention or None,
+        residual=f.decimal("residual_scale", 1.0), logits_divisor=f.decimal("logit_scale", 1.0)))

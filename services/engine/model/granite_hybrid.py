@@ -6,6 +6,12 @@ request; :mod:`services.engine.model.mamba_decoder`) and a few attention layers 
 
 The MLP is Granite MoE's (:mod:`services.engine.model.granite_moe`): experts on every layer (the softmax of the top-k
 logits) beside an ungated shared MLP, or (``num_local_experts`` 0) the shared MLP alone as a dense one.
+
+llama.cpp's ``granitehybrid`` GGUF files (:func:`config_from_gguf`): Granite's keys, the attention layers those whose
+``attention.head_count_kv`` entry is not 0 (a per-layer array), the Mamba-2 mixers from ``ssm.*`` (laid out by
+:mod:`services.engine.model.mamba_gguf`), q/k rows permuted as its llama converter does; ``rope.scaling.finetuned``
+false (its converter's mark of a model without rope, whose ``context_length`` it then writes as 2**20) leaves every
+attention layer unrotated.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig, MoEConfig
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields
+from services.engine.model.granite import config_from_gguf as granite_from_gguf
 from services.engine.model.granite import config_from_hf as granite_from_hf
 from services.engine.model.hf_config import with_defaults
 
 ARCHITECTURE = "granite_hybrid"
+GGUF_ARCHITECTURE = "granitehybrid"
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
 
 
@@ -57,3 +66,50 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         shared_expert_intermediate_size=dense.intermediate_size, shared_expert_gated=False)
     return dataclasses.replace(dense, architecture=ARCHITECTURE, mamba=mamba, moe=moe,
                                nope_layers=() if rope == "rope" else attention)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    kv_heads, layers = per_layer_kv_heads(f)
+    dense = granite_from_gguf({**fields, f"{GGUF_ARCHITECTURE}.attention.head_count_kv": max(kv_heads)},
+                              GGUF_ARCHITECTURE)
+    attention = tuple(i for i in range(layers) if kv_heads[i])
+    if not attention:
+        raise ModelLoadError(f"GGUF {GGUF_ARCHITECTURE}: no attention layer (a Mamba-only model is not served)")
+    mamba = gguf_mamba(f, tuple(i for i in range(layers) if not kv_heads[i]), dense.hidden_size)
+    # the shared MLP's width (the dense MLP where there are no experts); each expert feed_forward_length wide
+    experts, shared = int(f.get("expert_count") or 0), int(f.get("expert_shared_feed_forward_length") or 0)
+    moe = None if not experts else MoEConfig(
+        num_experts=experts, top_k=int(f.key("expert_used_count")),
+        intermediate_size=int(f.get("expert_feed_forward_length") or dense.intermediate_size), norm_topk_prob=False,
+        softmax_after_topk=True, sparse_layers=tuple(range(layers)), shared_expert_intermediate_size=shared or None,
+        shared_expert_gated=False)
+    rotated = f.get("rope.scaling.finetuned", True)
+    return dataclasses.replace(dense, architecture=ARCHITECTURE, mamba=mamba, moe=moe,
+                               intermediate_size=shared or dense.intermediate_size,
+                               nope_layers=() if rotated else attention)
+
+
+def per_layer_kv_heads(f: GGUFFields) -> tuple[list[int], int]:
+    """``attention.head_count_kv`` per layer (llama.cpp's hybrid files write 0 for a recurrent layer; a number: every
+    layer attends) and the layer count."""
+    layers = int(f.key("block_count"))
+    written = f.key("attention.head_count_kv")
+    kv_heads = [int(n) for n in written] if isinstance(written, (list, tuple)) else [int(written)] * layers
+    if len(kv_heads) != layers:
+        raise ModelLoadError(f"GGUF {f.arch}: attention.head_count_kv lists {len(kv_heads)} layers, the file has "
+                             f"{layers}")
+    return kv_heads, layers
+
+
+def gguf_mamba(f: GGUFFields, layers: tuple[int, ...], hidden: int) -> Mamba2 | None:
+    """The Mamba-2 mixers of ``layers`` from the file's ``ssm.*`` keys (heads ``time_step_rank``, their width
+    ``inner_size`` / heads); the convolution's bias where the file holds one."""
+    if not layers:
+        return None
+    heads = int(f.key("ssm.time_step_rank"))
+    names = f.fields.get(TENSOR_NAMES_KEY, ())
+    return Mamba2(layers=layers, heads=heads, head_dim=int(f.key("ssm.inner_size")) // heads,
+                  state_size=int(f.key("ssm.state_size")), groups=int(f.key("ssm.group_count")),
+                  conv_kernel=int(f.key("ssm.conv_kernel")),
+                  conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in names))

@@ -6,6 +6,12 @@ Nemotron 3) and multi-token-prediction layers are not served: the former refused
 The step sizes are floored at ``time_step_limit``'s lower bound (0 in the releases), as vLLM, TensorRT-LLM and
 NVIDIA's own CUDA path do; transformers' torch fallback floors its full-sequence path (not its decode step) at
 ``time_step_min`` (0.001) instead, which a step size of a trained model rarely comes near.
+
+llama.cpp's ``nemotron_h`` GGUF files (:func:`config_from_gguf`): a block's kind from its entries of the per-layer
+``attention.head_count_kv`` and ``feed_forward_length`` arrays (both 0: Mamba-2; a width: the MLP; else attention), the
+Mamba-2 mixers from ``ssm.*`` (laid out by :mod:`services.engine.model.mamba_gguf`), no rope anywhere, no step floor
+(llama.cpp clamps none: the releases' floor is 0). Its ``nemotron_h_moe`` files (Nemotron 3) are refused by name as
+their checkpoints are.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.granite_hybrid import gguf_mamba, per_layer_kv_heads
 from services.engine.model.hf_config import base_fields, with_defaults
 
-ARCHITECTURE = "nemotron_h"
+ARCHITECTURE = GGUF_ARCHITECTURE = "nemotron_h"
 _KINDS = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention", "attention": "attention",
           "mlp": "mlp"}
 
@@ -53,6 +61,23 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         state_size=int(full["ssm_state_size"]), groups=int(full["n_groups"]), conv_kernel=int(full["conv_kernel"]),
         conv_bias=bool(full.get("use_conv_bias", True)), dt_min=float(limit[0]))
     return ModelConfig(**fields, mamba=mamba, block_kinds=tuple(kinds), nope_layers=of["attention"])
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    kv_heads, layers = per_layer_kv_heads(f)
+    written = f.key("feed_forward_length")
+    widths = [int(n) for n in written] if isinstance(written, (list, tuple)) else [int(written)] * layers
+    if len(widths) != layers or len(set(widths) - {0}) > 1:
+        raise ModelLoadError(f"GGUF {GGUF_ARCHITECTURE}: feed_forward_length must list {layers} layers of 0 or one "
+                             f"width, got {widths}")
+    kinds = tuple("mlp" if widths[i] else "attention" if kv_heads[i] else "mamba" for i in range(layers))
+    base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.attention.head_count_kv": max(kv_heads),
+                             f"{GGUF_ARCHITECTURE}.feed_forward_length": max(widths)}, GGUF_ARCHITECTURE)
+    of = {kind: tuple(i for i in range(layers) if kinds[i] == kind) for kind in ("mamba", "attention")}
+    return ModelConfig(**{**base, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       mamba=gguf_mamba(f, of["mamba"], base["hidden_size"]), block_kinds=kinds,
+                       nope_layers=of["attention"])
 
 
 def nemotron_h_tensor_name(name: str) -> str | None:

@@ -1,13 +1,13 @@
 """Read a GGUF file (architectures ``llama``, ``granite``, ``granitemoe``, ``qwen2``, ``qwen3``, ``qwen2moe``,
 ``qwen3moe``, ``qwen35``, ``qwen35moe``, ``qwen2vl``, ``qwen3vl``, ``qwen3vlmoe``, ``gemma2``, ``gemma3``, ``gemma4``,
 ``gpt-oss``, ``lfm2``, ``lfm2moe``, ``deepseek2``, ``glm4``, ``glm4moe``, ``phi3``, ``mistral3``, ``smollm3``,
-``seed_oss``, ``olmo2``, ``olmoe``, ``ernie4_5``, ``ernie4_5-moe``, ``minimax-m2``, ``qwen3next``, ``mistral4``) with
-the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
-(:mod:`services.engine.weights.gguf_names`).
+``seed_oss``, ``olmo2``, ``olmoe``, ``ernie4_5``, ``ernie4_5-moe``, ``minimax-m2``, ``qwen3next``, ``mistral4``,
+``granitehybrid``, ``nemotron_h``) with the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and
+rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite``, ``granitemoe``,
-  ``mistral3`` and ``smollm3`` architectures only (its other converters store them as they are);
+  ``granitehybrid``, ``mistral3`` and ``smollm3`` architectures only (its other converters store them as they are);
   :func:`unpermute_rope_rows` undoes that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
@@ -111,8 +111,8 @@ def _as_tensor(array: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
 
 def _rope_heads(name: str, config: ModelConfig) -> int:
     """Heads whose rows llama.cpp permuted in this tensor (0: not permuted; only its llama converter does, and
-    Granite's, Mistral 3's and SmolLM3's, which are the llama one's subclasses)."""
-    if config.architecture not in ("llama", "granite", "granite_moe", "mistral3", "smollm3"):
+    Granite's (4.0's hybrids too), Mistral 3's and SmolLM3's, which are the llama one's subclasses)."""
+    if config.architecture not in ("llama", "granite", "granite_moe", "granite_hybrid", "mistral3", "smollm3"):
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

@@ -85,6 +85,17 @@ _QWEN35_NAMES = {
     "ssm_conv1d.weight": "linear_attn.conv1d.weight", "ssm_norm.weight": "linear_attn.norm.weight",
     "ssm_out.weight": "linear_attn.out_proj.weight", "ssm_a": "linear_attn.A_log",
     "ssm_dt.bias": "linear_attn.dt_bias", "post_attention_norm.weight": "post_attention_layernorm.weight"}
+
+
+def _mamba_names(mixer: str) -> dict[str, str]:
+    """A Mamba-2 mixer's tensors under ``mixer`` (IBM Granite 4.0's ``mamba.``, Nemotron-H's ``mixer.``; laid out by
+    the family's hook, :mod:`services.engine.model.mamba_gguf`)."""
+    leaves = {"ssm_in.weight": "in_proj.weight", "ssm_conv1d.weight": "conv1d.weight", "ssm_conv1d.bias": "conv1d.bias",
+              "ssm_dt.bias": "dt_bias", "ssm_a": "A_log", "ssm_d": "D", "ssm_norm.weight": "norm.weight",
+              "ssm_out.weight": "out_proj.weight"}
+    return {name: mixer + leaf for name, leaf in leaves.items()}
+
+
 # DeepSeek's latent attention (the MLA files' split kv_b is stacked below, for its family's hook), its router's
 # correction bias, its shared experts
 _DEEPSEEK2_NAMES = {"attn_q_a.weight": "self_attn.q_a_proj.weight",
@@ -127,6 +138,13 @@ _ARCH_LAYER_NAMES = {
     # the routers' correction bias; ERNIE 4.5's shared experts
     "minimax-m2": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
     "ernie4_5-moe": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
+    # IBM Granite 4.0's Mamba-2 mixers and shared MLP
+    "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
+    # Nemotron-H's blocks: one norm and one mixer each (Mamba-2, attention or a squared-ReLU MLP)
+    "nemotron_h": {**_mamba_names("mixer."), "attn_q.weight": "mixer.q_proj.weight",
+                   "attn_k.weight": "mixer.k_proj.weight", "attn_v.weight": "mixer.v_proj.weight",
+                   "attn_output.weight": "mixer.o_proj.weight", "ffn_up.weight": "mixer.up_proj.weight",
+                   "ffn_down.weight": "mixer.down_proj.weight"},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
     "lfm2moe": {**_LFM2_NAMES, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
 }

@@ -1,0 +1,34 @@
+"""A llama.cpp file's Mamba-2 mixers (``granitehybrid``: IBM Granite 4.0's ``-H`` models; ``nemotron_h``) laid out as
+transformers holds them (the GGUF loader's hook, ``Family.gguf_tensors``), undoing what its converter did (the names
+are the loader's, :mod:`services.engine.weights.gguf_names`):
+
+- ``ssm_a`` holds ``-exp(A_log)`` as ``[heads, 1]``: ``A_log = log(-ssm_a)``, in float32, one per head;
+- ``ssm_d`` is ``D`` as ``[heads, 1]``;
+- ``ssm_norm`` is the gated norm's weight as ``[groups, intermediate / groups]``;
+- the convolution weight was squeezed to ``[channels, taps]``: its channel dim comes back.
+
+``in_proj`` (z, then x/B/C, then dt rows), ``out_proj``, the convolution's bias and ``dt_bias`` are stored as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine.model.config import ModelConfig
+
+
+def mamba_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """``tensors`` (the GGUF loader's, under transformers' names) with each Mamba-2 mixer's laid out as
+    transformers holds them (see the module)."""
+    spec = config.mamba
+    if spec is None:
+        return tensors
+    out = dict(tensors)
+    for i in spec.layers:
+        m = next(f"model.layers.{i}.{mixer}." for mixer in ("mamba", "mixer")
+                 if f"model.layers.{i}.{mixer}.A_log" in out)
+        out[m + "A_log"] = torch.log(-out[m + "A_log"].float()).reshape(-1)
+        out[m + "D"] = out[m + "D"].reshape(-1)
+        out[m + "norm.weight"] = out[m + "norm.weight"].reshape(-1)
+        out[m + "conv1d.weight"] = out[m + "conv1d.weight"].unsqueeze(1)
+    return out
