@@ -114,11 +114,27 @@ def test_the_families_read_what_llama_cpp_reads(tmp_path):
 
 
 def test_an_olmo3_file_without_a_pattern_slides_three_layers_of_four(tmp_path):
-    """llama.cpp's older OLMo 3 files name a window but no pattern: its runtime's period of 4."""
-    model = _model("olmo3")
+    """llama.cpp's older OLMo 3 files name a window but no pattern: its runtime's period of 4 (the fourth full)."""
+    overrides = {**FAMILIES["olmo3"][0], "num_hidden_layers": 4,
+                 "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
     keys = {**FAMILIES["olmo3"][1], "attention.sliding_window_pattern": None}
-    cfg = load_model_config(write_gguf(model, tmp_path / "olmo3.gguf", metadata=keys))
-    assert cfg.layer_windows == (8, 8, 8)  # three layers: none is a fourth
+    cfg = load_model_config(write_gguf(tiny_hf(**overrides), tmp_path / "olmo3.gguf", metadata=keys))
+    assert cfg.layer_windows == (8, 8, 8, None)
+
+
+def test_a_yarn_attention_factor_written_as_attn_factor_is_read_too(tmp_path):
+    """Older converters wrote the checkpoint's attention factor as ``rope.scaling.attn_factor`` (read first), newer ones
+    as ``yarn_attn_factor``: either is the checkpoint's ``attention_factor``. (llama.cpp's runtime derives its own
+    magnitude for most families and runs betas 32 and 1 whatever the file says; pdserve serves the checkpoint's.)"""
+    keys = {**FAMILIES["olmo3"][1], "rope.scaling.yarn_attn_factor": None, "rope.scaling.attn_factor": 1.25}
+    cfg = load_model_config(write_gguf(_model("olmo3"), tmp_path / "olmo3.gguf", metadata=keys))
+    assert cfg.rope_scaling.attention_factor == 1.25
+
+
+def test_a_minimax_m2_file_without_a_gating_key_routes_by_the_sigmoid(tmp_path):
+    keys = {**FAMILIES["minimax_m2"][1], "expert_gating_func": None}
+    cfg = load_model_config(write_gguf(_model("minimax_m2"), tmp_path / "m2.gguf", metadata=keys))
+    assert cfg.moe.sigmoid_routing
 
 
 def test_an_olmo3_pattern_of_another_length_is_refused(tmp_path):
@@ -154,9 +170,9 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
 
 @pytest.mark.parametrize(("arch", "pre", "text", "pieces"), [
     ("smollm3", "llama-bpe", "SmolLM3 runs 12345 here.", ["SmolLM", "3", "Ġruns", "Ġ", "123", "45"]),
-    ("olmo2", "dbrx", "OLMo 3 counts 12345.", None),
+    ("olmo2", "dbrx", "OLMo 3 counts 12345.", ["OLMo", "Ġ", "3", "Ġcounts", "Ġ", "123", "45", "."]),
     ("olmoe", "olmo", "OLMoE counts 12345!", ["OLMoE", "Ġcounts", "Ġ12345", "!"]),
-    ("seed_oss", "seed-coder", "Seed 12345\n\n!!", ["Seed", "Ġ", "1", "2", "3", "4", "5", "ĊĊ", "!!"]),
+    ("seed_oss", "seed-coder", "Seed 12345 x!!\n\ny", ["Seed", "Ġ", "1", "2", "3", "4", "5", "Ġx", "!!", "ĊĊ", "y"]),
     ("qwen3next", "qwen2", "Qwen3 counts 12345.", ["Qwen", "3", "Ġcounts", "Ġ", "1", "2", "3", "4", "5", "."]),
     ("granitehybrid", "dbrx", "Granite 4.0 counts 12345.", ["Granite", "Ġ", "4", ".", "0", "Ġcounts", "Ġ", "123"]),
     ("nemotron_h", "pixtral", "NemotronH counts 12345.", ["NemotronH", "Ġcounts", "Ġ", "123", "45", "."]),

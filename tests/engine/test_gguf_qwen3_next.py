@@ -58,8 +58,10 @@ def _joined_qkvz(cfg, qkv: np.ndarray, z: np.ndarray) -> np.ndarray:
     return np.concatenate(per_head, axis=1).reshape(-1, qkv.shape[-1])
 
 
-def write_qwen3_next_gguf(model, path: Path, quant=all_f32) -> Path:
-    """``model`` as llama.cpp's converter writes it, and the file's dequantised values loaded into ``model``."""
+def write_qwen3_next_gguf(model, path: Path, quant=all_f32, legacy: bool = False) -> Path:
+    """``model`` as llama.cpp's converter writes it (``legacy``: as its first versions did, ``in_proj_qkvz`` whole as
+    ``ssm_in``; a yarn rope as its ``rope.scaling.*`` keys), and the file's dequantised values loaded into
+    ``model``."""
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), "qwen3next")
     keys = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
@@ -75,6 +77,10 @@ def write_qwen3_next_gguf(model, path: Path, quant=all_f32) -> Path:
             "ssm.group_count": cfg.linear_num_key_heads, "ssm.time_step_rank": cfg.linear_num_value_heads,
             "ssm.inner_size": cfg.linear_num_value_heads * cfg.linear_value_head_dim,
             "full_attention_interval": 2}
+    rope = cfg.rope_parameters
+    if rope.get("rope_type") == "yarn":
+        keys.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(rope["factor"]),
+                     "rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
     add_metadata(writer, "qwen3next", keys, [f"<t{i}>" for i in range(cfg.vocab_size)])
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3NEXT, cfg.num_hidden_layers)
 
@@ -88,7 +94,9 @@ def write_qwen3_next_gguf(model, path: Path, quant=all_f32) -> Path:
     for name, tensor in model.state_dict().items():
         array = tensor.detach().float().numpy().copy()
         block = f"blk.{name.split('.')[2]}." if ".layers." in name else ""
-        if name.endswith("in_proj_qkvz.weight"):
+        if name.endswith("in_proj_qkvz.weight") and legacy:
+            back = add(block + "ssm_in.weight", array)
+        elif name.endswith("in_proj_qkvz.weight"):
             qkv, z = _split_qkvz(cfg, array)
             back = _joined_qkvz(cfg, add(block + "attn_qkv.weight", qkv), add(block + "attn_gate.weight", z))
         elif name.endswith("linear_attn.dt_bias"):
@@ -123,10 +131,15 @@ def _quantised(name: str) -> gguf.GGMLQuantizationType:
                                   "ssm_out.weight")) else F32
 
 
-def _model(seed: int = 0):
+# a long-context release's kind: yarn over an original context of 16, so that it moves the 45-token prompt's logits
+YARN = {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                            "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+
+
+def _model(seed: int = 0, **overrides):
     """The tiny twin, its zero-centred norms (``1 + w``) drawn around 0 as a checkpoint's are (tiny_hf's draw around
     1 doubles every scale, which leaves the recurrence ill-conditioned), the DeltaNet's gated norm around 1."""
-    model = tiny_hf("qwen3_next", seed=seed, **NEXT)
+    model = tiny_hf("qwen3_next", seed=seed, **{**NEXT, **overrides})
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name and "linear_attn.norm" not in name:
@@ -134,10 +147,12 @@ def _model(seed: int = 0):
     return model
 
 
-@pytest.mark.parametrize("quant", [all_f32, _quantised], ids=["f32", "q8_0"])
-def test_a_qwen3_next_file_gives_transformers_logits(tmp_path, quant):
-    model = _model()
-    path = write_qwen3_next_gguf(model, tmp_path / "tiny-qwen3next.gguf", quant)
+@pytest.mark.parametrize(("quant", "legacy", "overrides"), [(all_f32, False, {}), (_quantised, False, {}),
+                                                           (all_f32, True, {}), (all_f32, False, YARN)],
+                         ids=["f32", "q8_0", "legacy-ssm_in", "yarn"])
+def test_a_qwen3_next_file_gives_transformers_logits(tmp_path, quant, legacy, overrides):
+    model = _model(**overrides)
+    path = write_qwen3_next_gguf(model, tmp_path / "tiny-qwen3next.gguf", quant, legacy)
     weights = load_weights(path)
     cfg = weights.config
     expected = config_from_hf(model.config.to_dict())

@@ -86,7 +86,9 @@ def gguf_rope(f: GGUFFields) -> RopeScaling | None:
         return None
     original = f.get("rope.scaling.original_context_length")
     # yarn's settings where the converter wrote them (its generic writer: the checkpoint's betas and its
-    # ``attention_factor`` as ``yarn_attn_factor``); transformers' defaults otherwise
+    # ``attention_factor`` as ``yarn_attn_factor``, older ones as ``attn_factor``); transformers' defaults otherwise.
+    # The checkpoint's yarn is served, as transformers runs it: llama.cpp's runtime reads neither key for most
+    # families (it runs betas 32 and 1 and derives the magnitude), which differs only where a checkpoint set them
     factor = f.get("rope.scaling.attn_factor", f.get("rope.scaling.yarn_attn_factor"))
     try:
         return RopeScaling(rope_type=_GGUF_ROPE_TYPES[kind], factor=float(f.key("rope.scaling.factor")),
@@ -96,6 +98,20 @@ def gguf_rope(f: GGUFFields) -> RopeScaling | None:
                            beta_slow=f.decimal("rope.scaling.yarn_beta_slow", 1.0))
     except UnsupportedRopeError as exc:
         raise ModelLoadError(f"GGUF {f.arch}: {exc}") from exc
+
+
+def hf_rope_parameters(scaling: RopeScaling | None) -> dict[str, Any]:
+    """:func:`gguf_rope`'s scaling as a ``config.json``'s ``rope_parameters`` entries (none: nothing), for a family
+    whose GGUF config is read through its ``config.json`` reader."""
+    if scaling is None:
+        return {}
+    entries: dict[str, Any] = {"rope_type": scaling.rope_type, "factor": scaling.factor,
+                               "original_max_position_embeddings": scaling.original_max_position}
+    if scaling.rope_type == "yarn":
+        entries.update(beta_fast=scaling.beta_fast, beta_slow=scaling.beta_slow)
+        if scaling.attention_factor is not None:
+            entries["attention_factor"] = scaling.attention_factor
+    return entries
 
 
 def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import LinearAttention, ModelConfig, MoEConfig
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_rope, hf_rope_parameters
 from services.engine.model.hf_config import base_fields, required, with_defaults
 from services.engine.model.qwen3_moe import sparse_layers
 
@@ -106,7 +106,8 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         "linear_value_head_dim": int(f.key("ssm.inner_size")) // value_heads,
         "num_hidden_layers": int(f.key("block_count")) - int(f.get("nextn_predict_layers") or 0),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(f.key("rope.freq_base")),
-                            "partial_rotary_factor": int(f.key("rope.dimension_count")) / head_dim},
+                            "partial_rotary_factor": int(f.key("rope.dimension_count")) / head_dim,
+                            **hf_rope_parameters(gguf_rope(f))},  # a long-context release's yarn
         "tie_word_embeddings": True,  # decided by the loader from the tensors present
         "eos_token_id": None if eos is None else int(eos), "bos_token_id": None if bos is None else int(bos),
     }

@@ -52,20 +52,23 @@ def qwen3_next_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) 
     """``tensors`` of a llama.cpp ``qwen3next`` file with each DeltaNet layer's laid out as Qwen3.5's are in
     transformers: its converter split the fused ``in_proj_qkvz`` into ``attn_qkv`` and ``attn_gate`` in the checkpoint's
     value-head order (grouped by key head: nothing to reorder) and kept ``in_proj_ba`` fused (per key head, its value
-    heads' b rows, then their a rows: ``ssm_ba``), split here; ``ssm_a`` and the convolution as Qwen3.5's."""
+    heads' b rows, then their a rows: ``ssm_ba``), split here; ``ssm_a`` and the convolution as Qwen3.5's. An older
+    file's ``ssm_in`` is the checkpoint's fused ``in_proj_qkvz``: it and ``ssm_ba`` are left for the decoder to split
+    as it splits a checkpoint's."""
     spec = config.linear_attention
     assert spec is not None, "a Qwen3-Next config has DeltaNet layers"
     per_key = spec.value_heads // spec.key_heads
     out = dict(tensors)
     for i in spec.layers:
         d = f"model.layers.{i}.linear_attn."
-        ba = out.pop(d + "in_proj_ba.weight")
-        if ba.shape[0] != 2 * spec.value_heads:
-            raise ModelLoadError(f"GGUF qwen3next: blk.{i}.ssm_ba has {ba.shape[0]} rows, the config needs "
-                                 f"{2 * spec.value_heads}")
-        b, a = ba.reshape(spec.key_heads, 2 * per_key, -1).split([per_key, per_key], dim=1)
-        out[d + "in_proj_b.weight"], out[d + "in_proj_a.weight"] = b.reshape(spec.value_heads, -1), \
-            a.reshape(spec.value_heads, -1)
+        if d + "in_proj_qkvz.weight" not in out:
+            ba = out.pop(d + "in_proj_ba.weight")
+            if ba.shape[0] != 2 * spec.value_heads:
+                raise ModelLoadError(f"GGUF qwen3next: blk.{i}.ssm_ba has {ba.shape[0]} rows, the config needs "
+                                     f"{2 * spec.value_heads}")
+            b, a = ba.reshape(spec.key_heads, 2 * per_key, -1).split([per_key, per_key], dim=1)
+            out[d + "in_proj_b.weight"], out[d + "in_proj_a.weight"] = b.reshape(spec.value_heads, -1), \
+                a.reshape(spec.value_heads, -1)
         out[d + "A_log"] = torch.log(-out[d + "A_log"].float())
         out[d + "conv1d.weight"] = out[d + "conv1d.weight"].unsqueeze(1)
     return out

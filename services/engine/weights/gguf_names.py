@@ -127,8 +127,10 @@ _ARCH_LAYER_NAMES = {
                 "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     "qwen35": _QWEN35_NAMES,
     "qwen35moe": {**_QWEN35_NAMES, "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
-    # Qwen3-Next's: Qwen3.5-MoE's, its b and a projections fused (``ssm_ba``)
+    # Qwen3-Next's: Qwen3.5-MoE's, its b and a projections fused (``ssm_ba``); older files hold q/k/v/z fused too, as
+    # the checkpoint does (``ssm_in``)
     "qwen3next": {**_QWEN35_NAMES, "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+                  "ssm_in.weight": "linear_attn.in_proj_qkvz.weight",
                   "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     # OLMo 2's and 3's norms on the blocks' outputs (none on their inputs)
     "olmo2": {"post_attention_norm.weight": "post_attention_layernorm.weight",
