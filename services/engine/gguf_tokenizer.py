@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.engine.gguf_pre_splits import PRE_SPLITS
 from services.engine.model.gguf_config import fields_as
 from services.engine.model_files import cache_dir
 
@@ -35,36 +36,7 @@ READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "q
 named as no model type it knows; Qwen3-Next's, SmolLM3's, Seed-OSS's, OLMo's, ERNIE 4.5's, Mistral 4's, Granite
 4.0's, Nemotron-H's): their tokenizer is built from its ``tokenizer.ggml.*`` fields alone, with transformers' GGUF
 tokenizer builders, a byte-level one split as the file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or
-transformers' own table; another is refused)."""
-
-PRE_SPLITS = {
-    # DeepSeek-V3's (and R1's, V3.1's …): groups of up to three digits, then runs of CJK ideographs and kana, then
-    # its GPT-4-like split, each isolated in turn (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM, as its
-    # tokenizer.json has them)
-    "deepseek-v3": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-                    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
-                    r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
-    # GLM-4's (GLM-4-0414, 4.5, 4.6, 4.7, 4.7-Flash): GPT-4's cl100k split, as its tokenizer.json has it (llama.cpp's
-    # LLAMA_VOCAB_PRE_TYPE_CHATGLM4)
-    "glm4": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",),
-    # Seed-Coder's (and Seed-OSS's where its file names it): GPT-4's split but digits one by one and punctuation
-    # runs without line ends (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SEED_CODER)
-    "seed-coder": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}\r\n]+"""
-                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",),
-    # OLMoE's (llama.cpp's ``olmo``): GPT-2's own split, as its GPT-NeoX tokenizer's byte-level pre-tokenizer has it
-    "olmo": (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",),
-    # Kimi K2's: the tiktoken pattern of its tokenization_kimi.py (runs of Han apart; letters as GPT-4o's split
-    # them, Han excepted, by Oniguruma's class intersection)
-    "kimi-k2": (r"""[\p{Han}]+"""
-                r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
-                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-                r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
-                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-                r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",),
-}
-"""Pre-tokenizers transformers' GGUF reader does not know, by ``tokenizer.ggml.pre``: the regexes that split the
-text in turn (each match isolated), before the byte-level map."""
+transformers' own table; another is refused, whatever the architecture: :func:`_check_split`)."""
 
 NO_BOS_PRES = frozenset({"glm4"})
 """Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added, whatever ``add_bos_token`` says: the chat
@@ -101,11 +73,14 @@ def _convert(path: Path, directory: Path) -> None:
     _read_gguf_tokenizers_as_their_kin()
     metadata, _ = read_gguf_metadata(str(path))  # the scalar fields (arrays only counted): fast
     architecture, pre = str(metadata.get("general.architecture")), metadata.get("tokenizer.ggml.pre")
+    model = metadata.get("tokenizer.ggml.model")
+    _check_split(path, architecture, pre, model)
     if architecture in READ_ALONE:
-        tokenizer = _tokenizer_alone(path, architecture, pre, metadata.get("tokenizer.ggml.model"))
+        tokenizer = _tokenizer_alone(path, architecture, pre, model)
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)  # GGUF: never custom code
-    _split_as(tokenizer, pre)
+    if model == "gpt2":  # a sentencepiece vocabulary splits nothing (its files name ``default``)
+        _split_as(tokenizer, pre)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=directory.parent))
     tokenizer.save_pretrained(str(staging))
@@ -115,19 +90,26 @@ def _convert(path: Path, directory: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _tokenizer_alone(path: Path, architecture: str, pre: Any, model: Any) -> Any:
-    """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
-    without reading the model's config; a byte-level BPE's (``model`` ``gpt2``) split (``tokenizer.ggml.pre``) neither
-    :data:`PRE_SPLITS` nor transformers knows is refused by name (DeepSeek-V2's ``deepseek-llm``; a sentencepiece
-    vocabulary, ERNIE's, splits nothing)."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+def _check_split(path: Path, architecture: str, pre: Any, model: Any) -> None:
+    """A byte-level BPE's (``model`` ``gpt2``) split (``tokenizer.ggml.pre``) neither :data:`PRE_SPLITS` nor
+    transformers knows is refused by name, as llama.cpp refuses it (DeepSeek-V2's ``deepseek-llm``): another split
+    would give other tokens than the model's. A sentencepiece vocabulary splits nothing; a file naming no split
+    (converted before llama.cpp wrote one) takes transformers' default, GPT-2's."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
     if model == "gpt2" and pre is not None and pre not in PRE_SPLITS and pre not in GGUF_PRE_TOKENIZER_SPLITS:
+        known = sorted({*PRE_SPLITS, *GGUF_PRE_TOKENIZER_SPLITS})
         raise ValueError(f"{path}: its tokenizer splits text as {pre!r} (tokenizer.ggml.pre), which pdserve does not "
-                         f"know for a {architecture} file (known: {', '.join(sorted(PRE_SPLITS))}); tokenizing "
-                         "with another split would give other tokens than the model's")
+                         f"know for a {architecture} file (known: {', '.join(known)}); tokenizing with another split "
+                         "would give other tokens than the model's")
+
+
+def _tokenizer_alone(path: Path, architecture: str, pre: Any, model: Any) -> Any:
+    """The tokenizer of the file's ``tokenizer.ggml.*`` fields, built by transformers' GGUF tokenizer builders
+    without reading the model's config (a sentencepiece one prefixed with a space as ``add_space_prefix`` says)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
     architecture, fields, settings = get_gguf_tokenizer(str(path))
     if pre in NO_BOS_PRES:
         settings["add_bos_token"] = False

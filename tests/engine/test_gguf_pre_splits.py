@@ -1,0 +1,75 @@
+"""A GGUF file's byte-level vocabulary splits text as llama.cpp splits it for its ``tokenizer.ggml.pre``, whatever the
+architecture (here ``llama``, whose tokenizer transformers reads): the splits transformers does not know come from
+``PRE_SPLITS`` (llama.cpp's regexes applied in turn), and one neither knows is refused by name, as llama.cpp refuses
+it, rather than tokenized by another split."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.gguf_pre_splits import PRE_SPLITS
+from tests.engine.tiny_gguf import write_bpe_tokenizer_gguf
+
+_KEYS = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+         "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5}
+TEXT = "Granite's 2026 sum: 12345+67, done!"
+
+
+def _pieces(tmp_path, monkeypatch, bundled_tokenizer, pre: str, text: str = TEXT) -> list[str]:
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_bpe_tokenizer_gguf(tmp_path / f"{pre}.gguf", "llama", _KEYS, pre, bundled_tokenizer.hf)
+    loaded = Tokenizer.load(path)
+    assert loaded.decode(loaded.encode_plain(text)) == text
+    return [piece for piece, _ in loaded.hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+
+
+def _split(pre: str, text: str) -> list[str]:
+    from tokenizers import Regex, pre_tokenizers
+
+    split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS[pre]]
+                                    + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return [piece for piece, _ in split.pre_tokenize_str(text)]
+
+
+def test_a_llama_file_s_split_is_the_table_s(tmp_path, monkeypatch, bundled_tokenizer):
+    """transformers reads a ``llama`` file's tokenizer and knows no ``refact`` (IBM Granite 3's files): the table's
+    split is set after."""
+    assert _pieces(tmp_path, monkeypatch, bundled_tokenizer, "refact") == _split("refact", TEXT)
+
+
+@pytest.mark.parametrize(("pre", "pieces"), [
+    # IBM Granite 3's (llama.cpp's STARCODER group): every digit apart, then GPT-2's split
+    ("refact", ["Granite", "'s", "Ġ", "2", "0", "2", "6", "Ġsum", ":", "Ġ", "1", "2", "3", "4", "5", "+", "6", "7", ",",
+                "Ġdone", "!"]),
+    # GPT-2's own: digits in runs, a space joined to the run after it
+    ("gpt-2", ["Granite", "'s", "Ġ2026", "Ġsum", ":", "Ġ12345", "+", "67", ",", "Ġdone", "!"]),
+    # llama.cpp's default: punctuation runs apart, GPT-2's split, digit runs, then runs of three digits
+    ("default", ["Granite", "'", "s", "Ġ", "202", "6", "Ġsum", ":", "Ġ", "123", "45", "+", "67", ",", "Ġdone", "!"]),
+    # Qwen2's group (StableLM 2's here): digits apart, punctuation runs with a space before
+    ("stablelm2", ["Granite", "'s", "Ġ", "2", "0", "2", "6", "Ġsum", ":", "Ġ", "1", "2", "3", "4", "5", "+", "6", "7",
+                   ",", "Ġdone", "!"]),
+])
+def test_a_split_transformers_does_not_know_is_llama_cpp_s(pre, pieces):
+    assert _split(pre, TEXT) == pieces
+
+
+def test_every_split_of_the_table_compiles_and_keeps_the_text_whole():
+    """Each entry compiles in the tokenizers library and its pieces are the text, CJK, Hangul and line ends too."""
+    from tokenizers import Regex, pre_tokenizers
+
+    text = "DeepSeek's 2026: 日本語 한국어\n\n  x!! (done) … ok"
+    for pre, splits in PRE_SPLITS.items():
+        split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits])
+        pieces = [piece for piece, _ in split.pre_tokenize_str(text)]
+        assert "".join(pieces) == text and len(pieces) > 3, (pre, pieces)
+
+
+def test_a_split_no_one_knows_is_refused_for_every_architecture(tmp_path, monkeypatch, bundled_tokenizer):
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_bpe_tokenizer_gguf(tmp_path / "superbpe.gguf", "llama", _KEYS, "superbpe", bundled_tokenizer.hf)
+    with pytest.raises(ValueError, match=r"splits text as 'superbpe'.*for a llama file"):
+        Tokenizer.load(path)
