@@ -60,9 +60,15 @@ def converted_dir(path: Path) -> Path:
     return directory
 
 
+CONVERSION_VERSION = 2
+"""Part of a converted tokenizer's cache key: raised where a conversion changes (2: llama.cpp's splits for every
+architecture, :mod:`services.engine.gguf_pre_splits`), so that no tokenizer converted before is served again."""
+
+
 def _directory_of(path: Path) -> Path:
     stat = path.stat()
-    key = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CONVERSION_VERSION}:{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    key = key[:16]
     return cache_dir() / "tokenizers" / key
 
 
