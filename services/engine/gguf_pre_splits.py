@@ -20,12 +20,13 @@ _CL100K = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 _BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
 PRE_SPLITS: dict[str, tuple[str, ...]] = {
-    # DeepSeek-V3's (and R1's, V3.1's …): groups of up to three digits, then runs of CJK ideographs and kana, then
-    # its GPT-4-like split, each isolated in turn (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM, as its
-    # tokenizer.json has them)
-    "deepseek-v3": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-                    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
-                    r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    # DeepSeek-V3's (and R1's, V3.1's …; Hunyuan dense's, the same llama.cpp case): groups of up to three digits,
+    # then runs of CJK ideographs and kana, then its GPT-4-like split, each isolated in turn (llama.cpp's
+    # LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM, as its tokenizer.json has them)
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense"), (
+        r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+        r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")),
     # GLM-4's (GLM-4-0414, 4.5, 4.6, 4.7, 4.7-Flash): GPT-4's cl100k split, as its tokenizer.json has it (llama.cpp's
     # LLAMA_VOCAB_PRE_TYPE_CHATGLM4)
     "glm4": (_CL100K,),

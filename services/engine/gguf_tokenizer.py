@@ -38,7 +38,7 @@ named as no model type it knows; Qwen3-Next's, SmolLM3's, Seed-OSS's, OLMo's, ER
 tokenizer builders, a byte-level one split as the file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or
 transformers' own table; another is refused, whatever the architecture: :func:`_check_split`)."""
 
-NO_BOS_PRES = frozenset({"glm4"})
+NO_BOS_PRES = frozenset({"glm4", "chatglm-bpe"})
 """Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added, whatever ``add_bos_token`` says: the chat
 template writes it, as GLM's own tokenizer has it (llama.cpp adds none to these files either: its converter writes
 no ``add_bos_token``, which it then takes as false)."""

@@ -99,7 +99,8 @@ def _keys(cfg) -> dict:
             keys.update({"expert_count": cfg.num_local_experts, "expert_used_count": cfg.num_experts_per_tok})
         if cfg.position_embedding_type != "rope":  # the converter's NoPE: no rope, the context unbounded
             keys["context_length"] = 2 ** 20
-    else:
+    else:  # its converter is Granite 4.0's subclass: NoPE written alike
+        keys["context_length"] = 2 ** 20
         keys.update({"feed_forward_length": [cfg.intermediate_size if kind == "mlp" else 0 for kind in kinds],
                      "attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
                      "ssm.conv_kernel": cfg.conv_kernel, "ssm.state_size": cfg.ssm_state_size,
@@ -117,8 +118,7 @@ def write_hybrid_gguf(model, path: Path, quant=all_f32, keys: dict | None = None
                                      cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch)
     add_metadata(writer, arch, {**_keys(cfg), **(keys or {})}, [f"<t{i}>" for i in range(cfg.vocab_size)])
-    if granite:
-        writer.add_bool(f"{arch}.rope.scaling.finetuned", cfg.position_embedding_type == "rope")
+    writer.add_bool(f"{arch}.rope.scaling.finetuned", granite and cfg.position_embedding_type == "rope")
     twin: dict[str, np.ndarray] = {}
     groups = cfg.mamba_n_groups if granite else cfg.n_groups
     for name, array in _hf_tensors(model).items():
@@ -141,8 +141,8 @@ def write_hybrid_gguf(model, path: Path, quant=all_f32, keys: dict | None = None
         back = {"ssm_a": lambda a: np.log(-a).reshape(-1), "ssm_d": lambda a: a.reshape(-1),
                 "ssm_norm.weight": lambda a: a.reshape(-1), "ssm_conv1d.weight": lambda a: a[:, None, :]}.get(
             leaf or "", lambda a: a)
-        permuted = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}.get(name.split(".")[-2]) \
-            if granite else None
+        # both converters are llama's subclasses: q/k rows permuted (harmless without rope; undone all the same)
+        permuted = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}.get(name.split(".")[-2])
         if permuted:  # rows are quantised alone: the file's rows are the twin's, permuted
             stored = add_tensor_as(writer, gguf_name, llama_permute(array, permuted), quant)
             twin[name] = unpermute_rope_rows(stored, permuted)
@@ -177,6 +177,20 @@ def test_the_files_read_their_layer_kinds_and_nope(tmp_path):
     assert dense.nope_layers == () and dense.moe is None and dense.mamba.conv_bias
     nemotron = load_model_config(write_hybrid_gguf(_model("nemotron_h"), tmp_path / "n.gguf"))
     assert nemotron.block_kinds == ("mamba", "mlp", "attention", "mlp", "mamba") and nemotron.nope_layers == (2,)
+
+
+def test_granite_4_attention_only_files_with_a_per_layer_kv_array_load(tmp_path):
+    """granite-4.0-micro's kind (no Mamba layer): llama.cpp's converter names it ``granite`` but still writes
+    ``attention.head_count_kv`` per layer; one count everywhere is the model's, differing ones are refused."""
+    from tests.engine.tiny_gguf import read_as_the_twin, write_gguf
+
+    model = tiny_hf("granite", tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.125,
+                    residual_multiplier=0.22, logits_scaling=16.0)
+    path = write_gguf(model, tmp_path / "micro.gguf", metadata={"attention.head_count_kv": [2, 2]})
+    assert read_as_the_twin(path, model, IDS).num_kv_heads == 2
+    mixed = write_gguf(model, tmp_path / "mixed.gguf", metadata={"attention.head_count_kv": [2, 1]})
+    with pytest.raises(ModelLoadError, match=r"head_count_kv differs across layers \(\[2, 1\]\)"):
+        load_model_config(mixed)
 
 
 def test_a_per_layer_array_of_another_length_is_refused(tmp_path):

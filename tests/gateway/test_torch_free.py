@@ -83,3 +83,22 @@ def test_a_torch_already_imported_stays(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_NO_ADVISORY_WARNINGS", raising=False)
     assert not keep_torch_out(BASE)
     assert sys.modules["torch"] is torch
+
+
+def test_every_family_s_config_reader_imports_without_torch():
+    """The gateway reads any family's config (``config.json`` or a GGUF file's metadata) in its torch-free process:
+    no family module (whose readers those are) may import torch, nor anything it imports (its model class and GGUF
+    hook are imported by the processes that load weights only)."""
+    code = f"""
+import importlib, sys
+from services.gateway.torch_free import keep_torch_out
+assert keep_torch_out({list(BASE)!r})
+from services.engine.model.registry import FAMILIES
+for family in FAMILIES:
+    importlib.import_module(family.module)
+assert sys.modules["torch"] is None, "torch was imported"
+print(len(FAMILIES))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.strip()) >= 30

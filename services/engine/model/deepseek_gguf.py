@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.deepseek import ARCHITECTURE, latent_config, sparse_mlp
 from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
+
+if TYPE_CHECKING:  # the config readers are torch-free (the gateway's process reads a file's config): the hook is not
+    import torch
 
 GGUF_ARCHITECTURE = "deepseek2"
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
@@ -139,6 +140,8 @@ def _yarn(f: GGUFFields) -> dict[str, Any] | None:
 def kv_b_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """The loader's hook: each layer's ``attn_k_b`` and ``attn_v_b`` (kept stacked as ``self_attn.gguf_k_b`` and
     ``gguf_v_b``) joined back into transformers' ``kv_b_proj`` ``[H · (nope + v), kv_lora]``."""
+    import torch
+
     mla = config.mla
     assert mla is not None
     out = dict(tensors)

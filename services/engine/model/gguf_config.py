@@ -131,7 +131,7 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
         intermediate_size=int(f.get("feed_forward_length") or 0),
         num_layers=int(f.key("block_count")),
         num_heads=heads,
-        num_kv_heads=int(f.get("attention.head_count_kv") or heads),
+        num_kv_heads=_one_kv_head_count(f) or heads,
         head_dim=int(f.get("attention.key_length") or f.get("rope.dimension_count") or hidden // heads),
         rope_theta=float(f.get("rope.freq_base", 10000.0)),
         rope_scaling=gguf_rope(f),
@@ -141,6 +141,20 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
     )
+
+
+def _one_kv_head_count(f: GGUFFields) -> int:
+    """``attention.head_count_kv``: a number, or llama.cpp's per-layer array (its Granite 4.0 converter writes one
+    even for the attention-only models, whose files it names ``granite``) of one count wherever a layer attends
+    (0: a recurrent layer, its family's to read); 0 where absent."""
+    written = f.get("attention.head_count_kv")
+    if not isinstance(written, (list, tuple)):
+        return int(written or 0)
+    counts = {int(n) for n in written} - {0}
+    if len(counts) > 1:
+        raise ModelLoadError(f"GGUF {f.arch}: attention.head_count_kv differs across layers ({list(written)}); one "
+                             "count is served")
+    return counts.pop() if counts else 0
 
 
 def gguf_turn_end_ids(base: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[int, ...]:

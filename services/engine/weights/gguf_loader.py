@@ -7,8 +7,8 @@ rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
 
 - llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
   interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite``, ``granitemoe``,
-  ``granitehybrid``, ``mistral3`` and ``smollm3`` architectures only (its other converters store them as they are);
-  :func:`unpermute_rope_rows` undoes that.
+  ``granitehybrid``, ``nemotron_h``, ``mistral3`` and ``smollm3`` architectures only (its other converters store them
+  as they are); :func:`unpermute_rope_rows` undoes that.
 - Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
   family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
   biases), the stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms
@@ -111,8 +111,9 @@ def _as_tensor(array: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
 
 def _rope_heads(name: str, config: ModelConfig) -> int:
     """Heads whose rows llama.cpp permuted in this tensor (0: not permuted; only its llama converter does, and
-    Granite's (4.0's hybrids too), Mistral 3's and SmolLM3's, which are the llama one's subclasses)."""
-    if config.architecture not in ("llama", "granite", "granite_moe", "granite_hybrid", "mistral3", "smollm3"):
+    Granite's (4.0's hybrids too), Nemotron-H's, Mistral 3's and SmolLM3's, which are the llama one's subclasses)."""
+    if config.architecture not in ("llama", "granite", "granite_moe", "granite_hybrid", "nemotron_h", "mistral3",
+                                   "smollm3"):
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads
