@@ -36,13 +36,20 @@ from typing import TYPE_CHECKING, Any
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.deepseek import ARCHITECTURE, latent_config, sparse_mlp
-from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import (
+    SIGMOID_GATING,
+    SOFTMAX_GATING,
+    TENSOR_NAMES_KEY,
+    GGUFFields,
+    gguf_base_fields,
+    gguf_turn_end_ids,
+)
 
 if TYPE_CHECKING:  # the config readers are torch-free (the gateway's process reads a file's config): the hook is not
     import torch
 
 GGUF_ARCHITECTURE = "deepseek2"
-SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
+SOFTMAX, SIGMOID = SOFTMAX_GATING, SIGMOID_GATING  # llama.cpp's expert_gating_func values
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

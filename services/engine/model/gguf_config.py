@@ -69,6 +69,19 @@ def float32_decimal(value: float) -> float:
     return single
 
 
+SOFTMAX_GATING, SIGMOID_GATING = 1, 2  # llama.cpp's expert_gating_func values
+_GATING_NAMES = {SOFTMAX_GATING: "softmax", SIGMOID_GATING: "sigmoid"}
+
+
+def require_gating(f: GGUFFields, expected: int, model: str) -> None:
+    """Refuses a file whose ``expert_gating_func`` is not the family's routing (``expected``; a file without the key
+    routes so, as llama.cpp's loader defaults it for these families)."""
+    gating = int(f.get("expert_gating_func") or expected)
+    if gating != expected:
+        raise ModelLoadError(f"GGUF {f.arch}: expert_gating_func {gating} is not supported ({model}'s routing is the "
+                             f"{_GATING_NAMES[expected]}, {expected})")
+
+
 def fields_as(fields: Mapping[str, Any], architecture: str, kin: str) -> dict[str, Any]:
     """``fields`` of an ``architecture`` file with its ``{architecture}.*`` keys named ``{kin}.*``: a file whose
     converter is ``kin``'s subclass, read as ``kin``'s."""

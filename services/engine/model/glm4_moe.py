@@ -27,14 +27,19 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import (
+    SIGMOID_GATING,
+    TENSOR_NAMES_KEY,
+    GGUFFields,
+    gguf_base_fields,
+    gguf_turn_end_ids,
+    require_gating,
+)
 from services.engine.model.hf_config import base_fields, required
 
 ARCHITECTURE = "glm4_moe"
 GGUF_ARCHITECTURE = "glm4moe"
-_SIGMOID = 2  # llama.cpp's expert_gating_func (its GLM-4.5 converter always writes it)
 
 _SHARED = re.compile(r"\.mlp\.shared_experts\.")
 
@@ -60,10 +65,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    gating = int(f.get("expert_gating_func") or _SIGMOID)
-    if gating != _SIGMOID:
-        raise ModelLoadError(f"GGUF glm4moe: expert_gating_func {gating} is not supported (GLM-4.5's routing is the "
-                             f"sigmoid, {_SIGMOID})")
+    require_gating(f, SIGMOID_GATING, "GLM-4.5")
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     layers = base["num_layers"] - int(f.get("nextn_predict_layers") or 0)
     head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])

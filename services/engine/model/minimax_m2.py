@@ -28,13 +28,18 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import (
+    SIGMOID_GATING,
+    GGUFFields,
+    gguf_base_fields,
+    gguf_turn_end_ids,
+    require_gating,
+)
 from services.engine.model.hf_config import base_fields, required, rotary_dim
 from services.engine.model.mixtral import mixtral_tensor_name
 
 ARCHITECTURE = "minimax_m2"
 GGUF_ARCHITECTURE = "minimax-m2"
-_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -56,10 +61,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    gating = int(f.get("expert_gating_func") or _SIGMOID)
-    if gating != _SIGMOID:
-        raise ModelLoadError(f"GGUF minimax-m2: expert_gating_func {gating} is not supported (MiniMax-M2's routing is "
-                             f"the sigmoid, {_SIGMOID})")
+    require_gating(f, SIGMOID_GATING, "MiniMax-M2")
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
     rotary = int(f.get("rope.dimension_count") or head_dim)

@@ -31,10 +31,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.deepseek import latent_config, present, sparse_mlp
-from services.engine.model.deepseek_gguf import SOFTMAX, latent_fields, with_file_ids
+from services.engine.model.deepseek_gguf import latent_fields, with_file_ids
+from services.engine.model.gguf_config import SOFTMAX_GATING, require_gating
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import query_temperature, required
 from services.engine.model.multimodal_text import text_tensor_name
@@ -60,10 +60,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     cfg, f = latent_fields(fields, GGUF_ARCHITECTURE)
-    gating = int(f.get("expert_gating_func") or SOFTMAX)
-    if gating != SOFTMAX:
-        raise ModelLoadError(f"GGUF mistral4: expert_gating_func {gating} is not supported (Mistral 4's routing is the "
-                             f"softmax, {SOFTMAX})")
+    require_gating(f, SOFTMAX_GATING, "Mistral 4")
     cfg.update(n_routed_experts=int(f.key("expert_count")), num_experts_per_tok=int(f.key("expert_used_count")),
                moe_intermediate_size=int(f.key("expert_feed_forward_length")),
                n_shared_experts=int(f.get("expert_shared_count") or 0),
