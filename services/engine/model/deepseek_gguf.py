@@ -49,7 +49,6 @@ if TYPE_CHECKING:  # the config readers are torch-free (the gateway's process re
     import torch
 
 GGUF_ARCHITECTURE = "deepseek2"
-SOFTMAX, SIGMOID = SOFTMAX_GATING, SIGMOID_GATING  # llama.cpp's expert_gating_func values
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
@@ -103,11 +102,11 @@ def _experts(f: GGUFFields, layers: int) -> MoEConfig | None:
         return None
     gating = int(f.get("expert_gating_func") or _default_gating(f))
     groups, used = int(f.get("expert_group_count") or 1), int(f.get("expert_group_used_count") or 1)
-    if gating == SIGMOID:
+    if gating == SIGMOID_GATING:
         routing: dict[str, Any] = dict(sigmoid_routing=True, expert_groups=groups, top_groups=used)
-    elif gating == SOFTMAX and groups <= 1:
+    elif gating == SOFTMAX_GATING and groups <= 1:
         routing = dict(group_limited_softmax=True)
-    elif gating == SOFTMAX:
+    elif gating == SOFTMAX_GATING:
         raise ModelLoadError(f"GGUF deepseek2: softmax routing over {groups} expert groups is not served (llama.cpp "
                              "scores a group by the sum of its top two experts, transformers' DeepSeek-V2 by its best)")
     else:
@@ -126,7 +125,7 @@ def _default_gating(f: GGUFFields) -> int:
     the correction bias (``exp_probs_b``) routes by the sigmoid, as GLM-4.7-Flash's files (whose config names no
     scoring function, so its converter writes none) do and llama.cpp reads them (by their shape)."""
     biased = any(name.endswith(".exp_probs_b.bias") for name in f.fields.get(TENSOR_NAMES_KEY, ()))
-    return SIGMOID if biased else SOFTMAX
+    return SIGMOID_GATING if biased else SOFTMAX_GATING
 
 
 def _yarn(f: GGUFFields) -> dict[str, Any] | None:

@@ -156,6 +156,17 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
     )
 
 
+def per_layer(f: GGUFFields, name: str) -> list[int]:
+    """A key llama.cpp's hybrid files write per layer (``attention.head_count_kv``: 0 for a recurrent layer;
+    Nemotron-H's ``feed_forward_length``: 0 but for an MLP block), or one number for every layer."""
+    layers = int(f.key("block_count"))
+    written = f.key(name)
+    values = [int(n) for n in written] if isinstance(written, (list, tuple)) else [int(written)] * layers
+    if len(values) != layers:
+        raise ModelLoadError(f"GGUF {f.arch}: {name} lists {len(values)} layers, the file has {layers}")
+    return values
+
+
 def _one_kv_head_count(f: GGUFFields) -> int:
     """``attention.head_count_kv``: a number, or llama.cpp's per-layer array (its Granite 4.0 converter writes one
     even for the attention-only models, whose files it names ``granite``) of one count wherever a layer attends

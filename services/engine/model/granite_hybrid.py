@@ -22,7 +22,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig, MoEConfig
-from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields
+from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, per_layer
 from services.engine.model.granite import config_from_gguf as granite_from_gguf
 from services.engine.model.granite import config_from_hf as granite_from_hf
 from services.engine.model.hf_config import with_defaults
@@ -70,13 +70,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    kv_heads, layers = per_layer_kv_heads(f)
-    dense = granite_from_gguf({**fields, f"{GGUF_ARCHITECTURE}.attention.head_count_kv": max(kv_heads)},
-                              GGUF_ARCHITECTURE)
+    kv_heads = per_layer(f, "attention.head_count_kv")
+    layers = len(kv_heads)
+    dense = granite_from_gguf(fields, GGUF_ARCHITECTURE)  # its one KV head count read from the array
     attention = tuple(i for i in range(layers) if kv_heads[i])
     if not attention:
         raise ModelLoadError(f"GGUF {GGUF_ARCHITECTURE}: no attention layer (a Mamba-only model is not served)")
-    mamba = gguf_mamba(f, tuple(i for i in range(layers) if not kv_heads[i]), dense.hidden_size)
+    mamba = gguf_mamba(f, tuple(i for i in range(layers) if not kv_heads[i]))
     # the shared MLP's width (the dense MLP where there are no experts); each expert feed_forward_length wide
     experts, shared = int(f.get("expert_count") or 0), int(f.get("expert_shared_feed_forward_length") or 0)
     moe = None if not experts else MoEConfig(
@@ -90,19 +90,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                                nope_layers=() if rotated else attention)
 
 
-def per_layer_kv_heads(f: GGUFFields) -> tuple[list[int], int]:
-    """``attention.head_count_kv`` per layer (llama.cpp's hybrid files write 0 for a recurrent layer; a number: every
-    layer attends) and the layer count."""
-    layers = int(f.key("block_count"))
-    written = f.key("attention.head_count_kv")
-    kv_heads = [int(n) for n in written] if isinstance(written, (list, tuple)) else [int(written)] * layers
-    if len(kv_heads) != layers:
-        raise ModelLoadError(f"GGUF {f.arch}: attention.head_count_kv lists {len(kv_heads)} layers, the file has "
-                             f"{layers}")
-    return kv_heads, layers
-
-
-def gguf_mamba(f: GGUFFields, layers: tuple[int, ...], hidden: int) -> Mamba2 | None:
+def gguf_mamba(f: GGUFFields, layers: tuple[int, ...]) -> Mamba2 | None:
     """The Mamba-2 mixers of ``layers`` from the file's ``ssm.*`` keys (heads ``time_step_rank``, their width
     ``inner_size`` / heads); the convolution's bias where the file holds one."""
     if not layers:

@@ -21,8 +21,8 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
-from services.engine.model.granite_hybrid import gguf_mamba, per_layer_kv_heads
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids, per_layer
+from services.engine.model.granite_hybrid import gguf_mamba
 from services.engine.model.hf_config import base_fields, with_defaults
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "nemotron_h"
@@ -65,18 +65,16 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    kv_heads, layers = per_layer_kv_heads(f)
-    written = f.key("feed_forward_length")
-    widths = [int(n) for n in written] if isinstance(written, (list, tuple)) else [int(written)] * layers
-    if len(widths) != layers or len(set(widths) - {0}) > 1:
+    kv_heads, widths = per_layer(f, "attention.head_count_kv"), per_layer(f, "feed_forward_length")
+    layers = len(kv_heads)
+    if len(set(widths) - {0}) > 1:
         raise ModelLoadError(f"GGUF {GGUF_ARCHITECTURE}: feed_forward_length must list {layers} layers of 0 or one "
                              f"width, got {widths}")
     kinds = tuple("mlp" if widths[i] else "attention" if kv_heads[i] else "mamba" for i in range(layers))
-    base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.attention.head_count_kv": max(kv_heads),
-                             f"{GGUF_ARCHITECTURE}.feed_forward_length": max(widths)}, GGUF_ARCHITECTURE)
+    base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.feed_forward_length": max(widths)}, GGUF_ARCHITECTURE)
     of = {kind: tuple(i for i in range(layers) if kinds[i] == kind) for kind in ("mamba", "attention")}
     return ModelConfig(**{**base, "eos_token_ids": gguf_turn_end_ids(base, fields)},
-                       mamba=gguf_mamba(f, of["mamba"], base["hidden_size"]), block_kinds=kinds,
+                       mamba=gguf_mamba(f, of["mamba"]), block_kinds=kinds,
                        nope_layers=of["attention"])
 
 
