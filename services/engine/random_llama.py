@@ -123,17 +123,20 @@ def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
 def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
     """Bytes of the weights one decode step of ``batch`` sequences reads (the embedding table is gathered,
     not read whole, unless it is also the tied LM head). A sparse layer reads its router, its shared expert
-    where it has one (Qwen2-MoE) and the experts its tokens pick: ``E · (1 - (1 - k/E)^batch)`` of them
-    expected, were the routing uniform."""
+    where it has one (Qwen2-MoE), its latent projections where it has them (Nemotron 3 Super) and the experts its
+    tokens pick: ``E · (1 - (1 - k/E)^batch)`` of them expected, were the routing uniform."""
     total = config.vocab_size * config.hidden_size
     for i in range(config.num_layers):
         if config.is_sparse_layer(i):
-            moe = config.moe
+            moe, hidden = config.moe, config.hidden_size
             picked = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
-            total += attention_weights(config, i) + moe.num_experts * config.hidden_size + round(
-                picked * 3 * config.hidden_size * moe.intermediate_size)
-            if moe.shared_expert_intermediate_size:  # every token's, and its gate
-                total += config.hidden_size * (3 * moe.shared_expert_intermediate_size + 1)
+            projections = 3 if moe.gated_experts else 2  # gate, up, down (ungated: up, down)
+            total += attention_weights(config, i) + moe.num_experts * hidden + round(
+                picked * projections * (moe.latent_size or hidden) * moe.intermediate_size)
+            if moe.latent_size:  # down to it and back
+                total += 2 * hidden * moe.latent_size
+            if moe.shared_expert_intermediate_size:  # every token's, and its gate where it has one
+                total += hidden * (projections * moe.shared_expert_intermediate_size + moe.shared_expert_gated)
         else:
             total += layer_weights(config, i)
     return total * dtype_bytes

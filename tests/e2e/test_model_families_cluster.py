@@ -37,7 +37,8 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # Qwen3.5's hybrid layers, whose recurrent state travels beside the KV, run as its dense model: its MoE and Qwen3-Next
 # add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
 # 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one; Nemotron-H's blocks hold
-# the same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each; Granite's dense layer is Llama's
+# the same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each, Nemotron 3's experts GLM-4.5's
+# routing with that MLP as the experts' and the shared one's; Granite's dense layer is Llama's
 # with Granite MoE's multipliers; SmolLM3's is Llama's, some layers without rope; LFM2-MoE's state is LFM2's, its
 # experts sigmoid-routed as GLM-4.5's; the Qwen-VL wrappers' text layers are Qwen3's and Qwen3-MoE's, read through a
 # wrapper as Mistral 3's is; Mistral 4's layer is DeepSeek-V3's with Ministral 3's temperature, both served here; Gemma
@@ -52,7 +53,7 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
                                            "qwen3_5-moe", "qwen3_next", "granite_hybrid-dense",
-                                           "granite_hybrid-attention", "nemotron_h", "mistral3-text",
+                                           "granite_hybrid-attention", "nemotron_h", "nemotron_h-moe", "mistral3-text",
                                            "qwen_vl", "qwen_vl-2.5", "qwen_vl-moe", "granite", "smollm3", "lfm2-moe",
                                            "mistral4", "gemma2", "gemma4", "llama4", "qwen2", "qwen3", "mixtral",
                                            "mistral"})

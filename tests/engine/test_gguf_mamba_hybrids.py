@@ -1,11 +1,12 @@
-"""IBM Granite 4.0 hybrid (llama.cpp's ``granitehybrid``) and Nemotron-H (``nemotron_h``) GGUF files, written from tiny
-transformers models the way its converters write them (the layer kinds as per-layer ``attention.head_count_kv`` and,
-for Nemotron-H, ``feed_forward_length`` arrays; ``ssm_a = -exp(A_log)`` and ``ssm_d`` as ``[heads, 1]``, the gated
-norm as ``[groups, width]``, the convolution squeezed; Granite's q/k rows permuted by its llama converter, its
-``rope.scaling.finetuned`` false and ``context_length`` 2**20 for a model without rope; its experts' and shared MLP's
-fused input split gate-first), load into the Mamba decoders whose float32 logits equal the HF twin's; the config
-equals the one read from the model's ``config.json`` but for what the file says otherwise (the context), torch-free
-alike."""
+"""IBM Granite 4.0 hybrid (llama.cpp's ``granitehybrid``), Nemotron-H (``nemotron_h``) and Nemotron 3
+(``nemotron_h_moe``: experts stacked, their router's correction bias ``exp_probs_b``, the shared MLP, Super's latent
+projections) GGUF files, written from tiny transformers models the way its converters write them (the layer kinds as
+per-layer ``attention.head_count_kv`` and, for Nemotron-H, ``feed_forward_length`` arrays; ``ssm_a = -exp(A_log)``
+and ``ssm_d`` as ``[heads, 1]``, the gated norm as ``[groups, width]``, the convolution squeezed; Granite's q/k rows
+permuted by its llama converter, its ``rope.scaling.finetuned`` false and ``context_length`` 2**20 for a model
+without rope; its experts' and shared MLP's fused input split gate-first), load into the Mamba decoders whose float32
+logits equal the HF twin's; the config equals the one read from the model's ``config.json`` but for what the file
+says otherwise (the context), torch-free alike."""
 
 from __future__ import annotations
 
@@ -54,6 +55,13 @@ MODELS = {
                        num_hidden_layers=5, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
                        n_groups=2, conv_kernel=4, rms_norm_eps=1e-5, layer_norm_epsilon=1e-5,
                        tie_word_embeddings=False),
+    # Nemotron 3 Super's kind: expert blocks in a latent width (Nano's have none), grouped sigmoid routing
+    "nemotron_h-moe": dict(model_type="nemotron_h", layers_block_type=["mamba", "moe", "attention", "moe"],
+                           num_hidden_layers=4, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
+                           n_groups=2, conv_kernel=4, rms_norm_eps=1e-5, layer_norm_epsilon=1e-5,
+                           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                           moe_shared_expert_intermediate_size=64, moe_latent_size=32, n_group=2, topk_group=1,
+                           routed_scaling_factor=2.5, tie_word_embeddings=False),
 }
 # a Mamba-2 mixer's and Nemotron-H's block leaves, as llama.cpp names them
 _ATTENTION = ("attention", "full_attention")  # transformers' names of an attention layer's kind
@@ -64,8 +72,8 @@ _LEAVES = {"in_proj.weight": "ssm_in.weight", "conv1d.weight": "ssm_conv1d.weigh
            "down_proj.weight": "ffn_down.weight"}
 
 
-def _model(name: str):
-    model = tiny_hf(**MODELS[name])
+def _model(name: str, **changes):
+    model = tiny_hf(**(MODELS[name] | changes))
     with torch.no_grad():  # the step bias and the skip, which tiny_hf leaves as transformers starts them
         for param_name, param in model.named_parameters():
             if param_name.endswith(("dt_bias", ".D")):
@@ -75,7 +83,7 @@ def _model(name: str):
 
 def _quantised(name: str) -> gguf.GGMLQuantizationType:
     return Q8_0 if name.endswith(("ssm_in.weight", "ssm_out.weight", "attn_q.weight", "attn_k.weight",
-                                  "ffn_up.weight")) else F32
+                                  "ffn_up.weight", "ffn_up_exps.weight", "ffn_latent_down.weight")) else F32
 
 
 def _keys(cfg) -> dict:
@@ -101,11 +109,21 @@ def _keys(cfg) -> dict:
             keys["context_length"] = 2 ** 20
     else:  # its converter is Granite 4.0's subclass: NoPE written alike
         keys["context_length"] = 2 ** 20
-        keys.update({"feed_forward_length": [cfg.intermediate_size if kind == "mlp" else 0 for kind in kinds],
+        widths = {"mlp": cfg.intermediate_size, "moe": cfg.moe_intermediate_size}
+        keys.update({"feed_forward_length": [widths.get(kind, 0) for kind in kinds],
                      "attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
                      "ssm.conv_kernel": cfg.conv_kernel, "ssm.state_size": cfg.ssm_state_size,
                      "ssm.group_count": cfg.n_groups, "ssm.inner_size": cfg.mamba_num_heads * cfg.mamba_head_dim,
                      "ssm.time_step_rank": cfg.mamba_num_heads})
+        if "moe" in kinds:
+            keys.update({"expert_count": cfg.n_routed_experts, "expert_used_count": cfg.num_experts_per_tok,
+                         "expert_feed_forward_length": cfg.moe_intermediate_size,
+                         "expert_shared_feed_forward_length": cfg.moe_shared_expert_intermediate_size,
+                         "expert_shared_count": cfg.n_shared_experts, "expert_weights_norm": cfg.norm_topk_prob,
+                         "expert_weights_scale": float(cfg.routed_scaling_factor), "expert_group_count": cfg.n_group,
+                         "expert_group_used_count": cfg.topk_group})
+            if cfg.moe_latent_size is not None:
+                keys["moe_latent_size"] = cfg.moe_latent_size
     return keys
 
 
@@ -113,9 +131,10 @@ def write_hybrid_gguf(model, path: Path, quant=all_f32, keys: dict | None = None
     """``model`` as llama.cpp's converter writes it, and the file's dequantised values loaded into ``model``."""
     cfg = model.config
     granite = cfg.model_type == "granitemoehybrid"
-    arch = "granitehybrid" if granite else "nemotron_h"
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE_HYBRID if granite else gguf.MODEL_ARCH.NEMOTRON_H,
-                                     cfg.num_hidden_layers)
+    experts = not granite and "moe" in cfg.layers_block_type
+    arch = "granitehybrid" if granite else "nemotron_h_moe" if experts else "nemotron_h"
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE_HYBRID if granite else gguf.MODEL_ARCH.NEMOTRON_H_MOE
+                                     if experts else gguf.MODEL_ARCH.NEMOTRON_H, cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch)
     add_metadata(writer, arch, {**_keys(cfg), **(keys or {})}, [f"<t{i}>" for i in range(cfg.vocab_size)])
     writer.add_bool(f"{arch}.rope.scaling.finetuned", granite and cfg.position_embedding_type == "rope")
@@ -129,6 +148,10 @@ def write_hybrid_gguf(model, path: Path, quant=all_f32, keys: dict | None = None
             gguf_name = f"blk.{name.split('.')[2]}.{leaf}"
         elif name.endswith(".norm.weight") and not granite and ".layers." in name:
             gguf_name = f"blk.{name.split('.')[2]}.attn_norm.weight"
+        elif name.endswith((".mixer.experts.up_proj", ".mixer.experts.down_proj")):  # stacked by the converter
+            gguf_name = names.get_name(name.replace(".mixer.", ".mlp."), try_suffixes=(".weight",)) + ".weight"
+        elif name.endswith(".mixer.gate.e_score_correction_bias"):  # renamed "…_correction.bias" by the converter
+            gguf_name = f"blk.{name.split('.')[2]}.exp_probs_b.bias"
         else:
             gguf_name = names.get_name(name.replace("model.", "backbone.", 1) if not granite else name,
                                        try_suffixes=(".weight", ".bias"))
@@ -177,6 +200,26 @@ def test_the_files_read_their_layer_kinds_and_nope(tmp_path):
     assert dense.nope_layers == () and dense.moe is None and dense.mamba.conv_bias
     nemotron = load_model_config(write_hybrid_gguf(_model("nemotron_h"), tmp_path / "n.gguf"))
     assert nemotron.block_kinds == ("mamba", "mlp", "attention", "mlp", "mamba") and nemotron.nope_layers == (2,)
+
+
+def test_nemotron_3_nano_files_and_their_prediction_block(tmp_path):
+    """Nano's kind (no latent width) gives its logits; a file whose last block is the multi-token-prediction one
+    (``nextn_predict_layers``, the per-layer arrays one longer) serves the blocks before it; more than one shared MLP
+    is refused."""
+    model = _model("nemotron_h-moe", moe_latent_size=None)
+    path = write_hybrid_gguf(model, tmp_path / "nano.gguf")
+    weights = load_weights(path)
+    assert weights.config.moe.latent_size is None and weights.config.block_kinds == ("mamba", "moe", "attention", "moe")
+    assert weights.config.intermediate_size == 48  # the experts' width: no block is a dense MLP
+    ours = pdserve_logits(model_class("nemotron_h")(weights.config.served_within(512), weights.tensors, torch.float32),
+                          IDS)
+    assert torch.allclose(ours, hf_logits(model, IDS), atol=1e-4, rtol=1e-4)
+    keys = {"block_count": 5, "nextn_predict_layers": 1, "attention.head_count_kv": [0, 0, 2, 0, 2],
+            "feed_forward_length": [0, 48, 0, 48, 48]}
+    with_mtp = load_model_config(write_hybrid_gguf(model, tmp_path / "mtp.gguf", keys=keys))
+    assert with_mtp == weights.config
+    with pytest.raises(ModelLoadError, match="expert_shared_count 2 is not supported"):
+        load_model_config(write_hybrid_gguf(model, tmp_path / "two.gguf", keys={"expert_shared_count": 2}))
 
 
 def test_granite_4_attention_only_files_with_a_per_layer_kv_array_load(tmp_path):

@@ -61,14 +61,14 @@ _MISTRAL4_TEXT = dict(model_type="mistral4", q_lora_rank=48, kv_lora_rank=32, qk
 _MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
 _QWEN3_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                         deepstack_visual_indexes=[0], patch_size=14)
-RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "granite_hybrid-attention",
-                "qwen3_5", "qwen3_5-moe", "qwen3_next",
+RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense",
+                "granite_hybrid-attention", "qwen3_5", "qwen3_5-moe", "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
-RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "granite_hybrid", "granite_hybrid-dense", "gpt_oss", "glm4_moe", "glm4",
-                 "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
+RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
+                 "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 
@@ -241,6 +241,14 @@ FAMILIES: dict[str, dict] = {
     "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
                        head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
                        conv_kernel=4, time_step_min=0.001, tie_word_embeddings=False),
+    # Nemotron 3 Nano: Mamba-2 and expert blocks around an attention one; ungated squared-ReLU experts chosen by sigmoid
+    # + correction bias (drawn) within the best of 2 groups, renormalised and scaled, beside a shared MLP; written in
+    # NVIDIA's layout (backbone.*, one tensor per expert), as transformers saves it
+    "nemotron_h-moe": dict(model_type="nemotron_h", layers_block_type=["mamba", "moe", "attention", "moe"],
+                           head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+                           conv_kernel=4, time_step_min=0.001, n_routed_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=48, moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
+                           routed_scaling_factor=2.5, tie_word_embeddings=False),
     # LFM2: gated short convolutions (3 taps, their last 2 inputs a recurrent state, no KV) around a Qwen3-style
     # attention layer; the MLP width derived as transformers does (two thirds of 128, rounded up to 32: 96); norms
     # drawn at random

@@ -59,6 +59,12 @@ class MoEConfig:
     stacked_input_major: bool = False
     # the experts' float32 weights multiply their outputs before one rounding (Gemma 4's, whose router is its own)
     float32_expert_weights: bool = False
+    # each expert (and the shared one) an up and a down projection, no gate (Nemotron 3's, squared-ReLU: the decoder
+    # passes the activation); else gate and up rows
+    gated_experts: bool = True
+    # the routed experts work in a latent width: the tokens projected down to it (``fc1_latent_proj``) and their sum
+    # back up (``fc2_latent_proj``); the router and the shared expert see the hidden width (Nemotron 3 Super's)
+    latent_size: int | None = None
 
     @property
     def correction_bias(self) -> bool:
@@ -393,11 +399,13 @@ class ModelConfig:
                                       or any(not 0 <= i < self.num_layers for i in recurrent.layers)):
             raise ModelLoadError(f"recurrent layers {recurrent.layers} must be some of the {self.num_layers} layers")
         if self.block_kinds and (len(self.block_kinds) != self.num_layers
-                                 or set(self.block_kinds) - {"mamba", "attention", "mlp"}
+                                 or set(self.block_kinds) - {"mamba", "attention", "mlp", "moe"}
                                  or tuple(i for i, k in enumerate(self.block_kinds) if k == "mamba")
-                                 != (() if self.mamba is None else self.mamba.layers)):
+                                 != (() if self.mamba is None else self.mamba.layers)
+                                 or tuple(i for i, k in enumerate(self.block_kinds) if k == "moe")
+                                 != (() if self.moe is None else self.moe.sparse_layers)):
             raise ModelLoadError(f"block kinds {self.block_kinds} must name each of the {self.num_layers} layers "
-                                 "mamba (its Mamba-2 layers), attention or mlp")
+                                 "mamba (its Mamba-2 layers), attention, mlp or moe (its sparse layers)")
         if not self.kv_layers:
             raise ModelLoadError("no attention layer: at least one is needed (its KV cache)")
         if self.gemma4 is not None:
@@ -428,8 +436,8 @@ class ModelConfig:
 
     @property
     def mlp_blocks(self) -> tuple[int, ...]:
-        """The layers that are an MLP alone (``block_kinds``)."""
-        return tuple(i for i, kind in enumerate(self.block_kinds) if kind == "mlp")
+        """The layers that are an MLP alone, dense or sparse (``block_kinds`` mlp or moe)."""
+        return tuple(i for i, kind in enumerate(self.block_kinds) if kind in ("mlp", "moe"))
 
     @property
     def recurrent(self) -> LinearAttention | Mamba2 | ShortConv | None:

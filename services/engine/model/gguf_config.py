@@ -33,7 +33,8 @@ TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "glm4": ("<|user|>", "<|observat
                   "gemma4": ("<turn|>", "<|tool_response>"), "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
                   "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
                   "phi3": ("<|end|>", "<|im_end|>", "<|endoftext|>"),
-                  "smollm3": ("<|im_end|>",), "olmo2": ("<|im_end|>",), "nemotron_h": ("<|im_end|>",)}
+                  "smollm3": ("<|im_end|>",), "olmo2": ("<|im_end|>",), "nemotron_h": ("<|im_end|>",),
+                  "nemotron_h_moe": ("<|im_end|>",)}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 

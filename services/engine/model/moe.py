@@ -1,9 +1,10 @@
-"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE, GLM-4.5, ERNIE 4.5 and the
-DeepSeeks: a router picks each token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU; GPT-OSS
-passes its clamped one as ``silu_and_mul``, and its experts and router have biases, held by their
-:class:`LinearWeight`). Tokens are grouped by expert (one gather, two GEMMs and one scatter-add per expert that has
-tokens), in ascending expert order as transformers adds them, so float32 sums agree. With ``MoEWeights.grouped``
-(the GPU path) the same numbers come from two grouped GEMMs and no host read (:mod:`moe_grouped`)."""
+"""The sparse mixture-of-experts MLP of Qwen3-MoE, Mixtral, GPT-OSS, Granite MoE, GLM-4.5, ERNIE 4.5, the DeepSeeks
+and Nemotron 3: a router picks each token's top-k experts (:func:`route`); each expert is a gated MLP (SwiGLU;
+GPT-OSS passes its clamped one as ``silu_and_mul``, and its experts and router have biases, held by their
+:class:`LinearWeight`), or Nemotron 3's ungated one (up, squared ReLU, down; ``MoEConfig.gated_experts``). Tokens
+are grouped by expert (one gather, two GEMMs and one scatter-add per expert that has tokens), in ascending expert
+order as transformers adds them, so float32 sums agree. With ``MoEWeights.grouped`` (the GPU path) the same
+numbers come from two grouped GEMMs and no host read (:mod:`moe_grouped`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class MoEWeights:
     # sigmoid routing, biased choice: the router is float32 and this [num_experts] float32 bias joins the scores
     # that choose (not the weights)
     choice_bias: torch.Tensor | None = None
+    # MoEConfig.latent_size: the tokens' projection to the experts' width [latent, hidden], and their sum's back
+    latent_in: LinearWeight | None = None
+    latent_out: LinearWeight | None = None
 
 
 def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,9 +116,15 @@ def _group_limited_softmax_route(x: torch.Tensor, weights: MoEWeights, config: M
 
 def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
                 silu_and_mul: SiluAndMul = torch_silu_and_mul) -> torch.Tensor:
-    """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`)."""
+    """``x [T, hidden]`` → ``[T, hidden]`` (``silu_and_mul``: the model's, see :mod:`kernels.fused_ops`; an ungated
+    family's passes its activation of the up rows alone). Routed on ``x``; with latent projections the experts take
+    ``x`` projected down and their sum is projected back up."""
     top_probs, top_experts = route(x, weights, config)
-    out = experts_forward(x, weights, config, top_probs, top_experts, silu_and_mul)
+    if weights.latent_in is not None and weights.latent_out is not None:
+        routed = experts_forward(linear(x, weights.latent_in), weights, config, top_probs, top_experts, silu_and_mul)
+        out = linear(routed, weights.latent_out)
+    else:
+        out = experts_forward(x, weights, config, top_probs, top_experts, silu_and_mul)
     if weights.shared is not None:
         shared = weights.shared
         shared_out = linear(silu_and_mul(linear(x, shared.gate_up)), shared.down)

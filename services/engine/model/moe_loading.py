@@ -3,7 +3,10 @@ is the sigmoid's, with its correction bias), its routed experts (per-expert tens
 layout, ``gate_up_proj [E, 2·inter, hidden]`` and ``down_proj [E, hidden, inter]``, or, for a family whose files
 store them transposed (``MoEConfig.stacked_transposed``: Qwen3-VL-MoE's), read as transformers reads them: transposed
 only where the stored shape is not the expected one; stacked for grouped GEMMs on the GPU path), and its shared
-expert (Qwen2-MoE's gated one, Granite MoE's and GLM-4.5's ungated ones). A mixin of
+expert (Qwen2-MoE's gated one, Granite MoE's and GLM-4.5's ungated ones). Nemotron 3's experts have no gate rows
+(``MoEConfig.gated_experts`` false: ``up_proj`` alone, stacked ``experts.up_proj [E, inter, width]``), and Nemotron 3
+Super's work in a latent width (``MoEConfig.latent_size``: ``fc1_latent_proj``/``fc2_latent_proj`` beside them). A
+mixin of
 :class:`~services.engine.model.decoder.DecoderModel`, using its weight source, projections and settings."""
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ class ExpertLoading:
             stored = (1, moe.num_experts) if source.has(name) and source.tensors[name].dim() == 2 else \
                 (moe.num_experts,)  # ERNIE's is [1, experts]
             experts.choice_bias = source.take(name, stored, torch.float32).view(moe.num_experts)
+        if moe.latent_size is not None:
+            hidden, latent = self.config.hidden_size, moe.latent_size
+            experts.latent_in = self._projection([(p + "fc1_latent_proj.weight", (latent, hidden))], by_row_kind=False)
+            experts.latent_out = self._projection([(p + "fc2_latent_proj.weight", (hidden, latent))], by_row_kind=False)
         return experts
 
     def _router(self, p: str) -> LinearWeight:
@@ -60,7 +67,8 @@ class ExpertLoading:
         if inter is None:
             return None
         s = p + "shared_expert."
-        parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))]
+        parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))][
+            0 if moe.gated_experts else 1:]
         if self._source.has(s + "gate_up_proj.weight"):  # Granite MoE's shared MLP: gate and up rows fused
             parts = [(s + "gate_up_proj.weight", (2 * inter, hidden))]
         gate = prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block) \
@@ -82,34 +90,51 @@ class ExpertLoading:
     def _expert_weights(self, p: str, router: LinearWeight) -> MoEWeights:
         """A sparse layer's experts (``p``: their parent's prefix) beside ``router``: grouped, stacked or per expert,
         as the checkpoint and the settings have them (a family whose router is its own passes it)."""
-        moe, hidden = self.config.moe, self.config.hidden_size
+        moe, hidden = self.config.moe, self._expert_width()
         assert moe is not None
         inter, source = moe.intermediate_size, self._source
         if self.grouped_experts:
             return MoEWeights(router, [], [], grouped=self._stacked_experts(p))
-        if source.has(p + "experts.gate_up_proj"):  # stacked
+        if source.has(self._stacked_name(p)):
             gate_up, down = self._stacked(p)
             return MoEWeights(router, [prepare_linear(w, row_block=self._row_block) for w in gate_up.unbind(0)],
                               [prepare_linear(w, row_block=self._row_block) for w in down.unbind(0)])
         e = p + "experts.{}."
         return MoEWeights(
             router,
-            [self._projection([(e.format(j) + "gate_proj.weight", (inter, hidden)),
-                               (e.format(j) + "up_proj.weight", (inter, hidden))], by_row_kind=False)
+            [self._projection(self._expert_rows(e.format(j), inter, hidden), by_row_kind=False)
              for j in range(moe.num_experts)],
             [self._projection([(e.format(j) + "down_proj.weight", (hidden, inter))], by_row_kind=False)
              for j in range(moe.num_experts)],
         )
 
+    def _expert_width(self) -> int:
+        """The width the routed experts take and give: the latent one where they have it, else the hidden size."""
+        moe = self.config.moe
+        assert moe is not None
+        return moe.latent_size or self.config.hidden_size
+
+    def _expert_rows(self, e: str, inter: int, width: int) -> list[tuple[str, tuple[int, int]]]:
+        """One expert's first projection (``e``: its prefix): gate and up rows, or up rows alone (ungated)."""
+        moe = self.config.moe
+        assert moe is not None
+        gate = [(e + "gate_proj.weight", (inter, width))] if moe.gated_experts else []
+        return [*gate, (e + "up_proj.weight", (inter, width))]
+
+    def _stacked_name(self, p: str) -> str:
+        """The stacked experts' first projection (transformers 5's layout): ``gate_up_proj``, ungated ``up_proj``."""
+        moe = self.config.moe
+        assert moe is not None
+        return p + ("experts.gate_up_proj" if moe.gated_experts else "experts.up_proj")
+
     def _stacked_experts(self, p: str) -> GroupedExperts:
-        moe, hidden, take = self.config.moe, self.config.hidden_size, self._source.take
+        moe, hidden, take = self.config.moe, self._expert_width(), self._source.take
         assert moe is not None
         inter, e = moe.intermediate_size, p + "experts.{}."
-        if self._source.has(p + "experts.gate_up_proj"):  # stacked
+        if self._source.has(self._stacked_name(p)):
             return GroupedExperts(*self._stacked(p))
-        gate_up = torch.stack([torch.cat([take(e.format(j) + "gate_proj.weight", (inter, hidden)),
-                                          take(e.format(j) + "up_proj.weight", (inter, hidden))])
-                               for j in range(moe.num_experts)])
+        rows = [self._expert_rows(e.format(j), inter, hidden) for j in range(moe.num_experts)]
+        gate_up = torch.stack([torch.cat([take(name, shape) for name, shape in expert]) for expert in rows])
         down = torch.stack([take(e.format(j) + "down_proj.weight", (hidden, inter)) for j in range(moe.num_experts)])
         return GroupedExperts(gate_up, down)
 
@@ -118,10 +143,11 @@ class ExpertLoading:
         ``MoEConfig.stacked_transposed``, each is read transposed where it is stored so (its last two dims swapped), as
         transformers' loader reads such checkpoints (only a tensor whose stored shape is not the expected one); with
         ``MoEConfig.stacked_input_major`` (Llama 4's), each is always read transposed."""
-        moe, hidden = self.config.moe, self.config.hidden_size
+        moe, hidden = self.config.moe, self._expert_width()
         assert moe is not None
         inter = moe.intermediate_size
-        return (self._maybe_transposed(p + "experts.gate_up_proj", (moe.num_experts, 2 * inter, hidden)),
+        rows = 2 * inter if moe.gated_experts else inter
+        return (self._maybe_transposed(self._stacked_name(p), (moe.num_experts, rows, hidden)),
                 self._maybe_transposed(p + "experts.down_proj", (moe.num_experts, hidden, inter)))
 
     def _maybe_transposed(self, name: str, shape: tuple[int, int, int]) -> torch.Tensor:

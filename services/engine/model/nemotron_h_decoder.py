@@ -1,7 +1,8 @@
 """Nemotron-H's decoder: ``h += mixer(norm(h))`` per block, the mixer one of Mamba-2 (as Granite 4.0's,
-:mod:`services.engine.model.mamba_decoder`), attention without
-rope, or an MLP ``down(relu(up(x))²)``. Norms compute in float32, the weight applied before the cast back. (The
-MLP block keeps its up projection as the layer's ``gate_up``: it has no gate.)"""
+:mod:`services.engine.model.mamba_decoder`), attention without rope, an MLP ``down(relu(up(x))²)``, or Nemotron 3's
+experts of that MLP with a shared one (:func:`~services.engine.model.moe.moe_forward`, squared ReLU as their
+activation). Norms compute in float32, the weight applied before the cast back. (The MLP block keeps its up
+projection as the layer's ``gate_up``: it has no gate.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear import RowPaths, linear
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gemma_decoder import gemma_rms_norm
 from services.engine.model.mamba_decoder import MambaDecoderModel, MambaLayerWeights
+from services.engine.model.moe import moe_forward
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -26,8 +27,6 @@ class NemotronHDecoderModel(MambaDecoderModel):
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, *args: Any,
                  **kwargs: Any):
-        if config.moe is not None:
-            raise ModelLoadError(f"{config.architecture}: MoE blocks are not supported")
         super().__init__(config, tensors, dtype, *args, **kwargs)
         self.final_norm = self.final_norm.float()
 
@@ -38,6 +37,8 @@ class NemotronHDecoderModel(MambaDecoderModel):
                                   post_norm=None, gate_up=None, down=None)  # type: ignore[arg-type]
         if cfg.mamba is not None and i in cfg.mamba.layers:
             layer.mamba = self._mamba_weights(m)
+        elif cfg.block_kinds[i] == "moe":
+            layer.moe = self._experts(m)
         elif cfg.block_kinds[i] == "mlp":
             layer.gate_up = self._projection([(m + "up_proj.weight", (cfg.intermediate_size, hidden))])
             layer.down = self._projection([(m + "down_proj.weight", (hidden, cfg.intermediate_size))])
@@ -57,8 +58,15 @@ class NemotronHDecoderModel(MambaDecoderModel):
             x = gemma_rms_norm(hidden, layer.input_norm, eps)
             if layer.mamba is not None:
                 hidden = hidden + self._mamba(i, layer.mamba, x, paths, states)
+            elif layer.moe is not None:
+                hidden = hidden + moe_forward(x, layer.moe, self.config.moe, relu_squared)  # type: ignore[arg-type]
             elif layer.down is not None:
-                hidden = hidden + linear(torch.relu(linear(x, layer.gate_up, paths)).square(), layer.down, paths)
+                hidden = hidden + linear(relu_squared(linear(x, layer.gate_up, paths)), layer.down, paths)
             else:
                 hidden = hidden + self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
         return gemma_rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """Nemotron-H's MLP activation (``relu2``)."""
+    return torch.relu(x).square()

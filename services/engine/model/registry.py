@@ -52,7 +52,7 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.lfm2_decoder:Lfm2DecoderModel",
            tensor_names="services.engine.model.lfm2:lfm2_tensor_name",
            gguf_tensors="services.engine.model.lfm2_decoder:conv_from_gguf"),
-    Family("nemotron_h", "services.engine.model.nemotron_h", ("nemotron_h",), "nemotron_h",
+    Family("nemotron_h", "services.engine.model.nemotron_h", ("nemotron_h",), ("nemotron_h", "nemotron_h_moe"),
            model="services.engine.model.nemotron_h_decoder:NemotronHDecoderModel",
            tensor_names="services.engine.model.nemotron_h:nemotron_h_tensor_name",
            gguf_tensors="services.engine.model.mamba_gguf:mamba_from_gguf"),

@@ -96,6 +96,10 @@ def _mamba_names(mixer: str) -> dict[str, str]:
     return {name: mixer + leaf for name, leaf in leaves.items()}
 
 
+_NEMOTRON_H_NAMES = {**_mamba_names("mixer."), "attn_q.weight": "mixer.q_proj.weight",
+                     "attn_k.weight": "mixer.k_proj.weight", "attn_v.weight": "mixer.v_proj.weight",
+                     "attn_output.weight": "mixer.o_proj.weight", "ffn_up.weight": "mixer.up_proj.weight",
+                     "ffn_down.weight": "mixer.down_proj.weight"}
 # DeepSeek's latent attention (the MLA files' split kv_b is stacked below, for its family's hook), its router's
 # correction bias, its shared experts
 _DEEPSEEK2_NAMES = {"attn_q_a.weight": "self_attn.q_a_proj.weight",
@@ -143,10 +147,15 @@ _ARCH_LAYER_NAMES = {
     # IBM Granite 4.0's Mamba-2 mixers and shared MLP
     "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
     # Nemotron-H's blocks: one norm and one mixer each (Mamba-2, attention or a squared-ReLU MLP)
-    "nemotron_h": {**_mamba_names("mixer."), "attn_q.weight": "mixer.q_proj.weight",
-                   "attn_k.weight": "mixer.k_proj.weight", "attn_v.weight": "mixer.v_proj.weight",
-                   "attn_output.weight": "mixer.o_proj.weight", "ffn_up.weight": "mixer.up_proj.weight",
-                   "ffn_down.weight": "mixer.down_proj.weight"},
+    "nemotron_h": _NEMOTRON_H_NAMES,
+    # Nemotron 3's: the same, and its experts' router, correction bias, shared MLP and latent projections (the experts
+    # themselves stacked below)
+    "nemotron_h_moe": {**_NEMOTRON_H_NAMES, "ffn_gate_inp.weight": "mixer.gate.weight",
+                       "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
+                       "ffn_up_shexp.weight": "mixer.shared_expert.up_proj.weight",
+                       "ffn_down_shexp.weight": "mixer.shared_expert.down_proj.weight",
+                       "ffn_latent_down.weight": "mixer.fc1_latent_proj.weight",
+                       "ffn_latent_up.weight": "mixer.fc2_latent_proj.weight"},
     # LFM2-MoE's router correction bias (``expert_bias``), which llama.cpp's converter names exp_probs_b.bias
     "lfm2moe": {**_LFM2_NAMES, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
 }
@@ -168,6 +177,9 @@ _STACKED_NAMES = {
     # Mistral 4's: DeepSeek's, and its experts as transformers 5 holds them (gate and up fused, gate rows first)
     "mistral4": {**_KV_B_HALVES, "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj",
                  "ffn_down_exps.weight": "mlp.experts.down_proj"},
+    # Nemotron 3's, as transformers 5 holds them ([E, inter, width] and [E, width, inter]: no gate)
+    "nemotron_h_moe": {"ffn_up_exps.weight": "mixer.experts.up_proj",
+                       "ffn_down_exps.weight": "mixer.experts.down_proj"},
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
