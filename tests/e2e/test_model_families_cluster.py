@@ -23,9 +23,9 @@ from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_refer
 pytestmark = pytest.mark.slow
 
 ENGINE_ARGS = ("--dtype", "float32", "--threads", "1", "--max-num-batched-tokens", "64")
-# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~41: "none" admits
-# them anyway, so the decode node preempts
-PRESSURE_TOKENS = 32
+# 24 blocks of 16 tokens hold the 300-token prompt alone; the eight pressure requests need ~56: "none" admits
+# them anyway, so the decode node preempts (3-5 times here; with 32 tokens each, ~41 blocks, 2-3 times)
+PRESSURE_TOKENS = 64
 DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 
 

@@ -30,7 +30,7 @@ from services.common.tls.ca import ClusterCA
 from services.common.tls.channels import open_sync_channel
 from services.common.tls.identity import Identity
 from tests.common.tls_certs import serial_of
-from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, wait_idle
+from tests.e2e.conftest import ENGINE_ARGS, GATEWAY_ARGS, generate, greedy, model_nodes, wait_idle
 from tests.e2e.mtls_calls import (
     ADMIN,
     SERVICES,
@@ -117,6 +117,24 @@ def store_contents(cluster) -> tuple[int, int]:
     return status.blocks_total, status.bytes_used
 
 
+def written_back(stub) -> int:
+    """Blocks the prefill node has written to the cache-store so far."""
+    return next(n for n in model_nodes(stub) if n.role == "prefill").store_written_blocks_total
+
+
+def written_back_after(stub, before: int, timeout_s: float = 30.0) -> int:
+    """Wait until the prefill node's write-back (it follows the request's end, in the background) has written past
+    ``before`` and stopped there; the count then."""
+    deadline, last = time.monotonic() + timeout_s, before
+    while True:
+        now = written_back(stub)
+        if last > before and now == last:
+            return now
+        assert time.monotonic() < deadline, f"the prefill node wrote nothing back ({now} blocks)"
+        last = now
+        time.sleep(0.2)
+
+
 def denied(call) -> None:
     with pytest.raises(grpc.RpcError) as refused:
         call()
@@ -125,8 +143,12 @@ def denied(call) -> None:
 
 @pytest.mark.parametrize("role", ["gateway", "admin"])
 def test_no_gateway_or_admin_identity_can_put_kv_into_a_decode_node(cluster, stub, role):
-    # a prompt of several full blocks, written back to the cache-store: something there to protect
-    generate(stub, prompt="Shared prefixes are cached and reused by later requests. " * 8, sampling=greedy(4))
+    # a prompt of several full blocks (its own for each role), written back to the cache-store: something there to
+    # protect; compared once the write-back, which follows the request's end, has landed
+    written = written_back(stub)
+    generate(stub, prompt=f"{role}: " + "Shared prefixes are cached and reused by later requests. " * 8,
+             sampling=greedy(4))
+    written_back_after(stub, written)
     before = (decode_reserved(cluster), store_contents(cluster))
     with open_sync_channel(cluster.decode[0].address, "decode", identity=identity_of(role)) as channel:
         decode = decode_pb2_grpc.DecodeNodeStub(channel)
