@@ -98,7 +98,7 @@ def _convert(path: Path, directory: Path) -> None:
 
 def _check_split(path: Path, architecture: str, pre: Any, model: Any) -> None:
     """A byte-level BPE's (``model`` ``gpt2``) split (``tokenizer.ggml.pre``) neither :data:`PRE_SPLITS` nor
-    transformers knows is refused by name, as llama.cpp refuses it (DeepSeek-V2's ``deepseek-llm``): another split
+    transformers knows is refused by name, as llama.cpp refuses it (``superbpe``, ``chameleon``, …): another split
     would give other tokens than the model's. A sentencepiece vocabulary splits nothing; a file naming no split
     (converted before llama.cpp wrote one) takes transformers' default, GPT-2's."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS

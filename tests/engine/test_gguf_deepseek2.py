@@ -204,9 +204,9 @@ def test_the_tokenizer_splits_text_as_deepseek_v3_s(tmp_path, monkeypatch, bundl
     text = "DeepSeek-V3 says 1234567 in 日本語."
     assert loaded.decode(loaded.encode_plain(text)) == text
     v2 = write_bpe_tokenizer_gguf(tmp_path / "v2-tokenizer.gguf", "deepseek2", _TOKENIZER_KEYS, "deepseek-llm",
-                                  bundled_tokenizer.hf)  # a split pdserve does not know is refused, not guessed
-    with pytest.raises(ValueError, match="splits text as 'deepseek-llm'"):
-        Tokenizer.load(v2)
+                                  bundled_tokenizer.hf)  # V2's and V2-Lite's: DeepSeek LLM's split, digit runs whole
+    pieces = [p for p, _ in Tokenizer.load(v2).hf.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x12345!abc")]
+    assert pieces == ["x", "12345", "!", "abc"], pieces
 
 
 @pytest.mark.parametrize(("arch", "pre", "pieces", "bos"), [

@@ -58,6 +58,23 @@ def test_a_split_transformers_does_not_know_is_llama_cpp_s(pre, pieces):
     assert _split(pre, TEXT) == pieces
 
 
+def test_deepseek_llm_s_split_is_its_own_letters_punctuation_and_digit_runs():
+    """DeepSeek LLM's (DeepSeek-V2's files too): line ends apart, letter runs and punctuation runs each with the space
+    before them, digit runs whole; its letters are its listed ranges, exactly: U+212A (the Kelvin sign; written as
+    ASCII K, a range from it would take in «), Greek, Armenian capitals but not its lower case, CJK runs apart."""
+    from tokenizers import pre_tokenizers
+
+    def byte_level(pieces: list[str]) -> list[str]:
+        to_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        return [to_bytes.pre_tokenize_str(piece)[0][0] for piece in pieces]
+
+    assert _split("deepseek-llm", TEXT) == byte_level([
+        "Granite", "'", "s", " ", "2026", " sum", ":", " ", "12345", "+", "67", ",", " (", "done", ")", "\n", "\n", " ",
+        " x", "!"])
+    assert _split("deepseek-llm", "\u212a\u00abαβ, Ա ա 中文！") == byte_level(
+        ["\u212a", "\u00ab", "αβ", ",", " Ա", " ա ", "中文", "！"])
+
+
 def test_every_split_of_the_table_compiles():
     from tokenizers import Regex
 

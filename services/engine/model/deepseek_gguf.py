@@ -1,7 +1,7 @@
 """llama.cpp's ``deepseek2`` GGUF files (DeepSeek-V3, V3.1, R1, Kimi K2, V2-Lite and GLM-4.7-Flash, as its converter
 writes them), read as its loader reads them into DeepSeek's latent attention (:mod:`services.engine.model.deepseek`).
-Their tokenizers are served where pdserve knows their split (DeepSeek-V3's, Kimi K2's, GLM's:
-:data:`services.engine.gguf_pre_splits.PRE_SPLITS`); V2's ``deepseek-llm`` is refused by name.
+Their tokenizers split text as their files say (DeepSeek-V3's, V2's ``deepseek-llm``, Kimi K2's, GLM's:
+:data:`services.engine.gguf_pre_splits.PRE_SPLITS`).
 
 - GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``) is DeepSeek-V3's model with one expert group; its files may carry the
   multi-token-prediction layer as a last block (``nextn_predict_layers``), which is not read. Its latent norms keep
