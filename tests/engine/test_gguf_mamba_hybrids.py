@@ -220,6 +220,8 @@ def test_nemotron_3_nano_files_and_their_prediction_block(tmp_path):
     assert with_mtp == weights.config
     with pytest.raises(ModelLoadError, match="expert_shared_count 2 is not supported"):
         load_model_config(write_hybrid_gguf(model, tmp_path / "two.gguf", keys={"expert_shared_count": 2}))
+    with pytest.raises(ModelLoadError, match="expert_group_count 2 without expert_group_used_count"):
+        load_model_config(write_hybrid_gguf(model, tmp_path / "groups.gguf", keys={"expert_group_used_count": 0}))
 
 
 def test_granite_4_attention_only_files_with_a_per_layer_kv_array_load(tmp_path):

@@ -46,6 +46,44 @@ def test_a_grouped_layer_gives_the_loops_bits(dtype: torch.dtype, tokens: int) -
     assert want.abs().max() > 0
 
 
+# Nemotron 3's: ungated squared-ReLU experts, sigmoid routing with a correction bias, scaled, summed in float32
+NEMOTRON = MoEConfig(num_experts=8, top_k=4, intermediate_size=24, norm_topk_prob=True, sparse_layers=(0,),
+                     sigmoid_routing=True, routed_scaling=2.5, gated_experts=False, float32_expert_sum=True)
+
+
+def _relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x).square()
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 40])
+def test_ungated_experts_summed_in_float32_agree_on_both_paths(tokens: int) -> None:
+    """In bf16 the loop and the grouped GEMMs give the same bits: each expert's output times its float32 weight,
+    summed in float32 and rounded once (as transformers sums Nemotron 3's), which is not the per-expert rounding."""
+    gen = torch.Generator().manual_seed(tokens)
+    up = (torch.randn(8, 24, HIDDEN, generator=gen) / 5).bfloat16()
+    down = (torch.randn(8, HIDDEN, 24, generator=gen) / 5).bfloat16()
+    router = prepare_linear(torch.randn(8, HIDDEN, generator=gen), pack=False)
+    bias = torch.randn(8, generator=gen) / 10
+    looped = MoEWeights(router, [prepare_linear(w, pack=False) for w in up], [prepare_linear(w, pack=False)
+                                                                              for w in down], choice_bias=bias)
+    grouped = MoEWeights(router, [], [], grouped=GroupedExperts(up, down), choice_bias=bias)
+    x = torch.randn(tokens, HIDDEN, generator=gen).bfloat16()
+    want = moe_forward(x, looped, NEMOTRON, _relu_squared)
+    assert torch.equal(moe_forward(x, grouped, NEMOTRON, _relu_squared), want)
+    from services.engine.model.moe import route
+
+    probs, experts = route(x, looped, NEMOTRON)
+    by_hand = torch.zeros(tokens, HIDDEN)
+    for t in range(tokens):
+        for k in sorted(range(NEMOTRON.top_k), key=lambda k: int(experts[t, k])):
+            e = int(experts[t, k])
+            by_hand[t] += F.linear(_relu_squared(F.linear(x[t:t + 1], up[e])), down[e])[0].float() * probs[t, k]
+    assert torch.equal(want, by_hand.bfloat16())
+    if tokens == 40:  # rounded at each expert, the sum differs
+        rounded = replace(NEMOTRON, float32_expert_sum=False)
+        assert not torch.equal(moe_forward(x, looped, rounded, _relu_squared), want)
+
+
 def test_the_grouped_path_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a CUDA graph cannot hold: no ``tolist``/``item``/``bincount`` (each a device sync on a GPU)."""
     looped, grouped = _layer(torch.float32)

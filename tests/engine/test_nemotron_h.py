@@ -47,6 +47,7 @@ def test_the_expert_blocks_are_nemotron_3_s(released):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"hybrid_override_pattern": "ME*-M", "n_shared_experts": 2}, "n_shared_experts 2"),
+    ({"hybrid_override_pattern": "ME*-M", "block_configs": [{"moe_intermediate_size": 48}]}, "block_configs"),
     ({"hybrid_override_pattern": "M-M-M"}, "no attention layer"),
     ({"mlp_hidden_act": "silu"}, "activations"),
     ({"residual_in_fp32": True}, "residual_in_fp32"),
@@ -71,6 +72,19 @@ def test_the_released_tensor_names():
         "model.layers.1.mixer.shared_expert.down_proj.weight"
     assert nemotron_h_tensor_name("backbone.layers.1.mixer.gate.e_score_correction_bias") == \
         "model.layers.1.mixer.gate.e_score_correction_bias"
+
+
+def test_latent_experts_read_their_width_and_the_projections_around_them(released):
+    """The bandwidth floor's count of Super's experts: each expert's two projections in the latent width, and the
+    projections down to it and back."""
+    from services.engine.random_llama import weight_bytes
+
+    base = released | {"hybrid_override_pattern": "ME*EM", "n_routed_experts": 8, "num_experts_per_tok": 2,
+                       "moe_intermediate_size": 48}
+    plain, latent = config_from_hf(base), config_from_hf(base | {"moe_latent_size": 16})
+    hidden = plain.hidden_size
+    per_layer = 8 * 2 * 48 * (16 - hidden) + 2 * hidden * 16  # every expert picked by a large batch
+    assert weight_bytes(latent, 2, batch=10_000) - weight_bytes(plain, 2, batch=10_000) == 2 * 2 * per_layer
 
 
 def test_nemotron_3_super_s_latent_experts_give_transformers_logits(tmp_path):
@@ -129,7 +143,7 @@ def test_an_expert_block_s_weights_are_its_router_shared_mlp_and_picked_experts(
     assert weight_bytes(cfg, 2, batch=1) == weight_bytes(cfg, 2, batch=10_000) - 2 * 2 * (8 - 2) * one_expert
 
 
-@pytest.mark.parametrize("name", ["nemotron_h", "granite_hybrid", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("name", ["nemotron_h", "nemotron_h-moe", "granite_hybrid", "qwen3_5", "lfm2"])
 def test_a_hybrid_config_survives_the_weights_cache_round_trip(family_dir, name):
     """The weights cache keeps a model's config as JSON (``gguf_cache_config``): tuples and the recurrent specs
     come back as they were."""

@@ -59,6 +59,9 @@ class MoEConfig:
     stacked_input_major: bool = False
     # the experts' float32 weights multiply their outputs before one rounding (Gemma 4's, whose router is its own)
     float32_expert_weights: bool = False
+    # the routed experts' outputs, times their float32 weights, summed in float32 and rounded once (Nemotron 3's, as
+    # transformers sums them); else each rounded to the model dtype as it is added
+    float32_expert_sum: bool = False
     # each expert (and the shared one) an up and a down projection, no gate (Nemotron 3's, squared-ReLU: the decoder
     # passes the activation); else gate and up rows
     gated_experts: bool = True

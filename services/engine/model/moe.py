@@ -139,19 +139,22 @@ def experts_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top
     activation of their gate times their up rows)."""
     if weights.grouped is not None:
         assert not config.weights_scale_inputs, "grouped experts weight their outputs"
-        return grouped_experts_forward(x, weights.grouped, top_probs.to(x.dtype), top_experts, silu_and_mul)
+        probs = top_probs.float() if config.float32_expert_sum else top_probs.to(x.dtype)
+        return grouped_experts_forward(x, weights.grouped, probs, top_experts, silu_and_mul)
     return _experts_loop(x, weights, config, top_probs, top_experts, silu_and_mul)
 
 
 def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_probs: torch.Tensor,
                   top_experts: torch.Tensor, silu_and_mul: SiluAndMul) -> torch.Tensor:
     # GLM-4.5's and the DeepSeeks': each expert's output times its float32 weight, rounded once, as transformers
-    # does; the other families' weights are rounded to the model dtype first, as theirs are
-    top_probs = top_probs.to(torch.float32 if config.float32_weights else x.dtype).flatten()
+    # does; the other families' weights are rounded to the model dtype first, as theirs are; Nemotron 3's summed in
+    # float32 and rounded once at the end
+    wide = config.float32_weights or config.float32_expert_sum
+    top_probs = top_probs.to(torch.float32 if wide else x.dtype).flatten()
     flat_experts = top_experts.flatten()
     order = flat_experts.argsort(stable=True)
     counts = torch.bincount(flat_experts, minlength=config.num_experts).tolist()
-    out = torch.zeros_like(x)
+    out = torch.zeros_like(x, dtype=torch.float32 if config.float32_expert_sum else x.dtype)
     start = 0
     for expert, count in enumerate(counts):
         if not count:
@@ -165,5 +168,5 @@ def _experts_loop(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, top_p
         else:
             y = linear(silu_and_mul(linear(x[tokens], weights.gate_up[expert])), weights.down[expert])
             y = y * top_probs[slots, None]
-        out.index_add_(0, tokens, y.to(x.dtype))
-    return out
+        out.index_add_(0, tokens, y.to(out.dtype))
+    return out.to(x.dtype)

@@ -37,8 +37,9 @@ class GroupedExperts:
 def grouped_experts_forward(x: torch.Tensor, experts: GroupedExperts, top_probs: torch.Tensor,
                             top_experts: torch.Tensor,
                             silu_and_mul: SiluAndMul) -> torch.Tensor:
-    """``x [T, hidden]`` through each token's ``top_experts [T, k]`` weighted by ``top_probs [T, k]`` (in
-    ``x.dtype``) → ``[T, hidden]``."""
+    """``x [T, hidden]`` through each token's ``top_experts [T, k]`` weighted by ``top_probs [T, k]`` → ``[T, hidden]``:
+    the weighted outputs summed in ``top_probs``' dtype (``x.dtype``, or float32 for a float32 sum), rounded to
+    ``x.dtype`` at the end."""
     num_tokens, top_k = top_experts.shape
     top_experts, ascending = top_experts.sort(dim=-1)  # a token's experts are added in ascending order
     top_probs = top_probs.gather(1, ascending)
@@ -51,10 +52,10 @@ def grouped_experts_forward(x: torch.Tensor, experts: GroupedExperts, top_probs:
     y = F.grouped_mm(silu_and_mul(hidden), experts.down.transpose(1, 2), offs=offsets)
     y = y * top_probs.flatten().index_select(0, order).unsqueeze(1)
     by_token = torch.empty_like(y).index_copy_(0, order, y).view(num_tokens, top_k, -1)
-    out = torch.zeros_like(x)
+    out = torch.zeros_like(by_token[:, 0])
     for slot in range(top_k):
         out += by_token[:, slot]
-    return out
+    return out.to(x.dtype)
 
 
 @cache

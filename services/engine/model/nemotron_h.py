@@ -55,6 +55,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              f"{full.get('mamba_hidden_act')!r} are not supported (relu2, silu)")
     if full.get("sliding_window"):
         raise ModelLoadError(f"{ARCHITECTURE}: sliding_window is not supported")
+    if full.get("block_configs"):  # NVIDIA's per-layer widths and experts (its heterogeneous checkpoints)
+        raise ModelLoadError(f"{ARCHITECTURE}: block_configs is not supported (one width and one set of experts)")
     if full.get("tie_word_embeddings"):  # transformers never ties this family's head
         raise ModelLoadError(f"{ARCHITECTURE}: tie_word_embeddings is not supported (its head is its own)")
     limit = tuple(full.get("time_step_limit") or (0.0, float("inf")))
@@ -78,7 +80,8 @@ def _experts(full: Mapping[str, Any], layers: tuple[int, ...]) -> MoEConfig | No
     """Nemotron 3's experts on ``layers`` (None where the pattern has no ``E``)."""
     if not layers:
         return None
-    if int(full.get("n_shared_experts", 1)) != 1:  # transformers reads one shared MLP whatever it says; vLLM multiplies
+    # transformers reads one shared MLP whatever it says, vLLM multiplies its width by it: 1 is what both serve alike
+    if full.get("n_shared_experts") not in (None, 1):
         raise ModelLoadError(f"{ARCHITECTURE}: n_shared_experts {full.get('n_shared_experts')} is not supported (1: "
                              "one shared MLP, as every release has)")
     latent = full.get("moe_latent_size")
@@ -88,7 +91,7 @@ def _experts(full: Mapping[str, Any], layers: tuple[int, ...]) -> MoEConfig | No
         sparse_layers=layers, shared_expert_intermediate_size=int(full["moe_shared_expert_intermediate_size"]),
         shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(full.get("n_group") or 1),
         top_groups=int(full.get("topk_group") or 1), routed_scaling=float(full.get("routed_scaling_factor") or 1.0),
-        gated_experts=False, latent_size=None if latent is None else int(latent))
+        gated_experts=False, latent_size=None if latent is None else int(latent), float32_expert_sum=True)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
@@ -113,7 +116,10 @@ def _gguf_experts(f: GGUFFields, layers: tuple[int, ...]) -> MoEConfig | None:
     """A ``nemotron_h_moe`` file's experts on ``layers``, as :func:`_experts` reads the checkpoint's."""
     if not layers:
         return None
-    if int(f.get("expert_shared_count") or 1) != 1:
+    groups = int(f.get("expert_group_count") or 1)
+    if groups > 1 and not f.get("expert_group_used_count"):  # llama.cpp's loader asserts it
+        raise ModelLoadError(f"GGUF {f.arch}: expert_group_count {groups} without expert_group_used_count")
+    if f.get("expert_shared_count") not in (None, 1):
         raise ModelLoadError(f"GGUF {f.arch}: expert_shared_count {f.get('expert_shared_count')} is not supported (1: "
                              "one shared MLP, as every release has)")
     latent = f.get("moe_latent_size")
@@ -121,10 +127,10 @@ def _gguf_experts(f: GGUFFields, layers: tuple[int, ...]) -> MoEConfig | None:
         num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
         intermediate_size=int(f.key("expert_feed_forward_length")), norm_topk_prob=bool(f.get("expert_weights_norm")),
         sparse_layers=layers, shared_expert_intermediate_size=int(f.key("expert_shared_feed_forward_length")),
-        shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(f.get("expert_group_count") or 1),
+        shared_expert_gated=False, sigmoid_routing=True, expert_groups=groups,
         top_groups=int(f.get("expert_group_used_count") or 1),
         routed_scaling=float(f.get("expert_weights_scale") or 1.0), gated_experts=False,
-        latent_size=int(latent) if latent else None)
+        latent_size=int(latent) if latent else None, float32_expert_sum=True)
 
 
 def nemotron_h_tensor_name(name: str) -> str | None:
