@@ -39,7 +39,6 @@ from services.engine.model.deepseek import ARCHITECTURE, latent_config, sparse_m
 from services.engine.model.gguf_config import (
     SIGMOID_GATING,
     SOFTMAX_GATING,
-    TENSOR_NAMES_KEY,
     GGUFFields,
     gguf_base_fields,
     gguf_turn_end_ids,
@@ -124,8 +123,7 @@ def _default_gating(f: GGUFFields) -> int:
     """The routing of a file without ``expert_gating_func``: V2's softmax, as llama.cpp reads one; but a file with
     the correction bias (``exp_probs_b``) routes by the sigmoid, as GLM-4.7-Flash's files (whose config names no
     scoring function, so its converter writes none) do and llama.cpp reads them (by their shape)."""
-    biased = any(name.endswith(".exp_probs_b.bias") for name in f.fields.get(TENSOR_NAMES_KEY, ()))
-    return SIGMOID_GATING if biased else SOFTMAX_GATING
+    return SIGMOID_GATING if f.has_tensor(".exp_probs_b.bias") else SOFTMAX_GATING
 
 
 def _yarn(f: GGUFFields) -> dict[str, Any] | None:

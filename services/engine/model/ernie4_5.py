@@ -25,7 +25,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig
-from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required
 
 ARCHITECTURE = "ernie4_5"
@@ -72,10 +72,9 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     interval = int(f.get("interleave_moe_layer_step") or 1)
     width = int(f.key("expert_feed_forward_length"))
     shared = int(f.get("expert_shared_count") or 0)
-    names = fields.get(TENSOR_NAMES_KEY, ())
     moe = MoEConfig(
         num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")), intermediate_size=width,
-        norm_topk_prob=True, biased_choice=any(name.endswith(".exp_probs_b.bias") for name in names),
+        norm_topk_prob=True, biased_choice=f.has_tensor(".exp_probs_b.bias"),
         sparse_layers=tuple(i for i in range(start, layers) if (i + 1) % interval == 0),
         shared_expert_intermediate_size=(int(f.get("expert_shared_feed_forward_length") or 0) or width * shared)
         if shared else None,

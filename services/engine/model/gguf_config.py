@@ -58,6 +58,11 @@ class GGUFFields:
             raise ModelLoadError(f"GGUF metadata lacks {self.arch}.{name}")
         return value
 
+    def has_tensor(self, suffix: str) -> bool:
+        """The file holds a tensor whose name ends with ``suffix`` (``".attn_q.bias"``; the names the loader sets
+        under :data:`TENSOR_NAMES_KEY`)."""
+        return any(name.endswith(suffix) for name in self.fields.get(TENSOR_NAMES_KEY, ()))
+
 
 def float32_decimal(value: float) -> float:
     """The shortest decimal that rounds to the same float32 as ``value`` (a float32 read back as the number its

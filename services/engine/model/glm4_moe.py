@@ -30,7 +30,6 @@ from typing import Any
 from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.gguf_config import (
     SIGMOID_GATING,
-    TENSOR_NAMES_KEY,
     GGUFFields,
     gguf_base_fields,
     gguf_turn_end_ids,
@@ -80,11 +79,10 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         top_groups=int(f.get("expert_group_used_count") or 1),
         routed_scaling=f.decimal("expert_weights_scale", 1.0),
     )
-    names = fields.get(TENSOR_NAMES_KEY, ())
     return ModelConfig(**{**base, "architecture": ARCHITECTURE, "num_layers": layers, "head_dim": head_dim,
                           "rotary_dim": None if rotary == head_dim else rotary,
                           "eos_token_ids": gguf_turn_end_ids(base, fields)},
-                       qk_norm=any(name.endswith(".attn_q_norm.weight") for name in names), moe=moe)
+                       qk_norm=f.has_tensor(".attn_q_norm.weight"), moe=moe)
 
 
 def glm4_moe_tensor_name(name: str) -> str:

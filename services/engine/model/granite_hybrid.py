@@ -22,7 +22,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig, MoEConfig
-from services.engine.model.gguf_config import TENSOR_NAMES_KEY, GGUFFields, per_layer
+from services.engine.model.gguf_config import GGUFFields, per_layer
 from services.engine.model.granite import config_from_gguf as granite_from_gguf
 from services.engine.model.granite import config_from_hf as granite_from_hf
 from services.engine.model.hf_config import with_defaults
@@ -96,8 +96,7 @@ def gguf_mamba(f: GGUFFields, layers: tuple[int, ...]) -> Mamba2 | None:
     if not layers:
         return None
     heads = int(f.key("ssm.time_step_rank"))
-    names = f.fields.get(TENSOR_NAMES_KEY, ())
     return Mamba2(layers=layers, heads=heads, head_dim=int(f.key("ssm.inner_size")) // heads,
                   state_size=int(f.key("ssm.state_size")), groups=int(f.key("ssm.group_count")),
                   conv_kernel=int(f.key("ssm.conv_kernel")),
-                  conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in names))
+                  conv_bias=f.has_tensor(".ssm_conv1d.bias"))

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import TENSOR_NAMES_KEY, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "seed_oss"
@@ -27,8 +27,6 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
-    names = fields.get(TENSOR_NAMES_KEY, ())
+    base, f = gguf_base_fields(fields, GGUF_ARCHITECTURE), GGUFFields(fields, GGUF_ARCHITECTURE)
     return ModelConfig(**{**base, "eos_token_ids": gguf_turn_end_ids(base, fields)},
-                       qkv_bias=any(name.endswith(".attn_q.bias") for name in names),
-                       o_bias=any(name.endswith(".attn_output.bias") for name in names))
+                       qkv_bias=f.has_tensor(".attn_q.bias"), o_bias=f.has_tensor(".attn_output.bias"))
