@@ -116,12 +116,13 @@ class GemmaConfig:
 class Multipliers:
     """IBM Granite's four scalars: embeddings times ``embedding``, attention scores scaled by ``attention``
     (instead of ``head_dim ** -0.5``), each block's output times ``residual`` before it joins the residual
-    stream, and the logits divided by ``logits_divisor``."""
+    stream, and the logits divided by ``logits_divisor``; Cohere's logits times ``logits_scale``."""
 
     embedding: float = 1.0
     attention: float | None = None  # None: head_dim ** -0.5
     residual: float = 1.0
     logits_divisor: float = 1.0
+    logits_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.logits_divisor:

@@ -210,6 +210,8 @@ class DecoderModel(ExpertLoading):
         caller with many rows (a prompt's logprobs) takes them a slice at a time, bounding the ``[n, vocab]``."""
         logits = linear(rows, self.lm_head).float()
         scalars = self.config.multipliers
+        if scalars is not None and scalars.logits_scale != 1.0:  # Cohere's
+            logits = logits * scalars.logits_scale
         return logits if scalars is None or scalars.logits_divisor == 1.0 else logits / scalars.logits_divisor
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],

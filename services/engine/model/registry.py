@@ -82,6 +82,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("olmo3", "services.engine.model.olmo3", ("olmo3",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("olmoe", "services.engine.model.olmoe", ("olmoe",), "olmoe"),
+    Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"),
+           model="services.engine.model.cohere_decoder:CohereDecoderModel"),
     Family("ernie4_5", "services.engine.model.ernie4_5", ("ernie4_5", "ernie4_5_moe"), ("ernie4_5", "ernie4_5-moe"),
            tensor_names="services.engine.model.ernie4_5:ernie4_5_tensor_name"),
     Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe",), "glm4moe",
