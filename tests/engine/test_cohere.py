@@ -1,6 +1,7 @@
-"""Cohere's Command R and Cohere 2's Command R7B / Command A (tiny twins of tests/engine/tiny_families.py): the
-logits transformers gives, scale included (greedy tokens cannot see ``logit_scale``); the config (Cohere 2's sliding
-layers rotate, its full ones do not); what it cannot serve refused by name."""
+"""Cohere's Command R+ (its per-head q/k norms) and Cohere 2's Command R7B / Command A (tiny twins of
+tests/engine/tiny_families.py): the logits transformers gives, scale included (greedy tokens cannot see
+``logit_scale``); the config (Cohere 2's sliding layers rotate, its full ones do not); what it cannot serve refused
+by name."""
 
 from __future__ import annotations
 
@@ -31,12 +32,12 @@ def test_cohere_2_s_sliding_layers_rotate_and_its_full_ones_do_not(family_dir):
     cfg = config_from_hf(read_hf_config(family_dir("cohere-2")))
     assert cfg.architecture == "cohere" and cfg.rope_interleaved and cfg.tie_word_embeddings
     assert cfg.layer_windows == (24, None, 24) and cfg.nope_layers == (1,)
-    command_r = config_from_hf(read_hf_config(family_dir("cohere")))
-    assert command_r.layer_windows == () and command_r.nope_layers == () and command_r.rms_norm_eps == 1e-5
+    command_r_plus = config_from_hf(read_hf_config(family_dir("cohere")))
+    assert command_r_plus.layer_windows == () and command_r_plus.nope_layers == () and command_r_plus.qk_norm
+    assert command_r_plus.rms_norm_eps == 1e-5 and not cfg.qk_norm
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"use_qk_norm": True}, "use_qk_norm is not supported"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
 ])
 def test_what_it_cannot_serve_is_refused_by_name(family_dir, change, message):

@@ -135,10 +135,11 @@ FAMILIES: dict[str, dict] = {
     "glm4": dict(model_type="glm4", head_dim=32, partial_rotary_factor=0.5, attention_bias=True, rope_theta=10000.0,
                  tie_word_embeddings=False, pad_token_id=0),  # its default is past the vocabulary
     # OLMo 2: norms on each block's output only, q/k normed over all heads at once (norms drawn at random)
-    # Cohere's Command R: attention and the MLP side by side on one bias-free LayerNorm (norms drawn at random), rope
-    # on adjacent pairs, logits times logit_scale; Cohere 2's (Command R7B, Command A): sliding layers (window 24)
-    # with rope around a full one without
-    "cohere": dict(model_type="cohere", logit_scale=0.0625, layer_norm_eps=1e-5, tie_word_embeddings=True),
+    # Cohere's Command R+: attention and the MLP side by side on one bias-free LayerNorm (norms drawn at random), q and
+    # k LayerNormed head by head, rope on adjacent pairs, logits times logit_scale; Cohere 2's (Command R7B, Command
+    # A): sliding layers (window 24) with rope around a full one without
+    "cohere": dict(model_type="cohere", logit_scale=0.0625, layer_norm_eps=1e-5, use_qk_norm=True,
+                   tie_word_embeddings=True),
     "cohere-2": dict(model_type="cohere2", logit_scale=0.25, layer_norm_eps=1e-5, sliding_window=24,
                      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                      tie_word_embeddings=True),

@@ -5,8 +5,8 @@ LayerNorms without a bias (the mean taken off, in float32, ``layer_norm_eps``); 
 head tied to the embedding, its logits times ``logit_scale``. Cohere 2's layers that ``layer_types`` names
 ``sliding_attention`` attend within ``sliding_window`` with rope, the others over everything without rope.
 
-``config.json`` is completed with transformers' ``CohereConfig`` / ``Cohere2Config`` defaults. Command R+'s per-head
-q/k LayerNorms (``use_qk_norm``) are refused by name.
+Command R+ (``use_qk_norm``): q and k LayerNormed head by head before rope, each head with weights of its own.
+``config.json`` is completed with transformers' ``CohereConfig`` / ``Cohere2Config`` defaults.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, Multipliers
 from services.engine.model.hf_config import base_fields, required, typed_layer_windows, with_defaults
 
@@ -26,14 +25,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
     model_type = str(cfg.get("model_type") or ARCHITECTURE)
     full = with_defaults(model_type, Cohere2Config if model_type == "cohere2" else CohereConfig, cfg)
-    if full.get("use_qk_norm"):
-        raise ModelLoadError(f"{model_type}: use_qk_norm is not supported (Command R+'s per-head q/k LayerNorms)")
     fields = base_fields({**full, "rms_norm_eps": float(required(full, "layer_norm_eps"))}, ARCHITECTURE)
     windows: tuple[int | None, ...] = ()
     if model_type == "cohere2":
         windows = typed_layer_windows(model_type, list(full["layer_types"]), fields["num_layers"],
                                       full.get("sliding_window"))
     bias = bool(full.get("attention_bias"))
-    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, rope_interleaved=True, layer_windows=windows,
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=bool(full.get("use_qk_norm")),
+                       rope_interleaved=True, layer_windows=windows,
                        nope_layers=tuple(i for i, window in enumerate(windows) if window is None),
                        multipliers=Multipliers(logits_scale=float(required(full, "logit_scale"))))

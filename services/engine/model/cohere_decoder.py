@@ -1,6 +1,7 @@
 """Cohere's layer over the shared decoder's weights and projections (see :mod:`services.engine.model.cohere`):
 ``x = norm(h)``, then ``h = h + attention(x) + mlp(x)``; every norm a LayerNorm with a weight and no bias, computed
-in float32 as transformers computes ``CohereLayerNorm``."""
+in float32 as transformers computes ``CohereLayerNorm`` (Command R+'s q and k normed so head by head, each head with
+weights of its own, before rope)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,15 @@ class CohereDecoderModel(DecoderModel):
             o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
             post_norm=None, gate_up=None, down=None,  # type: ignore[arg-type]  (one norm a layer)
         )
+        if cfg.qk_norm:  # Command R+'s: [heads, head_dim]
+            layer.q_norm = self._source.take(a + "q_norm.weight", (cfg.num_heads, cfg.head_dim))
+            layer.k_norm = self._source.take(a + "k_norm.weight", (cfg.num_kv_heads, cfg.head_dim))
         return self._with_mlp(layer, i)
+
+    def _head_norms(self, q: torch.Tensor, k: torch.Tensor, layer: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """Command R+'s: a LayerNorm over each head's dims, each head's own weights."""
+        eps = self.config.rms_norm_eps
+        return cohere_layer_norm(q, layer.q_norm, eps), cohere_layer_norm(k, layer.k_norm, eps)
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,

@@ -259,8 +259,7 @@ class DecoderModel(ExpertLoading):
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         if layer.q_norm is not None and not cfg.qk_norm_whole:
-            q = rms_norm(q, layer.q_norm, eps)
-            k = rms_norm(k, layer.k_norm, eps)
+            q, k = self._head_norms(q, k, layer)
         if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
             q, k = self.ops.rope(q, k, rope)
         if query_scale is not None:
@@ -268,6 +267,12 @@ class DecoderModel(ExpertLoading):
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
         return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+
+    def _head_norms(self, q: torch.Tensor, k: torch.Tensor, layer: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q [T, heads, head_dim]`` and ``k`` normed head by head (Qwen3's RMSNorm, one weight for every head; a
+        family with norms of its own gives its own)."""
+        eps = self.config.rms_norm_eps
+        return rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
         if layer.moe is not None:
