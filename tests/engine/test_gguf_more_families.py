@@ -177,6 +177,8 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("granitehybrid", "dbrx", "Granite 4.0 counts 12345.", ["Granite", "Ġ", "4", ".", "0", "Ġcounts", "Ġ", "123"]),
     ("nemotron_h", "pixtral", "NemotronH counts 12345.", ["NemotronH", "Ġcounts", "Ġ", "123", "45", "."]),
     ("nemotron_h_moe", "pixtral", "Nemotron 3 counts 12345.", ["Nemotron", "Ġ", "3", "Ġcounts", "Ġ", "123", "45"]),
+    ("command-r", "command-r", "Command R counts 12345.", ["Command", "ĠR", "Ġcounts", "Ġ", "1", "2", "3", "4", "5"]),
+    ("cohere2", "command-r", "Command A: 12.", ["Command", "ĠA", ":", "Ġ", "1", "2", "."]),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
                                                        pieces):

@@ -7,6 +7,12 @@ head tied to the embedding, its logits times ``logit_scale``. Cohere 2's layers 
 
 Command R+ (``use_qk_norm``): q and k LayerNormed head by head before rope, each head with weights of its own.
 ``config.json`` is completed with transformers' ``CohereConfig`` / ``Cohere2Config`` defaults.
+
+llama.cpp's ``command-r`` and ``cohere2`` GGUF files (:func:`config_from_gguf`), read as its loader reads them: the
+norms' ``attention.layer_norm_epsilon``, ``logit_scale`` (0: none), R+'s head norms where the file holds
+``attn_q_norm``, nothing permuted (its rope is already on adjacent pairs), the head tied; Cohere 2's window
+``attention.sliding_window`` on three layers of every four, the fourth attending over everything without rope (the
+pattern llama.cpp hard-codes; its converter writes none).
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig, Multipliers
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "cohere"
+_GGUF_SWA_PATTERN = 4  # llama.cpp's cohere2: every fourth layer full
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -35,3 +43,18 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                        rope_interleaved=True, layer_windows=windows,
                        nope_layers=tuple(i for i, window in enumerate(windows) if window is None),
                        multipliers=Multipliers(logits_scale=float(required(full, "logit_scale"))))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    arch = str(fields.get("general.architecture"))
+    f = GGUFFields(fields, arch)
+    eps = f.key("attention.layer_norm_epsilon")
+    base = gguf_base_fields({**fields, f"{arch}.attention.layer_norm_rms_epsilon": eps}, arch)
+    windows: tuple[int | None, ...] = ()
+    if arch == "cohere2":
+        window = int(f.key("attention.sliding_window"))
+        windows = tuple(None if (i + 1) % _GGUF_SWA_PATTERN == 0 else window for i in range(base["num_layers"]))
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qk_norm=f.has_tensor(".attn_q_norm.weight"), rope_interleaved=True, layer_windows=windows,
+                       nope_layers=tuple(i for i, window in enumerate(windows) if window is None),
+                       multipliers=Multipliers(logits_scale=f.decimal("logit_scale", 1.0)))

@@ -82,7 +82,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("olmo3", "services.engine.model.olmo3", ("olmo3",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("olmoe", "services.engine.model.olmoe", ("olmoe",), "olmoe"),
-    Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"),
+    Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"), ("command-r", "cohere2"),
            model="services.engine.model.cohere_decoder:CohereDecoderModel"),
     Family("ernie4_5", "services.engine.model.ernie4_5", ("ernie4_5", "ernie4_5_moe"), ("ernie4_5", "ernie4_5-moe"),
            tensor_names="services.engine.model.ernie4_5:ernie4_5_tensor_name"),
