@@ -54,6 +54,11 @@ FAMILIES = {
                "rope.scaling.type": "yarn", "rope.scaling.factor": 2.0, "rope.scaling.original_context_length": 256,
                "rope.scaling.yarn_attn_factor": 1.25, "rope.scaling.yarn_beta_fast": 8.0,
                "rope.scaling.yarn_beta_slow": 2.0}),
+    # EXAONE 4.0 32B's kind: per-head q/k norms, three sliding layers (8 here) and a global one without rope, the
+    # pattern written as the converter writes it (one flag a layer)
+    "exaone4": (dict(model_type="exaone4", num_hidden_layers=4, head_dim=16, sliding_window=8,
+                     layer_types=["sliding_attention"] * 3 + ["full_attention"], tie_word_embeddings=False),
+                {"attention.sliding_window": 8, "attention.sliding_window_pattern": [True, True, True, False]}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -111,6 +116,19 @@ def test_the_families_read_what_llama_cpp_reads(tmp_path):
     assert (moe.sparse_layers, moe.shared_expert_intermediate_size, moe.biased_choice) == ((1, 3), 64, True)
     assert configs["minimax_m2"].rotary_dim == 8 and configs["minimax_m2"].moe.sigmoid_routing
     assert (configs["seed_oss"].qkv_bias, configs["seed_oss"].o_bias) == (True, True)
+
+
+def test_exaone4_files_slide_as_their_keys_say(tmp_path):
+    """The 32B's pattern as written; one without a pattern slides three layers of four (llama.cpp's); the 1.2B's,
+    with no window, rotates every layer."""
+    model = _model("exaone4")
+    written = load_model_config(write_gguf(model, tmp_path / "a.gguf", metadata=FAMILIES["exaone4"][1]))
+    assert (written.layer_windows, written.nope_layers, written.qk_norm) == ((8, 8, 8, None), (3,), True)
+    keys = {**FAMILIES["exaone4"][1], "attention.sliding_window_pattern": None}
+    assert load_model_config(write_gguf(model, tmp_path / "b.gguf", metadata=keys)).layer_windows == (8, 8, 8, None)
+    keys = {"attention.sliding_window": None, "attention.sliding_window_pattern": None}
+    global_only = load_model_config(write_gguf(model, tmp_path / "c.gguf", metadata=keys))
+    assert (global_only.layer_windows, global_only.nope_layers) == ((), ())
 
 
 def test_an_olmo3_file_without_a_pattern_slides_three_layers_of_four(tmp_path):
@@ -179,6 +197,7 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("nemotron_h_moe", "pixtral", "Nemotron 3 counts 12345.", ["Nemotron", "Ġ", "3", "Ġcounts", "Ġ", "123", "45"]),
     ("command-r", "command-r", "Command R counts 12345.", ["Command", "ĠR", "Ġcounts", "Ġ", "1", "2", "3", "4", "5"]),
     ("cohere2", "command-r", "Command A: 12.", ["Command", "ĠA", ":", "Ġ", "1", "2", "."]),
+    ("exaone4", "exaone4", "EXAONE 4.0 counts 12345.", ["EXAONE", "Ġ4", ".", "0", "Ġcounts", "Ġ12345", "."]),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
                                                        pieces):

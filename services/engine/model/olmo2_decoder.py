@@ -1,6 +1,8 @@
 """OLMo 2's and OLMo 3's layer over the shared decoder's weights and projections: ``h += norm(attention(h))`` then
 ``h += norm(mlp(h))``, q and k normed over all their heads at once (see :mod:`services.engine.model.olmo2`; OLMo 3's
-sliding layers rotate with their own plain rope, :mod:`services.engine.model.olmo3`)."""
+sliding layers rotate with their own plain rope, :mod:`services.engine.model.olmo3`); EXAONE 4.0's the same layer with
+q and k normed head by head (``ModelConfig.qk_norm``) and its global layers unrotated
+(:mod:`services.engine.model.exaone4`)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ class Olmo2DecoderModel(DecoderModel):
             o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
             gate_up=self._projection(self._gate_up_parts(p)),
             down=self._projection([(p + "mlp.down_proj.weight", (hidden, cfg.intermediate_size))]),
-            q_norm=take(a + "q_norm.weight", (cfg.q_size,)), k_norm=take(a + "k_norm.weight", (cfg.kv_size,)),
+            q_norm=take(a + "q_norm.weight", (cfg.head_dim if cfg.qk_norm else cfg.q_size,)),
+            k_norm=take(a + "k_norm.weight", (cfg.head_dim if cfg.qk_norm else cfg.kv_size,)),
             attn_out_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
             mlp_out_norm=take(p + "post_feedforward_layernorm.weight", (hidden,)),
         )
@@ -56,11 +59,15 @@ class Olmo2DecoderModel(DecoderModel):
         num_tokens = input_ids.shape[0]
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             q, k, v = linear(hidden, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = rms_norm(q, layer.q_norm, eps).view(num_tokens, cfg.num_heads, cfg.head_dim)
-            k = rms_norm(k, layer.k_norm, eps).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            if not cfg.qk_norm:  # OLMo's: over the whole projection
+                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
+            k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:  # EXAONE 4.0's: head by head
+                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
             if i in cfg.local_rope_layers:
                 q, k = self.local_rope(q, k, local_rope)
-            else:
+            elif i not in cfg.nope_layers:  # EXAONE 4.0's global layers attend unrotated
                 q, k = ops.rope(q, k, rope)
             v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))

@@ -96,6 +96,8 @@ def _mamba_names(mixer: str) -> dict[str, str]:
     return {name: mixer + leaf for name, leaf in leaves.items()}
 
 
+_OUTPUT_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _NEMOTRON_H_NAMES = {**_mamba_names("mixer."), "attn_q.weight": "mixer.q_proj.weight",
                      "attn_k.weight": "mixer.k_proj.weight", "attn_v.weight": "mixer.v_proj.weight",
                      "attn_output.weight": "mixer.o_proj.weight", "ffn_up.weight": "mixer.up_proj.weight",
@@ -136,9 +138,9 @@ _ARCH_LAYER_NAMES = {
     "qwen3next": {**_QWEN35_NAMES, "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
                   "ssm_in.weight": "linear_attn.in_proj_qkvz.weight",
                   "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
-    # OLMo 2's and 3's norms on the blocks' outputs (none on their inputs)
-    "olmo2": {"post_attention_norm.weight": "post_attention_layernorm.weight",
-              "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+    # OLMo 2's and 3's norms on the blocks' outputs (none on their inputs); EXAONE 4.0's, the same
+    "olmo2": _OUTPUT_NORMS,
+    "exaone4": _OUTPUT_NORMS,
     # Seed-OSS's norm before the MLP, which its converter names as a norm after attention
     "seed_oss": {"post_attention_norm.weight": "post_attention_layernorm.weight"},
     # the routers' correction bias; ERNIE 4.5's shared experts

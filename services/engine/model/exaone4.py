@@ -1,0 +1,54 @@
+"""LG AI Research's EXAONE 4.0 (1.2B, 32B; ``Exaone4ForCausalLM``, ``exaone4``): OLMo 2's layer
+(:class:`~services.engine.model.olmo2_decoder.Olmo2DecoderModel`: no norm before attention or the MLP, each block's
+output normed before it joins the residual stream) with Qwen3's q/k norms (each head on its own, one weight for all
+heads); where the config has a ``sliding_window``, the layers ``layer_types`` names ``sliding_attention`` attend
+within it with rope and the others over everything without rope (the 32B's three local layers to one global); the
+1.2B's layers are all global, with rope. ``config.json`` is completed with transformers' ``Exaone4Config`` defaults.
+
+llama.cpp's ``exaone4`` GGUF files (:func:`config_from_gguf`): the same layer, nothing permuted (NEOX's rope, on
+halves); a file with ``attention.sliding_window`` slides on the layers ``attention.sliding_window_pattern`` marks
+(else three of every four, llama.cpp's default), the others without rope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
+
+ARCHITECTURE = GGUF_ARCHITECTURE = "exaone4"
+_GGUF_SLIDING_PERIOD = 4  # llama.cpp's pattern where a file with a window names none: the fourth layer is global
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    from transformers import Exaone4Config
+
+    full = with_defaults(ARCHITECTURE, Exaone4Config, cfg)
+    fields = base_fields(full, ARCHITECTURE)
+    window = full.get("sliding_window")
+    windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), fields["num_layers"], window)
+    return ModelConfig(**fields, qk_norm=True, layer_windows=windows if window is not None else (),
+                       nope_layers=() if window is None else tuple(i for i, w in enumerate(windows) if w is None))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    base["eos_token_ids"] = gguf_turn_end_ids(base, fields)
+    window = int(f.get("attention.sliding_window") or 0)
+    if not window:
+        return ModelConfig(**base, qk_norm=True)
+    layers = base["num_layers"]
+    pattern = f.get("attention.sliding_window_pattern")
+    sliding = [bool(s) for s in pattern] if isinstance(pattern, (list, tuple)) else \
+        [(i + 1) % int(pattern or _GGUF_SLIDING_PERIOD) != 0 for i in range(layers)]
+    if len(sliding) != layers:
+        raise ModelLoadError(f"GGUF exaone4: attention.sliding_window_pattern lists {len(sliding)} layers, the file "
+                             f"has {layers}")
+    windows = tuple(window if s else None for s in sliding)
+    return ModelConfig(**base, qk_norm=True, layer_windows=windows,
+                       nope_layers=tuple(i for i, w in enumerate(windows) if w is None))
