@@ -17,7 +17,7 @@ from gguf import GGUFReader
 from services.engine.errors import ModelLoadError
 from services.engine.model import ernie4_5
 from services.engine.model.gguf_config import TENSOR_NAMES_KEY
-from services.engine.model.registry import model_class
+from services.engine.model.registry import config_from_hf, model_class
 from services.engine.weights import load_model_config, load_weights
 from services.engine.weights.gguf_metadata import read_fields
 from tests.engine.tiny_gguf import (
@@ -59,6 +59,10 @@ FAMILIES = {
     "exaone4": (dict(model_type="exaone4", num_hidden_layers=4, head_dim=16, sliding_window=8,
                      layer_types=["sliding_attention"] * 3 + ["full_attention"], tie_word_embeddings=False),
                 {"attention.sliding_window": 8, "attention.sliding_window_pattern": [True, True, True, False]}),
+    # Hunyuan dense: q/k normed after rope; the converter folds the NTK alpha into the base (float32 in the file)
+    "hunyuan": (dict(model_type="hunyuan_v1_dense", head_dim=16, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0, "factor": 1.0}),
+                {"rope.freq_base": 10000.0 * 1000.0 ** (16 / 14)}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -97,7 +101,8 @@ def _model(name: str):
 def test_a_file_of_the_family_gives_transformers_logits(name, quant, tmp_path):
     model = _model(name)
     path = write_gguf(model, tmp_path / f"tiny-{name}.gguf", quant, metadata=FAMILIES[name][1])
-    read_as_the_twin(path, model, IDS)
+    cfg = read_as_the_twin(path, model, IDS, file_own=("rope_theta",) if name == "hunyuan" else ())
+    assert cfg.rope_theta == pytest.approx(config_from_hf(model.config.to_dict()).rope_theta, rel=1e-7)
 
 
 def test_the_families_read_what_llama_cpp_reads(tmp_path):
@@ -198,6 +203,7 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("command-r", "command-r", "Command R counts 12345.", ["Command", "ĠR", "Ġcounts", "Ġ", "1", "2", "3", "4", "5"]),
     ("cohere2", "command-r", "Command A: 12.", ["Command", "ĠA", ":", "Ġ", "1", "2", "."]),
     ("exaone4", "exaone4", "EXAONE 4.0 counts 12345.", ["EXAONE", "Ġ4", ".", "0", "Ġcounts", "Ġ12345", "."]),
+    ("hunyuan-dense", "hunyuan-dense", "Hunyuan counts 12345.", ["Hunyuan", "Ġcounts", "Ġ", "123", "45", "."]),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
                                                        pieces):

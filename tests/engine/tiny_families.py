@@ -62,7 +62,8 @@ _MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 
 _QWEN3_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                         deepstack_visual_indexes=[0], patch_size=14)
 RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense",
-                "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "qwen3_5", "qwen3_5-moe", "qwen3_next",
+                "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan", "qwen3_5", "qwen3_5-moe",
+                "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
                 "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
@@ -148,6 +149,10 @@ FAMILIES: dict[str, dict] = {
     "exaone4": dict(model_type="exaone4", sliding_window=24, head_dim=16,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     tie_word_embeddings=False),
+    # Hunyuan dense (Hunyuan-MT-7B's kind): q/k RMSNormed head by head after rope (norms drawn at random), the rope
+    # NTK-alpha scaled as its checkpoints write it ("dynamic" with a fixed alpha)
+    "hunyuan": dict(model_type="hunyuan_v1_dense", head_dim=16, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0, "factor": 1.0}),
     "olmo2": dict(model_type="olmo2", rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0),
     # OLMo 3: OLMo 2's layer with sliding (24 here) and full layers (sliding, full, sliding), yarn on the full layers
     # only (the long-context releases'), plain rope of the same base on the sliding ones

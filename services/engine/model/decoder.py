@@ -258,10 +258,12 @@ class DecoderModel(ExpertLoading):
             q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        if layer.q_norm is not None and not cfg.qk_norm_whole:
+        if layer.q_norm is not None and not cfg.qk_norm_whole and not cfg.qk_norm_after_rope:
             q, k = self._head_norms(q, k, layer)
         if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
             q, k = self.ops.rope(q, k, rope)
+        if layer.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan's
+            q, k = self._head_norms(q, k, layer)
         if query_scale is not None:
             q = q * query_scale
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)

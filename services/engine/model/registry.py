@@ -82,6 +82,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("olmo3", "services.engine.model.olmo3", ("olmo3",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("olmoe", "services.engine.model.olmoe", ("olmoe",), "olmoe"),
+    Family("hunyuan", "services.engine.model.hunyuan", ("hunyuan_v1_dense",), "hunyuan-dense",
+           tensor_names="services.engine.model.hunyuan:hunyuan_tensor_name"),
     Family("exaone4", "services.engine.model.exaone4", ("exaone4",), "exaone4",
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"), ("command-r", "cohere2"),

@@ -1,0 +1,66 @@
+"""Tencent's Hunyuan dense models (Hunyuan-0.5B to 7B, Hunyuan-MT-7B; ``HunYuanDenseV1ForCausalLM``,
+``hunyuan_v1_dense``): Llama's layer with q and k RMSNormed head by head *after* rope (``query_layernorm``,
+``key_layernorm``; ``ModelConfig.qk_norm_after_rope``), and their rope's NTK-alpha scaling, which the checkpoints call
+``dynamic`` but with a fixed ``alpha`` only stretches the base (``rope_theta · alpha ** (d / (d - 2))``, as
+transformers computes it): served as plain rope of that base. A ``dynamic`` rope without ``alpha`` (whose frequencies
+follow the sequence's length) is refused by name. ``config.json`` is completed with transformers'
+``HunYuanDenseV1Config`` defaults.
+
+llama.cpp's ``hunyuan-dense`` GGUF files (:func:`config_from_gguf`): its converter folds the alpha into
+``rope.freq_base`` (as float32); nothing permuted (NEOX's rope, on halves), the norms after rope as its graph runs
+them, q/k/v biases where the file holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.hf_config import base_fields, with_defaults
+
+ARCHITECTURE = "hunyuan"
+MODEL_TYPE = "hunyuan_v1_dense"
+GGUF_ARCHITECTURE = "hunyuan-dense"
+
+
+def ntk_alpha_base(theta: float, alpha: float, head_dim: int) -> float:
+    """The rope base an NTK-alpha scaling of ``alpha`` gives (transformers' ``compute_ntk_alpha_rope_parameters``)."""
+    return theta * alpha ** (head_dim / (head_dim - 2))
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    from transformers import HunYuanDenseV1Config
+
+    full = with_defaults(MODEL_TYPE, HunYuanDenseV1Config, cfg)
+    params = dict(full.get("rope_parameters") or {})
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    head_dim = int(full.get("head_dim") or int(full["hidden_size"]) // int(full["num_attention_heads"]))
+    theta = float(params.get("rope_theta") or 10000.0)
+    if rope_type == "dynamic":
+        if not params.get("alpha"):
+            raise ModelLoadError(f"{MODEL_TYPE}: a dynamic rope without alpha is not supported (its frequencies follow "
+                                 "the sequence's length)")
+        theta = ntk_alpha_base(theta, float(params["alpha"]), head_dim)
+    elif rope_type != "default":
+        raise ModelLoadError(f"{MODEL_TYPE}: rope type {rope_type!r} is not supported (default, or dynamic with alpha)")
+    fields = base_fields({**full, "head_dim": head_dim, "rope_parameters": {"rope_type": "default",
+                                                                           "rope_theta": theta}}, ARCHITECTURE)
+    bias = bool(full.get("attention_bias"))
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_after_rope=True)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qkv_bias=f.has_tensor(".attn_q.bias"), o_bias=f.has_tensor(".attn_output.bias"),
+                       qk_norm=True, qk_norm_after_rope=True)
+
+
+def hunyuan_tensor_name(name: str) -> str:
+    """A checkpoint tensor's name in the shared decoder: the q/k norms as ``q_norm``/``k_norm``."""
+    return name.replace(".self_attn.query_layernorm.", ".self_attn.q_norm.").replace(
+        ".self_attn.key_layernorm.", ".self_attn.k_norm.")

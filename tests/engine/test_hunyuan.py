@@ -1,0 +1,36 @@
+"""Hunyuan dense (tiny twin of tests/engine/tiny_families.py): transformers' logits, with q/k normed after rope and the
+NTK-alpha base; a length-following dynamic rope refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.registry import config_from_hf, model_class
+from services.engine.weights import load_weights
+from services.engine.weights.model_config_reader import read_hf_config
+from tests.engine.tiny_families import load_reference
+from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+
+IDS = [(i * 7919) % 49000 + 17 for i in range(40)]
+
+
+def test_the_logits_are_transformers(family_dir):
+    path = family_dir("hunyuan")
+    weights = load_weights(path)
+    ours = pdserve_logits(model_class("hunyuan")(weights.config, weights.tensors, torch.float32), IDS)
+    expected = hf_logits(load_reference(path), IDS)
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4), (ours - expected).abs().max()
+
+
+def test_the_alpha_stretches_the_base_and_the_norms_follow_rope(family_dir):
+    cfg = config_from_hf(read_hf_config(family_dir("hunyuan")))
+    assert cfg.rope_scaling is None and cfg.rope_theta == pytest.approx(10000.0 * 1000.0 ** (16 / 14))
+    assert cfg.qk_norm and cfg.qk_norm_after_rope and not cfg.qk_norm_whole
+
+
+def test_a_dynamic_rope_without_alpha_is_refused(family_dir):
+    released = read_hf_config(family_dir("hunyuan"))
+    with pytest.raises(ModelLoadError, match="dynamic rope without alpha"):
+        config_from_hf(released | {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}})
