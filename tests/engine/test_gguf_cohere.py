@@ -5,6 +5,8 @@ layer full), give the twin's float32 logits, their config the one ``config.json`
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from services.engine.errors import ModelLoadError
@@ -43,6 +45,13 @@ def test_command_a_s_pattern_is_llama_cpp_s_and_the_keys_it_needs_are_named(tmp_
     model = tiny_hf(**COMMAND_A)
     cfg = load_model_config(write_gguf(model, tmp_path / "a.gguf", metadata=_keys(model.config)))
     assert cfg.layer_windows == (24, 24, 24, None) and cfg.nope_layers == (3,) and cfg.rope_interleaved
-    keys = _keys(model.config) | {"attention.layer_norm_epsilon": None}
-    with pytest.raises(ModelLoadError, match=r"lacks cohere2\.attention\.layer_norm_epsilon"):
-        load_model_config(write_gguf(model, tmp_path / "no-eps.gguf", metadata=keys))
+    marked = _keys(model.config) | {"attention.sliding_window_pattern": [True, False, True, False]}
+    assert load_model_config(write_gguf(model, tmp_path / "p.gguf", metadata=marked)).layer_windows == \
+        (24, None, 24, None)  # a pattern the file names (llama.cpp reads one where it is there)
+    for key in ("attention.layer_norm_epsilon", "logit_scale"):  # llama.cpp requires both
+        keys = _keys(model.config) | {key: None}
+        with pytest.raises(ModelLoadError, match=re.escape(f"lacks cohere2.{key}")):
+            load_model_config(write_gguf(model, tmp_path / f"no-{key}.gguf", metadata=keys))
+    no_scale = load_model_config(write_gguf(model, tmp_path / "zero.gguf", metadata=_keys(model.config) | {
+        "logit_scale": 0.0}))
+    assert no_scale.multipliers.logits_scale == 1.0  # 0: none, as llama.cpp skips it

@@ -131,9 +131,16 @@ def test_exaone4_files_slide_as_their_keys_say(tmp_path):
     assert (written.layer_windows, written.nope_layers, written.qk_norm) == ((8, 8, 8, None), (3,), True)
     keys = {**FAMILIES["exaone4"][1], "attention.sliding_window_pattern": None}
     assert load_model_config(write_gguf(model, tmp_path / "b.gguf", metadata=keys)).layer_windows == (8, 8, 8, None)
+    keys = {**FAMILIES["exaone4"][1], "attention.sliding_window_pattern": [True, False, True, False]}
+    assert load_model_config(write_gguf(model, tmp_path / "d.gguf", metadata=keys)).layer_windows == (8, None, 8, None)
     keys = {"attention.sliding_window": None, "attention.sliding_window_pattern": None}
     global_only = load_model_config(write_gguf(model, tmp_path / "c.gguf", metadata=keys))
     assert (global_only.layer_windows, global_only.nope_layers) == ((), ())
+    fields = read_fields(GGUFReader(str(tmp_path / "c.gguf")))  # the 32B's 64 layers, no window named: 4096
+    from services.engine.model import exaone4
+
+    the_32b = exaone4.config_from_gguf(fields | {"exaone4.block_count": 64})
+    assert the_32b.layer_windows[:4] == (4096, 4096, 4096, None) and len(the_32b.nope_layers) == 16
 
 
 def test_an_olmo3_file_without_a_pattern_slides_three_layers_of_four(tmp_path):

@@ -73,6 +73,11 @@ def test_deepseek_llm_s_split_is_its_own_letters_punctuation_and_digit_runs():
         " x", "!"])
     assert _split("deepseek-llm", "\u212a\u00abαβ, Ա ա 中文！") == byte_level(
         ["\u212a", "\u00ab", "αβ", ",", " Ա", " ա ", "中文", "！"])
+    # ASCII letters fall in its punctuation class too (':' to '~'), so a letter run mixing them with others splits
+    # there; and its CJK class (U+0800 to U+4E00) isolates the other five of the six escaped letters whatever the letter
+    # class says, as llama.cpp splits them
+    assert _split("deepseek-llm", "aβc") == byte_level(["a", "β", "c"])
+    assert _split("deepseek-llm", "α\u2126β") == byte_level(["α", "\u2126", "β"])
 
 
 def test_every_split_of_the_table_compiles():

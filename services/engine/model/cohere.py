@@ -9,10 +9,11 @@ Command R+ (``use_qk_norm``): q and k LayerNormed head by head before rope, each
 ``config.json`` is completed with transformers' ``CohereConfig`` / ``Cohere2Config`` defaults.
 
 llama.cpp's ``command-r`` and ``cohere2`` GGUF files (:func:`config_from_gguf`), read as its loader reads them: the
-norms' ``attention.layer_norm_epsilon``, ``logit_scale`` (0: none), R+'s head norms where the file holds
-``attn_q_norm``, nothing permuted (its rope is already on adjacent pairs), the head tied; Cohere 2's window
-``attention.sliding_window`` on three layers of every four, the fourth attending over everything without rope (the
-pattern llama.cpp hard-codes; its converter writes none).
+norms' ``attention.layer_norm_epsilon``, ``logit_scale`` (required, as llama.cpp requires it; 0: none), R+'s head
+norms where the file holds ``attn_q_norm``, nothing permuted (its rope is already on adjacent pairs), the head tied;
+Cohere 2's window ``attention.sliding_window`` on the layers ``attention.sliding_window_pattern`` marks (a flag a
+layer, or a period: every n-th layer full), else on three layers of every four (llama.cpp's default; the dense
+converter writes no pattern), the others attending over everything without rope.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig, Multipliers
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "cohere"
@@ -52,8 +53,8 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     base = gguf_base_fields({**fields, f"{arch}.attention.layer_norm_rms_epsilon": eps}, arch)
     windows: tuple[int | None, ...] = ()
     if arch == "cohere2":
-        window = int(f.key("attention.sliding_window"))
-        windows = tuple(None if (i + 1) % _GGUF_SWA_PATTERN == 0 else window for i in range(base["num_layers"]))
+        windows = gguf_sliding_layers(f, base["num_layers"], int(f.key("attention.sliding_window")), _GGUF_SWA_PATTERN)
+    f.key("logit_scale")  # required, as llama.cpp's loader requires it (0: no scale)
     return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
                        qk_norm=f.has_tensor(".attn_q_norm.weight"), rope_interleaved=True, layer_windows=windows,
                        nope_layers=tuple(i for i, window in enumerate(windows) if window is None),

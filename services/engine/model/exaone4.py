@@ -7,7 +7,8 @@ within it with rope and the others over everything without rope (the 32B's three
 
 llama.cpp's ``exaone4`` GGUF files (:func:`config_from_gguf`): the same layer, nothing permuted (NEOX's rope, on
 halves); a file with ``attention.sliding_window`` slides on the layers ``attention.sliding_window_pattern`` marks
-(else three of every four, llama.cpp's default), the others without rope.
+(else three of every four, llama.cpp's default), the others without rope; a 64-layer file without the key is the
+32B's, whose window llama.cpp takes as 4096 (every other file without it: no window, rope everywhere, the 1.2B's).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "exaone4"
 _GGUF_SLIDING_PERIOD = 4  # llama.cpp's pattern where a file with a window names none: the fourth layer is global
+_THE_32B_S_LAYERS, _THE_32B_S_WINDOW = 64, 4096  # what llama.cpp assumes of a 64-layer file that names no window
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -39,16 +40,10 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
     base["eos_token_ids"] = gguf_turn_end_ids(base, fields)
-    window = int(f.get("attention.sliding_window") or 0)
+    layers = base["num_layers"]
+    window = int(f.get("attention.sliding_window") or (_THE_32B_S_WINDOW if layers == _THE_32B_S_LAYERS else 0))
     if not window:
         return ModelConfig(**base, qk_norm=True)
-    layers = base["num_layers"]
-    pattern = f.get("attention.sliding_window_pattern")
-    sliding = [bool(s) for s in pattern] if isinstance(pattern, (list, tuple)) else \
-        [(i + 1) % int(pattern or _GGUF_SLIDING_PERIOD) != 0 for i in range(layers)]
-    if len(sliding) != layers:
-        raise ModelLoadError(f"GGUF exaone4: attention.sliding_window_pattern lists {len(sliding)} layers, the file "
-                             f"has {layers}")
-    windows = tuple(window if s else None for s in sliding)
+    windows = gguf_sliding_layers(f, layers, window, _GGUF_SLIDING_PERIOD)
     return ModelConfig(**base, qk_norm=True, layer_windows=windows,
                        nope_layers=tuple(i for i, w in enumerate(windows) if w is None))

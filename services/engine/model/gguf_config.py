@@ -164,6 +164,22 @@ def gguf_base_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
     )
 
 
+def gguf_sliding_layers(f: GGUFFields, layers: int, window: int, period: int) -> tuple[int | None, ...]:
+    """Each layer's window (None: a full layer) as llama.cpp reads ``attention.sliding_window_pattern``: a flag a layer
+    (true: it slides), or a period n (every n-th layer full; 0: every layer slides), or, where the file names none,
+    the family's ``period``."""
+    pattern = f.get("attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)):
+        sliding = [bool(flag) for flag in pattern]
+        if len(sliding) != layers:
+            raise ModelLoadError(f"GGUF {f.arch}: attention.sliding_window_pattern lists {len(sliding)} layers, the "
+                                 f"file has {layers}")
+    else:
+        every = period if pattern is None else int(pattern)
+        sliding = [every == 0 or (i + 1) % every != 0 for i in range(layers)]
+    return tuple(window if flag else None for flag in sliding)
+
+
 def per_layer(f: GGUFFields, name: str) -> list[int]:
     """A key llama.cpp's hybrid files write per layer (``attention.head_count_kv``: 0 for a recurrent layer;
     Nemotron-H's ``feed_forward_length``: 0 but for an MLP block), or one number for every layer."""

@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, windowed_layers
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "olmo2"
@@ -44,14 +43,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     window = int(f.get("attention.sliding_window") or 0)
     if not window:
         return ModelConfig(**base)
-    layers = base["num_layers"]
-    pattern = f.get("attention.sliding_window_pattern")
-    sliding = [bool(s) for s in pattern] if pattern is not None else \
-        [(i + 1) % _GGUF_SLIDING_PERIOD != 0 for i in range(layers)]
-    if len(sliding) != layers:
-        raise ModelLoadError(f"GGUF olmo2: attention.sliding_window_pattern lists {len(sliding)} layers, the file has "
-                             f"{layers}")
-    windows = tuple(window if s else None for s in sliding)
+    windows = gguf_sliding_layers(f, base["num_layers"], window, _GGUF_SLIDING_PERIOD)
     return ModelConfig(**{**base, "architecture": OLMO3}, layer_windows=windows,
                        local_rope_layers=windowed_layers(windows),
                        local_rope_theta=float(f.get("rope.freq_base_swa") or base["rope_theta"]))
