@@ -5,23 +5,16 @@ logits; the config as transformers reads it."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
+from services.engine.model.registry import config_from_hf
 from services.engine.weights.model_config_reader import read_hf_config
-from tests.engine.tiny_families import load_reference
-from tests.engine.tiny_gguf import hf_logits, pdserve_logits, tiny_hf
+from tests.engine.tiny_gguf import assert_checkpoint_logits, tiny_hf
 
 IDS = [(i * 7919) % 49000 + 17 for i in range(40)]  # past the window of 24
 
 
 def test_the_logits_are_transformers(family_dir):
-    path = family_dir("exaone4")
-    weights = load_weights(path)
-    ours = pdserve_logits(model_class("exaone4")(weights.config, weights.tensors, torch.float32), IDS)
-    expected = hf_logits(load_reference(path), IDS)
-    assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4), (ours - expected).abs().max()
+    assert_checkpoint_logits(family_dir("exaone4"), IDS)
 
 
 def test_the_32b_s_global_layers_are_unrotated_and_the_1_2b_s_all_rotate(family_dir, tmp_path):
@@ -30,11 +23,8 @@ def test_the_32b_s_global_layers_are_unrotated_and_the_1_2b_s_all_rotate(family_
     small = tiny_hf("exaone4", head_dim=16, sliding_window=None, layer_types=["full_attention"] * 2,
                     tie_word_embeddings=True)
     small.save_pretrained(str(tmp_path))
-    weights = load_weights(tmp_path)
+    weights = assert_checkpoint_logits(tmp_path, [(i * 37 + 5) % 96 for i in range(30)])
     assert (weights.config.layer_windows, weights.config.nope_layers) == ((), ())
-    ids = [(i * 37 + 5) % 96 for i in range(30)]
-    ours = pdserve_logits(model_class("exaone4")(weights.config, weights.tensors, torch.float32), ids)
-    assert torch.allclose(ours, hf_logits(small, ids), atol=1e-4, rtol=1e-4)
 
 
 def test_layer_types_of_another_length_are_refused_naming_the_family(family_dir):

@@ -4,24 +4,17 @@ NTK-alpha base; a length-following dynamic rope refused by name."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.registry import config_from_hf, model_class
-from services.engine.weights import load_weights
+from services.engine.model.registry import config_from_hf
 from services.engine.weights.model_config_reader import read_hf_config
-from tests.engine.tiny_families import load_reference
-from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+from tests.engine.tiny_gguf import assert_checkpoint_logits
 
 IDS = [(i * 7919) % 49000 + 17 for i in range(40)]
 
 
 def test_the_logits_are_transformers(family_dir):
-    path = family_dir("hunyuan")
-    weights = load_weights(path)
-    ours = pdserve_logits(model_class("hunyuan")(weights.config, weights.tensors, torch.float32), IDS)
-    expected = hf_logits(load_reference(path), IDS)
-    assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4), (ours - expected).abs().max()
+    assert_checkpoint_logits(family_dir("hunyuan"), IDS)
 
 
 def test_the_alpha_stretches_the_base_and_the_norms_follow_rope(family_dir):

@@ -391,6 +391,20 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0].float()
 
 
+def assert_checkpoint_logits(path: Path, ids: list[int]):
+    """The checkpoint at ``path`` (a tiny family's, tests/engine/tiny_families.py) gives transformers' float32 logits
+    of ``ids`` in its pdserve model; its loaded weights."""
+    from services.engine.model.registry import model_class
+    from services.engine.weights import load_weights
+    from tests.engine.tiny_families import load_reference
+
+    weights = load_weights(path)
+    ours = pdserve_logits(model_class(weights.config.architecture)(weights.config, weights.tensors, torch.float32), ids)
+    expected = hf_logits(load_reference(path), ids)
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4), (ours - expected).abs().max()
+    return weights
+
+
 def exactness_probe(path, prompt: list[int]):
     """For a tiny family checkpoint at ``path``: its weights, transformers' logits of ``prompt``, and
     ``logits(config=, tensors=)``, pdserve's logits of it with the config or tensors changed (float32)."""
