@@ -1,5 +1,5 @@
 """Hunyuan dense (tiny twin of tests/engine/tiny_families.py): transformers' logits, with q/k normed after rope and the
-NTK-alpha base; a length-following dynamic rope refused by name."""
+NTK-alpha base; a length-following dynamic rope and Hunyuan-Large's cross-layer attention refused by name."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ def test_the_alpha_stretches_the_base_and_the_norms_follow_rope(family_dir):
     assert cfg.qk_norm and cfg.qk_norm_after_rope and not cfg.qk_norm_whole
 
 
-def test_a_dynamic_rope_without_alpha_is_refused(family_dir):
-    released = read_hf_config(family_dir("hunyuan"))
-    with pytest.raises(ModelLoadError, match="dynamic rope without alpha"):
-        config_from_hf(released | {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}})
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "dynamic rope without alpha"),
+    ({"use_cla": True, "cla_share_factor": 2}, "use_cla is not supported"),
+])
+def test_what_it_cannot_serve_is_refused_by_name(family_dir, change, message):
+    with pytest.raises(ModelLoadError, match=message):
+        config_from_hf(read_hf_config(family_dir("hunyuan")) | change)

@@ -35,6 +35,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import HunYuanDenseV1Config
 
     full = with_defaults(MODEL_TYPE, HunYuanDenseV1Config, cfg)
+    if full.get("use_cla"):  # Hunyuan-Large's cross-layer attention, which transformers' dense model does not run
+        raise ModelLoadError(f"{MODEL_TYPE}: use_cla is not supported (KV shared across layers)")
     params = dict(full.get("rope_parameters") or {})
     rope_type = params.get("rope_type") or params.get("type") or "default"
     head_dim = int(full.get("head_dim") or int(full["hidden_size"]) // int(full["num_attention_heads"]))
