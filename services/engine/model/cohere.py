@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.model.config import ModelConfig, Multipliers
+from services.engine.model.config import ModelConfig, Multipliers, full_layers
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, required, typed_layer_windows, with_defaults
 
@@ -42,7 +42,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(full.get("attention_bias"))
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=bool(full.get("use_qk_norm")),
                        rope_interleaved=True, layer_windows=windows,
-                       nope_layers=tuple(i for i, window in enumerate(windows) if window is None),
+                       nope_layers=full_layers(windows),
                        multipliers=Multipliers(logits_scale=float(required(full, "logit_scale"))))
 
 
@@ -57,5 +57,5 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f.key("logit_scale")  # required, as llama.cpp's loader requires it (0: no scale)
     return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
                        qk_norm=f.has_tensor(".attn_q_norm.weight"), rope_interleaved=True, layer_windows=windows,
-                       nope_layers=tuple(i for i, window in enumerate(windows) if window is None),
+                       nope_layers=full_layers(windows),
                        multipliers=Multipliers(logits_scale=f.decimal("logit_scale", 1.0)))

@@ -135,6 +135,11 @@ def windowed_layers(windows: tuple[int | None, ...]) -> tuple[int, ...]:
     return tuple(i for i, window in enumerate(windows) if window is not None)
 
 
+def full_layers(windows: tuple[int | None, ...]) -> tuple[int, ...]:
+    """The layers of ``windows`` that have none (Cohere 2's and EXAONE 4.0's global layers, which their rope skips)."""
+    return tuple(i for i, window in enumerate(windows) if window is None)
+
+
 @dataclass(frozen=True)
 class LatentAttention:
     """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash; :mod:`services.engine.model.mla_decoder`): each

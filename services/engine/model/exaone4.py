@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.model.config import ModelConfig
+from services.engine.model.config import ModelConfig, full_layers
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
 
@@ -33,7 +33,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     window = full.get("sliding_window")
     windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), fields["num_layers"], window)
     return ModelConfig(**fields, qk_norm=True, layer_windows=windows if window is not None else (),
-                       nope_layers=() if window is None else tuple(i for i, w in enumerate(windows) if w is None))
+                       nope_layers=() if window is None else full_layers(windows))
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
@@ -46,4 +46,4 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         return ModelConfig(**base, qk_norm=True)
     windows = gguf_sliding_layers(f, layers, window, _GGUF_SLIDING_PERIOD)
     return ModelConfig(**base, qk_norm=True, layer_windows=windows,
-                       nope_layers=tuple(i for i, w in enumerate(windows) if w is None))
+                       nope_layers=full_layers(windows))

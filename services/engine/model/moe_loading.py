@@ -67,8 +67,7 @@ class ExpertLoading:
         if inter is None:
             return None
         s = p + "shared_expert."
-        parts = [(s + "gate_proj.weight", (inter, hidden)), (s + "up_proj.weight", (inter, hidden))][
-            0 if moe.gated_experts else 1:]
+        parts = self._expert_rows(s, inter, hidden)
         if self._source.has(s + "gate_up_proj.weight"):  # Granite MoE's shared MLP: gate and up rows fused
             parts = [(s + "gate_up_proj.weight", (2 * inter, hidden))]
         gate = prepare_linear(self._shared_gate(p + "shared_expert_gate.weight"), row_block=self._row_block) \
@@ -115,7 +114,8 @@ class ExpertLoading:
         return moe.latent_size or self.config.hidden_size
 
     def _expert_rows(self, e: str, inter: int, width: int) -> list[tuple[str, tuple[int, int]]]:
-        """One expert's first projection (``e``: its prefix): gate and up rows, or up rows alone (ungated)."""
+        """One expert's (or the shared one's) first projection (``e``: its prefix): gate and up rows, or up rows alone
+        (ungated)."""
         moe = self.config.moe
         assert moe is not None
         gate = [(e + "gate_proj.weight", (inter, width))] if moe.gated_experts else []

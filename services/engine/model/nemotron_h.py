@@ -35,6 +35,10 @@ from services.engine.model.hf_config import base_fields, with_defaults
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "nemotron_h"
 MOE_GGUF_ARCHITECTURE = "nemotron_h_moe"
+# what every Nemotron 3 expert block is, whichever file it is read from: squared-ReLU experts and shared MLP without a
+# gate, sigmoid routing (with the correction bias), the weighted outputs summed in float32
+_NEMOTRON_3_EXPERTS = dict(gated_experts=False, shared_expert_gated=False, sigmoid_routing=True,
+                           float32_expert_sum=True)
 _KINDS = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention", "attention": "attention",
           "mlp": "mlp"}
 
@@ -89,9 +93,9 @@ def _experts(full: Mapping[str, Any], layers: tuple[int, ...]) -> MoEConfig | No
         num_experts=int(full["n_routed_experts"]), top_k=int(full["num_experts_per_tok"]),
         intermediate_size=int(full["moe_intermediate_size"]), norm_topk_prob=bool(full.get("norm_topk_prob", True)),
         sparse_layers=layers, shared_expert_intermediate_size=int(full["moe_shared_expert_intermediate_size"]),
-        shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(full.get("n_group") or 1),
-        top_groups=int(full.get("topk_group") or 1), routed_scaling=float(full.get("routed_scaling_factor") or 1.0),
-        gated_experts=False, latent_size=None if latent is None else int(latent), float32_expert_sum=True)
+        expert_groups=int(full.get("n_group") or 1), top_groups=int(full.get("topk_group") or 1),
+        routed_scaling=float(full.get("routed_scaling_factor") or 1.0),
+        latent_size=None if latent is None else int(latent), **_NEMOTRON_3_EXPERTS)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
@@ -127,10 +131,9 @@ def _gguf_experts(f: GGUFFields, layers: tuple[int, ...]) -> MoEConfig | None:
         num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
         intermediate_size=int(f.key("expert_feed_forward_length")), norm_topk_prob=bool(f.get("expert_weights_norm")),
         sparse_layers=layers, shared_expert_intermediate_size=int(f.key("expert_shared_feed_forward_length")),
-        shared_expert_gated=False, sigmoid_routing=True, expert_groups=groups,
-        top_groups=int(f.get("expert_group_used_count") or 1),
-        routed_scaling=float(f.get("expert_weights_scale") or 1.0), gated_experts=False,
-        latent_size=int(latent) if latent else None, float32_expert_sum=True)
+        expert_groups=groups, top_groups=int(f.get("expert_group_used_count") or 1),
+        routed_scaling=float(f.get("expert_weights_scale") or 1.0), latent_size=int(latent) if latent else None,
+        **_NEMOTRON_3_EXPERTS)
 
 
 def nemotron_h_tensor_name(name: str) -> str | None:
