@@ -1,4 +1,4 @@
-"""Latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash) beyond the family tests' float32 parity
+"""Latent attention (DeepSeek-V2/V3, Kimi K2 and K2.5, GLM-4.7-Flash) beyond the family tests' float32 parity
 (tests/engine/test_model_families.py): the published configs read into one cached head of rope key + latent and
 transformers' softmax scale; each part of the attention (yarn's mscale on the scores, rope on adjacent pairs, the
 latent norm) and of V2's routing (the group limit, the scaling) is what makes the logits transformers'; V2's router
@@ -86,6 +86,14 @@ def test_the_published_configs_read_one_cached_head_of_rope_key_and_latent():
     kimi = config_from_hf(DEEPSEEK_V3 | {"model_type": "kimi_k2", "n_routed_experts": 384, "n_group": 1,
                                          "topk_group": 1, "routed_scaling_factor": 2.827})
     assert kimi.architecture == "deepseek" and kimi.moe.num_experts == 384
+    # Kimi K2.5 / K2.6: the vision-language wrapper, its text model Kimi K2's (untied as released; the class ties)
+    k25 = config_from_hf({"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
+                          "tie_word_embeddings": False, "vision_config": {"hidden_size": 1152},
+                          "text_config": DEEPSEEK_V3 | {"model_type": "kimi_k2", "n_routed_experts": 384,
+                                                        "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
+                                                        "tie_word_embeddings": False}})
+    assert dataclasses.replace(k25, tie_word_embeddings=False) == kimi and not k25.tie_word_embeddings
+    assert config_from_hf({"model_type": "kimi_k25", "text_config": DEEPSEEK_V3}).tie_word_embeddings  # its default
     lite = config_from_hf(DEEPSEEK_V2_LITE)
     assert lite.mla.q_lora_rank is None and (lite.num_heads, lite.head_dim) == (16, 576)
     assert lite.moe.group_limited_softmax and not lite.moe.sigmoid_routing and not lite.moe.norm_topk_prob
@@ -115,6 +123,7 @@ def test_the_published_configs_read_one_cached_head_of_rope_key_and_latent():
     (DEEPSEEK_V2_LITE, {"norm_topk_prob": True}, "norm_topk_prob true"),
     (DEEPSEEK_V2_LITE, {"topk_method": "group_limited_greedy", "n_group": 3}, "n_group 3 must divide"),
     (GLM_47_FLASH, {"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types must list 47"),
+    ({"model_type": "kimi_k25"}, {"text_config": DEEPSEEK_V2_LITE}, "kimi_k25: a text model of type 'deepseek_v2'"),
 ])
 def test_what_is_not_served_is_refused_by_name(config, change, named):
     with pytest.raises(ModelLoadError, match=named):

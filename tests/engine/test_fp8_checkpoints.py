@@ -91,15 +91,20 @@ def test_the_weights_are_transformers_dequantised_ones_bit_for_bit(fp8):
     for scale_name in quantized:
         weight = rename(scale_name.removesuffix("_scale_inv"))  # the shared decoder's name
         ours = loaded.tensors[weight]
-        if weight.replace(".shared_expert.", ".shared_experts.") in hf:
-            theirs = hf[weight.replace(".shared_expert.", ".shared_experts.")]
-        else:  # transformers 5 holds a sparse layer's experts stacked, gate and up rows together
-            layer, rest = weight.split(".mlp.experts.")
-            expert, projection = rest.split(".")[:2]
-            stacked = hf[f"{layer}.mlp.experts.{'down_proj' if projection == 'down_proj' else 'gate_up_proj'}"]
-            theirs, rows = stacked[int(expert)], ours.shape[0]
-            theirs = {"gate_proj": theirs[:rows], "up_proj": theirs[rows:]}.get(projection, theirs)
-        assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs), (name, weight)
+        assert ours.dtype == torch.bfloat16 and torch.equal(ours, transformers_weight(hf, weight, ours)), (name, weight)
+
+
+def transformers_weight(hf: dict[str, torch.Tensor], weight: str, ours: torch.Tensor) -> torch.Tensor:
+    """The tensor of transformers' ``state_dict`` that is the shared decoder's ``weight`` (``ours``, its rows): a
+    shared expert's under its own name, a routed expert's cut from transformers 5's stacked experts (gate and up rows
+    together)."""
+    if weight.replace(".shared_expert.", ".shared_experts.") in hf:
+        return hf[weight.replace(".shared_expert.", ".shared_experts.")]
+    layer, rest = weight.split(".mlp.experts.")
+    expert, projection = rest.split(".")[:2]
+    stacked = hf[f"{layer}.mlp.experts.{'down_proj' if projection == 'down_proj' else 'gate_up_proj'}"]
+    theirs, rows = stacked[int(expert)], ours.shape[0]
+    return {"gate_proj": theirs[:rows], "up_proj": theirs[rows:]}.get(projection, theirs)
 
 
 def test_the_engine_serves_transformers_tokens_from_the_fp8_weights(fp8):
@@ -134,7 +139,7 @@ def test_a_block_cut_by_the_edge_takes_its_block_s_scale_and_e8m0_scales_are_pow
     (QUANTIZATION | {"activation_scheme": "per-channel"}, "activation_scheme 'per-channel'"),
     (QUANTIZATION | {"fmt": "e5m2"}, "fmt 'e5m2'"),
     (QUANTIZATION | {"weight_block_size": [128]}, r"weight_block_size of \[128\]"),
-    ({"quant_method": "compressed-tensors"}, "quantization 'compressed-tensors' is not supported"),
+    ({"quant_method": "gptq", "bits": 4}, "quantization 'gptq' is not supported"),
     ({"quant_method": "awq", "bits": 4}, "quantization 'awq' is not supported"),
 ])
 def test_an_fp8_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quantization, named):

@@ -65,13 +65,20 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hyb
                 "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan", "qwen3_5", "qwen3_5-moe",
                 "qwen3_next",
                 "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
-                "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4"}
+                "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
-                 "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "glm4_moe_lite", "minimax_m2", "seed_oss"}
+                 "glm4_moe", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2",
+                 "seed_oss"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
+_DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
+                    moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                    routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                     "rope_theta": 10000.0})
 
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)
@@ -177,12 +184,7 @@ FAMILIES: dict[str, dict] = {
     # DeepSeek-V3: latent attention (q through a 48-wide bottleneck, a 32-wide latent, values of another width than
     # the keys' nope part), yarn with its mscale on the scores, rope on adjacent pairs, a dense first layer, then
     # GLM-4.5's sigmoid routing (its correction bias drawn at random) and one shared expert; norms drawn at random
-    "deepseek-v3": dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
-                        moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
-                        topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
-                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
-                                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                                         "rope_theta": 10000.0}),
+    "deepseek-v3": _DEEPSEEK_V3,
     # DeepSeek-V2(-Lite): one q projection, softmax routing limited to the best of 2 groups (3 experts of its 4: the
     # limit then changes the choice), weights times 16
     "deepseek-v2": dict(model_type="deepseek_v2", q_lora_rank=None, **_LATENT, n_routed_experts=8,
@@ -322,6 +324,13 @@ FAMILIES: dict[str, dict] = {
                         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                                            out_hidden_size=64, patch_size=14, fullatt_block_indexes=[0]),
                         text_config=dict(model_type="qwen2_5_vl_text", rope_parameters=_MROPE)),
+    # Kimi K2.5 (K2.6): Kimi_K25ForConditionalGeneration around DeepSeek-V3's text model, written as the released
+    # files are (language_model.model.layers.*, language_model.lm_head, vision_tower.*, mm_projector.*: HUB_LAYOUTS);
+    # untied as the releases write it (the class's default ties)
+    "deepseek-kimi_k25": dict(model_type="kimi_k25", tie_word_embeddings=False, projection_hidden_size=32,
+                     text_config=_DEEPSEEK_V3 | {"model_type": "kimi_k2"},
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, pos_emb_height=4, pos_emb_width=4)),
     "gemma3-multimodal": dict(model_type="gemma3", text_config=_GEMMA3_TEXT | {"final_logit_softcapping": None},
                               mm_tokens_per_image=4,
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -12,7 +12,7 @@ import torch
 
 # the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
 AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl",
-                                                                      "gemma4")}
+                                                                      "gemma4", "kimi_k25")}
 
 
 def _transposed_experts(path: Path) -> None:
@@ -26,8 +26,23 @@ def _transposed_experts(path: Path) -> None:
         save_file(tensors, str(file), metadata={"format": "pt"})
 
 
+def _kimi_k25_layers(path: Path) -> None:
+    """Kimi K2.5's released layout: its text model's layers under ``language_model.model.layers`` (transformers 5
+    saves them as ``blocks``, its vision tower's name)."""
+    from safetensors.torch import load_file, save_file
+
+    for file in path.glob("*.safetensors"):
+        tensors = load_file(str(file))
+        renamed = {name.replace("language_model.model.blocks.", "language_model.model.layers."): tensor
+                   for name, tensor in tensors.items()}
+        save_file(renamed, str(file), metadata={"format": "pt"})
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        index.write_text(index.read_text().replace("language_model.model.blocks.", "language_model.model.layers."))
+
+
 # a tiny checkpoint rewritten in its family's released layout where transformers 5 saves another
-HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts}
+HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts, "deepseek-kimi_k25": _kimi_k25_layers}
 
 
 def auto_class(model_type: str):

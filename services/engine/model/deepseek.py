@@ -1,5 +1,7 @@
 """DeepSeek-V2 and V2-Lite (``deepseek_v2``), DeepSeek-V3, V3.1 and R1 and the checkpoints of their architecture
-(``deepseek_v3``; Kimi K2's ``kimi_k2`` and Moonlight's configs are DeepSeek-V3's): multi-head latent attention
+(``deepseek_v3``; Kimi K2's ``kimi_k2`` and Moonlight's configs are DeepSeek-V3's; Kimi K2.5's and K2.6's
+``kimi_k25`` is a vision-language checkpoint around one, whose text model is served, its vision tower and projector
+not read): multi-head latent attention
 (:class:`~services.engine.model.config.LatentAttention`, served by :mod:`services.engine.model.mla_decoder`) and
 experts from the ``first_k_dense_replace``-th layer on, beside ``n_shared_experts`` ungated shared experts.
 
@@ -28,12 +30,18 @@ from typing import Any
 from kernels.rope_scaling import yarn_mscale
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import LatentAttention, ModelConfig, MoEConfig, Multipliers
+from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import base_fields, required
+from services.engine.model.multimodal_text import text_config, text_tensor_name
 
 ARCHITECTURE = "deepseek"
+KIMI_K25 = "kimi_k25"
+KIMI_K25_TEXT_TYPES = ("deepseek_v3", "kimi_k2")
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    if cfg.get("model_type") == KIMI_K25:
+        cfg = _kimi_k25_text(cfg)
     v2 = cfg.get("model_type") == "deepseek_v2"
     if v2:
         cfg = {"first_k_dense_replace": 0, "topk_method": "greedy", "norm_topk_prob": False, "q_lora_rank": 1536,
@@ -51,6 +59,25 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              "(only 1: experts on every layer from first_k_dense_replace)")
     moe = sparse_mlp(cfg, tuple(range(first_sparse, layers)), **routing)
     return latent_config(cfg, ARCHITECTURE, moe, interleaved=True if v2 else bool(cfg.get("rope_interleave", True)))
+
+
+def _kimi_k25_text(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``kimi_k25`` checkpoint's text model config (DeepSeek-V3's, tied as :func:`multimodal_text.text_config`
+    reads a wrapper; the class's default ties, the releases write false); another text model type is refused."""
+    text = text_config(cfg, KIMI_K25, default_tie=True)
+    model_type = text.get("model_type", "deepseek_v3")
+    if model_type not in KIMI_K25_TEXT_TYPES:
+        raise ModelLoadError(f"kimi_k25: a text model of type {model_type!r} is not supported (only "
+                             f"{', '.join(KIMI_K25_TEXT_TYPES)})")
+    return {**text, "model_type": model_type}
+
+
+def deepseek_tensor_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the latent decoder: a wrapper's text model's (Kimi K2.5's
+    ``language_model.model.*``, Mistral Small 4's), its shared experts the decoder's shared expert; None for the
+    vision tower's and the projector's (not read)."""
+    text = text_tensor_name(name)
+    return None if text is None else glm4_moe_tensor_name(text)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

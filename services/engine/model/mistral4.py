@@ -35,9 +35,7 @@ from services.engine.model.config import ModelConfig
 from services.engine.model.deepseek import latent_config, present, sparse_mlp
 from services.engine.model.deepseek_gguf import latent_fields, with_file_ids
 from services.engine.model.gguf_config import SOFTMAX_GATING, require_gating
-from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import query_temperature, required
-from services.engine.model.multimodal_text import text_tensor_name
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "mistral4"
 
@@ -71,10 +69,3 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                      expert_groups=int(f.get("expert_group_count") or 1),
                      top_groups=int(f.get("expert_group_used_count") or 1))
     return with_file_ids(latent_config(cfg, ARCHITECTURE, moe, interleaved=True), fields, GGUF_ARCHITECTURE)
-
-
-def mistral4_tensor_name(name: str) -> str | None:
-    """A Mistral 4 checkpoint tensor's name in the latent decoder (the wrapper's text model's; its shared experts
-    the decoder's shared expert), None for the vision tower's and projector's."""
-    text = text_tensor_name(name)
-    return None if text is None else glm4_moe_tensor_name(text)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
-                   "visual.", "model.visual.")
+                   "visual.", "model.visual.", "mm_projector.", "model.mm_projector.")  # (the last: Kimi K2.5's)
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
 _INHERITED = ("eos_token_id", "bos_token_id")

@@ -92,16 +92,16 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.ernie4_5:ernie4_5_tensor_name"),
     Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe",), "glm4moe",
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name", mtp_layers=True),
-    Family("deepseek", "services.engine.model.deepseek", ("deepseek_v3", "deepseek_v2", "kimi_k2"), "deepseek2",
-           model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
-           tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name", mtp_layers=True,
+    Family("deepseek", "services.engine.model.deepseek", ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25"),
+           "deepseek2", model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
+           tensor_names="services.engine.model.deepseek:deepseek_tensor_name", mtp_layers=True,
            gguf_tensors="services.engine.model.deepseek_gguf:kv_b_from_gguf"),
     Family("glm4_moe_lite", "services.engine.model.glm4_moe_lite", ("glm4_moe_lite",),
            model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name", mtp_layers=True),
     Family("mistral4", "services.engine.model.mistral4", ("mistral4",), "mistral4",
            model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
-           tensor_names="services.engine.model.mistral4:mistral4_tensor_name",
+           tensor_names="services.engine.model.deepseek:deepseek_tensor_name",
            gguf_tensors="services.engine.model.deepseek_gguf:kv_b_from_gguf"),
     Family("minimax_m2", "services.engine.model.minimax_m2", ("minimax_m2",), "minimax-m2",
            tensor_names="services.engine.model.minimax_m2:minimax_m2_tensor_name", mtp_layers=True),
@@ -184,7 +184,12 @@ def tensor_renamer(config: ModelConfig) -> Callable[[str], str | None]:
         else _attribute(chosen.tensor_names)
     if not chosen.mtp_layers:
         return rename
-    return lambda name: None if _layer_index(name) >= config.num_layers else rename(name)
+
+    def without_mtp_layers(name: str) -> str | None:  # the layer read in the model's name (a wrapper's nests it)
+        renamed = rename(name)
+        return None if renamed is None or _layer_index(renamed) >= config.num_layers else renamed
+
+    return without_mtp_layers
 
 
 def _layer_index(name: str) -> int:

@@ -11,8 +11,8 @@ dropped, as transformers' dequantising load drops them: activations stay bf16.
 What that serves: the checkpoint's weights exactly, in bf16 (twice the FP8 weights' memory; bit for bit as
 transformers' bf16 load, and a float32 engine computes on those bf16 values), with activations in bf16; vLLM and
 SGLang run FP8 GEMMs on the FP8 weights instead (and quantize activations, ``activation_scheme: dynamic``), which
-is faster on Hopper and not bit-equal to either. Other ``quant_method``s (AWQ, GPTQ, compressed-tensors,
-bitsandbytes) are refused by name.
+is faster on Hopper and not bit-equal to either. compressed-tensors checkpoints are read by
+:mod:`compressed_checkpoint`; other ``quant_method``s (AWQ, GPTQ, bitsandbytes) are refused by name.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from services.engine.errors import ModelLoadError
 SCALE_SUFFIX = "_scale_inv"
 ACTIVATION_SCALE_SUFFIX = ".activation_scale"
 OWN_QUANTIZATION = ("mxfp4",)  # read by its family (GPT-OSS's experts)
+COMPRESSED_TENSORS = "compressed-tensors"  # read by compressed_checkpoint
 FP8_DTYPES = (torch.float8_e4m3fn,)
 DEQUANTIZED_DTYPE = torch.bfloat16
 
@@ -40,16 +41,24 @@ class Fp8Scheme:
     block: tuple[int, int] | None
 
 
+def checkpoint_quantization(hf_config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A ``config.json``'s ``quantization_config`` ({}: none): at its top level, or a wrapper's in its text model's
+    config, where Kimi K2.5's and K2.6's releases write it."""
+    text = hf_config.get("text_config")
+    return hf_config.get("quantization_config") or (isinstance(text, Mapping) and text.get("quantization_config")) \
+        or {}
+
+
 def fp8_scheme(hf_config: Mapping[str, Any]) -> Fp8Scheme | None:
     """The scheme of an FP8 checkpoint (None: not one); one this loader cannot serve exactly is refused naming what
     it has."""
-    quantization = hf_config.get("quantization_config") or {}
+    quantization = checkpoint_quantization(hf_config)
     method = quantization.get("quant_method")
-    if method in (None, *OWN_QUANTIZATION):
+    if method in (None, *OWN_QUANTIZATION, COMPRESSED_TENSORS):
         return None
     if method != "fp8":
-        raise ModelLoadError(f"quantization {method!r} is not supported ('fp8' checkpoints are dequantised at load; "
-                             "GGUF files carry their own 4-bit weights)")
+        raise ModelLoadError(f"quantization {method!r} is not supported ('fp8' and 'compressed-tensors' checkpoints "
+                             "are dequantised at load; GGUF files carry their own 4-bit weights)")
     if quantization.get("activation_scheme", "dynamic") not in ("dynamic", "static"):
         raise ModelLoadError(f"fp8 checkpoint with activation_scheme {quantization['activation_scheme']!r} is not "
                              "supported (only 'dynamic' or 'static'; activations stay bf16)")

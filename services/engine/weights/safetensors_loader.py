@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.registry import tensor_renamer
+from services.engine.weights.compressed_checkpoint import compressed_scheme, decompress_weights
 from services.engine.weights.fp8_blocks import dequantize_fp8, fp8_scheme
 from services.engine.weights.loader import LoadedWeights
 from services.engine.weights.model_config_reader import hf_dir_config, read_hf_config
@@ -26,9 +27,11 @@ log = structlog.get_logger(__name__)
 
 def load_safetensors_dir(path: Path) -> LoadedWeights:
     """The checkpoint's config and tensors (an FP8 checkpoint's weights dequantised to bf16,
-    :mod:`~services.engine.weights.fp8_blocks`)."""
+    :mod:`~services.engine.weights.fp8_blocks`; a compressed-tensors one's decompressed,
+    :mod:`~services.engine.weights.compressed_checkpoint`)."""
     config = hf_dir_config(path)
-    fp8 = fp8_scheme(read_hf_config(path))
+    raw = read_hf_config(path)
+    fp8, compressed = fp8_scheme(raw), compressed_scheme(raw)
     rename = tensor_renamer(config)
     files = shard_files(path)
     prefix = "model." if _bare_base_model(files) else ""
@@ -43,6 +46,8 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
     if fp8 is not None:
         dequantize_fp8(tensors, fp8)
+    if compressed is not None:
+        decompress_weights(tensors, compressed)
     if "lm_head.weight" in tensors and config.tie_word_embeddings:
         config = _tied_or_not(config, tensors, path)
     if prefix and "lm_head.weight" not in tensors and not config.tie_word_embeddings:
