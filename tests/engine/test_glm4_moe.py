@@ -1,7 +1,8 @@
-"""GLM-4.5 beyond the family tests' float32 parity (tests/engine/test_model_families.py): the published configs
-read into half-rotated heads, sigmoid routing and shared experts; each part of the routing (the correction bias,
-the groups, the scaling) is what makes the logits transformers'; the router runs in float32 in a bf16 model;
-the multi-token-prediction layer a checkpoint carries is not read; the shared experts' names map."""
+"""GLM-4.5 (and Solar Open) beyond the family tests' float32 parity (tests/engine/test_model_families.py): the
+published configs read into half-rotated heads (Solar Open's whole), sigmoid routing and shared experts; each part
+of the routing (the correction bias, the groups, the scaling) is what makes the logits transformers'; the router
+runs in float32 in a bf16 model; the multi-token-prediction layer a checkpoint carries is not read; the shared
+experts' names map."""
 
 from __future__ import annotations
 
@@ -59,6 +60,17 @@ def test_the_published_shapes_read_half_rotated_heads_and_sigmoid_routed_experts
     # Glm4MoeConfig's default when the key is absent: half of each head rotates
     absent = config_from_hf({k: v for k, v in GLM_45_AIR.items() if k != "partial_rotary_factor"})
     assert absent.rotary_dim == 64
+    # Solar Open 100B (SolarOpenConfig's defaults, as its release writes them): Llama's attention, the whole head
+    # rotated, experts on every layer; the GLM keys it has no field for are ignored, as transformers ignores them
+    solar = config_from_hf({"model_type": "solar_open", "hidden_size": 4096, "num_hidden_layers": 48,
+                            "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                            "num_experts_per_tok": 8, "vocab_size": 196608, "max_position_embeddings": 131072,
+                            "first_k_dense_replace": 3,
+                            "use_qk_norm": True})
+    assert (solar.architecture, solar.rotary_dim, solar.qk_norm, solar.qkv_bias) == ("glm4_moe", None, False, False)
+    assert (solar.moe.num_experts, solar.moe.intermediate_size, solar.moe.shared_expert_intermediate_size) == \
+        (128, 1280, 1280)
+    assert solar.moe.sparse_layers == tuple(range(48)) and solar.rope_theta == 1e6
 
 
 @pytest.mark.parametrize(("change", "field"), [

@@ -10,6 +10,9 @@ on the first ``first_k_dense_replace`` layers and experts on the rest:
 - ``n_shared_experts`` shared experts as one SwiGLU MLP (``moe_intermediate_size * n_shared_experts`` wide) that
   every token goes through, ungated (``mlp.shared_experts``, read as the shared decoder's ``mlp.shared_expert``).
 
+Upstage's Solar Open (100B; ``solar_open``) is the same MoE under Llama's attention: no q/k norms, the whole head
+rotated (unless its rope parameters say otherwise), experts on every layer, 1280 wide where unset.
+
 The checkpoints carry ``num_nextn_predict_layers`` multi-token-prediction layers after the last decoder layer
 (``model.layers.46.*`` in Air's): they serve speculative decoding, which pdserve does not run, so they are not
 read (:attr:`~services.engine.model.registry.Family.mtp_layers`).
@@ -38,13 +41,22 @@ from services.engine.model.gguf_config import (
 from services.engine.model.hf_config import base_fields, required
 
 ARCHITECTURE = "glm4_moe"
+SOLAR_OPEN = "solar_open"
 GGUF_ARCHITECTURE = "glm4moe"
 
 _SHARED = re.compile(r"\.mlp\.shared_experts\.")
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    cfg = {"partial_rotary_factor": 0.5, **cfg}  # Glm4MoeConfig's default
+    if cfg.get("model_type") == SOLAR_OPEN:
+        # SolarOpenConfig has no first_k_dense_replace, use_qk_norm nor a partial rotary default: transformers
+        # ignores the first two where a file writes them
+        # (no dense MLP: its intermediate_size, where absent, is the experts' and unused)
+        width = cfg.get("moe_intermediate_size") or 1280
+        cfg = {"intermediate_size": width, "rope_theta": 1000000.0, **cfg, "moe_intermediate_size": width,
+               "first_k_dense_replace": 0, "use_qk_norm": False}
+    else:
+        cfg = {"partial_rotary_factor": 0.5, **cfg}  # Glm4MoeConfig's default
     fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
     layers = fields["num_layers"]
     expert_width = int(cfg.get("moe_intermediate_size", 1408))

@@ -90,7 +90,7 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.cohere_decoder:CohereDecoderModel"),
     Family("ernie4_5", "services.engine.model.ernie4_5", ("ernie4_5", "ernie4_5_moe"), ("ernie4_5", "ernie4_5-moe"),
            tensor_names="services.engine.model.ernie4_5:ernie4_5_tensor_name"),
-    Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe",), "glm4moe",
+    Family("glm4_moe", "services.engine.model.glm4_moe", ("glm4_moe", "solar_open"), "glm4moe",
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name", mtp_layers=True),
     Family("deepseek", "services.engine.model.deepseek", ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25"),
            "deepseek2", model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
