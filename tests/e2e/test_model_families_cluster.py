@@ -51,7 +51,8 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # apart from hidden / heads in Gemma 4's; Cohere's layer, attention and the MLP side by side on one LayerNorm, runs as
 # Cohere 2's, which adds its sliding layers with rope around full ones without; EXAONE 4.0's is OLMo 3's with Qwen3's
 # per-head q/k norms and Cohere 2's unrotated full layers; Hunyuan's is Qwen3's with the norms after rope; Kimi K2.5's
-# text model is DeepSeek-V3's; Solar Open's layer is GLM-4.5's without its q/k norms).
+# text model is DeepSeek-V3's; Solar Open's layer is GLM-4.5's without its q/k norms; Hy3's, Qwen3's attention with
+# GLM-4.5's routing).
 # The gateway's torch-free reading of every family's config is held to the engine's by the family test.
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
@@ -60,7 +61,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "qwen_vl", "qwen_vl-2.5", "qwen_vl-moe", "granite", "smollm3", "lfm2-moe",
                                            "mistral4", "gemma2", "gemma4", "llama4", "qwen2", "qwen3", "mixtral",
                                            "mistral", "cohere", "exaone4", "hunyuan", "deepseek-kimi_k25",
-                                           "glm4_moe-solar_open"})
+                                           "glm4_moe-solar_open", "hy_v3"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.deepseek import latent_config, present, sparse_mlp
-from services.engine.model.hf_config import required
+from services.engine.model.hf_config import required, sparse_mlp_layers
 
 ARCHITECTURE = "glm4_moe_lite"
 
@@ -24,9 +23,6 @@ _DEFAULTS = {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8, "norm_
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     cfg = {**_DEFAULTS, **present(cfg)}
     layers = int(required(cfg, "num_hidden_layers"))
-    kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
-    if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
-        raise ModelLoadError(f"glm4_moe_lite: mlp_layer_types must list {layers} of dense, sparse; got {kinds}")
-    moe = sparse_mlp(cfg, tuple(i for i, kind in enumerate(kinds) if kind == "sparse"), sigmoid_routing=True,
+    moe = sparse_mlp(cfg, sparse_mlp_layers(cfg, layers, "glm4_moe_lite"), sigmoid_routing=True,
                      expert_groups=int(cfg["n_group"]), top_groups=int(cfg["topk_group"]))
     return latent_config(cfg, ARCHITECTURE, moe, interleaved=bool(cfg["rope_interleave"]))

@@ -179,6 +179,16 @@ def qwen_layer_windows(cfg: Mapping[str, Any], max_position: int) -> tuple[int |
     return windows if any(w is not None for w in windows) else ()
 
 
+def sparse_mlp_layers(cfg: Mapping[str, Any], layers: int, model_type: str) -> tuple[int, ...]:
+    """The layers whose MLP is sparse as ``mlp_layer_types`` lists them (``dense`` or ``sparse`` per layer; where
+    absent, a dense first layer and sparse ones after, the default of the configs that have the key); a list of
+    another length or kind is refused naming it."""
+    kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
+    if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
+        raise ModelLoadError(f"{model_type}: mlp_layer_types must list {layers} of dense, sparse; got {kinds}")
+    return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
+
+
 def with_defaults(architecture: str, config_class: type, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``cfg`` completed with transformers' defaults (``config_class``, e.g. ``Gemma2Config``), as transformers
     reads it; a config its validators refuse is a :class:`ModelLoadError` naming the family."""

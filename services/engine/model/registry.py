@@ -84,6 +84,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("olmoe", "services.engine.model.olmoe", ("olmoe",), "olmoe"),
     Family("hunyuan", "services.engine.model.hunyuan", ("hunyuan_v1_dense",), "hunyuan-dense",
            tensor_names="services.engine.model.hunyuan:hunyuan_tensor_name"),
+    Family("hy_v3", "services.engine.model.hy_v3", ("hy_v3",),
+           tensor_names="services.engine.model.hy_v3:hy_v3_tensor_name", mtp_layers=True),
     Family("exaone4", "services.engine.model.exaone4", ("exaone4",), "exaone4",
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"), ("command-r", "cohere2"),
