@@ -61,7 +61,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "qwen_vl", "qwen_vl-2.5", "qwen_vl-moe", "granite", "smollm3", "lfm2-moe",
                                            "mistral4", "gemma2", "gemma4", "llama4", "qwen2", "qwen3", "mixtral",
                                            "mistral", "cohere", "exaone4", "hunyuan", "deepseek-kimi_k25",
-                                           "glm4_moe-solar_open", "hy_v3"})
+                                           "glm4_moe-solar_open", "hy_v3", "lfm2"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)
@@ -69,7 +69,7 @@ PRESSURED = {"llama3", "phi3", "gpt_oss", "gemma3", "qwen3_5", "granite_hybrid"}
 # a recurrent state per request, not in the KV blocks: hits need a checkpoint (LFM2's, a convolution's last inputs
 # alone, crosses P→D as the others' do; its preemption runs in the engine's family test); checkpoint hits served by
 # these (LFM2-MoE's state is LFM2's)
-HYBRID = {"qwen3_5", "granite_hybrid", "lfm2"}
+HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3"}
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)

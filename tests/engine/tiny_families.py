@@ -61,11 +61,11 @@ _MISTRAL4_TEXT = dict(model_type="mistral4", q_lora_rank=48, kv_lora_rank=32, qk
 _MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
 _QWEN3_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                         deepstack_visual_indexes=[0], patch_size=14)
-RANDOM_NORMS = {"lfm2", "lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense",
-                "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan", "qwen3_5", "qwen3_5-moe",
-                "qwen3_next",
-                "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2", "olmo3", "deepseek-v3", "deepseek-v2",
-                "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe", "mistral4", "hy_v3"}
+RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe", "granite_hybrid",
+                "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
+                "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
+                "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
+                "mistral4", "hy_v3"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
@@ -286,6 +286,12 @@ FAMILIES: dict[str, dict] = {
     "lfm2": dict(model_type="lfm2", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5,
                  block_multiple_of=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                  tie_word_embeddings=True),
+    # LFM3: a convolution, a full layer (proportional rope on half of each 16-wide head) and a sliding one (a window of
+    # 24, so the prompts cross it; its own plain rope), sandwich norms and a sigmoid gate per attention head (four
+    # layers: each kind, and a convolution after the sliding layer)
+    "lfm2-lfm3": dict(model_type="lfm3", num_hidden_layers=4, head_dim=16, sliding_window=24, conv_L_cache=3,
+                      layer_types=["conv", "full_attention", "sliding_attention", "conv"], tie_word_embeddings=True,
+                      pad_token_id=0),  # (its default is past the tiny vocabulary)
     # LFM2-MoE: LFM2's layers with a dense MLP first, then experts chosen by sigmoid + expert_bias (drawn at random),
     # renormalised and scaled
     "lfm2-moe": dict(model_type="lfm2_moe", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,

@@ -18,6 +18,7 @@ import structlog
 import torch
 import torch.nn.functional as F
 
+from kernels.fused_ops import TorchRope
 from kernels.int4_linear import GroupQuantized, int4_supported
 from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, LinearWeight, RowPaths, linear, prepare_linear
 from kernels.norm import rms_norm
@@ -51,6 +52,7 @@ class LayerWeights:
     sinks: torch.Tensor | None = None  # [num_heads] float32: the attention sinks' logits (GPT-OSS)
     attn_out_norm: torch.Tensor | None = None  # [hidden]: sandwich norms (GLM-4), on each block's output
     mlp_out_norm: torch.Tensor | None = None
+    head_gate: LinearWeight | None = None  # [num_heads, hidden]: ModelConfig.attention_head_gate's (LFM3)
 
 
 class DecoderModel(ExpertLoading):
@@ -179,6 +181,8 @@ class DecoderModel(ExpertLoading):
         if cfg.sandwich_norms:
             layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
             layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
+        if cfg.attention_head_gate:
+            layer.head_gate = self._projection([(a + "g_proj.weight", (cfg.num_heads, hidden))])
         return self._with_mlp(layer, i)
 
     def _with_mlp(self, layer: LayerWeights, i: int) -> LayerWeights:
@@ -261,14 +265,22 @@ class DecoderModel(ExpertLoading):
         if layer.q_norm is not None and not cfg.qk_norm_whole and not cfg.qk_norm_after_rope:
             q, k = self._head_norms(q, k, layer)
         if i not in cfg.nope_layers:  # SmolLM3's NoPE layers attend unrotated
-            q, k = self.ops.rope(q, k, rope)
+            q, k = self._rotate(i, q, k, rope)
         if layer.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan's
             q, k = self._head_norms(q, k, layer)
         if query_scale is not None:
             q = q * query_scale
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
+        if layer.head_gate is not None:  # LFM3's: a gate per head, from the layer's normed input
+            attn = attn.view(num_tokens, cfg.num_heads, cfg.head_dim) * \
+                torch.sigmoid(linear(x, layer.head_gate, paths)).unsqueeze(-1)
         return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+
+    def _rotate(self, i: int, q: torch.Tensor, k: torch.Tensor, rope: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s q and k rotated (``rope``: what :meth:`final_hidden` prepared for the step; a family whose
+        layers rotate differently gives its own)."""
+        return self.ops.rope(q, k, rope)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, layer: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """``q [T, heads, head_dim]`` and ``k`` normed head by head (Qwen3's RMSNorm, one weight for every head; a
@@ -280,6 +292,14 @@ class DecoderModel(ExpertLoading):
         if layer.moe is not None:
             return moe_forward(x, layer.moe, self.config.moe, self.ops.silu_and_mul)
         return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
+
+
+def local_rope(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> TorchRope | None:
+    """The plain rope of ``config.local_rope_theta`` that its ``local_rope_layers`` rotate with (OLMo 3's and LFM3's
+    sliding layers), in the model dtype; None without one."""
+    if config.local_rope_theta is None:
+        return None
+    return TorchRope(RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, device), dtype)
 
 
 def query_temperature(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

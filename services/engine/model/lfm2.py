@@ -16,6 +16,12 @@ logits plus ``expert_bias`` (the choice only), weighted by the sigmoid, renormal
 times ``routed_scaling_factor`` (``MoEConfig.sigmoid_routing``; the router runs in float32, as every sigmoid router
 here does).
 
+LFM3 (``lfm3``: LFM3-1.7B) adds sliding-window attention layers (``sliding_attention`` in ``layer_types``, 256 wide)
+that rotate with a plain rope of their own base beside the full layers' proportional rope on half of each head, a
+norm on each block's output (``use_sandwich_norm``: ``post_operator_norm``, ``post_ffn_norm``) and a sigmoid gate
+per attention head from the layer's normed input (``use_attention_gate``: ``self_attn.gate_proj``); its MLP is
+``intermediate_size`` wide as is. ``config.json`` is completed with ``Lfm3Config``'s defaults.
+
 llama.cpp's GGUF files of both (``lfm2``, ``lfm2moe``: Liquid AI's own releases are GGUF) are read too
 (:func:`config_from_gguf`; the final norm is their ``token_embd_norm``).
 """
@@ -26,15 +32,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import ModelConfig, MoEConfig, ShortConv
+from services.engine.model.config import ModelConfig, MoEConfig, ShortConv, windowed_layers
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
-from services.engine.model.hf_config import base_fields, required, with_defaults
+from services.engine.model.hf_config import base_fields, required, rope_settings, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "lfm2"
 MOE_TYPE = "lfm2_moe"
+LFM3_TYPE = "lfm3"
 GGUF_MOE = "lfm2moe"
 LAYER_KINDS = ("conv", "full_attention")
 _RENAMES = (
+    # LFM3's (its head gate released as self_attn.gate_proj, transformers' g_proj)
+    (".post_operator_norm.", ".post_self_attn_layernorm."), (".post_ffn_norm.", ".post_mlp_layernorm."),
+    (".self_attn.gate_proj.", ".self_attn.g_proj."),
     (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
     (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
     (".feed_forward.w2.", ".mlp.down_proj."), (".self_attn.out_proj.", ".self_attn.o_proj."),
@@ -45,6 +55,8 @@ _RENAMES = (
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import Lfm2Config, Lfm2MoeConfig
 
+    if cfg.get("model_type") == LFM3_TYPE:
+        return _lfm3_config(cfg)
     is_moe = cfg.get("model_type") == MOE_TYPE
     if is_moe:
         full = with_defaults(ARCHITECTURE, Lfm2MoeConfig, cfg)  # reads tie_embedding
@@ -93,6 +105,43 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                         sigmoid_routing=True, norm_epsilon=1e-6)
     return ModelConfig(**{**base, "architecture": ARCHITECTURE}, qk_norm=True,
                        short_conv=conv if conv.layers else None, moe=moe)
+
+
+def _lfm3_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """LFM3's config (``Lfm3Config``'s defaults where a file lacks a key): LFM2's layers with sliding attention layers
+    beside the full ones, each kind with its rope (the full layers' proportional, on half the head), sandwich norms
+    and a sigmoid gate per attention head."""
+    from transformers import Lfm3Config
+
+    full = with_defaults(LFM3_TYPE, Lfm3Config, cfg)
+    for key in ("conv_bias", "attention_bias"):
+        if full.get(key):
+            raise ModelLoadError(f"{LFM3_TYPE}: {key} is not supported (no release has it)")
+    kinds = list(full.get("layer_types") or [])
+    layers = int(full["num_hidden_layers"])
+    if len(kinds) != layers or set(kinds) - {*LAYER_KINDS, "sliding_attention"}:
+        raise ModelLoadError(f"{LFM3_TYPE}: layer_types must list {layers} of conv, full_attention, "
+                             f"sliding_attention; got {kinds}")
+    if not set(kinds) - {"conv"}:
+        raise ModelLoadError(f"{LFM3_TYPE}: layer_types has no attention layer (a convolution-only model is not "
+                             "served)")
+    ropes = full["rope_parameters"]
+    local_theta = None
+    if "sliding_attention" in kinds:
+        local_theta, local_scaling = rope_settings({"rope_parameters": ropes.get("sliding_attention") or {}})
+        if local_scaling is not None:
+            raise ModelLoadError(f"{LFM3_TYPE}: the sliding layers' rope must be plain, got "
+                                 f"{ropes['sliding_attention']}")
+    fields = base_fields({**full, "rms_norm_eps": full["norm_eps"], "rope_parameters": ropes["full_attention"]},
+                         ARCHITECTURE)
+    attention_kinds = [kind if kind != "conv" else "full_attention" for kind in kinds]  # a convolution: no window
+    windows = typed_layer_windows(LFM3_TYPE, attention_kinds, layers, full.get("sliding_window"))
+    conv = ShortConv(layers=tuple(i for i, kind in enumerate(kinds) if kind == "conv"),
+                     conv_dim=fields["hidden_size"], conv_kernel=int(full["conv_L_cache"]))
+    return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None,
+                       layer_windows=windows if any(windows) else (), local_rope_layers=windowed_layers(windows),
+                       local_rope_theta=local_theta, sandwich_norms=bool(full.get("use_sandwich_norm")),
+                       attention_head_gate=bool(full.get("use_attention_gate")))
 
 
 def _experts(full: Mapping[str, Any], num_layers: int) -> MoEConfig:

@@ -1,7 +1,10 @@
-"""The decoder of Liquid AI's LFM2 (``lfm2``): gated short-convolution layers (a recurrent state per sequence, no KV;
-``ModelConfig.short_conv``) between Qwen3-style attention layers, each followed by a SwiGLU MLP.
+"""The decoder of Liquid AI's LFM2 (``lfm2``) and LFM3: gated short-convolution layers (a recurrent state per sequence,
+no KV; ``ModelConfig.short_conv``) between Qwen3-style attention layers, each followed by a SwiGLU MLP.
 
-Per layer: ``h += mix(norm(h))``, then ``h += mlp(norm(h))`` (plain RMSNorms). A convolution layer projects ``B``,
+Per layer: ``h += mix(norm(h))``, then ``h += mlp(norm(h))`` (plain RMSNorms); LFM3 norms each block's output too
+(``sandwich_norms``: ``h += norm(mix(norm(h)))``), gates each attention head's output by the sigmoid of
+``g_proj(norm(h))`` (``attention_head_gate``), and rotates its sliding layers with a plain rope of their own
+(``local_rope_layers``) beside the full layers' proportional one. A convolution layer projects ``B``,
 ``C`` and ``x`` (``in_proj``, in that order), convolves ``B · x`` causally per channel over the last
 ``conv_kernel`` inputs (no activation: :func:`kernels.gated_delta.causal_conv1d` with ``silu=False``), multiplies by
 ``C`` and projects out. The states live in the :class:`~services.engine.recurrent_states.RecurrentStates` the model
@@ -21,7 +24,7 @@ from kernels.linear import LinearWeight, RowPaths, linear
 from kernels.norm import rms_norm
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.decoder import DecoderModel, LayerWeights
+from services.engine.model.decoder import DecoderModel, LayerWeights, local_rope
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -52,6 +55,7 @@ class Lfm2DecoderModel(DecoderModel):
             raise ModelLoadError(f"{config.architecture} is not served in the deterministic mode (its convolution "
                                  "layers' state has no batch-invariant path here)")
         super().__init__(config, tensors, dtype, *args, **kwargs)
+        self.local_rope = local_rope(config, self.device, dtype)
 
     def _layer(self, i: int) -> Lfm2LayerWeights:
         spec = self.config.short_conv
@@ -68,6 +72,9 @@ class Lfm2DecoderModel(DecoderModel):
         layer = Lfm2LayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=conv.in_proj,
                                  o=conv.out_proj, post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
                                  gate_up=None, down=None, conv=conv)
+        if self.config.sandwich_norms:  # LFM3's, on the convolution's output too
+            layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
+            layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
         return self._with_mlp(layer, i)  # type: ignore[return-value]
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -77,15 +84,27 @@ class Lfm2DecoderModel(DecoderModel):
         the module says; ``states`` planned for this step."""
         eps = self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
-        rope = self.ops.rope.prepare(positions)
+        rope = _StepRopes(self.ops.rope.prepare(positions),
+                          None if self.local_rope is None else self.local_rope.prepare(positions))
         for i, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer.input_norm, eps)
             if layer.conv is not None:
-                hidden = hidden + self._short_conv(i, layer.conv, x, paths, states)
+                mixed = self._short_conv(i, layer.conv, x, paths, states)
             else:
-                hidden = hidden + self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
-            hidden = hidden + self._mlp(rms_norm(hidden, layer.post_norm, eps), layer, paths)
+                mixed = self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
+            hidden = hidden + _normed(mixed, layer.attn_out_norm, eps)
+            hidden = hidden + _normed(self._mlp(rms_norm(hidden, layer.post_norm, eps), layer, paths),
+                                      layer.mlp_out_norm, eps)
         return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+
+    def _rotate(self, i: int, q: torch.Tensor, k: torch.Tensor, rope: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """LFM3's sliding layers rotate with their plain rope (``local_rope_layers``), the others with the main one
+        (LFM3's full layers': proportional)."""
+        assert isinstance(rope, _StepRopes)
+        if i in self.config.local_rope_layers:
+            assert self.local_rope is not None
+            return self.local_rope(q, k, rope.local)
+        return self.ops.rope(q, k, rope.main)
 
     def _short_conv(self, i: int, net: ShortConvWeights, x: torch.Tensor, paths: RowPaths | None,
                     states: RecurrentStates | None) -> torch.Tensor:
@@ -96,6 +115,19 @@ class Lfm2DecoderModel(DecoderModel):
         mixed = causal_conv1d(b * xs, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
                               saves=plan.saves, silu=False)
         return linear(c * mixed, net.out_proj, paths)
+
+
+@dataclass(frozen=True)
+class _StepRopes:
+    """A step's prepared rope tables: the main rope's and the local layers' (None without any)."""
+
+    main: Any
+    local: Any
+
+
+def _normed(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``x`` through its block's output norm (LFM3's sandwich norms), or as it is without one."""
+    return x if weight is None else rms_norm(x, weight, eps)
 
 
 def conv_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

@@ -11,11 +11,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from kernels.fused_ops import TorchRope
 from kernels.linear import RowPaths, linear
 from kernels.norm import rms_norm
-from kernels.rope import RotaryEmbedding
-from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
+from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options, local_rope
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -30,8 +28,7 @@ class Olmo2DecoderModel(DecoderModel):
 
     def __init__(self, config, tensors, dtype, *args, **kwargs):
         super().__init__(config, tensors, dtype, *args, **kwargs)
-        self.local_rope = None if config.local_rope_theta is None else TorchRope(
-            RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, self.device), dtype)
+        self.local_rope = local_rope(config, self.device, dtype)
 
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."

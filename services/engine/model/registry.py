@@ -48,7 +48,7 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.mamba_decoder:MambaDecoderModel",
            tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name",
            gguf_tensors="services.engine.model.mamba_gguf:mamba_from_gguf"),
-    Family("lfm2", "services.engine.model.lfm2", ("lfm2", "lfm2_moe"), ("lfm2", "lfm2moe"),
+    Family("lfm2", "services.engine.model.lfm2", ("lfm2", "lfm2_moe", "lfm3"), ("lfm2", "lfm2moe"),
            model="services.engine.model.lfm2_decoder:Lfm2DecoderModel",
            tensor_names="services.engine.model.lfm2:lfm2_tensor_name",
            gguf_tensors="services.engine.model.lfm2_decoder:conv_from_gguf"),
