@@ -1,7 +1,7 @@
-"""Published config files read into the right sliding windows (per layer, as transformers sets them) and
-experts, beyond the family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``,
-Qwen2-MoE, Qwen3-MoE; Phi-3.5 and Phi-4-mini's longrope (served up to its original context) and partial rotary.
-Gemma 3's: ``test_gemma3.py``; GPT-OSS's: ``test_gpt_oss.py``."""
+"""Published config files read into the right sliding windows (per layer, as transformers sets them) and experts,
+beyond the family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen2-MoE,
+Qwen3-MoE, EXAONE 3.5 (its own key names); Phi-3.5 and Phi-4-mini's longrope (served up to its original context) and
+partial rotary. Gemma 3's: ``test_gemma3.py``; GPT-OSS's: ``test_gpt_oss.py``."""
 
 from __future__ import annotations
 
@@ -200,3 +200,21 @@ def test_qwen15_moe_has_sixty_experts_beside_a_shared_one_and_qkv_biases():
         config_from_hf(QWEN15_MOE | {"use_sliding_window": True})
     with pytest.raises(ModelLoadError, match="shared_expert_intermediate_size"):
         config_from_hf({k: v for k, v in QWEN15_MOE.items() if k != "shared_expert_intermediate_size"})
+
+
+def test_exaone_3_5_reads_its_own_key_names_as_llama_s():
+    # the shape of LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct's config.json, in its own key names
+    exaone = {"activation_function": "silu", "architectures": ["ExaoneForCausalLM"], "bos_token_id": 1,
+              "eos_token_id": 361, "head_dim": 80, "hidden_size": 2560, "intermediate_size": 7168,
+              "layer_norm_epsilon": 1e-05, "max_position_embeddings": 32768, "model_type": "exaone",
+              "num_attention_heads": 32, "num_key_value_heads": 8, "num_layers": 30, "pad_token_id": 0,
+              "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+              "rope_theta": 1000000.0, "tie_word_embeddings": True, "vocab_size": 102400}
+    cfg = config_from_hf(exaone)
+    assert (cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim) == \
+        ("exaone", 30, 2560, 8, 80)
+    assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings and cfg.rope_scaling.rope_type == "llama3"
+    assert cfg.eos_token_ids == (361,)
+    with pytest.raises(ModelLoadError, match="gelu"):
+        config_from_hf(exaone | {"activation_function": "gelu"})

@@ -181,6 +181,10 @@ FAMILIES: dict[str, dict] = {
                      moe_intermediate_size=48, n_shared_experts=2, first_k_dense_replace=1, n_group=2, topk_group=1,
                      routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
                      partial_rotary_factor=0.5, rope_theta=1000000.0, tie_word_embeddings=False),
+    # EXAONE 3.5: Llama (llama3 rope scaling, as 3.5 has) written under its GPT-2-style names
+    "exaone": dict(model_type="exaone", rope_theta=1000000.0, tie_word_embeddings=False,
+                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                     original_max_position_embeddings=64)),
     # Hy3: Qwen3's per-head q/k norms, sigmoid routing (no groups; the correction bias drawn at random) times 2.5, an
     # ungated shared expert; the layers' kinds as mlp_layer_types lists them (a dense middle one here)
     "hy_v3": dict(model_type="hy_v3", head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,

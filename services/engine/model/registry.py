@@ -86,6 +86,8 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.hunyuan:hunyuan_tensor_name"),
     Family("hy_v3", "services.engine.model.hy_v3", ("hy_v3",),
            tensor_names="services.engine.model.hy_v3:hy_v3_tensor_name", mtp_layers=True),
+    Family("exaone", "services.engine.model.exaone", ("exaone",),
+           tensor_names="services.engine.model.exaone:exaone_tensor_name"),
     Family("exaone4", "services.engine.model.exaone4", ("exaone4",), "exaone4",
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"), ("command-r", "cohere2"),
