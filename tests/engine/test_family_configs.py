@@ -1,7 +1,7 @@
 """Published config files read into the right sliding windows (per layer, as transformers sets them) and experts,
 beyond the family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen2-MoE,
-Qwen3-MoE, EXAONE 3.5 (its own key names); Phi-3.5 and Phi-4-mini's longrope (served up to its original context) and
-partial rotary. Gemma 3's: ``test_gemma3.py``; GPT-OSS's: ``test_gpt_oss.py``."""
+Qwen3-MoE, EXAONE 3.5 (its own key names), dots.llm1; Phi-3.5 and Phi-4-mini's longrope (served up to its original
+context) and partial rotary. Gemma 3's: ``test_gemma3.py``; GPT-OSS's: ``test_gpt_oss.py``."""
 
 from __future__ import annotations
 
@@ -218,3 +218,20 @@ def test_exaone_3_5_reads_its_own_key_names_as_llama_s():
     assert cfg.eos_token_ids == (361,)
     with pytest.raises(ModelLoadError, match="gelu"):
         config_from_hf(exaone | {"activation_function": "gelu"})
+
+
+def test_dots_llm1_has_deepseek_v3_experts_after_a_dense_layer_and_no_window_below_max_window_layers():
+    # dots.llm1's shape (142B-A14B: 128 experts, 6 a token, 2 shared, the first layer dense), windows from layer 62
+    dots = {"architectures": ["Dots1ForCausalLM"], "model_type": "dots1", "hidden_size": 4096,
+            "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 62,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "n_routed_experts": 128,
+            "num_experts_per_tok": 6, "n_shared_experts": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5, "max_window_layers": 62, "sliding_window": 4096,
+            "max_position_embeddings": 32768, "vocab_size": 152064}
+    cfg = config_from_hf(dots)
+    assert (cfg.architecture, cfg.layer_windows, cfg.qk_norm, cfg.qkv_bias) == ("dots1", (), True, False)
+    moe = cfg.moe
+    assert (moe.num_experts, moe.top_k, moe.sparse_layers, moe.shared_expert_intermediate_size) == \
+        (128, 6, tuple(range(1, 62)), 2 * 1408)
+    assert moe.sigmoid_routing and moe.norm_topk_prob and moe.routed_scaling == 2.5
+    assert config_from_hf(dots | {"max_window_layers": 60}).layer_windows[59:] == (None, 4096, 4096)

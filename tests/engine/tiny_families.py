@@ -65,12 +65,12 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
-                "mistral4", "hy_v3"}
+                "mistral4", "hy_v3", "dots1"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
-                 "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3"}
+                 "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -185,6 +185,11 @@ FAMILIES: dict[str, dict] = {
     "exaone": dict(model_type="exaone", rope_theta=1000000.0, tie_word_embeddings=False,
                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                      original_max_position_embeddings=64)),
+    # dots.llm1: Qwen3's attention (a window of 24 from the third layer on), DeepSeek-V3's experts after a dense
+    # first layer (sigmoid routing with its correction bias drawn at random, two groups), two shared experts
+    "dots1": dict(model_type="dots1", head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                  n_shared_experts=2, first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True,
+                  routed_scaling_factor=2.5, sliding_window=24, max_window_layers=2, tie_word_embeddings=False),
     # Hy3: Qwen3's per-head q/k norms, sigmoid routing (no groups; the correction bias drawn at random) times 2.5, an
     # ungated shared expert; the layers' kinds as mlp_layer_types lists them (a dense middle one here)
     "hy_v3": dict(model_type="hy_v3", head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
