@@ -79,6 +79,14 @@ class RotaryEmbedding:
         return x * cos + partner * sin
 
     @staticmethod
+    def rotate_half_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """An interleaved embedding's step tables (:meth:`tables`) as :meth:`apply` takes the same angles (each
+        pair's angle once per half): DeepSeek-V3.2's indexer rotates its keys so, beside the interleaved latent
+        rope of the same frequencies."""
+        cos, sin = cos[..., 0::2], sin[..., 1::2]
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+    @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` of shape ``[T, H, head_dim]`` with tables from :meth:`tables` of a rotate-half embedding
         (an interleaved one's go through :meth:`rotate`) ("rotate half":

@@ -92,6 +92,8 @@ def graph_support(model: DecoderModel) -> str:
         return "the deterministic mode picks each row's path per step"
     if model.config.gemma4 is not None:
         return "its layers' heads differ in number and width (the graph attention plans one shape)"
+    if model.config.mla is not None and model.config.mla.index is not None:
+        return "its sparse attention (an indexer picks each query's keys)"
     if any(layer.moe is not None and layer.moe.grouped is None for layer in model.layers):
         return "its mixture-of-experts layers route tokens on the host (grouped experts are off)"
     if model.config.has_windows:

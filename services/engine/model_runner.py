@@ -12,6 +12,7 @@ from kernels.attention.base import AttentionBackend
 from kernels.attention.chunked import ChunkedAttention
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+from kernels.attention.sparse_index import SparseIndexAttention
 from kernels.gated_delta import Save
 from kernels.linear import RowPaths
 from services.engine.decode_graphs import GraphOptions, build_decode_graphs
@@ -166,11 +167,14 @@ def _attention_for(model: DecoderModel, name: str | None) -> AttentionBackend:
     """The backend ``name`` ("auto" by default) builds for the model's device. A model with sliding-window
     layers, attention sinks or an attention logit softcap needs one that takes them (every backend "auto" picks
     does); another is refused, naming what it lacks (``ValueError``). A model with chunked layers gets two, one for
-    those layers (:class:`ChunkedAttention`)."""
+    those layers (:class:`ChunkedAttention`); one with an indexer's sparse attention, a :class:`SparseIndexAttention`
+    around it."""
     attention = create_backend(name, model.device)
     chunk = model.config.attention_chunk
     if chunk is not None:
         attention = ChunkedAttention(attention, create_backend(attention.name, model.device), chunk)
+    if model.config.mla is not None and model.config.mla.index is not None:  # DeepSeek Sparse Attention
+        attention = SparseIndexAttention(attention)
     lacking = [what for what, needed, has in (
         ("sliding-window attention", model.config.has_windows, attention.supports_window),
         ("attention sinks", model.config.attention_sinks, attention.supports_sinks),

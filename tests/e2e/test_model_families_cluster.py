@@ -1,9 +1,9 @@
 """Each family's tiny checkpoint served by a real cluster (gateway, prefill node, decode node; float32) gives
-transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed (a hybrid model's
-from a checkpoint of its state), and (for
-the families whose KV or attention differs) requests the decode node preempts under a small pool (kept in host
-memory) and resumes. One cluster per kind of layer and KV (Llama with llama3 rope; see CLUSTER_FAMILIES); the
-checkpoints and references are those of tests/engine/test_model_families.py."""
+transformers' greedy tokens: prompts of 1 to 300 tokens, a prefix the prefill node already computed (a hybrid
+model's from a checkpoint of its state), and (for the families whose KV or attention differs) requests the decode
+node preempts under a small pool (kept in host memory) and resumes. One cluster per kind of layer and KV (Llama with
+llama3 rope; DeepSeek-V3.2's rows with their index keys and its sparse attention past its index_topk; see
+CLUSTER_FAMILIES); the checkpoints and references are those of tests/engine/test_model_families.py."""
 
 from __future__ import annotations
 

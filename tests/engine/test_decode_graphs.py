@@ -36,7 +36,7 @@ def test_buckets_cover_max_num_seqs_and_stop_at_256():
 def test_what_a_graph_cannot_hold_is_named():
     layer = SimpleNamespace(moe=None)
     full = SimpleNamespace(has_windows=False, attention_sinks=False, attn_logit_softcap=None, gemma4=None,
-                           attention_chunk=None)
+                           attention_chunk=None, mla=None)
 
     def model(layers, deterministic=False, config=full):
         return SimpleNamespace(deterministic=deterministic, layers=layers, config=config)
@@ -57,6 +57,10 @@ def test_what_a_graph_cannot_hold_is_named():
     assert "attention logit softcapping" in graph_support(model([layer], config=capped))
     gemma4 = SimpleNamespace(**vars(full) | {"gemma4": object()})  # (its layers have no ``moe``: checked first)
     assert "heads differ in number and width" in graph_support(model([SimpleNamespace()], config=gemma4))
+    dense_latent = SimpleNamespace(**vars(full) | {"mla": SimpleNamespace(index=None)})  # DeepSeek-V3's: capturable
+    assert graph_support(model([layer], config=dense_latent)) == ""
+    indexed = SimpleNamespace(**vars(full) | {"mla": SimpleNamespace(index=object())})  # DeepSeek-V3.2's
+    assert "sparse attention" in graph_support(model([SimpleNamespace()], config=indexed))
 
 
 def test_cuda_graphs_need_a_cuda_device():

@@ -83,9 +83,10 @@ def test_mixed_engine_gives_transformers_greedy_tokens(family):
 
 # preempted and resumed: the families whose KV or attention differs (windows, sinks, a softcap, a local rope, latent
 # KV, experts, a fused projection, a recurrent state of each kind, a query temperature by position, chunked attention,
-# heads per layer in a KV slot and KV shared across layers); every other family's layer is one of theirs
-PREEMPTED = ("llama3", "mistral", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "deepseek-v3", "olmo3",
-             "minimax_m2", "qwen3_5", "granite_hybrid", "lfm2", "mistral3", "gemma4-e", "llama4")
+# heads per layer in a KV slot and KV shared across layers, an index key in the latent row); every other family's
+# layer is one of theirs
+PREEMPTED = ("llama3", "mistral", "mixtral", "phi3", "gpt_oss", "gemma2", "gemma3", "deepseek-v3", "deepseek_v32",
+             "olmo3", "minimax_m2", "qwen3_5", "granite_hybrid", "lfm2", "mistral3", "gemma4-e", "llama4")
 
 
 @pytest.mark.parametrize("name", PREEMPTED)

@@ -65,12 +65,13 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
-                "mistral4", "hy_v3", "dots1"}
+                "mistral4", "hy_v3", "dots1", "deepseek_v32"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
-                 "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1"}
+                 "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
+                 "deepseek_v32"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -205,6 +206,17 @@ FAMILIES: dict[str, dict] = {
     # the keys' nope part), yarn with its mscale on the scores, rope on adjacent pairs, a dense first layer, then
     # GLM-4.5's sigmoid routing (its correction bias drawn at random) and one shared expert; norms drawn at random
     "deepseek-v3": _DEEPSEEK_V3,
+    # DeepSeek-V3.2: V3's layers with DeepSeek Sparse Attention: each query attends the 40 earlier tokens its indexer
+    # (16 heads of 32: with few heads, tokens whose every head's relu is 0 tie at a score of 0, where transformers'
+    # pick is arbitrary) scores highest, so the test prompts (300 tokens) pick; norms, biases (the index key's
+    # LayerNorm's among them) drawn at random
+    "deepseek_v32": dict(model_type="deepseek_v32", q_lora_rank=48, **_LATENT, n_routed_experts=8,
+                         num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1,
+                         n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, index_topk=40,
+                         index_n_heads=16, index_head_dim=32, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                          "rope_theta": 10000.0}),
     # DeepSeek-V2(-Lite): one q projection, softmax routing limited to the best of 2 groups (3 experts of its 4: the
     # limit then changes the choice), weights times 16
     "deepseek-v2": dict(model_type="deepseek_v2", q_lora_rank=None, **_LATENT, n_routed_experts=8,

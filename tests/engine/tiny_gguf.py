@@ -18,6 +18,7 @@ import torch
 from kernels.attention.chunked import ChunkedAttention
 from kernels.attention.metadata import AttentionMetadata
 from kernels.attention.registry import create_backend
+from kernels.attention.sparse_index import SparseIndexAttention
 
 F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
                               gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0,
@@ -376,6 +377,8 @@ def pdserve_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
     attention = create_backend("torch", "cpu")
     if cfg.attention_chunk is not None:  # chunked layers (Llama 4's) take a second plan
         attention = ChunkedAttention(attention, create_backend("torch", "cpu"), cfg.attention_chunk)
+    if cfg.mla is not None and cfg.mla.index is not None:  # DeepSeek-V3.2's indexed layers
+        attention = SparseIndexAttention(attention)
     attention.plan(AttentionMetadata.build([len(ids)], [len(ids)], [list(range(blocks))], block_size, "cpu"))
     states = None
     if cfg.recurrent is not None:

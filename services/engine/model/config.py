@@ -152,6 +152,7 @@ class LatentAttention:
     qk_nope_head_dim: int
     v_head_dim: int
     q_lora_rank: int | None = None
+    index: SparseIndex | None = None  # DeepSeek Sparse Attention's indexer (DeepSeek-V3.2); None: dense
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
@@ -159,6 +160,10 @@ class LatentAttention:
                 raise ModelLoadError(f"config {name} must be >= 1, got {getattr(self, name)}")
         if self.q_lora_rank is not None and self.q_lora_rank < 1:
             raise ModelLoadError(f"config q_lora_rank must be >= 1 or null, got {self.q_lora_rank}")
+        if self.index is not None and (self.q_lora_rank is None or self.index.head_dim < self.qk_rope_head_dim):
+            raise ModelLoadError(f"an indexer needs a q_lora_rank and an index_head_dim of at least "
+                                 f"qk_rope_head_dim {self.qk_rope_head_dim} (got {self.q_lora_rank}, "
+                                 f"{self.index.head_dim})")
 
     @property
     def qk_head_dim(self) -> int:
@@ -166,8 +171,24 @@ class LatentAttention:
 
     @property
     def cache_dim(self) -> int:
-        """One token's cached row: the rope key, then the latent."""
-        return self.qk_rope_head_dim + self.kv_lora_rank
+        """One token's cached row: the rope key, then the latent (then the indexer's key, with one)."""
+        return self.qk_rope_head_dim + self.kv_lora_rank + (0 if self.index is None else self.index.head_dim)
+
+
+@dataclass(frozen=True)
+class SparseIndex:
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2; :mod:`services.engine.model.dsa_decoder`): each
+    query attends only the ``topk`` earlier tokens of highest index score ``Σ_h w_h · relu(q_h · k / √head_dim)``,
+    over ``heads`` index heads of ``head_dim`` and one index key a token (cached after its latent row)."""
+
+    heads: int
+    head_dim: int
+    topk: int
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "head_dim", "topk"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"config index {name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

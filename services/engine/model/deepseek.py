@@ -29,7 +29,7 @@ from typing import Any
 
 from kernels.rope_scaling import yarn_mscale
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import LatentAttention, ModelConfig, MoEConfig, Multipliers
+from services.engine.model.config import LatentAttention, ModelConfig, MoEConfig, Multipliers, SparseIndex
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import base_fields, required
 from services.engine.model.multimodal_text import text_config, text_tensor_name
@@ -87,9 +87,10 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     return read(fields)
 
 
-def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | None, interleaved: bool) -> ModelConfig:
+def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | None, interleaved: bool,
+                  index: SparseIndex | None = None) -> ModelConfig:
     """The :class:`ModelConfig` of a DeepSeek-style checkpoint with latent attention (``interleaved``: its rope
-    rotates pairs of adjacent dims)."""
+    rotates pairs of adjacent dims; ``index``: DeepSeek-V3.2's sparse attention indexer)."""
     if cfg.get("attention_bias"):
         raise ModelLoadError(f"{cfg.get('model_type')}: attention_bias is not supported with latent attention")
     q_lora = cfg.get("q_lora_rank")
@@ -97,7 +98,7 @@ def latent_config(cfg: Mapping[str, Any], architecture: str, moe: MoEConfig | No
                           qk_rope_head_dim=int(required(cfg, "qk_rope_head_dim")),
                           qk_nope_head_dim=int(required(cfg, "qk_nope_head_dim")),
                           v_head_dim=int(required(cfg, "v_head_dim")),
-                          q_lora_rank=None if q_lora is None else int(q_lora))
+                          q_lora_rank=None if q_lora is None else int(q_lora), index=index)
     fields = base_fields(_without_partial_rotary(cfg, mla), architecture)
     scaling = fields["rope_scaling"]
     scale = mla.qk_head_dim**-0.5

@@ -102,23 +102,38 @@ class LatentAttentionDecoderModel(DecoderModel):
                    attention: AttentionBackend, rope: object, paths: RowPaths | None,
                    query_scale: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
-        mla, w = self._mla, layer.latent
-        tokens, heads = x.shape[0], self.config.num_heads
+        q, k, _ = self._latent_qk(layer.latent, x, paths)
+        q, k = self.ops.rope(q, k, rope)
+        if query_scale is not None:  # Mistral 4's temperature: the whole query, as transformers scales it
+            q = q * query_scale
+        return self._latent_out(layer, attention.forward(q, k, k, kv_cache, self.scale), paths)
+
+    def _latent_qk(self, w: LatentProjections, x: torch.Tensor, paths: RowPaths | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The absorbed query ``[T, H, rope + rank]`` and the cached row ``[T, 1, rope + rank]`` of ``x``, not yet
+        rotated, and the normed q bottleneck (None without one)."""
+        mla, tokens, heads = self._mla, x.shape[0], self.config.num_heads
         rope_dim, rank, nope = mla.qk_rope_head_dim, mla.kv_lora_rank, mla.qk_nope_head_dim
         down = linear(x, w.down, paths)
+        q_resid = None
         if w.q_b is None:
             q, kv = down.split([heads * mla.qk_head_dim, rank + rope_dim], dim=-1)
         else:
             q_a, kv = down.split([mla.q_lora_rank, rank + rope_dim], dim=-1)  # type: ignore[list-item]
-            q = linear(rms_norm(q_a, w.q_a_norm, LATENT_NORM_EPS), w.q_b, paths)
+            q_resid = rms_norm(q_a, w.q_a_norm, LATENT_NORM_EPS)
+            q = linear(q_resid, w.q_b, paths)
         q = q.view(tokens, heads, mla.qk_head_dim)
         latent, k_rope = kv.split([rank, rope_dim], dim=-1)
         q_latent = torch.bmm(q[..., :nope].transpose(0, 1), w.w_uk).transpose(0, 1)  # [T, H, rank]
         q = torch.cat((q[..., nope:], q_latent), dim=-1)
         k = torch.cat((k_rope, rms_norm(latent, w.kv_a_norm, LATENT_NORM_EPS)), dim=-1).view(tokens, 1, rope_dim + rank)
-        q, k = self.ops.rope(q, k, rope)
-        if query_scale is not None:  # Mistral 4's temperature: the whole query, as transformers scales it
-            q = q * query_scale
-        out = attention.forward(q, k, k, kv_cache, self.scale)
-        values = torch.bmm(out[..., rope_dim:].transpose(0, 1), w.w_uv).transpose(0, 1)  # [T, H, v_head_dim]
+        return q, k, q_resid
+
+    def _latent_out(self, layer: LayerWeights, out: torch.Tensor, paths: RowPaths | None) -> torch.Tensor:
+        """The attention's output in the latent space (``out`` ``[T, H, row]``: its rope part, and anything after the
+        latent, dropped) through ``W_UV`` and the output projection."""
+        assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
+        mla, tokens, heads = self._mla, out.shape[0], self.config.num_heads
+        latent = out[..., mla.qk_rope_head_dim:mla.qk_rope_head_dim + mla.kv_lora_rank]
+        values = torch.bmm(latent.transpose(0, 1), layer.latent.w_uv).transpose(0, 1)  # [T, H, v_head_dim]
         return linear(values.reshape(tokens, heads * mla.v_head_dim), layer.o, paths)
