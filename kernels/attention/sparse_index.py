@@ -29,13 +29,12 @@ from kernels.attention.metadata import AttentionMetadata
 @dataclass(frozen=True)
 class IndexQuery:
     """The indexer's side of a step: ``q`` ``[T, heads, head_dim]`` (rotated), ``weights`` ``[T, heads]`` float32
-    (its head weights, already scaled), the index key's first dim in a cached row, and ``scale`` and ``topk``."""
+    (its head weights, already scaled), the index key's first dim in a cached row, and ``scale``."""
 
     q: torch.Tensor
     weights: torch.Tensor
     key_offset: int
     scale: float
-    topk: int
 
 
 class SparseIndexAttention(AttentionBackend):
@@ -52,29 +51,37 @@ class SparseIndexAttention(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> None:
         self.inner.plan(meta)
         self._meta = meta
+        self._picked: list[torch.Tensor] | None = None  # the step's last indexed layer's, per sequence
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float,
                 **options: object) -> torch.Tensor:
         return self.inner.forward(q, k, v, kv_cache, scale, **options)  # type: ignore[call-arg]
 
     def forward_indexed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                        scale: float, index: IndexQuery) -> torch.Tensor:
+                        scale: float, index: IndexQuery | None, topk: int) -> torch.Tensor:
         """Causal attention (``q`` ``[T, H, D]``, ``k``/``v`` ``[T, Hkv, D]`` written to ``kv_cache``) restricted to
-        the positions ``index`` picks; ``[T, H, D]`` in ``q``'s dtype."""
+        the ``topk`` positions ``index`` picks (None: those the step's previous indexed layer picked, GLM-5's shared
+        layers); ``[T, H, D]`` in ``q``'s dtype."""
         meta = self._meta
         if meta is None:
             raise RuntimeError("SparseIndexAttention.forward_indexed called before plan()")
-        if meta.max_seq_len <= index.topk:  # every query's earlier positions all picked: plain causal attention
+        if meta.max_seq_len <= topk:  # every query's earlier positions all picked: plain causal attention
             return self.inner.forward(q, k, v, kv_cache, scale)
+        if index is None and self._picked is None:
+            raise RuntimeError("a layer that shares its picks ran before any indexed layer of the step")
         write_kv(kv_cache, k, v, meta.slot_mapping)
         tables = meta.block_tables
         out = torch.empty_like(q)
+        picked = []
         for i in range(meta.num_seqs):
             start, stop, length = meta.query_starts[i], meta.query_starts[i + 1], meta.seq_lens[i]
             keys, values = (_sequence_rows(kv_cache, which, tables[i], length) for which in (0, 1))
             positions = torch.arange(length - (stop - start), length, device=q.device)
-            allowed = _picked(index, start, stop, keys, positions)
+            allowed = _picked(index, topk, start, stop, keys, positions) if index is not None \
+                else self._picked[i]  # type: ignore[index]
+            picked.append(allowed)
             out[start:stop] = _attend(q[start:stop], keys, values, allowed, scale).to(q.dtype)
+        self._picked = picked
         return out
 
 
@@ -85,8 +92,10 @@ def _sequence_rows(kv_cache: torch.Tensor, which: int, table: torch.Tensor, leng
     return kv_cache[blocks, which].reshape(-1, heads, dim)[:length]
 
 
-def _picked(index: IndexQuery, start: int, stop: int, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``[Q, L]`` bool: the positions each of the sequence's queries attends (causal, and picked by the index)."""
+def _picked(index: IndexQuery, topk: int, start: int, stop: int, keys: torch.Tensor, positions: torch.Tensor
+            ) -> torch.Tensor:
+    """``[Q, L]`` bool: the positions each of the sequence's queries attends (causal, and the ``topk`` the index
+    scores highest)."""
     dim = index.q.shape[-1]
     index_keys = keys[:, 0, index.key_offset:index.key_offset + dim].float()  # [L, dim]: one index key a token
     per_head = torch.relu(torch.einsum("qhd,ld->qhl", index.q[start:stop].float(), index_keys) * index.scale)
@@ -94,7 +103,7 @@ def _picked(index: IndexQuery, start: int, stop: int, keys: torch.Tensor, positi
     causal = torch.arange(keys.shape[0], device=keys.device)[None, :] <= positions[:, None]
     scores = scores.masked_fill(~causal, float("-inf"))
     # a stable sort: among equal scores the earlier position first, whatever the step's shape (see the module)
-    chosen = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :index.topk]
+    chosen = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :topk]
     return torch.zeros_like(causal).scatter(-1, chosen, True) & causal
 
 

@@ -65,13 +65,14 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
-                "mistral4", "hy_v3", "dots1", "deepseek_v32"}
+                "mistral4", "hy_v3", "dots1", "deepseek_v32",
+                "deepseek_v32-glm5"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
-                 "deepseek_v32"}
+                 "deepseek_v32", "deepseek_v32-glm5"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -217,6 +218,13 @@ FAMILIES: dict[str, dict] = {
                          rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
                                           "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                                           "rope_theta": 10000.0}),
+    # GLM-5: DeepSeek-V3.2's model with its indexer's rope interleaved, and layers that reuse the previous indexed
+    # layer's picks (indexer_types: the second here)
+    "deepseek_v32-glm5": dict(model_type="glm_moe_dsa", q_lora_rank=48, **_LATENT, n_routed_experts=8,
+                              num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                              first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                              norm_topk_prob=True, index_topk=40, index_n_heads=16, index_head_dim=32,
+                              indexer_types=["full", "shared", "full"], tie_word_embeddings=False),
     # DeepSeek-V2(-Lite): one q projection, softmax routing limited to the best of 2 groups (3 experts of its 4: the
     # limit then changes the choice), weights times 16
     "deepseek-v2": dict(model_type="deepseek_v2", q_lora_rank=None, **_LATENT, n_routed_experts=8,

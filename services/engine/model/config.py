@@ -184,11 +184,18 @@ class SparseIndex:
     heads: int
     head_dim: int
     topk: int
+    # the index query's and key's rope: the latent's interleaved pairs (GLM-5's), not rotate-half (DeepSeek-V3.2's)
+    interleaved_rope: bool = False
+    # the layers that run no indexer of their own and attend what the previous indexed layer picked (GLM-5's
+    # ``indexer_types`` "shared"); their rows' index key dims stay 0
+    shared_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "topk"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config index {name} must be >= 1, got {getattr(self, name)}")
+        if 0 in self.shared_layers:
+            raise ModelLoadError("the first layer must run its own indexer (indexer_types[0] is 'shared')")
 
 
 @dataclass(frozen=True)

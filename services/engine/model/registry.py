@@ -102,7 +102,7 @@ FAMILIES: tuple[Family, ...] = (
            "deepseek2", model="services.engine.model.mla_decoder:LatentAttentionDecoderModel",
            tensor_names="services.engine.model.deepseek:deepseek_tensor_name", mtp_layers=True,
            gguf_tensors="services.engine.model.deepseek_gguf:kv_b_from_gguf"),
-    Family("deepseek_v32", "services.engine.model.deepseek_v32", ("deepseek_v32",),
+    Family("deepseek_v32", "services.engine.model.deepseek_v32", ("deepseek_v32", "glm_moe_dsa"),
            model="services.engine.model.dsa_decoder:SparseLatentDecoderModel",
            tensor_names="services.engine.model.deepseek:deepseek_tensor_name", mtp_layers=True),
     Family("glm4_moe_lite", "services.engine.model.glm4_moe_lite", ("glm4_moe_lite",),
