@@ -144,7 +144,7 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
 
 def attention_weights(config: ModelConfig, layer: int = 0) -> int:
     """Weights of ``layer``'s token mixing: its q, k, v and o projections (and an output gate's, or LFM3's gate per
-    head); a hybrid model's recurrent layer's input and output projections."""
+    head, AFMoE's per value); a hybrid model's recurrent layer's input and output projections."""
     hidden, linear, mamba = config.hidden_size, config.linear_attention, config.mamba
     if layer in config.mlp_blocks:  # Nemotron-H's MLP blocks mix no tokens
         return 0
@@ -154,7 +154,8 @@ def attention_weights(config: ModelConfig, layer: int = 0) -> int:
         return hidden * (mamba.intermediate + mamba.conv_dim + mamba.heads) + mamba.intermediate * hidden
     if config.short_conv is not None and layer in config.short_conv.layers:  # LFM2: in_proj (B, C, x), out_proj
         return 4 * hidden * hidden
-    gate = config.q_size if config.attn_output_gate else config.num_heads if config.attention_head_gate else 0
+    gate = config.q_size if config.attn_output_gate or config.attention_value_gate \
+        else config.num_heads if config.attention_head_gate else 0
     return hidden * (config.q_size + 2 * config.kv_size + gate) + config.q_size * hidden
 
 

@@ -351,8 +351,10 @@ class ModelConfig:
     qk_norm_whole: bool = False  # the q/k norms span all heads at once (MiniMax-M2's), not each head
     qk_norm_after_rope: bool = False  # the per-head q/k norms follow rope (Hunyuan's), not precede it
     # each head's attention output times the sigmoid of its row of ``self_attn.g_proj`` over the layer's normed
-    # input (LFM3's; ``[num_heads, hidden]``)
+    # input (LFM3's; ``[num_heads, hidden]``); ``attention_value_gate``: each value of it, by its own row
+    # (Arcee's AFMoE; ``[q_size, hidden]``)
     attention_head_gate: bool = False
+    attention_value_gate: bool = False
     moe: MoEConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None

@@ -52,7 +52,8 @@ class LayerWeights:
     sinks: torch.Tensor | None = None  # [num_heads] float32: the attention sinks' logits (GPT-OSS)
     attn_out_norm: torch.Tensor | None = None  # [hidden]: sandwich norms (GLM-4), on each block's output
     mlp_out_norm: torch.Tensor | None = None
-    head_gate: LinearWeight | None = None  # [num_heads, hidden]: ModelConfig.attention_head_gate's (LFM3)
+    # [num_heads or q_size, hidden]: ModelConfig.attention_head_gate's (LFM3) or attention_value_gate's (AFMoE)
+    output_gate: LinearWeight | None = None
 
 
 class DecoderModel(ExpertLoading):
@@ -181,8 +182,9 @@ class DecoderModel(ExpertLoading):
         if cfg.sandwich_norms:
             layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
             layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
-        if cfg.attention_head_gate:
-            layer.head_gate = self._projection([(a + "g_proj.weight", (cfg.num_heads, hidden))])
+        if cfg.attention_head_gate or cfg.attention_value_gate:
+            rows = cfg.q_size if cfg.attention_value_gate else cfg.num_heads
+            layer.output_gate = self._projection([(a + "g_proj.weight", (rows, hidden))])
         return self._with_mlp(layer, i)
 
     def _with_mlp(self, layer: LayerWeights, i: int) -> LayerWeights:
@@ -272,9 +274,10 @@ class DecoderModel(ExpertLoading):
             q = q * query_scale
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i, layer.sinks))
-        if layer.head_gate is not None:  # LFM3's: a gate per head, from the layer's normed input
+        if layer.output_gate is not None:  # from the layer's normed input: a gate per head (LFM3's) or per value
+            gate = torch.sigmoid(linear(x, layer.output_gate, paths))
             attn = attn.view(num_tokens, cfg.num_heads, cfg.head_dim) * \
-                torch.sigmoid(linear(x, layer.head_gate, paths)).unsqueeze(-1)
+                gate.view(num_tokens, cfg.num_heads, -1)
         return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
 
     def _rotate(self, i: int, q: torch.Tensor, k: torch.Tensor, rope: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,6 +84,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("olmoe", "services.engine.model.olmoe", ("olmoe",), "olmoe"),
     Family("hunyuan", "services.engine.model.hunyuan", ("hunyuan_v1_dense",), "hunyuan-dense",
            tensor_names="services.engine.model.hunyuan:hunyuan_tensor_name"),
+    Family("afmoe", "services.engine.model.afmoe", ("afmoe",),
+           tensor_names="services.engine.model.afmoe:afmoe_tensor_name"),
     Family("dots1", "services.engine.model.dots1", ("dots1",),
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name"),
     Family("hy_v3", "services.engine.model.hy_v3", ("hy_v3",),
