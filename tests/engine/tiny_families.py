@@ -66,13 +66,13 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",
-                "deepseek_v32-glm5", "afmoe"}
+                "deepseek_v32-glm5", "afmoe", "mimo_v2_flash"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
-                 "deepseek_v32", "deepseek_v32-glm5", "afmoe"}
+                 "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -198,6 +198,13 @@ FAMILIES: dict[str, dict] = {
     "afmoe": dict(model_type="afmoe", head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
                   num_shared_experts=1, num_dense_layers=1, route_scale=2.5, global_attn_every_n_layers=2,
                   sliding_window=24, mup_enabled=True, tie_word_embeddings=False),
+    # MiMo-V2-Flash: a full layer (one KV head) then sliding ones (a window of 24, two KV heads, sinks drawn at random),
+    # 24-wide keys and 16-wide values scaled by 0.707, rope on a third of each head (its own base per kind), then
+    # DeepSeek-V3's experts without a shared one (two groups, a correction bias drawn at random)
+    "mimo_v2_flash": dict(model_type="mimo_v2_flash", head_dim=24, v_head_dim=16, num_key_value_heads=1,
+                          layer_types=["full_attention", "sliding_attention", "sliding_attention"], sliding_window=24,
+                          n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, n_group=2,
+                          topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False),
     # Hy3: Qwen3's per-head q/k norms, sigmoid routing (no groups; the correction bias drawn at random) times 2.5, an
     # ungated shared expert; the layers' kinds as mlp_layer_types lists them (a dense middle one here)
     "hy_v3": dict(model_type="hy_v3", head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,

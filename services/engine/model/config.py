@@ -176,6 +176,19 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
+class MiMoAttention:
+    """Xiaomi MiMo-V2-Flash's attention (:mod:`services.engine.model.mimo_decoder`): each layer's KV heads
+    (``kv_heads``; its sliding layers have twice the full layers'), values ``v_head_dim`` wide (the keys are
+    ``head_dim``), each value times ``value_scale`` before it is cached, and a learned sink logit per head on the
+    ``sink_layers``."""
+
+    kv_heads: tuple[int, ...]
+    v_head_dim: int
+    value_scale: float
+    sink_layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class SparseIndex:
     """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2; :mod:`services.engine.model.dsa_decoder`): each
     query attends only the ``topk`` earlier tokens of highest index score ``Σ_h w_h · relu(q_h · k / √head_dim)``,
@@ -363,6 +376,9 @@ class ModelConfig:
     # Gemma 4's layers (heads per layer in one KV slot, KV shared across layers, per-layer inputs; then
     # ``num_kv_heads`` and ``head_dim`` are the KV cache's slot, and the rope is the full layers')
     gemma4: Gemma4Config | None = None
+    # MiMo-V2-Flash's attention: KV heads per layer (``num_kv_heads`` the widest, the cache's slot), values narrower
+    # than the keys, a value scale, sinks on some layers (:mod:`services.engine.model.mimo_decoder`)
+    mimo: MiMoAttention | None = None
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
