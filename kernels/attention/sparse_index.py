@@ -13,7 +13,10 @@ keeps a step's pick the same however the tokens were batched or chunked.
 :class:`SparseIndexAttention` wraps any backend: a step whose sequences all fit in ``topk`` is plain causal attention
 (the wrapped backend's); a longer one writes the step's KV, then, sequence by sequence, gathers its rows, scores and
 picks them in float32 (transformers' precision) and attends the picked ones (float32 scores and softmax). That path is
-torch on the host's or the device's tensors, one sequence at a time: exact, not fast.
+torch on the host's or the device's tensors, one sequence and a block of its queries at a time
+(:data:`SCORES_PER_BLOCK`): exact, not fast. A step with any sequence past ``topk`` sends all its sequences that way,
+the short ones too: the same math as the backend's, rounded alike in float32 (in bf16 the two round differently, so a
+short sequence's numbers there can depend on what it shares a step with).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import torch
 
 from kernels.attention.base import AttentionBackend, write_kv
 from kernels.attention.metadata import AttentionMetadata
+
+SCORES_PER_BLOCK = 1 << 25
+"""Float32 scores held at once on the sparse path (``queries × heads × length``, 128 MiB): a sequence's queries are
+scored and attended this many at a time (DeepSeek-V3.2's 128 heads over 32K tokens: 8 queries a block)."""
 
 
 @dataclass(frozen=True)
@@ -73,14 +80,22 @@ class SparseIndexAttention(AttentionBackend):
         tables = meta.block_tables
         out = torch.empty_like(q)
         picked = []
+        heads = max(q.shape[1], 0 if index is None else index.q.shape[1])
         for i in range(meta.num_seqs):
             start, stop, length = meta.query_starts[i], meta.query_starts[i + 1], meta.seq_lens[i]
             keys, values = (_sequence_rows(kv_cache, which, tables[i], length) for which in (0, 1))
-            positions = torch.arange(length - (stop - start), length, device=q.device)
-            allowed = _picked(index, topk, start, stop, keys, positions) if index is not None \
-                else self._picked[i]  # type: ignore[index]
-            picked.append(allowed)
-            out[start:stop] = _attend(q[start:stop], keys, values, allowed, scale).to(q.dtype)
+            block = max(1, SCORES_PER_BLOCK // (heads * length))  # queries at a time: bounds the [Q, H, L] scores
+            allowed_rows = []
+            for first in range(start, stop, block):
+                last = min(stop, first + block)
+                if index is None:  # a shared layer's: the previous indexed layer's picks
+                    allowed = self._picked[i][first - start:last - start]  # type: ignore[index]
+                else:
+                    positions = torch.arange(length - (stop - first), length - (stop - last), device=q.device)
+                    allowed = _picked(index, topk, first, last, keys, positions)
+                out[first:last] = _attend(q[first:last], keys, values, allowed, scale).to(q.dtype)
+                allowed_rows.append(allowed)
+            picked.append(torch.cat(allowed_rows))
         self._picked = picked
         return out
 
@@ -110,10 +125,11 @@ def _picked(index: IndexQuery, topk: int, start: int, stop: int, keys: torch.Ten
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor,
             scale: float) -> torch.Tensor:
     """Attention of ``q`` ``[Q, H, D]`` over ``keys``/``values`` ``[L, Hkv, D]`` where ``allowed`` ``[Q, L]``, in
-    float32."""
-    groups = q.shape[1] // keys.shape[1]
-    k = keys.float().repeat_interleave(groups, dim=1)  # [L, H, D]
-    v = values.float().repeat_interleave(groups, dim=1)
-    scores = torch.einsum("qhd,lhd->hql", q.float(), k) * scale
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
-    return torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), v)
+    float32; each KV head serves its group of query heads as it is (no copy per head)."""
+    tokens, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.float().view(tokens, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("qkgd,lkd->kgql", grouped, keys.float()) * scale
+    scores = scores.masked_fill(~allowed[None, None], float("-inf"))
+    out = torch.einsum("kgql,lkd->qkgd", torch.softmax(scores, dim=-1), values.float())
+    return out.reshape(tokens, heads, dim)

@@ -1,8 +1,9 @@
-"""compressed-tensors checkpoints (llm-compressor's): a tiny family's linear weights compressed by the library itself
-— Kimi K2.5's scheme (its routed experts INT4 in symmetric groups, the config in the text model's, the released
-names), an asymmetric W4A16 (packed zero points) and an FP8-dynamic one (float8 weights per channel, activations
-quantized per token) — load as the weights transformers' ``CompressedTensorsConfig(dequantize=True)`` holds, bit for
-bit, and the engine serves transformers' greedy tokens from them; what cannot be served is refused by name."""
+"""compressed-tensors checkpoints (llm-compressor's): a tiny family's linear weights compressed by the library itself —
+Kimi K2.5's scheme (its routed experts INT4 in symmetric groups, the config in the text model's, the released
+names), an asymmetric W4A16 (packed zero points), a W8A16 Mixtral (its expert names) and an FP8-dynamic one (float8
+weights per channel with float32 scales, activations quantized per token) — load as the weights transformers'
+``CompressedTensorsConfig(dequantize=True)`` holds, bit for bit, and the engine serves transformers' greedy tokens
+from them; what cannot be served is refused by name."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.weights import load_weights
 from services.engine.weights.compressed_checkpoint import CompressedScheme, compressed_scheme, decompress_weights
 from services.engine.weights.fp8_blocks import fp8_scheme
-from tests.engine.test_fp8_checkpoints import transformers_weight
-from tests.engine.test_model_families import NEW_TOKENS, _prompts, assert_matches
+from tests.engine.test_fp8_checkpoints import assert_engine_serves_reference, transformers_weight
+from tests.engine.test_model_families import assert_matches
 from tests.engine.tiny_families import greedy_full_forward
 
-_PROJECTIONS = ("proj.weight",)
+_PROJECTIONS = ("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")  # (Mixtral's expert names)
 
 
 def _weights(**args) -> dict:
@@ -40,22 +41,28 @@ def _config(weights: dict, fmt: str, ignore: list[str], activations: dict | None
             "quantization_status": "compressed"}
 
 
-# name -> (family, its quantization_config, which projections it quantizes, written in the text model's config)
+# name -> (family, its quantization_config, which projections it quantizes, written in the text model's config, the
+# scales' dtype)
 KIMI = _config(_weights(group_size=16), "pack-quantized",  # Kimi's groups are 32 wide; the tiny experts' 48 need 16
                ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", r"re:.*mlp\.(gate|up|down)_proj.*"])
 CASES = {
-    "kimi-k2.5-int4": ("deepseek-kimi_k25", KIMI, ".mlp.experts.", True),
+    "kimi-k2.5-int4": ("deepseek-kimi_k25", KIMI, ".mlp.experts.", True, torch.bfloat16),
     "w4a16-asymmetric": ("qwen3", _config(_weights(group_size=16, symmetric=False), "pack-quantized", ["lm_head"]),
-                         "model.layers.", False),
+                         "model.layers.", False, torch.bfloat16),
+    # Mixtral's expert names (w1/w2/w3) map only as ``.weight``s: their packed tensors go where those go
+    "w8a16-mixtral": ("mixtral", _config(_weights(num_bits=8, strategy="channel"), "pack-quantized", ["lm_head"]),
+                      "model.layers.", False, torch.bfloat16),
     "fp8-dynamic": ("llama3", _config(_weights(type="float", num_bits=8, strategy="channel"), "float-quantized",
                                       ["lm_head"], activations=_weights(type="float", num_bits=8, strategy="token",
-                                                                        dynamic=True)), "model.layers.", False),
+                                                                        dynamic=True)), "model.layers.", False,
+                    torch.float32),  # float32 scales: the weights come out bf16 all the same
 }
 
 
-def _compress(weight: torch.Tensor, compressed: CompressedScheme) -> dict[str, torch.Tensor]:
-    """The library's own compressed tensors of ``weight``: min-max scales (bf16, as released files store them) per
-    the scheme's strategy, then its compressor's ``compress``."""
+def _compress(weight: torch.Tensor, compressed: CompressedScheme, scale_dtype: torch.dtype = torch.bfloat16
+              ) -> dict[str, torch.Tensor]:
+    """The library's own compressed tensors of ``weight``: min-max scales (in ``scale_dtype``) per the scheme's
+    strategy, then its compressor's ``compress``."""
     from compressed_tensors.compressors.base import BaseCompressor
     from compressed_tensors.quantization.utils import calculate_qparams
 
@@ -64,11 +71,12 @@ def _compress(weight: torch.Tensor, compressed: CompressedScheme) -> dict[str, t
     blocks = weight.view(rows, cols // args.group_size, args.group_size) if args.strategy == "group" \
         else weight.view(rows, 1, cols)
     scale, zero_point = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args)
-    state = {"weight": weight, "weight_scale": scale.to(torch.bfloat16), "weight_zero_point": zero_point}
+    state = {"weight": weight, "weight_scale": scale.to(scale_dtype), "weight_zero_point": zero_point}
     return BaseCompressor.get_value_from_registry(compressed.format).compress(state, compressed.scheme)
 
 
-def _compressed_copy(source, target, quantization: dict, selected: str, in_text_config: bool):
+def _compressed_copy(source, target, quantization: dict, selected: str, in_text_config: bool,
+                     scale_dtype: torch.dtype = torch.bfloat16):
     """``target``: ``source``'s checkpoint in bf16, the projections whose names hold ``selected`` compressed."""
     shutil.copytree(source, target)
     tensors = {}
@@ -83,7 +91,8 @@ def _compressed_copy(source, target, quantization: dict, selected: str, in_text_
         tensor = tensor.to(torch.bfloat16)
         if selected in name and name.endswith(_PROJECTIONS) and "shared_experts" not in name and tensor.dim() == 2:
             module = name.removesuffix(".weight")
-            stored |= {f"{module}.{param}": value for param, value in _compress(tensor.float(), compressed).items()}
+            stored |= {f"{module}.{param}": value
+                       for param, value in _compress(tensor.float(), compressed, scale_dtype).items()}
         else:
             stored[name] = tensor
     save_file(stored, str(target / "model.safetensors"), metadata={"format": "pt"})
@@ -101,9 +110,9 @@ def compressed(request, family_dir, tmp_path_factory):
 
     from tests.engine.tiny_families import auto_class
 
-    family, quantization, selected, in_text = CASES[request.param]
+    family, quantization, selected, in_text, scale_dtype = CASES[request.param]
     root = tmp_path_factory.mktemp("compressed")
-    path = _compressed_copy(family_dir(family), root / request.param, quantization, selected, in_text)
+    path = _compressed_copy(family_dir(family), root / request.param, quantization, selected, in_text, scale_dtype)
     config = json.loads((path / "config.json").read_text())
     reference_path = path
     if in_text:  # transformers reads the top level's: the same files, the config written there
@@ -140,15 +149,7 @@ def test_the_weights_are_transformers_decompressed_ones_bit_for_bit(compressed):
 
 
 def test_the_engine_serves_transformers_tokens_from_the_decompressed_weights(compressed):
-    name, path, reference = compressed
-    reference = reference.float()  # the decompressed bf16 weights, computed in float32 as the engine does here
-    engine = LLMEngine.from_config(EngineConfig(model_path=str(path), dtype="float32", num_kv_blocks=64,
-                                                max_num_batched_tokens=64))
-    prompts = _prompts()
-    sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    for label in ("short", "long"):
-        result = engine.generate([prompts[label]], sampling)[0]
-        assert_matches(f"{name}/{label}", greedy_full_forward(reference, prompts[label], NEW_TOKENS), result.token_ids)
+    assert_engine_serves_reference(*compressed)
 
 
 def _refused(quantization: dict) -> dict:
@@ -166,6 +167,8 @@ def _refused(quantization: dict) -> dict:
                                            "format": "float-quantized"}}}, "mixed formats"),
     (KIMI | {"config_groups": {"group_0": {"targets": ["Linear"], "weights": _weights(num_bits="four")}}},
      "not one"),
+    (KIMI | {"sparsity_config": {"format": "sparse-24-bitmask", "sparsity_structure": "2:4"}},
+     "sparsity_config of format 'sparse-24-bitmask'"),
 ])
 def test_a_compressed_checkpoint_that_cannot_be_served_exactly_is_refused_by_name(quantization, named):
     with pytest.raises(ModelLoadError, match=named):
@@ -187,7 +190,18 @@ def test_a_module_short_of_a_tensor_or_one_left_over_is_refused_by_name():
     with pytest.raises(ModelLoadError, match=r"'a' has no 'weight_shape' beside its 'weight_packed'"):
         decompress_weights(dict(tensors), scheme)
     with pytest.raises(ModelLoadError, match=r"'b\.weight_zero_point' belongs to no quantized weight"):
-        decompress_weights({"b.weight_zero_point": torch.zeros(1, 1, dtype=torch.int32)}, scheme)
+        decompress_weights({"b.weight_zero_point": torch.ones(1, 1, dtype=torch.int32)}, scheme)
+    # another layout (llm-compressor's fused experts), or a scale without its packed weight: named, not mis-read
+    with pytest.raises(ModelLoadError, match=r"'e\.gate_up_proj_packed' belongs to no quantized weight"):
+        decompress_weights({"e.gate_up_proj_packed": torch.zeros(2, 4, 1, dtype=torch.int32)}, scheme)
+    with pytest.raises(ModelLoadError, match=r"'c\.weight_scale' belongs to no quantized weight"):
+        decompress_weights({"c.weight_scale": torch.ones(8, 1)}, scheme)
+    # checkpoints saved before mid-2024 stored all-zero zero points beside symmetric weights: dropped
+    old = dict(ok | {f"a.{k}": v for k, v in _compress(weight, scheme).items()})
+    old.pop("a.weight")
+    old["a.weight_zero_point"] = torch.zeros(8, 1, dtype=torch.int32)
+    decompress_weights(old, scheme)
+    assert list(old) == ["a.weight"] and torch.equal(old["a.weight"], ok["a.weight"])
 
 
 def test_the_bundled_model_compressed_to_w4a16_serves_transformers_tokens(hf_bundled_model, bundled_tokenizer,

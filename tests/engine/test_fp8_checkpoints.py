@@ -108,8 +108,13 @@ def transformers_weight(hf: dict[str, torch.Tensor], weight: str, ours: torch.Te
 
 
 def test_the_engine_serves_transformers_tokens_from_the_fp8_weights(fp8):
-    name, path, reference = fp8
-    reference = reference.float()  # the dequantised bf16 weights, computed in float32 as the engine does here
+    assert_engine_serves_reference(*fp8)
+
+
+def assert_engine_serves_reference(name: str, path, reference) -> None:
+    """The engine serves the checkpoint at ``path`` with the greedy tokens of transformers' dequantised load
+    (``reference``, bf16), computed in float32 as the engine computes it here."""
+    reference = reference.float()
     engine = LLMEngine.from_config(EngineConfig(model_path=str(path), dtype="float32", num_kv_blocks=64,
                                                 max_num_batched_tokens=64))
     prompts = _prompts()

@@ -60,17 +60,16 @@ def test_the_published_shapes_read_half_rotated_heads_and_sigmoid_routed_experts
     # Glm4MoeConfig's default when the key is absent: half of each head rotates
     absent = config_from_hf({k: v for k, v in GLM_45_AIR.items() if k != "partial_rotary_factor"})
     assert absent.rotary_dim == 64
-    # Solar Open 100B (SolarOpenConfig's defaults, as its release writes them): Llama's attention, the whole head
-    # rotated, experts on every layer; the GLM keys it has no field for are ignored, as transformers ignores them
-    solar = config_from_hf({"model_type": "solar_open", "hidden_size": 4096, "num_hidden_layers": 48,
-                            "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-                            "num_experts_per_tok": 8, "vocab_size": 196608, "max_position_embeddings": 131072,
-                            "first_k_dense_replace": 3,
-                            "use_qk_norm": True})
+    # Solar Open 100B (SolarOpenConfig's defaults): Llama's attention, the whole head rotated, experts on every layer;
+    # the GLM keys it has no field for are ignored, as transformers ignores them
+    solar = config_from_hf({"model_type": "solar_open", "first_k_dense_replace": 3, "use_qk_norm": True})
     assert (solar.architecture, solar.rotary_dim, solar.qk_norm, solar.qkv_bias) == ("glm4_moe", None, False, False)
     assert (solar.moe.num_experts, solar.moe.intermediate_size, solar.moe.shared_expert_intermediate_size) == \
         (128, 1280, 1280)
-    assert solar.moe.sparse_layers == tuple(range(48)) and solar.rope_theta == 1e6
+    assert solar.moe.sparse_layers == tuple(range(48)) and solar.rope_theta == 1e6 and solar.head_dim == 128
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor is not supported for solar_open"):
+        config_from_hf({"model_type": "solar_open", "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                                                       "partial_rotary_factor": 0.5}})
 
 
 @pytest.mark.parametrize(("change", "field"), [

@@ -13,12 +13,9 @@ import torch
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.lfm2 import lfm2_tensor_name
-from services.engine.model.lfm2_decoder import Lfm2DecoderModel
 from services.engine.model.registry import config_from_hf
-from services.engine.weights import load_weights
 from tests.engine.test_model_families import _prompts
-from tests.engine.tiny_families import load_reference
-from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+from tests.engine.tiny_gguf import assert_each_part_matters, exactness_probe
 
 LFM3 = {"architectures": ["Lfm3ForCausalLM"], "model_type": "lfm3"}  # the rest: Lfm3Config's defaults
 
@@ -40,21 +37,13 @@ def test_the_documented_shape_reads_convolutions_between_full_and_sliding_layers
 
 @pytest.fixture(scope="module")
 def lfm3(family_dir):
-    path = family_dir("lfm2-lfm3")
-    ids = _prompts()["long"][:64]  # past the window of 24
-    return load_weights(path), ids, hf_logits(load_reference(path), ids)
-
-
-def _logits(weights, ids, config=None, tensors=None) -> torch.Tensor:
-    model = Lfm2DecoderModel(config or weights.config, dict(tensors or weights.tensors), torch.float32)
-    return pdserve_logits(model, ids)
+    return exactness_probe(family_dir("lfm2-lfm3"), _prompts()["long"][:64])  # past the window of 24
 
 
 def test_each_part_is_what_makes_the_logits_transformers(lfm3):
-    weights, ids, expected = lfm3
-    assert torch.allclose(_logits(weights, ids), expected, atol=1e-5, rtol=0)
+    weights, expected, logits = lfm3
     cfg, tensors = weights.config, weights.tensors
-    unmade = {
+    assert_each_part_matters(logits, expected, {
         "the sliding layers' own rope": dict(config=dataclasses.replace(cfg, local_rope_layers=())),
         "the window": dict(config=dataclasses.replace(cfg, layer_windows=())),
         "the gate per head": dict(tensors={**tensors, **{n: torch.zeros_like(t) for n, t in tensors.items()
@@ -62,9 +51,7 @@ def test_each_part_is_what_makes_the_logits_transformers(lfm3):
         "the sandwich norms": dict(tensors={**tensors, **{n: torch.ones_like(t) for n, t in tensors.items()
                                                           if n.endswith(("post_self_attn_layernorm.weight",
                                                                          "post_mlp_layernorm.weight"))}}),
-    }
-    for part, change in unmade.items():
-        assert not torch.allclose(_logits(weights, ids, **change), expected, atol=1e-3, rtol=0), part
+    })
 
 
 def test_the_released_names():
@@ -91,6 +78,8 @@ def test_what_it_cannot_serve_is_refused_by_name(change, message):
 
 def test_the_bandwidth_floor_counts_the_gates(family_dir):
     from services.engine.random_llama import weight_bytes
+    from services.engine.weights import load_weights
+    from tests.engine.tiny_families import load_reference
 
     path = family_dir("lfm2-lfm3")
     model = load_reference(path)

@@ -11,13 +11,10 @@ import pytest
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.mimo_decoder import MiMoDecoderModel
 from services.engine.model.mimo_v2_flash import mimo_tensor_name
 from services.engine.model.registry import config_from_hf
-from services.engine.weights import load_weights
 from tests.engine.test_model_families import _prompts
-from tests.engine.tiny_families import load_reference
-from tests.engine.tiny_gguf import hf_logits, pdserve_logits
+from tests.engine.tiny_gguf import assert_each_part_matters, exactness_probe
 
 MIMO = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash"}  # MiMoV2FlashConfig's defaults
 
@@ -39,29 +36,19 @@ def test_the_default_shape_reads_kv_heads_per_layer_narrow_values_and_sinks():
 
 @pytest.fixture(scope="module")
 def mimo(family_dir):
-    path = family_dir("mimo_v2_flash")
-    ids = _prompts()["long"][:64]  # past the window of 24
-    return load_weights(path), ids, hf_logits(load_reference(path), ids)
-
-
-def _logits(weights, ids, config=None, tensors=None) -> torch.Tensor:
-    model = MiMoDecoderModel(config or weights.config, dict(tensors or weights.tensors), torch.float32)
-    return pdserve_logits(model, ids)
+    return exactness_probe(family_dir("mimo_v2_flash"), _prompts()["long"][:64])  # past the window of 24
 
 
 def test_each_part_of_the_attention_is_what_makes_the_logits_transformers(mimo):
-    weights, ids, expected = mimo
-    assert torch.allclose(_logits(weights, ids), expected, atol=1e-5, rtol=0)
+    weights, expected, logits = mimo
     cfg, tensors = weights.config, weights.tensors
-    unmade = {
+    assert_each_part_matters(logits, expected, {
         "the value scale": dict(config=dataclasses.replace(cfg, mimo=dataclasses.replace(cfg.mimo, value_scale=1.0))),
         "the sliding layers' own rope": dict(config=dataclasses.replace(cfg, local_rope_theta=cfg.rope_theta)),
         "the window": dict(config=dataclasses.replace(cfg, layer_windows=())),
         "the sinks": dict(tensors={**tensors, **{n: torch.full_like(t, -1e4) for n, t in tensors.items()
                                                  if n.endswith("self_attn.sinks")}}),
-    }
-    for part, change in unmade.items():
-        assert not torch.allclose(_logits(weights, ids, **change), expected, atol=1e-3, rtol=0), part
+    })
 
 
 def test_the_released_names():
@@ -72,9 +59,12 @@ def test_the_released_names():
 
 
 def test_what_is_not_served_is_refused_by_name():
-    plain_sliding = {"full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.334},
-                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    # a kind without a partial_rotary_factor rotates a third of each head (MiMo's default), as the other does
+    unsaid = {"full_attention": {"rope_type": "default", "rope_theta": 5e6},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    assert config_from_hf(MIMO | {"rope_parameters": unsaid}).rotary_dim == 64
+    halves = {**unsaid, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
     with pytest.raises(ModelLoadError, match="the sliding layers' rope must be plain over the full layers' rotary"):
-        config_from_hf(MIMO | {"rope_parameters": plain_sliding})
+        config_from_hf(MIMO | {"rope_parameters": halves})
     with pytest.raises(ModelLoadError, match="do not split over 8 KV heads"):
         config_from_hf(MIMO | {"num_attention_heads": 60})

@@ -198,10 +198,11 @@ FAMILIES: dict[str, dict] = {
     "afmoe": dict(model_type="afmoe", head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
                   num_shared_experts=1, num_dense_layers=1, route_scale=2.5, global_attn_every_n_layers=2,
                   sliding_window=24, mup_enabled=True, tie_word_embeddings=False),
-    # MiMo-V2-Flash: a full layer (one KV head) then sliding ones (a window of 24, two KV heads, sinks drawn at random),
-    # 24-wide keys and 16-wide values scaled by 0.707, rope on a third of each head (its own base per kind), then
-    # DeepSeek-V3's experts without a shared one (two groups, a correction bias drawn at random)
-    "mimo_v2_flash": dict(model_type="mimo_v2_flash", head_dim=24, v_head_dim=16, num_key_value_heads=1,
+    # MiMo-V2-Flash: a full layer (two KV heads, for eight query heads) then sliding ones (a window of 24, four KV
+    # heads, sinks drawn at random), 24-wide keys and 16-wide values scaled by 0.707, rope on a third of each head (its
+    # own base per kind), then DeepSeek-V3's experts without a shared one (two groups, a random correction bias)
+    "mimo_v2_flash": dict(model_type="mimo_v2_flash", head_dim=24, v_head_dim=16, num_attention_heads=8,
+                          num_key_value_heads=2,
                           layer_types=["full_attention", "sliding_attention", "sliding_attention"], sliding_window=24,
                           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, n_group=2,
                           topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False),

@@ -410,15 +410,25 @@ def assert_checkpoint_logits(path: Path, ids: list[int]):
 
 def exactness_probe(path, prompt: list[int]):
     """For a tiny family checkpoint at ``path``: its weights, transformers' logits of ``prompt``, and
-    ``logits(config=, tensors=)``, pdserve's logits of it with the config or tensors changed (float32)."""
-    from services.engine.model.decoder import DecoderModel
+    ``logits(config=, tensors=)``, pdserve's logits of it (its family's model) with the config or tensors changed
+    (float32)."""
+    from services.engine.model.registry import model_class
     from services.engine.weights import load_weights
     from tests.engine.tiny_families import load_reference
 
     weights = load_weights(path)
     expected = hf_logits(load_reference(path), prompt)
+    model = model_class(weights.config.architecture)
 
     def logits(config=weights.config, tensors=weights.tensors) -> torch.Tensor:
-        return pdserve_logits(DecoderModel(config, tensors, torch.float32), prompt)
+        return pdserve_logits(model(config, dict(tensors), torch.float32), prompt)
 
     return weights, expected, logits
+
+
+def assert_each_part_matters(logits, expected: torch.Tensor, unmade: dict[str, dict]) -> None:
+    """``logits()`` (an :func:`exactness_probe`'s) are ``expected``, and each change of ``unmade`` (a part's name →
+    the ``config=`` or ``tensors=`` without it) moves them: each part is what makes them transformers'."""
+    assert torch.allclose(logits(), expected, atol=1e-5, rtol=0), (logits() - expected).abs().max()
+    for part, change in unmade.items():
+        assert not torch.allclose(logits(**change), expected, atol=1e-3, rtol=0), part

@@ -298,11 +298,12 @@ class DecoderModel(ExpertLoading):
 
 
 def local_rope(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> TorchRope | None:
-    """The plain rope of ``config.local_rope_theta`` that its ``local_rope_layers`` rotate with (OLMo 3's and LFM3's
-    sliding layers), in the model dtype; None without one."""
+    """The plain rope of ``config.local_rope_theta`` that its ``local_rope_layers`` rotate with (OLMo 3's, LFM3's and
+    MiMo-V2-Flash's sliding layers; over the full layers' ``rotary_dim``), in the model dtype; None without one."""
     if config.local_rope_theta is None:
         return None
-    return TorchRope(RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, device), dtype)
+    return TorchRope(RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, device,
+                                     rotary_dim=config.rotary_dim), dtype)
 
 
 def query_temperature(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

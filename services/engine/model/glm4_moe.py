@@ -38,7 +38,7 @@ from services.engine.model.gguf_config import (
     gguf_turn_end_ids,
     require_gating,
 )
-from services.engine.model.hf_config import base_fields, required
+from services.engine.model.hf_config import base_fields, required, with_defaults
 
 ARCHITECTURE = "glm4_moe"
 SOLAR_OPEN = "solar_open"
@@ -49,29 +49,40 @@ _SHARED = re.compile(r"\.mlp\.shared_experts\.")
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if cfg.get("model_type") == SOLAR_OPEN:
-        # SolarOpenConfig has no first_k_dense_replace, use_qk_norm nor a partial rotary default: transformers
-        # ignores the first two where a file writes them
-        # (no dense MLP: its intermediate_size, where absent, is the experts' and unused)
-        width = cfg.get("moe_intermediate_size") or 1280
-        cfg = {"intermediate_size": width, "rope_theta": 1000000.0, **cfg, "moe_intermediate_size": width,
-               "first_k_dense_replace": 0, "use_qk_norm": False}
-    else:
-        cfg = {"partial_rotary_factor": 0.5, **cfg}  # Glm4MoeConfig's default
+        return _solar_open(cfg)
+    cfg = {"partial_rotary_factor": 0.5, **cfg}  # Glm4MoeConfig's default
     fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
-    layers = fields["num_layers"]
+    moe = _experts(cfg, range(int(cfg.get("first_k_dense_replace", 1)), fields["num_layers"]))
+    return ModelConfig(**{**fields, "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-5))},
+                       qkv_bias=bool(cfg.get("attention_bias", False)), qk_norm=bool(cfg.get("use_qk_norm", False)),
+                       moe=moe)
+
+
+def _solar_open(cfg: Mapping[str, Any]) -> ModelConfig:
+    """Solar Open's config, completed with ``SolarOpenConfig``'s defaults (which has no ``first_k_dense_replace``,
+    ``use_qk_norm`` nor dense MLP: experts on every layer; a partial rotary factor is refused by name, as
+    transformers' Solar Open rotates whole heads)."""
+    from transformers import SolarOpenConfig
+
+    full = with_defaults(SOLAR_OPEN, SolarOpenConfig, cfg)
+    width = int(full["moe_intermediate_size"])
+    fields = base_fields({**full, "intermediate_size": width}, SOLAR_OPEN)  # (no dense MLP: the width unused)
+    return ModelConfig(**{**fields, "architecture": ARCHITECTURE}, qkv_bias=bool(full.get("attention_bias")),
+                       moe=_experts(full, range(fields["num_layers"])))
+
+
+def _experts(cfg: Mapping[str, Any], sparse_layers: range) -> MoEConfig:
+    """GLM-4.5's experts (and Solar Open's) on ``sparse_layers``: sigmoid-routed within the best groups, beside
+    ``n_shared_experts`` ungated shared ones."""
     expert_width = int(cfg.get("moe_intermediate_size", 1408))
-    moe = MoEConfig(
+    return MoEConfig(
         num_experts=int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 128),
         top_k=int(required(cfg, "num_experts_per_tok")), intermediate_size=expert_width,
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-        sparse_layers=tuple(range(int(cfg.get("first_k_dense_replace", 1)), layers)),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), sparse_layers=tuple(sparse_layers),
         shared_expert_intermediate_size=expert_width * int(cfg.get("n_shared_experts", 1)) or None,
         shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(cfg.get("n_group", 1)),
         top_groups=int(cfg.get("topk_group", 1)), routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
     )
-    return ModelConfig(**{**fields, "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-5))},
-                       qkv_bias=bool(cfg.get("attention_bias", False)), qk_norm=bool(cfg.get("use_qk_norm", False)),
-                       moe=moe)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

@@ -141,7 +141,7 @@ def _lfm3_config(cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(**fields, qk_norm=True, short_conv=conv if conv.layers else None,
                        layer_windows=windows if any(windows) else (), local_rope_layers=windowed_layers(windows),
                        local_rope_theta=local_theta, sandwich_norms=bool(full.get("use_sandwich_norm")),
-                       attention_head_gate=bool(full.get("use_attention_gate")))
+                       attention_head_gate=bool(full.get("use_attention_gate")), rope_in_float32=True)
 
 
 def _experts(full: Mapping[str, Any], num_layers: int) -> MoEConfig:

@@ -4,7 +4,8 @@ no KV; ``ModelConfig.short_conv``) between Qwen3-style attention layers, each fo
 Per layer: ``h += mix(norm(h))``, then ``h += mlp(norm(h))`` (plain RMSNorms); LFM3 norms each block's output too
 (``sandwich_norms``: ``h += norm(mix(norm(h)))``), gates each attention head's output by the sigmoid of
 ``g_proj(norm(h))`` (``attention_head_gate``), and rotates its sliding layers with a plain rope of their own
-(``local_rope_layers``) beside the full layers' proportional one. A convolution layer projects ``B``,
+(``local_rope_layers``) beside the full layers' proportional one, both in float32 (``rope_in_float32``, as
+transformers' LFM3 rotates). A convolution layer projects ``B``,
 ``C`` and ``x`` (``in_proj``, in that order), convolves ``B · x`` causally per channel over the last
 ``conv_kernel`` inputs (no activation: :func:`kernels.gated_delta.causal_conv1d` with ``silu=False``), multiplies by
 ``C`` and projects out. The states live in the :class:`~services.engine.recurrent_states.RecurrentStates` the model
@@ -84,8 +85,12 @@ class Lfm2DecoderModel(DecoderModel):
         the module says; ``states`` planned for this step."""
         eps = self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
-        rope = _StepRopes(self.ops.rope.prepare(positions),
-                          None if self.local_rope is None else self.local_rope.prepare(positions))
+        if self.config.rope_in_float32:  # LFM3's: float32 tables, each rotation rounded once
+            local = None if self.local_rope is None else self.local_rope.rope.tables(positions, torch.float32)
+            rope = _StepRopes(self.rope.tables(positions, torch.float32), local)
+        else:
+            rope = _StepRopes(self.ops.rope.prepare(positions),
+                              None if self.local_rope is None else self.local_rope.prepare(positions))
         for i, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer.input_norm, eps)
             if layer.conv is not None:
@@ -101,7 +106,13 @@ class Lfm2DecoderModel(DecoderModel):
         """LFM3's sliding layers rotate with their plain rope (``local_rope_layers``), the others with the main one
         (LFM3's full layers': proportional)."""
         assert isinstance(rope, _StepRopes)
-        if i in self.config.local_rope_layers:
+        local = i in self.config.local_rope_layers
+        if self.config.rope_in_float32:
+            embedding = self.local_rope.rope if local and self.local_rope is not None else self.rope
+            cos, sin = rope.local if local else rope.main
+            return (embedding.rotate(q.float(), cos, sin).to(q.dtype),
+                    embedding.rotate(k.float(), cos, sin).to(k.dtype))
+        if local:
             assert self.local_rope is not None
             return self.local_rope(q, k, rope.local)
         return self.ops.rope(q, k, rope.main)

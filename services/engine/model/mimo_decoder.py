@@ -22,9 +22,8 @@ import torch.nn.functional as F
 
 from kernels.fused_ops import TorchRope
 from kernels.linear import RowPaths, linear
-from kernels.rope import RotaryEmbedding
 from services.engine.model.config import MiMoAttention
-from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
+from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options, local_rope
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -51,9 +50,8 @@ class MiMoDecoderModel(DecoderModel):
 
     def __init__(self, config, tensors, dtype, *args, **kwargs):
         super().__init__(config, tensors, dtype, *args, **kwargs)
-        assert config.local_rope_theta is not None
-        local = TorchRope(RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, self.device,
-                                          rotary_dim=config.rotary_dim), dtype)
+        local = local_rope(config, self.device, dtype)
+        assert local is not None
         self.ops = dataclasses.replace(self.ops, rope=_TypedRopes(self.ops.rope, local))
 
     @property

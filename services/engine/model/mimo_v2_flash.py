@@ -31,7 +31,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
     full = with_defaults(ARCHITECTURE, MiMoV2FlashConfig, cfg)
     layers, kinds = int(full["num_hidden_layers"]), list(full["layer_types"])
-    ropes = full["rope_parameters"]
+    # a kind's rope without a partial_rotary_factor rotates a third of each head, as MiMo's rotary embedding reads it
+    ropes = {kind: {"partial_rotary_factor": 0.334, **params} for kind, params in full["rope_parameters"].items()}
     fields = base_fields({**full, "rope_parameters": ropes["full_attention"]}, ARCHITECTURE, partial_rotary=True)
     local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
     head_dim = fields["head_dim"]

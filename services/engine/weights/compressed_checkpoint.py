@@ -3,8 +3,8 @@ Thinking's, K2.5's and K2.6's own releases (their routed experts INT4 in groups 
 W8A16, W8A8 and FP8 checkpoints Red Hat and the community publish. Each quantized linear's weight is decompressed at
 load by the compressed-tensors library (the one transformers and vLLM read these files with) into a dense weight in
 the dtype of its scale (bf16 or fp16; a float32 scale gives bf16), bit for bit the weight transformers'
-``CompressedTensorsConfig(dequantize=True)`` load holds; the tensors the checkpoint leaves unquantized (its
-``ignore`` list: embeddings, norms, the head, routers, Kimi's attention and shared experts) are read as stored.
+``CompressedTensorsConfig(dequantize=True)`` load holds; the tensors the checkpoint leaves unquantized (its ``ignore``
+list: embeddings, norms, the head, routers, Kimi's attention and shared experts) are read as stored.
 
 Served formats: ``pack-quantized`` (1-8-bit integers packed in int32: ``weight_packed``, ``weight_scale``,
 ``weight_shape``, and a packed ``weight_zero_point`` where asymmetric), ``int-quantized`` / ``naive-quantized`` (int8
@@ -15,16 +15,18 @@ and SGLang run quantized GEMMs there instead, faster on GPUs and bit-equal to ne
 :mod:`fp8_blocks`).
 
 Which modules are quantized is read from the tensors (a module stored as ``weight_packed``, or with a
-``weight_scale``, is), so every config group must quantize weights alike (one scheme for the checkpoint). Refused
-by name: other formats (NVFP4, MXFP4, sparse, marlin-24, mixed precision), groups whose weight settings differ, GPTQ's
-activation order (``weight_g_idx``; the library's own validation refuses ``actorder: group``), a quantized KV cache
-(``kv_cache_scheme``), a module missing one of its tensors or a tensor of no module.
+``weight_scale``, is), so every config group must quantize weights alike (one scheme for the checkpoint). Refused by
+name: other formats (NVFP4, MXFP4, sparse, marlin-24, mixed precision) and a ``sparsity_config``, groups whose weight
+settings differ, fused expert tensors (``…gate_up_proj_packed``), GPTQ's activation order (``weight_g_idx``; the
+library's own validation refuses ``actorder: group``), a quantized KV cache (``kv_cache_scheme``), a module missing
+one of its tensors or a tensor of no module (the all-zero zero points older files store beside symmetric weights are
+dropped). A family's names for ``X.weight`` carry ``X.weight_packed`` and the rest along (:func:`compressed_renamer`).
 The library is imported only when such a checkpoint is loaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,9 @@ SERVED_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-q
 # each quantized module's tensors beside its weight that decompression consumes or drops
 _SCALE = "weight_scale"
 _PACKED = "weight_packed"
-_DROPPED = ("input_scale", "input_zero_point", "input_global_scale", "output_scale", "output_zero_point")
+_DROPPED = (".input_scale", ".input_zero_point", ".input_global_scale", ".output_scale", ".output_zero_point")
+_ZERO_POINT = ".weight_zero_point"
+_COMPRESSION_SUFFIXES = ("_packed", "_shape", ".weight_scale", _ZERO_POINT, ".weight_g_idx")
 _KEPT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -69,7 +73,11 @@ def compressed_scheme(hf_config: Mapping[str, Any]) -> CompressedScheme | None:
                              f"{', '.join(SERVED_FORMATS)})")
     if config.kv_cache_scheme is not None:
         raise ModelLoadError(f"{METHOD} checkpoint with a kv_cache_scheme (a quantized KV cache) is not supported")
-    schemes = [scheme for scheme in config.config_groups.values() if not isinstance(scheme, list)]
+    sparsity = (quantization.get("sparsity_config") or {}).get("format", "dense")
+    if sparsity != "dense":
+        raise ModelLoadError(f"{METHOD} checkpoint with a sparsity_config of format {sparsity!r} is not supported "
+                             "(only dense weights are decompressed)")
+    schemes = list(config.config_groups.values())
     if not schemes or any(scheme.weights is None for scheme in schemes):
         raise ModelLoadError(f"{METHOD} checkpoint: a config group without weights settings (activation-only "
                              "quantization) is not supported")
@@ -83,6 +91,21 @@ def compressed_scheme(hf_config: Mapping[str, Any]) -> CompressedScheme | None:
     return CompressedScheme(config.format, schemes[0])
 
 
+def compressed_renamer(rename: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """``rename`` (a family's map of checkpoint names) over a compressed checkpoint's names: a quantized module's
+    ``weight_packed``, ``weight_scale``, … go where its ``weight`` goes (a family's map may match ``.weight`` names
+    only: Mixtral's ``w1.weight``)."""
+
+    def renamed(name: str) -> str | None:
+        module, _, param = name.rpartition(".")
+        if not param.startswith("weight_") or param in ("weight_scale_inv",):  # (FP8's scales: mapped by the family)
+            return rename(name)
+        weight = rename(f"{module}.weight")
+        return None if weight is None else f"{weight.removesuffix('.weight')}.{param}"
+
+    return renamed
+
+
 def decompress_weights(tensors: dict[str, torch.Tensor], compressed: CompressedScheme) -> None:
     """Replace, in ``tensors``, each quantized module's tensors by its dense ``weight``; the activation scales are
     dropped. A module short of a tensor its format stores is refused naming it."""
@@ -92,6 +115,10 @@ def decompress_weights(tensors: dict[str, torch.Tensor], compressed: CompressedS
     params = compressor.compression_param_names(compressed.scheme)
     for name in [name for name in tensors if name.endswith(_DROPPED)]:
         del tensors[name]
+    if compressed.scheme.weights.symmetric:  # checkpoints saved before mid-2024 stored all-zero zero points
+        for name in [name for name in tensors if name.endswith(_ZERO_POINT)]:
+            if not tensors[name].any():
+                del tensors[name]
     marker = _PACKED if _PACKED in params else _SCALE
     modules = [name.removesuffix("." + marker) for name in tensors if name.endswith("." + marker)]
     for module in modules:
@@ -104,8 +131,9 @@ def decompress_weights(tensors: dict[str, torch.Tensor], compressed: CompressedS
         except (RuntimeError, ValueError) as error:
             raise ModelLoadError(f"{METHOD} checkpoint: {module!r} does not decompress ({error})") from None
         tensors[f"{module}.weight"] = weight if weight.dtype in _KEPT_DTYPES else weight.to(DEQUANTIZED_DTYPE)
-    leftover = sorted(name for name in tensors if name.endswith(("." + _PACKED, ".weight_zero_point", ".weight_g_idx",
-                                                                 ".weight_shape")))
+    # what no quantized weight took: another layout (fused experts, ``…gate_up_proj_packed``), a scale without its
+    # weight, a zero point or GPTQ's activation order
+    leftover = sorted(name for name in tensors if name.endswith(_COMPRESSION_SUFFIXES))
     if leftover:
         raise ModelLoadError(f"{METHOD} checkpoint: {leftover[0]!r} belongs to no quantized weight of its format "
                              f"({compressed.format})")

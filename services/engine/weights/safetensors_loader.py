@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.registry import tensor_renamer
-from services.engine.weights.compressed_checkpoint import compressed_scheme, decompress_weights
+from services.engine.weights.compressed_checkpoint import compressed_renamer, compressed_scheme, decompress_weights
 from services.engine.weights.fp8_blocks import dequantize_fp8, fp8_scheme
 from services.engine.weights.loader import LoadedWeights
 from services.engine.weights.model_config_reader import hf_dir_config, read_hf_config
@@ -32,7 +32,7 @@ def load_safetensors_dir(path: Path) -> LoadedWeights:
     config = hf_dir_config(path)
     raw = read_hf_config(path)
     fp8, compressed = fp8_scheme(raw), compressed_scheme(raw)
-    rename = tensor_renamer(config)
+    rename = tensor_renamer(config) if compressed is None else compressed_renamer(tensor_renamer(config))
     files = shard_files(path)
     prefix = "model." if _bare_base_model(files) else ""
     tensors: dict[str, torch.Tensor] = {}
