@@ -55,6 +55,8 @@ FAMILIES = {
                              attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
     # Mixtral as llama.cpp writes it: the llama architecture with expert_count, q/k rows permuted
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
+    # EXAONE 3.5 as llama.cpp writes it: Llama's layer, nothing permuted, its llama3 scaling as rope_freqs
+    "exaone": dict(model_type="exaone", tie_word_embeddings=False, rope_scaling=LLAMA3),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
     "llama3-bias": dict(model_type="llama", attention_bias=True, tie_word_embeddings=False, rope_scaling=LLAMA3),
     # Gemma 2 as llama.cpp reads it: sliding (window 8 < the 45 tokens) and full layers alternating, queries
@@ -168,9 +170,9 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
                            match=r"gpt2.*supported: llama, smollm3, llama4, granite, granitehybrid, lfm2, lfm2moe, "
                                  r"nemotron_h, nemotron_h_moe, granitemoe, qwen2, qwen3, seed_oss, mistral3, qwen2moe, "
                                  r"qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, olmoe, "
-                                 r"hunyuan-dense, exaone4, command-r, cohere2, ernie4_5, ernie4_5-moe, glm4moe, "
-                                 r"deepseek2, mistral4, minimax-m2, qwen35, qwen35moe, qwen3next, gemma2, gemma3, "
-                                 r"gemma4$"):
+                                 r"hunyuan-dense, exaone, exaone4, command-r, cohere2, ernie4_5, ernie4_5-moe, "
+                                 r"glm4moe, deepseek2, mistral4, minimax-m2, qwen35, qwen35moe, qwen3next, gemma2, "
+                                 r"gemma3, gemma4$"):
             load(path)
 
 

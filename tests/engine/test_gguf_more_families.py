@@ -210,6 +210,7 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("command-r", "command-r", "Command R counts 12345.", ["Command", "ĠR", "Ġcounts", "Ġ", "1", "2", "3", "4", "5"]),
     ("cohere2", "command-r", "Command A: 12.", ["Command", "ĠA", ":", "Ġ", "1", "2", "."]),
     ("exaone4", "exaone4", "EXAONE 4.0 counts 12345.", ["EXAONE", "Ġ4", ".", "0", "Ġcounts", "Ġ12345", "."]),
+    ("exaone", "exaone", "EXAONE 3.5 counts 12.", ["EXAONE", "Ġ", "3", ".", "5", "Ġcounts", "Ġ", "1", "2", "."]),
     ("hunyuan-dense", "hunyuan-dense", "Hunyuan counts 12345.", ["Hunyuan", "Ġcounts", "Ġ", "123", "45", "."]),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,

@@ -93,7 +93,7 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name"),
     Family("hy_v3", "services.engine.model.hy_v3", ("hy_v3",),
            tensor_names="services.engine.model.hy_v3:hy_v3_tensor_name", mtp_layers=True),
-    Family("exaone", "services.engine.model.exaone", ("exaone",),
+    Family("exaone", "services.engine.model.exaone", ("exaone",), "exaone",
            tensor_names="services.engine.model.exaone:exaone_tensor_name"),
     Family("exaone4", "services.engine.model.exaone4", ("exaone4",), "exaone4",
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
