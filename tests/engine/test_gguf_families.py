@@ -170,7 +170,7 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
                            match=r"gpt2.*supported: llama, smollm3, llama4, granite, granitehybrid, lfm2, lfm2moe, "
                                  r"nemotron_h, nemotron_h_moe, granitemoe, qwen2, qwen3, seed_oss, mistral3, qwen2moe, "
                                  r"qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, olmoe, "
-                                 r"hunyuan-dense, exaone, exaone4, command-r, cohere2, ernie4_5, ernie4_5-moe, "
+                                 r"hunyuan-dense, dots1, exaone, exaone4, command-r, cohere2, ernie4_5, ernie4_5-moe, "
                                  r"glm4moe, deepseek2, mistral4, minimax-m2, qwen35, qwen35moe, qwen3next, gemma2, "
                                  r"gemma3, gemma4$"):
             load(path)

@@ -1,9 +1,9 @@
 """GGUF files of SmolLM3 (``smollm3``), Seed-OSS (``seed_oss``), OLMo 2 and OLMo 3 (``olmo2``), OLMoE (``olmoe``),
-ERNIE 4.5 (``ernie4_5``, ``ernie4_5-moe``) and MiniMax-M2 (``minimax-m2``), written from tiny transformers models the
-way llama.cpp's converters write them (SmolLM3's q/k rows permuted, its llama converter's subclass; the others' as they
-are; each converter's own keys), load into the decoder whose float32 logits equal the HF twin's; the config equals
-the one read from the model's ``config.json`` but where llama.cpp reads a file otherwise (OLMoE's unrenormalised
-routing), torch-free alike; their tokenizers are read from the file's fields."""
+ERNIE 4.5 (``ernie4_5``, ``ernie4_5-moe``), MiniMax-M2 (``minimax-m2``) and dots.llm1 (``dots1``), written from tiny
+transformers models the way llama.cpp's converters write them (SmolLM3's q/k rows permuted, its llama converter's
+subclass; the others' as they are; each converter's own keys), load into the decoder whose float32 logits equal the
+HF twin's; the config equals the one read from the model's ``config.json`` but where llama.cpp reads a file
+otherwise (OLMoE's unrenormalised routing), torch-free alike; their tokenizers are read from the file's fields."""
 
 from __future__ import annotations
 
@@ -75,6 +75,14 @@ FAMILIES = {
                      {"expert_count": 4, "expert_used_count": 2, "interleave_moe_layer_step": 2,
                       "leading_dense_block_count": 1, "expert_feed_forward_length": 32, "expert_shared_count": 2,
                       "expert_shared_feed_forward_length": 128 // 2}),  # intermediate_size // kv heads, as written
+    # dots.llm1: Qwen3's attention, a dense first layer, then sigmoid-routed experts (the correction bias drawn at
+    # random) scaled by 2, renormalised, beside a shared one, as its Qwen2-MoE converter writes
+    "dots1": (dict(model_type="dots1", head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                   n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.0,
+                   tie_word_embeddings=False),
+              {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+               "leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_scale": 2.0,
+               "expert_weights_norm": True, "expert_gating_func": 2}),
     # MiniMax-M2: q/k normed over all heads, rope on half of each head, sigmoid routing with its correction bias
     "minimax_m2": (dict(model_type="minimax_m2", head_dim=16, rotary_dim=8, num_local_experts=4, num_experts_per_tok=2,
                         tie_word_embeddings=False),

@@ -89,7 +89,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("mimo_v2_flash", "services.engine.model.mimo_v2_flash", ("mimo_v2_flash",),
            model="services.engine.model.mimo_decoder:MiMoDecoderModel",
            tensor_names="services.engine.model.mimo_v2_flash:mimo_tensor_name"),
-    Family("dots1", "services.engine.model.dots1", ("dots1",),
+    Family("dots1", "services.engine.model.dots1", ("dots1",), "dots1",
            tensor_names="services.engine.model.glm4_moe:glm4_moe_tensor_name"),
     Family("hy_v3", "services.engine.model.hy_v3", ("hy_v3",),
            tensor_names="services.engine.model.hy_v3:hy_v3_tensor_name", mtp_layers=True),

@@ -143,9 +143,10 @@ _ARCH_LAYER_NAMES = {
     "exaone4": _OUTPUT_NORMS,
     # Seed-OSS's norm before the MLP, which its converter names as a norm after attention
     "seed_oss": {"post_attention_norm.weight": "post_attention_layernorm.weight"},
-    # the routers' correction bias; ERNIE 4.5's shared experts
+    # the routers' correction bias; ERNIE 4.5's and dots.llm1's shared experts
     "minimax-m2": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
     "ernie4_5-moe": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
+    "dots1": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     # IBM Granite 4.0's Mamba-2 mixers and shared MLP
     "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
     # Nemotron-H's blocks: one norm and one mixer each (Mamba-2, attention or a squared-ReLU MLP)
