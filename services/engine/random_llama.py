@@ -166,8 +166,10 @@ def layer_weights(config: ModelConfig, layer: int) -> int:
     if config.block_kinds:  # Nemotron-H: an MLP block's up and down projections (no gate), nothing in the others
         mlp = 2 * config.hidden_size * config.intermediate_size if config.block_kinds[layer] == "mlp" else 0
         return attention_weights(config, layer) + mlp
-    inter = moe.top_k * moe.intermediate_size if config.is_sparse_layer(layer) else config.intermediate_size
-    return attention_weights(config, layer) + 3 * config.hidden_size * inter
+    if config.is_sparse_layer(layer):
+        return attention_weights(config, layer) + 3 * config.hidden_size * moe.top_k * moe.intermediate_size
+    projections = 3 if config.mlp_activation == "swiglu" else 2  # an ungated MLP (AFM's, Apertus's): up and down
+    return attention_weights(config, layer) + projections * config.hidden_size * config.intermediate_size
 
 
 def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Path:

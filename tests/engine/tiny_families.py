@@ -66,8 +66,10 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",
-                "deepseek_v32-glm5", "afmoe", "mimo_v2_flash"}
+                "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
+                "apertus"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
+RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
@@ -107,6 +109,12 @@ FAMILIES: dict[str, dict] = {
                                embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
                                logits_scaling=16.0),
     "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
+    # Arcee's AFM: Llama with an ungated squared-ReLU MLP
+    "arcee": dict(model_type="arcee", rope_theta=10000.0, tie_word_embeddings=False),
+    # Apertus: per-head q/k norms, an ungated xIELU MLP (its parameters drawn at random per layer), Llama 3's rope
+    "apertus": dict(model_type="apertus", tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=64, rope_theta=12000000.0)),
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
     # Seed-OSS: q/k/v biases and (here, as attention_out_bias allows) an o_proj bias, drawn at random
     "seed_oss": dict(model_type="seed_oss", head_dim=32, attention_out_bias=True, rope_theta=10000000.0,
@@ -424,6 +432,11 @@ def build_family(name: str, root: Path, tokenizer_hf) -> Path:
             for param_name, param in [*model.named_parameters(), *model.named_buffers()]:
                 if param_name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")):
                     param.normal_(1.0, 0.3)
+    if name in RANDOM_ACTIVATIONS:
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if param_name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):
+                    param.normal_(0.0, 0.5)
     if name in RANDOM_BIASES:
         with torch.no_grad():
             for param_name, param in model.named_parameters():

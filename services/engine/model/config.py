@@ -299,6 +299,9 @@ class ModelConfig:
     attention_head_gate: bool = False
     attention_value_gate: bool = False
     rope_in_float32: bool = False  # q and k rotate in float32 with float32 tables, rounded once after (LFM3's)
+    # the dense MLP: SwiGLU (gate and up), or ungated ``down(act(up(x)))`` with a squared ReLU (Arcee's AFM, "relu2")
+    # or xIELU with each layer's learned parameters (Apertus, "xielu")
+    mlp_activation: str = "swiglu"
     moe: MoEConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None

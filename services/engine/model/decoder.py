@@ -54,6 +54,7 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None
     # [num_heads or q_size, hidden]: ModelConfig.attention_head_gate's (LFM3) or attention_value_gate's (AFMoE)
     output_gate: LinearWeight | None = None
+    xielu: XIELUParameters | None = None  # an Apertus layer's activation (ModelConfig.mlp_activation "xielu")
 
 
 class DecoderModel(ExpertLoading):
@@ -188,14 +189,19 @@ class DecoderModel(ExpertLoading):
         return self._with_mlp(layer, i)
 
     def _with_mlp(self, layer: LayerWeights, i: int) -> LayerWeights:
-        """``layer`` with layer ``i``'s MLP weights: its experts where it is sparse, else its dense MLP."""
-        p = f"model.layers.{i}."
-        if self.config.is_sparse_layer(i):
+        """``layer`` with layer ``i``'s MLP weights: its experts where it is sparse, else its dense MLP (an ungated
+        one's up projection as ``gate_up``)."""
+        cfg, p = self.config, f"model.layers.{i}."
+        if cfg.is_sparse_layer(i):
             layer.moe = self._experts(p + "mlp.")
-        else:
+            return layer
+        if cfg.mlp_activation == "swiglu":
             layer.gate_up = self._projection(self._gate_up_parts(p))
-            layer.down = self._projection([(p + "mlp.down_proj.weight",
-                                            (self.config.hidden_size, self.config.intermediate_size))])
+        else:
+            layer.gate_up = self._projection([(p + "mlp.up_proj.weight", (cfg.intermediate_size, cfg.hidden_size))])
+        layer.down = self._projection([(p + "mlp.down_proj.weight", (cfg.hidden_size, cfg.intermediate_size))])
+        if cfg.mlp_activation == "xielu":
+            layer.xielu = XIELUParameters.take(self._source, p + "mlp.act_fn.")
         return layer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -294,7 +300,34 @@ class DecoderModel(ExpertLoading):
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, paths: RowPaths | None) -> torch.Tensor:
         if layer.moe is not None:
             return moe_forward(x, layer.moe, self.config.moe, self.ops.silu_and_mul)
-        return linear(self.ops.silu_and_mul(linear(x, layer.gate_up, paths)), layer.down, paths)
+        up = linear(x, layer.gate_up, paths)
+        if layer.xielu is not None:
+            return linear(layer.xielu(up), layer.down, paths)
+        if self.config.mlp_activation == "relu2":
+            return linear(torch.relu(up).square(), layer.down, paths)
+        return linear(self.ops.silu_and_mul(up), layer.down, paths)
+
+
+@dataclass
+class XIELUParameters:
+    """A layer's xIELU (Apertus): ``alpha_p * x² + beta * x`` where ``x > 0``, else
+    ``(expm1(min(x, eps)) - x) * alpha_n + beta * x``, with ``alpha_p = softplus(a_p)`` and
+    ``alpha_n = beta + softplus(a_n)`` of the layer's learned ``a_p``, ``a_n`` (transformers' ``XIELUActivation``)."""
+
+    alpha_p: torch.Tensor
+    alpha_n: torch.Tensor
+    beta: torch.Tensor
+    eps: torch.Tensor
+
+    @staticmethod
+    def take(source: WeightSource, prefix: str) -> XIELUParameters:
+        a_p, a_n = source.take(prefix + "alpha_p", (1,)), source.take(prefix + "alpha_n", (1,))
+        beta, eps = source.take(prefix + "beta", ()), source.take(prefix + "eps", ())
+        return XIELUParameters(F.softplus(a_p), beta + F.softplus(a_n), beta, eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, self.alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * self.alpha_n + self.beta * x)
 
 
 def local_rope(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> TorchRope | None:

@@ -1,0 +1,26 @@
+"""Arcee's AFM (AFM-4.5B; ``ArceeForCausalLM``, ``arcee``): Llama's layer with an ungated MLP
+``down(relu(up(x))²)`` (``hidden_act`` ``relu2``; ``ModelConfig.mlp_activation``). ``config.json`` is completed with
+transformers' ``ArceeConfig``; another ``hidden_act`` or MLP biases are refused by name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.hf_config import base_fields, with_defaults
+
+ARCHITECTURE = "arcee"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    from transformers import ArceeConfig
+
+    full = with_defaults(ARCHITECTURE, ArceeConfig, cfg)
+    if full.get("hidden_act") != "relu2" or full.get("mlp_bias"):
+        raise ModelLoadError(f"{ARCHITECTURE}: hidden_act {full.get('hidden_act')!r} (mlp_bias "
+                             f"{bool(full.get('mlp_bias'))}) is not supported (only relu2, no MLP biases)")
+    bias = bool(full.get("attention_bias"))
+    return ModelConfig(**base_fields(full, ARCHITECTURE, check_mlp=False), qkv_bias=bias, o_bias=bias,
+                       mlp_activation="relu2")
