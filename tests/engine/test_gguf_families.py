@@ -55,6 +55,8 @@ FAMILIES = {
                              attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
     # Mixtral as llama.cpp writes it: the llama architecture with expert_count, q/k rows permuted
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
+    # Arcee's AFM as llama.cpp writes it: its llama converter's subclass (q/k rows permuted), no gate projection
+    "arcee": dict(model_type="arcee", tie_word_embeddings=False),
     # EXAONE 3.5 as llama.cpp writes it: Llama's layer, nothing permuted, its llama3 scaling as rope_freqs
     "exaone": dict(model_type="exaone", tie_word_embeddings=False, rope_scaling=LLAMA3),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
@@ -168,11 +170,11 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     for load in (load_weights, load_model_config):
         with pytest.raises(ModelLoadError,
                            match=r"gpt2.*supported: llama, smollm3, llama4, granite, granitehybrid, lfm2, lfm2moe, "
-                                 r"nemotron_h, nemotron_h_moe, granitemoe, qwen2, qwen3, seed_oss, mistral3, qwen2moe, "
-                                 r"qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, olmoe, "
-                                 r"hunyuan-dense, dots1, exaone, exaone4, command-r, cohere2, ernie4_5, ernie4_5-moe, "
-                                 r"glm4moe, deepseek2, mistral4, minimax-m2, qwen35, qwen35moe, qwen3next, gemma2, "
-                                 r"gemma3, gemma4$"):
+                                 r"nemotron_h, nemotron_h_moe, granitemoe, arcee, qwen2, qwen3, seed_oss, mistral3, "
+                                 r"qwen2moe, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, "
+                                 r"olmoe, hunyuan-dense, dots1, exaone, exaone4, command-r, cohere2, ernie4_5, "
+                                 r"ernie4_5-moe, glm4moe, deepseek2, mistral4, minimax-m2, qwen35, qwen35moe, "
+                                 r"qwen3next, gemma2, gemma3, gemma4$"):
             load(path)
 
 

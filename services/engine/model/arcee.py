@@ -1,6 +1,7 @@
 """Arcee's AFM (AFM-4.5B; ``ArceeForCausalLM``, ``arcee``): Llama's layer with an ungated MLP
 ``down(relu(up(x))²)`` (``hidden_act`` ``relu2``; ``ModelConfig.mlp_activation``). ``config.json`` is completed with
-transformers' ``ArceeConfig``; another ``hidden_act`` or MLP biases are refused by name."""
+transformers' ``ArceeConfig``; another ``hidden_act`` or MLP biases are refused by name. llama.cpp's ``arcee`` GGUF
+files too (:func:`config_from_gguf`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
+from services.engine.model.gguf_config import gguf_base_fields
 from services.engine.model.hf_config import base_fields, with_defaults
 
-ARCHITECTURE = "arcee"
+ARCHITECTURE = GGUF_ARCHITECTURE = "arcee"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -24,3 +26,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(full.get("attention_bias"))
     return ModelConfig(**base_fields(full, ARCHITECTURE, check_mlp=False), qkv_bias=bias, o_bias=bias,
                        mlp_activation="relu2")
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A llama.cpp ``arcee`` file's config: its llama converter's keys (q/k rows permuted, undone by the loader; yarn
+    as ``rope.scaling.*``), the ungated squared-ReLU MLP its architecture implies."""
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE}, mlp_activation="relu2")

@@ -58,7 +58,7 @@ FAMILIES: tuple[Family, ...] = (
            gguf_tensors="services.engine.model.mamba_gguf:mamba_from_gguf"),
     Family("granite_moe", "services.engine.model.granite_moe", ("granitemoe", "granitemoeshared"), "granitemoe",
            tensor_names="services.engine.model.granite_moe:granite_moe_tensor_name"),
-    Family("arcee", "services.engine.model.arcee", ("arcee",)),
+    Family("arcee", "services.engine.model.arcee", ("arcee",), "arcee"),
     Family("apertus", "services.engine.model.apertus", ("apertus",),
            tensor_names="services.engine.model.apertus:apertus_tensor_name"),
     Family("qwen2", "services.engine.model.qwen2", ("qwen2",), "qwen2"),

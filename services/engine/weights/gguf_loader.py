@@ -111,9 +111,10 @@ def _as_tensor(array: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
 
 def _rope_heads(name: str, config: ModelConfig) -> int:
     """Heads whose rows llama.cpp permuted in this tensor (0: not permuted; only its llama converter does, and
-    Granite's (4.0's hybrids too), Nemotron-H's, Mistral 3's and SmolLM3's, which are the llama one's subclasses)."""
+    Granite's (4.0's hybrids too), Nemotron-H's, Mistral 3's, SmolLM3's and Arcee's, which are the llama one's
+    subclasses)."""
     if config.architecture not in ("llama", "granite", "granite_moe", "granite_hybrid", "nemotron_h", "mistral3",
-                                   "smollm3"):
+                                   "smollm3", "arcee"):
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads
