@@ -35,9 +35,10 @@ READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "q
                         "exaone", "dots1"})
 """Architectures whose GGUF config transformers cannot read (DeepSeek's, GLM-4's, GLM-4.5's; the Qwen-VL text models',
 named as no model type it knows; Qwen3-Next's, SmolLM3's, Seed-OSS's, OLMo's, ERNIE 4.5's, Mistral 4's, Granite
-4.0's, Nemotron-H's): their tokenizer is built from its ``tokenizer.ggml.*`` fields alone, with transformers' GGUF
-tokenizer builders, a byte-level one split as the file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or
-transformers' own table; another is refused, whatever the architecture: :func:`_check_split`)."""
+4.0's, Nemotron-H's, Cohere's, EXAONE's, Hunyuan's, dots.llm1's): their tokenizer is built from its
+``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer builders, a byte-level one split as the file's
+``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or transformers' own table; another is refused, whatever the
+architecture: :func:`_check_split`)."""
 
 NO_BOS_PRES = frozenset({"glm4", "chatglm-bpe"})
 """Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added, whatever ``add_bos_token`` says: the chat

@@ -64,7 +64,10 @@ def random_tensors(config: ModelConfig, dtype: torch.dtype = torch.float32, devi
     """Hugging Face-named Llama tensors, N(0, std) weights and unit norms (drawn on ``device``); a sparse
     layer's router and experts in transformers 5's stacked layout (``mlp.experts.gate_up_proj``); a Gemma
     layer's two MLP norms too (Gemma scales by ``1 + weight``: its norms are zeros), and GLM-4's norms on each
-    block's output (``sandwich_norms``)."""
+    block's output (``sandwich_norms``). A config with an ungated MLP (AFM's, Apertus's) is refused: its layers take
+    no gate projection."""
+    if config.mlp_activation != "swiglu":
+        raise ValueError(f"{config.name}: random_tensors writes SwiGLU MLPs, not {config.mlp_activation!r} ones")
     gen = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config.hidden_size, config.intermediate_size
 
@@ -161,7 +164,7 @@ def attention_weights(config: ModelConfig, layer: int = 0) -> int:
 
 def layer_weights(config: ModelConfig, layer: int) -> int:
     """Weights of ``layer``'s projections that each token multiplies: q, k, v, o and its MLP (a dense layer's
-    gate, up and down; a sparse layer's ``top_k`` experts')."""
+    gate, up and down, or an ungated one's up and down; a sparse layer's ``top_k`` experts')."""
     moe = config.moe
     if config.block_kinds:  # Nemotron-H: an MLP block's up and down projections (no gate), nothing in the others
         mlp = 2 * config.hidden_size * config.intermediate_size if config.block_kinds[layer] == "mlp" else 0
@@ -180,7 +183,7 @@ def write_random_llama_dir(path: Path, config: ModelConfig, seed: int = 0) -> Pa
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    if config.qk_norm or config.qkv_bias or config.moe is not None:
+    if config.qk_norm or config.qkv_bias or config.moe is not None or config.mlp_activation != "swiglu":
         raise ValueError(f"{config.name} is not a plain Llama: write_random_llama_dir writes Llama checkpoints")
     path.mkdir(parents=True, exist_ok=True)
     hf_config = {

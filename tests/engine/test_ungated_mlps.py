@@ -6,6 +6,7 @@ is not served is refused by name."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.apertus import apertus_tensor_name
@@ -62,3 +63,18 @@ def test_the_bandwidth_floor_counts_an_ungated_mlp_s_two_projections(family_dir)
         matrices = sum(p.numel() for p in load_reference(path).parameters() if p.dim() == 2)
         # the untied head is read, the embedding table gathered (not counted)
         assert weight_bytes(config, 2) == 2 * (matrices - config.vocab_size * config.hidden_size), name
+
+
+def test_an_unknown_activation_or_one_a_family_s_own_mlp_cannot_run_is_refused_by_name(family_dir):
+    import dataclasses
+
+    from services.engine.model.gemma_decoder import GemmaDecoderModel
+    from services.engine.weights import load_weights
+
+    afm = config_from_hf({"model_type": "arcee"})
+    with pytest.raises(ModelLoadError, match="mlp_activation 'gelu' is not one of swiglu, relu2, xielu"):
+        dataclasses.replace(afm, mlp_activation="gelu")
+    gemma = load_weights(family_dir("gemma2"))
+    with pytest.raises(ModelLoadError, match="gemma2: its decoder's layers are its own; mlp_activation 'relu2'"):
+        GemmaDecoderModel(dataclasses.replace(gemma.config, mlp_activation="relu2"), dict(gemma.tensors),
+                          torch.float32)

@@ -10,7 +10,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import gguf_base_fields
+from services.engine.model.gguf_config import gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, with_defaults
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "arcee"
@@ -30,6 +30,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     """A llama.cpp ``arcee`` file's config: its llama converter's keys (q/k rows permuted, undone by the loader; yarn
-    as ``rope.scaling.*``), the ungated squared-ReLU MLP its architecture implies."""
+    as ``rope.scaling.*``), the ungated squared-ReLU MLP its architecture implies; its end ids as every GGUF family's
+    (the EOS, ``eot_token_id``)."""
     base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
-    return ModelConfig(**{**base, "architecture": ARCHITECTURE}, mlp_activation="relu2")
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       mlp_activation="relu2")

@@ -261,6 +261,9 @@ def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) ->
     return len(spec.layers) * (spec.conv_dim * (spec.conv_kernel - 1) * dtype_bytes + matrix)
 
 
+MLP_ACTIVATIONS = ("swiglu", "relu2", "xielu")  # ModelConfig.mlp_activation's
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and constants of a decoder of the Llama family (Llama, SmolLM3, Granite, Granite MoE, Qwen2, Qwen3,
@@ -356,6 +359,8 @@ class ModelConfig:
     rope_positions: int | None = None
 
     def __post_init__(self) -> None:
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ModelLoadError(f"mlp_activation {self.mlp_activation!r} is not one of {', '.join(MLP_ACTIVATIONS)}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "max_position"):
             if getattr(self, name) < 1:

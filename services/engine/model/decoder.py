@@ -1,5 +1,5 @@
-"""The decoder every supported family shares (RMSNorm, RoPE, GQA, SwiGLU or sparse experts, optionally
-tied embeddings, q/k/v biases and per-head q/k norms) over a paged KV cache.
+"""The decoder every supported family shares (RMSNorm, RoPE, GQA, SwiGLU (or an ungated MLP: squared ReLU, xIELU) or
+sparse experts, optionally tied embeddings, q/k/v biases and per-head q/k norms) over a paged KV cache.
 
 The model is a plain object holding fused weight tensors (q/k/v in one matrix, gate/up in one matrix),
 not an ``nn.Module``: a decode step is ~15 torch calls per layer and nothing else. A family differs only
@@ -44,7 +44,8 @@ class LayerWeights:
     qkv: LinearWeight  # [q_size + 2 * kv_size, hidden]
     o: LinearWeight
     post_norm: torch.Tensor
-    gate_up: LinearWeight | None  # [2 * intermediate, hidden]; None in a sparse layer
+    # [2 * intermediate, hidden] (an ungated MLP's: its up projection, [intermediate, hidden]); None in a sparse layer
+    gate_up: LinearWeight | None
     down: LinearWeight | None
     q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3); [q_size] with ModelConfig.qk_norm_whole
     k_norm: torch.Tensor | None = None
@@ -94,6 +95,10 @@ class DecoderModel(ExpertLoading):
                                                   and not type(self).QUERY_TEMPERATURE)):
             raise ModelLoadError(f"{config.architecture}: its decoder has no query temperature "
                                  "(llama_4_scaling_beta); only the shared and the latent decoders' layers apply it")
+        if config.mlp_activation != "swiglu" and (type(self).final_hidden is not DecoderModel.final_hidden
+                                                  or type(self)._mlp is not DecoderModel._mlp):
+            raise ModelLoadError(f"{config.architecture}: its decoder's layers are its own; mlp_activation "
+                                 f"{config.mlp_activation!r} runs in the shared decoder's only")
         self.config = config
         self.deterministic = deterministic
         self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0

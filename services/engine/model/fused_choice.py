@@ -40,7 +40,8 @@ def ineligible(device: torch.device, dtype: torch.dtype, *, enabled: bool, deter
 
 
 def check_shapes(config: ModelConfig) -> CheckShapes:
-    widths = [config.intermediate_size] if any(not config.is_sparse_layer(i) for i in range(config.num_layers)) else []
+    dense = config.mlp_activation == "swiglu" and any(not config.is_sparse_layer(i) for i in range(config.num_layers))
+    widths = [config.intermediate_size] if dense else []  # (an ungated MLP takes no SiLU-and-multiply)
     if config.moe is not None:
         widths.append(config.moe.intermediate_size)
     return CheckShapes(config.hidden_size, tuple(dict.fromkeys(widths)), config.num_heads, config.num_kv_heads,

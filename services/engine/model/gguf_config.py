@@ -36,6 +36,7 @@ TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "glm4": ("<|user|>", "<|observat
                   "smollm3": ("<|im_end|>",), "olmo2": ("<|im_end|>",), "nemotron_h": ("<|im_end|>",),
                   "nemotron_h_moe": ("<|im_end|>",), "command-r": ("<|END_OF_TURN_TOKEN|>",),
                   "cohere2": ("<|END_OF_TURN_TOKEN|>",), "exaone4": ("[|endofturn|]",), "exaone": ("[|endofturn|]",),
+                  "dots1": ("<|endofresponse|>",),
                   "hunyuan-dense": ("<\uff5chy_place\u2581holder\u2581no\u25812\uff5c>",)}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 

@@ -2,25 +2,25 @@
 ``qwen3moe``, ``qwen35``, ``qwen35moe``, ``qwen2vl``, ``qwen3vl``, ``qwen3vlmoe``, ``gemma2``, ``gemma3``, ``gemma4``,
 ``gpt-oss``, ``lfm2``, ``lfm2moe``, ``deepseek2``, ``glm4``, ``glm4moe``, ``phi3``, ``mistral3``, ``smollm3``,
 ``seed_oss``, ``olmo2``, ``olmoe``, ``ernie4_5``, ``ernie4_5-moe``, ``minimax-m2``, ``qwen3next``, ``mistral4``,
-``granitehybrid``, ``nemotron_h``) with the ``gguf`` package, dequantise to float32 (MXFP4: bfloat16, exact) and
-rename to Hugging Face names (:mod:`services.engine.weights.gguf_names`).
+``granitehybrid``, ``nemotron_h``, ``exaone``, ``dots1``, ``arcee``, …: the registry's) with the ``gguf`` package,
+dequantise to float32 (MXFP4: bfloat16, exact) and rename to Hugging Face names
+(:mod:`services.engine.weights.gguf_names`).
 
-- llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its
-  interleaved-pair rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite``, ``granitemoe``,
-  ``granitehybrid``, ``nemotron_h``, ``mistral3`` and ``smollm3`` architectures only (its other converters store them
-  as they are); :func:`unpermute_rope_rows` undoes that.
-- Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a
-  family with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with
-  biases), the stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms
-  (LFM2's squeezed conv, Qwen3.5's DeltaNet, DeepSeek's kv_b split in two); the 4-bit codes of a tensor it changed
-  are not kept.
+- llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (weights and biases) so that its interleaved-pair
+  rope matches Hugging Face's rotate-half rope, for the ``llama``, ``granite``, ``granitemoe``, ``granitehybrid``,
+  ``nemotron_h``, ``mistral3``, ``smollm3`` and ``arcee`` architectures only (its other converters store them as they
+  are); :func:`unpermute_rope_rows` undoes that.
+- Sparse experts are stored as one 3-D tensor per projection; each slice becomes one expert's weight, or, for a family
+  with a loader hook (``Family.gguf_tensors``: GPT-OSS's, whose experts transformers holds stacked with biases), the
+  stacks are kept whole and the hook lays them out. A hook also undoes a converter's other transforms (LFM2's squeezed
+  conv, Qwen3.5's DeltaNet, DeepSeek's kv_b split in two); the 4-bit codes of a tensor it changed are not kept.
 - Gemma 2's, Gemma 3's and Qwen3.5's norms are stored as ``1 + weight`` (Gemma 4's as they are)
   (:func:`~services.engine.weights.gguf_names.norm_offset`); the 1 is taken off (in float32) and their layers' own
   names are mapped. A multi-token-prediction block after the last layer (``nextn_predict_layers``) is not read.
-- ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is
-  how llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``; Gemma 4's (1 on the pairs that
-  rotate, 1e30 on the others) its proportional rope's ``rotated_fraction``. Gemma 4's experts are kept stacked, as
-  its decoder reads them.
+- ``rope_freqs`` (Llama 3.1+: the llama3 rope scaling as per-dimension divisors of ``inv_freq``, which is how
+  llama.cpp applies it) becomes ``ModelConfig.rope_scaling.freq_factors``; Gemma 4's (1 on the pairs that rotate, 1e30
+  on the others) its proportional rope's ``rotated_fraction``. Gemma 4's experts are kept stacked, as its decoder
+  reads them.
 - Whether the head is tied and whether attention has biases is read from the tensors present.
 - A tensor name the loader does not know, or a quant type the ``gguf`` package cannot dequantise, is a
   :class:`ModelLoadError` naming the tensor; nothing is dropped silently.
