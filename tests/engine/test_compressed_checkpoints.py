@@ -8,7 +8,6 @@ from them; what cannot be served is refused by name."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.weights import load_weights
 from services.engine.weights.compressed_checkpoint import CompressedScheme, compressed_scheme, decompress_weights
 from services.engine.weights.fp8_blocks import fp8_scheme
-from tests.engine.test_fp8_checkpoints import assert_engine_serves_reference, transformers_weight
+from tests.engine.test_fp8_checkpoints import assert_engine_serves_reference, transformers_weight, unsharded_copy
 from tests.engine.test_model_families import assert_matches
 from tests.engine.tiny_families import greedy_full_forward
 
@@ -78,12 +77,7 @@ def _compress(weight: torch.Tensor, compressed: CompressedScheme, scale_dtype: t
 def _compressed_copy(source, target, quantization: dict, selected: str, in_text_config: bool,
                      scale_dtype: torch.dtype = torch.bfloat16):
     """``target``: ``source``'s checkpoint in bf16, the projections whose names hold ``selected`` compressed."""
-    shutil.copytree(source, target)
-    tensors = {}
-    for file in sorted(target.glob("*.safetensors")):
-        tensors |= load_file(str(file))
-        file.unlink()
-    (target / "model.safetensors.index.json").unlink(missing_ok=True)
+    tensors = unsharded_copy(source, target)
     config = json.loads((target / "config.json").read_text())
     compressed = compressed_scheme({"quantization_config": quantization})
     stored = {}

@@ -49,12 +49,7 @@ def _fp8_copy(source, target, per_tensor: bool = False):
     """``target``: ``source``'s checkpoint with every projection of its layers in FP8 blocks, or per tensor with a
     static activation scale each (as the released FP8 files: embeddings, norms, routers and the head stay as they
     were)."""
-    shutil.copytree(source, target)
-    tensors = {}
-    for file in sorted(target.glob("*.safetensors")):
-        tensors |= load_file(str(file))
-        file.unlink()
-    (target / "model.safetensors.index.json").unlink(missing_ok=True)
+    tensors = unsharded_copy(source, target)
     stored = {}
     for name, tensor in tensors.items():
         if name.startswith("model.layers.") and name.endswith(_PROJECTIONS) and tensor.dim() == 2 and per_tensor:
@@ -69,6 +64,18 @@ def _fp8_copy(source, target, per_tensor: bool = False):
     quantization = PER_TENSOR if per_tensor else QUANTIZATION
     (target / "config.json").write_text(json.dumps(config | {"quantization_config": quantization}))
     return target
+
+
+def unsharded_copy(source, target) -> dict[str, torch.Tensor]:
+    """``source``'s checkpoint copied to ``target`` without its weights (shards and index), and those weights: a
+    test writes them back transformed, as one file."""
+    shutil.copytree(source, target)
+    tensors = {}
+    for file in sorted(target.glob("*.safetensors")):
+        tensors |= load_file(str(file))
+        file.unlink()
+    (target / "model.safetensors.index.json").unlink(missing_ok=True)
+    return tensors
 
 
 @pytest.fixture(scope="module", params=["qwen3", "deepseek-v3", "minimax_m2", "mistral3-text"])

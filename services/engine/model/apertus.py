@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
+from services.engine.model.arcee import ungated_mlp_config
 from services.engine.model.config import ModelConfig
-from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.hf_config import with_defaults
 
 ARCHITECTURE = "apertus"
 
@@ -19,13 +19,7 @@ ARCHITECTURE = "apertus"
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import ApertusConfig
 
-    full = with_defaults(ARCHITECTURE, ApertusConfig, cfg)
-    if full.get("hidden_act") != "xielu" or full.get("mlp_bias"):
-        raise ModelLoadError(f"{ARCHITECTURE}: hidden_act {full.get('hidden_act')!r} (mlp_bias "
-                             f"{bool(full.get('mlp_bias'))}) is not supported (only xielu, no MLP biases)")
-    bias = bool(full.get("attention_bias"))
-    return ModelConfig(**base_fields(full, ARCHITECTURE, check_mlp=False), qk_norm=True, qkv_bias=bias, o_bias=bias,
-                       mlp_activation="xielu")
+    return ungated_mlp_config(with_defaults(ARCHITECTURE, ApertusConfig, cfg), ARCHITECTURE, "xielu", qk_norm=True)
 
 
 def apertus_tensor_name(name: str) -> str:

@@ -19,13 +19,19 @@ ARCHITECTURE = GGUF_ARCHITECTURE = "arcee"
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import ArceeConfig
 
-    full = with_defaults(ARCHITECTURE, ArceeConfig, cfg)
-    if full.get("hidden_act") != "relu2" or full.get("mlp_bias"):
-        raise ModelLoadError(f"{ARCHITECTURE}: hidden_act {full.get('hidden_act')!r} (mlp_bias "
-                             f"{bool(full.get('mlp_bias'))}) is not supported (only relu2, no MLP biases)")
+    return ungated_mlp_config(with_defaults(ARCHITECTURE, ArceeConfig, cfg), ARCHITECTURE, "relu2")
+
+
+def ungated_mlp_config(full: Mapping[str, Any], architecture: str, activation: str, qk_norm: bool = False
+                       ) -> ModelConfig:
+    """The config of a Llama-shaped ``full`` config (its class's defaults filled in) whose MLP is ungated with
+    ``activation`` (its ``hidden_act``; another, or MLP biases, refused by name): Arcee's, Apertus's."""
+    if full.get("hidden_act") != activation or full.get("mlp_bias"):
+        raise ModelLoadError(f"{architecture}: hidden_act {full.get('hidden_act')!r} (mlp_bias "
+                             f"{bool(full.get('mlp_bias'))}) is not supported (only {activation}, no MLP biases)")
     bias = bool(full.get("attention_bias"))
-    return ModelConfig(**base_fields(full, ARCHITECTURE, check_mlp=False), qkv_bias=bias, o_bias=bias,
-                       mlp_activation="relu2")
+    return ModelConfig(**base_fields(full, architecture, check_mlp=False), qk_norm=qk_norm, qkv_bias=bias,
+                       o_bias=bias, mlp_activation=activation)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
