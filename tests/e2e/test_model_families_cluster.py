@@ -62,7 +62,9 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "mistral4", "gemma2", "gemma4", "llama4", "qwen2", "qwen3", "mixtral",
                                            "mistral", "cohere", "exaone4", "hunyuan", "deepseek-kimi_k25",
                                            "glm4_moe-solar_open", "hy_v3", "lfm2", "exaone", "dots1",
-                                           "deepseek_v32-glm5", "afmoe", "mimo_v2_flash", "arcee", "apertus"})
+                                           "deepseek_v32-glm5", "afmoe", "mimo_v2_flash", "arcee", "apertus",
+                                           "internlm3", "iquestcoder", "helium", "deepseek-sarvam_mla",
+                                           "sarvam_moe", "youtu", "gemma"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

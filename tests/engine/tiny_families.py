@@ -67,14 +67,15 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",
                 "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                "apertus"}
+                "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
-                 "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash"}
+                 "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
+                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "gemma"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -109,6 +110,14 @@ FAMILIES: dict[str, dict] = {
                                embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
                                logits_scaling=16.0),
     "qwen2": dict(model_type="qwen2", rope_theta=1000000.0, tie_word_embeddings=True),
+    # InternLM3: Llama under its own keys (qkv_bias, bias), the release's dynamic NTK rope (plain within the context)
+    "internlm3": dict(model_type="internlm3", head_dim=16, rope_theta=50000000.0, tie_word_embeddings=False,
+                      rope_scaling={"rope_type": "dynamic", "factor": 6.0}),
+    # Helium: Llama with rope on adjacent pairs and q/k/v biases (drawn at random; none on o_proj)
+    "helium": dict(model_type="helium", head_dim=16, attention_bias=True, rope_theta=20000.0,
+                   tie_word_embeddings=False),
+    # IQuest-Coder-V1: Llama under its own model type
+    "iquestcoder": dict(model_type="iquestcoder", head_dim=32, rope_theta=500000.0, tie_word_embeddings=False),
     # Arcee's AFM: Llama with an ungated squared-ReLU MLP
     "arcee": dict(model_type="arcee", rope_theta=10000.0, tie_word_embeddings=False),
     # Apertus: per-head q/k norms, an ungated xIELU MLP (its parameters drawn at random per layer), Llama 3's rope
@@ -247,6 +256,22 @@ FAMILIES: dict[str, dict] = {
                               first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
                               norm_topk_prob=True, index_topk=40, index_n_heads=16, index_head_dim=32,
                               indexer_types=["full", "shared", "full"], tie_word_embeddings=False),
+    # Sarvam-105B: DeepSeek-V3's model with one q projection, sigmoid routing over one group
+    "deepseek-sarvam_mla": dict(model_type="sarvam_mla", q_lora_rank=None, **_LATENT, n_routed_experts=8,
+                                num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                                first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                                tie_word_embeddings=False,
+                                rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                 "original_max_position_embeddings": 1024, "beta_fast": 32.0,
+                                                 "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    # Sarvam-30B: GLM-4.5's model (q/k/v biases and norms drawn at random, the whole head rotated, two groups) under
+    # Bailing-MoE's names, q/k/v stored fused
+    "sarvam_moe": dict(model_type="sarvam_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=48, num_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                       topk_group=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+                       tie_word_embeddings=False),
+    # Youtu-LLM: DeepSeek-V3's latent attention (q through its bottleneck) over a dense MLP on every layer, tied
+    "youtu": dict(model_type="youtu", q_lora_rank=48, **_LATENT, rope_theta=1600000.0, tie_word_embeddings=True),
     # DeepSeek-V2(-Lite): one q projection, softmax routing limited to the best of 2 groups (3 experts of its 4: the
     # limit then changes the choice), weights times 16
     "deepseek-v2": dict(model_type="deepseek_v2", q_lora_rank=None, **_LATENT, n_routed_experts=8,
@@ -268,6 +293,8 @@ FAMILIES: dict[str, dict] = {
     # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
     "minimax_m2": dict(model_type="minimax_m2", head_dim=32, rotary_dim=16, num_local_experts=8,
                        num_experts_per_tok=2, intermediate_size=48, rope_theta=5000000.0, tie_word_embeddings=False),
+    # Gemma 1: Gemma's norms (drawn at random) before attention and the MLP only, Llama's attention
+    "gemma": dict(model_type="gemma", head_dim=16, rope_theta=10000.0, tie_word_embeddings=True),
     # Gemma 2: sliding (24 here, 4096 there) and full layers alternating from the first, one rope base, no q/k
     # norms, every attention score softcapped (at 3 here, where the tiny model's scores reach it; 50 there) and
     # the logits (30)

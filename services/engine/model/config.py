@@ -103,14 +103,17 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class GemmaConfig:
-    """What Gemma 2 and 3 change in the decoder (:mod:`services.engine.model.gemma_decoder`): RMSNorm scaled by
-    ``1 + weight``, norms after attention and the MLP as well as before, embeddings times ``sqrt(hidden)``,
-    a GELU (tanh) gated MLP, attention scaled by ``query_pre_attn_scalar ** -0.5``, and the sliding-window
-    layers' own rope base (no scaling; Gemma 2's is the full layers' base)."""
+    """What Gemma 1, 2 and 3 change in the decoder (:mod:`services.engine.model.gemma_decoder`): RMSNorm scaled by
+    ``1 + weight``, norms after attention and the MLP as well as before (Gemma 2's and 3's: ``post_norms``),
+    embeddings times ``sqrt(hidden)``, a GELU (tanh) gated MLP, attention scaled by ``query_pre_attn_scalar **
+    -0.5``, and the sliding-window layers' own rope base (no scaling; Gemma 2's is the full layers' base)."""
 
     query_pre_attn_scalar: float
     local_rope_theta: float
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    # norms on the attention's and the MLP's outputs (Gemma 2 and 3); Gemma 1 has the norms before them only, the
+    # one before the MLP named ``post_attention_layernorm``
+    post_norms: bool = True
 
 
 @dataclass(frozen=True)

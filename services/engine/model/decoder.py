@@ -158,8 +158,11 @@ class DecoderModel(ExpertLoading):
 
     def _qkv_parts(self, a: str) -> list[tuple[str, tuple[int, int]]]:
         """The checkpoint tensors (name, shape) of a layer's q, k and v rows, in that order (``a``: the
-        attention's prefix); a family that stores them fused names its one tensor."""
+        attention's prefix): one ``qkv_proj`` where the checkpoint stores them fused (Phi-3's; Sarvam-MoE's
+        ``query_key_value``, renamed)."""
         cfg, hidden = self.config, self.config.hidden_size
+        if self._source.has(a + "qkv_proj.weight"):
+            return [(a + "qkv_proj.weight", (cfg.q_size + 2 * cfg.kv_size, hidden))]
         return [(a + "q_proj.weight", (cfg.q_size, hidden)), (a + "k_proj.weight", (cfg.kv_size, hidden)),
                 (a + "v_proj.weight", (cfg.kv_size, hidden))]
 

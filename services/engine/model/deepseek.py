@@ -1,7 +1,7 @@
 """DeepSeek-V2 and V2-Lite (``deepseek_v2``), DeepSeek-V3, V3.1 and R1 and the checkpoints of their architecture
 (``deepseek_v3``; Kimi K2's ``kimi_k2`` and Moonlight's configs are DeepSeek-V3's; Kimi K2.5's and K2.6's
 ``kimi_k25`` is a vision-language checkpoint around one, whose text model is served, its vision tower and projector
-not read): multi-head latent attention
+not read; Sarvam-105B's ``sarvam_mla`` is one too, :mod:`services.engine.model.sarvam`): multi-head latent attention
 (:class:`~services.engine.model.config.LatentAttention`, served by :mod:`services.engine.model.mla_decoder`) and
 experts from the ``first_k_dense_replace``-th layer on, beside ``n_shared_experts`` ungated shared experts.
 
@@ -33,6 +33,7 @@ from services.engine.model.config import LatentAttention, ModelConfig, MoEConfig
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import base_fields, required
 from services.engine.model.multimodal_text import text_config, text_tensor_name
+from services.engine.model.sarvam import SARVAM_MLA, sarvam_mla_as_deepseek_v3
 
 ARCHITECTURE = "deepseek"
 KIMI_K25 = "kimi_k25"
@@ -42,6 +43,8 @@ KIMI_K25_TEXT_TYPES = ("deepseek_v3", "kimi_k2")
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if cfg.get("model_type") == KIMI_K25:
         cfg = _kimi_k25_text(cfg)
+    elif cfg.get("model_type") == SARVAM_MLA:
+        cfg = sarvam_mla_as_deepseek_v3(cfg)
     v2 = cfg.get("model_type") == "deepseek_v2"
     if v2:
         cfg = {"first_k_dense_replace": 0, "topk_method": "greedy", "norm_topk_prob": False, "q_lora_rank": 1536,

@@ -1,7 +1,8 @@
-"""Gemma 2's and Gemma 3's decoder: the shared decoder's weights and projections (:class:`DecoderModel`) in
+"""Gemma 1's, 2's and 3's decoder: the shared decoder's weights and projections (:class:`DecoderModel`) in
 Gemma's layer.
 
-Per layer: ``h += post_attn_norm(attention(input_norm(h)))`` then ``h += post_ff_norm(mlp(pre_ff_norm(h)))``,
+Per layer: ``h += post_attn_norm(attention(input_norm(h)))`` then ``h += post_ff_norm(mlp(pre_ff_norm(h)))``
+(Gemma 1: without the two norms after, ``GemmaConfig.post_norms``),
 every norm computed in float32 and scaled by ``1 + weight`` (kept in float32: the sum is never rounded to the
 serving dtype, as transformers computes it); the MLP is ``down(gelu_tanh(gate) * up)``; q and k are normed
 per head (Gemma 3's ``qk_norm``); embeddings are scaled by ``sqrt(hidden)`` rounded to the serving dtype.
@@ -70,12 +71,17 @@ class GemmaDecoderModel(DecoderModel):
         base = super()._layer(i)
         hidden, p = self.config.hidden_size, f"model.layers.{i}."
         layer = GemmaLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
-        layer.pre_ff_norm = self._source.take(p + "pre_feedforward_layernorm.weight", (hidden,))
-        layer.post_ff_norm = self._source.take(p + "post_feedforward_layernorm.weight", (hidden,))
+        assert self.config.gemma is not None
+        if self.config.gemma.post_norms:
+            layer.pre_ff_norm = self._source.take(p + "pre_feedforward_layernorm.weight", (hidden,))
+            layer.post_ff_norm = self._source.take(p + "post_feedforward_layernorm.weight", (hidden,))
+        else:  # Gemma 1: its post_attention_layernorm is the norm before the MLP
+            layer.pre_ff_norm, layer.post_norm = layer.post_norm, None
         norms = ("input_norm", "post_norm", "pre_ff_norm", "post_ff_norm", *(("q_norm", "k_norm")
                                                                                if self.config.qk_norm else ()))
         for name in norms:
-            setattr(layer, name, offset_norm_weight(getattr(layer, name)))
+            if getattr(layer, name) is not None:
+                setattr(layer, name, offset_norm_weight(getattr(layer, name)))
         return layer
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
@@ -108,9 +114,9 @@ class GemmaDecoderModel(DecoderModel):
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
-            hidden = hidden + gemma_rms_norm(o, layer.post_norm, eps)
+            hidden = hidden + (o if layer.post_norm is None else gemma_rms_norm(o, layer.post_norm, eps))
             x = gemma_rms_norm(hidden, layer.pre_ff_norm, eps)
             gate, up = linear(x, layer.gate_up, paths).chunk(2, dim=-1)
             mlp = linear(F.gelu(gate, approximate="tanh") * up, layer.down, paths)
-            hidden = hidden + gemma_rms_norm(mlp, layer.post_ff_norm, eps)
+            hidden = hidden + (mlp if layer.post_ff_norm is None else gemma_rms_norm(mlp, layer.post_ff_norm, eps))
         return gemma_rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)

@@ -52,7 +52,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         return _solar_open(cfg)
     cfg = {"partial_rotary_factor": 0.5, **cfg}  # Glm4MoeConfig's default
     fields = base_fields(cfg, ARCHITECTURE, partial_rotary=True)
-    moe = _experts(cfg, range(int(cfg.get("first_k_dense_replace", 1)), fields["num_layers"]))
+    moe = glm_experts(cfg, range(int(cfg.get("first_k_dense_replace", 1)), fields["num_layers"]))
     return ModelConfig(**{**fields, "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-5))},
                        qkv_bias=bool(cfg.get("attention_bias", False)), qk_norm=bool(cfg.get("use_qk_norm", False)),
                        moe=moe)
@@ -68,10 +68,10 @@ def _solar_open(cfg: Mapping[str, Any]) -> ModelConfig:
     width = int(full["moe_intermediate_size"])
     fields = base_fields({**full, "intermediate_size": width}, SOLAR_OPEN)  # (no dense MLP: the width unused)
     return ModelConfig(**{**fields, "architecture": ARCHITECTURE}, qkv_bias=bool(full.get("attention_bias")),
-                       moe=_experts(full, range(fields["num_layers"])))
+                       moe=glm_experts(full, range(fields["num_layers"])))
 
 
-def _experts(cfg: Mapping[str, Any], sparse_layers: range) -> MoEConfig:
+def glm_experts(cfg: Mapping[str, Any], sparse_layers: range) -> MoEConfig:
     """GLM-4.5's experts (and Solar Open's) on ``sparse_layers``: sigmoid-routed within the best groups, beside
     ``n_shared_experts`` ungated shared ones."""
     expert_width = int(cfg.get("moe_intermediate_size", 1408))

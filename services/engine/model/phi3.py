@@ -1,5 +1,5 @@
 """Phi-3, Phi-3.5, Phi-4 and Phi-4-mini (``Phi3ForCausalLM``): Llama with q/k/v stored as one ``qkv_proj`` and
-gate/up as one ``gate_up_proj`` (the fused layout the shared decoder runs anyway, :class:`Phi3DecoderModel`);
+gate/up as one ``gate_up_proj`` (the fused layouts the shared decoder reads where stored);
 where ``sliding_window`` is set (Phi-3-mini-4k: 2047), a sliding window on every layer, served exactly at any
 length; ``partial_rotary_factor`` (Phi-4-mini); ``longrope`` (Phi-3.5, Phi-4-mini, the 128k models; "su" and, as
 ``Phi3Config`` reads it, "yarn" are its other names), served up to ``original_max_position_embeddings``
