@@ -75,7 +75,7 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "gemma"}
+                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "gemma", "vaultgemma", "hyperclovax", "flex_olmo"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -100,6 +100,10 @@ FAMILIES: dict[str, dict] = {
     # differs from head_dim ** -0.5 = 0.25 too)
     "granite": dict(model_type="granite", rope_theta=10000000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
                     attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0),
+    # HyperCLOVA X SEED Think: Granite's scalars with a norm on each block's output (drawn at random)
+    "hyperclovax": dict(model_type="hyperclovax", rope_theta=10000000.0, tie_word_embeddings=False,
+                        embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
+                        logits_scaling=16.0, use_post_norm=True),
     # Granite 3.x MoE: Granite's scalars, experts on every layer (stacked input_linear/output_linear, the softmax of
     # the top-k logits); its shared variant (granitemoeshared) adds a shared MLP with no gate of its own
     "granite_moe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, rope_theta=10000000.0,
@@ -116,6 +120,10 @@ FAMILIES: dict[str, dict] = {
     # Helium: Llama with rope on adjacent pairs and q/k/v biases (drawn at random; none on o_proj)
     "helium": dict(model_type="helium", head_dim=16, attention_bias=True, rope_theta=20000.0,
                    tie_word_embeddings=False),
+    # Meta's CWM: Llama (llama3 rope) with a window (24 here, 8192 there) on three layers of four: the first full
+    "cwm": dict(model_type="cwm", head_dim=16, sliding_window=24, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                     original_max_position_embeddings=64, rope_theta=1000000.0)),
     # IQuest-Coder-V1: Llama under its own model type
     "iquestcoder": dict(model_type="iquestcoder", head_dim=32, rope_theta=500000.0, tie_word_embeddings=False),
     # Arcee's AFM: Llama with an ungated squared-ReLU MLP
@@ -289,6 +297,9 @@ FAMILIES: dict[str, dict] = {
     # OLMoE: OLMo 2's whole-projection q/k norms in a pre-norm layer, softmax-routed experts on every layer
     "olmoe": dict(model_type="olmoe", num_experts=8, num_experts_per_tok=2, intermediate_size=48, rope_theta=10000.0,
                   tie_word_embeddings=False, pad_token_id=0),
+    # FlexOlmo: OLMo 2's layer (norms drawn at random) with OLMoE's experts on every layer
+    "flex_olmo": dict(model_type="flex_olmo", num_experts=8, num_experts_per_tok=2, intermediate_size=48,
+                      rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0),
     # MiniMax-M2: q/k normed over all heads at once (norms drawn at random), rope on half of each head (the
     # released configs' rotary_dim), sigmoid-routed experts on every layer (correction bias drawn at random)
     "minimax_m2": dict(model_type="minimax_m2", head_dim=32, rotary_dim=16, num_local_experts=8,
@@ -302,6 +313,11 @@ FAMILIES: dict[str, dict] = {
                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                    attn_logit_softcapping=3.0, final_logit_softcapping=30.0, rope_theta=10000.0,
                    tie_word_embeddings=True),
+    # VaultGemma: Gemma 2's model without the norms after attention and the MLP (norms drawn at random)
+    "vaultgemma": dict(model_type="vaultgemma", head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                       attn_logit_softcapping=3.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+                       tie_word_embeddings=True),
     # Llama 4 as Maverick's text model is (its wrapper's reading: tests/engine/test_llama4.py): experts (top-2 here, so
     # that the sum shows; top-1 there) on every other layer beside a shared one, dense MLPs between, no rope on every
     # fourth layer (the last here), L2 q/k norms, llama3 rope scaling; the query temperature's floor at 64 (8192 there)

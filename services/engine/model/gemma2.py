@@ -25,17 +25,22 @@ LLAMA_CPP_DEFAULTS = {"attention.sliding_window": 4096, "attn_logit_softcapping"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
-    full = _full_config(cfg)
+    return gemma2_config(_full_config(cfg), ARCHITECTURE)
+
+
+def gemma2_config(full: Mapping[str, Any], architecture: str, post_norms: bool = True) -> ModelConfig:
+    """The config of a Gemma 2 ``config.json`` completed with its class's defaults (``full``), as ``architecture``
+    (VaultGemma's: ``post_norms`` off)."""
     if full.get("hidden_activation") not in ACTIVATIONS:
-        raise ModelLoadError(f"gemma2: hidden_activation {full.get('hidden_activation')!r} is not supported "
+        raise ModelLoadError(f"{architecture}: hidden_activation {full.get('hidden_activation')!r} is not supported "
                              f"(only {', '.join(ACTIVATIONS)})")
     if full.get("use_bidirectional_attention"):
-        raise ModelLoadError("gemma2: use_bidirectional_attention (an embedding model) is not supported")
-    fields = base_fields(full, ARCHITECTURE, check_mlp=False)
+        raise ModelLoadError(f"{architecture}: use_bidirectional_attention (an embedding model) is not supported")
+    fields = base_fields(full, architecture, check_mlp=False)
     if fields["rope_scaling"] is not None:  # transformers would scale the sliding layers' rope too
-        raise ModelLoadError(f"gemma2: rope scaling is not supported (no release has one), got "
+        raise ModelLoadError(f"{architecture}: rope scaling is not supported (no release has one), got "
                              f"{fields['rope_scaling'].rope_type}")
-    windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), fields["num_layers"],
+    windows = typed_layer_windows(architecture, list(full["layer_types"]), fields["num_layers"],
                                   full.get("sliding_window"))
     bias = bool(full.get("attention_bias", False))
     return ModelConfig(
@@ -43,7 +48,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         attn_logit_softcap=_cap(full.get("attn_logit_softcapping")),
         gemma=GemmaConfig(query_pre_attn_scalar=float(full["query_pre_attn_scalar"]),
                           local_rope_theta=fields["rope_theta"],
-                          final_logit_softcap=_cap(full.get("final_logit_softcapping"))),
+                          final_logit_softcap=_cap(full.get("final_logit_softcapping")), post_norms=post_norms),
     )
 
 

@@ -2,7 +2,8 @@
 ``h += norm(mlp(h))``, q and k normed over all their heads at once (see :mod:`services.engine.model.olmo2`; OLMo 3's
 sliding layers rotate with their own plain rope, :mod:`services.engine.model.olmo3`); EXAONE 4.0's the same layer with
 q and k normed head by head (``ModelConfig.qk_norm``) and its global layers unrotated
-(:mod:`services.engine.model.exaone4`)."""
+(:mod:`services.engine.model.exaone4`); FlexOlmo's with OLMoE's experts as its MLP
+(:mod:`services.engine.model.flex_olmo`)."""
 
 from __future__ import annotations
 
@@ -33,17 +34,16 @@ class Olmo2DecoderModel(DecoderModel):
     def _layer(self, i: int) -> LayerWeights:
         cfg, take, p = self.config, self._source.take, f"model.layers.{i}."
         hidden, a = cfg.hidden_size, p + "self_attn."
-        return LayerWeights(
+        return self._with_mlp(LayerWeights(
             input_norm=None, post_norm=None,  # type: ignore[arg-type]  (OLMo 2 norms no block's input)
             qkv=self._projection(self._qkv_parts(a), bias=cfg.qkv_bias),
             o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
-            gate_up=self._projection(self._gate_up_parts(p)),
-            down=self._projection([(p + "mlp.down_proj.weight", (hidden, cfg.intermediate_size))]),
+            gate_up=None, down=None,
             q_norm=take(a + "q_norm.weight", (cfg.head_dim if cfg.qk_norm else cfg.q_size,)),
             k_norm=take(a + "k_norm.weight", (cfg.head_dim if cfg.qk_norm else cfg.kv_size,)),
             attn_out_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
             mlp_out_norm=take(p + "post_feedforward_layernorm.weight", (hidden,)),
-        )
+        ), i)
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
@@ -70,6 +70,5 @@ class Olmo2DecoderModel(DecoderModel):
             attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
             o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
             hidden = hidden + rms_norm(o, layer.attn_out_norm, eps)
-            mlp = linear(ops.silu_and_mul(linear(hidden, layer.gate_up, paths)), layer.down, paths)
-            hidden = hidden + rms_norm(mlp, layer.mlp_out_norm, eps)
+            hidden = hidden + rms_norm(self._mlp(hidden, layer, paths), layer.mlp_out_norm, eps)
         return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)

@@ -31,12 +31,17 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     if cfg.get("clip_qkv") is not None:
         raise ModelLoadError(f"olmoe: clip_qkv {cfg['clip_qkv']!r} is not supported (only null, as released)")
     fields = base_fields(cfg, ARCHITECTURE)
-    moe = MoEConfig(num_experts=int(required(cfg, "num_experts")), top_k=int(required(cfg, "num_experts_per_tok")),
-                    intermediate_size=fields["intermediate_size"],
-                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                    sparse_layers=tuple(range(fields["num_layers"])))
+    moe = olmoe_experts(cfg, fields["intermediate_size"], fields["num_layers"])
     bias = bool(cfg.get("attention_bias", False))
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_whole=True, moe=moe)
+
+
+def olmoe_experts(cfg: Mapping[str, Any], width: int, layers: int) -> MoEConfig:
+    """OLMoE's experts (``width`` wide) on every one of ``layers``: the softmax over all, its top-k, renormalised
+    only with ``norm_topk_prob``."""
+    return MoEConfig(num_experts=int(required(cfg, "num_experts")), top_k=int(required(cfg, "num_experts_per_tok")),
+                     intermediate_size=width, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                     sparse_layers=tuple(range(layers)))
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
