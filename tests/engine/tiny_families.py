@@ -67,7 +67,8 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",
                 "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu"}
+                "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "gemma", "vaultgemma", "hyperclovax",
+                "flex_olmo", "starcoder2", "jais2"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -75,7 +76,7 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "gemma", "vaultgemma", "hyperclovax", "flex_olmo"}
+                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -124,6 +125,11 @@ FAMILIES: dict[str, dict] = {
     "cwm": dict(model_type="cwm", head_dim=16, sliding_window=24, tie_word_embeddings=False,
                 rope_parameters=dict(rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                      original_max_position_embeddings=64, rope_theta=1000000.0)),
+    # StarCoder2: Mistral's attention (a window of 24 on every layer) with LayerNorms, biases everywhere (norms and
+    # biases drawn at random), an ungated tanh-GELU MLP
+    "starcoder2": dict(model_type="starcoder2", sliding_window=24, rope_theta=100000.0, tie_word_embeddings=True),
+    # Jais 2: Llama's attention with biases, LayerNorms, an ungated squared-ReLU MLP with biases (drawn at random)
+    "jais2": dict(model_type="jais2", rope_theta=500000.0, tie_word_embeddings=False),
     # IQuest-Coder-V1: Llama under its own model type
     "iquestcoder": dict(model_type="iquestcoder", head_dim=32, rope_theta=500000.0, tie_word_embeddings=False),
     # Arcee's AFM: Llama with an ungated squared-ReLU MLP

@@ -264,7 +264,7 @@ def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) ->
     return len(spec.layers) * (spec.conv_dim * (spec.conv_kernel - 1) * dtype_bytes + matrix)
 
 
-MLP_ACTIVATIONS = ("swiglu", "relu2", "xielu")  # ModelConfig.mlp_activation's
+MLP_ACTIVATIONS = ("swiglu", "relu2", "xielu", "gelu_tanh")  # ModelConfig.mlp_activation's
 
 
 @dataclass(frozen=True)
@@ -305,9 +305,14 @@ class ModelConfig:
     attention_head_gate: bool = False
     attention_value_gate: bool = False
     rope_in_float32: bool = False  # q and k rotate in float32 with float32 tables, rounded once after (LFM3's)
-    # the dense MLP: SwiGLU (gate and up), or ungated ``down(act(up(x)))`` with a squared ReLU (Arcee's AFM, "relu2")
-    # or xIELU with each layer's learned parameters (Apertus, "xielu")
+    # the dense MLP: SwiGLU (gate and up), or ungated ``down(act(up(x)))`` with a squared ReLU (Arcee's AFM and
+    # Jais 2, "relu2"), xIELU with each layer's learned parameters (Apertus, "xielu") or the tanh GELU (StarCoder2,
+    # "gelu_tanh")
     mlp_activation: str = "swiglu"
+    mlp_bias: bool = False  # the dense MLP's projections have biases (StarCoder2's, Jais 2's)
+    # every norm is a LayerNorm with a weight and a bias, of epsilon ``rms_norm_eps`` (StarCoder2's, Jais 2's; their
+    # layers: :mod:`services.engine.model.layernorm_decoder`), not an RMSNorm
+    layer_norm: bool = False
     moe: MoEConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None

@@ -85,6 +85,9 @@ class DecoderModel(ExpertLoading):
     FUSED_OPS: ClassVar[bool] = True  # a family whose layer calls torch's ops directly sets it False
     # a family whose own ``_attention`` multiplies its queries by ``query_scale`` (the query temperature) sets it
     QUERY_TEMPERATURE: ClassVar[bool] = False
+    # a family whose layers are its own but run :meth:`_mlp` (every activation, MLP biases) sets it True
+    SHARED_MLP: ClassVar[bool] = False
+    LAYER_NORM: ClassVar[bool] = False  # its layers take ModelConfig.layer_norm's LayerNorms
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
@@ -95,10 +98,13 @@ class DecoderModel(ExpertLoading):
                                                   and not type(self).QUERY_TEMPERATURE)):
             raise ModelLoadError(f"{config.architecture}: its decoder has no query temperature "
                                  "(llama_4_scaling_beta); only the shared and the latent decoders' layers apply it")
-        if config.mlp_activation != "swiglu" and (type(self).final_hidden is not DecoderModel.final_hidden
-                                                  or type(self)._mlp is not DecoderModel._mlp):
+        if (config.mlp_activation != "swiglu" or config.mlp_bias) and not type(self).SHARED_MLP and (
+                type(self).final_hidden is not DecoderModel.final_hidden or type(self)._mlp is not DecoderModel._mlp):
             raise ModelLoadError(f"{config.architecture}: its decoder's layers are its own; mlp_activation "
-                                 f"{config.mlp_activation!r} runs in the shared decoder's only")
+                                 f"{config.mlp_activation!r} (mlp_bias {config.mlp_bias}) runs in the shared "
+                                 "decoder's MLP only")
+        if config.layer_norm and not type(self).LAYER_NORM:
+            raise ModelLoadError(f"{config.architecture}: LayerNorm layers run in LayerNormDecoderModel only")
         self.config = config
         self.deterministic = deterministic
         self._row_block = INVARIANT_ROW_BLOCK if deterministic else 0
@@ -204,10 +210,12 @@ class DecoderModel(ExpertLoading):
             layer.moe = self._experts(p + "mlp.")
             return layer
         if cfg.mlp_activation == "swiglu":
-            layer.gate_up = self._projection(self._gate_up_parts(p))
+            layer.gate_up = self._projection(self._gate_up_parts(p), bias=cfg.mlp_bias)
         else:
-            layer.gate_up = self._projection([(p + "mlp.up_proj.weight", (cfg.intermediate_size, cfg.hidden_size))])
-        layer.down = self._projection([(p + "mlp.down_proj.weight", (cfg.hidden_size, cfg.intermediate_size))])
+            layer.gate_up = self._projection([(p + "mlp.up_proj.weight", (cfg.intermediate_size, cfg.hidden_size))],
+                                             bias=cfg.mlp_bias)
+        layer.down = self._projection([(p + "mlp.down_proj.weight", (cfg.hidden_size, cfg.intermediate_size))],
+                                      bias=cfg.mlp_bias)
         if cfg.mlp_activation == "xielu":
             layer.xielu = XIELUParameters.take(self._source, p + "mlp.act_fn.")
         return layer
@@ -313,6 +321,8 @@ class DecoderModel(ExpertLoading):
             return linear(layer.xielu(up), layer.down, paths)
         if self.config.mlp_activation == "relu2":
             return linear(torch.relu(up).square(), layer.down, paths)
+        if self.config.mlp_activation == "gelu_tanh":
+            return linear(F.gelu(up, approximate="tanh"), layer.down, paths)
         return linear(self.ops.silu_and_mul(up), layer.down, paths)
 
 

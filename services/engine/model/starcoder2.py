@@ -1,0 +1,41 @@
+"""BigCode's StarCoder2 (3B, 7B, 15B; ``Starcoder2ForCausalLM``, ``starcoder2``): Mistral's attention (a window on
+every layer where ``sliding_window`` is set: 4096 in the releases, served exactly) with LayerNorms
+(:mod:`services.engine.model.layernorm_decoder`), biases on every projection (``use_bias``), an ungated tanh-GELU MLP
+``c_proj(gelu(c_fc(x)))`` (read as ``up_proj``/``down_proj``, :func:`starcoder2_tensor_name`), read as
+``Starcoder2Config`` completes it (``norm_epsilon``; tied embeddings where unset). Another ``hidden_act`` is refused
+by name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig
+from services.engine.model.gemma3 import ACTIVATIONS
+from services.engine.model.hf_config import base_fields, every_layer_window, with_defaults
+
+ARCHITECTURE = "starcoder2"
+
+_MLP = ((re.compile(r"\.mlp\.c_fc\."), ".mlp.up_proj."), (re.compile(r"\.mlp\.c_proj\."), ".mlp.down_proj."))
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    from transformers import Starcoder2Config
+
+    full = with_defaults(ARCHITECTURE, Starcoder2Config, cfg)
+    if full.get("hidden_act") not in ACTIVATIONS:
+        raise ModelLoadError(f"starcoder2: hidden_act {full.get('hidden_act')!r} is not supported "
+                             f"(only {', '.join(ACTIVATIONS)})")
+    fields = base_fields({**full, "rms_norm_eps": full["norm_epsilon"]}, ARCHITECTURE, check_mlp=False)
+    bias = bool(full.get("use_bias"))
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, mlp_bias=bias, mlp_activation="gelu_tanh",
+                       layer_norm=True, layer_windows=every_layer_window(full, fields["max_position"]))
+
+
+def starcoder2_tensor_name(name: str) -> str:
+    """A StarCoder2 checkpoint tensor's name in the shared decoder (its MLP's as Llama's)."""
+    for pattern, replacement in _MLP:
+        name = pattern.sub(replacement, name)
+    return name
