@@ -4,6 +4,9 @@ output normed before it joins the residual stream) with Qwen3's q/k norms (each 
 heads); where the config has a ``sliding_window``, the layers ``layer_types`` names ``sliding_attention`` attend
 within it with rope and the others over everything without rope (the 32B's three local layers to one global); the
 1.2B's layers are all global, with rope. ``config.json`` is completed with transformers' ``Exaone4Config`` defaults.
+EXAONE 4.5 (``Exaone4_5_ForConditionalGeneration``, ``exaone4_5``) is a vision-language checkpoint around an EXAONE
+4.0 text model (its first files name it ``exaone4_5_text``), plain positions for text: its text model is served
+(:mod:`services.engine.model.multimodal_text`), its vision tower not read.
 
 llama.cpp's ``exaone4`` GGUF files (:func:`config_from_gguf`): the same layer, nothing permuted (NEOX's rope, on
 halves); a file with ``attention.sliding_window`` slides on the layers ``attention.sliding_window_pattern`` marks
@@ -19,8 +22,10 @@ from typing import Any
 from services.engine.model.config import ModelConfig, full_layers
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
+from services.engine.model.multimodal_text import text_config
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "exaone4"
+EXAONE4_5 = "exaone4_5"
 _GGUF_SLIDING_PERIOD = 4  # llama.cpp's pattern where a file with a window names none: the fourth layer is global
 _THE_32B_S_LAYERS, _THE_32B_S_WINDOW = 64, 4096  # what llama.cpp assumes of a 64-layer file that names no window
 
@@ -28,12 +33,23 @@ _THE_32B_S_LAYERS, _THE_32B_S_WINDOW = 64, 4096  # what llama.cpp assumes of a 6
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import Exaone4Config
 
-    full = with_defaults(ARCHITECTURE, Exaone4Config, cfg)
+    text = text_config(cfg, EXAONE4_5)
+    if text.get("model_type") == "exaone4_5_text":  # EXAONE 4.5's first files' name of it
+        text["model_type"] = ARCHITECTURE
+    full = with_defaults(ARCHITECTURE, Exaone4Config, text)
     fields = base_fields(full, ARCHITECTURE)
+    return ModelConfig(**fields, qk_norm=True, **exaone4_layers(full, ARCHITECTURE, fields["num_layers"]))
+
+
+def exaone4_layers(full: Mapping[str, Any], architecture: str, layers: int) -> dict[str, Any]:
+    """EXAONE 4.0's attention per layer (its ``full`` config's, EXAONE MoE's too): where there is a
+    ``sliding_window``, the layers ``layer_types`` names sliding attend within it with rope, the others over
+    everything without (``layer_windows`` and ``nope_layers``); else every layer global, with rope."""
     window = full.get("sliding_window")
-    windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), fields["num_layers"], window)
-    return ModelConfig(**fields, qk_norm=True, layer_windows=windows if window is not None else (),
-                       nope_layers=() if window is None else full_layers(windows))
+    if window is None:
+        return {}
+    windows = typed_layer_windows(architecture, list(full["layer_types"]), layers, window)
+    return dict(layer_windows=windows, nope_layers=full_layers(windows))
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
