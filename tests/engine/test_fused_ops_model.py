@@ -1,9 +1,9 @@
 """The decoder's fused-ops path on the CPU, over the torch stand-in for flashinfer (``tests/kernels/
-fake_flashinfer.py``, which makes a CPU model eligible): its logits are the torch path's within bf16 rounding
-(Llama, Qwen3's q/k norms, llama3 rope scaling, GLM-4's interleaved rope and sandwich norms, mixture-of-experts
-layers, a decode step over the prefill's KV, decode-graph replays); the torch path is the pre-fusion forward bit
-for bit (the models it knew); which ops a model takes, and the log lines that say so. The real kernels:
-``tests/kernels/test_fused_ops_gpu.py``."""
+fake_flashinfer.py``, which makes a CPU model eligible): its logits are the torch path's within bf16 rounding (Llama,
+Qwen3's q/k norms, llama3 rope scaling, GLM-4's interleaved rope and sandwich norms, mixture-of-experts layers, a
+local rope beside the fused one, a decode step over the prefill's KV, decode-graph replays); the torch path is the
+pre-fusion forward bit for bit (the models it knew); which ops a model takes, and the log lines that say so. The real
+kernels: ``tests/kernels/test_fused_ops_gpu.py``."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ CONFIGS = {
                     sandwich_norms=True),
     "moe": replace(TINY, architecture="qwen3_moe", moe=MoEConfig(num_experts=4, top_k=2, intermediate_size=48,
                                                                  norm_topk_prob=True, sparse_layers=(1,))),
+    # Mellum's and Granite SWA's: a layer rotating with a plain rope of its own (torch's) beside the fused one
+    "local-rope": replace(TINY, local_rope_layers=(0,), local_rope_theta=500.0),
 }
 
 
@@ -135,7 +137,7 @@ def pre_fusion_forward(m: DecoderModel, input_ids, positions, kv_caches, attenti
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", sorted(set(CONFIGS) - {"glm4"}))  # GLM-4 came after the fusion
+@pytest.mark.parametrize("name", sorted(set(CONFIGS) - {"glm4", "local-rope"}))  # (they came after the fusion)
 def test_the_torch_path_is_the_pre_fusion_forward_bit_for_bit(name: str, dtype: torch.dtype,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     m = model(CONFIGS[name], dtype)

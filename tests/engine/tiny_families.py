@@ -69,7 +69,7 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
                 "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "gemma", "vaultgemma", "hyperclovax",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
-                "exaone_moe"}
+                "exaone_moe", "mellum", "phimoe", "cohere2_moe"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -77,7 +77,8 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe"}
+                 "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
+                 "granite_swa", "granite_moe_swa", "phimoe"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -106,6 +107,18 @@ FAMILIES: dict[str, dict] = {
     "hyperclovax": dict(model_type="hyperclovax", rope_theta=10000000.0, tie_word_embeddings=False,
                         embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
                         logits_scaling=16.0, use_post_norm=True),
+    # Granite SWA: Granite's scalars, a sink per head (drawn at random) on every layer, sliding layers (a window of 24)
+    # around a full one, a rope base per layer: the full layer unrotated, the sliding ones on two bases
+    "granite_swa": dict(model_type="granite_swa", tie_word_embeddings=True, embedding_multiplier=12.0,
+                        attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0, sliding_window=24,
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                        layer_rope_theta=[10000.0, 0, 500000.0]),
+    # Granite MoE SWA: the same attention (one base here) in Granite MoE's layer with a shared MLP
+    "granite_moe_swa": dict(model_type="granitemoe_swa", num_local_experts=4, num_experts_per_tok=2,
+                            shared_intermediate_size=96, tie_word_embeddings=False, embedding_multiplier=12.0,
+                            attention_multiplier=0.125, residual_multiplier=0.22, logits_scaling=16.0,
+                            sliding_window=24, layer_types=["full_attention", "sliding_attention",
+                                                            "sliding_attention"]),
     # Granite 3.x MoE: Granite's scalars, experts on every layer (stacked input_linear/output_linear, the softmax of
     # the top-k logits); its shared variant (granitemoeshared) adds a shared MLP with no gate of its own
     "granite_moe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, rope_theta=10000000.0,
@@ -149,6 +162,13 @@ FAMILIES: dict[str, dict] = {
     # Mixtral: Mistral's attention, experts on every layer (block_sparse_moe, w1/w3/w2); a window as Mistral's
     "mixtral": dict(model_type="mixtral", head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
                     rope_theta=1000000.0, tie_word_embeddings=False),
+    # Phi-3.5-MoE: Mixtral's layer with LayerNorms, biases on q/k/v/o and the LM head (drawn at random), the
+    # sparsemixer router (its eps 0.01), longrope with equal short and long mscales (the release's: served whole)
+    "phimoe": dict(model_type="phimoe", num_local_experts=4, num_experts_per_tok=2, attention_bias=True,
+                   lm_head_bias=True, tie_word_embeddings=False,
+                   rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.9, 2.6, 4.0, 7.5, 9.0, 12.0],
+                                 "long_factor": [1.1, 2.0, 3.5, 8.0, 16.0, 40.0, 50.0, 64.0], "short_mscale": 1.2,
+                                 "long_mscale": 1.2, "original_max_position_embeddings": 512}),
     # Qwen1.5-MoE / Qwen2-57B-A14B: Qwen2's attention (q/k/v biases), experts beside a gated shared expert
     "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                       shared_expert_intermediate_size=96, decoder_sparse_step=1, mlp_only_layers=[2],
@@ -156,6 +176,15 @@ FAMILIES: dict[str, dict] = {
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
                       rope_theta=1000000.0, tie_word_embeddings=False),
+    # Mellum 2: Qwen3-MoE's attention and experts (a dense middle layer), sliding layers (a window of 24) rotating
+    # with their own base beside a full one (yarn on the full layers' rope)
+    "mellum": dict(model_type="mellum", head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                   norm_topk_prob=True, sliding_window=24,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   mlp_layer_types=["sparse", "dense", "sparse"], tie_word_embeddings=False,
+                   rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0,
+                                                       "original_max_position_embeddings": 1024},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     # Phi-3/Phi-4: fused qkv_proj and gate_up_proj; a window on every layer as Phi-3-mini-4k has (2047 there)
     "phi3": dict(model_type="phi3", sliding_window=24, rope_theta=250000.0, tie_word_embeddings=False),
     # Phi-4-mini / Phi-3.5-mini: 3/4 of each head rotates; longrope (served up to its original 512 here: past it
@@ -185,6 +214,14 @@ FAMILIES: dict[str, dict] = {
     "cohere-2": dict(model_type="cohere2", logit_scale=0.25, layer_norm_eps=1e-5, sliding_window=24,
                      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                      tie_word_embeddings=True),
+    # Command A Plus: Cohere 2's parallel layer with RMSNorms (drawn at random), a dense first layer rotated though
+    # full, then sliding layers (a window of 24) around a full one without rope, with experts (the softmax of the
+    # top-2 logits) averaged with a shared one
+    "cohere2_moe": dict(model_type="cohere2_moe", num_hidden_layers=4, logit_scale=0.25, rms_norm_eps=1e-5,
+                        sliding_window=24, num_experts=8, num_experts_per_tok=2, intermediate_size=48,
+                        num_shared_experts=1, prefix_dense_intermediate_size=96, first_k_dense_replace=1,
+                        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                        tie_word_embeddings=True),
     # EXAONE 4.0 32B's kind: OLMo 2's layer with Qwen3's per-head q/k norms, sliding layers (window 24) with rope
     # around a global one without (norms drawn at random)
     "exaone4": dict(model_type="exaone4", sliding_window=24, head_dim=16,

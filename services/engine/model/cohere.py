@@ -6,6 +6,7 @@ head tied to the embedding, its logits times ``logit_scale``. Cohere 2's layers 
 ``sliding_attention`` attend within ``sliding_window`` with rope, the others over everything without rope.
 
 Command R+ (``use_qk_norm``): q and k LayerNormed head by head before rope, each head with weights of its own.
+Command A Plus (``Cohere2MoeForCausalLM``, ``cohere2_moe``): Cohere 2's layer with experts (:func:`_cohere2_moe`).
 ``config.json`` is completed with transformers' ``CohereConfig`` / ``Cohere2Config`` defaults.
 
 llama.cpp's ``command-r`` and ``cohere2`` GGUF files (:func:`config_from_gguf`), read as its loader reads them: the
@@ -21,11 +22,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.model.config import ModelConfig, Multipliers, full_layers
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import ModelConfig, MoEConfig, Multipliers, full_layers
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
-from services.engine.model.hf_config import base_fields, required, typed_layer_windows, with_defaults
+from services.engine.model.hf_config import (
+    base_fields,
+    required,
+    sparse_mlp_layers,
+    typed_layer_windows,
+    with_defaults,
+)
 
 ARCHITECTURE = "cohere"
+COHERE2_MOE = "cohere2_moe"
 _GGUF_SWA_PATTERN = 4  # llama.cpp's cohere2: every fourth layer full
 
 
@@ -33,6 +42,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import Cohere2Config, CohereConfig
 
     model_type = str(cfg.get("model_type") or ARCHITECTURE)
+    if model_type == COHERE2_MOE:
+        return _cohere2_moe(cfg)
     full = with_defaults(model_type, Cohere2Config if model_type == "cohere2" else CohereConfig, cfg)
     fields = base_fields({**full, "rms_norm_eps": float(required(full, "layer_norm_eps"))}, ARCHITECTURE)
     windows: tuple[int | None, ...] = ()
@@ -44,6 +55,48 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                        rope_interleaved=True, layer_windows=windows,
                        nope_layers=full_layers(windows),
                        multipliers=Multipliers(logits_scale=float(required(full, "logit_scale"))))
+
+
+def _cohere2_moe(cfg: Mapping[str, Any]) -> ModelConfig:
+    """Command A Plus's config (``Cohere2MoeConfig``'s defaults): Cohere 2's layer with RMSNorms where
+    ``rms_norm_eps`` is set, dense MLPs (``prefix_dense_intermediate_size`` wide) on the layers ``mlp_layer_types``
+    names dense, rotated also where full when ``prefix_dense_sliding_window_pattern`` is 1; experts elsewhere, routed by
+    the softmax (or, ``expert_selection_fn``, the sigmoid) of each token's top-k logits, beside shared experts summed
+    or averaged with them (``shared_expert_combination_strategy``)."""
+    from transformers import Cohere2MoeConfig
+
+    full = with_defaults(COHERE2_MOE, Cohere2MoeConfig, cfg)
+    rms = full.get("rms_norm_eps") is not None
+    eps = float(full["rms_norm_eps"] if rms else required(full, "layer_norm_eps"))
+    kinds = list(full["mlp_layer_types"])
+    dense = [i for i, kind in enumerate(kinds) if kind == "dense"]
+    width = int(full.get("prefix_dense_intermediate_size") or full["intermediate_size"])
+    fields = base_fields({**full, "rms_norm_eps": eps, "intermediate_size": width}, COHERE2_MOE)
+    layers = fields["num_layers"]
+    windows = typed_layer_windows(COHERE2_MOE, list(full["layer_types"]), layers, full.get("sliding_window"))
+    rotated = set(dense) if int(full["prefix_dense_sliding_window_pattern"]) == 1 else set()
+    selection, combination = full["expert_selection_fn"], full["shared_expert_combination_strategy"]
+    if selection not in ("softmax", "sigmoid") or combination not in ("sum", "average"):
+        raise ModelLoadError(f"cohere2_moe: expert_selection_fn {selection!r} with shared_expert_combination_strategy "
+                             f"{combination!r} is not supported (softmax or sigmoid; sum or average)")
+    experts = int(full["intermediate_size"])
+    moe = MoEConfig(num_experts=int(full["num_experts"]), top_k=int(full["num_experts_per_tok"]),
+                    intermediate_size=experts, norm_topk_prob=selection == "sigmoid" and bool(full["norm_topk_prob"]),
+                    sparse_layers=sparse_mlp_layers(full, layers, COHERE2_MOE),
+                    softmax_after_topk=selection == "softmax", sigmoid_after_topk=selection == "sigmoid",
+                    shared_expert_intermediate_size=experts * int(full["num_shared_experts"] or 0) or None,
+                    shared_expert_gated=False, shared_expert_average=combination == "average")
+    bias = bool(full.get("attention_bias"))
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, rope_interleaved=True, layer_windows=windows,
+                       nope_layers=tuple(i for i in full_layers(windows) if i not in rotated),
+                       moe=moe if moe.sparse_layers else None, cohere_rms_norms=rms,
+                       multipliers=Multipliers(logits_scale=float(required(full, "logit_scale"))))
+
+
+def cohere2_moe_tensor_name(name: str) -> str:
+    """A Command A Plus checkpoint tensor's name in the shared decoder (its shared experts the decoder's shared
+    expert)."""
+    return name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

@@ -1,7 +1,8 @@
 """Cohere's layer over the shared decoder's weights and projections (see :mod:`services.engine.model.cohere`):
 ``x = norm(h)``, then ``h = h + attention(x) + mlp(x)``; every norm a LayerNorm with a weight and no bias, computed
 in float32 as transformers computes ``CohereLayerNorm`` (Command R+'s q and k normed so head by head, each head with
-weights of its own, before rope)."""
+weights of its own, before rope); Cohere 2 MoE's RMSNorms where its config says so
+(``ModelConfig.cohere_rms_norms``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear import RowPaths
+from kernels.norm import rms_norm
 from services.engine.model.decoder import DecoderModel, LayerWeights
 
 if TYPE_CHECKING:
@@ -56,10 +58,11 @@ class CohereDecoderModel(DecoderModel):
                      states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract, in Cohere's layer."""
         eps = self.config.rms_norm_eps
+        norm = rms_norm if self.config.cohere_rms_norms else cohere_layer_norm
         hidden = F.embedding(input_ids, self.embed)
         rope = self.ops.rope.prepare(positions)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            x = cohere_layer_norm(hidden, layer.input_norm, eps)
+            x = norm(hidden, layer.input_norm, eps)
             attended = self._attention(i, layer, x, kv_cache, attention, rope, paths)
             hidden = hidden + attended + self._mlp(x, layer, paths)
-        return cohere_layer_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+        return norm(hidden.index_select(0, logits_indices), self.final_norm, eps)

@@ -69,6 +69,12 @@ class MoEConfig:
     # the routed experts work in a latent width: the tokens projected down to it (``fc1_latent_proj``) and their sum
     # back up (``fc2_latent_proj``); the router and the shared expert see the hidden width (Nemotron 3 Super's)
     latent_size: int | None = None
+    # Phi-3.5-MoE's sparsemixer (its ``router_jitter_noise``, as inference runs it; top-2): the first expert is the
+    # best logit, weighted by the softmax over the logits within ``2·eps`` (relative) of it; the second the best of
+    # the rest, weighted by the softmax over the rest within ``2·eps`` of that one
+    sparse_mixer_eps: float | None = None
+    # the shared expert's output and the routed experts' sum are averaged, not summed (Cohere 2 MoE's "average")
+    shared_expert_average: bool = False
 
     @property
     def correction_bias(self) -> bool:
@@ -90,6 +96,8 @@ class MoEConfig:
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ModelLoadError(f"num_experts_per_tok {self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if self.sparse_mixer_eps is not None and self.top_k != 2:
+            raise ModelLoadError(f"the sparsemixer router picks 2 experts, not num_experts_per_tok {self.top_k}")
         if self.expert_groups < 1 or self.num_experts % self.expert_groups:
             raise ModelLoadError(f"n_group {self.expert_groups} must divide num_experts {self.num_experts}")
         per_group = self.num_experts // self.expert_groups
@@ -313,6 +321,10 @@ class ModelConfig:
     # every norm is a LayerNorm with a weight and a bias, of epsilon ``rms_norm_eps`` (StarCoder2's, Jais 2's; their
     # layers: :mod:`services.engine.model.layernorm_decoder`), not an RMSNorm
     layer_norm: bool = False
+    lm_head_bias: bool = False  # the LM head has a bias (``lm_head.bias``: Phi-3.5-MoE's)
+    # Cohere's layer (:mod:`services.engine.model.cohere_decoder`) with RMSNorms for its LayerNorms (Cohere 2 MoE's,
+    # where its config sets ``rms_norm_eps``)
+    cohere_rms_norms: bool = False
     moe: MoEConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window of its attention (a query at position p sees positions p-W+1..p), None

@@ -10,6 +10,7 @@ fused kernels on CUDA (:mod:`kernels.fused_ops`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
@@ -29,6 +30,7 @@ from services.engine.model.fused_choice import choose_fused_ops
 from services.engine.model.moe import MoEWeights, moe_forward
 from services.engine.model.moe_grouped import grouped_experts_problem
 from services.engine.model.moe_loading import ExpertLoading
+from services.engine.model.typed_ropes import TypedRopes
 from services.engine.model.weight_source import WeightSource
 
 log = structlog.get_logger(__name__)
@@ -88,6 +90,9 @@ class DecoderModel(ExpertLoading):
     # a family whose layers are its own but run :meth:`_mlp` (every activation, MLP biases) sets it True
     SHARED_MLP: ClassVar[bool] = False
     LAYER_NORM: ClassVar[bool] = False  # its layers take ModelConfig.layer_norm's LayerNorms
+    # a family whose layers rotate its local_rope_layers themselves sets it True; the others' layers rotate them
+    # with the shared :meth:`_rotate` (``ModelConfig.local_rope_theta``'s plain rope, :mod:`typed_ropes`)
+    OWN_LOCAL_ROPE: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", quantized: dict[str, GroupQuantized] | None = None,
@@ -125,7 +130,8 @@ class DecoderModel(ExpertLoading):
         # oneDNN's 32-row blocks at 1-16 rows here)
         head = self.embed if cfg.tie_word_embeddings else source.take("lm_head.weight",
                                                                       (cfg.vocab_size, cfg.hidden_size))
-        self.lm_head = prepare_linear(head, row_block=self._row_block, prompt_rows=deterministic)
+        head_bias = source.take("lm_head.bias", (cfg.vocab_size,)) if cfg.lm_head_bias else None
+        self.lm_head = prepare_linear(head, bias=head_bias, row_block=self._row_block, prompt_rows=deterministic)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
         self._model_weights()
         self._kv_index = {layer: n for n, layer in enumerate(cfg.kv_layers)}  # layer -> its KV cache (a hybrid's)
@@ -139,6 +145,12 @@ class DecoderModel(ExpertLoading):
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
                                     deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
+        if cfg.local_rope_layers and not self.OWN_LOCAL_ROPE:
+            local = local_rope(cfg, self.device, dtype)
+            if local is None:
+                raise ModelLoadError(f"{cfg.architecture}: local rope layers {cfg.local_rope_layers} without a "
+                                     "local_rope_theta")
+            self.ops = dataclasses.replace(self.ops, rope=TypedRopes(self.ops.rope, local))
 
     def _model_weights(self) -> None:
         """Model-level weights a family adds (beside the embedding, final norm and head), taken before the loader
@@ -197,6 +209,8 @@ class DecoderModel(ExpertLoading):
         if cfg.sandwich_norms:
             layer.attn_out_norm = take(p + "post_self_attn_layernorm.weight", (hidden,))
             layer.mlp_out_norm = take(p + "post_mlp_layernorm.weight", (hidden,))
+        if cfg.attention_sinks:  # GPT-OSS's, Granite SWA's: a learned logit per head, in float32
+            layer.sinks = take(a + "sinks", (cfg.num_heads,)).float()
         if cfg.attention_head_gate or cfg.attention_value_gate:
             rows = cfg.q_size if cfg.attention_value_gate else cfg.num_heads
             layer.output_gate = self._projection([(a + "g_proj.weight", (rows, hidden))])
@@ -303,8 +317,10 @@ class DecoderModel(ExpertLoading):
         return linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
 
     def _rotate(self, i: int, q: torch.Tensor, k: torch.Tensor, rope: object) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s q and k rotated (``rope``: what :meth:`final_hidden` prepared for the step; a family whose
-        layers rotate differently gives its own)."""
+        """Layer ``i``'s q and k rotated (``rope``: what :meth:`final_hidden` prepared for the step), a local rope
+        layer's with its own rope (:class:`TypedRopes`); a family whose layers rotate differently gives its own."""
+        if isinstance(self.ops.rope, TypedRopes):
+            return self.ops.rope.rotate(i in self.config.local_rope_layers, q, k, rope)  # type: ignore[arg-type]
         return self.ops.rope(q, k, rope)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, layer: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,6 +84,7 @@ class Gemma4DecoderModel(DecoderModel):
     fused elementwise kernels are never used."""
 
     FUSED_OPS = False
+    OWN_LOCAL_ROPE = True  # its sliding layers rotate in its own layer
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, *args: Any,
                  **kwargs: Any):

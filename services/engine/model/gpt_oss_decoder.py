@@ -1,5 +1,5 @@
-"""GPT-OSS's decoder: the shared decoder (:class:`DecoderModel`) with each layer's attention sinks and GPT-OSS's
-experts.
+"""GPT-OSS's decoder: the shared decoder (:class:`DecoderModel`, which reads each layer's attention sinks) with
+GPT-OSS's experts.
 
 Its experts are stored as transformers holds them: ``gate_up_proj [E, hidden, 2 * inter]`` with the gate and up
 columns interleaved (gate even, up odd), ``down_proj [E, inter, hidden]``, each with a bias; OpenAI's checkpoints
@@ -45,11 +45,6 @@ class GptOssDecoderModel(DecoderModel):
         kwargs["grouped_experts"] = False
         super().__init__(config, tensors, dtype, *args, **kwargs)
         self._activation = partial(clamped_swiglu, limit=config.moe.swiglu_limit, alpha=config.moe.swiglu_alpha)
-
-    def _layer(self, i: int) -> LayerWeights:
-        layer = super()._layer(i)
-        layer.sinks = self._source.take(f"model.layers.{i}.self_attn.sinks", (self.config.num_heads,)).float()
-        return layer
 
     def _experts(self, p: str) -> MoEWeights:
         moe, hidden, source = self.config.moe, self.config.hidden_size, self._source

@@ -43,7 +43,9 @@ _RENAMES = (
 )
 
 
-def _experts(num_experts: int, top_k: int, intermediate: int, num_layers: int, shared: int) -> MoEConfig:
+def granite_experts(num_experts: int, top_k: int, intermediate: int, num_layers: int, shared: int) -> MoEConfig:
+    """Granite MoE's experts on every one of ``num_layers``: the softmax of each token's top-k logits, beside a
+    shared MLP ``shared`` wide (0: none)."""
     return MoEConfig(num_experts=num_experts, top_k=top_k, intermediate_size=intermediate, norm_topk_prob=False,
                      softmax_after_topk=True, sparse_layers=tuple(range(num_layers)),
                      shared_expert_intermediate_size=shared or None, shared_expert_gated=False)
@@ -52,7 +54,7 @@ def _experts(num_experts: int, top_k: int, intermediate: int, num_layers: int, s
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """``granitemoe`` and ``granitemoeshared`` (``shared_intermediate_size`` 0 or absent: no shared MLP)."""
     dense = granite_from_hf(cfg)
-    moe = _experts(int(required(cfg, "num_local_experts")), int(required(cfg, "num_experts_per_tok")),
+    moe = granite_experts(int(required(cfg, "num_local_experts")), int(required(cfg, "num_experts_per_tok")),
                    dense.intermediate_size, dense.num_layers, int(cfg.get("shared_intermediate_size") or 0))
     return _as_moe(dense, moe)
 
@@ -64,7 +66,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
     dense = granite_from_gguf(fields, GGUF_ARCHITECTURE)
     width = f.get("expert_feed_forward_length") or f.key("feed_forward_length")
-    moe = _experts(int(f.key("expert_count")), int(f.key("expert_used_count")), int(width), dense.num_layers,
+    moe = granite_experts(int(f.key("expert_count")), int(f.key("expert_used_count")), int(width), dense.num_layers,
                    int(f.get("expert_shared_feed_forward_length") or 0))
     return _as_moe(dense, moe)
 

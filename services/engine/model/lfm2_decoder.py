@@ -49,6 +49,7 @@ class Lfm2DecoderModel(DecoderModel):
     it has convolution layers."""
 
     FUSED_OPS = False
+    OWN_LOCAL_ROPE = True  # its sliding layers rotate in its own layer
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, *args: Any,
                  **kwargs: Any):

@@ -8,51 +8,28 @@
   attention's output cut back (exact: the padding attends to zeros), after scaling by ``value_scale``;
 - the sliding layers add a learned sink logit per head to each softmax (GPT-OSS's ``sinks``; released as
   ``attention_sink_bias``) and rotate with a rope of their own base over the same partial dims as the full layers'
-  (``ModelConfig.local_rope_layers``).
+  (``ModelConfig.local_rope_layers``, the shared decoder's :meth:`DecoderModel._rotate`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from kernels.fused_ops import TorchRope
 from kernels.linear import RowPaths, linear
 from services.engine.model.config import MiMoAttention
-from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options, local_rope
+from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
-
-
-@dataclass(frozen=True)
-class _TypedRopes:
-    """The full layers' rope and the sliding layers' (both prepared once per step); called, the full layers'."""
-
-    main: Any
-    local: TorchRope
-
-    def prepare(self, positions: torch.Tensor) -> tuple[Any, Any]:
-        return self.main.prepare(positions), self.local.prepare(positions)
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, step: tuple[Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.main(q, k, step[0])
 
 
 class MiMoDecoderModel(DecoderModel):
     """A :class:`DecoderModel` over a MiMo-V2-Flash checkpoint (see the module); same constructor."""
 
     FUSED_OPS = False  # the sliding layers' rope beside the full layers' (torch's, both)
-
-    def __init__(self, config, tensors, dtype, *args, **kwargs):
-        super().__init__(config, tensors, dtype, *args, **kwargs)
-        local = local_rope(config, self.device, dtype)
-        assert local is not None
-        self.ops = dataclasses.replace(self.ops, rope=_TypedRopes(self.ops.rope, local))
 
     @property
     def _mimo(self) -> MiMoAttention:
@@ -74,12 +51,6 @@ class MiMoDecoderModel(DecoderModel):
         if i in mimo.sink_layers:
             layer.sinks = take(a + "sinks", (cfg.num_heads,)).float()
         return self._with_mlp(layer, i)
-
-    def _rotate(self, i: int, q: torch.Tensor, k: torch.Tensor, rope: object) -> tuple[torch.Tensor, torch.Tensor]:
-        assert isinstance(self.ops.rope, _TypedRopes) and isinstance(rope, tuple)
-        if i in self.config.local_rope_layers:
-            return self.ops.rope.local(q, k, rope[1])
-        return self.ops.rope.main(q, k, rope[0])
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
                    attention: AttentionBackend, rope: object, paths: RowPaths | None,

@@ -55,6 +55,8 @@ def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torc
     if config.group_limited_softmax:
         return _group_limited_softmax_route(x, weights, config)
     router_logits = linear(x, weights.router)
+    if config.sparse_mixer_eps is not None:
+        return sparse_mixer_route(router_logits, config.sparse_mixer_eps)
     if config.softmax_after_topk or config.sigmoid_after_topk:
         top_logits, top_experts = router_logits.topk(config.top_k, dim=-1)
         top_probs = torch.sigmoid(top_logits.float()) if config.sigmoid_after_topk \
@@ -65,6 +67,21 @@ def route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torc
     if config.norm_topk_prob:
         top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
     return top_probs, top_experts
+
+
+def sparse_mixer_route(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE's sparsemixer as inference runs it (``MoEConfig.sparse_mixer_eps``): two experts, each the best
+    logit of those left, weighted by the softmax over the logits left within ``2·eps`` of it (relative to
+    ``max(|logit|, best)``), in the logits' dtype as transformers computes it."""
+    top_probs, top_experts, left = [], [], logits
+    for _ in range(2):
+        best, expert = left.max(dim=-1, keepdim=True)
+        far = (best - logits) / logits.abs().clamp(min=best) > 2 * eps
+        gates = torch.softmax(left.masked_fill(far, float("-inf")), dim=-1)
+        top_probs.append(gates.gather(-1, expert))
+        top_experts.append(expert)
+        left = left.scatter(-1, expert, float("-inf"))
+    return torch.cat(top_probs, dim=-1).float(), torch.cat(top_experts, dim=-1)
 
 
 def _grouped_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +145,8 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
     if weights.shared is not None:
         shared = weights.shared
         shared_out = linear(silu_and_mul(linear(x, shared.gate_up)), shared.down)
+        if config.shared_expert_average:  # Cohere 2 MoE's
+            return (out + shared_out) / 2
         out = out + (shared_out if shared.gate is None else torch.sigmoid(linear(x, shared.gate)) * shared_out)
     return out
 

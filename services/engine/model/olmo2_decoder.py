@@ -27,6 +27,8 @@ class Olmo2DecoderModel(DecoderModel):
     whole projection's width. OLMo 3's sliding layers rotate with torch's rope of their own base in the model dtype
     (``local_rope``), also where a GPU's full layers take FlashInfer's fused rope."""
 
+    OWN_LOCAL_ROPE = True  # OLMo 3's sliding layers rotate in its own layer
+
     def __init__(self, config, tensors, dtype, *args, **kwargs):
         super().__init__(config, tensors, dtype, *args, **kwargs)
         self.local_rope = local_rope(config, self.device, dtype)
