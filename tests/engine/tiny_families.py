@@ -69,7 +69,8 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
                 "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "gemma", "vaultgemma", "hyperclovax",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
-                "exaone_moe", "mellum", "phimoe", "cohere2_moe"}
+                "exaone_moe", "mellum", "phimoe", "cohere2_moe",
+                "kolibri1"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -78,7 +79,7 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
-                 "granite_swa", "granite_moe_swa", "phimoe"}
+                 "granite_swa", "granite_moe_swa", "phimoe", "kolibri1"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -243,6 +244,13 @@ FAMILIES: dict[str, dict] = {
                        num_experts_per_tok=2, moe_intermediate_size=48, num_shared_experts=1,
                        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
                        tie_word_embeddings=False),
+    # Kolibri-1: EXAONE 4.0's attention (sliding layers with rope, a window of 24, around a full one without) in
+    # GLM-4's layer (norms drawn at random), experts chosen by logit plus correction bias (drawn at random) beside a
+    # shared one
+    "kolibri1": dict(model_type="kolibri1", sliding_window=24, head_dim=16,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"], num_experts=8,
+                     num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=64,
+                     norm_topk_prob=True, tie_word_embeddings=False),
     # Hunyuan dense (Hunyuan-MT-7B's kind): q/k RMSNormed head by head after rope (norms drawn at random), the rope
     # NTK-alpha scaled as its checkpoints write it ("dynamic" with a fixed alpha)
     "hunyuan": dict(model_type="hunyuan_v1_dense", head_dim=16, tie_word_embeddings=False,

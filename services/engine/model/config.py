@@ -73,6 +73,9 @@ class MoEConfig:
     # best logit, weighted by the softmax over the logits within ``2·eps`` (relative) of it; the second the best of
     # the rest, weighted by the softmax over the rest within ``2·eps`` of that one
     sparse_mixer_eps: float | None = None
+    # sigmoid routing that chooses by the router's logits plus the correction bias (Kolibri-1's), not by the sigmoids
+    # plus it; weighted by the sigmoids as ever
+    choice_on_logits: bool = False
     # the shared expert's output and the routed experts' sum are averaged, not summed (Cohere 2 MoE's "average")
     shared_expert_average: bool = False
 

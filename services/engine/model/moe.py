@@ -89,7 +89,8 @@ def _grouped_route(x: torch.Tensor, weights: MoEWeights, config: MoEConfig) -> t
     weighted by the sigmoid; Mistral 4's (``grouped_softmax``) the same with the softmax and no bias."""
     logits = linear(x.float(), weights.router)
     scores = torch.softmax(logits, dim=-1) if config.grouped_softmax else torch.sigmoid(logits)
-    choice = scores if weights.choice_bias is None else scores + weights.choice_bias
+    chosen_by = logits if config.choice_on_logits else scores  # (Kolibri-1's: the logits)
+    choice = chosen_by if weights.choice_bias is None else chosen_by + weights.choice_bias
     if config.top_groups < config.expert_groups:
         by_group = choice.view(choice.shape[0], config.expert_groups, -1)
         best_groups = by_group.topk(2, dim=-1).values.sum(dim=-1).topk(config.top_groups, dim=-1).indices

@@ -123,6 +123,8 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.multimodal_text:text_tensor_name"),
     Family("exaone_moe", "services.engine.model.exaone_moe", ("exaone_moe",),
            tensor_names="services.engine.model.exaone_moe:exaone_moe_tensor_name"),
+    Family("kolibri1", "services.engine.model.kolibri1", ("kolibri1",),
+           tensor_names="services.engine.model.kolibri1:kolibri1_tensor_name"),
     Family("cohere", "services.engine.model.cohere", ("cohere", "cohere2"), ("command-r", "cohere2"),
            model="services.engine.model.cohere_decoder:CohereDecoderModel"),
     Family("cohere2_moe", "services.engine.model.cohere", ("cohere2_moe",),
