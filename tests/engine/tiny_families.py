@@ -70,7 +70,7 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "gemma", "vaultgemma", "hyperclovax",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
-                "kolibri1"}
+                "kolibri1", "hunyuan-a13b"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -255,6 +255,12 @@ FAMILIES: dict[str, dict] = {
     # NTK-alpha scaled as its checkpoints write it ("dynamic" with a fixed alpha)
     "hunyuan": dict(model_type="hunyuan_v1_dense", head_dim=16, tie_word_embeddings=False,
                     rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0, "factor": 1.0}),
+    # Hunyuan-A13B: the dense model's layer with experts on every layer (the float32 softmax's top-2) beside an
+    # ungated shared MLP
+    "hunyuan-a13b": dict(model_type="hunyuan_v1_moe", head_dim=16, num_experts=8, moe_topk=2, intermediate_size=48,
+                         tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0,
+                                          "factor": 1.0}),
     "olmo2": dict(model_type="olmo2", rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0),
     # OLMo 3: OLMo 2's layer with sliding (24 here) and full layers (sliding, full, sliding), yarn on the full layers
     # only (the long-context releases'), plain rope of the same base on the sliding ones

@@ -105,7 +105,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("flex_olmo", "services.engine.model.flex_olmo", ("flex_olmo",),
            model="services.engine.model.olmo2_decoder:Olmo2DecoderModel"),
     Family("olmoe", "services.engine.model.olmoe", ("olmoe",), "olmoe"),
-    Family("hunyuan", "services.engine.model.hunyuan", ("hunyuan_v1_dense",), "hunyuan-dense",
+    Family("hunyuan", "services.engine.model.hunyuan", ("hunyuan_v1_dense", "hunyuan_v1_moe"), "hunyuan-dense",
            tensor_names="services.engine.model.hunyuan:hunyuan_tensor_name"),
     Family("afmoe", "services.engine.model.afmoe", ("afmoe",),
            tensor_names="services.engine.model.afmoe:afmoe_tensor_name"),
