@@ -172,9 +172,9 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
                            match=r"gpt2.*supported: llama, smollm3, llama4, granite, granitehybrid, lfm2, lfm2moe, "
                                  r"nemotron_h, nemotron_h_moe, granitemoe, arcee, qwen2, qwen3, seed_oss, mistral3, "
                                  r"qwen2moe, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, "
-                                 r"olmoe, hunyuan-dense, dots1, exaone, exaone4, command-r, cohere2, ernie4_5, "
-                                 r"ernie4_5-moe, glm4moe, deepseek2, mistral4, minimax-m2, qwen35, qwen35moe, "
-                                 r"qwen3next, gemma2, gemma3, gemma4$"):
+                                 r"olmoe, hunyuan-dense, hunyuan-moe, dots1, exaone, exaone4, command-r, cohere2, "
+                                 r"ernie4_5, ernie4_5-moe, glm4moe, deepseek2, mistral4, minimax-m2, qwen35, "
+                                 r"qwen35moe, qwen3next, gemma2, gemma3, gemma4$"):
             load(path)
 
 

@@ -63,6 +63,13 @@ FAMILIES = {
     "hunyuan": (dict(model_type="hunyuan_v1_dense", head_dim=16, tie_word_embeddings=False,
                      rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0, "factor": 1.0}),
                 {"rope.freq_base": 10000.0 * 1000.0 ** (16 / 14)}),
+    # Hunyuan-A13B: the same layer with experts beside a shared MLP, both feed_forward_length wide as released
+    "hunyuan_moe": (dict(model_type="hunyuan_v1_moe", head_dim=16, num_experts=4, moe_topk=2, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0,
+                                          "factor": 1.0}),
+                    {"rope.freq_base": 10000.0 * 1000.0 ** (16 / 14), "expert_count": 4, "expert_used_count": 2,
+                     "expert_feed_forward_length": 96, "expert_shared_feed_forward_length": 96,
+                     "expert_shared_count": 1}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -109,7 +116,7 @@ def _model(name: str):
 def test_a_file_of_the_family_gives_transformers_logits(name, quant, tmp_path):
     model = _model(name)
     path = write_gguf(model, tmp_path / f"tiny-{name}.gguf", quant, metadata=FAMILIES[name][1])
-    cfg = read_as_the_twin(path, model, IDS, file_own=("rope_theta",) if name == "hunyuan" else ())
+    cfg = read_as_the_twin(path, model, IDS, file_own=("rope_theta",) if name.startswith("hunyuan") else ())
     assert cfg.rope_theta == pytest.approx(config_from_hf(model.config.to_dict()).rope_theta, rel=1e-7)
 
 

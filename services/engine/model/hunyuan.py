@@ -9,7 +9,8 @@ with experts (:func:`_moe`).
 
 llama.cpp's ``hunyuan-dense`` GGUF files (:func:`config_from_gguf`): its converter folds the alpha into
 ``rope.freq_base`` (as float32); nothing permuted (NEOX's rope, on halves), the norms after rope as its graph runs
-them, q/k/v biases where the file holds them.
+them, q/k/v biases where the file holds them. Its ``hunyuan-moe`` files (Hunyuan-A13B's) too: the experts
+``feed_forward_length`` wide (as llama.cpp's loader makes them), the shared MLP ``expert_shared_feed_forward_length``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ ARCHITECTURE = "hunyuan"
 MODEL_TYPE = "hunyuan_v1_dense"
 MOE_MODEL_TYPE = "hunyuan_v1_moe"
 GGUF_ARCHITECTURE = "hunyuan-dense"
+GGUF_MOE_ARCHITECTURE = "hunyuan-moe"
 
 
 def ntk_alpha_base(theta: float, alpha: float, head_dim: int) -> float:
@@ -79,11 +81,19 @@ def _dense(full: Mapping[str, Any]) -> ModelConfig:
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
-    f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    arch = str(fields.get("general.architecture"))
+    f = GGUFFields(fields, arch)
+    base = gguf_base_fields(fields, arch)
+    moe = None
+    if arch == GGUF_MOE_ARCHITECTURE:  # as llama.cpp's loader reads it: every expert feed_forward_length wide
+        width = base["intermediate_size"]
+        moe = MoEConfig(num_experts=int(f.key("expert_count")), top_k=int(f.key("expert_used_count")),
+                        intermediate_size=width, norm_topk_prob=True, sparse_layers=tuple(range(base["num_layers"])),
+                        group_limited_softmax=True, shared_expert_gated=False,
+                        shared_expert_intermediate_size=int(f.get("expert_shared_feed_forward_length") or width))
     return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
                        qkv_bias=f.has_tensor(".attn_q.bias"), o_bias=f.has_tensor(".attn_output.bias"),
-                       qk_norm=True, qk_norm_after_rope=True)
+                       qk_norm=True, qk_norm_after_rope=True, moe=moe)
 
 
 def hunyuan_tensor_name(name: str) -> str:

@@ -115,6 +115,7 @@ _ARCH_LAYER_NAMES = {
     # the shared expert and its gate; Granite MoE's shared MLP has no gate
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     "granitemoe": _SHARED_EXPERT,
+    "hunyuan-moe": _SHARED_EXPERT,
     "llama4": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
