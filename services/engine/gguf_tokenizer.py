@@ -23,11 +23,12 @@ from services.engine.model.gguf_config import fields_as
 from services.engine.model_files import cache_dir
 
 GGUF_TOKENIZER_AS = {"granite": "llama", "granitemoe": "llama", "lfm2moe": "lfm2", "llama4": "llama",
-                     "mistral3": "llama", "arcee": "llama"}
+                     "mistral3": "llama", "arcee": "llama", "gemma": "gemma2"}
 """llama.cpp architectures whose GGUF tokenizer transformers does not read by name, and the architecture whose reading
 serves it: IBM Granite's, Llama 4's, Mistral 3's and Arcee's converters are llama's subclasses and write the same
 ``tokenizer.ggml.*`` fields (Llama 4's: a GPT-2-style BPE whose split, GPT-4o's, transformers takes from
-``tokenizer.ggml.pre``; the kin only passes its architecture check); LFM2-MoE's writes LFM2's."""
+``tokenizer.ggml.pre``; the kin only passes its architecture check); LFM2-MoE's writes LFM2's; Gemma 1's Gemma 2's
+(the same SentencePiece fields)."""
 
 READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen3next", "smollm3",
                         "seed_oss", "olmo2", "olmoe", "ernie4_5", "ernie4_5-moe", "mistral4", "granitehybrid",

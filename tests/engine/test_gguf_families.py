@@ -1,8 +1,8 @@
 """GGUF files of every GGUF family (``llama`` with Mixtral's experts too, ``granite``, ``granitemoe``, ``qwen2``,
-``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma2``, ``gemma3``; ``gpt-oss``'s in tests/engine/test_gguf_gpt_oss.py),
-written the way llama.cpp writes them from tiny transformers models, load into a ``DecoderModel`` whose float32
-logits equal the HF twin's (the twin carries the file's dequantised weights, so quantised files are held to the same
-bar); what the loader cannot serve exactly is refused with the culprit named."""
+``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma``, ``gemma2``, ``gemma3``; ``gpt-oss``'s in
+tests/engine/test_gguf_gpt_oss.py), written the way llama.cpp writes them from tiny transformers models, load into a
+``DecoderModel`` whose float32 logits equal the HF twin's (the twin carries the file's dequantised weights, so
+quantised files are held to the same bar); what the loader cannot serve exactly is refused with the culprit named."""
 
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ FAMILIES = {
     "exaone": dict(model_type="exaone", tie_word_embeddings=False, rope_scaling=LLAMA3),
     # Llama 3.1+ with attention biases: rope_freqs, q/k rows (and biases) permuted by the converter
     "llama3-bias": dict(model_type="llama", attention_bias=True, tie_word_embeddings=False, rope_scaling=LLAMA3),
+    # Gemma 1 as llama.cpp reads it: its norms stored as 1 + weight, none after the blocks, queries by head_dim
+    "gemma": dict(model_type="gemma", head_dim=32, tie_word_embeddings=True),
     # Gemma 2 as llama.cpp reads it: sliding (window 8 < the 45 tokens) and full layers alternating, queries
     # scaled by head_dim, softcaps low enough to matter in a tiny model
     "gemma2": dict(model_type="gemma2", num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
@@ -174,7 +176,7 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
                                  r"qwen2moe, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, "
                                  r"olmoe, hunyuan-dense, hunyuan-moe, dots1, exaone, exaone4, command-r, cohere2, "
                                  r"ernie4_5, ernie4_5-moe, glm4moe, deepseek2, mistral4, minimax-m2, qwen35, "
-                                 r"qwen35moe, qwen3next, gemma2, gemma3, gemma4$"):
+                                 r"qwen35moe, qwen3next, gemma, gemma2, gemma3, gemma4$"):
             load(path)
 
 

@@ -299,3 +299,20 @@ def test_the_written_olmo3_twin_is_not_trivially_equal(tmp_path):
                   dataclasses.replace(cfg, rope_scaling=dataclasses.replace(scaling, beta_slow=1.0))):
         off = pdserve_logits(model_class(cfg.architecture)(wrong, load_weights(path).tensors, torch.float32), IDS)
         assert not np.allclose(off.numpy(), exact.numpy(), atol=1e-3)
+
+
+def test_gemma_s_sentencepiece_vocabulary_is_read_as_gemma_2_s(tmp_path, monkeypatch):
+    """A Gemma 1 file's vocabulary (``gemma``: transformers reads no such architecture by name) is read as Gemma 2's,
+    whose converter writes the same fields (no space prefix)."""
+    from services.engine.tokenizer import Tokenizer
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 8,
+            "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5}
+    vocabulary = ["▁", "H", "e", "l", "o", "w", "r", "d", "ll", "He", "llo", "Hello", "▁Hello", "or", "ld", "▁w",
+                  "▁wor", "▁world"]
+    path = write_spm_tokenizer_gguf(tmp_path / "gemma.gguf", "gemma", keys, vocabulary, add_space_prefix=False)
+    loaded = Tokenizer.load(path)
+    ids = loaded.encode_plain("Hello world")
+    assert [loaded.hf.convert_ids_to_tokens(i) for i in ids] == ["Hello", "▁world"]
+    assert loaded.decode(ids) == "Hello world"

@@ -29,7 +29,8 @@ GGUF_ARCH = {"cohere": "command-r", "cohere2": "cohere2", "exaone4": "exaone4", 
              "hunyuan_v1_moe": "hunyuan-moe",
              "exaone": "exaone", "dots1": "dots1", "arcee": "arcee",
              "llama": "llama", "granite": "granite", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-             "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma2": "gemma2", "gemma3_text": "gemma3",
+             "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma": "gemma", "gemma2": "gemma2",
+             "gemma3_text": "gemma3",
              "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3",
              "seed_oss": "seed_oss", "olmo2": "olmo2", "olmo3": "olmo2", "olmoe": "olmoe", "ernie4_5": "ernie4_5",
              "ernie4_5_moe": "ernie4_5-moe", "minimax_m2": "minimax-m2"}
@@ -233,7 +234,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         if name.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp's converter squeezes it to [hidden]
             array = array.reshape(-1)
         qtype = quant(name)
-        offset = 1.0 if arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else 0.0  # stored: 1 + w
+        offset = 1.0 if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight") else 0.0  # 1 + w
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
         twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
         if arch in PERMUTED and (".q_proj." in hf_name or ".k_proj." in hf_name):

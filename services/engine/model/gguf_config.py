@@ -29,7 +29,7 @@ TENSOR_NAMES_KEY = "pdserve.tensor_names"
 # divisors within the original context, the checkpoint's ``short_factor``), for the family's config to read
 ROPE_SHORT_FACTORS_KEY = "pdserve.rope_short_factors"
 TURN_END_TEXTS = {"deepseek2": ("<|im_end|>",), "glm4": ("<|user|>", "<|observation|>"),
-                  "gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
+                  "gemma": ("<end_of_turn>",), "gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",),
                   "gemma4": ("<turn|>", "<|tool_response>"), "gpt-oss": ("<|return|>", "<|call|>", "<|endoftext|>"),
                   "llama4": ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
                   "phi3": ("<|end|>", "<|im_end|>", "<|endoftext|>"),

@@ -164,7 +164,7 @@ FAMILIES: tuple[Family, ...] = (
            model="services.engine.model.hybrid_decoder:HybridDecoderModel",
            tensor_names="services.engine.model.qwen3_5:qwen3_5_tensor_name",
            gguf_tensors="services.engine.model.qwen3_5_gguf:qwen3_next_from_gguf"),
-    Family("gemma", "services.engine.model.gemma", ("gemma",),
+    Family("gemma", "services.engine.model.gemma", ("gemma",), "gemma",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel"),
     Family("gemma2", "services.engine.model.gemma2", ("gemma2",), "gemma2",
            model="services.engine.model.gemma_decoder:GemmaDecoderModel"),

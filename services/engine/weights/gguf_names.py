@@ -187,10 +187,10 @@ _STACKED_NAMES = {
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
-NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "qwen35", "qwen35moe", "qwen3next"), 1.0)
-"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma's, Qwen3.5's and Qwen3-Next's
-``1 + weight`` scale, stored whole) but those of :data:`UNOFFSET_NORMS`; the loader takes it off again, as the model
-adds it itself."""
+NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "gemma", "qwen35", "qwen35moe", "qwen3next"), 1.0)
+"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma 1's, 2's and 3's, Qwen3.5's and
+Qwen3-Next's ``1 + weight`` scale, stored whole) but those of :data:`UNOFFSET_NORMS`; the loader takes it off again,
+as the model adds it itself."""
 UNOFFSET_NORMS = frozenset({"ssm_norm.weight"})  # Qwen3.5's gated norm in its DeltaNet layers: a plain scale
 
 
