@@ -93,12 +93,6 @@ def _cohere2_moe(cfg: Mapping[str, Any]) -> ModelConfig:
                        multipliers=Multipliers(logits_scale=float(required(full, "logit_scale"))))
 
 
-def cohere2_moe_tensor_name(name: str) -> str:
-    """A Command A Plus checkpoint tensor's name in the shared decoder (its shared experts the decoder's shared
-    expert)."""
-    return name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
-
-
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     arch = str(fields.get("general.architecture"))
     f = GGUFFields(fields, arch)

@@ -321,8 +321,8 @@ class ModelConfig:
     # "gelu_tanh")
     mlp_activation: str = "swiglu"
     mlp_bias: bool = False  # the dense MLP's projections have biases (StarCoder2's, Jais 2's)
-    # every norm is a LayerNorm with a weight and a bias, of epsilon ``rms_norm_eps`` (StarCoder2's, Jais 2's; their
-    # layers: :mod:`services.engine.model.layernorm_decoder`), not an RMSNorm
+    # every norm is a LayerNorm with a weight and a bias, of epsilon ``rms_norm_eps`` (StarCoder2's, Jais 2's,
+    # Phi-3.5-MoE's; their layers: :mod:`services.engine.model.layernorm_decoder`), not an RMSNorm
     layer_norm: bool = False
     lm_head_bias: bool = False  # the LM head has a bias (``lm_head.bias``: Phi-3.5-MoE's)
     # Cohere's layer (:mod:`services.engine.model.cohere_decoder`) with RMSNorms for its LayerNorms (Cohere 2 MoE's,

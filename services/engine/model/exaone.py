@@ -7,7 +7,6 @@ with transformers' ``ExaoneConfig``, which reads its own keys (``num_layers``, `
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +14,11 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.tensor_renames import renamed, renames
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "exaone"
 
-_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+_NAMES = renames((
     (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
     (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
     (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"\.ln_1\.", ".input_layernorm."),
@@ -49,6 +49,4 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
 
 def exaone_tensor_name(name: str) -> str:
     """An EXAONE checkpoint tensor's name in the shared decoder (Llama's)."""
-    for pattern, replacement in _NAMES:
-        name = pattern.sub(replacement, name)
-    return name
+    return renamed(name, _NAMES)

@@ -22,7 +22,8 @@ from typing import Any
 from services.engine.model.config import ModelConfig, full_layers
 from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_sliding_layers, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
-from services.engine.model.multimodal_text import text_config
+from services.engine.model.multimodal_text import text_config, text_tensor_name
+from services.engine.model.tensor_renames import is_mtp_weight
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "exaone4"
 EXAONE4_5 = "exaone4_5"
@@ -50,6 +51,12 @@ def exaone4_layers(full: Mapping[str, Any], architecture: str, layers: int) -> d
         return {}
     windows = typed_layer_windows(architecture, list(full["layer_types"]), layers, window)
     return dict(layer_windows=windows, nope_layers=full_layers(windows))
+
+
+def exaone4_tensor_name(name: str) -> str | None:
+    """An EXAONE 4.0 or 4.5 checkpoint tensor's name in the text model (:func:`text_tensor_name`); None for the vision
+    tower's and for EXAONE 4.5's multi-token-prediction weights (``mtp.*``, which transformers ignores)."""
+    return None if is_mtp_weight(name) else text_tensor_name(name)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

@@ -11,10 +11,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.config import ModelConfig
+from services.engine.model.deepseek import sparse_mlp
 from services.engine.model.exaone4 import exaone4_layers
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import base_fields, sparse_mlp_layers, with_defaults
+from services.engine.model.tensor_renames import is_mtp_weight
 
 ARCHITECTURE = "exaone_moe"
 
@@ -27,21 +29,16 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     full = with_defaults(ARCHITECTURE, ExaoneMoeConfig, cfg)
     fields = base_fields(full, ARCHITECTURE)
     layers = fields["num_layers"]
-    width = int(full["moe_intermediate_size"])
-    moe = MoEConfig(num_experts=int(full["num_experts"]), top_k=int(full["num_experts_per_tok"]),
-                    intermediate_size=width, norm_topk_prob=bool(full["norm_topk_prob"]),
-                    sparse_layers=sparse_mlp_layers(full, layers, ARCHITECTURE),
-                    shared_expert_intermediate_size=width * int(full["num_shared_experts"] or 0) or None,
-                    shared_expert_gated=False, sigmoid_routing=True, expert_groups=int(full["n_group"]),
-                    top_groups=int(full["topk_group"]), routed_scaling=float(full["routed_scaling_factor"]))
-    return ModelConfig(**fields, qk_norm=True, moe=moe if moe.sparse_layers else None,
-                       **exaone4_layers(full, ARCHITECTURE, layers))
+    moe = sparse_mlp({**full, "n_routed_experts": full["num_experts"], "n_shared_experts": full["num_shared_experts"]},
+                     sparse_mlp_layers(full, layers, ARCHITECTURE), sigmoid_routing=True,
+                     expert_groups=int(full["n_group"]), top_groups=int(full["topk_group"]))
+    return ModelConfig(**fields, qk_norm=True, moe=moe, **exaone4_layers(full, ARCHITECTURE, layers))
 
 
 def exaone_moe_tensor_name(name: str) -> str | None:
     """A K-EXAONE checkpoint tensor's name in the shared decoder (the router's correction bias, stored beside the
     router as ``mlp.e_score_correction_bias``, under it; its shared experts the decoder's shared expert); None for
     the multi-token-prediction weights."""
-    if name.startswith("mtp."):
+    if is_mtp_weight(name):
         return None
     return glm4_moe_tensor_name(_CORRECTION_BIAS.sub(".mlp.gate.e_score_correction_bias", name))

@@ -24,13 +24,19 @@ GGUF_ARCHITECTURE = "granite"
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """transformers' defaults where a key is absent or null: every multiplier 1.0 (the attention's too)."""
     bias = bool(cfg.get("attention_bias", False))
+    return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias, multipliers=multipliers(cfg))
+
+
+def multipliers(cfg: Mapping[str, Any], logits_multiplied: bool = False) -> Multipliers:
+    """Granite's four scalars of a config (1.0 where absent or null): the logits divided by ``logits_scaling``, or
+    multiplied by it (``logits_multiplied``: HyperCLOVA X's muP)."""
 
     def scalar(key: str) -> float:
         return 1.0 if cfg.get(key) is None else float(cfg[key])
 
-    return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias, multipliers=Multipliers(
-        embedding=scalar("embedding_multiplier"), attention=scalar("attention_multiplier"),
-        residual=scalar("residual_multiplier"), logits_divisor=scalar("logits_scaling")))
+    logits = {"logits_scale" if logits_multiplied else "logits_divisor": scalar("logits_scaling")}
+    return Multipliers(embedding=scalar("embedding_multiplier"), attention=scalar("attention_multiplier"),
+                       residual=scalar("residual_multiplier"), **logits)
 
 
 def config_from_gguf(fields: Mapping[str, Any], arch: str = GGUF_ARCHITECTURE) -> ModelConfig:

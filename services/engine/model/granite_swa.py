@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import ModelConfig, Multipliers
+from services.engine.model.config import ModelConfig
+from services.engine.model.granite import multipliers
 from services.engine.model.granite_moe import granite_experts
-from services.engine.model.hf_config import base_fields, typed_layer_windows, with_defaults
+from services.engine.model.hf_config import base_fields, silu_mlp, typed_layer_windows, with_defaults
 
 ARCHITECTURE = "granite_swa"
 MOE_ARCHITECTURE, MOE_MODEL_TYPE = "granite_moe_swa", "granitemoe_swa"
@@ -37,17 +38,14 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def _config(full: Mapping[str, Any], architecture: str) -> ModelConfig:
-    fields = base_fields(full, architecture)
+    fields = base_fields(full, architecture, check_mlp=False)
     layers = fields["num_layers"]
     windows = typed_layer_windows(architecture, list(full["layer_types"]), layers, full.get("sliding_window"))
     bias = bool(full.get("attention_bias"))
     return ModelConfig(**{**fields, **_layer_ropes(full["layer_rope_theta"], layers, fields)}, qkv_bias=bias,
-                       o_bias=bias, attention_sinks=True,
+                       o_bias=bias, mlp_bias=silu_mlp(full, architecture), attention_sinks=True,
                        layer_windows=windows if any(w is not None for w in windows) else (),
-                       multipliers=Multipliers(embedding=float(full["embedding_multiplier"]),
-                                               attention=float(full["attention_multiplier"]),
-                                               residual=float(full["residual_multiplier"]),
-                                               logits_divisor=float(full["logits_scaling"])))
+                       multipliers=multipliers(full))
 
 
 def _layer_ropes(layer_thetas: list[float], layers: int, fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -137,6 +137,14 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
     )
 
 
+def silu_mlp(cfg: Mapping[str, Any], architecture: str) -> bool:
+    """Whether the SwiGLU MLP of a config whose MLP may have biases has them (``mlp_bias``; the shared decoder reads
+    them); another ``hidden_act`` is refused by name."""
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{architecture}: hidden_act {cfg.get('hidden_act')!r} is not supported (only 'silu')")
+    return bool(cfg.get("mlp_bias"))
+
+
 def every_layer_window(cfg: Mapping[str, Any], max_position: int, default: int | None = None
                        ) -> tuple[int | None, ...]:
     """``ModelConfig.layer_windows`` of a checkpoint whose ``sliding_window`` holds on every layer (Mistral,

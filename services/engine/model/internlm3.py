@@ -1,7 +1,7 @@
 """Shanghai AI Lab's InternLM3 (8B; ``InternLM3ForCausalLM``, ``internlm3``): Llama's decoder, read as transformers
-reads it (``InternLM3Config``: ``qkv_bias`` and ``bias`` are Llama's ``attention_bias`` and ``mlp_bias``, a 128-wide
-head where unset; the release's dynamic NTK rope is plain rope within its context). An MLP bias is refused (the
-shared MLP has none; the release has none)."""
+reads it (``InternLM3Config``: ``qkv_bias`` and ``bias`` are Llama's ``attention_bias`` and ``mlp_bias``, equal there:
+biases on q/k/v/o and the MLP, or none, as released; a 128-wide head where unset; the release's dynamic NTK rope is
+plain rope within its context)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
-from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.hf_config import base_fields, silu_mlp, with_defaults
 
 ARCHITECTURE = "internlm3"
 
@@ -19,4 +19,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
     full = with_defaults(ARCHITECTURE, InternLM3Config, cfg)
     bias = bool(full.get("attention_bias"))
-    return ModelConfig(**base_fields(full, ARCHITECTURE), qkv_bias=bias, o_bias=bias)
+    return ModelConfig(**base_fields(full, ARCHITECTURE, check_mlp=False), qkv_bias=bias, o_bias=bias,
+                       mlp_bias=silu_mlp(full, ARCHITECTURE))

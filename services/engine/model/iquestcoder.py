@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
-from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.hf_config import base_fields, silu_mlp, with_defaults
 
 ARCHITECTURE = "iquestcoder"
 
@@ -18,4 +18,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
     full = with_defaults(ARCHITECTURE, IQuestCoderConfig, cfg)
     bias = bool(full.get("attention_bias"))
-    return ModelConfig(**base_fields(full, ARCHITECTURE), qkv_bias=bias, o_bias=bias)
+    return ModelConfig(**base_fields(full, ARCHITECTURE, check_mlp=False), qkv_bias=bias, o_bias=bias,
+                       mlp_bias=silu_mlp(full, ARCHITECTURE))

@@ -9,7 +9,6 @@ them (:func:`kolibri1_tensor_name`)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +16,11 @@ from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.exaone4 import exaone4_layers
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
 from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.tensor_renames import renamed, renames
 
 ARCHITECTURE = "kolibri1"
 
-_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+_NAMES = renames((
     (r"\.moe\.router\.expert_bias$", ".mlp.gate.e_score_correction_bias"),
     (r"\.post_attn_norm\.", ".post_self_attn_layernorm."), (r"\.post_ffn_norm\.", ".post_mlp_layernorm."),
 ))
@@ -44,6 +44,4 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def kolibri1_tensor_name(name: str) -> str:
     """A Kolibri-1 checkpoint tensor's name in the shared decoder."""
-    for pattern, replacement in _NAMES:
-        name = pattern.sub(replacement, name)
-    return glm4_moe_tensor_name(name)
+    return glm4_moe_tensor_name(renamed(name, _NAMES))

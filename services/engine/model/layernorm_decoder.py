@@ -1,10 +1,11 @@
 """The shared decoder's layer with LayerNorms (a weight and a bias each) where it has RMSNorms
-(``ModelConfig.layer_norm``): StarCoder2's and Jais 2's.
+(``ModelConfig.layer_norm``): StarCoder2's, Jais 2's and Phi-3.5-MoE's.
 
-Per layer: ``h += attention(ln_1(h))`` then ``h += mlp(ln_2(h))``, the final norm a LayerNorm too, each computed
-as torch's ``layer_norm`` in the model dtype (as transformers' ``nn.LayerNorm``). Attention (its biases, windows,
-rope) and the MLP (ungated with its activation and biases, ``ModelConfig.mlp_activation`` and ``mlp_bias``) are the
-shared decoder's (:meth:`DecoderModel._attention`, :meth:`DecoderModel._mlp`). Elementwise steps run torch's ops."""
+Per layer: ``h += attention(ln_1(h))`` then ``h += mlp(ln_2(h))``, the final norm a LayerNorm too, each computed as
+torch's ``layer_norm`` in the model dtype (as transformers' ``nn.LayerNorm``). Attention (its biases, windows, rope)
+and the MLP (its activation and biases, ``ModelConfig.mlp_activation`` and ``mlp_bias``, or a sparse layer's experts)
+are the shared decoder's (:meth:`DecoderModel._attention`, :meth:`DecoderModel._mlp`). Elementwise steps run torch's
+ops."""
 
 from __future__ import annotations
 

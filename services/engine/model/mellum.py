@@ -21,6 +21,7 @@ from services.engine.model.hf_config import (
     typed_layer_windows,
     with_defaults,
 )
+from services.engine.model.tensor_renames import is_mtp_weight
 
 ARCHITECTURE = "mellum"
 
@@ -45,10 +46,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     intermediate_size=int(full["moe_intermediate_size"]),
                     norm_topk_prob=bool(full["norm_topk_prob"]),
                     sparse_layers=sparse_mlp_layers(full, layers, ARCHITECTURE))
-    return ModelConfig(**fields, qk_norm=True, moe=moe if moe.sparse_layers else None,
+    bias = bool(full.get("attention_bias"))
+    return ModelConfig(**fields, qk_norm=True, qkv_bias=bias, o_bias=bias, moe=moe if moe.sparse_layers else None,
                        layer_windows=windows if local else (), local_rope_layers=local, local_rope_theta=local_theta)
 
 
 def mellum_tensor_name(name: str) -> str | None:
     """A Mellum checkpoint tensor's name in the shared decoder; None for the multi-token-prediction weights."""
-    return None if name.startswith("mtp.") else name
+    return None if is_mtp_weight(name) else name

@@ -16,7 +16,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.hf_config import base_fields, every_layer_window, with_defaults
+from services.engine.model.hf_config import base_fields, every_layer_window, rope_settings, with_defaults
 from services.engine.model.mixtral import every_layer_experts
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     full = with_defaults(ARCHITECTURE, PhimoeConfig, cfg)
     rope = dict(full.get("rope_parameters") or {})
     length = int(full["max_position_embeddings"])
+    scaling = None
     if rope.get("rope_type", "default") != "default":
         if rope.get("rope_type") != "longrope":
             raise ModelLoadError(f"phimoe: rope type {rope.get('rope_type')!r} is not supported (only longrope)")
@@ -39,12 +40,18 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             log.warning("phimoe: serving at most %d tokens (max_position_embeddings %d): past them transformers "
                         "scales every position by long_mscale", original, length)
             length = original
-        rope["attention_factor"] = short
-    fields = base_fields({**full, "rope_parameters": rope}, ARCHITECTURE, check_mlp=False)
+        _, scaling = rope_settings({**full, "rope_parameters": {**rope, "attention_factor": short}})
+    # (the plain rope's fields: base_fields would cap a longrope at its original context, which this one is not)
+    fields = base_fields({**full, "rope_parameters": {"rope_type": "default", "rope_theta": rope.get("rope_theta")}},
+                         ARCHITECTURE)
+    if scaling is not None and len(scaling.short_factor or ()) != fields["head_dim"] // 2:
+        raise ModelLoadError(f"phimoe: longrope has {len(scaling.short_factor or ())} short factors, the head needs "
+                             f"{fields['head_dim'] // 2}")
     bias = bool(full.get("attention_bias"))
     moe = every_layer_experts(int(full["num_local_experts"]), int(full["num_experts_per_tok"]),
                               fields["intermediate_size"], fields["num_layers"])
-    return ModelConfig(**{**fields, "max_position": length}, qkv_bias=bias, o_bias=bias, layer_norm=True,
+    return ModelConfig(**{**fields, "max_position": length, "rope_scaling": scaling}, qkv_bias=bias, o_bias=bias,
+                       layer_norm=True,
                        lm_head_bias=bool(full.get("lm_head_bias")),
                        moe=dataclasses.replace(moe, norm_topk_prob=False,
                                                sparse_mixer_eps=float(full["router_jitter_noise"])),

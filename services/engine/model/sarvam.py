@@ -14,18 +14,18 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from services.engine.model.config import ModelConfig
 from services.engine.model.glm4_moe import glm4_moe_tensor_name, glm_experts
 from services.engine.model.hf_config import base_fields, with_defaults
+from services.engine.model.tensor_renames import renamed, renames
 
 SARVAM_MLA = "sarvam_mla"
 ARCHITECTURE = "sarvam_moe"
 
-_MOE_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+_MOE_NAMES = renames((
     (r"^model\.word_embeddings\.", "model.embed_tokens."), (r"\.attention\.", ".self_attn."),
     (r"\.self_attn\.query_key_value\.", ".self_attn.qkv_proj."), (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
     (r"\.self_attn\.query_layernorm\.", ".self_attn.q_norm."), (r"\.self_attn\.key_layernorm\.", ".self_attn.k_norm."),
@@ -52,6 +52,4 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def sarvam_moe_tensor_name(name: str) -> str:
     """A Sarvam-30B checkpoint tensor's name in the shared decoder."""
-    for pattern, replacement in _MOE_NAMES:
-        name = pattern.sub(replacement, name)
-    return glm4_moe_tensor_name(name)
+    return glm4_moe_tensor_name(renamed(name, _MOE_NAMES))

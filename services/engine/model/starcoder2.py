@@ -7,7 +7,6 @@ by name."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +14,11 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gemma3 import ACTIVATIONS
 from services.engine.model.hf_config import base_fields, every_layer_window, with_defaults
+from services.engine.model.tensor_renames import renamed, renames
 
 ARCHITECTURE = "starcoder2"
 
-_MLP = ((re.compile(r"\.mlp\.c_fc\."), ".mlp.up_proj."), (re.compile(r"\.mlp\.c_proj\."), ".mlp.down_proj."))
+_MLP = renames(((r"\.mlp\.c_fc\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj.")))
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -36,6 +36,4 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
 def starcoder2_tensor_name(name: str) -> str:
     """A StarCoder2 checkpoint tensor's name in the shared decoder (its MLP's as Llama's)."""
-    for pattern, replacement in _MLP:
-        name = pattern.sub(replacement, name)
-    return name
+    return renamed(name, _MLP)
