@@ -70,6 +70,9 @@ FAMILIES = {
                     {"rope.freq_base": 10000.0 * 1000.0 ** (16 / 14), "expert_count": 4, "expert_used_count": 2,
                      "expert_feed_forward_length": 96, "expert_shared_feed_forward_length": 96,
                      "expert_shared_count": 1}),
+    # StarCoder2: LayerNorms with biases, biases on every projection, the tanh-GELU MLP; no window (llama.cpp's)
+    "starcoder2": (dict(model_type="starcoder2", norm_epsilon=1e-5, tie_word_embeddings=True),
+                   {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -227,6 +230,8 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("exaone4", "exaone4", "EXAONE 4.0 counts 12345.", ["EXAONE", "Ġ4", ".", "0", "Ġcounts", "Ġ12345", "."]),
     ("exaone", "exaone", "EXAONE 3.5 counts 12.", ["EXAONE", "Ġ", "3", ".", "5", "Ġcounts", "Ġ", "1", "2", "."]),
     ("hunyuan-dense", "hunyuan-dense", "Hunyuan counts 12345.", ["Hunyuan", "Ġcounts", "Ġ", "123", "45", "."]),
+    ("hunyuan-moe", "hunyuan", "Hunyuan-A13B 12.", ["Hunyuan", "-A", "1", "3", "B", "Ġ", "1", "2", "."]),
+    ("starcoder2", "starcoder", "StarCoder2 counts 12.", ["StarCoder", "2", "Ġcounts", "Ġ", "1", "2", "."]),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
                                                        pieces):

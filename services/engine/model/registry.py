@@ -67,7 +67,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("iquestcoder", "services.engine.model.iquestcoder", ("iquestcoder",)),
     Family("helium", "services.engine.model.helium", ("helium",)),
     Family("cwm", "services.engine.model.cwm", ("cwm",)),
-    Family("starcoder2", "services.engine.model.starcoder2", ("starcoder2",),
+    Family("starcoder2", "services.engine.model.starcoder2", ("starcoder2",), "starcoder2",
            model="services.engine.model.layernorm_decoder:LayerNormDecoderModel",
            tensor_names="services.engine.model.starcoder2:starcoder2_tensor_name"),
     Family("jais2", "services.engine.model.jais2", ("jais2",),

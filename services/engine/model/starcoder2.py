@@ -3,7 +3,7 @@ every layer where ``sliding_window`` is set: 4096 in the releases, served exactl
 (:mod:`services.engine.model.layernorm_decoder`), biases on every projection (``use_bias``), an ungated tanh-GELU MLP
 ``c_proj(gelu(c_fc(x)))`` (read as ``up_proj``/``down_proj``, :func:`starcoder2_tensor_name`), read as
 ``Starcoder2Config`` completes it (``norm_epsilon``; tied embeddings where unset). Another ``hidden_act`` is refused
-by name."""
+by name. llama.cpp's ``starcoder2`` GGUF files too (:func:`config_from_gguf`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from typing import Any
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gemma3 import ACTIVATIONS
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
 from services.engine.model.hf_config import base_fields, every_layer_window, with_defaults
 from services.engine.model.tensor_renames import renamed, renames
 
-ARCHITECTURE = "starcoder2"
+ARCHITECTURE = GGUF_ARCHITECTURE = "starcoder2"
 
 _MLP = renames(((r"\.mlp\.c_fc\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj.")))
 
@@ -32,6 +33,18 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(full.get("use_bias"))
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, mlp_bias=bias, mlp_activation="gelu_tanh",
                        layer_norm=True, layer_windows=every_layer_window(full, fields["max_position"]))
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    """A llama.cpp ``starcoder2`` file's config, read as its loader reads it: the LayerNorms' epsilon
+    (``attention.layer_norm_epsilon``), the biases those the file holds, nothing permuted (NEOX's rope, on halves), no
+    window (llama.cpp's graph slides on none: every layer attends over everything)."""
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    eps = f.key("attention.layer_norm_epsilon")
+    base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.attention.layer_norm_rms_epsilon": eps}, GGUF_ARCHITECTURE)
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+                       qkv_bias=f.has_tensor(".attn_q.bias"), o_bias=f.has_tensor(".attn_output.bias"),
+                       mlp_bias=f.has_tensor(".ffn_up.bias"), mlp_activation="gelu_tanh", layer_norm=True)
 
 
 def starcoder2_tensor_name(name: str) -> str:
