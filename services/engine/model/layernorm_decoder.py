@@ -1,5 +1,6 @@
 """The shared decoder's layer with LayerNorms (a weight and a bias each) where it has RMSNorms
-(``ModelConfig.layer_norm``): StarCoder2's, Jais 2's and Phi-3.5-MoE's.
+(``ModelConfig.layer_norm``): StarCoder2's, Jais 2's, Phi-3.5-MoE's, and Nemotron's, whose LayerNorms scale by
+``1 + weight`` (``layer_norm_plus_one``).
 
 Per layer: ``h += attention(ln_1(h))`` then ``h += mlp(ln_2(h))``, the final norm a LayerNorm too, each computed as
 torch's ``layer_norm`` in the model dtype (as transformers' ``nn.LayerNorm``). Attention (its biases, windows, rope)
@@ -38,14 +39,21 @@ class LayerNormDecoderModel(DecoderModel):
 
     def _model_weights(self) -> None:
         self.final_norm_bias = self._source.take("model.norm.bias", (self.config.hidden_size,))
+        self.final_norm = self._scale(self.final_norm)
 
     def _layer(self, i: int) -> LayerNormLayerWeights:
         base = super()._layer(i)
         hidden, p = self.config.hidden_size, f"model.layers.{i}."
         layer = LayerNormLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
+        layer.input_norm, layer.post_norm = self._scale(layer.input_norm), self._scale(layer.post_norm)
         layer.input_norm_bias = self._source.take(p + "input_layernorm.bias", (hidden,))
         layer.post_norm_bias = self._source.take(p + "post_attention_layernorm.bias", (hidden,))
         return layer
+
+    def _scale(self, weight: torch.Tensor) -> torch.Tensor:
+        """A LayerNorm's scale: its weight, or ``1 + weight`` in the weight's dtype (``layer_norm_plus_one``, as
+        Nemotron's ``LayerNorm1P`` adds it)."""
+        return weight + 1.0 if self.config.layer_norm_plus_one else weight
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
