@@ -73,6 +73,12 @@ FAMILIES = {
     # StarCoder2: LayerNorms with biases, biases on every projection, the tanh-GELU MLP; no window (llama.cpp's)
     "starcoder2": (dict(model_type="starcoder2", norm_epsilon=1e-5, tie_word_embeddings=True),
                    {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None}),
+    # Nemotron: LayerNorm1P's weights stored as 1 + weight, rope on half of each head, biases everywhere
+    "nemotron": (dict(model_type="nemotron", head_dim=16, attention_bias=True, mlp_bias=True, norm_eps=1e-5,
+                      tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+                 {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None,
+                  "rope.dimension_count": 8}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -306,9 +312,11 @@ def test_the_written_olmo3_twin_is_not_trivially_equal(tmp_path):
         assert not np.allclose(off.numpy(), exact.numpy(), atol=1e-3)
 
 
-def test_gemma_s_sentencepiece_vocabulary_is_read_as_gemma_2_s(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["gemma", "nemotron"])
+def test_gemma_s_and_nemotron_s_sentencepiece_vocabularies_are_read(tmp_path, monkeypatch, arch):
     """A Gemma 1 file's vocabulary (``gemma``: transformers reads no such architecture by name) is read as Gemma 2's,
-    whose converter writes the same fields (no space prefix)."""
+    whose converter writes the same fields; Nemotron's from the file's fields (here without a space prefix, as the file
+    says: transformers' own reader would prefix one)."""
     from services.engine.tokenizer import Tokenizer
 
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
@@ -316,7 +324,7 @@ def test_gemma_s_sentencepiece_vocabulary_is_read_as_gemma_2_s(tmp_path, monkeyp
             "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1e-5}
     vocabulary = ["▁", "H", "e", "l", "o", "w", "r", "d", "ll", "He", "llo", "Hello", "▁Hello", "or", "ld", "▁w",
                   "▁wor", "▁world"]
-    path = write_spm_tokenizer_gguf(tmp_path / "gemma.gguf", "gemma", keys, vocabulary, add_space_prefix=False)
+    path = write_spm_tokenizer_gguf(tmp_path / f"{arch}.gguf", arch, keys, vocabulary, add_space_prefix=False)
     loaded = Tokenizer.load(path)
     ids = loaded.encode_plain("Hello world")
     assert [loaded.hf.convert_ids_to_tokens(i) for i in ids] == ["Hello", "▁world"]

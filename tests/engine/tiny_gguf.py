@@ -26,7 +26,7 @@ F32, F16, Q8_0, Q4_0, Q4_1 = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizati
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
 GGUF_ARCH = {"cohere": "command-r", "cohere2": "cohere2", "exaone4": "exaone4", "hunyuan_v1_dense": "hunyuan-dense",
-             "hunyuan_v1_moe": "hunyuan-moe", "starcoder2": "starcoder2",
+             "hunyuan_v1_moe": "hunyuan-moe", "starcoder2": "starcoder2", "nemotron": "nemotron",
              "exaone": "exaone", "dots1": "dots1", "arcee": "arcee",
              "llama": "llama", "granite": "granite", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma": "gemma", "gemma2": "gemma2",
@@ -234,7 +234,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
         if name.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp's converter squeezes it to [hidden]
             array = array.reshape(-1)
         qtype = quant(name)
-        offset = 1.0 if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight") else 0.0  # 1 + w
+        offset = 1.0 if arch in ("gemma", "gemma2", "gemma3", "nemotron") and name.endswith("norm.weight") else 0.0
         stored, twin[hf_name] = _roundtrip(array + np.float32(offset), qtype)
         twin[hf_name] = twin[hf_name] - np.float32(offset)  # not in place: an F32 twin is the stored array
         if arch in PERMUTED and (".q_proj." in hf_name or ".k_proj." in hf_name):

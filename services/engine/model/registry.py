@@ -70,7 +70,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("starcoder2", "services.engine.model.starcoder2", ("starcoder2",), "starcoder2",
            model="services.engine.model.layernorm_decoder:LayerNormDecoderModel",
            tensor_names="services.engine.model.starcoder2:starcoder2_tensor_name"),
-    Family("nemotron", "services.engine.model.nemotron", ("nemotron",),
+    Family("nemotron", "services.engine.model.nemotron", ("nemotron",), "nemotron",
            model="services.engine.model.layernorm_decoder:LayerNormDecoderModel"),
     Family("jais2", "services.engine.model.jais2", ("jais2",),
            model="services.engine.model.layernorm_decoder:LayerNormDecoderModel"),

@@ -67,7 +67,7 @@ _GEMMA4_NAMES = {**_GEMMA_NORMS,
                  "ffn_down_exps.scale": "router.per_expert_scale",
                  "inp_gate.weight": "per_layer_input_gate.weight", "proj.weight": "per_layer_projection.weight",
                  "post_norm.weight": "post_per_layer_input_norm.weight", "layer_output_scale.weight": "layer_scalar"}
-# LayerNorm families (StarCoder2's): the norms' biases, the MLP's
+# LayerNorm families (StarCoder2's, Nemotron's): the norms' biases, the MLP's
 _LAYER_NORM_BIASES = {"attn_norm.bias": "input_layernorm.bias", "ffn_norm.bias": "post_attention_layernorm.bias",
                       "ffn_up.bias": "mlp.up_proj.bias", "ffn_down.bias": "mlp.down_proj.bias"}
 _SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
@@ -119,7 +119,7 @@ _ARCH_LAYER_NAMES = {
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     "granitemoe": _SHARED_EXPERT,
     "hunyuan-moe": _SHARED_EXPERT,
-    "starcoder2": _LAYER_NORM_BIASES,
+    **dict.fromkeys(("starcoder2", "nemotron"), _LAYER_NORM_BIASES),
     "llama4": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
@@ -169,7 +169,7 @@ _ARCH_LAYER_NAMES = {
 }
 # LFM2's final norm (its ``embedding_norm``) as llama.cpp names it
 _ARCH_GLOBAL_NAMES = {arch: {"token_embd_norm.weight": "model.norm.weight"} for arch in ("lfm2", "lfm2moe")}
-_ARCH_GLOBAL_NAMES["starcoder2"] = {"output_norm.bias": "model.norm.bias"}
+_ARCH_GLOBAL_NAMES.update({arch: {"output_norm.bias": "model.norm.bias"} for arch in ("starcoder2", "nemotron")})
 # Gemma 4's per-layer inputs: their embedding, the projection of the token's embedding and its norm
 _ARCH_GLOBAL_NAMES["gemma4"] = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
                                 "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
@@ -192,10 +192,10 @@ _STACKED_NAMES = {
     "gpt-oss": {f"ffn_{proj}_exps.{kind}": f"mlp.experts.gguf_{proj}.{kind}"
                 for proj in ("gate", "up", "down") for kind in ("weight", "bias")},
 }
-NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "gemma", "qwen35", "qwen35moe", "qwen3next"), 1.0)
-"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma 1's, 2's and 3's, Qwen3.5's and
-Qwen3-Next's ``1 + weight`` scale, stored whole) but those of :data:`UNOFFSET_NORMS`; the loader takes it off again,
-as the model adds it itself."""
+NORM_OFFSETS = dict.fromkeys((*GEMMA_ARCHITECTURES, "gemma", "qwen35", "qwen35moe", "qwen3next", "nemotron"), 1.0)
+"""What llama.cpp's converter adds to every ``*norm.weight`` of an architecture (Gemma 1's, 2's and 3's, Nemotron's
+LayerNorm1P, Qwen3.5's and Qwen3-Next's ``1 + weight`` scale, stored whole) but those of :data:`UNOFFSET_NORMS`; the
+loader takes it off again, as the model adds it itself."""
 UNOFFSET_NORMS = frozenset({"ssm_norm.weight"})  # Qwen3.5's gated norm in its DeltaNet layers: a plain scale
 
 
