@@ -67,7 +67,8 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "sarvam_moe", "youtu", "gemma", "cwm", "vaultgemma", "hyperclovax",
                                            "flex_olmo", "jais2", "starcoder2", "exaone4-4.5", "exaone_moe",
                                            "mellum", "granite_swa", "granite_moe_swa", "phimoe",
-                                           "cohere2_moe", "kolibri1", "hunyuan-a13b", "nemotron"})
+                                           "cohere2_moe", "kolibri1", "hunyuan-a13b", "nemotron",
+                                           "phi", "stablelm", "stablelm-parallel"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

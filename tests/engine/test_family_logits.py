@@ -14,7 +14,7 @@ from tests.engine.tiny_gguf import exactness_probe
 FAMILIES = ("granite", "granite_moe", "hyperclovax", "granite_swa", "granite_moe_swa", "cohere", "cohere2_moe",
             "gemma2", "gemma", "vaultgemma", "phimoe", "starcoder2", "jais2", "mellum", "kolibri1", "exaone_moe",
             "hunyuan-a13b", "sarvam_moe", "deepseek-sarvam_mla", "youtu", "helium", "internlm3", "flex_olmo",
-            "nemotron")
+            "nemotron", "phi", "stablelm-parallel")
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -172,7 +172,8 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     for load in (load_weights, load_model_config):
         with pytest.raises(ModelLoadError,
                            match=r"gpt2.*supported: llama, smollm3, llama4, granite, granitehybrid, lfm2, lfm2moe, "
-                                 r"nemotron_h, nemotron_h_moe, granitemoe, starcoder2, nemotron, arcee, qwen2, qwen3, "
+                                 r"nemotron_h, nemotron_h_moe, granitemoe, starcoder2, phi2, nemotron, arcee, qwen2, "
+                                 r"qwen3, "
                                  r"seed_oss, "
                                  r"mistral3, "
                                  r"qwen2moe, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe, phi3, gpt-oss, glm4, olmo2, "

@@ -79,6 +79,11 @@ FAMILIES = {
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
                  {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None,
                   "rope.dimension_count": 8}),
+    # Phi-2: attention and the MLP on one LayerNorm, biases everywhere (the head's too), rope on half of each head
+    "phi": (dict(model_type="phi", num_key_value_heads=4, layer_norm_eps=1e-5, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+            {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None,
+             "rope.dimension_count": 8}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -238,6 +243,7 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("hunyuan-dense", "hunyuan-dense", "Hunyuan counts 12345.", ["Hunyuan", "Ġcounts", "Ġ", "123", "45", "."]),
     ("hunyuan-moe", "hunyuan", "Hunyuan-A13B 12.", ["Hunyuan", "-A", "1", "3", "B", "Ġ", "1", "2", "."]),
     ("starcoder2", "starcoder", "StarCoder2 counts 12.", ["StarCoder", "2", "Ġcounts", "Ġ", "1", "2", "."]),
+    ("phi2", "phi-2", "Phi-2 counts 12345.", ["Phi", "-", "2", "Ġcounts", "Ġ12345", "."]),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
                                                        pieces):

@@ -70,7 +70,8 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "gemma", "vaultgemma", "hyperclovax",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
-                "kolibri1", "hunyuan-a13b", "nemotron"}
+                "kolibri1", "hunyuan-a13b", "nemotron", "phi",
+                "stablelm", "stablelm-parallel"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -79,7 +80,8 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
-                 "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron"}
+                 "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
+                 "stablelm"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -150,6 +152,17 @@ FAMILIES: dict[str, dict] = {
     "nemotron": dict(model_type="nemotron", head_dim=16, attention_bias=True, mlp_bias=True,
                      tie_word_embeddings=False,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # Phi-2: attention and the MLP side by side on one LayerNorm (norms and biases drawn at random), rope on half of
+    # each head (Phi-2's: 0.4), the LM head's bias
+    "phi": dict(model_type="phi", num_key_value_heads=4, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # StableLM 2: LayerNorms (drawn at random) around Llama's SwiGLU, q/k/v biases, rope on a quarter of each head;
+    # its parallel variant (StableLM's use_parallel_residual) too
+    "stablelm": dict(model_type="stablelm", use_qkv_bias=True, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    "stablelm-parallel": dict(model_type="stablelm", use_parallel_residual=True, tie_word_embeddings=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.5}),
     # IQuest-Coder-V1: Llama under its own model type
     "iquestcoder": dict(model_type="iquestcoder", head_dim=32, rope_theta=500000.0, tie_word_embeddings=False),
     # Arcee's AFM: Llama with an ungated squared-ReLU MLP

@@ -27,6 +27,7 @@ SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_lay
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6)
 GGUF_ARCH = {"cohere": "command-r", "cohere2": "cohere2", "exaone4": "exaone4", "hunyuan_v1_dense": "hunyuan-dense",
              "hunyuan_v1_moe": "hunyuan-moe", "starcoder2": "starcoder2", "nemotron": "nemotron",
+             "phi": "phi2",
              "exaone": "exaone", "dots1": "dots1", "arcee": "arcee",
              "llama": "llama", "granite": "granite", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "gemma": "gemma", "gemma2": "gemma2",

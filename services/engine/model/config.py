@@ -325,6 +325,9 @@ class ModelConfig:
     # Phi-3.5-MoE's; their layers: :mod:`services.engine.model.layernorm_decoder`), not an RMSNorm
     layer_norm: bool = False
     layer_norm_plus_one: bool = False  # the LayerNorms scale by ``1 + weight`` (Nemotron's LayerNorm1P)
+    # attention and the MLP side by side on the layer's one LayerNorm, ``h += attention(x) + mlp(x)`` (Phi-1's and
+    # Phi-2's; Cohere's layer is its own)
+    parallel_blocks: bool = False
     lm_head_bias: bool = False  # the LM head has a bias (``lm_head.bias``: Phi-3.5-MoE's)
     # Cohere's layer (:mod:`services.engine.model.cohere_decoder`) with RMSNorms for its LayerNorms (Cohere 2 MoE's,
     # where its config sets ``rms_norm_eps``)
@@ -383,8 +386,8 @@ class ModelConfig:
     rope_positions: int | None = None
 
     def __post_init__(self) -> None:
-        if self.layer_norm_plus_one and not self.layer_norm:
-            raise ModelLoadError("layer_norm_plus_one needs layer_norm (it scales LayerNorms)")
+        if (self.layer_norm_plus_one or self.parallel_blocks) and not self.layer_norm:
+            raise ModelLoadError("layer_norm_plus_one and parallel_blocks need layer_norm (the LayerNorm decoder's)")
         if self.mlp_activation not in MLP_ACTIVATIONS:
             raise ModelLoadError(f"mlp_activation {self.mlp_activation!r} is not one of {', '.join(MLP_ACTIVATIONS)}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -200,7 +200,8 @@ class DecoderModel(ExpertLoading):
             input_norm=take(p + "input_layernorm.weight", (hidden,)),
             qkv=qkv,
             o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
-            post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+            post_norm=None if cfg.parallel_blocks  # type: ignore[arg-type]  (one norm a layer)
+            else take(p + "post_attention_layernorm.weight", (hidden,)),
             gate_up=None, down=None,
         )
         if cfg.qk_norm:

@@ -206,6 +206,18 @@ def _one_kv_head_count(f: GGUFFields) -> int:
     return counts.pop() if counts else 0
 
 
+def gguf_layer_norm_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """:func:`gguf_base_fields` of a LayerNorm family's file (StarCoder2's, Nemotron's, Phi-2's), as llama.cpp's loader
+    reads it: the norms' epsilon ``attention.layer_norm_epsilon``, the rotated part ``rope.dimension_count`` (the whole
+    head where absent), the end ids :func:`gguf_turn_end_ids` gives, the architecture the family's own."""
+    f = GGUFFields(fields, arch)
+    eps = f.key("attention.layer_norm_epsilon")
+    base = gguf_base_fields({**fields, f"{arch}.attention.layer_norm_rms_epsilon": eps}, arch)
+    rotary = int(f.get("rope.dimension_count") or base["head_dim"])
+    return {**base, "rotary_dim": None if rotary == base["head_dim"] else rotary,
+            "eos_token_ids": gguf_turn_end_ids(base, fields)}
+
+
 def gguf_turn_end_ids(base: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[int, ...]:
     """A GGUF file's end ids: its EOS, its ``eot_token_id`` and ``eom_token_id`` (llama.cpp ends generation at each:
     GLM's converter writes ``<|user|>`` and ``<|observation|>`` there) and the loader's :data:`TURN_END_KEY` ids (the

@@ -137,6 +137,22 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
     )
 
 
+def typed_ropes(cfg: Mapping[str, Any], architecture: str, **base_options: Any) -> tuple[dict[str, Any], float | None]:
+    """``(base_fields, the sliding layers' rope base)`` of a config whose ``rope_parameters`` hold a rope per layer kind
+    (MiMo-V2-Flash's, Mellum's): the full layers' is the main rope; the sliding layers' must be plain over the same
+    rotated dims (``ModelConfig.local_rope_theta``), else refused by name; None where the config names none."""
+    ropes = cfg["rope_parameters"]
+    fields = base_fields({**cfg, "rope_parameters": ropes["full_attention"]}, architecture, **base_options)
+    sliding = ropes.get("sliding_attention")
+    if sliding is None:
+        return fields, None
+    local_theta, local_scaling = rope_settings({"rope_parameters": sliding})
+    if local_scaling is not None or rotary_dim(sliding, fields["head_dim"]) != fields["rotary_dim"]:
+        raise ModelLoadError(f"{architecture}: the sliding layers' rope must be plain over the full layers' rotary "
+                             f"dims, got {sliding}")
+    return fields, local_theta
+
+
 def silu_mlp(cfg: Mapping[str, Any], architecture: str) -> bool:
     """Whether the SwiGLU MLP of a config whose MLP may have biases has them (``mlp_bias``; the shared decoder reads
     them); another ``hidden_act`` is refused by name."""

@@ -1,6 +1,7 @@
 """The shared decoder's layer with LayerNorms (a weight and a bias each) where it has RMSNorms
 (``ModelConfig.layer_norm``): StarCoder2's, Jais 2's, Phi-3.5-MoE's, and Nemotron's, whose LayerNorms scale by
-``1 + weight`` (``layer_norm_plus_one``).
+``1 + weight`` (``layer_norm_plus_one``); Phi-1's and Phi-2's, whose attention and MLP share one norm
+(``parallel_blocks``: ``h += attention(x) + mlp(x)``).
 
 Per layer: ``h += attention(ln_1(h))`` then ``h += mlp(ln_2(h))``, the final norm a LayerNorm too, each computed as
 torch's ``layer_norm`` in the model dtype (as transformers' ``nn.LayerNorm``). Attention (its biases, windows, rope)
@@ -45,9 +46,11 @@ class LayerNormDecoderModel(DecoderModel):
         base = super()._layer(i)
         hidden, p = self.config.hidden_size, f"model.layers.{i}."
         layer = LayerNormLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
-        layer.input_norm, layer.post_norm = self._scale(layer.input_norm), self._scale(layer.post_norm)
+        layer.input_norm = self._scale(layer.input_norm)
         layer.input_norm_bias = self._source.take(p + "input_layernorm.bias", (hidden,))
-        layer.post_norm_bias = self._source.take(p + "post_attention_layernorm.bias", (hidden,))
+        if not self.config.parallel_blocks:
+            layer.post_norm = self._scale(layer.post_norm)
+            layer.post_norm_bias = self._source.take(p + "post_attention_layernorm.bias", (hidden,))
         return layer
 
     def _scale(self, weight: torch.Tensor) -> torch.Tensor:
@@ -67,7 +70,11 @@ class LayerNormDecoderModel(DecoderModel):
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             assert isinstance(layer, LayerNormLayerWeights)
             x = F.layer_norm(hidden, width, layer.input_norm, layer.input_norm_bias, eps)
-            hidden = hidden + self._attention(i, layer, x, kv_cache, attention, rope, paths, query_scale)
+            attended = self._attention(i, layer, x, kv_cache, attention, rope, paths, query_scale)
+            if cfg.parallel_blocks:  # Phi-2's: both blocks on the one norm, summed before the residual
+                hidden = attended + self._mlp(x, layer, paths) + hidden
+                continue
+            hidden = hidden + attended
             x = F.layer_norm(hidden, width, layer.post_norm, layer.post_norm_bias, eps)
             hidden = hidden + self._mlp(x, layer, paths)
         return F.layer_norm(hidden.index_select(0, logits_indices), width, self.final_norm, self.final_norm_bias, eps)

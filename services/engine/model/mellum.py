@@ -11,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig, MoEConfig, windowed_layers
 from services.engine.model.hf_config import (
-    base_fields,
-    rope_settings,
-    rotary_dim,
     sparse_mlp_layers,
     typed_layer_windows,
+    typed_ropes,
     with_defaults,
 )
 from services.engine.model.tensor_renames import is_mtp_weight
@@ -30,25 +27,18 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import MellumConfig
 
     full = with_defaults(ARCHITECTURE, MellumConfig, cfg)
-    ropes = full["rope_parameters"]
-    fields = base_fields({**full, "rope_parameters": ropes["full_attention"]}, ARCHITECTURE)  # whole heads rotate
+    fields, local_theta = typed_ropes(full, ARCHITECTURE)  # (whole heads rotate: a partial rotation refused)
     layers = fields["num_layers"]
     windows = typed_layer_windows(ARCHITECTURE, list(full["layer_types"]), layers, full.get("sliding_window"))
     local = windowed_layers(windows)
-    local_theta = None
-    if local:
-        sliding = {"rope_parameters": ropes["sliding_attention"]}
-        local_theta, local_scaling = rope_settings(sliding)
-        if local_scaling is not None or rotary_dim(sliding, fields["head_dim"]) != fields["rotary_dim"]:
-            raise ModelLoadError(f"mellum: the sliding layers' rope must be plain over whole heads, got "
-                                 f"{ropes['sliding_attention']}")
     moe = MoEConfig(num_experts=int(full["num_local_experts"]), top_k=int(full["num_experts_per_tok"]),
                     intermediate_size=int(full["moe_intermediate_size"]),
                     norm_topk_prob=bool(full["norm_topk_prob"]),
                     sparse_layers=sparse_mlp_layers(full, layers, ARCHITECTURE))
     bias = bool(full.get("attention_bias"))
     return ModelConfig(**fields, qk_norm=True, qkv_bias=bias, o_bias=bias, moe=moe if moe.sparse_layers else None,
-                       layer_windows=windows if local else (), local_rope_layers=local, local_rope_theta=local_theta)
+                       layer_windows=windows if local else (), local_rope_layers=local,
+                       local_rope_theta=local_theta if local else None)
 
 
 def mellum_tensor_name(name: str) -> str | None:

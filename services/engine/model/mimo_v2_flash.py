@@ -15,11 +15,9 @@ from services.engine.errors import ModelLoadError
 from services.engine.model.config import MiMoAttention, ModelConfig, windowed_layers
 from services.engine.model.deepseek import sparse_mlp
 from services.engine.model.hf_config import (
-    base_fields,
-    rope_settings,
-    rotary_dim,
     sparse_mlp_layers,
     typed_layer_windows,
+    typed_ropes,
     with_defaults,
 )
 
@@ -33,12 +31,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     layers, kinds = int(full["num_hidden_layers"]), list(full["layer_types"])
     # a kind's rope without a partial_rotary_factor rotates a third of each head, as MiMo's rotary embedding reads it
     ropes = {kind: {"partial_rotary_factor": 0.334, **params} for kind, params in full["rope_parameters"].items()}
-    fields = base_fields({**full, "rope_parameters": ropes["full_attention"]}, ARCHITECTURE, partial_rotary=True)
-    local_theta, local_scaling = rope_settings({"rope_parameters": ropes["sliding_attention"]})
-    head_dim = fields["head_dim"]
-    if local_scaling is not None or rotary_dim(ropes["sliding_attention"], head_dim) != fields["rotary_dim"]:
-        raise ModelLoadError(f"{ARCHITECTURE}: the sliding layers' rope must be plain over the full layers' rotary "
-                             f"dims, got {ropes['sliding_attention']}")
+    fields, local_theta = typed_ropes({**full, "rope_parameters": ropes}, ARCHITECTURE, partial_rotary=True)
     windows = typed_layer_windows(ARCHITECTURE, kinds, layers, full.get("sliding_window"))
     kv = int(full["num_key_value_heads"])
     kv_heads = tuple(2 * kv if kind == "sliding_attention" else kv for kind in kinds)

@@ -12,7 +12,7 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_layer_norm_fields
 from services.engine.model.hf_config import base_fields, with_defaults
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "nemotron"
@@ -36,11 +36,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     (``attention.layer_norm_epsilon``) and their weights stored as ``1 + weight`` (taken off by the loader, added back
     by the model), the rotated part ``rope.dimension_count``, the biases those the file holds, nothing permuted."""
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    eps = f.key("attention.layer_norm_epsilon")
-    base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.attention.layer_norm_rms_epsilon": eps}, GGUF_ARCHITECTURE)
-    rotary = int(f.get("rope.dimension_count") or base["head_dim"])
-    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields),
-                          "rotary_dim": None if rotary == base["head_dim"] else rotary},
+    return ModelConfig(**{**gguf_layer_norm_fields(fields, GGUF_ARCHITECTURE), "architecture": ARCHITECTURE},
                        qkv_bias=f.has_tensor(".attn_q.bias"), o_bias=f.has_tensor(".attn_output.bias"),
                        mlp_bias=f.has_tensor(".ffn_up.bias"), mlp_activation="relu2", layer_norm=True,
                        layer_norm_plus_one=True)

@@ -13,7 +13,7 @@ from typing import Any
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.gemma3 import ACTIVATIONS
-from services.engine.model.gguf_config import GGUFFields, gguf_base_fields, gguf_turn_end_ids
+from services.engine.model.gguf_config import GGUFFields, gguf_layer_norm_fields
 from services.engine.model.hf_config import base_fields, every_layer_window, with_defaults
 from services.engine.model.tensor_renames import renamed, renames
 
@@ -40,9 +40,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     (``attention.layer_norm_epsilon``), the biases those the file holds, nothing permuted (NEOX's rope, on halves), no
     window (llama.cpp's graph slides on none: every layer attends over everything)."""
     f = GGUFFields(fields, GGUF_ARCHITECTURE)
-    eps = f.key("attention.layer_norm_epsilon")
-    base = gguf_base_fields({**fields, f"{GGUF_ARCHITECTURE}.attention.layer_norm_rms_epsilon": eps}, GGUF_ARCHITECTURE)
-    return ModelConfig(**{**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)},
+    return ModelConfig(**{**gguf_layer_norm_fields(fields, GGUF_ARCHITECTURE), "architecture": ARCHITECTURE},
                        qkv_bias=f.has_tensor(".attn_q.bias"), o_bias=f.has_tensor(".attn_output.bias"),
                        mlp_bias=f.has_tensor(".ffn_up.bias"), mlp_activation="gelu_tanh", layer_norm=True)
 

@@ -67,7 +67,7 @@ _GEMMA4_NAMES = {**_GEMMA_NORMS,
                  "ffn_down_exps.scale": "router.per_expert_scale",
                  "inp_gate.weight": "per_layer_input_gate.weight", "proj.weight": "per_layer_projection.weight",
                  "post_norm.weight": "post_per_layer_input_norm.weight", "layer_output_scale.weight": "layer_scalar"}
-# LayerNorm families (StarCoder2's, Nemotron's): the norms' biases, the MLP's
+# LayerNorm families (StarCoder2's, Nemotron's, Phi-2's): the norms' biases, the MLP's
 _LAYER_NORM_BIASES = {"attn_norm.bias": "input_layernorm.bias", "ffn_norm.bias": "post_attention_layernorm.bias",
                       "ffn_up.bias": "mlp.up_proj.bias", "ffn_down.bias": "mlp.down_proj.bias"}
 _SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
@@ -119,7 +119,7 @@ _ARCH_LAYER_NAMES = {
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     "granitemoe": _SHARED_EXPERT,
     "hunyuan-moe": _SHARED_EXPERT,
-    **dict.fromkeys(("starcoder2", "nemotron"), _LAYER_NORM_BIASES),
+    **dict.fromkeys(("starcoder2", "nemotron", "phi2"), _LAYER_NORM_BIASES),
     "llama4": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
@@ -170,6 +170,7 @@ _ARCH_LAYER_NAMES = {
 # LFM2's final norm (its ``embedding_norm``) as llama.cpp names it
 _ARCH_GLOBAL_NAMES = {arch: {"token_embd_norm.weight": "model.norm.weight"} for arch in ("lfm2", "lfm2moe")}
 _ARCH_GLOBAL_NAMES.update({arch: {"output_norm.bias": "model.norm.bias"} for arch in ("starcoder2", "nemotron")})
+_ARCH_GLOBAL_NAMES["phi2"] = {"output_norm.bias": "model.norm.bias", "output.bias": "lm_head.bias"}
 # Gemma 4's per-layer inputs: their embedding, the projection of the token's embedding and its norm
 _ARCH_GLOBAL_NAMES["gemma4"] = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
                                 "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
