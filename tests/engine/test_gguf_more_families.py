@@ -73,17 +73,19 @@ FAMILIES = {
     # StarCoder2: LayerNorms with biases, biases on every projection, the tanh-GELU MLP; no window (llama.cpp's)
     "starcoder2": (dict(model_type="starcoder2", norm_epsilon=1e-5, tie_word_embeddings=True),
                    {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None}),
-    # Nemotron: LayerNorm1P's weights stored as 1 + weight, rope on half of each head, biases everywhere
+    # Nemotron: LayerNorm1P's weights stored as 1 + weight, rope on half of each head, biases everywhere; no key_length,
+    # as its converter writes none where the checkpoint names no head_dim
     "nemotron": (dict(model_type="nemotron", head_dim=16, attention_bias=True, mlp_bias=True, norm_eps=1e-5,
                       tie_word_embeddings=False,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
                  {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None,
-                  "rope.dimension_count": 8}),
-    # Phi-2: attention and the MLP on one LayerNorm, biases everywhere (the head's too), rope on half of each head
+                  "rope.dimension_count": 8, "attention.key_length": None, "attention.value_length": None}),
+    # Phi-2: attention and the MLP on one LayerNorm, biases everywhere (the head's too), rope on half of each head; no
+    # key_length, as its converter writes none (the head is hidden / heads, not the rotated part)
     "phi": (dict(model_type="phi", num_key_value_heads=4, layer_norm_eps=1e-5, tie_word_embeddings=False,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
             {"attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": None,
-             "rope.dimension_count": 8}),
+             "rope.dimension_count": 8, "attention.key_length": None, "attention.value_length": None}),
     "olmoe": (dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                    tie_word_embeddings=False),
               {"expert_count": 4, "expert_used_count": 2}),
@@ -132,6 +134,15 @@ def test_a_file_of_the_family_gives_transformers_logits(name, quant, tmp_path):
     path = write_gguf(model, tmp_path / f"tiny-{name}.gguf", quant, metadata=FAMILIES[name][1])
     cfg = read_as_the_twin(path, model, IDS, file_own=("rope_theta",) if name.startswith("hunyuan") else ())
     assert cfg.rope_theta == pytest.approx(config_from_hf(model.config.to_dict()).rope_theta, rel=1e-7)
+
+
+@pytest.mark.parametrize("quant", [all_f32, mixed], ids=["f32", "q8-q4-f16"])
+def test_a_phi2_file_with_fused_qkv_gives_transformers_logits(quant, tmp_path):
+    """Older Phi-2 files (converted from ``mixer.Wqkv``) hold q, k and v stacked in ``attn_qkv`` with its bias."""
+    model = _model("phi")
+    path = write_gguf(model, tmp_path / "fused.gguf", quant, metadata=FAMILIES["phi"][1], fused_qkv=True)
+    assert {"blk.0.attn_qkv.weight", "blk.0.attn_qkv.bias"} <= {t.name for t in GGUFReader(path).tensors}
+    read_as_the_twin(path, model, IDS)
 
 
 def test_the_families_read_what_llama_cpp_reads(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,13 +175,14 @@ def _roundtrip(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.
 
 def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict | None = None,
                extra: dict[str, np.ndarray] | None = None, vocab_size: bool = True,
-               tokens: list[str] | None = None, one_tensor_per_expert: bool = False) -> Path:
+               tokens: list[str] | None = None, one_tensor_per_expert: bool = False, fused_qkv: bool = False) -> Path:
     """Write ``model`` as llama.cpp would, and load the file's dequantised values into ``model`` (its twin).
 
     ``metadata`` adds or overrides ``{arch}.*`` keys (``None`` values drop one); ``extra`` adds raw tensors
     under GGUF names (written as they are); ``vocab_size=False`` leaves ``{arch}.vocab_size`` out; ``tokens``:
     the token list (default ``<t0>``, ``<t1>``, …); ``one_tensor_per_expert``: experts as early-2024 Mixtral
-    files store them (``blk.N.ffn_gate.E.weight``, not one 3-D ``ffn_gate_exps``).
+    files store them (``blk.N.ffn_gate.E.weight``, not one 3-D ``ffn_gate_exps``); ``fused_qkv``: q, k and v rows
+    stacked in one ``attn_qkv`` (and its bias), as older Phi-2 files hold them.
     """
     cfg = model.config
     arch = GGUF_ARCH[cfg.model_type]
@@ -228,7 +230,7 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
     writer.add_name(f"tiny-{arch}")
     add_metadata(writer, arch, keys, tokens or [f"<t{i}>" for i in range(cfg.vocab_size)])
 
-    twin = {}
+    twin, fused = {}, {}
     for hf_name, array in _hf_tensors(model).items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias")) or _correction_bias_name(hf_name)
         assert name is not None, hf_name
@@ -243,11 +245,17 @@ def write_gguf(model, path: Path, quant: QuantChoice = all_f32, metadata: dict |
             heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads
             stored = llama_permute(stored, heads)
         raw_dtype = qtype if qtype not in (F32, F16) else None
+        if fused_qkv and (part := re.match(r"(blk\.\d+\.)attn_([qkv])\.(weight|bias)$", name)):
+            # rows are quantised independently: the stacked rows are what quantising the fused weight stores
+            fused.setdefault(part.group(1) + "attn_qkv." + part.group(3), {})[part.group(2)] = (stored, raw_dtype)
+            continue
         if one_tensor_per_expert and "_exps." in name:
             for expert, rows in enumerate(stored):  # rows are quantised independently: a slice is one expert's
                 writer.add_tensor(name.replace("_exps.", f".{expert}."), rows, raw_dtype=raw_dtype)
             continue
         writer.add_tensor(name, stored, raw_dtype=raw_dtype)
+    for name, parts in fused.items():
+        writer.add_tensor(name, np.concatenate([parts[kind][0] for kind in "qkv"]), raw_dtype=parts["q"][1])
     for name, array in (extra or {}).items():
         writer.add_tensor(name, array)
     close_writer(writer)

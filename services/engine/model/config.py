@@ -326,7 +326,7 @@ class ModelConfig:
     layer_norm: bool = False
     layer_norm_plus_one: bool = False  # the LayerNorms scale by ``1 + weight`` (Nemotron's LayerNorm1P)
     # attention and the MLP side by side on the layer's one LayerNorm, ``h += attention(x) + mlp(x)`` (Phi-1's and
-    # Phi-2's; Cohere's layer is its own)
+    # Phi-2's, StableLM's with use_parallel_residual; Cohere's layer is its own)
     parallel_blocks: bool = False
     lm_head_bias: bool = False  # the LM head has a bias (``lm_head.bias``: Phi-3.5-MoE's)
     # Cohere's layer (:mod:`services.engine.model.cohere_decoder`) with RMSNorms for its LayerNorms (Cohere 2 MoE's,

@@ -213,8 +213,11 @@ def gguf_layer_norm_fields(fields: Mapping[str, Any], arch: str) -> dict[str, An
     f = GGUFFields(fields, arch)
     eps = f.key("attention.layer_norm_epsilon")
     base = gguf_base_fields({**fields, f"{arch}.attention.layer_norm_rms_epsilon": eps}, arch)
-    rotary = int(f.get("rope.dimension_count") or base["head_dim"])
-    return {**base, "rotary_dim": None if rotary == base["head_dim"] else rotary,
+    # the head: key_length, else hidden / heads as llama.cpp's loader takes it (these converters write no key_length
+    # unless the checkpoint names a head_dim; rope.dimension_count is the rotated part only)
+    head_dim = int(f.get("attention.key_length") or base["hidden_size"] // base["num_heads"])
+    rotary = int(f.get("rope.dimension_count") or head_dim)
+    return {**base, "head_dim": head_dim, "rotary_dim": None if rotary == head_dim else rotary,
             "eos_token_ids": gguf_turn_end_ids(base, fields)}
 
 

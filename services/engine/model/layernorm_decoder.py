@@ -1,7 +1,7 @@
 """The shared decoder's layer with LayerNorms (a weight and a bias each) where it has RMSNorms
 (``ModelConfig.layer_norm``): StarCoder2's, Jais 2's, Phi-3.5-MoE's, and Nemotron's, whose LayerNorms scale by
-``1 + weight`` (``layer_norm_plus_one``); Phi-1's and Phi-2's, whose attention and MLP share one norm
-(``parallel_blocks``: ``h += attention(x) + mlp(x)``).
+``1 + weight`` (``layer_norm_plus_one``); Phi-1's, Phi-2's and parallel StableLM's, whose attention and MLP share
+one norm (``parallel_blocks``: ``h += attention(x) + mlp(x)``).
 
 Per layer: ``h += attention(ln_1(h))`` then ``h += mlp(ln_2(h))``, the final norm a LayerNorm too, each computed as
 torch's ``layer_norm`` in the model dtype (as transformers' ``nn.LayerNorm``). Attention (its biases, windows, rope)

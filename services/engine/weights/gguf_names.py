@@ -119,7 +119,10 @@ _ARCH_LAYER_NAMES = {
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
     "granitemoe": _SHARED_EXPERT,
     "hunyuan-moe": _SHARED_EXPERT,
-    **dict.fromkeys(("starcoder2", "nemotron", "phi2"), _LAYER_NORM_BIASES),
+    **dict.fromkeys(("starcoder2", "nemotron"), _LAYER_NORM_BIASES),
+    # Phi-2's: its older files' fused q/k/v (``mixer.Wqkv``), read as the shared decoder's qkv_proj
+    "phi2": {**_LAYER_NORM_BIASES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+             "attn_qkv.bias": "self_attn.qkv_proj.bias"},
     "llama4": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
