@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from tests.engine.tiny_hybrid_families import HYBRID_FAMILIES
+
 # the reference side, here for the tests that import it from here
 from tests.engine.tiny_reference import (  # noqa: F401
     HUB_LAYOUTS,
@@ -16,6 +18,7 @@ from tests.engine.tiny_reference import (  # noqa: F401
     greedy_full_forward,
     load_reference,
 )
+from tests.engine.tiny_vl_families import VISION_LANGUAGE_FAMILIES
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, rms_norm_eps=1e-6)
@@ -35,32 +38,6 @@ _GEMMA4_TEXT = dict(head_dim=16, global_head_dim=32, sliding_window=24, tie_word
                     rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                         "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
-_HYBRID = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
-               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
-               linear_conv_kernel_dim=4, tie_word_embeddings=False)
-_GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_state=16,
-                       mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=64,
-                       embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
-                       logits_scaling=2.0, tie_word_embeddings=True)
-# Ministral 3: yarn as Mistral sets it, and the attention temperature past the yarn's original context (64 here: the
-# test prompts reach 300 tokens, four periods on)
-_MINISTRAL3_TEXT = dict(model_type="ministral3", head_dim=16, tie_word_embeddings=False, sliding_window=None,
-                        rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
-                                         "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
-                                         "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
-# (its routed weights times 2, so the scaling shows; the temperature's period 64, as Ministral 3's)
-_MISTRAL4_TEXT = dict(model_type="mistral4", q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=16,
-                      qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4, n_routed_experts=8,
-                      num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1,
-                      n_group=2, topk_group=1, routed_scaling_factor=2.0, tie_word_embeddings=False,
-                      rope_parameters={"rope_type": "yarn", "type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
-                                       "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
-                                       "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1,
-                                       "partial_rotary_factor": 0.5})
-_MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3]}
-_QWEN3_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                        deepstack_visual_indexes=[0], patch_size=14)
 RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe", "granite_hybrid",
                 "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
@@ -442,91 +419,6 @@ FAMILIES: dict[str, dict] = {
                                         position_embedding_size=64),
                      audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                        subsampling_conv_channels=[8, 4], output_proj_dims=32)),
-    # Granite 4.0-H: Mamba-2 layers (8 heads of 16, 2 groups, a state of 16) around an attention layer without rope
-    # (position_embedding_type nope, as released), Granite's four scalars, experts beside a shared MLP; norms, the
-    # conv's bias and dt_bias drawn at random
-    "granite_hybrid": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID, num_local_experts=4,
-                           num_experts_per_tok=2, intermediate_size=48, position_embedding_type="nope"),
-    # granite-4.0-h-micro's kind: the shared MLP alone (no experts), and here rope on the attention layer
-    "granite_hybrid-dense": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID, num_local_experts=0,
-                                 position_embedding_type="rope", rope_theta=10000.0),
-    # granite-4.0-micro's kind: the same checkpoint type with attention on every layer (no recurrent state)
-    "granite_hybrid-attention": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID | {
-        "layer_types": ["attention"] * 3}, num_local_experts=0, position_embedding_type="rope", rope_theta=10000.0),
-    # Nemotron-H: blocks of one mixer each (Mamba-2 with 8 heads of 16 in 2 groups, a squared-ReLU MLP, attention
-    # without rope), as its hybrid_override_pattern "M-*-M" says; norms, the conv's bias and dt_bias drawn at random
-    "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
-                       head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
-                       conv_kernel=4, time_step_min=0.001, tie_word_embeddings=False),
-    # Nemotron 3 Nano: Mamba-2 and expert blocks around an attention one; ungated squared-ReLU experts chosen by sigmoid
-    # + correction bias (drawn) within the best of 2 groups, renormalised and scaled, beside a shared MLP; written in
-    # NVIDIA's layout (backbone.*, one tensor per expert), as transformers saves it
-    "nemotron_h-moe": dict(model_type="nemotron_h", layers_block_type=["mamba", "moe", "attention", "moe"],
-                           head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
-                           conv_kernel=4, time_step_min=0.001, n_routed_experts=8, num_experts_per_tok=2,
-                           moe_intermediate_size=48, moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
-                           routed_scaling_factor=2.5, tie_word_embeddings=False),
-    # LFM2: gated short convolutions (3 taps, their last 2 inputs a recurrent state, no KV) around a Qwen3-style
-    # attention layer; the MLP width derived as transformers does (two thirds of 128, rounded up to 32: 96); norms
-    # drawn at random
-    "lfm2": dict(model_type="lfm2", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5,
-                 block_multiple_of=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                 tie_word_embeddings=True),
-    # LFM3: a convolution, a full layer (proportional rope on half of each 16-wide head) and a sliding one (a window of
-    # 24, so the prompts cross it; its own plain rope), sandwich norms and a sigmoid gate per attention head (four
-    # layers: each kind, and a convolution after the sliding layer)
-    "lfm2-lfm3": dict(model_type="lfm3", num_hidden_layers=4, head_dim=16, sliding_window=24, conv_L_cache=3,
-                      layer_types=["conv", "full_attention", "sliding_attention", "conv"], tie_word_embeddings=True,
-                      pad_token_id=0),  # (its default is past the tiny vocabulary)
-    # LFM2-MoE: LFM2's layers with a dense MLP first, then experts chosen by sigmoid + expert_bias (drawn at random),
-    # renormalised and scaled
-    "lfm2-moe": dict(model_type="lfm2_moe", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
-                     norm_eps=1e-5, num_dense_layers=1, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
-                     routed_scaling_factor=2.5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                     tie_word_embeddings=True),
-    # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
-    # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
-    # by 1 + weight, initialised to 0)
-    "qwen3_5": dict(model_type="qwen3_5_text", **_HYBRID),
-    # Qwen3.5-MoE: the same layers, experts with a gated shared expert on every layer
-    "qwen3_5-moe": dict(model_type="qwen3_5_moe_text", **_HYBRID, num_experts=8, num_experts_per_tok=2,
-                        moe_intermediate_size=48, shared_expert_intermediate_size=64),
-    # Qwen3-Next: its DeltaNet projections fused per key head; dense MLP on its middle layer (mlp_only_layers)
-    "qwen3_next": dict(model_type="qwen3_next", **_HYBRID, num_experts=8, num_experts_per_tok=2,
-                       moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[1],
-                       norm_topk_prob=True),
-    # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
-    # softcap: as in Google's files; transformers' multimodal class would not apply one)
-    # Ministral 3: Mistral3ForConditionalGeneration around a ministral3 text model, under language_model.* (tied as
-    # the text model says: transformers ties by the top level's flag, which the released files leave untied)
-    "mistral3": dict(model_type="mistral3", text_config=_MINISTRAL3_TEXT, tie_word_embeddings=False,
-                                vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                   num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
-    # Devstral 2: the ministral3 text model on its own
-    "mistral3-text": dict(_MINISTRAL3_TEXT),
-    # Mistral Small 4: Mistral3ForConditionalGeneration around a mistral4 text model (DeepSeek-V3's latent attention
-    # with Ministral 3's query temperature, softmax routing within the best of 2 groups, a shared expert; norms drawn
-    # at random)
-    "mistral4": dict(model_type="mistral3", text_config=_MISTRAL4_TEXT, tie_word_embeddings=False,
-                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)),
-    # Qwen3-VL: Qwen3's text model under model.language_model.* with interleaved M-RoPE (plain rope for text: its
-    # sections, 2 + 3 + 3 of the 8 frequencies, all see the same position), the vision tower beside it (not read);
-    # tied as the top level says (the text config's true is what transformers 5 writes there)
-    "qwen_vl": dict(model_type="qwen3_vl", tie_word_embeddings=False, vision_config=_QWEN3_VL_VISION,
-                    text_config=dict(model_type="qwen3_vl_text", head_dim=16, rope_parameters=_MROPE | {
-                        "mrope_interleaved": True})),
-    # Qwen3-VL-MoE: Qwen3-MoE's layers (a dense middle one), experts stacked and written transposed as the released
-    # files store them ([E, hidden, 2·inter]: HUB_LAYOUTS)
-    "qwen_vl-moe": dict(model_type="qwen3_vl_moe", tie_word_embeddings=False, vision_config=_QWEN3_VL_VISION,
-                        text_config=dict(model_type="qwen3_vl_moe_text", head_dim=16, num_experts=8,
-                                         num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1,
-                                         mlp_only_layers=[1], rope_parameters=_MROPE | {"mrope_interleaved": True})),
-    # Qwen2.5-VL: Qwen2's text model (q/k/v biases), written as its released files are (model.layers.*, visual.*)
-    "qwen_vl-2.5": dict(model_type="qwen2_5_vl", tie_word_embeddings=False,
-                        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                           out_hidden_size=64, patch_size=14, fullatt_block_indexes=[0]),
-                        text_config=dict(model_type="qwen2_5_vl_text", rope_parameters=_MROPE)),
     # Kimi K2.5 (K2.6): Kimi_K25ForConditionalGeneration around DeepSeek-V3's text model, written as the released
     # files are (language_model.model.layers.*, language_model.lm_head, vision_tower.*, mm_projector.*: HUB_LAYOUTS);
     # untied as the releases write it (the class's default ties)
@@ -534,10 +426,14 @@ FAMILIES: dict[str, dict] = {
                      text_config=_DEEPSEEK_V3 | {"model_type": "kimi_k2"},
                      vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=2, pos_emb_height=4, pos_emb_width=4)),
+    # the 4B/12B/27B checkpoints: Gemma3ForConditionalGeneration, the text model under language_model.* (no
+    # softcap: as in Google's files; transformers' multimodal class would not apply one)
     "gemma3-multimodal": dict(model_type="gemma3", text_config=_GEMMA3_TEXT | {"final_logit_softcapping": None},
                               mm_tokens_per_image=4,
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                  num_attention_heads=2, image_size=28, patch_size=14)),
+    **HYBRID_FAMILIES,
+    **VISION_LANGUAGE_FAMILIES,
 }
 
 

@@ -1,0 +1,69 @@
+"""The tiny twins of the hybrid families (a recurrent state beside the KV: Mamba-2, gated short convolutions, Gated
+DeltaNet), part of :data:`tests.engine.tiny_families.FAMILIES` (shapes from its ``SHAPE``)."""
+
+from __future__ import annotations
+
+_HYBRID = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+               linear_conv_kernel_dim=4, tie_word_embeddings=False)
+_GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_state=16,
+                       mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=64,
+                       embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
+                       logits_scaling=2.0, tie_word_embeddings=True)
+
+HYBRID_FAMILIES: dict[str, dict] = {
+    # Granite 4.0-H: Mamba-2 layers (8 heads of 16, 2 groups, a state of 16) around an attention layer without rope
+    # (position_embedding_type nope, as released), Granite's four scalars, experts beside a shared MLP; norms, the
+    # conv's bias and dt_bias drawn at random
+    "granite_hybrid": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID, num_local_experts=4,
+                           num_experts_per_tok=2, intermediate_size=48, position_embedding_type="nope"),
+    # granite-4.0-h-micro's kind: the shared MLP alone (no experts), and here rope on the attention layer
+    "granite_hybrid-dense": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID, num_local_experts=0,
+                                 position_embedding_type="rope", rope_theta=10000.0),
+    # granite-4.0-micro's kind: the same checkpoint type with attention on every layer (no recurrent state)
+    "granite_hybrid-attention": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID | {
+        "layer_types": ["attention"] * 3}, num_local_experts=0, position_embedding_type="rope", rope_theta=10000.0),
+    # Nemotron-H: blocks of one mixer each (Mamba-2 with 8 heads of 16 in 2 groups, a squared-ReLU MLP, attention
+    # without rope), as its hybrid_override_pattern "M-*-M" says; norms, the conv's bias and dt_bias drawn at random
+    "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
+                       head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+                       conv_kernel=4, time_step_min=0.001, tie_word_embeddings=False),
+    # Nemotron 3 Nano: Mamba-2 and expert blocks around an attention one; ungated squared-ReLU experts chosen by sigmoid
+    # + correction bias (drawn) within the best of 2 groups, renormalised and scaled, beside a shared MLP; written in
+    # NVIDIA's layout (backbone.*, one tensor per expert), as transformers saves it
+    "nemotron_h-moe": dict(model_type="nemotron_h", layers_block_type=["mamba", "moe", "attention", "moe"],
+                           head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+                           conv_kernel=4, time_step_min=0.001, n_routed_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=48, moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
+                           routed_scaling_factor=2.5, tie_word_embeddings=False),
+    # LFM2: gated short convolutions (3 taps, their last 2 inputs a recurrent state, no KV) around a Qwen3-style
+    # attention layer; the MLP width derived as transformers does (two thirds of 128, rounded up to 32: 96); norms
+    # drawn at random
+    "lfm2": dict(model_type="lfm2", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, norm_eps=1e-5,
+                 block_multiple_of=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                 tie_word_embeddings=True),
+    # LFM3: a convolution, a full layer (proportional rope on half of each 16-wide head) and a sliding one (a window of
+    # 24, so the prompts cross it; its own plain rope), sandwich norms and a sigmoid gate per attention head (four
+    # layers: each kind, and a convolution after the sliding layer)
+    "lfm2-lfm3": dict(model_type="lfm3", num_hidden_layers=4, head_dim=16, sliding_window=24, conv_L_cache=3,
+                      layer_types=["conv", "full_attention", "sliding_attention", "conv"], tie_word_embeddings=True,
+                      pad_token_id=0),  # (its default is past the tiny vocabulary)
+    # LFM2-MoE: LFM2's layers with a dense MLP first, then experts chosen by sigmoid + expert_bias (drawn at random),
+    # renormalised and scaled
+    "lfm2-moe": dict(model_type="lfm2_moe", layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
+                     norm_eps=1e-5, num_dense_layers=1, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                     routed_scaling_factor=2.5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                     tie_word_embeddings=True),
+    # Qwen3.5: Gated DeltaNet layers (a recurrent state, no KV) around a full-attention one with an output gate,
+    # rope on half of each head; more value heads than key heads, as released; norms drawn at random (they scale
+    # by 1 + weight, initialised to 0)
+    "qwen3_5": dict(model_type="qwen3_5_text", **_HYBRID),
+    # Qwen3.5-MoE: the same layers, experts with a gated shared expert on every layer
+    "qwen3_5-moe": dict(model_type="qwen3_5_moe_text", **_HYBRID, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=48, shared_expert_intermediate_size=64),
+    # Qwen3-Next: its DeltaNet projections fused per key head; dense MLP on its middle layer (mlp_only_layers)
+    "qwen3_next": dict(model_type="qwen3_next", **_HYBRID, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[1],
+                       norm_topk_prob=True),
+}
