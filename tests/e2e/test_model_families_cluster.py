@@ -36,9 +36,11 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # sliding layers with their own rope; OLMoE's is MiniMax-M2's whole-projection q/k norms with Qwen3-MoE's routing;
 # Qwen3.5's hybrid layers, whose recurrent state travels beside the KV, run as its dense model: its MoE and Qwen3-Next
 # add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
-# 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one; Nemotron-H's blocks hold
-# the same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each, Nemotron 3's experts GLM-4.5's
-# routing with that MLP as the experts' and the shared one's; Granite's dense layer is Llama's
+# 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one, and Bamba's with a dense
+# MLP; Falcon-H1's, beside every layer's attention (KV and a state on each layer), run with the mixer's norm (its
+# kind without runs in the engine's family test); Nemotron-H's blocks hold the same Mamba-2 layer, Llama's attention
+# without rope and a squared-ReLU MLP each, Nemotron 3's experts GLM-4.5's routing with that MLP as the experts' and
+# the shared one's; Granite's dense layer is Llama's
 # with Granite MoE's multipliers; SmolLM3's is Llama's, some layers without rope; LFM2-MoE's state is LFM2's, its
 # experts sigmoid-routed as GLM-4.5's; the Qwen-VL wrappers' text layers are Qwen3's and Qwen3-MoE's, read through a
 # wrapper as Mistral 3's is; Mistral 4's layer is DeepSeek-V3's with Ministral 3's temperature, both served here; Gemma
@@ -68,7 +70,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "flex_olmo", "jais2", "starcoder2", "exaone4-4.5", "exaone_moe",
                                            "mellum", "granite_swa", "granite_moe_swa", "phimoe",
                                            "cohere2_moe", "kolibri1", "hunyuan-a13b", "nemotron",
-                                           "phi", "stablelm", "stablelm-parallel"})
+                                           "phi", "stablelm", "stablelm-parallel", "bamba", "falcon_h1-no_norm"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)
@@ -76,7 +78,7 @@ PRESSURED = {"llama3", "phi3", "gpt_oss", "gemma3", "qwen3_5", "granite_hybrid"}
 # a recurrent state per request, not in the KV blocks: hits need a checkpoint (LFM2's, a convolution's last inputs
 # alone, crosses P→D as the others' do; its preemption runs in the engine's family test); checkpoint hits served by
 # these (LFM2-MoE's state is LFM2's)
-HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3"}
+HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3", "falcon_h1"}
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)

@@ -24,6 +24,23 @@ HYBRID_FAMILIES: dict[str, dict] = {
     # granite-4.0-micro's kind: the same checkpoint type with attention on every layer (no recurrent state)
     "granite_hybrid-attention": dict(model_type="granitemoehybrid", **_GRANITE_HYBRID | {
         "layer_types": ["attention"] * 3}, num_local_experts=0, position_embedding_type="rope", rope_theta=10000.0),
+    # Bamba: Granite 4.0-H's Mamba-2 layers (8 heads of 16, 2 groups) around an attention layer that rotates half of
+    # each head, a dense SwiGLU MLP, no scalars; norms, the conv's bias and dt_bias drawn at random
+    "bamba": dict(model_type="bamba", attn_layer_indices=[1], mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2,
+                  mamba_d_conv=4, mamba_expand=2, tie_word_embeddings=False),
+    # Falcon-H1: a Mamba-2 mixer (8 heads of 8: mamba_d_ssm 64, 2 groups) beside the attention of every layer, every
+    # muP multiplier away from 1, the mixer's grouped norm after the gate (as the larger releases); norms, the conv's
+    # bias and dt_bias drawn
+    "falcon_h1": dict(model_type="falcon_h1", head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16,
+                      mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=False,
+                      embedding_multiplier=1.5, lm_head_multiplier=0.7, key_multiplier=0.8,
+                      attention_in_multiplier=1.2, attention_out_multiplier=0.9, ssm_in_multiplier=1.1,
+                      ssm_out_multiplier=0.6, ssm_multipliers=[0.5, 1.3, 0.8, 1.2, 0.7], mlp_multipliers=[1.4, 0.6],
+                      rope_theta=100000.0, tie_word_embeddings=False),
+    # Falcon-H1 without the mixer's norm (its output gated by silu(z) alone), as some releases (0.5B) have it
+    "falcon_h1-no_norm": dict(model_type="falcon_h1", head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16,
+                              mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=False,
+                              ssm_multipliers=[0.5, 1.3, 0.8, 1.2, 0.7], tie_word_embeddings=True),
     # Nemotron-H: blocks of one mixer each (Mamba-2 with 8 heads of 16 in 2 groups, a squared-ReLU MLP, attention
     # without rope), as its hybrid_override_pattern "M-*-M" says; norms, the conv's bias and dt_bias drawn at random
     "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],

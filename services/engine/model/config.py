@@ -12,6 +12,7 @@ from services.engine.model.attention_config import LatentAttention, MiMoAttentio
 from services.engine.model.moe_config import MoEConfig
 
 if TYPE_CHECKING:
+    from services.engine.model.falcon_h1 import FalconH1Scales
     from services.engine.model.gemma4_config import Gemma4Config
     from services.engine.model.llama4 import Llama4Attention
 
@@ -120,6 +121,9 @@ class Mamba2:
     conv_kernel: int
     conv_bias: bool = True
     dt_min: float = 0.0  # the step sizes' floor: ``time_step_limit``'s lower bound
+    # the mixer runs beside the layer's attention, both on its normed input (Falcon-H1's parallel hybrid): these
+    # layers keep KV as well as the state
+    beside_attention: bool = False
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "state_size", "groups"):
@@ -268,6 +272,8 @@ class ModelConfig:
     linear_attention: LinearAttention | None = None
     mamba: Mamba2 | None = None
     short_conv: ShortConv | None = None
+    # Falcon-H1's muP scales (a Mamba-2 mixer beside every layer's attention: ``mamba.beside_attention``)
+    falcon_h1: FalconH1Scales | None = None
     # Nemotron-H's blocks, one mixer each: "mamba", "attention" or "mlp" per layer (an MLP block mixes no tokens
     # and keeps no KV); empty: every layer is a token mixer followed by an MLP
     block_kinds: tuple[str, ...] = ()
@@ -360,7 +366,9 @@ class ModelConfig:
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that keep KV (a hybrid model's attention layers; all but Gemma 4's KV-sharing ones; every layer
         otherwise), in order: the KV cache's layer ``n`` is layer ``kv_layers[n]``'s."""
-        mixing = set(self.mlp_blocks) | set(() if self.recurrent is None else self.recurrent.layers)
+        recurrent = self.recurrent
+        stateful = () if recurrent is None or getattr(recurrent, "beside_attention", False) else recurrent.layers
+        mixing = set(self.mlp_blocks) | set(stateful)
         if self.gemma4 is not None:
             mixing |= set(self.gemma4.shared_layers)
         return tuple(i for i in range(self.num_layers) if i not in mixing)

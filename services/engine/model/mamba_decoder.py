@@ -39,7 +39,7 @@ class MambaWeights:
     dt_bias: torch.Tensor  # [heads]
     a: torch.Tensor  # [heads] float32: -exp(A_log)
     skip: torch.Tensor  # [heads] float32: D
-    norm: torch.Tensor  # [intermediate]
+    norm: torch.Tensor | None  # [intermediate]; None: no norm (Falcon-H1's without ``mamba_rms_norm``)
     out_proj: LinearWeight
 
 
@@ -76,8 +76,9 @@ class MambaDecoderModel(DecoderModel):
                                   gate_up=None, down=None, mamba=mamba)
         return self._with_mlp(layer, i)  # type: ignore[return-value]
 
-    def _mamba_weights(self, m: str) -> MambaWeights:
-        """A Mamba-2 mixer's weights, named ``m`` + ``in_proj.weight`` and so on."""
+    def _mamba_weights(self, m: str, norm: bool = True) -> MambaWeights:
+        """A Mamba-2 mixer's weights, named ``m`` + ``in_proj.weight`` and so on (``norm``: it has its grouped
+        norm)."""
         spec, take, hidden = self.config.mamba, self._source.take, self.config.hidden_size
         assert spec is not None
         return MambaWeights(
@@ -88,7 +89,7 @@ class MambaDecoderModel(DecoderModel):
             dt_bias=take(m + "dt_bias", (spec.heads,)),
             a=-take(m + "A_log", (spec.heads,), torch.float32).exp(),
             skip=take(m + "D", (spec.heads,), torch.float32),
-            norm=take(m + "norm.weight", (spec.intermediate,)),
+            norm=take(m + "norm.weight", (spec.intermediate,)) if norm else None,
             out_proj=self._projection([(m + "out_proj.weight", (hidden, spec.intermediate))]),
         )
 
@@ -114,10 +115,18 @@ class MambaDecoderModel(DecoderModel):
 
     def _mamba(self, i: int, net: MambaWeights, x: torch.Tensor, paths: RowPaths | None,
                states: RecurrentStates | None) -> torch.Tensor:
+        y, gate = self._ssd(i, net, linear(x, net.in_proj, paths), states)
+        return linear(gated_group_norm(y, gate, net.norm, self.config, norm_before_gate=False).to(x.dtype),
+                      net.out_proj, paths)
+
+    def _ssd(self, i: int, net: MambaWeights, projected: torch.Tensor,
+             states: RecurrentStates | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s mixer from its input projection ``projected`` (z, x/B/C, dt rows) to the scan's output plus
+        ``D · x`` (float32 ``[T, intermediate]``) and its gate ``z``."""
         spec = self.config.mamba
         assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
-        n, plan, num_tokens = spec.layers.index(i), states.plan, x.shape[0]
-        gate, xbc, dt = linear(x, net.in_proj, paths).split([spec.intermediate, spec.conv_dim, spec.heads], dim=-1)
+        n, plan, num_tokens = spec.layers.index(i), states.plan, projected.shape[0]
+        gate, xbc, dt = projected.split([spec.intermediate, spec.conv_dim, spec.heads], dim=-1)
         xbc = causal_conv1d(xbc, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh, net.conv_bias,
                             plan.saves)
         xs, b, c = xbc.split([spec.intermediate, spec.groups * spec.state_size, spec.groups * spec.state_size], dim=-1)
@@ -128,7 +137,20 @@ class MambaDecoderModel(DecoderModel):
         y = ssd_scan(xs, dt, net.a, b.reshape(num_tokens, spec.groups, spec.state_size),
                      c.reshape(num_tokens, spec.groups, spec.state_size), states.ssm[n], plan.slots, plan.query_lens,
                      plan.fresh, plan.saves)
-        y = (y + net.skip[:, None] * xs.float()).reshape(num_tokens, spec.intermediate) * F.silu(gate.float())
-        grouped = y.view(num_tokens, spec.groups, spec.intermediate // spec.groups)
-        normed = F.rms_norm(grouped, (grouped.shape[-1],), None, self.config.rms_norm_eps).view_as(y)
-        return linear((net.norm * normed).to(x.dtype), net.out_proj, paths)
+        return (y + net.skip[:, None] * xs.float()).reshape(num_tokens, spec.intermediate), gate
+
+
+def gated_group_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, config: ModelConfig,
+                     norm_before_gate: bool) -> torch.Tensor:
+    """A Mamba-2 mixer's output ``y`` (float32 ``[T, intermediate]``) gated by ``silu(gate)`` and RMS-normed over
+    each of its groups times ``weight``: the gate first (Granite's, Bamba's, Nemotron-H's), or the norm first
+    (``norm_before_gate``); ``weight`` None: the gate alone. Float32."""
+    spec = config.mamba
+    assert spec is not None
+    silu = F.silu(gate.float())
+    if weight is None:
+        return y * silu
+    x = y if norm_before_gate else y * silu
+    grouped = x.view(x.shape[0], spec.groups, spec.intermediate // spec.groups)
+    normed = weight * F.rms_norm(grouped, (grouped.shape[-1],), None, config.rms_norm_eps).view_as(x)
+    return normed * silu if norm_before_gate else normed
