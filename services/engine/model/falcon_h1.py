@@ -9,6 +9,14 @@ step sizes are floored at ``time_step_limit``'s lower bound; a finite upper boun
 ``projectors_bias`` (none in the releases) are refused. ``config.json`` is completed with ``FalconH1Config``'s
 defaults (``mamba_d_ssm`` the mixer's width, or ``mamba_expand`` × hidden). Its tensors are named as Bamba's
 (:func:`services.engine.model.bamba.bamba_tensor_name`).
+
+llama.cpp's ``falcon-h1`` GGUF files (:func:`config_from_gguf`): its converter folds every multiplier into the
+weights (the embedding's and the head's, the key's and ``attention_in`` into q/k/v, ``attention_out`` into o, the
+MLP's into gate and down, ``ssm_in`` and the five section scales into the mixer's projection rows, ``ssm_out`` into
+its output), so a file is served with every scale 1; q and k are not permuted (its rope rotates the halves, NEOX's);
+the mixer's norm is read where the file holds ``ssm_norm`` and runs after the gate, as llama.cpp runs it. A file of a
+tied model (no ``output`` tensor) takes its head from the embedding, the embedding's multiplier folded in, as
+llama.cpp serves it (transformers multiplies the logits by ``lm_head_multiplier`` instead).
 """
 
 from __future__ import annotations
@@ -20,9 +28,12 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig, Multipliers
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
+from services.engine.model.granite_hybrid import gguf_mamba
 from services.engine.model.hf_config import base_fields, with_defaults
 
 ARCHITECTURE = "falcon_h1"
+GGUF_ARCHITECTURE = "falcon-h1"
 
 @dataclass(frozen=True)
 class FalconH1Scales:
@@ -78,3 +89,14 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                               logits_scale=float(full["lm_head_multiplier"]))
     return dataclasses.replace(ModelConfig(**fields), mamba=mamba, falcon_h1=scales, multipliers=multipliers)
 
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_base_fields(fields, GGUF_ARCHITECTURE)
+    mamba = gguf_mamba(f, tuple(range(base["num_layers"])))
+    assert mamba is not None
+    scales = FalconH1Scales(mamba_norm=f.has_tensor(".ssm_norm.weight"), norm_before_gate=False)
+    return ModelConfig(**{**base, "architecture": ARCHITECTURE},
+                       mamba=dataclasses.replace(mamba, beside_attention=True), falcon_h1=scales,
+                       multipliers=Multipliers())

@@ -1,6 +1,7 @@
-"""A llama.cpp file's Mamba-2 mixers (``granitehybrid``: IBM Granite 4.0's ``-H`` models; ``nemotron_h``) laid out as
-transformers holds them (the GGUF loader's hook, ``Family.gguf_tensors``), undoing what its converter did (the names
-are the loader's, :mod:`services.engine.weights.gguf_names`):
+"""A llama.cpp file's Mamba-2 mixers (``granitehybrid``: IBM Granite 4.0's ``-H`` models; ``nemotron_h``;
+``falcon-h1``, whose norm is optional) laid out as transformers holds them (the GGUF loader's hook,
+``Family.gguf_tensors``), undoing what its converter did (the names are the loader's,
+:mod:`services.engine.weights.gguf_names`):
 
 - ``ssm_a`` holds ``-exp(A_log)`` as ``[heads, 1]``: ``A_log = log(-ssm_a)``, in float32, one per head;
 - ``ssm_d`` is ``D`` as ``[heads, 1]``;
@@ -29,6 +30,7 @@ def mamba_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> di
                  if f"model.layers.{i}.{mixer}.A_log" in out)
         out[m + "A_log"] = torch.log(-out[m + "A_log"].float()).reshape(-1)
         out[m + "D"] = out[m + "D"].reshape(-1)
-        out[m + "norm.weight"] = out[m + "norm.weight"].reshape(-1)
+        if m + "norm.weight" in out:  # Falcon-H1's mixers may have none
+            out[m + "norm.weight"] = out[m + "norm.weight"].reshape(-1)
         out[m + "conv1d.weight"] = out[m + "conv1d.weight"].unsqueeze(1)
     return out

@@ -157,6 +157,8 @@ _ARCH_LAYER_NAMES = {
     "dots1": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     # IBM Granite 4.0's Mamba-2 mixers and shared MLP
     "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
+    # Falcon-H1's Mamba-2 mixers, and its norm before the MLP, which its converter writes without ``.weight``
+    "falcon-h1": {**_mamba_names("mamba."), "ffn_norm": "post_attention_layernorm.weight"},
     # Nemotron-H's blocks: one norm and one mixer each (Mamba-2, attention or a squared-ReLU MLP)
     "nemotron_h": _NEMOTRON_H_NAMES,
     # Nemotron 3's: the same, and its experts' router, correction bias, shared MLP and latent projections (the experts
