@@ -64,9 +64,12 @@ class Reference:
 
 @torch.inference_mode()
 def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
+    """The argmax of a full forward of the prompt and the tokens so far, at each step, and its top-2 margin (the head
+    run on the last position alone: ``logits_to_keep``, which every family's transformers class takes; the head is
+    most of a tiny model's work)."""
     ids, tokens, margins = list(prompt), [], []
     for _ in range(new_tokens):
-        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1].float()
         top2 = logits.topk(2)
         tokens.append(int(top2.indices[0]))
         margins.append(float(top2.values[0] - top2.values[1]))
