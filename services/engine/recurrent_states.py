@@ -1,6 +1,7 @@
-"""The recurrent states of a hybrid model's recurrent layers (``ModelConfig.recurrent``: Gated DeltaNet, Mamba-2): one
-slot per request that holds one, and the prefix cache's checkpoints, in tensors the model reads and writes in place, and
-each step's plan of which slot each sequence of the batch uses and where its state is checkpointed.
+"""The recurrent states of a hybrid model's recurrent layers (``ModelConfig.recurrent``: Gated DeltaNet, Mamba-2, short
+convolutions, Mamba-1): one slot per request that holds one, and the prefix cache's checkpoints, in tensors the model
+reads and writes in place, and each step's plan of which slot each sequence of the batch uses and where its state is
+checkpointed.
 
 Which request holds which slot is the engine's bookkeeping (:class:`services.engine.state_slots.StateSlots`), which
 checkpoint holds which prefix the prefix cache's (:class:`services.engine.state_checkpoints.StateCheckpoints`); a
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.gated_delta import Save
-from services.engine.model.config import LinearAttention, Mamba2, ShortConv
+from services.engine.model.config import LinearAttention, Mamba1, Mamba2, ShortConv
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RecurrentStates:
     checkpoints, the ``capacity`` rows after them the requests' slots (slot ``s`` is row ``checkpoints + s``). A step
     may run while a commit writes another slot: :meth:`grow` only between steps."""
 
-    def __init__(self, spec: LinearAttention | Mamba2 | ShortConv, capacity: int, dtype: torch.dtype,
+    def __init__(self, spec: LinearAttention | Mamba2 | ShortConv | Mamba1, capacity: int, dtype: torch.dtype,
                  device: torch.device, checkpoints: int = 0):
         self.spec, self.capacity, self.checkpoints = spec, capacity, checkpoints
         layers, rows = range(len(spec.layers)), checkpoints + capacity

@@ -329,11 +329,12 @@ def test_the_written_olmo3_twin_is_not_trivially_equal(tmp_path):
         assert not np.allclose(off.numpy(), exact.numpy(), atol=1e-3)
 
 
-@pytest.mark.parametrize("arch", ["gemma", "nemotron"])
-def test_gemma_s_and_nemotron_s_sentencepiece_vocabularies_are_read(tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("arch", ["gemma", "nemotron", "jamba"])
+def test_gemma_s_nemotron_s_and_jamba_s_sentencepiece_vocabularies_are_read(tmp_path, monkeypatch, arch):
     """A Gemma 1 file's vocabulary (``gemma``: transformers reads no such architecture by name) is read as Gemma 2's,
-    whose converter writes the same fields; Nemotron's from the file's fields (here without a space prefix, as the file
-    says: transformers' own reader would prefix one)."""
+    whose converter writes the same fields; Nemotron's and Jamba's from the file's fields (here without a space prefix,
+    as the file says: transformers' own reader would prefix one; Jamba's converter writes none for its tokenizer.json
+    vocabularies)."""
     from services.engine.tokenizer import Tokenizer
 
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))

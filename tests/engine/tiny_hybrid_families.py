@@ -41,6 +41,12 @@ HYBRID_FAMILIES: dict[str, dict] = {
     "falcon_h1-no_norm": dict(model_type="falcon_h1", head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16,
                               mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=False,
                               ssm_multipliers=[0.5, 1.3, 0.8, 1.2, 0.7], tie_word_embeddings=True),
+    # Jamba: Mamba-1 layers (an inner width of 128, a state of 16, step sizes through rank 4) around an attention
+    # layer without rope (period 3, offset 1), experts (softmax top-2 of 4, not renormalised) on every other layer;
+    # norms (the mixers' inner ones too), the conv's bias and dt_proj's drawn at random
+    "jamba": dict(model_type="jamba", attn_layer_period=3, attn_layer_offset=1, num_hidden_layers=4,
+                  expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+                  mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, tie_word_embeddings=False),
     # Nemotron-H: blocks of one mixer each (Mamba-2 with 8 heads of 16 in 2 groups, a squared-ReLU MLP, attention
     # without rope), as its hybrid_override_pattern "M-*-M" says; norms, the conv's bias and dt_bias drawn at random
     "nemotron_h": dict(model_type="nemotron_h", layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],

@@ -1,7 +1,7 @@
-"""The recurrent layers' kernels (``kernels/gated_delta.py``, ``kernels/ssd.py``) against transformers' reference
-functions, sequence by sequence: a batch of one-token and longer sequences (past a chunk), some from a state, some
-fresh, their slots consecutive (updated through a view) or scattered (gathered and written back); the outputs and
-the final states agree, and slots no sequence uses are untouched."""
+"""The recurrent layers' kernels (``kernels/gated_delta.py``, ``kernels/ssd.py``, ``kernels/selective_scan.py``)
+against transformers' reference functions, sequence by sequence: a batch of one-token and longer sequences (past a
+chunk), some from a state, some fresh, their slots consecutive (updated through a view) or scattered (gathered and
+written back); the outputs and the final states agree, and slots no sequence uses are untouched."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.gated_delta import Save, causal_conv1d, gated_delta_rule
+from kernels.selective_scan import selective_scan
 from kernels.ssd import ssd_scan
 
 LENS = [1, 100, 1, 130, 7, 1]
@@ -82,6 +83,27 @@ def test_ssd_scan_matches_transformers(layout):
         torch.testing.assert_close(states[slots[i]], final[0].transpose(-1, -2), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_selective_scan_matches_transformers(layout):
+    """Mamba-1's scan against Jamba's recurrent update, token by token from each sequence's state."""
+    from transformers.models.jamba.modeling_jamba import mamba_selective_state_update
+
+    torch.manual_seed(6)
+    slots, total, channels, size = LAYOUTS[layout], sum(LENS), 12, 16
+    x, raw_dt, a = torch.randn(total, channels), torch.randn(total, channels), -torch.rand(channels, size) * 2
+    dt_bias, b, c = torch.randn(channels) * 0.1, torch.randn(total, size), torch.randn(total, size)
+    before = torch.randn(10, channels, size) * 0.1
+    states = before.clone()
+    out = selective_scan(x, F.softplus(raw_dt + dt_bias), a, b, c, states, slots, LENS, FRESH)
+    for i, span in enumerate(_spans()):
+        state = torch.zeros(1, channels, size) if FRESH[i] else before[slots[i]][None].clone()
+        expected = torch.cat([mamba_selective_state_update(state, x[t][None], raw_dt[t][None], a, b[t][None],
+                                                           c[t][None], dt_bias=dt_bias, dt_softplus=True)
+                              for t in range(span.start, span.stop)])
+        torch.testing.assert_close(out[span], expected, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(states[slots[i]], state[0], atol=1e-5, rtol=1e-5)
+
+
 # (sequence, rows, checkpoint row): mid-sequence, at a chunk's end, past it, at a sequence's end, a one-token sequence
 SAVES = [Save(1, 37, 10), Save(1, 100, 11), Save(0, 1, 12), Save(3, 64, 13), Save(3, 65, 14), Save(5, 1, 15)]
 
@@ -111,7 +133,17 @@ def _ssd(rows: int):
         torch.randn(16, 4, 16, 8) * 0.1
 
 
-@pytest.mark.parametrize("kernel", [_delta_rule, _conv, _ssd], ids=["gated_delta_rule", "causal_conv1d", "ssd_scan"])
+def _selective(rows: int):
+    torch.manual_seed(7)
+    x, dt, a = torch.randn(rows, 12), F.softplus(torch.randn(rows, 12)), -torch.rand(12, 16) * 2
+    b, c = torch.randn(rows, 16), torch.randn(rows, 16)
+    return (lambda span, states, slots, lens, fresh, saves=():
+            selective_scan(x[span], dt[span], a, b[span], c[span], states, slots, lens, fresh, saves)), \
+        torch.randn(16, 12, 16) * 0.1
+
+
+@pytest.mark.parametrize("kernel", [_delta_rule, _conv, _ssd, _selective],
+                         ids=["gated_delta_rule", "causal_conv1d", "ssd_scan", "selective_scan"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_a_saved_state_is_the_state_after_that_many_rows(kernel, layout):
     """A prefix-cache checkpoint written mid-step (``saves``) is the state the sequence's first ``rows`` rows alone

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model.attention_config import LatentAttention, MiMoAttention, SparseIndex  # noqa: F401
+from services.engine.model.mamba1_config import Mamba1
 from services.engine.model.moe_config import MoEConfig
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ class ShortConv:
         return state_bytes(self, dtype_bytes)
 
 
-def state_bytes(spec: LinearAttention | Mamba2 | ShortConv, dtype_bytes: int) -> int:
+def state_bytes(spec: LinearAttention | Mamba2 | ShortConv | Mamba1, dtype_bytes: int) -> int:
     """One sequence's state over all of ``spec``'s layers: the conv rows in the serving dtype, the matrix (where the
     layers have one) in float32."""
     matrix = 0 if spec.ssm_shape is None else math.prod(spec.ssm_shape) * 4
@@ -272,6 +273,7 @@ class ModelConfig:
     linear_attention: LinearAttention | None = None
     mamba: Mamba2 | None = None
     short_conv: ShortConv | None = None
+    mamba1: Mamba1 | None = None
     # Falcon-H1's muP scales (a Mamba-2 mixer beside every layer's attention: ``mamba.beside_attention``)
     falcon_h1: FalconH1Scales | None = None
     # Nemotron-H's blocks, one mixer each: "mamba", "attention" or "mlp" per layer (an MLP block mixes no tokens
@@ -329,8 +331,9 @@ class ModelConfig:
                                  f"{self.query_temperature_period}")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
-        if self.linear_attention is not None and self.mamba is not None:
-            raise ModelLoadError("a model has Gated DeltaNet or Mamba-2 layers, not both")
+        if sum(kind is not None for kind in (self.linear_attention, self.mamba, self.short_conv, self.mamba1)) > 1:
+            raise ModelLoadError("a model has one kind of recurrent layer (Gated DeltaNet, Mamba-2, short "
+                                 "convolutions or Mamba-1), not several")
         recurrent = self.recurrent
         if recurrent is not None and (not recurrent.layers or len(recurrent.layers) > self.num_layers
                                       or any(not 0 <= i < self.num_layers for i in recurrent.layers)):
@@ -379,9 +382,9 @@ class ModelConfig:
         return tuple(i for i, kind in enumerate(self.block_kinds) if kind in ("mlp", "moe"))
 
     @property
-    def recurrent(self) -> LinearAttention | Mamba2 | ShortConv | None:
+    def recurrent(self) -> LinearAttention | Mamba2 | ShortConv | Mamba1 | None:
         """The layers that carry a per-sequence state instead of KV, and its shape (a hybrid model's)."""
-        return self.linear_attention or self.mamba or self.short_conv
+        return self.linear_attention or self.mamba or self.short_conv or self.mamba1
 
     @property
     def has_recurrent_state(self) -> bool:

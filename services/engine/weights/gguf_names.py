@@ -157,6 +157,12 @@ _ARCH_LAYER_NAMES = {
     "dots1": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     # IBM Granite 4.0's Mamba-2 mixers and shared MLP
     "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
+    # Jamba's Mamba (Mamba-1) layers (laid out by its family's hook, jamba_decoder.mamba1_from_gguf)
+    "jamba": {f"ssm_{leaf}": f"mamba.{name}" for leaf, name in (
+        ("in.weight", "in_proj.weight"), ("conv1d.weight", "conv1d.weight"), ("conv1d.bias", "conv1d.bias"),
+        ("x.weight", "x_proj.weight"), ("dt.weight", "dt_proj.weight"), ("dt.bias", "dt_proj.bias"), ("a", "A_log"),
+        ("d", "D"), ("dt_norm.weight", "dt_layernorm.weight"), ("b_norm.weight", "b_layernorm.weight"),
+        ("c_norm.weight", "c_layernorm.weight"), ("out.weight", "out_proj.weight"))},
     # Falcon-H1's Mamba-2 mixers, and its norm before the MLP, which its converter writes without ``.weight``
     "falcon-h1": {**_mamba_names("mamba."), "ffn_norm": "post_attention_layernorm.weight"},
     # Nemotron-H's blocks: one norm and one mixer each (Mamba-2, attention or a squared-ReLU MLP)
