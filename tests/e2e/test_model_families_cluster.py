@@ -38,9 +38,10 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
 # 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one, and Bamba's with a dense
 # MLP; Falcon-H1's, beside every layer's attention (KV and a state on each layer), run with the mixer's norm (its
-# kind without runs in the engine's family test); Nemotron-H's blocks hold the same Mamba-2 layer, Llama's attention
-# without rope and a squared-ReLU MLP each, Nemotron 3's experts GLM-4.5's routing with that MLP as the experts' and
-# the shared one's; Granite's dense layer is Llama's
+# kind without runs in the engine's family test); Jamba's Mamba-1 state, a matrix per channel, crosses P→D as the
+# others' do (its checkpoint hits and preemption run in the engine's tests, as theirs do); Nemotron-H's blocks hold the
+# same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each, Nemotron 3's experts GLM-4.5's
+# routing with that MLP as the experts' and the shared one's; Granite's dense layer is Llama's
 # with Granite MoE's multipliers; SmolLM3's is Llama's, some layers without rope; LFM2-MoE's state is LFM2's, its
 # experts sigmoid-routed as GLM-4.5's; the Qwen-VL wrappers' text layers are Qwen3's and Qwen3-MoE's, read through a
 # wrapper as Mistral 3's is; Mistral 4's layer is DeepSeek-V3's with Ministral 3's temperature, both served here; Gemma
