@@ -51,16 +51,17 @@ def _chunked(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     pad = -length % CHUNK
     if pad:
         u, dt, b, c = (F.pad(t, (0, 0, 0, pad)) for t in (u, dt, b, c))
-    below = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=u.device).tril()[..., None, None]
+    ones = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=u.device)
+    above, on_or_above = ~ones.tril()[..., None, None], ~ones.tril(-1)[..., None, None]
     out = torch.empty_like(u)
     for start in range(0, u.shape[0], CHUNK):
         rows = slice(start, start + CHUNK)
-        decay_sum = (dt[rows, :, None] * a).cumsum(0)  # [C, D, N]: the log decay from the chunk's start
-        # t ≥ s: exp(G_t - G_s), the decay from row s to row t (masked above the diagonal before exp)
-        between = (decay_sum[:, None] - decay_sum[None, :]).masked_fill(~below, float("-inf")).exp()
+        log_decay = dt[rows, :, None] * a  # [C, D, N]: each row's
+        # [t, s]: the log decay from row s to row t, summed over the rows s < r ≤ t (no difference of two running sums,
+        # which would lose precision where the decay is large), -inf above the diagonal, then exp, in place
+        between = log_decay[:, None].masked_fill(on_or_above, 0.0).cumsum(0).masked_fill_(above, float("-inf")).exp_()
         written = u[rows, :, None] * b[rows, None, :]  # [C, D, N]: what each row writes
         within = torch.einsum("tsdn,sdn,tn->td", between, written, c[rows])
-        out[rows] = torch.einsum("tdn,dn,tn->td", decay_sum.exp(), state, c[rows]) + within
-        last = decay_sum[-1]
-        state = state * last.exp() + ((last - decay_sum).exp() * written).sum(0)
+        out[rows] = torch.einsum("tdn,dn,tn->td", log_decay.cumsum(0).exp(), state, c[rows]) + within
+        state = state * log_decay.sum(0).exp() + (between[-1] * written).sum(0)  # between[-1]: each row to the last
     return out[:length], state

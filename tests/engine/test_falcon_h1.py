@@ -32,7 +32,7 @@ def test_every_scale_of_falcon_h1_makes_its_logits_transformers(family_dir):
     assert_each_part_matters(logits, expected, {
         "attention_in": without(attention_in=1.0), "attention_out": without(attention_out=1.0),
         "ssm_in": without(ssm_in=1.0), "ssm_out": without(ssm_out=1.0), "mlp_gate": without(mlp_gate=1.0),
-        "mlp_down": without(mlp_down=1.0), "norm_before_gate": without(norm_before_gate=True),
+        "mlp_down": without(mlp_down=1.0), "norm_before_gate": without(norm_before_gate=False),
         **{f"ssm[{n}]": without(ssm=tuple(1.0 if k == n else m for k, m in enumerate(scales.ssm)))
            for n in range(5)},
         "embedding": without_multiplier(embedding=1.0), "lm_head": without_multiplier(logits_scale=1.0),

@@ -1,15 +1,20 @@
 """The dequantised-weights cache (``PDSERVE_WEIGHTS_CACHE_DIR``): a second load of a GGUF file reads the
 entry the first wrote — same config, tensors and 4-bit codes — without opening the GGUF; ``keep_q4=False``
 drops the codes; a damaged entry is ignored and rewritten; a rewritten file gets a new entry; without the
-variable nothing is written."""
+variable nothing is written; every family's config comes back whole from an entry."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 import torch
 
+from services.engine.model.registry import config_from_hf
 from services.engine.weights import gguf_cache_config, gguf_loader, gguf_metadata, load_model_config, load_weights
 from tests.engine.test_gguf_families import _write
+from tests.engine.tiny_families import FAMILIES, SHAPE
 from tests.engine.tiny_gguf import mixed
 
 
@@ -86,3 +91,26 @@ def test_a_cached_load_reads_the_file_s_bytes_once_for_its_entry_and_its_identit
     hashed.clear()
     identity, config = model_check.model_identity(path)
     assert (identity.weights_digest, identity.name) == (loaded.digest, config.name) and len(hashed) == 1
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_s_config_comes_back_whole_from_an_entry(name):
+    """An entry's config (``dataclasses.asdict`` as JSON) reads back as the config it was, each nested dataclass its
+    class again (a field the reader does not rebuild would come back a dict)."""
+    config = config_from_hf(_twin_config(name))
+    assert gguf_cache_config.config_from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+
+
+def _twin_config(name: str) -> dict:
+    """The ``config.json`` of the family's tiny twin (``tiny_families.build_family``'s, without its weights)."""
+    from transformers import AutoConfig
+
+    spec = dict(FAMILIES[name])
+    model_type = spec.pop("model_type")
+    ids = dict(vocab_size=1000, bos_token_id=1, eos_token_id=2)
+    if spec.pop("per_layer_vocab", False):
+        ids["vocab_size_per_layer_input"] = 1000
+    if "text_config" in spec:
+        spec["text_config"] = ids | SHAPE | spec["text_config"]
+        return AutoConfig.for_model(model_type, **spec).to_dict()
+    return AutoConfig.for_model(model_type, **ids, **(SHAPE | spec)).to_dict()

@@ -28,11 +28,12 @@ HYBRID_FAMILIES: dict[str, dict] = {
     # each head, a dense SwiGLU MLP, no scalars; norms, the conv's bias and dt_bias drawn at random
     "bamba": dict(model_type="bamba", attn_layer_indices=[1], mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2,
                   mamba_d_conv=4, mamba_expand=2, tie_word_embeddings=False),
-    # Falcon-H1: a Mamba-2 mixer (8 heads of 8: mamba_d_ssm 64, 2 groups) beside the attention of every layer, every
-    # muP multiplier away from 1, the mixer's grouped norm after the gate (as the larger releases); norms, the conv's
-    # bias and dt_bias drawn
-    "falcon_h1": dict(model_type="falcon_h1", head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16,
-                      mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=False,
+    # Falcon-H1: a Mamba-2 mixer (8 heads of 8: mamba_d_ssm 64, 2 groups) beside the attention (heads of 32, wider
+    # than hidden / heads) of every layer, every muP multiplier away from 1, the mixer's grouped norm before the gate
+    # (transformers' default; the GGUF test holds the larger releases' norm after it to transformers); norms, the
+    # conv's bias and dt_bias drawn
+    "falcon_h1": dict(model_type="falcon_h1", head_dim=32, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16,
+                      mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=True,
                       embedding_multiplier=1.5, lm_head_multiplier=0.7, key_multiplier=0.8,
                       attention_in_multiplier=1.2, attention_out_multiplier=0.9, ssm_in_multiplier=1.1,
                       ssm_out_multiplier=0.6, ssm_multipliers=[0.5, 1.3, 0.8, 1.2, 0.7], mlp_multipliers=[1.4, 0.6],

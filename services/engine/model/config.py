@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kernels.rope_scaling import RopeScaling
 from services.engine.errors import ModelLoadError
 from services.engine.model.attention_config import LatentAttention, MiMoAttention, SparseIndex  # noqa: F401
-from services.engine.model.mamba1_config import Mamba1
 from services.engine.model.moe_config import MoEConfig
+from services.engine.model.recurrent_config import LinearAttention, Mamba1, Mamba2, ShortConv
 
 if TYPE_CHECKING:
     from services.engine.model.falcon_h1 import FalconH1Scales
@@ -59,129 +58,6 @@ def windowed_layers(windows: tuple[int | None, ...]) -> tuple[int, ...]:
 def full_layers(windows: tuple[int | None, ...]) -> tuple[int, ...]:
     """The layers of ``windows`` that have none (Cohere 2's and EXAONE 4.0's global layers, which their rope skips)."""
     return tuple(i for i, window in enumerate(windows) if window is None)
-
-
-@dataclass(frozen=True)
-class LinearAttention:
-    """Gated DeltaNet layers (Qwen3.5, Qwen3-Next; :mod:`services.engine.model.hybrid_decoder`): ``layers`` mix
-    tokens through a recurrent state of fixed size instead of attention over a KV cache. Per layer and sequence the
-    state is the last ``conv_kernel - 1`` inputs of a depthwise causal convolution over the q/k/v rows
-    (``conv_dim`` channels) and a ``[value_heads, key_head_dim, value_head_dim]`` float32 matrix the gated delta
-    rule reads and writes."""
-
-    layers: tuple[int, ...]
-    key_heads: int
-    value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int
-
-    def __post_init__(self) -> None:
-        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim"):
-            if getattr(self, name) < 1:
-                raise ModelLoadError(f"config linear attention {name} must be >= 1, got {getattr(self, name)}")
-        if self.conv_kernel < 2:
-            raise ModelLoadError(f"config linear attention conv kernel must be >= 2, got {self.conv_kernel}")
-        if self.value_heads % self.key_heads:
-            raise ModelLoadError(f"linear attention: {self.value_heads} value heads do not divide into "
-                                 f"{self.key_heads} key heads")
-
-    @property
-    def key_dim(self) -> int:
-        return self.key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.value_heads * self.value_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """The convolution's channels: q, k and v rows."""
-        return 2 * self.key_dim + self.value_dim
-
-    @property
-    def ssm_shape(self) -> tuple[int, int, int]:
-        return self.value_heads, self.key_head_dim, self.value_head_dim
-
-    def state_bytes(self, dtype_bytes: int) -> int:
-        return state_bytes(self, dtype_bytes)
-
-
-@dataclass(frozen=True)
-class Mamba2:
-    """Mamba-2 layers (IBM Granite 4.0's ``-H`` models, Nemotron-H; :mod:`services.engine.model.mamba_decoder`):
-    ``layers`` mix tokens through a selective state space instead of attention. Per layer and sequence the state is
-    the last ``conv_kernel - 1`` inputs of a depthwise causal convolution over the x/B/C rows (``conv_dim``
-    channels) and a ``[heads, state_size, head_dim]`` float32 matrix."""
-
-    layers: tuple[int, ...]
-    heads: int
-    head_dim: int
-    state_size: int
-    groups: int
-    conv_kernel: int
-    conv_bias: bool = True
-    dt_min: float = 0.0  # the step sizes' floor: ``time_step_limit``'s lower bound
-    # the mixer runs beside the layer's attention, both on its normed input (Falcon-H1's parallel hybrid): these
-    # layers keep KV as well as the state
-    beside_attention: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("heads", "head_dim", "state_size", "groups"):
-            if getattr(self, name) < 1:
-                raise ModelLoadError(f"config mamba {name} must be >= 1, got {getattr(self, name)}")
-        if self.conv_kernel < 2:
-            raise ModelLoadError(f"config mamba conv kernel must be >= 2, got {self.conv_kernel}")
-        if self.heads % self.groups:
-            raise ModelLoadError(f"mamba: {self.heads} heads do not divide into {self.groups} groups")
-
-    @property
-    def intermediate(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """The convolution's channels: x, B and C rows."""
-        return self.intermediate + 2 * self.groups * self.state_size
-
-    @property
-    def ssm_shape(self) -> tuple[int, int, int]:
-        return self.heads, self.state_size, self.head_dim
-
-    def state_bytes(self, dtype_bytes: int) -> int:
-        return state_bytes(self, dtype_bytes)
-
-
-@dataclass(frozen=True)
-class ShortConv:
-    """LFM2's gated short convolutions (Liquid AI; :mod:`services.engine.model.lfm2_decoder`): ``layers`` mix tokens
-    through a depthwise causal convolution of ``conv_kernel`` taps over ``B · x`` (``conv_dim`` channels, the hidden
-    size), gated by ``C``. Per layer and sequence the state is the convolution's last ``conv_kernel - 1`` inputs;
-    there is no matrix state."""
-
-    layers: tuple[int, ...]
-    conv_dim: int
-    conv_kernel: int
-
-    def __post_init__(self) -> None:
-        if self.conv_dim < 1:
-            raise ModelLoadError(f"config short conv channels must be >= 1, got {self.conv_dim}")
-        if self.conv_kernel < 2:
-            raise ModelLoadError(f"config short conv kernel must be >= 2, got {self.conv_kernel}")
-
-    @property
-    def ssm_shape(self) -> None:
-        return None
-
-    def state_bytes(self, dtype_bytes: int) -> int:
-        return state_bytes(self, dtype_bytes)
-
-
-def state_bytes(spec: LinearAttention | Mamba2 | ShortConv | Mamba1, dtype_bytes: int) -> int:
-    """One sequence's state over all of ``spec``'s layers: the conv rows in the serving dtype, the matrix (where the
-    layers have one) in float32."""
-    matrix = 0 if spec.ssm_shape is None else math.prod(spec.ssm_shape) * 4
-    return len(spec.layers) * (spec.conv_dim * (spec.conv_kernel - 1) * dtype_bytes + matrix)
 
 
 MLP_ACTIVATIONS = ("swiglu", "relu2", "xielu", "gelu_tanh")  # ModelConfig.mlp_activation's
@@ -370,7 +246,8 @@ class ModelConfig:
         """The layers that keep KV (a hybrid model's attention layers; all but Gemma 4's KV-sharing ones; every layer
         otherwise), in order: the KV cache's layer ``n`` is layer ``kv_layers[n]``'s."""
         recurrent = self.recurrent
-        stateful = () if recurrent is None or getattr(recurrent, "beside_attention", False) else recurrent.layers
+        beside = isinstance(recurrent, Mamba2) and recurrent.beside_attention
+        stateful = () if recurrent is None or beside else recurrent.layers
         mixing = set(self.mlp_blocks) | set(stateful)
         if self.gemma4 is not None:
             mixing |= set(self.gemma4.shared_layers)
@@ -383,7 +260,8 @@ class ModelConfig:
 
     @property
     def recurrent(self) -> LinearAttention | Mamba2 | ShortConv | Mamba1 | None:
-        """The layers that carry a per-sequence state instead of KV, and its shape (a hybrid model's)."""
+        """The layers that carry a per-sequence state, and its shape (a hybrid model's): instead of KV, or beside it
+        (Falcon-H1's, ``Mamba2.beside_attention``)."""
         return self.linear_attention or self.mamba or self.short_conv or self.mamba1
 
     @property

@@ -35,6 +35,7 @@ from services.engine.model.hf_config import base_fields, with_defaults
 ARCHITECTURE = "falcon_h1"
 GGUF_ARCHITECTURE = "falcon-h1"
 
+
 @dataclass(frozen=True)
 class FalconH1Scales:
     """Falcon-H1's muP multipliers and its mixer's norm. Per layer, on the normed input ``x``:
@@ -88,7 +89,6 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                               attention=float(full["key_multiplier"]) * fields["head_dim"] ** -0.5,
                               logits_scale=float(full["lm_head_multiplier"]))
     return dataclasses.replace(ModelConfig(**fields), mamba=mamba, falcon_h1=scales, multipliers=multipliers)
-
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:

@@ -1,7 +1,7 @@
 """The decoder of Falcon-H1 (:mod:`services.engine.model.falcon_h1`): in every layer a Mamba-2 mixer (Granite 4.0-H's,
 :mod:`services.engine.model.mamba_decoder`) and the shared decoder's attention run side by side on the normed input,
 their outputs scaled and summed into the residual stream, then a SwiGLU MLP whose gate and output are scaled; each
-layer keeps its KV (``kv_caches[i]``) and its recurrent state (``states``, layer ``i``'s slot ``i``). The scales are
+layer keeps its KV (``kv_caches[i]``) and its recurrent state (``states.conv[i]``, ``states.ssm[i]``). The scales are
 ``ModelConfig.falcon_h1``'s (:class:`~services.engine.model.falcon_h1.FalconH1Scales`), applied where transformers
 applies them."""
 

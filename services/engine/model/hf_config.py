@@ -110,8 +110,8 @@ def base_fields(cfg: Mapping[str, Any], architecture: str, check_mlp: bool = Tru
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     rotary = rotary_dim(cfg, head_dim)
     if rotary is not None and not partial_rotary:
-        raise ModelLoadError(f"partial_rotary_factor is not supported for {architecture} (only phi3, glm4, glm4_moe, "
-                             "minimax_m2)")
+        raise ModelLoadError(f"partial_rotary_factor is not supported for {architecture} (its rope rotates the whole "
+                             "head, as transformers' does)")
     if scaling is not None and scaling.short_factor is not None \
             and len(scaling.short_factor) != (rotary or head_dim) // 2:
         raise ModelLoadError(f"longrope has {len(scaling.short_factor)} short factors, the rotary dim "

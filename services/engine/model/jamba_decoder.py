@@ -38,7 +38,7 @@ class Mamba1Weights:
     conv_bias: torch.Tensor | None  # [inner]
     x_proj: LinearWeight  # [dt_rank + 2 * state_size, inner]: step-size rows, B, C
     dt_proj: LinearWeight  # [inner, dt_rank], no bias
-    dt_bias: torch.Tensor  # [inner] float32
+    dt_bias: torch.Tensor  # [inner]
     a: torch.Tensor  # [inner, state_size] float32: -exp(A_log)
     skip: torch.Tensor  # [inner] float32: D
     dt_norm: torch.Tensor | None  # [dt_rank]; None: no inner norms
@@ -77,7 +77,7 @@ class JambaDecoderModel(DecoderModel):
             conv_bias=take(m + "conv1d.bias", (spec.inner,)) if spec.conv_bias else None,
             x_proj=self._projection([(m + "x_proj.weight", (rank + 2 * size, spec.inner))]),
             dt_proj=self._projection([(m + "dt_proj.weight", (spec.inner, rank))]),
-            dt_bias=take(m + "dt_proj.bias", (spec.inner,), torch.float32),
+            dt_bias=take(m + "dt_proj.bias", (spec.inner,)),
             a=-take(m + "A_log", (spec.inner, size), torch.float32).exp(),
             skip=take(m + "D", (spec.inner,), torch.float32),
             dt_norm=take(m + "dt_layernorm.weight", (rank,)) if spec.inner_norms else None,
@@ -118,7 +118,7 @@ class JambaDecoderModel(DecoderModel):
         steps, b, c = linear(xs, net.x_proj, paths).split([spec.dt_rank, spec.state_size, spec.state_size], dim=-1)
         if net.dt_norm is not None:
             steps, b, c = rms_norm(steps, net.dt_norm, eps), rms_norm(b, net.b_norm, eps), rms_norm(c, net.c_norm, eps)
-        dt = F.softplus(linear(steps, net.dt_proj, paths).float() + net.dt_bias)
+        dt = F.softplus(linear(steps, net.dt_proj, paths) + net.dt_bias).float()  # in the model dtype, as transformers
         y = selective_scan(xs, dt, net.a, b, c, states.ssm[n], plan.slots, plan.query_lens, plan.fresh, plan.saves)
         y = (y + net.skip * xs.float()) * F.silu(gate.float())
         return linear(y.to(x.dtype), net.out_proj, paths)

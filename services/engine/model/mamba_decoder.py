@@ -1,6 +1,7 @@
-"""The decoder of IBM Granite 4.0 (``granitemoehybrid``): Mamba-2 layers (a selective state space with a recurrent
-state per sequence, no KV; ``ModelConfig.mamba``) between Granite's attention layers, each followed by Granite's
-MLP (experts beside a shared MLP, or the shared MLP alone), with Granite's four scalars.
+"""The decoder of IBM Granite 4.0 (``granitemoehybrid``) and Bamba: Mamba-2 layers (a selective state space with a
+recurrent state per sequence, no KV; ``ModelConfig.mamba``) between Granite's attention layers, each followed by
+Granite's MLP (experts beside a shared MLP, or the shared MLP alone; Bamba's dense MLP), with Granite's four scalars
+(Bamba's all 1). Falcon-H1's decoder (:mod:`services.engine.model.falcon_h1_decoder`) builds on it.
 
 Per layer: ``h += residual · mix(norm(h))``, then ``h += residual · mlp(norm(h))`` (plain RMSNorms). A Mamba-2 layer
 projects the gate ``z``, the x/B/C rows (through a causal depthwise convolution with bias and SiLU) and the step
@@ -49,8 +50,8 @@ class MambaLayerWeights(LayerWeights):
 
 
 class MambaDecoderModel(DecoderModel):
-    """A :class:`DecoderModel` over a Granite 4.0 checkpoint; same constructor. Not served in the deterministic
-    mode when it has Mamba-2 layers."""
+    """A :class:`DecoderModel` over a Granite 4.0 or Bamba checkpoint; same constructor. Not served in the
+    deterministic mode when it has Mamba-2 layers."""
 
     FUSED_OPS = False
 

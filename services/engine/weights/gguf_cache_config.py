@@ -18,12 +18,16 @@ from services.engine.model.config import (
     GemmaConfig,
     LatentAttention,
     LinearAttention,
+    Mamba1,
     Mamba2,
+    MiMoAttention,
     ModelConfig,
     MoEConfig,
     Multipliers,
     ShortConv,
+    SparseIndex,
 )
+from services.engine.model.falcon_h1 import FalconH1Scales
 from services.engine.model.gemma4_config import Gemma4Config
 from services.engine.model.llama4 import Llama4Attention
 from services.engine.weights.digest import weights_digest
@@ -54,38 +58,33 @@ def cached_config(path: Path, read: Callable[[], ModelConfig], digest: str = "")
     return read()
 
 
+# ModelConfig's fields that hold a dataclass, and its class (LatentAttention's ``index`` too: _NESTED_IN)
+_NESTED: dict[str, type] = {
+    "rope_scaling": RopeScaling, "moe": MoEConfig, "gemma": GemmaConfig, "multipliers": Multipliers,
+    "mla": LatentAttention, "llama4": Llama4Attention, "gemma4": Gemma4Config, "mimo": MiMoAttention,
+    "linear_attention": LinearAttention, "mamba": Mamba2, "short_conv": ShortConv, "mamba1": Mamba1,
+    "falcon_h1": FalconH1Scales}
+_NESTED_IN: dict[type, dict[str, type]] = {LatentAttention: {"index": SparseIndex}}
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's lists back to the tuples every config field holds (nested ones too)."""
+    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value
+
+
+def _rebuilt(cls: type, data: dict[str, Any]) -> Any:
+    fields = {key: _tuples(value) for key, value in data.items()}
+    for key, inner in _NESTED_IN.get(cls, {}).items():
+        if fields.get(key) is not None:
+            fields[key] = _rebuilt(inner, fields[key])
+    return cls(**fields)
+
+
 def config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """The inverse of ``dataclasses.asdict`` on a :class:`ModelConfig` (JSON lists back to tuples)."""
-    data = dict(data)
-    data["eos_token_ids"] = tuple(data["eos_token_ids"])
-    if data.get("rope_scaling") is not None:
-        rope = dict(data["rope_scaling"])
-        for key in ("freq_factors", "short_factor"):
-            if rope.get(key) is not None:
-                rope[key] = tuple(rope[key])
-        data["rope_scaling"] = RopeScaling(**rope)
-    if data.get("moe") is not None:
-        data["moe"] = MoEConfig(**{**data["moe"], "sparse_layers": tuple(data["moe"]["sparse_layers"])})
-    data["layer_windows"] = tuple(data.get("layer_windows") or ())
-    data["nope_layers"] = tuple(data.get("nope_layers") or ())
-    data["chunked_layers"] = tuple(data.get("chunked_layers") or ())
-    data["local_rope_layers"] = tuple(data.get("local_rope_layers") or ())
-    if data.get("gemma") is not None:
-        data["gemma"] = GemmaConfig(**data["gemma"])
-    if data.get("multipliers") is not None:
-        data["multipliers"] = Multipliers(**data["multipliers"])
-    if data.get("mla") is not None:
-        data["mla"] = LatentAttention(**data["mla"])
-    if data.get("llama4") is not None:
-        data["llama4"] = Llama4Attention(**data["llama4"])
-    if data.get("gemma4") is not None:
-        g = dict(data["gemma4"])
-        g["layer_heads"] = tuple(tuple(heads) for heads in g["layer_heads"])
-        for key in ("kv_sources", "value_is_key", "double_wide_layers"):
-            g[key] = tuple(g[key])
-        data["gemma4"] = Gemma4Config(**g)
-    data["block_kinds"] = tuple(data.get("block_kinds") or ())
-    for key, spec in (("linear_attention", LinearAttention), ("mamba", Mamba2), ("short_conv", ShortConv)):
+    """The inverse of ``dataclasses.asdict`` on a :class:`ModelConfig` (JSON lists back to tuples, each nested
+    dataclass rebuilt as its class)."""
+    fields = {key: _tuples(value) for key, value in data.items()}
+    for key, cls in _NESTED.items():
         if data.get(key) is not None:
-            data[key] = spec(**{**data[key], "layers": tuple(data[key]["layers"])})
-    return ModelConfig(**data)
+            fields[key] = _rebuilt(cls, data[key])
+    return ModelConfig(**fields)
