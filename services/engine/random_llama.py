@@ -147,19 +147,24 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, batch: int = 1) -> int:
 
 def attention_weights(config: ModelConfig, layer: int = 0) -> int:
     """Weights of ``layer``'s token mixing: its q, k, v and o projections (and an output gate's, or LFM3's gate per
-    head, AFMoE's per value); a hybrid model's recurrent layer's input and output projections."""
-    hidden, linear, mamba = config.hidden_size, config.linear_attention, config.mamba
+    head, AFMoE's per value); a hybrid model's recurrent layer's projections (Falcon-H1's beside its attention's)."""
+    hidden, linear, mamba, mamba1 = config.hidden_size, config.linear_attention, config.mamba, config.mamba1
     if layer in config.mlp_blocks:  # Nemotron-H's MLP blocks mix no tokens
         return 0
     if linear is not None and layer in linear.layers:
         return hidden * (linear.conv_dim + linear.value_dim + 2 * linear.value_heads) + linear.value_dim * hidden
+    if mamba1 is not None and layer in mamba1.layers:  # Jamba's in_proj (x, z), x_proj, dt_proj and out_proj
+        return 3 * hidden * mamba1.inner + mamba1.inner * (2 * mamba1.dt_rank + 2 * mamba1.state_size)
+    mixer = 0
     if mamba is not None and layer in mamba.layers:  # in_proj (z, x/B/C, dt) and out_proj
-        return hidden * (mamba.intermediate + mamba.conv_dim + mamba.heads) + mamba.intermediate * hidden
+        mixer = hidden * (mamba.intermediate + mamba.conv_dim + mamba.heads) + mamba.intermediate * hidden
+        if not mamba.beside_attention:
+            return mixer
     if config.short_conv is not None and layer in config.short_conv.layers:  # LFM2: in_proj (B, C, x), out_proj
         return 4 * hidden * hidden
     gate = config.q_size if config.attn_output_gate or config.attention_value_gate \
         else config.num_heads if config.attention_head_gate else 0
-    return hidden * (config.q_size + 2 * config.kv_size + gate) + config.q_size * hidden
+    return mixer + hidden * (config.q_size + 2 * config.kv_size + gate) + config.q_size * hidden
 
 
 def layer_weights(config: ModelConfig, layer: int) -> int:

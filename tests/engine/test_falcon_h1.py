@@ -62,3 +62,17 @@ def test_bamba_rotates_half_of_each_head_and_needs_an_attention_layer():
     assert config.rotary_dim == 8 and config.kv_layers == (1,) and config.mamba.layers == (0, 2)
     with pytest.raises(ModelLoadError, match="attn_layer_indices"):
         config_from_hf(bamba)
+
+
+def test_the_weights_a_step_reads_are_each_layer_s_mixer_attention_and_mlp(family_dir):
+    """The bandwidth floor's count (``random_llama.weight_bytes``): every layer's Mamba-2 projections beside its
+    attention's, and its MLP."""
+    from services.engine.random_llama import weight_bytes
+    from services.engine.weights.model_config_reader import read_hf_config
+    from tests.engine.tiny_families import load_reference
+
+    path = family_dir("falcon_h1")
+    model = load_reference(path)
+    cfg = config_from_hf(read_hf_config(path))
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # the conv's weight is 3-D: not counted
+    assert weight_bytes(cfg, 2) == 2 * (matrices - cfg.vocab_size * cfg.hidden_size)  # the table is gathered

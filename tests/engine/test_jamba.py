@@ -46,3 +46,18 @@ def test_a_jamba_config_places_its_layers_by_period_and_offset():
 def test_what_jamba_does_not_serve_is_refused_by_name(change, named):
     with pytest.raises(ModelLoadError, match=named):
         config_from_hf(_JAMBA | change)
+
+
+def test_the_weights_a_step_reads_are_its_mamba_attention_and_picked_experts(family_dir):
+    """The bandwidth floor's count (``random_llama.weight_bytes``): a Mamba layer's in, x, dt and out projections,
+    the attention's, the dense MLPs and, with a batch large enough to pick them all, every expert and router."""
+    from services.engine.random_llama import weight_bytes
+    from services.engine.weights.model_config_reader import read_hf_config
+    from tests.engine.tiny_families import load_reference
+
+    path = family_dir("jamba")
+    model = load_reference(path)
+    cfg = config_from_hf(read_hf_config(path))
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)  # stacked, 3-D
+    matrices = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and not name.endswith("A_log"))
+    assert weight_bytes(cfg, 2, batch=10_000) == 2 * (matrices + experts - cfg.vocab_size * cfg.hidden_size)
