@@ -51,7 +51,8 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # temperature and experts the engine's; Qwen2's layer runs in Qwen2-MoE's, its attention with the biases, Qwen3's in
 # Qwen3-MoE's, with the q/k norms, and Mixtral's renormalised softmax top-k experts in Qwen3-MoE's, its sliding window
 # in Phi-3's and GPT-OSS's, beside the latter's experts; Mistral's window on every layer runs in Phi-3's, its head_dim
-# apart from hidden / heads in Gemma 4's; Cohere's layer, attention and the MLP side by side on one LayerNorm, runs as
+# apart from hidden / heads in Gemma 4's; Cohere's layer, attention and the MLP side by side on one LayerNorm
+# (GPT-NeoX's, on two, is Phi-2's in the LayerNorm decoder, which the engine's family test serves), runs as
 # Cohere 2's, which adds its sliding layers with rope around full ones without; EXAONE 4.0's is OLMo 3's with Qwen3's
 # per-head q/k norms and Cohere 2's unrotated full layers; Hunyuan's is Qwen3's with the norms after rope; Kimi K2.5's
 # text model is DeepSeek-V3's; Solar Open's layer is GLM-4.5's without its q/k norms; Hy3's, Qwen3's attention with
@@ -71,7 +72,8 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "flex_olmo", "jais2", "starcoder2", "exaone4-4.5", "exaone_moe",
                                            "mellum", "granite_swa", "granite_moe_swa", "phimoe",
                                            "cohere2_moe", "kolibri1", "hunyuan-a13b", "nemotron",
-                                           "phi", "stablelm", "stablelm-parallel", "bamba", "falcon_h1-no_norm"})
+                                           "phi", "stablelm", "stablelm-parallel", "bamba", "falcon_h1-no_norm",
+                                           "gpt_neox", "gpt_neox-sequential"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

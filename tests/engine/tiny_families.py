@@ -48,7 +48,8 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
                 "kolibri1", "hunyuan-a13b", "nemotron", "phi",
-                "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba"}
+                "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
+                "gpt_neox", "gpt_neox-sequential"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -58,7 +59,8 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
                  "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
-                 "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba"}
+                 "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
+                "gpt_neox", "gpt_neox-sequential"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -140,6 +142,12 @@ FAMILIES: dict[str, dict] = {
     "stablelm-parallel": dict(model_type="stablelm", use_parallel_residual=True, tie_word_embeddings=False,
                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 0.5}),
+    # GPT-NeoX (Pythia): attention and the exact-GELU MLP side by side, each on its own LayerNorm, q/k/v fused and
+    # interleaved head by head, rope on a quarter of each head (its default rotary_pct); and its sequential kind with
+    # the tanh GELU (use_parallel_residual false); norms and biases drawn at random
+    "gpt_neox": dict(model_type="gpt_neox", num_key_value_heads=4, tie_word_embeddings=False),
+    "gpt_neox-sequential": dict(model_type="gpt_neox", num_key_value_heads=4, use_parallel_residual=False,
+                                hidden_act="gelu_new", tie_word_embeddings=False),
     # IQuest-Coder-V1: Llama under its own model type
     "iquestcoder": dict(model_type="iquestcoder", head_dim=32, rope_theta=500000.0, tie_word_embeddings=False),
     # Arcee's AFM: Llama with an ungated squared-ReLU MLP

@@ -60,7 +60,7 @@ def full_layers(windows: tuple[int | None, ...]) -> tuple[int, ...]:
     return tuple(i for i, window in enumerate(windows) if window is None)
 
 
-MLP_ACTIVATIONS = ("swiglu", "relu2", "xielu", "gelu_tanh")  # ModelConfig.mlp_activation's
+MLP_ACTIVATIONS = ("swiglu", "relu2", "xielu", "gelu_tanh", "gelu")  # ModelConfig.mlp_activation's
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ class ModelConfig:
     attention_value_gate: bool = False
     rope_in_float32: bool = False  # q and k rotate in float32 with float32 tables, rounded once after (LFM3's)
     # the dense MLP: SwiGLU (gate and up), or ungated ``down(act(up(x)))`` with a squared ReLU (Arcee's AFM and
-    # Jais 2, "relu2"), xIELU with each layer's learned parameters (Apertus, "xielu") or the tanh GELU (StarCoder2,
-    # "gelu_tanh")
+    # Jais 2, "relu2"), xIELU with each layer's learned parameters (Apertus, "xielu"), the tanh GELU (StarCoder2,
+    # "gelu_tanh") or the exact one (GPT-NeoX's, "gelu")
     mlp_activation: str = "swiglu"
     mlp_bias: bool = False  # the dense MLP's projections have biases (StarCoder2's, Jais 2's)
     # every norm is a LayerNorm with a weight and a bias, of epsilon ``rms_norm_eps`` (StarCoder2's, Jais 2's,
@@ -113,6 +113,9 @@ class ModelConfig:
     # attention and the MLP side by side on the layer's one LayerNorm, ``h += attention(x) + mlp(x)`` (Phi-1's and
     # Phi-2's, StableLM's with use_parallel_residual; Cohere's layer is its own)
     parallel_blocks: bool = False
+    # with parallel_blocks, the MLP on a LayerNorm of its own of the layer's input, ``h += attention(ln_1(h)) +
+    # mlp(ln_2(h))`` (GPT-NeoX's use_parallel_residual)
+    parallel_mlp_norm: bool = False
     lm_head_bias: bool = False  # the LM head has a bias (``lm_head.bias``: Phi-3.5-MoE's)
     # Cohere's layer (:mod:`services.engine.model.cohere_decoder`) with RMSNorms for its LayerNorms (Cohere 2 MoE's,
     # where its config sets ``rms_norm_eps``)
@@ -176,6 +179,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if (self.layer_norm_plus_one or self.parallel_blocks) and not self.layer_norm:
             raise ModelLoadError("layer_norm_plus_one and parallel_blocks need layer_norm (the LayerNorm decoder's)")
+        if self.parallel_mlp_norm and not self.parallel_blocks:
+            raise ModelLoadError("parallel_mlp_norm needs parallel_blocks (the MLP's own norm in a parallel layer)")
         if self.mlp_activation not in MLP_ACTIVATIONS:
             raise ModelLoadError(f"mlp_activation {self.mlp_activation!r} is not one of {', '.join(MLP_ACTIVATIONS)}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -200,7 +200,7 @@ class DecoderModel(ExpertLoading):
             input_norm=take(p + "input_layernorm.weight", (hidden,)),
             qkv=qkv,
             o=self._projection([(a + "o_proj.weight", (hidden, cfg.q_size))], bias=cfg.o_bias),
-            post_norm=None if cfg.parallel_blocks  # type: ignore[arg-type]  (one norm a layer)
+            post_norm=None if cfg.parallel_blocks and not cfg.parallel_mlp_norm  # type: ignore[arg-type]  (one norm)
             else take(p + "post_attention_layernorm.weight", (hidden,)),
             gate_up=None, down=None,
         )
@@ -340,6 +340,8 @@ class DecoderModel(ExpertLoading):
             return linear(torch.relu(up).square(), layer.down, paths)
         if self.config.mlp_activation == "gelu_tanh":
             return linear(F.gelu(up, approximate="tanh"), layer.down, paths)
+        if self.config.mlp_activation == "gelu":
+            return linear(F.gelu(up), layer.down, paths)
         return linear(self.ops.silu_and_mul(up), layer.down, paths)
 
 

@@ -1,7 +1,8 @@
 """The shared decoder's layer with LayerNorms (a weight and a bias each) where it has RMSNorms
 (``ModelConfig.layer_norm``): StarCoder2's, Jais 2's, Phi-3.5-MoE's, and Nemotron's, whose LayerNorms scale by
 ``1 + weight`` (``layer_norm_plus_one``); Phi-1's, Phi-2's and parallel StableLM's, whose attention and MLP share
-one norm (``parallel_blocks``: ``h += attention(x) + mlp(x)``).
+one norm (``parallel_blocks``: ``h += attention(x) + mlp(x)``); GPT-NeoX's, whose MLP has a norm of its own in that
+parallel layer (``parallel_mlp_norm``: ``h += attention(ln_1(h)) + mlp(ln_2(h))``).
 
 Per layer: ``h += attention(ln_1(h))`` then ``h += mlp(ln_2(h))``, the final norm a LayerNorm too, each computed as
 torch's ``layer_norm`` in the model dtype (as transformers' ``nn.LayerNorm``). Attention (its biases, windows, rope)
@@ -48,7 +49,7 @@ class LayerNormDecoderModel(DecoderModel):
         layer = LayerNormLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
         layer.input_norm = self._scale(layer.input_norm)
         layer.input_norm_bias = self._source.take(p + "input_layernorm.bias", (hidden,))
-        if not self.config.parallel_blocks:
+        if not self.config.parallel_blocks or self.config.parallel_mlp_norm:
             layer.post_norm = self._scale(layer.post_norm)
             layer.post_norm_bias = self._source.take(p + "post_attention_layernorm.bias", (hidden,))
         return layer
@@ -71,8 +72,10 @@ class LayerNormDecoderModel(DecoderModel):
             assert isinstance(layer, LayerNormLayerWeights)
             x = F.layer_norm(hidden, width, layer.input_norm, layer.input_norm_bias, eps)
             attended = self._attention(i, layer, x, kv_cache, attention, rope, paths, query_scale)
-            if cfg.parallel_blocks:  # Phi-2's: both blocks on the one norm, summed before the residual
-                hidden = attended + self._mlp(x, layer, paths) + hidden
+            if cfg.parallel_blocks:  # Phi-2's: both blocks on the one norm (GPT-NeoX's: each its own), summed first
+                if cfg.parallel_mlp_norm:
+                    x = F.layer_norm(hidden, width, layer.post_norm, layer.post_norm_bias, eps)
+                hidden = self._mlp(x, layer, paths) + attended + hidden
                 continue
             hidden = hidden + attended
             x = F.layer_norm(hidden, width, layer.post_norm, layer.post_norm_bias, eps)

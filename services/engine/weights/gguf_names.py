@@ -120,9 +120,10 @@ _ARCH_LAYER_NAMES = {
     "granitemoe": _SHARED_EXPERT,
     "hunyuan-moe": _SHARED_EXPERT,
     **dict.fromkeys(("starcoder2", "nemotron"), _LAYER_NORM_BIASES),
-    # Phi-2's: its older files' fused q/k/v (``mixer.Wqkv``), read as the shared decoder's qkv_proj
-    "phi2": {**_LAYER_NORM_BIASES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
-             "attn_qkv.bias": "self_attn.qkv_proj.bias"},
+    # Phi-2's: its older files' fused q/k/v (``mixer.Wqkv``), read as the shared decoder's qkv_proj; GPT-NeoX's, its
+    # q, k, v regrouped by its converter
+    **{arch: {**_LAYER_NORM_BIASES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+              "attn_qkv.bias": "self_attn.qkv_proj.bias"} for arch in ("phi2", "gptneox")},
     "llama4": _SHARED_EXPERT,
     **dict.fromkeys(GEMMA_ARCHITECTURES, _GEMMA_NORMS),
     "gpt-oss": _GPT_OSS_NAMES,
@@ -180,7 +181,8 @@ _ARCH_LAYER_NAMES = {
 }
 # LFM2's final norm (its ``embedding_norm``) as llama.cpp names it
 _ARCH_GLOBAL_NAMES = {arch: {"token_embd_norm.weight": "model.norm.weight"} for arch in ("lfm2", "lfm2moe")}
-_ARCH_GLOBAL_NAMES.update({arch: {"output_norm.bias": "model.norm.bias"} for arch in ("starcoder2", "nemotron")})
+_ARCH_GLOBAL_NAMES.update({arch: {"output_norm.bias": "model.norm.bias"}
+                           for arch in ("starcoder2", "nemotron", "gptneox")})
 _ARCH_GLOBAL_NAMES["phi2"] = {"output_norm.bias": "model.norm.bias", "output.bias": "lm_head.bias"}
 # Gemma 4's per-layer inputs: their embedding, the projection of the token's embedding and its norm
 _ARCH_GLOBAL_NAMES["gemma4"] = {"per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
