@@ -76,3 +76,12 @@ def test_the_weights_a_step_reads_are_each_layer_s_mixer_attention_and_mlp(famil
     cfg = config_from_hf(read_hf_config(path))
     matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # the conv's weight is 3-D: not counted
     assert weight_bytes(cfg, 2) == 2 * (matrices - cfg.vocab_size * cfg.hidden_size)  # the table is gathered
+
+
+def test_the_deterministic_mode_is_refused_by_name(family_dir):
+    from services.engine.config import EngineConfig
+    from services.engine.engine import LLMEngine
+
+    with pytest.raises(ModelLoadError, match="falcon_h1 is not served in the deterministic mode"):
+        LLMEngine.from_config(EngineConfig(model_path=str(family_dir("falcon_h1-no_norm")), dtype="float32",
+                                           num_kv_blocks=16, deterministic=True))

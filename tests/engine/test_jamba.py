@@ -61,3 +61,12 @@ def test_the_weights_a_step_reads_are_its_mamba_attention_and_picked_experts(fam
     experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)  # stacked, 3-D
     matrices = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and not name.endswith("A_log"))
     assert weight_bytes(cfg, 2, batch=10_000) == 2 * (matrices + experts - cfg.vocab_size * cfg.hidden_size)
+
+
+def test_the_deterministic_mode_is_refused_by_name(family_dir):
+    from services.engine.config import EngineConfig
+    from services.engine.engine import LLMEngine
+
+    with pytest.raises(ModelLoadError, match="jamba is not served in the deterministic mode"):
+        LLMEngine.from_config(EngineConfig(model_path=str(family_dir("jamba")), dtype="float32", num_kv_blocks=16,
+                                           deterministic=True))

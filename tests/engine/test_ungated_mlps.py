@@ -72,8 +72,9 @@ def test_an_unknown_activation_or_one_a_family_s_own_mlp_cannot_run_is_refused_b
     from services.engine.weights import load_weights
 
     afm = config_from_hf({"model_type": "arcee"})
-    with pytest.raises(ModelLoadError, match="mlp_activation 'gelu' is not one of swiglu, relu2, xielu, gelu_tanh"):
-        dataclasses.replace(afm, mlp_activation="gelu")
+    with pytest.raises(ModelLoadError, match="mlp_activation 'silu' is not one of swiglu, relu2, xielu, gelu_tanh, "
+                                             "gelu"):
+        dataclasses.replace(afm, mlp_activation="silu")
     gemma = load_weights(family_dir("gemma2"))
     with pytest.raises(ModelLoadError, match="gemma2: its decoder's layers are its own; mlp_activation 'relu2'"):
         GemmaDecoderModel(dataclasses.replace(gemma.config, mlp_activation="relu2"), dict(gemma.tensors),
