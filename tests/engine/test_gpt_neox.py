@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from services.engine.errors import ModelLoadError
+from services.engine.model.gpt_neox import gpt_neox_tensor_name
 from services.engine.model.registry import config_from_hf
 from tests.engine.test_model_families import _prompts
 from tests.engine.tiny_gguf import assert_each_part_matters, exactness_probe
@@ -35,5 +36,17 @@ def test_the_sequential_kind_and_the_defaults_are_read():
     assert parallel.parallel_blocks and parallel.parallel_mlp_norm and parallel.rotary_dim == 4  # a quarter of 16
     assert not sequential.parallel_blocks and not sequential.parallel_mlp_norm
     assert parallel.num_kv_heads == 4 and parallel.mlp_activation == "gelu" and parallel.qkv_bias
+    assert config_from_hf(base | {"head_dim": 32}).head_dim == 16  # transformers' attention takes hidden / heads
     with pytest.raises(ModelLoadError, match="hidden_act"):
         config_from_hf(base | {"hidden_act": "relu"})
+
+
+def test_the_mask_buffers_older_checkpoints_saved_are_not_read():
+    """Pythia's and GPT-NeoX-20B's files (saved by transformers 4) hold each layer's causal mask and its fill value,
+    which transformers drops on load; the attention's and the MLP's biases are read."""
+    assert gpt_neox_tensor_name("gpt_neox.layers.3.attention.bias") is None
+    assert gpt_neox_tensor_name("gpt_neox.layers.3.attention.masked_bias") is None
+    assert gpt_neox_tensor_name("gpt_neox.layers.3.attention.dense.bias") == "model.layers.3.self_attn.o_proj.bias"
+    assert gpt_neox_tensor_name("gpt_neox.layers.3.attention.query_key_value.bias") == \
+        "model.layers.3.self_attn.query_key_value.bias"
+    assert gpt_neox_tensor_name("embed_out.weight") == "lm_head.weight"

@@ -60,7 +60,7 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
                  "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
                  "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                "gpt_neox", "gpt_neox-sequential"}
+                 "gpt_neox", "gpt_neox-sequential"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,

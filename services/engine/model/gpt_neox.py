@@ -17,6 +17,7 @@ no rope base (10000, as every release has) and no activation: the exact GELU is 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,8 @@ ARCHITECTURE = "gpt_neox"
 GGUF_ARCHITECTURE = "gptneox"
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
+# transformers 4's saved causal-mask buffers (Pythia's, GPT-NeoX-20B's files hold them); transformers drops them
+_MASK_BUFFERS = re.compile(r"\.attention\.(bias|masked_bias)$")
 _NAMES = renames(((r"^gpt_neox\.embed_in\.", "model.embed_tokens."), (r"^gpt_neox\.final_layer_norm\.", "model.norm."),
                   (r"^gpt_neox\.layers\.", "model.layers."), (r"^embed_out\.", "lm_head."),
                   (r"\.attention\.query_key_value\.", ".self_attn.query_key_value."),
@@ -47,7 +50,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                              f"{', '.join(_ACTIVATIONS)})")
     bias = bool(full.get("attention_bias", True))
     parallel = bool(full.get("use_parallel_residual", True))
-    fields = base_fields({**full, "rms_norm_eps": full["layer_norm_eps"],  # every head its own KV
+    # every head its own KV; the head hidden / heads whatever head_dim says (transformers' attention takes no other)
+    fields = base_fields({**full, "rms_norm_eps": full["layer_norm_eps"], "head_dim": None,
                           "num_key_value_heads": full["num_attention_heads"]}, ARCHITECTURE, check_mlp=False,
                          partial_rotary=True)
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, mlp_bias=True, mlp_activation=activation,
@@ -61,7 +65,8 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
                        parallel_blocks=parallel, parallel_mlp_norm=parallel)
 
 
-def gpt_neox_tensor_name(name: str) -> str:
+def gpt_neox_tensor_name(name: str) -> str | None:
     """A GPT-NeoX checkpoint tensor's name in the decoder (its fused q/k/v kept apart, as ``query_key_value``, for
-    the decoder to regroup)."""
-    return renamed(name, _NAMES)
+    the decoder to regroup); None for the causal-mask buffers older checkpoints saved (not read, as transformers
+    drops them)."""
+    return None if _MASK_BUFFERS.search(name) else renamed(name, _NAMES)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.layernorm_decoder import LayerNormDecoderModel
 
@@ -29,6 +30,9 @@ def regrouped_qkv(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict
     heads, dim = config.num_heads, config.head_dim
     for name in [n for n in tensors if ".self_attn.query_key_value." in n]:
         rows = out.pop(name)
+        if rows.shape[0] != 3 * heads * dim:
+            raise ModelLoadError(f"{name} has {rows.shape[0]} rows, the config needs {3 * heads * dim} (q, k and v "
+                                 f"of {heads} heads of {dim})")
         grouped = rows.reshape(heads, 3, dim, *rows.shape[1:]).transpose(0, 1)
         out[name.replace(".query_key_value.", ".qkv_proj.")] = grouped.reshape(rows.shape).contiguous()
     return out
