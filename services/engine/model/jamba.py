@@ -11,7 +11,7 @@ model is not served).
 
 llama.cpp's ``jamba`` GGUF files (:func:`config_from_gguf`): the attention layers those whose entry of the per-layer
 ``attention.head_count_kv`` is not 0, the Mamba layers from ``ssm.*`` (``time_step_rank`` the step sizes' rank; their
-tensors laid out by :func:`services.engine.model.jamba_decoder.mamba1_from_gguf`), the sparse layers those that hold
+tensors laid out by :func:`services.engine.model.mamba_gguf.mamba_from_gguf`), the sparse layers those that hold
 a router (``ffn_gate_inp``: the converter writes no expert period), the experts stacked.
 """
 

@@ -123,17 +123,3 @@ class JambaDecoderModel(DecoderModel):
         y = (y + net.skip * xs.float()) * F.silu(gate.float())
         return linear(y.to(x.dtype), net.out_proj, paths)
 
-
-def mamba1_from_gguf(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """A llama.cpp ``jamba`` file's Mamba layers laid out as transformers holds them (the GGUF loader's hook,
-    ``Family.gguf_tensors``): its ``ssm_a`` holds ``-exp(A_log)`` (``A_log = log(-ssm_a)``, float32), its convolution
-    was squeezed to ``[channels, taps]`` (the channel dim comes back); the rest is stored as it is."""
-    spec = config.mamba1
-    if spec is None:
-        return tensors
-    out = dict(tensors)
-    for i in spec.layers:
-        m = f"model.layers.{i}.mamba."
-        out[m + "A_log"] = torch.log(-out[m + "A_log"].float())
-        out[m + "conv1d.weight"] = out[m + "conv1d.weight"].unsqueeze(1)
-    return out

@@ -49,7 +49,7 @@ class LayerNormDecoderModel(DecoderModel):
         layer = LayerNormLayerWeights(**{f.name: getattr(base, f.name) for f in fields(base)})
         layer.input_norm = self._scale(layer.input_norm)
         layer.input_norm_bias = self._source.take(p + "input_layernorm.bias", (hidden,))
-        if not self.config.parallel_blocks or self.config.parallel_mlp_norm:
+        if layer.post_norm is not None:  # the shared decoder took it: a norm before the MLP of its own
             layer.post_norm = self._scale(layer.post_norm)
             layer.post_norm_bias = self._source.take(p + "post_attention_layernorm.bias", (hidden,))
         return layer

@@ -59,7 +59,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("jamba", "services.engine.model.jamba", ("jamba",), "jamba",
            model="services.engine.model.jamba_decoder:JambaDecoderModel",
            tensor_names="services.engine.model.jamba:jamba_tensor_name",
-           gguf_tensors="services.engine.model.jamba_decoder:mamba1_from_gguf"),
+           gguf_tensors="services.engine.model.mamba_gguf:mamba_from_gguf"),
     Family("falcon_h1", "services.engine.model.falcon_h1", ("falcon_h1",), "falcon-h1",
            model="services.engine.model.falcon_h1_decoder:FalconH1DecoderModel",
            tensor_names="services.engine.model.bamba:bamba_tensor_name",

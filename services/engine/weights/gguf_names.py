@@ -158,7 +158,7 @@ _ARCH_LAYER_NAMES = {
     "dots1": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     # IBM Granite 4.0's Mamba-2 mixers and shared MLP
     "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
-    # Jamba's Mamba (Mamba-1) layers (laid out by its family's hook, jamba_decoder.mamba1_from_gguf)
+    # Jamba's Mamba (Mamba-1) layers (laid out by its family's hook, mamba_gguf.mamba_from_gguf)
     "jamba": {f"ssm_{leaf}": f"mamba.{name}" for leaf, name in (
         ("in.weight", "in_proj.weight"), ("conv1d.weight", "conv1d.weight"), ("conv1d.bias", "conv1d.bias"),
         ("x.weight", "x_proj.weight"), ("dt.weight", "dt_proj.weight"), ("dt.bias", "dt_proj.bias"), ("a", "A_log"),
