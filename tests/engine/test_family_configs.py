@@ -1,5 +1,5 @@
-"""Published config files read into the right sliding windows (per layer, as transformers sets them) and experts,
-beyond the family test's parity: Phi-3/Phi-4, Mistral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen2-MoE,
+"""Published config files read into the right sliding windows (per layer, as transformers sets them) and experts, beyond
+the family test's parity: Phi-3/Phi-4, Mistral, Ministral, Mixtral, Qwen2/Qwen3 with ``use_sliding_window``, Qwen2-MoE,
 Qwen3-MoE, EXAONE 3.5 (its own key names), dots.llm1; Phi-3.5 and Phi-4-mini's longrope (served up to its original
 context) and partial rotary. Gemma 3's: ``test_gemma3.py``; GPT-OSS's: ``test_gpt_oss.py``."""
 
@@ -103,6 +103,16 @@ def test_mistral_7b_v01_has_its_window_on_every_layer_and_later_mistrals_none():
     assert v01.layer_windows == (4096,) * 4 and v01.max_position == 32768
     assert not config_from_hf(LLAMA_SHAPE | {"model_type": "mistral", "sliding_window": None}).has_windows
     assert config_from_hf(LLAMA_SHAPE | {"model_type": "mistral"}).layer_windows == (4096,) * 4  # transformers'
+
+
+def test_ministral_slides_on_the_layers_its_layer_types_name():
+    kinds = ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]
+    ministral = config_from_hf(LLAMA_SHAPE | {"model_type": "ministral", "sliding_window": 8192, "layer_types": kinds})
+    assert ministral.layer_windows == (None, 8192, 8192, 8192)
+    assert config_from_hf(LLAMA_SHAPE | {"model_type": "ministral"}).layer_windows == (4096,) * 4  # transformers'
+    assert not config_from_hf(LLAMA_SHAPE | {"model_type": "ministral", "sliding_window": None}).has_windows
+    with pytest.raises(ModelLoadError, match="ministral: layer_types must list 4"):
+        config_from_hf(LLAMA_SHAPE | {"model_type": "ministral", "layer_types": kinds[:3]})
 
 
 def test_windows_no_shorter_than_the_served_context_are_dropped():

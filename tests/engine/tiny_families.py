@@ -40,27 +40,28 @@ _GEMMA4_TEXT = dict(head_dim=16, global_head_dim=32, sliding_window=24, tie_word
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe", "granite_hybrid",
                 "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
-                "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "olmo2",
+                "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "glm", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",
                 "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "gemma", "vaultgemma", "hyperclovax",
+                "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "minicpm3", "axk1", "gemma", "vaultgemma",
+                "hyperclovax",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
                 "kolibri1", "hunyuan-a13b", "nemotron", "phi",
                 "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                "gpt_neox", "gpt_neox-sequential"}
-RANDOM_AROUND_ONE = {"gemma4", "gemma4-e"}  # norms and scales that multiply as stored: drawn around 1
+                "gpt_neox", "gpt_neox-sequential", "kimi_linear"}
+RANDOM_AROUND_ONE = {"gemma4", "gemma4-e", "gemma4-unified"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
-                 "glm4_moe", "glm4_moe-solar_open", "glm4", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
+                 "glm4_moe", "glm4_moe-solar_open", "glm4", "glm", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
                  "glm4_moe_lite", "minimax_m2", "seed_oss", "hy_v3", "dots1",
                  "deepseek_v32", "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
                  "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
                  "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                 "gpt_neox", "gpt_neox-sequential"}
+                 "gpt_neox", "gpt_neox-sequential", "kimi_linear"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -163,6 +164,10 @@ FAMILIES: dict[str, dict] = {
     # Mistral-7B-v0.1: a window on every layer (4096 there; 24 here, so the test prompts cross it)
     "mistral": dict(model_type="mistral", head_dim=32, sliding_window=24, rope_theta=1000000.0,
                     tie_word_embeddings=False),
+    # Ministral-8B: Mistral's layer with a window on the layers layer_types names (here the first and last)
+    "ministral": dict(model_type="ministral", head_dim=32, sliding_window=24, rope_theta=100000000.0,
+                      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                      tie_word_embeddings=False),
     # Mixtral: Mistral's attention, experts on every layer (block_sparse_moe, w1/w3/w2); a window as Mistral's
     "mixtral": dict(model_type="mixtral", head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
                     rope_theta=1000000.0, tie_word_embeddings=False),
@@ -205,6 +210,13 @@ FAMILIES: dict[str, dict] = {
                                      "truncate": False, "original_max_position_embeddings": 512,
                                      "rope_theta": 150000.0},
                     tie_word_embeddings=False),
+    # nanochat: weightless norms (the embeddings normed too), q/k normed after its reversed rope, squared ReLU, the
+    # logits softcapped
+    "nanochat": dict(model_type="nanochat", head_dim=16, num_key_value_heads=4, final_logit_softcapping=15.0,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # GLM-4-9B-Chat-hf: GLM-4-0414's layer without the norms on the blocks' outputs (biases drawn at random)
+    "glm": dict(model_type="glm", head_dim=32, partial_rotary_factor=0.5, attention_bias=True, rope_theta=10000.0,
+                tie_word_embeddings=False, pad_token_id=0),
     # GLM-4-0414: rope on adjacent pairs of the first half of each head, norms on each block's output too, q/k/v
     # biases, gate/up fused (its norms and biases drawn at random, so a swapped norm or a lost bias shows)
     "glm4": dict(model_type="glm4", head_dim=32, partial_rotary_factor=0.5, attention_bias=True, rope_theta=10000.0,
@@ -357,6 +369,20 @@ FAMILIES: dict[str, dict] = {
                        tie_word_embeddings=False),
     # Youtu-LLM: DeepSeek-V3's latent attention (q through its bottleneck) over a dense MLP on every layer, tied
     "youtu": dict(model_type="youtu", q_lora_rank=48, **_LATENT, rope_theta=1600000.0, tie_word_embeddings=True),
+    # A.X-K1: DeepSeek-V3's model with a norm on each sparse block's output (drawn at random), a dense first layer
+    # (storing one it does not use), and routers without a correction bias, as released (tiny_reference.HUB_LAYOUTS)
+    "axk1": dict(model_type="axk1", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=48, n_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"], n_group=2,
+                 topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # MiniCPM3: the latent attention with rope on halves, a dense MLP, muP's embedding, residual and head scalars;
+    # longrope as the release has it (served within its original context)
+    "minicpm3": dict(model_type="minicpm3", q_lora_rank=48, **_LATENT, scale_emb=12, scale_depth=1.4,
+                     dim_model_base=16, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                      "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+                                      "long_factor": [1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
+                                      "original_max_position_embeddings": 1024}),
     # DeepSeek-V2(-Lite): one q projection, softmax routing limited to the best of 2 groups (3 experts of its 4: the
     # limit then changes the choice), weights times 16
     "deepseek-v2": dict(model_type="deepseek_v2", q_lora_rank=None, **_LATENT, n_routed_experts=8,
@@ -427,6 +453,14 @@ FAMILIES: dict[str, dict] = {
                                         position_embedding_size=64),
                      audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                        subsampling_conv_channels=[8, 4], output_proj_dims=32)),
+    # the encoder-free Gemma 4 12B (Gemma4UnifiedForConditionalGeneration: patch and audio-frame embedders, not read):
+    # Gemma 4's text model without per-layer inputs or experts
+    "gemma4-unified": dict(model_type="gemma4_unified",
+                           text_config=_GEMMA4_TEXT | dict(layer_types=["sliding_attention", "full_attention",
+                                                                        "sliding_attention"]),
+                           vision_config=dict(patch_size=2, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=8,
+                                              output_proj_dims=64),
+                           audio_config=dict(audio_embed_dim=16)),
     # Kimi K2.5 (K2.6): Kimi_K25ForConditionalGeneration around DeepSeek-V3's text model, written as the released
     # files are (language_model.model.layers.*, language_model.lm_head, vision_tower.*, mm_projector.*: HUB_LAYOUTS);
     # untied as the releases write it (the class's default ties)

@@ -1,5 +1,5 @@
 """The tiny twins of the hybrid families (a recurrent state beside the KV: Mamba-2, gated short convolutions, Gated
-DeltaNet), part of :data:`tests.engine.tiny_families.FAMILIES` (shapes from its ``SHAPE``)."""
+DeltaNet, Kimi Delta Attention), part of :data:`tests.engine.tiny_families.FAMILIES` (shapes from its ``SHAPE``)."""
 
 from __future__ import annotations
 
@@ -90,4 +90,16 @@ HYBRID_FAMILIES: dict[str, dict] = {
     "qwen3_next": dict(model_type="qwen3_next", **_HYBRID, num_experts=8, num_experts_per_tok=2,
                        moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[1],
                        norm_topk_prob=True),
+    # Kimi Linear: Kimi Delta Attention layers (4 heads of 16, a decay per key dim) around a latent-attention one
+    # without rope, numbered from 1 as its linear_attn_config does; a dense first layer, then DeepSeek-V3's experts
+    # (sigmoid + correction bias within the best of 2 groups, a shared expert); norms, dt_bias and the router's bias
+    # drawn at random
+    "kimi_linear": dict(model_type="kimi_linear", linear_attn_config={"kda_layers": [1, 3], "full_attn_layers": [2],
+                                                                      "num_heads": 4, "head_dim": 16,
+                                                                      "short_conv_kernel_size": 4},
+                        kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24,
+                        num_key_value_heads=4, q_lora_rank=None, num_experts=8, num_experts_per_token=2,
+                        moe_intermediate_size=48, num_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"],
+                        num_expert_group=2, topk_group=1, routed_scaling_factor=2.446, tie_word_embeddings=False,
+                        pad_token_id=0),  # (its default is past the tiny vocabulary)
 }

@@ -41,8 +41,27 @@ def _kimi_k25_layers(path: Path) -> None:
         index.write_text(index.read_text().replace("language_model.model.blocks.", "language_model.model.layers."))
 
 
+def _axk1_release(path: Path) -> None:
+    """A.X-K1's released files: routers without ``e_score_correction_bias`` (transformers starts them at zero) and a
+    ``post_mlp_layernorm`` on the dense first layer too, which nothing reads."""
+    from safetensors.torch import load_file, save_file
+
+    index_path = path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for file in sorted(path.glob("*.safetensors")):
+        tensors = load_file(str(file))
+        kept = {name: t for name, t in tensors.items() if not name.endswith("e_score_correction_bias")}
+        if file.name == index["weight_map"]["model.embed_tokens.weight"]:
+            kept["model.layers.0.post_mlp_layernorm.weight"] = torch.full((tensors["model.embed_tokens.weight"]
+                                                                           .shape[1],), 7.0)
+        save_file(kept, str(file), metadata={"format": "pt"})
+    weight_map = {n: f for n, f in index["weight_map"].items() if not n.endswith("e_score_correction_bias")}
+    weight_map["model.layers.0.post_mlp_layernorm.weight"] = index["weight_map"]["model.embed_tokens.weight"]
+    index_path.write_text(json.dumps({**index, "weight_map": weight_map}))
+
+
 # a tiny checkpoint rewritten in its family's released layout where transformers 5 saves another
-HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts, "deepseek-kimi_k25": _kimi_k25_layers}
+HUB_LAYOUTS = {"qwen_vl-moe": _transposed_experts, "deepseek-kimi_k25": _kimi_k25_layers, "axk1": _axk1_release}
 
 
 def auto_class(model_type: str):

@@ -1,7 +1,8 @@
-"""The recurrent layers' kernels (``kernels/gated_delta.py``, ``kernels/ssd.py``, ``kernels/selective_scan.py``)
-against transformers' reference functions, sequence by sequence: a batch of one-token and longer sequences (past a
-chunk), some from a state, some fresh, their slots consecutive (updated through a view) or scattered (gathered and
-written back); the outputs and the final states agree, and slots no sequence uses are untouched."""
+"""The recurrent layers' kernels (``kernels/gated_delta.py``, ``kernels/kimi_delta.py``, ``kernels/ssd.py``,
+``kernels/selective_scan.py``) against transformers' reference functions, sequence by sequence: a batch of one-token and
+longer sequences (past a chunk), some from a state, some fresh, their slots consecutive (updated through a view) or
+scattered (gathered and written back); the outputs and the final states agree, and slots no sequence uses are
+untouched."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.gated_delta import Save, causal_conv1d, gated_delta_rule
+from kernels.kimi_delta import kimi_delta_rule
 from kernels.selective_scan import selective_scan
 from kernels.ssd import ssd_scan
 
@@ -45,6 +47,35 @@ def test_gated_delta_rule_matches_transformers(layout):
         torch.testing.assert_close(states[slots[b]], final[0], atol=2e-6, rtol=1e-5)
     unused = [s for s in range(10) if s not in slots]
     assert torch.equal(states[unused], before[unused])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_kimi_delta_rule_matches_transformers(layout):
+    """Against both of transformers' forms (its recurrence for one-token sequences, its chunks of 64 for longer),
+    with decays strong enough that a key dim's decay differing from its neighbours' shows."""
+    from transformers.models.kimi_linear.modeling_kimi_linear import (
+        chunk_kimi_delta_attention,
+        recurrent_kimi_delta_attention,
+    )
+
+    torch.manual_seed(1)
+    slots, total, heads, dk, dv = LAYOUTS[layout], sum(LENS), 4, 16, 16
+    q, k, v = torch.randn(total, heads, dk), torch.randn(total, heads, dk), torch.randn(total, heads, dv)
+    g, beta = -torch.rand(total, heads, dk) * 2, torch.rand(total, heads)
+    before = torch.randn(10, heads, dk, dv) * 0.1
+    states = before.clone()
+    out = kimi_delta_rule(q, k, v, g, beta, states, slots, LENS, FRESH)
+    for b, span in enumerate(_spans()):
+        initial = None if FRESH[b] else before[slots[b]][None].clone()
+        reference = recurrent_kimi_delta_attention if LENS[b] == 1 else chunk_kimi_delta_attention
+        expected, final = reference(q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span],
+                                    initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        torch.testing.assert_close(out[span], expected[0], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(states[slots[b]], final[0], atol=2e-5, rtol=1e-5)
+    unused = [s for s in range(10) if s not in slots]
+    assert torch.equal(states[unused], before[unused])
+    flat = kimi_delta_rule(q, k, v, g.mean(-1, keepdim=True).expand_as(g), beta, before.clone(), slots, LENS, FRESH)
+    assert not torch.allclose(flat, out, atol=1e-3)  # the decay per key dim is what it computes
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -117,6 +148,15 @@ def _delta_rule(rows: int):
         torch.randn(16, 4, 16, 24) * 0.1
 
 
+def _kimi_delta(rows: int):
+    torch.manual_seed(6)
+    q, k, v = torch.randn(rows, 4, 16), torch.randn(rows, 4, 16), torch.randn(rows, 4, 16)
+    g, beta = -torch.rand(rows, 4, 16), torch.rand(rows, 4)
+    return (lambda span, states, slots, lens, fresh, saves=():
+            kimi_delta_rule(q[span], k[span], v[span], g[span], beta[span], states, slots, lens, fresh, saves)), \
+        torch.randn(16, 4, 16, 16) * 0.1
+
+
 def _conv(rows: int):
     torch.manual_seed(4)
     x, weight, bias = torch.randn(rows, 12), torch.randn(12, 4), torch.randn(12)
@@ -142,8 +182,8 @@ def _selective(rows: int):
         torch.randn(16, 12, 16) * 0.1
 
 
-@pytest.mark.parametrize("kernel", [_delta_rule, _conv, _ssd, _selective],
-                         ids=["gated_delta_rule", "causal_conv1d", "ssd_scan", "selective_scan"])
+@pytest.mark.parametrize("kernel", [_delta_rule, _kimi_delta, _conv, _ssd, _selective],
+                         ids=["gated_delta_rule", "kimi_delta_rule", "causal_conv1d", "ssd_scan", "selective_scan"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_a_saved_state_is_the_state_after_that_many_rows(kernel, layout):
     """A prefix-cache checkpoint written mid-step (``saves``) is the state the sequence's first ``rows`` rows alone

@@ -134,6 +134,7 @@ class ModelConfig:
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
+    final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (nanochat; Gemma: GemmaConfig's)
     multipliers: Multipliers | None = None  # Granite's embedding, attention, residual and logits scalars
     nope_layers: tuple[int, ...] = ()  # layers whose q and k rope does not rotate (SmolLM3's NoPE layers)
     rope_interleaved: bool = False  # rope rotates pairs of adjacent dims (GLM-4's), not the two halves

@@ -221,9 +221,14 @@ class DecoderModel(ExpertLoading):
         """``layer`` with layer ``i``'s MLP weights: its experts where it is sparse, else its dense MLP (an ungated
         one's up projection as ``gate_up``)."""
         cfg, p = self.config, f"model.layers.{i}."
+        out_norm = p + "post_mlp_layernorm.weight"
         if cfg.is_sparse_layer(i):
             layer.moe = self._experts(p + "mlp.")
+            if cfg.moe is not None and cfg.moe.output_norm:
+                layer.mlp_out_norm = self._source.take(out_norm, (cfg.hidden_size,))
             return layer
+        if cfg.moe is not None and cfg.moe.output_norm:
+            self._source.skip(out_norm)  # A.X-K1's dense layers store one they do not use
         if cfg.mlp_activation == "swiglu":
             layer.gate_up = self._projection(self._gate_up_parts(p), bias=cfg.mlp_bias)
         else:
@@ -255,7 +260,10 @@ class DecoderModel(ExpertLoading):
         scalars = self.config.multipliers
         if scalars is not None and scalars.logits_scale != 1.0:  # Cohere's
             logits = logits * scalars.logits_scale
-        return logits if scalars is None or scalars.logits_divisor == 1.0 else logits / scalars.logits_divisor
+        if scalars is not None and scalars.logits_divisor != 1.0:
+            logits = logits / scalars.logits_divisor
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
@@ -265,10 +273,8 @@ class DecoderModel(ExpertLoading):
         cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         # the residual stream, and what the last block adds to it (added where the next norm reads it: one
         # fused kernel on the FlashInfer path, which writes both in place)
-        hidden, delta = F.embedding(input_ids, self.embed), None
+        hidden, delta = self._embed(input_ids), None
         scalars = cfg.multipliers
-        if scalars is not None and scalars.embedding != 1.0:
-            hidden = hidden * scalars.embedding
         residual = 1.0 if scalars is None else scalars.residual
         rope = ops.rope.prepare(positions)
         query_scale = self._query_scale(positions, hidden.dtype)
@@ -284,6 +290,12 @@ class DecoderModel(ExpertLoading):
             if residual != 1.0:
                 delta = delta * residual
         return ops.final_rms_norm(delta, hidden, self.final_norm, eps, logits_indices)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream's start: the tokens' embeddings (times Granite's embedding multiplier)."""
+        hidden = F.embedding(input_ids, self.embed)
+        scalars = self.config.multipliers
+        return hidden if scalars is None or scalars.embedding == 1.0 else hidden * scalars.embedding
 
     def _query_scale(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         """The step's query multipliers ``[T, 1, 1]`` that :meth:`_attention` takes (:func:`query_temperature`'s; a

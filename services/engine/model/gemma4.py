@@ -2,14 +2,16 @@
 layers, per-layer inputs and experts beside the MLP (:mod:`services.engine.model.gemma4_config`), served by
 :mod:`services.engine.model.gemma4_decoder`.
 
-Both checkpoints are read: ``Gemma4ForCausalLM`` (``gemma4_text``) and the multimodal
-``Gemma4ForConditionalGeneration`` (``gemma4``: every release), whose text model is served and whose vision and audio
-towers and their embedders are never read (:func:`gemma4_tensor_name`); and llama.cpp's ``gemma4`` GGUF files
-(:func:`config_from_gguf`). ``config.json`` is completed with
-transformers' own defaults (``Gemma4TextConfig``), which give each full layer its ``global_head_dim`` (and, with
-``attention_k_eq_v``, ``num_global_key_value_heads``) as ``per_layer_config``. Sliding layers rotate with their own
-plain rope; full layers with a proportional one (:mod:`kernels.rope_frequencies`) over their wider heads. Attention
-is scaled by 1 (the q/k norms set the scale); values are normed without a weight.
+Both checkpoints are read: ``Gemma4ForCausalLM`` (``gemma4_text``) and the multimodal ``Gemma4ForConditionalGeneration``
+(``gemma4``: every release), whose text model is served and whose vision and audio towers and their embedders are never
+read (:func:`gemma4_tensor_name`); and llama.cpp's ``gemma4`` GGUF files (:func:`config_from_gguf`). The encoder-free
+Gemma 4 12B (``gemma4_unified``, ``Gemma4UnifiedForConditionalGeneration``, and its text model ``gemma4_unified_text``)
+is the same text model without per-layer inputs or experts; its patch and audio-frame embedders are not read (text
+served, as for the others). ``config.json`` is completed with transformers' own defaults (``Gemma4TextConfig``), which
+give each full layer its ``global_head_dim`` (and, with ``attention_k_eq_v``, ``num_global_key_value_heads``) as
+``per_layer_config``. Sliding layers rotate with their own plain rope; full layers with a proportional one
+(:mod:`kernels.rope_frequencies`) over their wider heads. Attention is scaled by 1 (the q/k norms set the scale); values
+are normed without a weight.
 
 Refused by name: bidirectional attention over all tokens (an embedding model), an activation other than the tanh
 GELU, attention biases, and per-layer inputs of a vocabulary smaller than the model's.
@@ -30,9 +32,10 @@ from services.engine.model.hf_config import base_fields, rope_settings, typed_la
 from services.engine.model.multimodal_text import VISION_PREFIXES, text_config, text_tensor_name
 
 ARCHITECTURE = GGUF_ARCHITECTURE = "gemma4"
+UNIFIED_TYPES = ("gemma4_unified", "gemma4_unified_text")  # the encoder-free checkpoints' (wrapper, text model)
 LLAMA_CPP_SOFTCAP = 30.0  # llama.cpp's final logit softcap where a file has none (0 turns it off)
 _NOT_READ = ("model.audio_tower.", "model.embed_audio.", "model.embed_vision.", "audio_tower.", "embed_audio.",
-             "embed_vision.")
+             "embed_vision.", "model.vision_embedder.", "vision_embedder.")  # (the last two: Gemma 4 12B's)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -158,11 +161,15 @@ def gemma4_tensor_name(name: str) -> str | None:
 
 
 def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    from transformers import Gemma4TextConfig
+    """The text model's config as transformers completes it: ``Gemma4TextConfig``'s, or, for the encoder-free
+    ``gemma4_unified`` checkpoints (Gemma 4 12B: no per-layer inputs, no experts; their vision and audio embedders
+    not read), ``Gemma4UnifiedTextConfig``'s."""
+    from transformers import Gemma4TextConfig, Gemma4UnifiedTextConfig
 
-    text = text_config(cfg, "gemma4", default_tie=True)
-    text["model_type"] = "gemma4_text"
-    return with_defaults(ARCHITECTURE, Gemma4TextConfig, text)
+    unified = cfg.get("model_type") in UNIFIED_TYPES
+    text = text_config(cfg, UNIFIED_TYPES[0] if unified else "gemma4", default_tie=True)
+    text["model_type"] = UNIFIED_TYPES[1] if unified else "gemma4_text"
+    return with_defaults(ARCHITECTURE, Gemma4UnifiedTextConfig if unified else Gemma4TextConfig, text)
 
 
 def _refuse_unserved(text: Mapping[str, Any]) -> None:

@@ -103,7 +103,8 @@ class LatentAttentionDecoderModel(DecoderModel):
                    query_scale: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
         q, k, _ = self._latent_qk(layer.latent, x, paths)
-        q, k = self.ops.rope(q, k, rope)
+        if i not in self.config.nope_layers:  # Kimi Linear's attend unrotated
+            q, k = self.ops.rope(q, k, rope)
         if query_scale is not None:  # Mistral 4's temperature: the whole query, as transformers scales it
             q = q * query_scale
         return self._latent_out(layer, attention.forward(q, k, k, kv_cache, self.scale), paths)

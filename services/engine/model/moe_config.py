@@ -71,6 +71,12 @@ class MoEConfig:
     choice_on_logits: bool = False
     # the shared expert's output and the routed experts' sum are averaged, not summed (Cohere 2 MoE's "average")
     shared_expert_average: bool = False
+    # an RMSNorm on the sparse block's output, routed and shared experts summed (A.X-K1's ``post_mlp_layernorm``, a
+    # layer's weight; the dense layers' stored copy not read)
+    output_norm: bool = False
+    # sigmoid routing whose checkpoints may lack the correction bias (A.X-K1's): a missing one is none, as
+    # transformers starts it at zero
+    correction_bias_optional: bool = False
 
     @property
     def correction_bias(self) -> bool:

@@ -42,8 +42,9 @@ class ExpertLoading:
         experts.shared = self._shared_expert(p)
         moe = self.config.moe
         assert moe is not None
-        if moe.correction_bias:  # float32, as GLM-4.5's, DeepSeek-V3's and ERNIE 4.5's routers run
-            name, source = p + "gate.e_score_correction_bias", self._source
+        name, source = p + "gate.e_score_correction_bias", self._source
+        if moe.correction_bias and (source.has(name) or not moe.correction_bias_optional):
+            # float32, as GLM-4.5's, DeepSeek-V3's and ERNIE 4.5's routers run
             stored = (1, moe.num_experts) if source.has(name) and source.tensors[name].dim() == 2 else \
                 (moe.num_experts,)  # ERNIE's is [1, experts]
             experts.choice_bias = source.take(name, stored, torch.float32).view(moe.num_experts)

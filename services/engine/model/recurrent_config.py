@@ -12,11 +12,11 @@ from services.engine.errors import ModelLoadError
 
 @dataclass(frozen=True)
 class LinearAttention:
-    """Gated DeltaNet layers (Qwen3.5, Qwen3-Next; :mod:`services.engine.model.hybrid_decoder`): ``layers`` mix
-    tokens through a recurrent state of fixed size instead of attention over a KV cache. Per layer and sequence the
-    state is the last ``conv_kernel - 1`` inputs of a depthwise causal convolution over the q/k/v rows
-    (``conv_dim`` channels) and a ``[value_heads, key_head_dim, value_head_dim]`` float32 matrix the gated delta
-    rule reads and writes."""
+    """Gated DeltaNet layers (Qwen3.5, Qwen3-Next; :mod:`services.engine.model.hybrid_decoder`; Kimi Linear's KDA,
+    ``channel_decay``): ``layers`` mix tokens through a recurrent state of fixed size instead of attention over a KV
+    cache. Per layer and sequence the state is the last ``conv_kernel - 1`` inputs of a depthwise causal convolution
+    over the q/k/v rows (``conv_dim`` channels) and a ``[value_heads, key_head_dim, value_head_dim]`` float32 matrix the
+    gated delta rule reads and writes."""
 
     layers: tuple[int, ...]
     key_heads: int
@@ -24,8 +24,15 @@ class LinearAttention:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    # Kimi Delta Attention (Kimi Linear's; :mod:`services.engine.model.kimi_linear_decoder`): a decay per key dim of
+    # each head (:mod:`kernels.kimi_delta`), not one per head; q, k and v heads alike
+    channel_decay: bool = False
 
     def __post_init__(self) -> None:
+        if self.channel_decay and (self.key_heads, self.key_head_dim) != (self.value_heads, self.value_head_dim):
+            raise ModelLoadError(f"Kimi Delta Attention has as many key heads as value heads, of one width: got "
+                                 f"{self.key_heads} of {self.key_head_dim}, {self.value_heads} of "
+                                 f"{self.value_head_dim}")
         for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config linear attention {name} must be >= 1, got {getattr(self, name)}")

@@ -1,0 +1,74 @@
+"""Families one part away from a family served before (A.X-K1: DeepSeek-V3's model; MiniCPM3: latent attention with
+muP's scalars; nanochat: Llama's layer with weightless norms and its rope turned the other way): each part is what
+makes the float32 logits of a prompt transformers' (taken away, they move), and their configs read as transformers
+completes them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import Multipliers
+from services.engine.model.registry import config_from_hf
+from tests.engine.test_model_families import _prompts
+from tests.engine.tiny_gguf import assert_each_part_matters, exactness_probe
+
+PROMPT = _prompts()["long"][:64]
+
+
+def test_a_x_k1s_norm_on_the_sparse_blocks_output_makes_its_logits_transformers(family_dir):
+    weights, expected, logits = exactness_probe(family_dir("axk1"), PROMPT)
+    config = weights.config
+    unnormed = {name: t for name, t in weights.tensors.items() if not name.endswith("post_mlp_layernorm.weight")}
+    assert "model.layers.0.post_mlp_layernorm.weight" in weights.tensors  # the dense layer's, as released: not read
+    assert not any(name.endswith("e_score_correction_bias") for name in weights.tensors)  # none, as released
+    assert_each_part_matters(logits, expected, {"output norm": {
+        "config": dataclasses.replace(config, moe=dataclasses.replace(config.moe, output_norm=False)),
+        "tensors": unnormed}})
+
+
+def test_minicpm3s_scalars_make_its_logits_transformers(family_dir):
+    weights, expected, logits = exactness_probe(family_dir("minicpm3"), PROMPT)
+    scalars = weights.config.multipliers
+    assert (scalars.embedding, scalars.logits_divisor) == (12.0, 64 / 16)
+    assert scalars.residual == pytest.approx(1.4 / 3 ** 0.5)
+    assert_each_part_matters(logits, expected, {
+        name: {"config": dataclasses.replace(weights.config, multipliers=dataclasses.replace(scalars, **{name: 1.0}))}
+        for name in ("embedding", "residual", "logits_divisor")})
+    assert weights.config.multipliers != Multipliers(attention=scalars.attention)
+
+
+def test_nanochats_rope_is_the_usual_one_over_swapped_halves():
+    """transformers' NanoChat rotates ``(x1, x2)`` into ``(x1·cos + x2·sin, x2·cos - x1·sin)``; pdserve's rope on
+    each head's halves swapped gives the same values, swapped: so q·k (and the weightless norms after rope) agree."""
+    from transformers.models.nanochat.modeling_nanochat import apply_rotary_pos_emb
+
+    from kernels.rope import RotaryEmbedding
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 16)
+    positions = torch.tensor([0, 1, 7, 30, 100])
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, 16, 2).float() / 16)
+    angles = torch.cat([positions[:, None].float() * inv_freq] * 2, dim=-1)
+    theirs, _ = apply_rotary_pos_emb(x, x, angles.cos(), angles.sin())  # [T, H, D]: cos unsqueezed at 1
+    rope = RotaryEmbedding(16, 128, 10000.0)
+    cos, sin = rope.tables(positions, torch.float32)
+
+    def swapped(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[..., 8:], t[..., :8]], dim=-1)
+
+    torch.testing.assert_close(swapped(rope.rotate(swapped(x), cos, sin)), theirs)
+    assert not torch.allclose(rope.rotate(x, cos, sin), theirs, atol=1e-3)
+
+
+def test_a_nanochat_config_reads_its_defaults_and_refuses_another_activation():
+    shape = dict(model_type="nanochat", vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4)
+    config = config_from_hf(shape)
+    assert config.final_logit_softcap == 15.0 and config.mlp_activation == "relu2" and config.qk_norm_after_rope
+    assert config_from_hf(shape | {"final_logit_softcapping": None}).final_logit_softcap is None
+    with pytest.raises(ModelLoadError, match="nanochat: hidden_act 'silu'"):
+        config_from_hf(shape | {"hidden_act": "silu"})
