@@ -153,15 +153,18 @@ def attention_weights(config: ModelConfig, layer: int = 0) -> int:
         return 0
     if linear is not None and layer in linear.layers and linear.channel_decay:
         # Kimi Delta Attention: q, k, v, the gates' low-rank pairs (f_a/f_b, g_a/g_b), b and o
-        width, rank = linear.value_dim, linear.key_head_dim
+        width = linear.value_dim
+        if linear.full_rank_gates:  # Ling 3's f_proj and g_proj
+            return hidden * (linear.conv_dim + 2 * width + linear.value_heads) + width * hidden
+        rank = linear.key_head_dim
         return hidden * (linear.conv_dim + 2 * rank + linear.value_heads) + 2 * rank * width + width * hidden
     if linear is not None and layer in linear.layers:
         return hidden * (linear.conv_dim + linear.value_dim + 2 * linear.value_heads) + linear.value_dim * hidden
-    if config.mla is not None:  # q (through its bottleneck where it has one), the latent KV's down and up, o
-        mla, heads = config.mla, config.num_heads
+    if config.mla is not None:  # q (through its bottleneck where it has one), the latent KV's down and up, o (and
+        mla, heads = config.mla, config.num_heads  # Ling 3's gate per head)
         q = hidden * heads * mla.qk_head_dim if mla.q_lora_rank is None else \
             mla.q_lora_rank * (hidden + heads * mla.qk_head_dim)
-        return q + hidden * (mla.kv_lora_rank + mla.qk_rope_head_dim) + \
+        return q + hidden * (mla.kv_lora_rank + mla.qk_rope_head_dim + heads * config.attention_head_gate) + \
             mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim) + heads * mla.v_head_dim * hidden
     if mamba1 is not None and layer in mamba1.layers:  # Jamba's in_proj (x, z), x_proj, dt_proj and out_proj
         return 3 * hidden * mamba1.inner + mamba1.inner * (2 * mamba1.dt_rank + 2 * mamba1.state_size)

@@ -1,7 +1,8 @@
-"""Kimi Linear beyond the family test's greedy tokens: the float32 logits of a prompt are transformers', and its
-attention left unrotated is part of what makes them so (its Kimi Delta Attention's decay per key dim: the kernel
-test); a config numbering its layers from 1 (``linear_attn_config``) places them; the bandwidth floor counts its
-layers' weights; the deterministic mode is refused by name."""
+"""Kimi Linear and Ling 3 (Kimi Delta Attention hybrids) beyond the family test's greedy tokens: the float32 logits of
+a prompt are transformers', and Kimi's attention left unrotated, Ling's bounded decay and its gate per attention head
+are parts of what makes them so (the decay per key dim: the kernel test); a config numbering its layers from 1
+(``linear_attn_config``) places them; the bandwidth floor counts their layers' weights; the deterministic mode is
+refused by name."""
 
 from __future__ import annotations
 
@@ -24,6 +25,21 @@ def test_its_unrotated_attention_makes_kimi_linear_logits_transformers(family_di
     weights, expected, logits = exactness_probe(family_dir("kimi_linear"), _prompts()["long"][:80])
     assert_each_part_matters(logits, expected, {"rope": {"config": dataclasses.replace(weights.config,
                                                                                        nope_layers=())}})
+
+
+def test_lings_bounded_decay_and_head_gates_make_its_logits_transformers(family_dir):
+    # 40 tokens: transformers' chunked KDA in float32 strays ~1e-6 from the float64 recurrence under Ling's strong
+    # decays (pdserve's kernel ~1e-7), which the layers grow past the probe's 1e-5 by 80 tokens
+    weights, expected, logits = exactness_probe(family_dir("bailing_hybrid"), _prompts()["long"][:40])
+    config = weights.config
+    assert config.linear_attention.decay_bound == -5.0 and config.linear_attention.full_rank_gates
+    full = config.kv_layers
+    ungated = {name: t for name, t in weights.tensors.items()
+               if not any(name == f"model.layers.{i}.self_attn.g_proj.weight" for i in full)}
+    assert_each_part_matters(logits, expected, {
+        "bounded decay": {"config": dataclasses.replace(config, linear_attention=dataclasses.replace(
+            config.linear_attention, decay_bound=None))},
+        "head gates": {"config": dataclasses.replace(config, attention_head_gate=False), "tensors": ungated}})
 
 
 def test_a_config_numbering_its_layers_from_one_places_them():
@@ -49,7 +65,8 @@ def test_what_kimi_linear_does_not_serve_is_refused_by_name(change, named):
         config_from_hf(_KIMI | change)
 
 
-def test_the_weights_a_step_reads_are_its_kda_latent_attention_and_picked_experts(family_dir):
+@pytest.mark.parametrize("name", ["kimi_linear", "bailing_hybrid"])
+def test_the_weights_a_step_reads_are_its_kda_latent_attention_and_picked_experts(name, family_dir):
     """The bandwidth floor's count (``random_llama.weight_bytes``): a KDA layer's q, k, v, gate, b and o
     projections, a latent-attention layer's down and up projections, the dense MLP and, with a batch large enough
     to pick them all, every expert, the shared one and the routers."""
@@ -57,7 +74,7 @@ def test_the_weights_a_step_reads_are_its_kda_latent_attention_and_picked_expert
     from services.engine.weights.model_config_reader import read_hf_config
     from tests.engine.tiny_families import load_reference
 
-    path = family_dir("kimi_linear")
+    path = family_dir(name)
     model = load_reference(path)
     cfg = config_from_hf(read_hf_config(path))
     experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)  # stacked, 3-D

@@ -102,4 +102,13 @@ HYBRID_FAMILIES: dict[str, dict] = {
                         moe_intermediate_size=48, num_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"],
                         num_expert_group=2, topk_group=1, routed_scaling_factor=2.446, tie_word_embeddings=False,
                         pad_token_id=0),  # (its default is past the tiny vocabulary)
+    # Ling 3: KDA layers with whole gates and the bounded decay, every third layer latent attention rotated on pairs
+    # with a gate per head; a dense first layer, then DeepSeek-V3's experts; norms, dt_bias and the router's bias
+    # drawn at random; written as released (attention, dense, expert_bias, word_embeddings: transformers' own save)
+    "bailing_hybrid": dict(model_type="bailing_hybrid", layer_group_size=3, head_dim=16, kv_lora_rank=32,
+                           qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4,
+                           q_lora_rank=None, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                           n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                           routed_scaling_factor=2.5, kda_lower_bound=-5.0, rope_theta=10000.0,
+                           tie_word_embeddings=False, pad_token_id=0),
 }

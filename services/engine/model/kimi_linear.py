@@ -25,8 +25,9 @@ from services.engine.model.mixtral import mixtral_tensor_name
 
 ARCHITECTURE = "kimi_linear"
 _KINDS = ("linear_attention", "full_attention")
-# KimiLinearConfig's attribute map: the keys its to_dict writes, as the DeepSeek readers name them
-_DEEPSEEK_KEYS = {"num_experts": "n_routed_experts", "num_experts_per_token": "num_experts_per_tok",
+# KimiLinearConfig's (and BailingHybridConfig's) attribute map: the keys its to_dict writes, as the DeepSeek readers
+# name them
+DEEPSEEK_KEYS = {"num_experts": "n_routed_experts", "num_experts_per_token": "num_experts_per_tok",
                   "num_shared_experts": "n_shared_experts", "moe_renormalize": "norm_topk_prob",
                   "num_expert_group": "n_group", "model_max_length": "max_position_embeddings"}
 
@@ -35,7 +36,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import KimiLinearConfig
 
     full = with_defaults(ARCHITECTURE, KimiLinearConfig, cfg)
-    full |= {ours: full[theirs] for theirs, ours in _DEEPSEEK_KEYS.items()}
+    full |= {ours: full[theirs] for theirs, ours in DEEPSEEK_KEYS.items()}
     if full.get("hidden_act") != "silu":
         raise ModelLoadError(f"{ARCHITECTURE}: hidden_act {full.get('hidden_act')!r} is not supported (only 'silu')")
     layers = int(full["num_hidden_layers"])

@@ -34,12 +34,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class KimiDeltaWeights:
-    in_proj: LinearWeight  # [3 * width + 2 * head_dim + heads, hidden]: q, k, v, f_a, g_a, b rows
+    # [3 * width + 2 * rank + heads, hidden]: q, k, v, the forget gate's, the output gate's (rank head_dim: Kimi's
+    # f_a and g_a; rank width: Ling 3's f_proj and g_proj, whole), b rows
+    in_proj: LinearWeight
     conv: torch.Tensor  # [3 * width, conv_kernel]
-    f_b: LinearWeight  # [width, head_dim]
+    f_b: LinearWeight | None  # [width, head_dim]; None: the gates are whole
     dt_bias: torch.Tensor  # [width] float32
-    a_scale: torch.Tensor  # [heads, 1] float32: -exp(A_log)
-    g_b: LinearWeight  # [width, head_dim]
+    a_rate: torch.Tensor  # [heads, 1] float32: exp(A_log)
+    g_b: LinearWeight | None  # [width, head_dim]
     norm: torch.Tensor  # [head_dim] float32
     out_proj: LinearWeight
 
@@ -70,15 +72,19 @@ class KimiLinearDecoderModel(LatentAttentionDecoderModel):
         take, hidden, p = self._source.take, self.config.hidden_size, f"model.layers.{i}."
         a, heads, dk = p + "self_attn.", spec.key_heads, spec.key_head_dim
         width = heads * dk
+        whole = spec.full_rank_gates
+        gates = [(a + "f_proj.weight", (width, hidden)), (a + "g_proj.weight", (width, hidden))] if whole else \
+            [(a + "f_a_proj.weight", (dk, hidden)), (a + "g_a_proj.weight", (dk, hidden))]
+        a_log = self._source.tensors.get(a + "A_log")  # one per head: [heads] (Ling 3's) or [1, 1, heads, 1] (Kimi's)
         net = KimiDeltaWeights(
-            in_proj=self._projection([*((a + f"{x}_proj.weight", (width, hidden)) for x in "qkv"),
-                                      (a + "f_a_proj.weight", (dk, hidden)), (a + "g_a_proj.weight", (dk, hidden)),
+            in_proj=self._projection([*((a + f"{x}_proj.weight", (width, hidden)) for x in "qkv"), *gates,
                                       (a + "b_proj.weight", (heads, hidden))]),
             conv=self._conv(a, 3 * width, spec.conv_kernel),
-            f_b=self._projection([(a + "f_b_proj.weight", (width, dk))]),
+            f_b=None if whole else self._projection([(a + "f_b_proj.weight", (width, dk))]),
             dt_bias=take(a + "dt_bias", (width,), torch.float32),
-            a_scale=-take(a + "A_log", (1, 1, heads, 1), torch.float32).view(heads, 1).exp(),
-            g_b=self._projection([(a + "g_b_proj.weight", (width, dk))]),
+            a_rate=take(a + "A_log", tuple(a_log.shape) if a_log is not None and a_log.numel() == heads
+                        else (heads,), torch.float32).view(heads, 1).exp(),
+            g_b=None if whole else self._projection([(a + "g_b_proj.weight", (width, dk))]),
             norm=take(a + "o_norm.weight", (dk,), torch.float32),
             out_proj=self._projection([(a + "o_proj.weight", (hidden, width))]),
         )
@@ -117,14 +123,20 @@ class KimiLinearDecoderModel(LatentAttentionDecoderModel):
         assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
         n, plan, tokens = spec.layers.index(i), states.plan, x.shape[0]
         heads, dk = spec.key_heads, spec.key_head_dim
-        mixed, f_a, g_a, b = linear(x, net.in_proj, paths).split([3 * heads * dk, dk, dk, heads], dim=-1)
+        rank = heads * dk if net.f_b is None else dk
+        mixed, forget, gate, b = linear(x, net.in_proj, paths).split([3 * heads * dk, rank, rank, heads], dim=-1)
         mixed = causal_conv1d(mixed.contiguous(), net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
                               saves=plan.saves)
         q, k, v = (t.reshape(tokens, heads, dk) for t in mixed.chunk(3, dim=-1))
-        forget = (linear(f_a, net.f_b, paths).float() + net.dt_bias).view(tokens, heads, dk)
-        decay = net.a_scale * F.softplus(forget)
+        if net.f_b is not None:
+            forget, gate = linear(forget, net.f_b, paths), linear(gate, net.g_b, paths)  # type: ignore[arg-type]
+        forget = (forget.float() + net.dt_bias).view(tokens, heads, dk)
+        decay = -net.a_rate * F.softplus(forget) if spec.decay_bound is None else \
+            spec.decay_bound * torch.sigmoid(net.a_rate * forget)
+        if spec.full_rank_gates:  # Ling 3's gate returns the decay in the model dtype; Kimi's keeps it float32
+            decay = decay.to(x.dtype)
         out = kimi_delta_rule(q, k, v, decay, b.sigmoid(), states.ssm[n], plan.slots, plan.query_lens, plan.fresh,
                               plan.saves)
-        gate = linear(g_a, net.g_b, paths).view(tokens, heads, dk)
+        gate = gate.view(tokens, heads, dk)
         normed = F.rms_norm(out.float(), (dk,), net.norm, eps) * torch.sigmoid(gate.float())
         return linear(normed.to(x.dtype).reshape(tokens, heads * dk), net.out_proj, paths)

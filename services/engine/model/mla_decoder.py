@@ -96,6 +96,8 @@ class LatentAttentionDecoderModel(DecoderModel):
             o=self._projection([(a + "o_proj.weight", (hidden, heads * mla.v_head_dim))]),
             post_norm=take(p + "post_attention_layernorm.weight", (hidden,)), gate_up=None, down=None,
             latent=latent)
+        if cfg.attention_head_gate:  # Ling 3's: a sigmoid gate per head on the values
+            layer.output_gate = self._projection([(a + "g_proj.weight", (heads, hidden))])
         return self._with_mlp(layer, i)
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, kv_cache: torch.Tensor,
@@ -107,7 +109,8 @@ class LatentAttentionDecoderModel(DecoderModel):
             q, k = self.ops.rope(q, k, rope)
         if query_scale is not None:  # Mistral 4's temperature: the whole query, as transformers scales it
             q = q * query_scale
-        return self._latent_out(layer, attention.forward(q, k, k, kv_cache, self.scale), paths)
+        gate = None if layer.output_gate is None else linear(x, layer.output_gate, paths)
+        return self._latent_out(layer, attention.forward(q, k, k, kv_cache, self.scale), paths, gate)
 
     def _latent_qk(self, w: LatentProjections, x: torch.Tensor, paths: RowPaths | None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -130,11 +133,15 @@ class LatentAttentionDecoderModel(DecoderModel):
         k = torch.cat((k_rope, rms_norm(latent, w.kv_a_norm, LATENT_NORM_EPS)), dim=-1).view(tokens, 1, rope_dim + rank)
         return q, k, q_resid
 
-    def _latent_out(self, layer: LayerWeights, out: torch.Tensor, paths: RowPaths | None) -> torch.Tensor:
+    def _latent_out(self, layer: LayerWeights, out: torch.Tensor, paths: RowPaths | None,
+                    head_gate: torch.Tensor | None = None) -> torch.Tensor:
         """The attention's output in the latent space (``out`` ``[T, H, row]``: its rope part, and anything after the
-        latent, dropped) through ``W_UV`` and the output projection."""
+        latent, dropped) through ``W_UV`` (each head's values times ``sigmoid(head_gate)`` ``[T, H]`` where given) and
+        the output projection."""
         assert isinstance(layer, LatentLayerWeights) and layer.latent is not None
         mla, tokens, heads = self._mla, out.shape[0], self.config.num_heads
         latent = out[..., mla.qk_rope_head_dim:mla.qk_rope_head_dim + mla.kv_lora_rank]
         values = torch.bmm(latent.transpose(0, 1), layer.latent.w_uv).transpose(0, 1)  # [T, H, v_head_dim]
+        if head_gate is not None:
+            values = values * torch.sigmoid(head_gate.float()).to(values.dtype)[..., None]
         return linear(values.reshape(tokens, heads * mla.v_head_dim), layer.o, paths)

@@ -27,6 +27,12 @@ class LinearAttention:
     # Kimi Delta Attention (Kimi Linear's; :mod:`services.engine.model.kimi_linear_decoder`): a decay per key dim of
     # each head (:mod:`kernels.kimi_delta`), not one per head; q, k and v heads alike
     channel_decay: bool = False
+    # KDA's forget and output gates projected at full width (``f_proj``, ``g_proj``: Ling 3's), not through rank
+    # head_dim pairs (Kimi's ``f_a_proj``/``f_b_proj``, ``g_a_proj``/``g_b_proj``)
+    full_rank_gates: bool = False
+    # KDA's bounded forget gate (Ling 3's ``kda_lower_bound``): the log decay ``bound · sigmoid(exp(A_log) · x)``,
+    # not ``-exp(A_log) · softplus(x)``
+    decay_bound: float | None = None
 
     def __post_init__(self) -> None:
         if self.channel_decay and (self.key_heads, self.key_head_dim) != (self.value_heads, self.value_head_dim):
