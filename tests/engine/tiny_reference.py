@@ -83,14 +83,40 @@ class Reference:
 
 @torch.inference_mode()
 def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
-    """The argmax of a full forward of the prompt and the tokens so far, at each step, and its top-2 margin (the head
-    run on the last position alone: ``logits_to_keep``, which every family's transformers class takes; the head is
-    most of a tiny model's work)."""
+    """The argmax of a full forward of the prompt and the tokens so far, at each step, and its top-2 margin.
+
+    Computed with few forwards: transformers' own cached greedy decoding proposes the steps left, and one full
+    forward (no cache) of the prompt, the tokens so far and the proposal gives every step's logits at once (its
+    attention is causal: a position's logits are those of the forward that ends there; the head runs on those
+    positions alone, ``logits_to_keep``). Steps are taken while the proposal is the argmax; at the first that is not,
+    the argmax is taken and the rest proposed again from there (a proposal that fails every time costs one forward a
+    step, as the plain loop does)."""
     ids, tokens, margins = list(prompt), [], []
-    for _ in range(new_tokens):
-        logits = model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits[0, -1].float()
-        top2 = logits.topk(2)
-        tokens.append(int(top2.indices[0]))
-        margins.append(float(top2.values[0] - top2.values[1]))
-        ids.append(tokens[-1])
+    while len(tokens) < new_tokens:
+        proposal = _proposal(model, ids, new_tokens - len(tokens))
+        steps = len(proposal) + 1 if len(proposal) < new_tokens - len(tokens) else len(proposal)
+        logits = model(input_ids=torch.tensor([ids + proposal[:steps - 1]]), logits_to_keep=steps).logits[0].float()
+        for step, row in enumerate(logits):
+            top2 = row.topk(2)
+            tokens.append(int(top2.indices[0]))
+            margins.append(float(top2.values[0] - top2.values[1]))
+            ids.append(tokens[-1])
+            if step >= len(proposal) or tokens[-1] != proposal[step]:
+                break
     return Reference(tokens, margins)
+
+
+def _proposal(model, ids: list[int], steps: int) -> list[int]:
+    """transformers' greedy tokens after ``ids`` (with its KV cache; no EOS stop), at most ``steps``; none where its
+    generation fails (the check then takes one step a forward)."""
+    from transformers import GenerationConfig
+
+    if steps <= 1:
+        return []
+    try:
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             generation_config=GenerationConfig(max_new_tokens=steps, min_new_tokens=steps,
+                                                                do_sample=False, pad_token_id=0))
+    except Exception:  # a family whose cached generation transformers does not run: the plain loop
+        return []
+    return [int(t) for t in out[0, len(ids):]]
