@@ -75,7 +75,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "phi", "stablelm", "stablelm-parallel", "bamba", "falcon_h1-no_norm",
                                            "gpt_neox", "gpt_neox-sequential", "ministral", "glm",
                                            "minicpm3", "axk1", "gemma4-unified", "nanochat", "kimi_linear",
-                                           "bailing_hybrid"})
+                                           "bailing_hybrid", "apertus-1p5", "olmo", "flint"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

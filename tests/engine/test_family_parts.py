@@ -1,7 +1,8 @@
 """Families one part away from a family served before (A.X-K1: DeepSeek-V3's model; MiniCPM3: latent attention with
-muP's scalars; nanochat: Llama's layer with weightless norms and its rope turned the other way): each part is what
-makes the float32 logits of a prompt transformers' (taken away, they move), and their configs read as transformers
-completes them."""
+muP's scalars; nanochat: Llama's layer with weightless norms and its rope turned the other way; Apertus 1.5: Apertus
+with a pruned head; OLMo: weightless LayerNorms and clamped q/k/v; Flint: Qwen3-MoE with sinks and unrotated full
+layers): each part is what makes the float32 logits of a prompt transformers' (taken away, they move), and their configs
+read as transformers completes them."""
 
 from __future__ import annotations
 
@@ -72,3 +73,47 @@ def test_a_nanochat_config_reads_its_defaults_and_refuses_another_activation():
     assert config_from_hf(shape | {"final_logit_softcapping": None}).final_logit_softcap is None
     with pytest.raises(ModelLoadError, match="nanochat: hidden_act 'silu'"):
         config_from_hf(shape | {"hidden_act": "silu"})
+
+
+def test_apertus_1p5s_checkpoint_serves_its_text_model_with_the_pruned_head():
+    """The multimodal checkpoint's text model (its image and audio tokenizers not read), its head pruned to the text
+    ids: those past it get no logit (the family test serves the text model's twin exactly)."""
+    from services.engine.model.apertus import apertus_tensor_name
+
+    text = dict(model_type="apertus1p5_text", vocab_size=1000, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, output_vocab_size=900)
+    config = config_from_hf({"model_type": "apertus1p5", "text_config": text})
+    assert (config.architecture, config.vocab_size, config.output_vocab_size) == ("apertus", 1000, 900)
+    assert config_from_hf(text | {"output_vocab_size": 1000}).output_vocab_size is None  # unpruned, as transformers
+    with pytest.raises(ModelLoadError, match="an LM head of 900 rows must be untied"):
+        config_from_hf(text | {"tie_word_embeddings": True})
+    assert apertus_tensor_name("model.language_model.layers.0.attention_layernorm.weight") == \
+        "model.layers.0.input_layernorm.weight"
+    assert apertus_tensor_name("model.vision_tokenizer.encoder.conv_in.weight") is None
+    assert apertus_tensor_name("model.audio_tokenizer.encoder.conv.weight") is None
+    assert apertus_tensor_name("lm_head.weight") == "lm_head.weight"
+
+
+def test_a_pruned_heads_logits_past_it_are_minus_infinity(family_dir):
+    weights, _, logits = exactness_probe(family_dir("apertus-1p5"), PROMPT[:8])
+    got = logits()
+    assert got.shape[-1] == weights.config.vocab_size and weights.tensors["lm_head.weight"].shape[0] == 900
+    assert torch.isinf(got[..., 900:]).all() and torch.isfinite(got[..., :900]).all()
+
+
+def test_olmos_clamp_makes_its_logits_transformers(family_dir):
+    weights, expected, logits = exactness_probe(family_dir("olmo"), PROMPT)
+    assert weights.config.clip_qkv == 2.0 and weights.config.rms_norm_eps == 1e-5 and weights.config.layer_norm
+    assert not any("norm" in name for name in weights.tensors)  # weightless, as transformers' OlmoLayerNorm
+    assert_each_part_matters(logits, expected, {"clamp": {"config": dataclasses.replace(weights.config,
+                                                                                        clip_qkv=None)}})
+
+
+def test_flints_sinks_and_unrotated_full_layers_make_its_logits_transformers(family_dir):
+    weights, expected, logits = exactness_probe(family_dir("flint"), PROMPT)
+    config = weights.config
+    assert config.nope_layers == (0, 2) and config.layer_windows == (None, 24, None) and config.moe.sigmoid_routing
+    sinkless = {name: t for name, t in weights.tensors.items() if not name.endswith(".sinks")}
+    assert_each_part_matters(logits, expected, {
+        "sinks": {"config": dataclasses.replace(config, attention_sinks=False), "tensors": sinkless},
+        "rope on the full layers": {"config": dataclasses.replace(config, nope_layers=())}})

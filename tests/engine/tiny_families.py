@@ -44,15 +44,15 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",
                 "deepseek_v32-glm5", "afmoe", "mimo_v2_flash",
-                "apertus", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "minicpm3", "axk1", "gemma", "vaultgemma",
-                "hyperclovax",
+                "apertus", "apertus-1p5", "deepseek-sarvam_mla", "sarvam_moe", "youtu", "minicpm3", "axk1", "gemma",
+                "vaultgemma", "hyperclovax",
                 "flex_olmo", "starcoder2", "jais2", "exaone4-4.5",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
                 "kolibri1", "hunyuan-a13b", "nemotron", "phi",
                 "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid"}
+                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e", "gemma4-unified"}  # norms and scales that multiply as stored: drawn around 1
-RANDOM_ACTIVATIONS = {"apertus"}  # the learned parameters of each layer's xIELU drawn at random
+RANDOM_ACTIVATIONS = {"apertus", "apertus-1p5"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
 RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "granite_hybrid-dense", "gpt_oss",
                  "glm4_moe", "glm4_moe-solar_open", "glm4", "glm", "ernie4_5-moe", "deepseek-v3", "deepseek-kimi_k25",
@@ -61,7 +61,7 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
                  "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
                  "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                 "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid"}
+                 "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,
@@ -157,6 +157,9 @@ FAMILIES: dict[str, dict] = {
     "apertus": dict(model_type="apertus", tie_word_embeddings=False,
                     rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                          original_max_position_embeddings=64, rope_theta=12000000.0)),
+    # Apertus 1.5's text model: Apertus's layer, its LM head pruned to the first 900 ids (the others, its image and
+    # audio codes, never sampled)
+    "apertus-1p5": dict(model_type="apertus1p5_text", output_vocab_size=900, tie_word_embeddings=False),
     "qwen3": dict(model_type="qwen3", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True),
     # Seed-OSS: q/k/v biases and (here, as attention_out_bias allows) an o_proj bias, drawn at random
     "seed_oss": dict(model_type="seed_oss", head_dim=32, attention_out_bias=True, rope_theta=10000000.0,
@@ -276,6 +279,15 @@ FAMILIES: dict[str, dict] = {
                          tie_word_embeddings=False,
                          rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "rope_theta": 10000.0,
                                           "factor": 1.0}),
+    # OLMo 1.7: weightless LayerNorms, q/k/v clamped at 2 (values past it here: the clamp shows)
+    "olmo": dict(model_type="olmo", clip_qkv=2.0, rope_theta=10000.0, tie_word_embeddings=False, pad_token_id=0),
+    # Flint: Qwen3-MoE's layer with sinks (drawn at random), a window of 24 on the middle layer (which alone rotates),
+    # experts by the sigmoid of the router's logits, no bias, beside an ungated shared expert; a dense first layer
+    "flint": dict(model_type="flint", head_dim=16, sliding_window=24,
+                  layer_types=["full_attention", "sliding_attention", "full_attention"], mlp_only_layers=[0],
+                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=64,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+                  pad_token_id=0),
     "olmo2": dict(model_type="olmo2", rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0),
     # OLMo 3: OLMo 2's layer with sliding (24 here) and full layers (sliding, full, sliding), yarn on the full layers
     # only (the long-context releases'), plain rope of the same base on the sliding ones

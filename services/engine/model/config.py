@@ -117,6 +117,9 @@ class ModelConfig:
     # mlp(ln_2(h))`` (GPT-NeoX's use_parallel_residual)
     parallel_mlp_norm: bool = False
     lm_head_bias: bool = False  # the LM head has a bias (``lm_head.bias``: Phi-3.5-MoE's)
+    # the LM head's rows where fewer than the embedding's (Apertus 1.5's head, pruned to its text ids): the ids past it
+    # are never sampled (their logits are -inf); None: vocab_size rows
+    output_vocab_size: int | None = None
     # Cohere's layer (:mod:`services.engine.model.cohere_decoder`) with RMSNorms for its LayerNorms (Cohere 2 MoE's,
     # where its config sets ``rms_norm_eps``)
     cohere_rms_norms: bool = False
@@ -134,6 +137,7 @@ class ModelConfig:
     rotary_dim: int | None = None  # the leading dims of a head that rope rotates (partial_rotary_factor); None: all
     attention_sinks: bool = False  # a learned logit per head joins each softmax (GPT-OSS; the layers' ``sinks``)
     attn_logit_softcap: float | None = None  # every attention score s becomes cap * tanh(s / cap) (Gemma 2)
+    clip_qkv: float | None = None  # q, k and v each clamped to [-clip, clip] after their projections (OLMo 1.7's)
     final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (nanochat; Gemma: GemmaConfig's)
     multipliers: Multipliers | None = None  # Granite's embedding, attention, residual and logits scalars
     nope_layers: tuple[int, ...] = ()  # layers whose q and k rope does not rotate (SmolLM3's NoPE layers)
@@ -188,6 +192,10 @@ class ModelConfig:
                      "max_position"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"config {name} must be >= 1, got {getattr(self, name)}")
+        if self.output_vocab_size is not None and (not 0 < self.output_vocab_size < self.vocab_size
+                                                   or self.tie_word_embeddings):
+            raise ModelLoadError(f"an LM head of {self.output_vocab_size} rows must be untied and have fewer rows than "
+                                 f"the {self.vocab_size} of the embedding (tied: {self.tie_word_embeddings})")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"{self.num_heads} heads do not divide into {self.num_kv_heads} KV heads")
         if self.head_dim % 2:
@@ -211,6 +219,8 @@ class ModelConfig:
         if self.query_temperature_beta and self.query_temperature_period < 1:
             raise ModelLoadError(f"a query temperature (beta {self.query_temperature_beta}) needs a period >= 1, got "
                                  f"{self.query_temperature_period}")
+        if self.clip_qkv is not None and not self.clip_qkv > 0:
+            raise ModelLoadError(f"clip_qkv must be > 0, got {self.clip_qkv}")
         if self.attn_logit_softcap is not None and not self.attn_logit_softcap > 0:
             raise ModelLoadError(f"the attention logit softcap must be > 0, got {self.attn_logit_softcap}")
         if sum(kind is not None for kind in (self.linear_attention, self.mamba, self.short_conv, self.mamba1)) > 1:

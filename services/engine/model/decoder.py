@@ -128,9 +128,9 @@ class DecoderModel(ExpertLoading):
         self.final_norm = source.take("model.norm.weight", (cfg.hidden_size,))
         # deterministic: the head's rows on AMX where the CPU has it (row-invariant at any count, faster than
         # oneDNN's 32-row blocks at 1-16 rows here)
-        head = self.embed if cfg.tie_word_embeddings else source.take("lm_head.weight",
-                                                                      (cfg.vocab_size, cfg.hidden_size))
-        head_bias = source.take("lm_head.bias", (cfg.vocab_size,)) if cfg.lm_head_bias else None
+        rows = cfg.output_vocab_size or cfg.vocab_size
+        head = self.embed if cfg.tie_word_embeddings else source.take("lm_head.weight", (rows, cfg.hidden_size))
+        head_bias = source.take("lm_head.bias", (rows,)) if cfg.lm_head_bias else None
         self.lm_head = prepare_linear(head, bias=head_bias, row_block=self._row_block, prompt_rows=deterministic)
         self.layers = [self._layer(i) for i in range(cfg.num_layers)]
         self._model_weights()
@@ -263,7 +263,11 @@ class DecoderModel(ExpertLoading):
         if scalars is not None and scalars.logits_divisor != 1.0:
             logits = logits / scalars.logits_divisor
         cap = self.config.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        if self.config.output_vocab_size is not None:  # a pruned head: the ids past it are never sampled
+            logits = F.pad(logits, (0, self.config.vocab_size - logits.shape[-1]), value=float("-inf"))
+        return logits
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
@@ -308,7 +312,10 @@ class DecoderModel(ExpertLoading):
         """Layer ``i``'s attention block on its normed input ``x [T, hidden]``, through the output projection
         (``rope``: the step's ``ops.rope.prepare``; ``query_scale``: :func:`query_temperature`'s ``[T, 1, 1]``)."""
         cfg, eps, num_tokens = self.config, self.config.rms_norm_eps, x.shape[0]
-        q, k, v = linear(x, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        qkv = linear(x, layer.qkv, paths)
+        if cfg.clip_qkv is not None:  # OLMo 1.7's
+            qkv = qkv.clamp(-cfg.clip_qkv, cfg.clip_qkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         if layer.q_norm is not None and cfg.qk_norm_whole:
             q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
