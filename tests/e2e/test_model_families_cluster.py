@@ -56,7 +56,10 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # Cohere 2's, which adds its sliding layers with rope around full ones without; EXAONE 4.0's is OLMo 3's with Qwen3's
 # per-head q/k norms and Cohere 2's unrotated full layers; Hunyuan's is Qwen3's with the norms after rope; Kimi K2.5's
 # text model is DeepSeek-V3's; Solar Open's layer is GLM-4.5's without its q/k norms; Hy3's, Qwen3's attention with
-# GLM-4.5's routing).
+# GLM-4.5's routing; Kimi Linear's Kimi Delta Attention state, a matrix per head decayed per key dim, crosses P→D with
+# its checkpoint hits, and Ling 3's KDA layers differ only in their gates' projections; the 2026 one-part families
+# (A.X-K1, MiniCPM3, nanochat, GLM-4-9B, Ministral, Gemma 4 12B, Apertus 1.5, OLMo, Flint) differ in parts the engine's
+# tests show on their own, their KV one the cluster already moves).
 # The gateway's torch-free reading of every family's config is held to the engine's by the family test.
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
@@ -74,7 +77,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "cohere2_moe", "kolibri1", "hunyuan-a13b", "nemotron",
                                            "phi", "stablelm", "stablelm-parallel", "bamba", "falcon_h1-no_norm",
                                            "gpt_neox", "gpt_neox-sequential", "ministral", "glm",
-                                           "minicpm3", "axk1", "gemma4-unified", "nanochat", "kimi_linear",
+                                           "minicpm3", "axk1", "gemma4-unified", "nanochat",
                                            "bailing_hybrid", "apertus-1p5", "olmo", "flint"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
@@ -83,7 +86,7 @@ PRESSURED = {"llama3", "phi3", "gpt_oss", "gemma3", "qwen3_5", "granite_hybrid"}
 # a recurrent state per request, not in the KV blocks: hits need a checkpoint (LFM2's, a convolution's last inputs
 # alone, crosses P→D as the others' do; its preemption runs in the engine's family test); checkpoint hits served by
 # these (LFM2-MoE's state is LFM2's)
-HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3", "falcon_h1"}
+HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3", "falcon_h1", "kimi_linear"}
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)
