@@ -1,8 +1,8 @@
 """Families one part away from a family served before (A.X-K1: DeepSeek-V3's model; MiniCPM3: latent attention with
 muP's scalars; nanochat: Llama's layer with weightless norms and its rope turned the other way; Apertus 1.5: Apertus
 with a pruned head; OLMo: weightless LayerNorms and clamped q/k/v; Flint: Qwen3-MoE with sinks and unrotated full
-layers): each part is what makes the float32 logits of a prompt transformers' (taken away, they move), and their configs
-read as transformers completes them."""
+layers; Cohere's North: Cohere 2's layer with a rope per layer kind): each part is what makes the float32 logits of a
+prompt transformers' (taken away, they move), and their configs read as transformers completes them."""
 
 from __future__ import annotations
 
@@ -117,3 +117,18 @@ def test_flints_sinks_and_unrotated_full_layers_make_its_logits_transformers(fam
     assert_each_part_matters(logits, expected, {
         "sinks": {"config": dataclasses.replace(config, attention_sinks=False), "tensors": sinkless},
         "rope on the full layers": {"config": dataclasses.replace(config, nope_layers=())}})
+
+
+def test_norths_rope_per_layer_kind_makes_its_logits_transformers(family_dir):
+    """The multimodal checkpoint's full layer has no rope (its entry null); the text model's rotates both kinds, the
+    sliding layers with a base of their own."""
+    weights, expected, logits = exactness_probe(family_dir("cohere_compass"), PROMPT)
+    config = weights.config
+    assert config.nope_layers == (1,) and config.multipliers.logits_scale == 0.25 and not config.rope_interleaved
+    assert_each_part_matters(logits, expected, {"no rope": {"config": dataclasses.replace(config, nope_layers=())}})
+    weights, expected, logits = exactness_probe(family_dir("cohere_compass-text"), PROMPT)
+    config = weights.config
+    assert (config.rope_theta, config.local_rope_theta, config.local_rope_layers) == (500000.0, 10000.0, (0, 2))
+    assert config.multipliers.logits_scale == 1.0
+    assert_each_part_matters(logits, expected, {"the sliding layers' base": {"config": dataclasses.replace(
+        config, local_rope_layers=(), local_rope_theta=None)}})

@@ -39,7 +39,8 @@ _GEMMA4_TEXT = dict(head_dim=16, global_head_dim=32, sliding_window=24, tie_word
                                                         "rope_theta": 1000000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe", "granite_hybrid",
-                "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "exaone4", "hunyuan",
+                "granite_hybrid-dense", "granite_hybrid-attention", "cohere", "cohere-2", "cohere_compass",
+                "cohere_compass-text", "exaone4", "hunyuan",
                 "qwen3_5", "qwen3_5-moe", "qwen3_next", "gemma2", "gemma3", "gemma3-multimodal", "glm4", "glm", "olmo2",
                 "olmo3", "deepseek-v3", "deepseek-v2", "deepseek-kimi_k25", "glm4_moe_lite", "minimax_m2", "olmoe",
                 "mistral4", "hy_v3", "dots1", "deepseek_v32",

@@ -12,7 +12,8 @@ import torch
 
 # the transformers class of a checkpoint type AutoModelForCausalLM does not take (a vision-language model's)
 AUTO_CLASSES = {name: "AutoModelForImageTextToText" for name in ("mistral3", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl",
-                                                                      "gemma4", "kimi_k25", "exaone4_5")}
+                                                                      "gemma4", "kimi_k25", "exaone4_5",
+                                                                      "cohere_compass")}
 
 
 def _transposed_experts(path: Path) -> None:

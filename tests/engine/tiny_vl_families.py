@@ -1,5 +1,6 @@
-"""The tiny twins of the vision-language checkpoints whose text model is served (Mistral 3, Mistral Small 4, Qwen-VL)
-and of Devstral 2's text model alone, part of :data:`tests.engine.tiny_families.FAMILIES`."""
+"""The tiny twins of the vision-language checkpoints whose text model is served (Mistral 3, Mistral Small 4, Qwen-VL,
+Cohere's North) and of Devstral 2's and North's text models alone, part of
+:data:`tests.engine.tiny_families.FAMILIES`."""
 
 from __future__ import annotations
 
@@ -53,4 +54,18 @@ VISION_LANGUAGE_FAMILIES: dict[str, dict] = {
                         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                                            out_hidden_size=64, patch_size=14, fullatt_block_indexes=[0]),
                         text_config=dict(model_type="qwen2_5_vl_text", rope_parameters=_MROPE)),
+    # Cohere's North (CohereCompassForConditionalGeneration: Qwen3-VL's wrapper around Cohere 2's layer): sliding
+    # layers (a window of 24) rotating their two halves around a full layer without rope (its rope entry null), the
+    # logits scaled; the vision tower not read
+    "cohere_compass": dict(model_type="cohere_compass", tie_word_embeddings=True, vision_config=_QWEN3_VL_VISION,
+                           text_config=dict(model_type="cohere_compass_text", logit_scale=0.25, sliding_window=24,
+                                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                            rope_parameters={"sliding_attention": _MROPE | {"rope_theta": 10000.0},
+                                                             "full_attention": None})),
+    # its text model alone, both kinds rotating with a base each (the sliding layers' their own plain rope), and a
+    # null logit_scale (1)
+    "cohere_compass-text": dict(model_type="cohere_compass_text", sliding_window=24,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                 "full_attention": {"rope_type": "default", "rope_theta": 500000.0}}),
 }
