@@ -1,8 +1,9 @@
 """Families one part away from a family served before (A.X-K1: DeepSeek-V3's model; MiniCPM3: latent attention with
 muP's scalars; nanochat: Llama's layer with weightless norms and its rope turned the other way; Apertus 1.5: Apertus
 with a pruned head; OLMo: weightless LayerNorms and clamped q/k/v; Flint: Qwen3-MoE with sinks and unrotated full
-layers; Cohere's North: Cohere 2's layer with a rope per layer kind): each part is what makes the float32 logits of a
-prompt transformers' (taken away, they move), and their configs read as transformers completes them."""
+layers; Cohere's North: Cohere 2's layer with a rope per layer kind; OLMo Hybrid: Gated DeltaNet beside OLMo 3's
+attention): each part is what makes the float32 logits of a prompt transformers' (taken away, they move), and their
+configs read as transformers completes them."""
 
 from __future__ import annotations
 
@@ -132,3 +133,15 @@ def test_norths_rope_per_layer_kind_makes_its_logits_transformers(family_dir):
     assert config.multipliers.logits_scale == 1.0
     assert_each_part_matters(logits, expected, {"the sliding layers' base": {"config": dataclasses.replace(
         config, local_rope_layers=(), local_rope_theta=None)}})
+
+
+def test_olmo_hybrids_doubled_write_strength_makes_its_logits_transformers(family_dir):
+    weights, expected, logits = exactness_probe(family_dir("olmo_hybrid"), PROMPT)
+    config = weights.config
+    assert config.linear_attention.negative_eigenvalues and config.nope_layers == (1,) and config.kv_layers == (1,)
+    assert_each_part_matters(logits, expected, {"doubled write strength": {"config": dataclasses.replace(
+        config, linear_attention=dataclasses.replace(config.linear_attention, negative_eigenvalues=False))}})
+    rotated = config_from_hf({"model_type": "olmo_hybrid", "vocab_size": 1000, "hidden_size": 64,
+                              "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}})
+    assert rotated.nope_layers == () and rotated.rope_theta == 50000.0 and rotated.kv_layers == (3,)

@@ -51,7 +51,7 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
                 "kolibri1", "hunyuan-a13b", "nemotron", "phi",
                 "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint"}
+                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint", "olmo_hybrid"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e", "gemma4-unified"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus", "apertus-1p5"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -62,7 +62,8 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "deepseek-sarvam_mla", "sarvam_moe", "helium", "starcoder2", "jais2", "exaone_moe",
                  "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
                  "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                 "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint"}
+                 "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint",
+                 "olmo_hybrid"}
 # (num_key_value_heads as many as the heads, as every latent-attention config has: transformers needs it)
 _LATENT = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, num_key_value_heads=4)
 _DEEPSEEK_V3 = dict(model_type="deepseek_v3", q_lora_rank=48, **_LATENT, n_routed_experts=8, num_experts_per_tok=2,

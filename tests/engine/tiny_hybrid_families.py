@@ -90,6 +90,14 @@ HYBRID_FAMILIES: dict[str, dict] = {
     "qwen3_next": dict(model_type="qwen3_next", **_HYBRID, num_experts=8, num_experts_per_tok=2,
                        moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[1],
                        norm_topk_prob=True),
+    # OLMo Hybrid: Gated DeltaNet layers (2 key heads of 16, 4 value heads of 8, the write strength doubled) in Llama's
+    # pre-norm layer around OLMo 3's post-norm attention layer without rope (as released); norms and dt_bias drawn
+    "olmo_hybrid": dict(model_type="olmo_hybrid", layer_types=["linear_attention", "full_attention",
+                                                               "linear_attention"],
+                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                        linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                        rope_parameters={"rope_type": "default", "rope_theta": None},
+                        tie_word_embeddings=False, pad_token_id=0),
     # Kimi Linear: Kimi Delta Attention layers (4 heads of 16, a decay per key dim) around a latent-attention one
     # without rope, numbered from 1 as its linear_attn_config does; a dense first layer, then DeepSeek-V3's experts
     # (sigmoid + correction bias within the best of 2 groups, a shared expert); norms, dt_bias and the router's bias

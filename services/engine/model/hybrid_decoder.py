@@ -130,22 +130,31 @@ class HybridDecoderModel(DecoderModel):
 
     def _delta_net(self, i: int, net: DeltaNetWeights, x: torch.Tensor, paths: RowPaths | None,
                    states: RecurrentStates | None) -> torch.Tensor:
-        spec = self.config.linear_attention
-        assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
-        n, plan, num_tokens = spec.layers.index(i), states.plan, x.shape[0]
-        mixed, z, b, a = linear(x, net.in_proj, paths).split(
-            [spec.conv_dim, spec.value_dim, spec.value_heads, spec.value_heads], dim=-1)
-        mixed = causal_conv1d(mixed, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
-                              saves=plan.saves)
-        q, k, v = mixed.split([spec.key_dim, spec.key_dim, spec.value_dim], dim=-1)
-        decay = net.a_scale * F.softplus(a.float() + net.dt_bias)
-        out = gated_delta_rule(q.reshape(num_tokens, spec.key_heads, spec.key_head_dim),
-                               k.reshape(num_tokens, spec.key_heads, spec.key_head_dim),
-                               v.reshape(num_tokens, spec.value_heads, spec.value_head_dim),
-                               decay, b.sigmoid(), states.ssm[n], plan.slots, plan.query_lens, plan.fresh, plan.saves)
-        normed = F.rms_norm(out.float(), (spec.value_head_dim,), None, self.config.rms_norm_eps).to(out.dtype)
-        gated = (net.norm * normed).float() * F.silu(z.reshape(out.shape).float())
-        return linear(gated.to(out.dtype).reshape(num_tokens, spec.value_dim), net.out_proj, paths)
+        return delta_net(self.config, i, net, x, paths, states)
+
+
+def delta_net(config: ModelConfig, i: int, net: DeltaNetWeights, x: torch.Tensor, paths: RowPaths | None,
+              states: RecurrentStates | None, beta_scale: float = 1.0, norm_eps: float | None = None) -> torch.Tensor:
+    """Gated DeltaNet layer ``i`` on its normed input ``x`` (see the module), its output through ``out_proj``;
+    ``beta_scale``: the write strength's (OLMo Hybrid's 2: eigenvalues down to -1); ``norm_eps``: the output norm's
+    (None: the config's)."""
+    spec = config.linear_attention
+    assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
+    n, plan, num_tokens = spec.layers.index(i), states.plan, x.shape[0]
+    mixed, z, b, a = linear(x, net.in_proj, paths).split(
+        [spec.conv_dim, spec.value_dim, spec.value_heads, spec.value_heads], dim=-1)
+    mixed = causal_conv1d(mixed, net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh, saves=plan.saves)
+    q, k, v = mixed.split([spec.key_dim, spec.key_dim, spec.value_dim], dim=-1)
+    decay = net.a_scale * F.softplus(a.float() + net.dt_bias)
+    beta = b.sigmoid() if beta_scale == 1.0 else b.sigmoid() * beta_scale
+    out = gated_delta_rule(q.reshape(num_tokens, spec.key_heads, spec.key_head_dim),
+                           k.reshape(num_tokens, spec.key_heads, spec.key_head_dim),
+                           v.reshape(num_tokens, spec.value_heads, spec.value_head_dim),
+                           decay, beta, states.ssm[n], plan.slots, plan.query_lens, plan.fresh, plan.saves)
+    eps = config.rms_norm_eps if norm_eps is None else norm_eps
+    normed = F.rms_norm(out.float(), (spec.value_head_dim,), None, eps).to(out.dtype)
+    gated = (net.norm * normed).float() * F.silu(z.reshape(out.shape).float())
+    return linear(gated.to(out.dtype).reshape(num_tokens, spec.value_dim), net.out_proj, paths)
 
 
 def _split_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

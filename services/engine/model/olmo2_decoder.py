@@ -51,26 +51,31 @@ class Olmo2DecoderModel(DecoderModel):
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
                      states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract, in OLMo 2's layer."""
-        cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
-        rope = ops.rope.prepare(positions)
-        local_rope = None if self.local_rope is None else self.local_rope.prepare(positions)
-        num_tokens = input_ids.shape[0]
+        ropes = self.ops.rope.prepare(positions), \
+            None if self.local_rope is None else self.local_rope.prepare(positions)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            q, k, v = linear(hidden, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            if not cfg.qk_norm:  # OLMo's: over the whole projection
-                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-            q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
-            k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:  # EXAONE 4.0's: head by head
-                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-            if i in cfg.local_rope_layers:
-                q, k = self.local_rope(q, k, local_rope)
-            elif i not in cfg.nope_layers:  # EXAONE 4.0's global layers attend unrotated
-                q, k = ops.rope(q, k, rope)
-            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
-            o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
-            hidden = hidden + rms_norm(o, layer.attn_out_norm, eps)
-            hidden = hidden + rms_norm(self._mlp(hidden, layer, paths), layer.mlp_out_norm, eps)
-        return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+            hidden = self._post_norm_layer(i, layer, hidden, kv_cache, attention, ropes, paths)
+        return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, self.config.rms_norm_eps)
+
+    def _post_norm_layer(self, i: int, layer: LayerWeights, hidden: torch.Tensor, kv_cache: torch.Tensor,
+                         attention: AttentionBackend, ropes: tuple[object, object], paths: RowPaths | None
+                         ) -> torch.Tensor:
+        """The residual stream after OLMo 2's layer ``i`` (``ropes``: the step's full and local rope tables)."""
+        cfg, eps, num_tokens = self.config, self.config.rms_norm_eps, hidden.shape[0]
+        q, k, v = linear(hidden, layer.qkv, paths).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        if not cfg.qk_norm:  # OLMo's: over the whole projection
+            q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:  # EXAONE 4.0's: head by head
+            q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+        if i in cfg.local_rope_layers:
+            q, k = self.local_rope(q, k, ropes[1])
+        elif i not in cfg.nope_layers:  # EXAONE 4.0's global layers attend unrotated
+            q, k = self.ops.rope(q, k, ropes[0])
+        v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        attn = attention.forward(q, k, v, kv_cache, self.scale, **attention_options(cfg, i))
+        o = linear(attn.reshape(num_tokens, cfg.q_size), layer.o, paths)
+        hidden = hidden + rms_norm(o, layer.attn_out_norm, eps)
+        return hidden + rms_norm(self._mlp(hidden, layer, paths), layer.mlp_out_norm, eps)

@@ -33,6 +33,9 @@ class LinearAttention:
     # KDA's bounded forget gate (Ling 3's ``kda_lower_bound``): the log decay ``bound · sigmoid(exp(A_log) · x)``,
     # not ``-exp(A_log) · softplus(x)``
     decay_bound: float | None = None
+    # Gated DeltaNet's write strength doubled, ``2 · sigmoid(b)`` (OLMo Hybrid's ``linear_allow_neg_eigval``: the
+    # transition's eigenvalues reach -1)
+    negative_eigenvalues: bool = False
 
     def __post_init__(self) -> None:
         if self.channel_decay and (self.key_heads, self.key_head_dim) != (self.value_heads, self.value_head_dim):
