@@ -21,15 +21,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from services.engine.errors import ModelLoadError
 from services.engine.model.config import LinearAttention, ModelConfig
-from services.engine.model.deepseek import latent_config, sparse_mlp
+from services.engine.model.deepseek import latent_config
 from services.engine.model.glm4_moe import glm4_moe_tensor_name
-from services.engine.model.hf_config import sparse_mlp_layers, with_defaults
-from services.engine.model.kimi_linear import DEEPSEEK_KEYS
+from services.engine.model.hf_config import with_defaults
+from services.engine.model.kimi_linear import kda_hybrid_parts
 
 ARCHITECTURE = "bailing_hybrid"
-_KINDS = ("linear_attention", "full_attention")
 _RENAMES = ((re.compile(r"^model\.word_embeddings\."), "model.embed_tokens."),
             (re.compile(r"\.attention\."), ".self_attn."), (re.compile(r"\.self_attn\.dense\."), ".self_attn.o_proj."),
             (re.compile(r"\.mlp\.gate\.expert_bias$"), ".mlp.gate.e_score_correction_bias"))
@@ -39,15 +37,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import BailingHybridConfig
 
     full = with_defaults(ARCHITECTURE, BailingHybridConfig, cfg)
-    full |= {ours: full[theirs] for theirs, ours in DEEPSEEK_KEYS.items() if theirs in full}
-    if full.get("hidden_act") != "silu":
-        raise ModelLoadError(f"{ARCHITECTURE}: hidden_act {full.get('hidden_act')!r} is not supported (only 'silu')")
-    layers = int(full["num_hidden_layers"])
-    kinds = list(full["layer_types"])
-    if len(kinds) != layers or set(kinds) - set(_KINDS):
-        raise ModelLoadError(f"{ARCHITECTURE}: layer_types must list {layers} of {', '.join(_KINDS)}, got {kinds}")
-    moe = sparse_mlp(full, sparse_mlp_layers(full, layers, ARCHITECTURE), sigmoid_routing=True,
-                     expert_groups=int(full.get("n_group") or 1), top_groups=int(full.get("topk_group") or 1))
+    kinds, moe = kda_hybrid_parts(full, ARCHITECTURE)
     heads, width = int(full["num_attention_heads"]), int(full["head_dim"])
     kda = LinearAttention(layers=tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention"),
                           key_heads=heads, value_heads=heads, key_head_dim=width, value_head_dim=width,

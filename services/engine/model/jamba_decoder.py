@@ -25,6 +25,7 @@ from kernels.selective_scan import selective_scan
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.decoder import DecoderModel, LayerWeights
+from services.engine.model.pre_norm_hybrid import PreNormHybrid
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -52,7 +53,7 @@ class JambaLayerWeights(LayerWeights):
     mamba: Mamba1Weights | None = None  # a Mamba layer's (its qkv and o are unused then)
 
 
-class JambaDecoderModel(DecoderModel):
+class JambaDecoderModel(PreNormHybrid, DecoderModel):
     """A :class:`DecoderModel` over a Jamba checkpoint; same constructor. Not served in the deterministic mode."""
 
     FUSED_OPS = False
@@ -95,17 +96,9 @@ class JambaDecoderModel(DecoderModel):
                      states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention layers' only), computed as
         the module says; ``states`` planned for this step."""
-        eps = self.config.rms_norm_eps
-        hidden = F.embedding(input_ids, self.embed)
-        rope = self.ops.rope.prepare(positions)  # unused: every attention layer is unrotated
-        for i, layer in enumerate(self.layers):
-            x = rms_norm(hidden, layer.input_norm, eps)
-            if layer.mamba is not None:
-                hidden = hidden + self._mamba(i, layer.mamba, x, paths, states)
-            else:
-                hidden = hidden + self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
-            hidden = hidden + self._mlp(rms_norm(hidden, layer.post_norm, eps), layer, paths)
-        return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+        return self._pre_norm_hidden(input_ids, positions, kv_caches, attention, logits_indices, paths,
+                                     lambda i, layer, x: None if layer.mamba is None
+                                     else self._mamba(i, layer.mamba, x, paths, states))
 
     def _mamba(self, i: int, net: Mamba1Weights, x: torch.Tensor, paths: RowPaths | None,
                states: RecurrentStates | None) -> torch.Tensor:

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from kernels.gated_delta import causal_conv1d
 from kernels.kimi_delta import kimi_delta_rule
 from kernels.linear import LinearWeight, RowPaths, linear
-from kernels.norm import rms_norm
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import ModelConfig
 from services.engine.model.mla_decoder import LatentAttentionDecoderModel, LatentLayerWeights
+from services.engine.model.pre_norm_hybrid import PreNormHybrid
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
@@ -51,7 +51,7 @@ class KimiLinearLayerWeights(LatentLayerWeights):
     kda: KimiDeltaWeights | None = None  # a KDA layer's (its latent projections are unused then)
 
 
-class KimiLinearDecoderModel(LatentAttentionDecoderModel):
+class KimiLinearDecoderModel(PreNormHybrid, LatentAttentionDecoderModel):
     """A :class:`LatentAttentionDecoderModel` over a Kimi Linear checkpoint; same constructor."""
 
     FUSED_OPS = False
@@ -105,17 +105,9 @@ class KimiLinearDecoderModel(LatentAttentionDecoderModel):
                      states: RecurrentStates | None = None) -> torch.Tensor:
         """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches``: the attention layers' only), computed as
         the module says; ``states`` planned for this step."""
-        eps = self.config.rms_norm_eps
-        hidden = F.embedding(input_ids, self.embed)
-        rope = self.ops.rope.prepare(positions)  # unused: every attention layer is unrotated
-        for i, layer in enumerate(self.layers):
-            x = rms_norm(hidden, layer.input_norm, eps)
-            if layer.kda is not None:
-                hidden = hidden + self._kda(i, layer.kda, x, paths, states)
-            else:
-                hidden = hidden + self._attention(i, layer, x, kv_caches[self._kv_index[i]], attention, rope, paths)
-            hidden = hidden + self._mlp(rms_norm(hidden, layer.post_norm, eps), layer, paths)
-        return rms_norm(hidden.index_select(0, logits_indices), self.final_norm, eps)
+        return self._pre_norm_hidden(input_ids, positions, kv_caches, attention, logits_indices, paths,
+                                     lambda i, layer, x: None if layer.kda is None
+                                     else self._kda(i, layer.kda, x, paths, states))
 
     def _kda(self, i: int, net: KimiDeltaWeights, x: torch.Tensor, paths: RowPaths | None,
              states: RecurrentStates | None) -> torch.Tensor:
