@@ -60,6 +60,18 @@ class TorchRope:
         return self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
 
 
+class Float32Rope(TorchRope):
+    """:class:`TorchRope` rotating in float32 with float32 tables, each rotation rounded once to q's and k's dtype
+    (transformers' OLMo, OLMo 2 and ERNIE 4.5 keep their cos and sin in float32)."""
+
+    def __init__(self, rope: RotaryEmbedding):
+        super().__init__(rope, torch.float32)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = step
+        return self.rope.rotate(q.float(), cos, sin).to(q.dtype), self.rope.rotate(k.float(), cos, sin).to(k.dtype)
+
+
 def cos_sin_cache(rope: RotaryEmbedding) -> torch.Tensor:
     """FlashInfer's float32 ``[max_position, rotary_dim]`` table (cos half, then sin half) from ``rope``'s own
     float32 tables, so that its rope scaling (and attention factor) carries over; a partial rotary dim is the

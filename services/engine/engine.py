@@ -143,7 +143,7 @@ class LLMEngine(PrefillRole, DecodeRole):
         self.grammar_masks = GrammarMasker(self.structured, cfg.vocab_size)
         self.validator = RequestValidator(cfg.vocab_size, self.max_model_len, tokenizer,
                                           kv_capacity_tokens=num_blocks * config.block_size,
-                                          structured_check=self.check_structured)
+                                          structured_check=self.check_structured, head_rows=cfg.output_vocab_size)
         self._requests: dict[str, Request] = {}
         self.held: dict[str, Request] = {}  # prefill role: handed off, KV blocks kept until released
         self._in_flight: set[str] = set()

@@ -29,6 +29,8 @@ class RequestValidator:
     # compiles a constrained request's spec, raising InvalidRequestError (the engine's check_structured, or
     # StructuredCompiler(tokenizer, vocab_size).check); None: only the spec's shape is checked
     structured_check: Callable[[StructuredSpec], None] | None = None
+    # the ids the model's head scores, where fewer than the vocabulary (a pruned head: Apertus 1.5's); None: all
+    head_rows: int | None = None
 
     def encode_prompt(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                       messages: Sequence[ChatMessage] | None = None,
@@ -113,6 +115,10 @@ class RequestValidator:
         only; whether the whole generation fits is the decode node's question (its ``Reserve``). Returns the
         request's bad-word sequences (:meth:`bad_word_ids`, derived while checking them) for its ``Request``."""
         sampling.validate(self.vocab_size)
+        if self.head_rows is not None and sampling.allowed_token_ids and \
+                min(sampling.allowed_token_ids) >= self.head_rows:
+            raise InvalidRequestError("allowed_token_ids", f"none of them can be sampled: the model's head scores "
+                                                           f"the ids [0, {self.head_rows}) only")
         if sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
         bad_words = self.bad_word_ids(sampling)

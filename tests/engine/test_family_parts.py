@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from services.engine.errors import ModelLoadError
-from services.engine.model.config import Multipliers
 from services.engine.model.registry import config_from_hf
 from tests.engine.test_model_families import _prompts
 from tests.engine.tiny_gguf import assert_each_part_matters, exactness_probe
@@ -35,12 +34,11 @@ def test_a_x_k1s_norm_on_the_sparse_blocks_output_makes_its_logits_transformers(
 def test_minicpm3s_scalars_make_its_logits_transformers(family_dir):
     weights, expected, logits = exactness_probe(family_dir("minicpm3"), PROMPT)
     scalars = weights.config.multipliers
-    assert (scalars.embedding, scalars.logits_divisor) == (12.0, 64 / 16)
+    assert (scalars.embedding, scalars.head_input_divisor) == (12.0, 64 / 16)
     assert scalars.residual == pytest.approx(1.4 / 3 ** 0.5)
     assert_each_part_matters(logits, expected, {
         name: {"config": dataclasses.replace(weights.config, multipliers=dataclasses.replace(scalars, **{name: 1.0}))}
-        for name in ("embedding", "residual", "logits_divisor")})
-    assert weights.config.multipliers != Multipliers(attention=scalars.attention)
+        for name in ("embedding", "residual", "head_input_divisor")})
 
 
 def test_nanochats_rope_is_the_usual_one_over_swapped_halves():
@@ -99,7 +97,23 @@ def test_a_pruned_heads_logits_past_it_are_minus_infinity(family_dir):
     weights, _, logits = exactness_probe(family_dir("apertus-1p5"), PROMPT[:8])
     got = logits()
     assert got.shape[-1] == weights.config.vocab_size and weights.tensors["lm_head.weight"].shape[0] == 900
-    assert torch.isinf(got[..., 900:]).all() and torch.isfinite(got[..., :900]).all()
+    assert (got[..., 900:] == float("-inf")).all() and torch.isfinite(got[..., :900]).all()
+
+
+def test_allowed_token_ids_none_of_which_a_pruned_head_scores_are_refused_by_name(family_dir):
+    from services.engine.config import EngineConfig
+    from services.engine.engine import LLMEngine
+    from services.engine.errors import InvalidRequestError
+    from services.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine.from_config(EngineConfig(model_path=str(family_dir("apertus-1p5")), dtype="float32",
+                                                num_kv_blocks=32))
+    with pytest.raises(InvalidRequestError, match=r"allowed_token_ids: none of them can be sampled.*\[0, 900\)"):
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2, allowed_token_ids=(950, 951)))
+    done = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.8, allowed_token_ids=(950, 12)))
+    assert done[0].token_ids == [12, 12, 12]  # the one it scores
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
 
 def test_olmos_clamp_makes_its_logits_transformers(family_dir):
@@ -145,3 +159,31 @@ def test_olmo_hybrids_doubled_write_strength_makes_its_logits_transformers(famil
                               "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
                               "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}})
     assert rotated.nope_layers == () and rotated.rope_theta == 50000.0 and rotated.kv_layers == (3,)
+
+
+def test_float32_rope_is_transformers_bit_for_bit_in_bf16():
+    """OLMo's, OLMo 2's, FlexOlmo's, OLMo Hybrid's and ERNIE 4.5's transformers rotate bf16 q and k with float32 cos
+    and sin, rounding once (``rope_in_float32``: :class:`~kernels.fused_ops.Float32Rope`); the model dtype's tables
+    round differently."""
+    from transformers.models.olmo2.modeling_olmo2 import apply_rotary_pos_emb
+
+    from kernels.fused_ops import Float32Rope, TorchRope
+    from kernels.rope import RotaryEmbedding
+
+    torch.manual_seed(0)
+    q, k = torch.randn(40, 4, 32).bfloat16(), torch.randn(40, 2, 32).bfloat16()
+    positions = torch.arange(1000, 1040)
+    rope = RotaryEmbedding(32, 2048, 500000.0)
+    cos, sin = rope.frequency_tables()
+    angles = torch.cat([cos[positions], cos[positions]], -1), torch.cat([sin[positions], sin[positions]], -1)
+    theirs = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], angles[0][None], angles[1][None])
+    ours = Float32Rope(rope)(q, k, Float32Rope(rope).prepare(positions))
+    assert all(torch.equal(a, b[0].transpose(0, 1)) for a, b in zip(ours, theirs, strict=True))
+    plain = TorchRope(rope, torch.bfloat16)
+    assert not torch.equal(plain(q, k, plain.prepare(positions))[0], ours[0])
+    shape = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "max_position_embeddings": 4096}
+    for model_type in ("olmo", "olmo2", "flex_olmo", "ernie4_5", "olmo_hybrid"):
+        extra = {"layer_types": ["linear_attention", "full_attention"]} if model_type == "olmo_hybrid" else {}
+        assert config_from_hf(shape | {"model_type": model_type} | extra).rope_in_float32, model_type
+    assert not config_from_hf(shape | {"model_type": "olmo3"}).rope_in_float32  # Gemma 3's rotary: model dtype

@@ -87,6 +87,6 @@ def test_the_deterministic_mode_is_refused_by_name(family_dir):
     from services.engine.config import EngineConfig
     from services.engine.engine import LLMEngine
 
-    with pytest.raises(ModelLoadError, match="deterministic mode does not serve latent attention"):
+    with pytest.raises(ModelLoadError, match="kimi_linear is not served in the deterministic mode"):
         LLMEngine.from_config(EngineConfig(model_path=str(family_dir("kimi_linear")), dtype="float32",
                                            num_kv_blocks=16, deterministic=True))

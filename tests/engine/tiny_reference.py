@@ -91,10 +91,12 @@ def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
     attention is causal: a position's logits are those of the forward that ends there; the head runs on those
     positions alone, ``logits_to_keep``). Steps are taken while the proposal is the argmax; at the first that is not,
     the argmax is taken and the rest proposed again from there (a proposal that fails every time costs one forward a
-    step, as the plain loop does)."""
+    step, as the plain loop does). A rope whose tables depend on the forward's length (dynamic NTK, longrope) past
+    its original context takes the plain loop: there a longer forward rotates the same positions otherwise."""
     ids, tokens, margins = list(prompt), [], []
+    plain = _length_dependent_rope(model, len(prompt) + new_tokens)
     while len(tokens) < new_tokens:
-        proposal = _proposal(model, ids, new_tokens - len(tokens))
+        proposal = [] if plain else _proposal(model, ids, new_tokens - len(tokens))
         steps = len(proposal) + 1 if len(proposal) < new_tokens - len(tokens) else len(proposal)
         logits = model(input_ids=torch.tensor([ids + proposal[:steps - 1]]), logits_to_keep=steps).logits[0].float()
         for step, row in enumerate(logits):
@@ -105,6 +107,21 @@ def greedy_full_forward(model, prompt: list[int], new_tokens: int) -> Reference:
             if step >= len(proposal) or tokens[-1] != proposal[step]:
                 break
     return Reference(tokens, margins)
+
+
+def _length_dependent_rope(model, length: int) -> bool:
+    """Whether ``model``'s rope tables for a forward of ``length`` tokens depend on that length (transformers'
+    dynamic NTK and longrope past the original context)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kinds = [p for p in params.values() if isinstance(p, dict)] or [params]  # one per layer kind, or one
+    for rope in kinds:
+        if (rope or {}).get("rope_type", rope.get("type") if rope else None) in ("dynamic", "longrope"):
+            original = rope.get("original_max_position_embeddings") or getattr(
+                config, "original_max_position_embeddings", None) or config.max_position_embeddings
+            if length > int(original):
+                return True
+    return False
 
 
 def _proposal(model, ids: list[int], steps: int) -> list[int]:

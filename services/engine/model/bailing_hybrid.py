@@ -42,6 +42,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     kda = LinearAttention(layers=tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention"),
                           key_heads=heads, value_heads=heads, key_head_dim=width, value_head_dim=width,
                           conv_kernel=int(full["short_conv_kernel_size"]), channel_decay=True, full_rank_gates=True,
+                          float32_mixer=True,
                           decay_bound=float(full["kda_lower_bound"]) if full.get("kda_safe_gate") else None)
     config = latent_config(full, ARCHITECTURE, moe, interleaved=True)
     return dataclasses.replace(config, linear_attention=kda, attention_head_gate=True)

@@ -36,16 +36,18 @@ class GemmaConfig:
 class Multipliers:
     """IBM Granite's four scalars: embeddings times ``embedding``, attention scores scaled by ``attention``
     (instead of ``head_dim ** -0.5``), each block's output times ``residual`` before it joins the residual
-    stream, and the logits divided by ``logits_divisor``; Cohere's logits times ``logits_scale``."""
+    stream, and the logits divided by ``logits_divisor``; Cohere's logits times ``logits_scale``; MiniCPM3's final
+    hidden state divided by ``head_input_divisor`` before the head."""
 
     embedding: float = 1.0
     attention: float | None = None  # None: head_dim ** -0.5
     residual: float = 1.0
     logits_divisor: float = 1.0
     logits_scale: float = 1.0
+    head_input_divisor: float = 1.0  # MiniCPM3's: the final hidden state divided before the head (model dtype)
 
     def __post_init__(self) -> None:
-        if not self.logits_divisor:
+        if not self.logits_divisor or not self.head_input_divisor:
             raise ModelLoadError("the logits divisor (logits_scaling) must not be 0")
 
 
@@ -100,7 +102,9 @@ class ModelConfig:
     # (Arcee's AFMoE; ``[q_size, hidden]``)
     attention_head_gate: bool = False
     attention_value_gate: bool = False
-    rope_in_float32: bool = False  # q and k rotate in float32 with float32 tables, rounded once after (LFM3's)
+    # q and k rotate in float32 with float32 tables, rounded once after (LFM3's, OLMo's, OLMo 2's, ERNIE 4.5's; where
+    # the rope is torch's: FlashInfer's fused kernel computes in float32 itself)
+    rope_in_float32: bool = False
     # the dense MLP: SwiGLU (gate and up), or ungated ``down(act(up(x)))`` with a squared ReLU (Arcee's AFM and
     # Jais 2, "relu2"), xIELU with each layer's learned parameters (Apertus, "xielu"), the tanh GELU (StarCoder2,
     # "gelu_tanh") or the exact one (GPT-NeoX's, "gelu")
@@ -196,6 +200,9 @@ class ModelConfig:
                                                    or self.tie_word_embeddings):
             raise ModelLoadError(f"an LM head of {self.output_vocab_size} rows must be untied and have fewer rows than "
                                  f"the {self.vocab_size} of the embedding (tied: {self.tie_word_embeddings})")
+        if self.output_vocab_size is not None and (self.gemma is not None or self.gemma4 is not None):
+            raise ModelLoadError("a pruned LM head is not served with Gemma's logit softcap (its decoders cap the "
+                                 "logits after the head)")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"{self.num_heads} heads do not divide into {self.num_kv_heads} KV heads")
         if self.head_dim % 2:

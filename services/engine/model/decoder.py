@@ -19,7 +19,7 @@ import structlog
 import torch
 import torch.nn.functional as F
 
-from kernels.fused_ops import TorchRope
+from kernels.fused_ops import Float32Rope, TorchRope
 from kernels.int4_linear import GroupQuantized, int4_supported
 from kernels.linear import INT4_ALL_ROWS, INVARIANT_ROW_BLOCK, LinearWeight, RowPaths, linear, prepare_linear
 from kernels.norm import rms_norm
@@ -145,6 +145,8 @@ class DecoderModel(ExpertLoading):
         self.ops = choose_fused_ops(cfg, self.rope, dtype, self.device, enabled=fused_ops and self.FUSED_OPS,
                                     deterministic=deterministic,
                                     flashinfer_module=flashinfer_module)
+        if cfg.rope_in_float32 and type(self.ops.rope) is TorchRope and dtype != torch.float32:
+            self.ops = dataclasses.replace(self.ops, rope=Float32Rope(self.rope))  # (FlashInfer's computes so)
         if cfg.local_rope_layers and not self.OWN_LOCAL_ROPE:
             local = local_rope(cfg, self.device, dtype)
             if local is None:
@@ -256,8 +258,10 @@ class DecoderModel(ExpertLoading):
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The float32 logits ``[n, vocab]`` of final hidden rows ``[n, hidden]`` (:meth:`final_hidden`); a
         caller with many rows (a prompt's logprobs) takes them a slice at a time, bounding the ``[n, vocab]``."""
-        logits = linear(rows, self.lm_head).float()
         scalars = self.config.multipliers
+        if scalars is not None and scalars.head_input_divisor != 1.0:  # MiniCPM3's
+            rows = rows / scalars.head_input_divisor
+        logits = linear(rows, self.lm_head).float()
         if scalars is not None and scalars.logits_scale != 1.0:  # Cohere's
             logits = logits * scalars.logits_scale
         if scalars is not None and scalars.logits_divisor != 1.0:
@@ -391,8 +395,9 @@ def local_rope(config: ModelConfig, device: torch.device, dtype: torch.dtype) ->
     MiMo-V2-Flash's sliding layers; over the full layers' ``rotary_dim``), in the model dtype; None without one."""
     if config.local_rope_theta is None:
         return None
-    return TorchRope(RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, device,
-                                     rotary_dim=config.rotary_dim), dtype)
+    rope = RotaryEmbedding(config.head_dim, config.rope_length, config.local_rope_theta, device,
+                           rotary_dim=config.rotary_dim)
+    return Float32Rope(rope) if config.rope_in_float32 and dtype != torch.float32 else TorchRope(rope, dtype)
 
 
 def query_temperature(config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

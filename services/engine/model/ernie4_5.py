@@ -1,7 +1,7 @@
 """Baidu's ERNIE 4.5 (``ernie4_5``: ERNIE-4.5-0.3B; ``ernie4_5_moe``: ERNIE-4.5-21B-A3B and 300B-A47B, the
 ``-PT`` checkpoints transformers reads): Llama's decoder with rope on pairs of adjacent dims
-(``ModelConfig.rope_interleaved``, as GLM-4's, over the whole head; transformers rotates in float32, so bf16 runs
-round once less there than here).
+(``ModelConfig.rope_interleaved``, as GLM-4's, over the whole head; in float32, rounded once, as transformers
+rotates: ``rope_in_float32``).
 
 The MoE adds, on the layers ``moe_layer_interval``, ``moe_layer_start_index`` and ``moe_layer_end_index`` pick:
 experts routed by the softmax of float32 router logits, chosen by softmax plus a per-expert correction bias
@@ -42,7 +42,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     fields = base_fields(cfg, ARCHITECTURE)
     moe = _experts(cfg, fields["num_layers"]) if cfg.get("model_type") == "ernie4_5_moe" else None
-    return ModelConfig(**fields, rope_interleaved=True, moe=moe)
+    return ModelConfig(**fields, rope_interleaved=True, moe=moe, rope_in_float32=True)
 
 
 def _experts(cfg: Mapping[str, Any], layers: int) -> MoEConfig:
@@ -67,7 +67,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     base = gguf_base_fields(fields, arch)
     base = {**base, "architecture": ARCHITECTURE, "eos_token_ids": gguf_turn_end_ids(base, fields)}
     if arch == "ernie4_5":
-        return ModelConfig(**base, rope_interleaved=True)
+        return ModelConfig(**base, rope_interleaved=True, rope_in_float32=True)
     layers, start = base["num_layers"], int(f.get("leading_dense_block_count") or 0)
     interval = int(f.get("interleave_moe_layer_step") or 1)
     width = int(f.key("expert_feed_forward_length"))
@@ -80,7 +80,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
         if shared else None,
         shared_expert_gated=False,
     )
-    return ModelConfig(**base, rope_interleaved=True, moe=moe)
+    return ModelConfig(**base, rope_interleaved=True, moe=moe, rope_in_float32=True)
 
 
 def ernie4_5_tensor_name(name: str) -> str | None:

@@ -21,5 +21,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     full = with_defaults(ARCHITECTURE, FlexOlmoConfig, cfg)
     fields = base_fields(full, ARCHITECTURE)
     bias = bool(full.get("attention_bias"))
-    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias,
+    return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, rope_in_float32=True,
                        moe=olmoe_experts(full, fields["intermediate_size"], fields["num_layers"]))

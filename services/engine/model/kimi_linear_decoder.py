@@ -1,7 +1,8 @@
-"""The decoder of Kimi Linear (:mod:`services.engine.model.kimi_linear`): Kimi Delta Attention layers (a recurrent
-state per sequence, no KV) between latent-attention layers that attend unrotated
-(:mod:`services.engine.model.mla_decoder`'s), each followed by a dense MLP or experts. Per layer: ``h +=
-mix(norm(h))``, then ``h += mlp(norm(h))`` (plain RMSNorms).
+"""The decoder of Kimi Linear (:mod:`services.engine.model.kimi_linear`) and Ling 3
+(:mod:`services.engine.model.bailing_hybrid`): Kimi Delta Attention layers (a recurrent state per sequence, no KV)
+between latent-attention layers (:mod:`services.engine.model.mla_decoder`'s: Kimi's unrotated, Ling's rotated with a
+gate per head), each followed by a dense MLP or experts. Per layer: ``h += mix(norm(h))``, then ``h += mlp(norm(h))``
+(plain RMSNorms).
 
 A KDA layer projects q, k and v apart (one product here, with the gates' first low-rank halves and ``b``: all read
 the layer's normed input), runs them through a causal depthwise convolution (one kernel per q/k/v channel) and SiLU;
@@ -37,7 +38,7 @@ class KimiDeltaWeights:
     # [3 * width + 2 * rank + heads, hidden]: q, k, v, the forget gate's, the output gate's (rank head_dim: Kimi's
     # f_a and g_a; rank width: Ling 3's f_proj and g_proj, whole), b rows
     in_proj: LinearWeight
-    conv: torch.Tensor  # [3 * width, conv_kernel]
+    conv: torch.Tensor  # [3 * width, conv_kernel] (float32 with LinearAttention.float32_mixer)
     f_b: LinearWeight | None  # [width, head_dim]; None: the gates are whole
     dt_bias: torch.Tensor  # [width] float32
     a_rate: torch.Tensor  # [heads, 1] float32: exp(A_log)
@@ -61,6 +62,9 @@ class KimiLinearDecoderModel(PreNormHybrid, LatentAttentionDecoderModel):
         spec = config.linear_attention
         if spec is None or not spec.channel_decay:
             raise ModelLoadError(f"{config.architecture}: the Kimi Linear decoder needs Kimi Delta Attention layers")
+        if kwargs.get("deterministic"):
+            raise ModelLoadError(f"{config.architecture} is not served in the deterministic mode (its Kimi Delta "
+                                 "Attention layers have no batch-invariant kernel here)")
         super().__init__(config, tensors, dtype, *args, **kwargs)
 
     def _layer(self, i: int) -> KimiLinearLayerWeights:
@@ -79,11 +83,11 @@ class KimiLinearDecoderModel(PreNormHybrid, LatentAttentionDecoderModel):
         net = KimiDeltaWeights(
             in_proj=self._projection([*((a + f"{x}_proj.weight", (width, hidden)) for x in "qkv"), *gates,
                                       (a + "b_proj.weight", (heads, hidden))]),
-            conv=self._conv(a, 3 * width, spec.conv_kernel),
+            conv=self._conv(a, 3 * width, spec.conv_kernel, torch.float32 if spec.float32_mixer else None),
             f_b=None if whole else self._projection([(a + "f_b_proj.weight", (width, dk))]),
             dt_bias=take(a + "dt_bias", (width,), torch.float32),
             a_rate=take(a + "A_log", tuple(a_log.shape) if a_log is not None and a_log.numel() == heads
-                        else (heads,), torch.float32).view(heads, 1).exp(),
+                        else (heads,), torch.float32 if spec.float32_mixer else None).float().view(heads, 1).exp(),
             g_b=None if whole else self._projection([(a + "g_b_proj.weight", (width, dk))]),
             norm=take(a + "o_norm.weight", (dk,), torch.float32),
             out_proj=self._projection([(a + "o_proj.weight", (hidden, width))]),
@@ -93,11 +97,12 @@ class KimiLinearDecoderModel(PreNormHybrid, LatentAttentionDecoderModel):
                                        gate_up=None, down=None, kda=net)
         return self._with_mlp(layer, i)  # type: ignore[return-value]
 
-    def _conv(self, a: str, channels: int, kernel: int) -> torch.Tensor:
-        """The q, k and v rows' convolution ``[channels, kernel]``: one stored tensor, or the released three."""
+    def _conv(self, a: str, channels: int, kernel: int, dtype: torch.dtype | None) -> torch.Tensor:
+        """The q, k and v rows' convolution ``[channels, kernel]`` (in ``dtype``; None: the model's): one stored
+        tensor, or the released three."""
         if self._source.has(a + "conv1d.weight"):
-            return self._source.take(a + "conv1d.weight", (channels, 1, kernel))[:, 0]
-        parts = [self._source.take(a + f"{x}_conv1d.weight", (channels // 3, 1, kernel))[:, 0] for x in "qkv"]
+            return self._source.take(a + "conv1d.weight", (channels, 1, kernel), dtype)[:, 0]
+        parts = [self._source.take(a + f"{x}_conv1d.weight", (channels // 3, 1, kernel), dtype)[:, 0] for x in "qkv"]
         return torch.cat(parts)
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -117,15 +122,15 @@ class KimiLinearDecoderModel(PreNormHybrid, LatentAttentionDecoderModel):
         heads, dk = spec.key_heads, spec.key_head_dim
         rank = heads * dk if net.f_b is None else dk
         mixed, forget, gate, b = linear(x, net.in_proj, paths).split([3 * heads * dk, rank, rank, heads], dim=-1)
-        mixed = causal_conv1d(mixed.contiguous(), net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
-                              saves=plan.saves)
+        mixed = causal_conv1d(mixed.float() if spec.float32_mixer else mixed.contiguous(), net.conv, states.conv[n],
+                              plan.slots, plan.query_lens, plan.fresh, saves=plan.saves).to(x.dtype)
         q, k, v = (t.reshape(tokens, heads, dk) for t in mixed.chunk(3, dim=-1))
         if net.f_b is not None:
             forget, gate = linear(forget, net.f_b, paths), linear(gate, net.g_b, paths)  # type: ignore[arg-type]
         forget = (forget.float() + net.dt_bias).view(tokens, heads, dk)
         decay = -net.a_rate * F.softplus(forget) if spec.decay_bound is None else \
             spec.decay_bound * torch.sigmoid(net.a_rate * forget)
-        if spec.full_rank_gates:  # Ling 3's gate returns the decay in the model dtype; Kimi's keeps it float32
+        if spec.float32_mixer:  # Ling 3's gate returns the decay in the model dtype; Kimi's keeps it float32
             decay = decay.to(x.dtype)
         out = kimi_delta_rule(q, k, v, decay, b.sigmoid(), states.ssm[n], plan.slots, plan.query_lens, plan.fresh,
                               plan.saves)

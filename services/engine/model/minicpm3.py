@@ -29,5 +29,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     scalars = dataclasses.replace(
         config.multipliers, embedding=float(full["scale_emb"]),
         residual=float(full["scale_depth"]) / math.sqrt(layers),
-        logits_divisor=int(full["hidden_size"]) / int(full["dim_model_base"]))
+        head_input_divisor=int(full["hidden_size"]) / int(full["dim_model_base"]))
     return dataclasses.replace(config, multipliers=scalars)

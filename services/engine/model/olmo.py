@@ -24,4 +24,5 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(full.get("attention_bias"))
     clip = full.get("clip_qkv")
     return ModelConfig(**{**base_fields(full, ARCHITECTURE), "rms_norm_eps": LAYER_NORM_EPS}, qkv_bias=bias,
-                       o_bias=bias, layer_norm=True, clip_qkv=None if clip is None else float(clip))
+                       o_bias=bias, layer_norm=True, clip_qkv=None if clip is None else float(clip),
+                       rope_in_float32=True)

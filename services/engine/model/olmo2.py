@@ -32,7 +32,7 @@ _GGUF_SLIDING_PERIOD = 4  # llama.cpp's pattern where a file with a window names
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     cfg = {"rms_norm_eps": 1e-5, **cfg}  # Olmo2Config's default
     bias = bool(cfg.get("attention_bias", False))
-    return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias)
+    return ModelConfig(**base_fields(cfg, ARCHITECTURE), qkv_bias=bias, o_bias=bias, rope_in_float32=True)
 
 
 def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
@@ -42,7 +42,7 @@ def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
     base["eos_token_ids"] = gguf_turn_end_ids(base, fields)
     window = int(f.get("attention.sliding_window") or 0)
     if not window:
-        return ModelConfig(**base)
+        return ModelConfig(**base, rope_in_float32=True)
     windows = gguf_sliding_layers(f, base["num_layers"], window, _GGUF_SLIDING_PERIOD)
     return ModelConfig(**{**base, "architecture": OLMO3}, layer_windows=windows,
                        local_rope_layers=windowed_layers(windows),

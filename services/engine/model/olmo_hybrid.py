@@ -39,4 +39,4 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     attention = tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
     bias = bool(full.get("attention_bias"))
     return ModelConfig(**fields, qkv_bias=bias, o_bias=bias, linear_attention=delta_net,
-                       nope_layers=attention if unrotated else ())
+                       nope_layers=attention if unrotated else (), rope_in_float32=True)

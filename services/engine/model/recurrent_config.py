@@ -33,6 +33,9 @@ class LinearAttention:
     # KDA's bounded forget gate (Ling 3's ``kda_lower_bound``): the log decay ``bound · sigmoid(exp(A_log) · x)``,
     # not ``-exp(A_log) · softplus(x)``
     decay_bound: float | None = None
+    # KDA's convolution and ``A_log`` kept in float32 and its decay rounded to the model dtype (Ling 3's, as
+    # transformers keeps them); else both in the model dtype and the decay float32 (Kimi's)
+    float32_mixer: bool = False
     # Gated DeltaNet's write strength doubled, ``2 · sigmoid(b)`` (OLMo Hybrid's ``linear_allow_neg_eigval``: the
     # transition's eigenvalues reach -1)
     negative_eigenvalues: bool = False
