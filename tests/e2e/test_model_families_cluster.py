@@ -58,7 +58,7 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # text model is DeepSeek-V3's; Solar Open's layer is GLM-4.5's without its q/k norms; Hy3's, Qwen3's attention with
 # GLM-4.5's routing; Kimi Linear's Kimi Delta Attention state, a matrix per head decayed per key dim, crosses P→D with
 # its checkpoint hits, and Ling 3's KDA layers differ only in their gates' projections; the 2026 one-part families
-# (A.X-K1, MiniCPM3, nanochat, GLM-4-9B, Ministral, Gemma 4 12B, Apertus 1.5, OLMo, Flint, North, and OLMo
+# (A.X-K1, MiniCPM3, nanochat, GLM-4-9B, Ministral, Gemma 4 12B, Apertus 1.5, OLMo, Flint, North, DBRX, and OLMo
 # Hybrid, Qwen3.5's DeltaNet state beside OLMo 3's attention) differ in parts the engine's tests show on their own,
 # their KV and state ones the cluster already moves).
 # The gateway's torch-free reading of every family's config is held to the engine's by the family test.
@@ -80,7 +80,8 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "gpt_neox", "gpt_neox-sequential", "ministral", "glm",
                                            "minicpm3", "axk1", "gemma4-unified", "nanochat",
                                            "bailing_hybrid", "apertus-1p5", "olmo", "flint",
-                                           "cohere_compass", "cohere_compass-text", "olmo_hybrid"})
+                                           "cohere_compass", "cohere_compass-text", "olmo_hybrid",
+                                           "dbrx"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

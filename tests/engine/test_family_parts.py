@@ -2,8 +2,8 @@
 muP's scalars; nanochat: Llama's layer with weightless norms and its rope turned the other way; Apertus 1.5: Apertus
 with a pruned head; OLMo: weightless LayerNorms and clamped q/k/v; Flint: Qwen3-MoE with sinks and unrotated full
 layers; Cohere's North: Cohere 2's layer with a rope per layer kind; OLMo Hybrid: Gated DeltaNet beside OLMo 3's
-attention): each part is what makes the float32 logits of a prompt transformers' (taken away, they move), and their
-configs read as transformers completes them."""
+attention; DBRX: bias-free LayerNorms, clamped fused q/k/v, stacked experts): each part is what makes the float32 logits
+of a prompt transformers' (taken away, they move), and their configs read as transformers completes them."""
 
 from __future__ import annotations
 
@@ -187,3 +187,14 @@ def test_float32_rope_is_transformers_bit_for_bit_in_bf16():
         extra = {"layer_types": ["linear_attention", "full_attention"]} if model_type == "olmo_hybrid" else {}
         assert config_from_hf(shape | {"model_type": model_type} | extra).rope_in_float32, model_type
     assert not config_from_hf(shape | {"model_type": "olmo3"}).rope_in_float32  # Gemma 3's rotary: model dtype
+
+
+def test_dbrxs_clamp_makes_its_logits_transformers(family_dir):
+    weights, expected, logits = exactness_probe(family_dir("dbrx"), PROMPT)
+    config = weights.config
+    assert config.clip_qkv == 2.0 and config.layer_norm and config.moe.top_k == 2 and config.moe.norm_topk_prob
+    assert weights.tensors["transformer.blocks.0.ffn.experts.mlp.w2"].shape == (4 * 48, 64)  # stacked, as released
+    assert_each_part_matters(logits, expected, {"clamp": {"config": dataclasses.replace(config, clip_qkv=None)}})
+    with pytest.raises(ModelLoadError, match=r"moe_normalize_expert_weights 2\.0 is not supported"):
+        config_from_hf({"model_type": "dbrx", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 1000,
+                        "ffn_config": {"moe_normalize_expert_weights": 2.0}})

@@ -51,7 +51,7 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
                 "kolibri1", "hunyuan-a13b", "nemotron", "phi",
                 "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint", "olmo_hybrid"}
+                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint", "olmo_hybrid", "dbrx"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e", "gemma4-unified"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus", "apertus-1p5"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -290,6 +290,11 @@ FAMILIES: dict[str, dict] = {
                   num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=64,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
                   pad_token_id=0),
+    # DBRX: fused q/k/v clamped at 2, bias-free LayerNorms (drawn at random), 4 experts on every layer, top-2 of the
+    # softmax renormalised, stored stacked (w1, v1, w2) as released
+    "dbrx": dict(model_type="dbrx", d_model=64, n_heads=4, n_layers=3, max_seq_len=4096, tie_word_embeddings=False,
+                 attn_config={"kv_n_heads": 2, "clip_qkv": 2.0, "rope_theta": 10000.0},
+                 ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2}, pad_token_id=0),
     "olmo2": dict(model_type="olmo2", rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0),
     # OLMo 3: OLMo 2's layer with sliding (24 here) and full layers (sliding, full, sliding), yarn on the full layers
     # only (the long-context releases'), plain rope of the same base on the sliding ones

@@ -110,6 +110,8 @@ FAMILIES: tuple[Family, ...] = (
            tensor_names="services.engine.model.mixtral:mixtral_tensor_name"),
     Family("qwen2_moe", "services.engine.model.qwen2_moe", ("qwen2_moe",), "qwen2moe"),
     Family("qwen3_moe", "services.engine.model.qwen3_moe", ("qwen3_moe",), "qwen3moe"),
+    Family("dbrx", "services.engine.model.dbrx", ("dbrx",),
+           model="services.engine.model.dbrx_decoder:DbrxDecoderModel"),
     Family("flint", "services.engine.model.flint", ("flint",),
            tensor_names="services.engine.model.flint:flint_tensor_name"),
     Family("mellum", "services.engine.model.mellum", ("mellum",),
