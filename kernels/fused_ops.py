@@ -62,7 +62,7 @@ class TorchRope:
 
 class Float32Rope(TorchRope):
     """:class:`TorchRope` rotating in float32 with float32 tables, each rotation rounded once to q's and k's dtype
-    (transformers' OLMo, OLMo 2 and ERNIE 4.5 keep their cos and sin in float32)."""
+    (transformers' Llama 4, LFM3, OLMo, OLMo 2 and ERNIE 4.5 keep their cos and sin in float32)."""
 
     def __init__(self, rope: RotaryEmbedding):
         super().__init__(rope, torch.float32)

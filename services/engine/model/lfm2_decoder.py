@@ -86,12 +86,9 @@ class Lfm2DecoderModel(DecoderModel):
         the module says; ``states`` planned for this step."""
         eps = self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)
-        if self.config.rope_in_float32:  # LFM3's: float32 tables, each rotation rounded once
-            local = None if self.local_rope is None else self.local_rope.rope.tables(positions, torch.float32)
-            rope = _StepRopes(self.rope.tables(positions, torch.float32), local)
-        else:
-            rope = _StepRopes(self.ops.rope.prepare(positions),
-                              None if self.local_rope is None else self.local_rope.prepare(positions))
+        # LFM3's rope_in_float32: both ropes are Float32Rope (the shared decoder's and local_rope's choice)
+        rope = _StepRopes(self.ops.rope.prepare(positions),
+                          None if self.local_rope is None else self.local_rope.prepare(positions))
         for i, layer in enumerate(self.layers):
             x = rms_norm(hidden, layer.input_norm, eps)
             if layer.conv is not None:
@@ -107,13 +104,7 @@ class Lfm2DecoderModel(DecoderModel):
         """LFM3's sliding layers rotate with their plain rope (``local_rope_layers``), the others with the main one
         (LFM3's full layers': proportional)."""
         assert isinstance(rope, _StepRopes)
-        local = i in self.config.local_rope_layers
-        if self.config.rope_in_float32:
-            embedding = self.local_rope.rope if local and self.local_rope is not None else self.rope
-            cos, sin = rope.local if local else rope.main
-            return (embedding.rotate(q.float(), cos, sin).to(q.dtype),
-                    embedding.rotate(k.float(), cos, sin).to(k.dtype))
-        if local:
+        if i in self.config.local_rope_layers:
             assert self.local_rope is not None
             return self.local_rope(q, k, rope.local)
         return self.ops.rope(q, k, rope.main)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.fused_ops import TorchRope
+from kernels.fused_ops import Float32Rope, TorchRope
 from kernels.linear import RowPaths, linear
 from services.engine.model.decoder import DecoderModel, LayerWeights, attention_options
 
@@ -36,11 +36,10 @@ class Llama4DecoderModel(DecoderModel):
         assert config.llama4 is not None, "Llama4DecoderModel needs a Llama 4 config"
         kwargs["grouped_experts"] = False
         super().__init__(config, tensors, dtype, *args, **kwargs)
-        # transformers rotates in float32 and rounds once: torch's rope here takes float32 tables (FlashInfer's
-        # fused kernel computes in float32 itself)
-        self._float32_rope = isinstance(self.ops.rope, TorchRope) and dtype != torch.float32
-        if self._float32_rope:
-            self.ops = replace(self.ops, rope=TorchRope(self.rope, torch.float32))
+        # transformers rotates in float32 and rounds once: torch's rope here too (FlashInfer's fused kernel computes
+        # in float32 itself)
+        if type(self.ops.rope) is TorchRope and dtype != torch.float32:
+            self.ops = replace(self.ops, rope=Float32Rope(self.rope))
 
     def _query_scale(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         """The unrotated layers' float32 temperature ``[T, 1, 1]`` (None without one)."""
@@ -60,11 +59,7 @@ class Llama4DecoderModel(DecoderModel):
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         if i not in cfg.nope_layers:
-            if self._float32_rope:
-                rq, rk = self.ops.rope(q.float(), k.float(), rope)
-                q, k = rq.to(q.dtype), rk.to(k.dtype)
-            else:
-                q, k = self.ops.rope(q, k, rope)
+            q, k = self.ops.rope(q, k, rope)
             if spec.qk_l2_norm:
                 q, k = l2_norm(q, cfg.rms_norm_eps), l2_norm(k, cfg.rms_norm_eps)
         elif query_scale is not None:
