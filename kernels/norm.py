@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension, returned in ``x.dtype``.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension, returned in ``x.dtype`` (``weight`` None: a
+    weightless norm).
 
     torch's fused kernel accumulates in float32 for bf16/fp16 inputs too, in one pass (the reference
     implementation instead casts the normalised value back to the input dtype before applying the

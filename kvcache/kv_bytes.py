@@ -31,7 +31,7 @@ def write_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], payload: byte
     expected = bytes_per_block(kv_cache) * len(block_ids)
     if len(payload) != expected:
         raise ValueError(f"payload of {len(payload)} bytes for {len(block_ids)} blocks, expected {expected}")
-    if not block_ids:
+    if not expected:  # no blocks, or blocks of no bytes (a model without KV)
         return
     num_layers, _, *block_shape = kv_cache.shape
     data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(kv_cache.dtype)

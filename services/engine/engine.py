@@ -59,10 +59,16 @@ from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
 
+MAX_COUNTING_BLOCKS = 2**16
+"""The most blocks a model without KV counts its tokens in (a million tokens in blocks of 16): its pool costs no
+memory, but the block pool and the prefix index keep an entry per block."""
+
 
 def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) -> int:
     """The KV blocks ``kv_cache_gib`` holds, after a hybrid model's ``max_num_seqs`` recurrent-state slots and its
-    state checkpoints (a budget they fill is refused naming the settings)."""
+    state checkpoints (a budget they fill is refused naming the settings). A model without KV (``attention_free``)
+    gets blocks of no bytes that only count tokens: enough for ``max_num_seqs`` sequences of ``max_model_len`` (at most
+    :data:`MAX_COUNTING_BLOCKS`), its states taking the whole budget."""
     budget = int(config.kv_cache_gib * 2**30)
     if cfg.recurrent is not None:
         count = config.max_num_seqs + config.num_state_checkpoints
@@ -72,6 +78,9 @@ def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) 
                              f"{config.max_num_seqs} requests and {config.num_state_checkpoints} state_checkpoints "
                              f"({states / 2**30:.2f} GiB): raise the one or lower the others")
         budget -= states
+    if cfg.attention_free:
+        length = min(config.max_model_len or cfg.max_position, cfg.max_position)
+        return min(MAX_COUNTING_BLOCKS, config.max_num_seqs * -(-length // config.block_size))
     return max(1, budget // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size))
 
 

@@ -95,7 +95,8 @@ class KVOffload:
     def claim(self, request_id: str, num_blocks: int) -> bool:
         size = num_blocks * self.bytes_per_block
         store_down = self.remote is not None and not self.remote.available()
-        if (not self.remote_first or store_down) and self.host_bytes_used + size <= self.host_budget_bytes:
+        if (not self.remote_first or store_down) and self.host_budget_bytes > 0 \
+                and self.host_bytes_used + size <= self.host_budget_bytes:  # (0: off, even for blocks of no bytes)
             self.host_bytes_used += size
             self._copies[request_id] = _Copy(num_blocks, remote=False)
             return True

@@ -123,9 +123,9 @@ class ModelRunner:
             self.graph_steps += 1
             return sample_step(self.graphs.run(input_ids, positions, seq_lens, tables), samplers)
         device = self.model.device
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device,
-                                       prompt_lens if self.model.deterministic else None)
-        self.attention.plan(meta)
+        if self.kv_layers:  # (a model without KV never attends)
+            self.attention.plan(AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, device,
+                                                        prompt_lens if self.model.deterministic else None))
         hidden = self.model.final_hidden(
             torch.tensor(input_ids, dtype=torch.long, device=device),
             torch.tensor(positions, dtype=torch.long, device=device),

@@ -23,6 +23,7 @@ from services.common.kv_transfer_stats import KVTransferStats
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 IPC_BATCH_BLOCKS = 256
+_ID_BYTES = 8  # the most a block id costs in a batch message (a varint): batches of blocks with no bytes stay bounded
 """Blocks per IPC batch: each batch is one message, one device copy and one acknowledgement."""
 
 
@@ -111,7 +112,7 @@ class KVSender:
     async def send_blocks(self, first_index: int, count: int, payload: bytes, max_payload: int) -> None:
         """Blocks ``first_index ..`` of the prompt (their bytes back to back) to their granted ids."""
         per_block = len(payload) // count
-        per_message = max(1, max_payload // per_block)
+        per_message = max(1, max_payload // max(per_block, _ID_BYTES))  # (a model without KV: ids alone)
         view = memoryview(payload)
         for start in range(0, count, per_message):
             n = min(per_message, count - start)
@@ -236,7 +237,7 @@ class KVSender:
     async def _resend(self, sources: list[int], ids: list[int]) -> None:
         """``sources`` as bytes to ``ids``, in messages of at most the byte stream's payload size."""
         assert self.ipc is not None
-        per_message = max(1, self._max_payload // self.layout.bytes_per_block)
+        per_message = max(1, self._max_payload // max(self.layout.bytes_per_block, _ID_BYTES))
         with contextlib.suppress(UnavailableError):  # the stream failed: commit() raises it
             for start in range(0, len(sources), per_message):
                 chunk = slice(start, start + per_message)

@@ -88,7 +88,8 @@ class PrefillNode:
         self.live = LiveRequests()
         self.kv_sent = KVTransferStats()
         self.draining = False
-        on_gpu = engine.kv_pool.device.type == "cuda"
+        # a model without KV (a pure state-space one) has no pool bytes to share: its blocks go as empty batches
+        on_gpu = engine.kv_pool.device.type == "cuda" and engine.kv_pool.numel() > 0
         self.ipc_links = IpcLinks(self._export_pool, self._offer_ipc) if kv_ipc and on_gpu else None
 
     def start(self) -> None:

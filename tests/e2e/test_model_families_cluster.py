@@ -60,7 +60,8 @@ DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 # its checkpoint hits, and Ling 3's KDA layers differ only in their gates' projections; the 2026 one-part families
 # (A.X-K1, MiniCPM3, nanochat, GLM-4-9B, Ministral, Gemma 4 12B, Apertus 1.5, OLMo, Flint, North, DBRX, and OLMo
 # Hybrid, Qwen3.5's DeltaNet state beside OLMo 3's attention) differ in parts the engine's tests show on their own,
-# their KV and state ones the cluster already moves).
+# their KV and state ones the cluster already moves); Mamba-2's model has no KV at all (blocks of no bytes cross P→D
+# beside its state, with checkpoint hits), Mamba's and Falcon-Mamba's the same with Jamba's Mamba-1 state.
 # The gateway's torch-free reading of every family's config is held to the engine's by the family test.
 CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
                                            "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
@@ -81,7 +82,7 @@ CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "p
                                            "minicpm3", "axk1", "gemma4-unified", "nanochat",
                                            "bailing_hybrid", "apertus-1p5", "olmo", "flint",
                                            "cohere_compass", "cohere_compass-text", "olmo_hybrid",
-                                           "dbrx"})
+                                           "dbrx", "mamba", "mamba-falcon"})
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)
@@ -89,7 +90,7 @@ PRESSURED = {"llama3", "phi3", "gpt_oss", "gemma3", "qwen3_5", "granite_hybrid"}
 # a recurrent state per request, not in the KV blocks: hits need a checkpoint (LFM2's, a convolution's last inputs
 # alone, crosses P→D as the others' do; its preemption runs in the engine's family test); checkpoint hits served by
 # these (LFM2-MoE's state is LFM2's)
-HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3", "falcon_h1", "kimi_linear"}
+HYBRID = {"qwen3_5", "granite_hybrid", "lfm2-lfm3", "falcon_h1", "kimi_linear", "mamba2"}
 
 
 @pytest.fixture(scope="module", params=CLUSTER_FAMILIES)

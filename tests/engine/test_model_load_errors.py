@@ -89,18 +89,19 @@ def test_a_config_missing_a_field_names_it(checkpoint):
 def test_an_unknown_architecture_is_refused_listing_the_supported_ones(checkpoint):
     _edit_config(checkpoint, model_type="zamba2", architectures=["Zamba2ForCausalLM"])
     supported = ("llama, smollm3, llama4_text, llama4, granite, hyperclovax, granite_swa, granitemoe_swa, "
-                 "granitemoehybrid, bamba, jamba, falcon_h1, lfm2, lfm2_moe, lfm3, nemotron_h, granitemoe, "
-                 "granitemoeshared, internlm3, iquestcoder, helium, cwm, starcoder2, phi, gpt_neox, stablelm, "
-                 "nemotron, jais2, arcee, apertus, apertus1p5_text, apertus1p5, qwen2, qwen3, seed_oss, mistral, "
-                 "ministral, mistral3, ministral3, mixtral, phimoe, qwen2_moe, qwen3_moe, dbrx, flint, mellum, "
-                 "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, phi3, gpt_oss, glm, nanochat, glm4, olmo, olmo2, "
-                 "olmo_hybrid, olmo3, flex_olmo, olmoe, hunyuan_v1_dense, hunyuan_v1_moe, afmoe, mimo_v2_flash, "
-                 "dots1, hy_v3, exaone, exaone4, exaone4_5, exaone_moe, kolibri1, cohere, cohere2, "
-                 "cohere_compass_text, cohere_compass, cohere2_moe, ernie4_5, ernie4_5_moe, glm4_moe, solar_open, "
-                 "deepseek_v3, deepseek_v2, kimi_k2, kimi_k25, sarvam_mla, sarvam_moe, deepseek_v32, glm_moe_dsa, "
-                 "glm4_moe_lite, youtu, axk1, kimi_linear, bailing_hybrid, minicpm3, mistral4, minimax_m2, "
-                 "qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe, qwen3_next, gemma, gemma2, vaultgemma, "
-                 "gemma3_text, gemma3, gemma4_text, gemma4, gemma4_unified_text, gemma4_unified")
+                 "granitemoehybrid, bamba, jamba, falcon_h1, lfm2, lfm2_moe, lfm3, nemotron_h, mamba, "
+                 "falcon_mamba, mamba2, granitemoe, granitemoeshared, internlm3, iquestcoder, helium, cwm, "
+                 "starcoder2, phi, gpt_neox, stablelm, nemotron, jais2, arcee, apertus, apertus1p5_text, "
+                 "apertus1p5, qwen2, qwen3, seed_oss, mistral, ministral, mistral3, ministral3, mixtral, phimoe, "
+                 "qwen2_moe, qwen3_moe, dbrx, flint, mellum, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, phi3, "
+                 "gpt_oss, glm, nanochat, glm4, olmo, olmo2, olmo_hybrid, olmo3, flex_olmo, olmoe, "
+                 "hunyuan_v1_dense, hunyuan_v1_moe, afmoe, mimo_v2_flash, dots1, hy_v3, exaone, exaone4, "
+                 "exaone4_5, exaone_moe, kolibri1, cohere, cohere2, cohere_compass_text, cohere_compass, "
+                 "cohere2_moe, ernie4_5, ernie4_5_moe, glm4_moe, solar_open, deepseek_v3, deepseek_v2, kimi_k2, "
+                 "kimi_k25, sarvam_mla, sarvam_moe, deepseek_v32, glm_moe_dsa, glm4_moe_lite, youtu, axk1, "
+                 "kimi_linear, bailing_hybrid, minicpm3, mistral4, minimax_m2, qwen3_5_text, qwen3_5, "
+                 "qwen3_5_moe_text, qwen3_5_moe, qwen3_next, gemma, gemma2, vaultgemma, gemma3_text, gemma3, "
+                 "gemma4_text, gemma4, gemma4_unified_text, gemma4_unified")
     with pytest.raises(ModelLoadError, match=rf"'zamba2'.*{supported}"):
         _load(checkpoint)
 

@@ -48,7 +48,7 @@ def test_the_expert_blocks_are_nemotron_3_s(released):
 @pytest.mark.parametrize(("change", "message"), [
     ({"hybrid_override_pattern": "ME*-M", "n_shared_experts": 2}, "n_shared_experts 2"),
     ({"hybrid_override_pattern": "ME*-M", "block_configs": [{"moe_intermediate_size": 48}]}, "block_configs"),
-    ({"hybrid_override_pattern": "M-M-M"}, "no attention layer"),
+    ({"hybrid_override_pattern": "M-M-M"}, "no attention block"),
     ({"mlp_hidden_act": "silu"}, "activations"),
     ({"residual_in_fp32": True}, "residual_in_fp32"),
     ({"tie_word_embeddings": True}, "tie_word_embeddings"),

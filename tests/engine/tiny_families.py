@@ -52,7 +52,8 @@ RANDOM_NORMS = {"lfm2", "lfm2-moe", "lfm2-lfm3", "nemotron_h", "nemotron_h-moe",
                 "exaone_moe", "mellum", "phimoe", "cohere2_moe",
                 "kolibri1", "hunyuan-a13b", "nemotron", "phi",
                 "stablelm", "stablelm-parallel", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
-                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint", "olmo_hybrid", "dbrx"}
+                "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint", "olmo_hybrid", "dbrx",
+                "mamba", "mamba-falcon", "mamba2"}
 RANDOM_AROUND_ONE = {"gemma4", "gemma4-e", "gemma4-unified"}  # norms and scales that multiply as stored: drawn around 1
 RANDOM_ACTIVATIONS = {"apertus", "apertus-1p5"}  # the learned parameters of each layer's xIELU drawn at random
 # biases, sinks and routers' correction biases drawn at random (transformers starts them at 0), so each one shows
@@ -64,7 +65,7 @@ RANDOM_BIASES = {"lfm2-moe", "nemotron_h", "nemotron_h-moe", "granite_hybrid", "
                  "granite_swa", "granite_moe_swa", "phimoe", "kolibri1", "nemotron", "phi",
                  "stablelm", "bamba", "falcon_h1", "falcon_h1-no_norm", "jamba",
                  "gpt_neox", "gpt_neox-sequential", "kimi_linear", "bailing_hybrid", "flint",
-                 "olmo_hybrid"}
+                 "olmo_hybrid", "mamba", "mamba-falcon", "mamba2"}
 
 FAMILIES: dict[str, dict] = {
     # Llama 3.1+: the rope scaling every such checkpoint has (was served silently wrong)

@@ -119,4 +119,14 @@ HYBRID_FAMILIES: dict[str, dict] = {
                            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
                            routed_scaling_factor=2.5, kda_lower_bound=-5.0, rope_theta=10000.0,
                            tie_word_embeddings=False, pad_token_id=0),
+    # Mamba: every layer one norm and one Mamba-1 mixer (an inner width of 128, a state of 16, step sizes through rank
+    # 4), no attention and no MLP: no KV at all; its head tied; norms, the conv's bias and dt_proj's drawn at random
+    "mamba": dict(model_type="mamba", state_size=16, conv_kernel=4, expand=2, time_step_rank=4, pad_token_id=0),
+    # Falcon-Mamba: Mamba with weightless RMSNorms on the step-size rows, B and C (an epsilon of their own)
+    "mamba-falcon": dict(model_type="falcon_mamba", state_size=16, conv_kernel=4, expand=2, mixer_rms_eps=1e-3,
+                         tie_word_embeddings=False, pad_token_id=0),
+    # Mamba-2 (Mamba-Codestral): every layer one norm and one Mamba-2 mixer (8 heads of 16 in 2 groups, a state of 16,
+    # the grouped norm after the gate), its transformers path chunked by 64; norms, the conv's bias and dt_bias drawn
+    "mamba2": dict(model_type="mamba2", num_heads=8, head_dim=16, state_size=16, n_groups=2, conv_kernel=4, expand=2,
+                   chunk_size=64, tie_word_embeddings=False, pad_token_id=0),
 }

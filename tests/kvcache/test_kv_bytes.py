@@ -31,3 +31,13 @@ def test_wrong_length_is_refused_and_changes_nothing():
     with pytest.raises(ValueError, match="expected"):
         write_blocks(cache, [1, 2], b"\x00" * (bytes_per_block(cache) * 2 - 1))
     assert not cache.any()
+
+
+def test_a_pool_without_layers_has_blocks_of_no_bytes():
+    """A model without KV (a pure state-space one): its blocks only count tokens; they read and write as nothing, and
+    a payload of any bytes is still refused."""
+    cache = torch.zeros(0, 4, 2, 16, 1, 2)
+    assert bytes_per_block(cache) == 0 and read_blocks(cache, [0, 3]) == b""
+    write_blocks(cache, [0, 3], b"")
+    with pytest.raises(ValueError, match="expected 0"):
+        write_blocks(cache, [1], b"\x00")

@@ -164,6 +164,9 @@ class ModelConfig:
     mamba1: Mamba1 | None = None
     # Falcon-H1's muP scales (a Mamba-2 mixer beside every layer's attention: ``mamba.beside_attention``)
     falcon_h1: FalconH1Scales | None = None
+    # the residual stream kept in float32, each layer's norm fed its rounding to the model dtype and the final norm the
+    # float32 stream (Mamba's ``residual_in_fp32``: :mod:`services.engine.model.state_space_decoder`)
+    residual_in_float32: bool = False
     # Nemotron-H's blocks, one mixer each: "mamba", "attention" or "mlp" per layer (an MLP block mixes no tokens
     # and keeps no KV); empty: every layer is a token mixer followed by an MLP
     block_kinds: tuple[str, ...] = ()
@@ -245,8 +248,8 @@ class ModelConfig:
                                  != (() if self.moe is None else self.moe.sparse_layers)):
             raise ModelLoadError(f"block kinds {self.block_kinds} must name each of the {self.num_layers} layers "
                                  "mamba (its Mamba-2 layers), attention, mlp or moe (its sparse layers)")
-        if not self.kv_layers:
-            raise ModelLoadError("no attention layer: at least one is needed (its KV cache)")
+        if not self.kv_layers and self.recurrent is None:
+            raise ModelLoadError("no attention layer and no recurrent layer: a model mixes tokens by one or the other")
         if self.gemma4 is not None:
             self.gemma4.check_fits(self.num_heads, self.kv_size)
         mla = self.mla
@@ -275,6 +278,12 @@ class ModelConfig:
         if self.gemma4 is not None:
             mixing |= set(self.gemma4.shared_layers)
         return tuple(i for i in range(self.num_layers) if i not in mixing)
+
+    @property
+    def attention_free(self) -> bool:
+        """No layer keeps KV (a pure state-space model: Mamba's): its KV blocks hold no bytes and only count the
+        tokens of a sequence (the scheduler's and the prefix index's unit); its states are all it keeps."""
+        return not self.kv_layers
 
     @property
     def mlp_blocks(self) -> tuple[int, ...]:

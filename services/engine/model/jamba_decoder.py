@@ -42,7 +42,7 @@ class Mamba1Weights:
     dt_bias: torch.Tensor  # [inner]
     a: torch.Tensor  # [inner, state_size] float32: -exp(A_log)
     skip: torch.Tensor  # [inner] float32: D
-    dt_norm: torch.Tensor | None  # [dt_rank]; None: no inner norms
+    dt_norm: torch.Tensor | None  # [dt_rank]; None: no inner norms, or weightless ones (Mamba1.inner_norms)
     b_norm: torch.Tensor | None  # [state_size]
     c_norm: torch.Tensor | None  # [state_size]
     out_proj: LinearWeight
@@ -71,8 +71,18 @@ class JambaDecoderModel(PreNormHybrid, DecoderModel):
             base = super()._layer(i)
             return JambaLayerWeights(**{name: getattr(base, name) for name in base.__dataclass_fields__})
         take, hidden, p = self._source.take, self.config.hidden_size, f"model.layers.{i}."
-        m, rank, size = p + "mamba.", spec.dt_rank, spec.state_size
-        net = Mamba1Weights(
+        net = self._mamba1_weights(p + "mamba.")
+        layer = JambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=net.in_proj,
+                                  o=net.out_proj, post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+                                  gate_up=None, down=None, mamba=net)
+        return self._with_mlp(layer, i)  # type: ignore[return-value]
+
+    def _mamba1_weights(self, m: str) -> Mamba1Weights:
+        """A Mamba layer's mixer weights, named ``m`` + ``in_proj.weight`` and so on."""
+        spec, take, hidden = self.config.mamba1, self._source.take, self.config.hidden_size
+        assert spec is not None
+        rank, size, weighted = spec.dt_rank, spec.state_size, spec.inner_norms and spec.inner_norm_weights
+        return Mamba1Weights(
             in_proj=self._projection([(m + "in_proj.weight", (2 * spec.inner, hidden))]),
             conv=take(m + "conv1d.weight", (spec.inner, 1, spec.conv_kernel))[:, 0],
             conv_bias=take(m + "conv1d.bias", (spec.inner,)) if spec.conv_bias else None,
@@ -81,15 +91,11 @@ class JambaDecoderModel(PreNormHybrid, DecoderModel):
             dt_bias=take(m + "dt_proj.bias", (spec.inner,)),
             a=-take(m + "A_log", (spec.inner, size), torch.float32).exp(),
             skip=take(m + "D", (spec.inner,), torch.float32),
-            dt_norm=take(m + "dt_layernorm.weight", (rank,)) if spec.inner_norms else None,
-            b_norm=take(m + "b_layernorm.weight", (size,)) if spec.inner_norms else None,
-            c_norm=take(m + "c_layernorm.weight", (size,)) if spec.inner_norms else None,
+            dt_norm=take(m + "dt_layernorm.weight", (rank,)) if weighted else None,
+            b_norm=take(m + "b_layernorm.weight", (size,)) if weighted else None,
+            c_norm=take(m + "c_layernorm.weight", (size,)) if weighted else None,
             out_proj=self._projection([(m + "out_proj.weight", (hidden, spec.inner))]),
         )
-        layer = JambaLayerWeights(input_norm=take(p + "input_layernorm.weight", (hidden,)), qkv=net.in_proj,
-                                  o=net.out_proj, post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
-                                  gate_up=None, down=None, mamba=net)
-        return self._with_mlp(layer, i)  # type: ignore[return-value]
 
     def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                      attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
@@ -102,14 +108,15 @@ class JambaDecoderModel(PreNormHybrid, DecoderModel):
 
     def _mamba(self, i: int, net: Mamba1Weights, x: torch.Tensor, paths: RowPaths | None,
                states: RecurrentStates | None) -> torch.Tensor:
-        spec, eps = self.config.mamba1, self.config.rms_norm_eps
+        spec = self.config.mamba1
         assert spec is not None and states is not None, "a hybrid model runs with its recurrent states"
+        eps = self.config.rms_norm_eps if spec.inner_norm_eps is None else spec.inner_norm_eps
         n, plan = spec.layers.index(i), states.plan
         xs, gate = linear(x, net.in_proj, paths).chunk(2, dim=-1)
         xs = causal_conv1d(xs.contiguous(), net.conv, states.conv[n], plan.slots, plan.query_lens, plan.fresh,
                            net.conv_bias, plan.saves)
         steps, b, c = linear(xs, net.x_proj, paths).split([spec.dt_rank, spec.state_size, spec.state_size], dim=-1)
-        if net.dt_norm is not None:
+        if spec.inner_norms:  # Falcon-Mamba's are weightless (None)
             steps, b, c = rms_norm(steps, net.dt_norm, eps), rms_norm(b, net.b_norm, eps), rms_norm(c, net.c_norm, eps)
         dt = F.softplus(linear(steps, net.dt_proj, paths) + net.dt_bias).float()  # in the model dtype, as transformers
         y = selective_scan(xs, dt, net.a, b, c, states.ssm[n], plan.slots, plan.query_lens, plan.fresh, plan.saves)

@@ -51,6 +51,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     unknown = sorted(set(kinds) - {"mamba", "attention", "mlp", "moe"})
     if unknown:
         raise ModelLoadError(f"{ARCHITECTURE}: block types {unknown} are not supported (mamba, attention, mlp, moe)")
+    if "attention" not in kinds:  # (no release; Mamba-2 blocks alone are model_type mamba2's)
+        raise ModelLoadError(f"{ARCHITECTURE}: no attention block among {kinds} is not supported")
     for key in ("mamba_proj_bias", "use_bias", "mlp_bias", "attention_bias", "residual_in_fp32"):
         if full.get(key):
             raise ModelLoadError(f"{ARCHITECTURE}: {key} is not supported (no release has it)")

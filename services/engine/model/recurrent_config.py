@@ -152,8 +152,9 @@ class Mamba1:
     through a selective state space whose decay differs per channel and state dim (``A [inner, state_size]``, not one
     scalar per head as Mamba-2's). Per layer and sequence the state is the last ``conv_kernel - 1`` inputs of a
     depthwise causal convolution over the ``inner`` channels and an ``[inner, state_size]`` float32 matrix. The step
-    sizes come through a rank-``dt_rank`` projection; ``inner_norms``: Jamba's RMSNorms on the step-size rows and on
-    B and C."""
+    sizes come through a rank-``dt_rank`` projection; ``inner_norms``: RMSNorms on the step-size rows and on B and C,
+    Jamba's with weights, Falcon-Mamba's without (``inner_norm_weights``), with an epsilon of their own
+    (``inner_norm_eps``; None: the model's ``rms_norm_eps``)."""
 
     layers: tuple[int, ...]
     inner: int
@@ -162,6 +163,8 @@ class Mamba1:
     dt_rank: int
     conv_bias: bool = True
     inner_norms: bool = False
+    inner_norm_weights: bool = True
+    inner_norm_eps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("inner", "state_size", "dt_rank"):

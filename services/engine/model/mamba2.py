@@ -1,0 +1,40 @@
+"""State Spaces' Mamba-2 (mamba2-130m … 2.7b) and Mistral's Mamba-Codestral-7B (``Mamba2ForCausalLM``, ``mamba2``): a
+pure state-space model, every layer one norm and one Mamba-2 mixer (Granite 4.0's: the gate before the grouped norm),
+no attention and no MLP (:mod:`services.engine.model.state_space_decoder`), so no KV at all
+(``ModelConfig.attention_free``). The residual stream is float32 (``residual_in_fp32``); ``layer_norm_epsilon`` is
+every norm's. The step sizes are floored at ``time_step_limit``'s lower bound (0 as released), as Granite 4.0's
+and Nemotron-H's; a finite upper bound is refused. Names, context and refusals as :mod:`services.engine.model.mamba`'s;
+besides, the mamba_ssm-era keys transformers no longer reads are refused where they ask for another mixer than it
+runs (``rms_norm`` false, ``norm_before_gate`` true).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.engine.errors import ModelLoadError
+from services.engine.model.config import Mamba2, ModelConfig
+from services.engine.model.hf_config import with_defaults
+from services.engine.model.mamba import state_space_fields
+
+ARCHITECTURE = "mamba2"
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    from transformers import Mamba2Config
+
+    if cfg.get("rms_norm") is False or cfg.get("norm_before_gate"):
+        raise ModelLoadError(f"{ARCHITECTURE}: rms_norm false or norm_before_gate true is not supported (transformers "
+                             "runs the gate before a grouped RMSNorm, as every release does)")
+    full = with_defaults(ARCHITECTURE, Mamba2Config, cfg)
+    limit = tuple(full.get("time_step_limit") or (0.0, float("inf")))
+    if len(limit) != 2 or limit[1] != float("inf"):
+        raise ModelLoadError(f"{ARCHITECTURE}: time_step_limit {list(limit)} is not supported (only an upper bound of "
+                             "infinity)")
+    fields = state_space_fields(full, ARCHITECTURE)
+    mamba = Mamba2(layers=tuple(range(fields["num_layers"])), heads=int(full["num_heads"]),
+                   head_dim=int(full["head_dim"]), state_size=int(full["state_size"]), groups=int(full["n_groups"]),
+                   conv_kernel=int(full["conv_kernel"]), conv_bias=bool(full.get("use_conv_bias", True)),
+                   dt_min=float(limit[0]))
+    return ModelConfig(**fields, mamba=mamba)
