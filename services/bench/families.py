@@ -170,7 +170,7 @@ def floor_ms(cfg: ModelConfig, bandwidth: float, batch: int, mean_context: float
     """The least time a bf16 decode step can take: the weights the batch's tokens use (a sparse layer: the
     experts they pick, expected under uniform routing) and the batch's KV, read once (a sliding-window layer
     reads at most its window of it); a hybrid model's recurrent states, each read and written once."""
-    kv_per_layer = cfg.kv_bytes_per_token(2) / len(cfg.kv_layers)
+    kv_per_layer = cfg.kv_bytes_per_token(2) / max(1, len(cfg.kv_layers))  # (a model without KV: none)
     kv = sum(min(mean_context, cfg.window(i) or mean_context) for i in cfg.kv_layers) * kv_per_layer
     state = 0 if cfg.recurrent is None else 2 * cfg.recurrent.state_bytes(2)
     return (weight_bytes(cfg, 2, batch) + batch * (kv + state)) / bandwidth * 1000

@@ -96,3 +96,22 @@ def test_the_gpt_oss_shape_is_gpt_oss_20b_with_two_of_its_layers_and_the_floor_r
     expert = 3 * cfg.hidden_size * cfg.moe.intermediate_size
     assert weight_bytes(cfg, 2) == 2 * (read - cfg.num_layers * (32 - 4) * expert)  # batch 1: its 4 of 32
     assert floor_ms(cfg, 1e9, 32, 0) > floor_ms(cfg, 1e9, 1, 0)  # a batch picks more of them
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "mamba2"])
+def test_a_pure_state_space_models_floor_reads_its_mixers_and_its_states(model_type: str) -> None:
+    """No MLP and no KV: a decode step reads every projection of its mixers (not the per-channel decays ``A_log`` of
+    Mamba-1, which the scan reads as a state-sized vector) and each sequence's states, in and out."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 3, "tie_word_embeddings": True}
+    if model_type == "mamba2":
+        shape |= {"num_heads": 8, "head_dim": 16, "n_groups": 2}
+    config = AutoConfig.for_model(model_type, **shape)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    cfg = config_from_hf(config.to_dict())
+    matrices = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and not name.endswith("A_log"))
+    assert weight_bytes(cfg, 2) == 2 * matrices
+    state = 2 * cfg.recurrent.state_bytes(2)
+    assert floor_ms(cfg, 1e9, 4, 500) - floor_ms(cfg, 1e9, 1, 0) == pytest.approx(3 * state / 1e6)
