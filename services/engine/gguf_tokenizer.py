@@ -34,14 +34,14 @@ READ_ALONE = frozenset({"deepseek2", "glm4", "glm4moe", "qwen2vl", "qwen3vl", "q
                         "seed_oss", "olmo2", "olmoe", "ernie4_5", "ernie4_5-moe", "mistral4", "granitehybrid",
                         "nemotron_h", "nemotron_h_moe", "command-r", "cohere2", "exaone4", "hunyuan-dense",
                         "hunyuan-moe", "exaone", "dots1", "starcoder2", "nemotron", "phi2", "falcon-h1",
-                        "jamba", "gptneox"})
+                        "jamba", "gptneox", "mamba", "mamba2"})
 """Architectures whose GGUF config transformers cannot read (DeepSeek's, GLM-4's, GLM-4.5's; the Qwen-VL text models',
 named as no model type it knows; Qwen3-Next's, SmolLM3's, Seed-OSS's, OLMo's, ERNIE 4.5's, Mistral 4's, Granite 4.0's,
-Nemotron-H's, Falcon-H1's, Jamba's, GPT-NeoX's, Cohere's, EXAONE's, Hunyuan's, dots.llm1's; StarCoder2's, whose split
-transformers' GGUF reader would not take from its ``starcoder`` pre; Nemotron's, whose ``add_space_prefix`` it would
-not; Phi-2's): their tokenizer is built from its ``tokenizer.ggml.*`` fields alone, with transformers' GGUF tokenizer
-builders, a byte-level one split as the file's ``tokenizer.ggml.pre`` says (:data:`PRE_SPLITS` or transformers' own
-table; another is refused, whatever the architecture: :func:`_check_split`)."""
+Nemotron-H's, Falcon-H1's, Jamba's, Mamba's and Mamba-2's, GPT-NeoX's, Cohere's, EXAONE's, Hunyuan's, dots.llm1's;
+StarCoder2's, whose split transformers' GGUF reader would not take from its ``starcoder`` pre; Nemotron's, whose
+``add_space_prefix`` it would not; Phi-2's): their tokenizer is built from its ``tokenizer.ggml.*`` fields alone, with
+transformers' GGUF tokenizer builders, a byte-level one split as the file's ``tokenizer.ggml.pre`` says
+(:data:`PRE_SPLITS` or transformers' own table; another is refused, whatever the architecture: :func:`_check_split`)."""
 
 NO_BOS_PRES = frozenset({"glm4", "chatglm-bpe"})
 """Splits whose files name a BOS (GLM's ``[gMASK]``) that is never added, whatever ``add_bos_token`` says: the chat

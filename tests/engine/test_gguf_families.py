@@ -173,7 +173,8 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
         with pytest.raises(ModelLoadError,
                            match=r"gpt2.*supported: llama, smollm3, llama4, granite, granitehybrid, jamba, falcon-h1, "
                                  r"lfm2, lfm2moe, "
-                                 r"nemotron_h, nemotron_h_moe, granitemoe, starcoder2, phi2, gptneox, nemotron, arcee, "
+                                 r"nemotron_h, nemotron_h_moe, mamba, mamba2, granitemoe, starcoder2, phi2, gptneox, "
+                                 r"nemotron, arcee, "
                                  r"qwen2, "
                                  r"qwen3, "
                                  r"seed_oss, "

@@ -255,6 +255,8 @@ def test_an_ernie_file_without_a_correction_bias_routes_by_the_softmax(tmp_path)
     ("hunyuan-moe", "hunyuan", "Hunyuan-A13B 12.", ["Hunyuan", "-A", "1", "3", "B", "Ġ", "1", "2", "."]),
     ("starcoder2", "starcoder", "StarCoder2 counts 12.", ["StarCoder", "2", "Ġcounts", "Ġ", "1", "2", "."]),
     ("phi2", "phi-2", "Phi-2 counts 12345.", ["Phi", "-", "2", "Ġcounts", "Ġ12345", "."]),
+    ("mamba", "olmo", "Mamba counts 12345.", None),  # state-spaces' GPT-NeoX vocabulary
+    ("mamba", "falcon", "Falcon-Mamba counts 12.", None),
 ])
 def test_the_tokenizer_is_read_from_the_file_s_fields(tmp_path, monkeypatch, bundled_tokenizer, arch, pre, text,
                                                        pieces):
@@ -329,12 +331,12 @@ def test_the_written_olmo3_twin_is_not_trivially_equal(tmp_path):
         assert not np.allclose(off.numpy(), exact.numpy(), atol=1e-3)
 
 
-@pytest.mark.parametrize("arch", ["gemma", "nemotron", "jamba"])
-def test_gemma_s_nemotron_s_and_jamba_s_sentencepiece_vocabularies_are_read(tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("arch", ["gemma", "nemotron", "jamba", "mamba2"])
+def test_gemma_s_nemotron_s_jamba_s_and_mamba2_s_sentencepiece_vocabularies_are_read(tmp_path, monkeypatch, arch):
     """A Gemma 1 file's vocabulary (``gemma``: transformers reads no such architecture by name) is read as Gemma 2's,
-    whose converter writes the same fields; Nemotron's and Jamba's from the file's fields (here without a space prefix,
-    as the file says: transformers' own reader would prefix one; Jamba's converter writes none for its tokenizer.json
-    vocabularies)."""
+    whose converter writes the same fields; Nemotron's, Jamba's and Mamba-Codestral's (``mamba2``) from the file's
+    fields (here without a space prefix, as the file says: transformers' own reader would prefix one; Jamba's converter
+    writes none for its tokenizer.json vocabularies)."""
     from services.engine.tokenizer import Tokenizer
 
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))

@@ -10,6 +10,12 @@ original ``backbone.embedding``) are read.
 inner width ``expand`` × hidden). Nothing bounds the positions (no rope): ``max_position`` is 2**20 as llama.cpp's
 converter writes, a node serving at most its ``--max-model-len``. In/out projection biases (``use_bias``: no release
 has them) and another activation than SiLU are refused by name.
+
+llama.cpp's ``mamba`` GGUF files (:func:`config_from_gguf`; Falcon-Mamba's too, which say ``ssm.dt_b_c_rms``): the
+mixers from ``ssm.*`` (``time_step_rank`` the step sizes' rank; laid out by
+:func:`services.engine.model.mamba_gguf.mamba_from_gguf`), ``attention.head_count`` 0 (no attention). Falcon-Mamba's
+inner norms take transformers' epsilon (``mixer_rms_eps``, 1e-6 in every release), which no key carries (llama.cpp
+applies the layers' 1e-5 instead). The residual stream is float32 (llama.cpp's activations are).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba1, ModelConfig
+from services.engine.model.gguf_config import GGUFFields, gguf_base_fields
 from services.engine.model.hf_config import eos_ids, required, with_defaults
 from services.engine.model.tensor_renames import renamed, renames
 
-ARCHITECTURE = "mamba"
+ARCHITECTURE = GGUF_ARCHITECTURE = "mamba"
 FALCON_MAMBA = "falcon_mamba"
+FALCON_MIXER_EPS = 1e-6  # Falcon-Mamba's mixer_rms_eps (transformers' default, every release's), which GGUF lacks
 # no positions to bound: as long as llama.cpp's converter makes the context of a model without rope
 UNBOUNDED_CONTEXT = 2**20
 
@@ -44,6 +52,26 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     conv_bias=bool(full.get("use_conv_bias", True)), inner_norms=falcon, inner_norm_weights=False,
                     inner_norm_eps=float(full["mixer_rms_eps"]) if falcon else None)
     return ModelConfig(**fields, mamba1=mamba1)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    f = GGUFFields(fields, GGUF_ARCHITECTURE)
+    base = gguf_state_space_fields(fields, GGUF_ARCHITECTURE)
+    falcon = bool(f.get("ssm.dt_b_c_rms", False))
+    mamba1 = Mamba1(layers=tuple(range(base["num_layers"])), inner=int(f.key("ssm.inner_size")),
+                    state_size=int(f.key("ssm.state_size")), conv_kernel=int(f.key("ssm.conv_kernel")),
+                    dt_rank=int(f.key("ssm.time_step_rank")), conv_bias=f.has_tensor(".ssm_conv1d.bias"),
+                    inner_norms=falcon, inner_norm_weights=False, inner_norm_eps=FALCON_MIXER_EPS if falcon else None)
+    return ModelConfig(**base, mamba1=mamba1)
+
+
+def gguf_state_space_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The :class:`ModelConfig` fields of a llama.cpp ``mamba`` or ``mamba2`` file: its ``attention.head_count`` 0
+    read as :func:`state_space_fields`' placeholder head, the float32 residual stream."""
+    placeholder = {f"{arch}.attention.head_count": 1, f"{arch}.attention.head_count_kv": 1,
+                   f"{arch}.attention.key_length": 2}
+    base = gguf_base_fields({**fields, **placeholder}, arch)
+    return base | {"intermediate_size": base["hidden_size"], "residual_in_float32": True}
 
 
 def state_space_fields(full: Mapping[str, Any], architecture: str) -> dict[str, Any]:

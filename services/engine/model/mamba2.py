@@ -6,6 +6,11 @@ every norm's. The step sizes are floored at ``time_step_limit``'s lower bound (0
 and Nemotron-H's; a finite upper bound is refused. Names, context and refusals as :mod:`services.engine.model.mamba`'s;
 besides, the mamba_ssm-era keys transformers no longer reads are refused where they ask for another mixer than it
 runs (``rms_norm`` false, ``norm_before_gate`` true).
+
+llama.cpp's ``mamba2`` GGUF files (:func:`config_from_gguf`): the mixers from ``ssm.*`` as Granite 4.0-H's
+(``time_step_rank`` the heads, ``inner_size`` / heads their width, ``group_count``; laid out by
+:func:`services.engine.model.mamba_gguf.mamba_from_gguf`), no step floor (llama.cpp clamps none; the releases' is 0),
+the float32 residual stream.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from typing import Any
 
 from services.engine.errors import ModelLoadError
 from services.engine.model.config import Mamba2, ModelConfig
+from services.engine.model.gguf_config import GGUFFields
+from services.engine.model.granite_hybrid import gguf_mamba
 from services.engine.model.hf_config import with_defaults
-from services.engine.model.mamba import state_space_fields
+from services.engine.model.mamba import gguf_state_space_fields, state_space_fields
 
-ARCHITECTURE = "mamba2"
+ARCHITECTURE = GGUF_ARCHITECTURE = "mamba2"
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -38,3 +45,9 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                    conv_kernel=int(full["conv_kernel"]), conv_bias=bool(full.get("use_conv_bias", True)),
                    dt_min=float(limit[0]))
     return ModelConfig(**fields, mamba=mamba)
+
+
+def config_from_gguf(fields: Mapping[str, Any]) -> ModelConfig:
+    base = gguf_state_space_fields(fields, GGUF_ARCHITECTURE)
+    mamba = gguf_mamba(GGUFFields(fields, GGUF_ARCHITECTURE), tuple(range(base["num_layers"])))
+    return ModelConfig(**base, mamba=mamba)

@@ -114,6 +114,12 @@ _DEEPSEEK2_NAMES = {"attn_q_a.weight": "self_attn.q_a_proj.weight",
                     "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
                     "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
                     "exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT}
+# a Mamba-1 layer's (Jamba's, a pure Mamba's: Falcon-Mamba's inner norms have no weight, its files hold none)
+_MAMBA1_NAMES = {f"ssm_{leaf}": f"mamba.{name}" for leaf, name in (
+    ("in.weight", "in_proj.weight"), ("conv1d.weight", "conv1d.weight"), ("conv1d.bias", "conv1d.bias"),
+    ("x.weight", "x_proj.weight"), ("dt.weight", "dt_proj.weight"), ("dt.bias", "dt_proj.bias"), ("a", "A_log"),
+    ("d", "D"), ("dt_norm.weight", "dt_layernorm.weight"), ("b_norm.weight", "b_layernorm.weight"),
+    ("c_norm.weight", "c_layernorm.weight"), ("out.weight", "out_proj.weight"))}
 _ARCH_LAYER_NAMES = {
     # the shared expert and its gate; Granite MoE's shared MLP has no gate
     "qwen2moe": {"ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight", **_SHARED_EXPERT},
@@ -158,12 +164,10 @@ _ARCH_LAYER_NAMES = {
     "dots1": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias", **_SHARED_EXPERT},
     # IBM Granite 4.0's Mamba-2 mixers and shared MLP
     "granitehybrid": {**_mamba_names("mamba."), **_SHARED_EXPERT},
-    # Jamba's Mamba (Mamba-1) layers (laid out by its family's hook, mamba_gguf.mamba_from_gguf)
-    "jamba": {f"ssm_{leaf}": f"mamba.{name}" for leaf, name in (
-        ("in.weight", "in_proj.weight"), ("conv1d.weight", "conv1d.weight"), ("conv1d.bias", "conv1d.bias"),
-        ("x.weight", "x_proj.weight"), ("dt.weight", "dt_proj.weight"), ("dt.bias", "dt_proj.bias"), ("a", "A_log"),
-        ("d", "D"), ("dt_norm.weight", "dt_layernorm.weight"), ("b_norm.weight", "b_layernorm.weight"),
-        ("c_norm.weight", "c_layernorm.weight"), ("out.weight", "out_proj.weight"))},
+    # Jamba's Mamba (Mamba-1) layers (laid out by its family's hook, mamba_gguf.mamba_from_gguf); a pure Mamba's alike
+    **dict.fromkeys(("jamba", "mamba"), _MAMBA1_NAMES),
+    # a pure Mamba-2's mixers, as Granite 4.0's
+    "mamba2": _mamba_names("mamba."),
     # Falcon-H1's Mamba-2 mixers, and its norm before the MLP, which its converter writes without ``.weight``
     "falcon-h1": {**_mamba_names("mamba."), "ffn_norm": "post_attention_layernorm.weight"},
     # Nemotron-H's blocks: one norm and one mixer each (Mamba-2, attention or a squared-ReLU MLP)
