@@ -59,16 +59,17 @@ from services.engine.validation import RequestValidator
 from services.engine.weights import load_weights
 from services.engine.weights.digest import weights_digest
 
-MAX_COUNTING_BLOCKS = 2**16
-"""The most blocks a model without KV counts its tokens in (a million tokens in blocks of 16): its pool costs no
-memory, but the block pool and the prefix index keep an entry per block."""
+MAX_COUNTING_TOKENS = 2**21
+"""The most tokens the blocks of a model without KV count, all sequences together: its pool costs no memory, but the
+block pool and the prefix index keep an entry per block (~14 MiB and ~0.15 s to build for 2**17 blocks of 16). Past
+them the scheduler preempts as it would for want of KV (128 sequences of 16k tokens fit)."""
 
 
 def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) -> int:
     """The KV blocks ``kv_cache_gib`` holds, after a hybrid model's ``max_num_seqs`` recurrent-state slots and its
     state checkpoints (a budget they fill is refused naming the settings). A model without KV (``attention_free``)
-    gets blocks of no bytes that only count tokens: enough for ``max_num_seqs`` sequences of ``max_model_len`` (at most
-    :data:`MAX_COUNTING_BLOCKS`), its states taking the whole budget."""
+    gets blocks of no bytes that only count tokens: enough for ``max_num_seqs`` sequences of ``max_model_len``, at most
+    :data:`MAX_COUNTING_TOKENS` of them (its states are all the budget holds)."""
     budget = int(config.kv_cache_gib * 2**30)
     if cfg.recurrent is not None:
         count = config.max_num_seqs + config.num_state_checkpoints
@@ -80,7 +81,7 @@ def _blocks_in_budget(config: EngineConfig, cfg: ModelConfig, dtype_bytes: int) 
         budget -= states
     if cfg.attention_free:
         length = min(config.max_model_len or cfg.max_position, cfg.max_position)
-        return min(MAX_COUNTING_BLOCKS, config.max_num_seqs * -(-length // config.block_size))
+        return min(-(-MAX_COUNTING_TOKENS // config.block_size), config.max_num_seqs * -(-length // config.block_size))
     return max(1, budget // (cfg.kv_bytes_per_token(dtype_bytes) * config.block_size))
 
 

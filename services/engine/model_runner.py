@@ -73,7 +73,9 @@ class ModelRunner:
         if chunk is not None and chunk % block_size:
             raise ValueError(f"the model's attention chunk of {chunk} tokens is not a whole number of blocks of "
                              f"{block_size}: use a block size that divides it")
-        self.attention = _attention_for(model, attention_backend)
+        # a model without KV never attends: the torch backend, which holds nothing (FlashInfer's holds a workspace)
+        self.attention = _attention_for(model, attention_backend) if cfg.kv_layers \
+            else create_backend("torch", model.device)
         self.graphs = None if graphs is None else build_decode_graphs(model, self.kv_layers, num_blocks, block_size,
                                                                       graphs)
         self.graph_steps = 0  # steps replayed from a graph

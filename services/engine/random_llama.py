@@ -187,7 +187,7 @@ def layer_weights(config: ModelConfig, layer: int) -> int:
     if config.block_kinds:  # Nemotron-H: an MLP block's up and down projections (no gate), nothing in the others
         mlp = 2 * config.hidden_size * config.intermediate_size if config.block_kinds[layer] == "mlp" else 0
         return attention_weights(config, layer) + mlp
-    if config.attention_free:  # a pure state-space stack (Mamba's): the mixer alone, no MLP
+    if config.mixer_only:  # a pure state-space stack (Mamba's): the mixer alone, no MLP
         return attention_weights(config, layer)
     if config.is_sparse_layer(layer):
         return attention_weights(config, layer) + 3 * config.hidden_size * moe.top_k * moe.intermediate_size

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from services.engine.config import EngineConfig
-from services.engine.engine import MAX_COUNTING_BLOCKS, LLMEngine
+from services.engine.engine import MAX_COUNTING_TOKENS, LLMEngine
 from services.engine.errors import ModelLoadError
 from services.engine.kv_offload import KVOffload
 from services.engine.model.mamba import UNBOUNDED_CONTEXT, state_space_tensor_name
@@ -38,16 +38,39 @@ def test_mamba_configs_read_transformers_defaults():
     mamba2 = config_from_hf(SHAPE | {"model_type": "mamba2", "num_heads": 8, "head_dim": 16, "n_groups": 2})
     assert mamba2.attention_free and mamba2.residual_in_float32 and not mamba2.tie_word_embeddings
     assert (mamba2.mamba.heads, mamba2.mamba.head_dim, mamba2.mamba.groups, mamba2.mamba.state_size) == (8, 16, 2, 128)
-    with pytest.raises(ModelLoadError, match="no attention layer and no recurrent layer"):
-        dataclasses.replace(mamba, mamba1=None, block_kinds=("mlp", "mlp"))  # (a model that mixes no tokens)
+    with pytest.raises(ModelLoadError, match="a mixer-only model's every layer is a recurrent mixer"):
+        dataclasses.replace(mamba, mamba1=dataclasses.replace(mamba.mamba1, layers=(0,)))
+    with pytest.raises(ModelLoadError, match="no attention layer: at least one is needed"):
+        dataclasses.replace(mamba, mixer_only=False)  # (a hybrid's layers all recurrent: Qwen3.5's, say)
+
+
+# Mamba-Codestral-7B-v0.1's config.json as published (written by transformers 4.44's conversion)
+CODESTRAL = {"architectures": ["Mamba2ForCausalLM"], "bos_token_id": 0, "chunk_size": 256, "conv_kernel": 4,
+             "eos_token_id": 0, "expand": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 4096,
+             "initializer_range": 0.1, "intermediate_size": 8192, "layer_norm_epsilon": 1e-05, "model_type": "mamba2",
+             "n_groups": 8, "norm_before_gate": True, "num_heads": 128, "num_hidden_layers": 64, "pad_token_id": 0,
+             "rescale_prenorm_residual": False, "residual_in_fp32": True, "rms_norm": True, "state_size": 128,
+             "tie_word_embeddings": False, "time_step_floor": 0.0001, "time_step_init_scheme": "random",
+             "time_step_limit": [0.0, float("inf")], "time_step_max": 0.1, "time_step_min": 0.001,
+             "time_step_rank": 256, "time_step_scale": 1.0, "torch_dtype": "bfloat16", "use_bias": False,
+             "use_cache": True, "use_conv_bias": True, "vocab_size": 32768}
+
+
+def test_mamba_codestrals_published_config_reads_as_transformers_serves_it():
+    """Its ``norm_before_gate: true`` is ignored, as transformers (and every runtime) ignores it; ~272 MB of state per
+    sequence in bf16, which is what ``kv_cache_gib`` holds for it."""
+    config = config_from_hf(CODESTRAL)
+    spec = config.mamba
+    assert config.mixer_only and config.residual_in_float32 and not config.tie_word_embeddings
+    assert (spec.heads, spec.head_dim, spec.groups, spec.state_size, config.num_layers) == (128, 64, 8, 128, 64)
+    assert spec.state_bytes(2) == 64 * ((8192 + 2 * 8 * 128) * 3 * 2 + 128 * 128 * 64 * 4)
 
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"use_bias": True}, "mamba2: use_bias is not supported"),
     ({"hidden_act": "gelu"}, "mamba2: hidden_act 'gelu' is not supported"),
     ({"time_step_limit": [0.0, 0.1]}, r"mamba2: time_step_limit \[0.0, 0.1\] is not supported"),
-    ({"rms_norm": False}, "mamba2: rms_norm false or norm_before_gate true is not supported"),
-    ({"norm_before_gate": True}, "mamba2: rms_norm false or norm_before_gate true is not supported"),
+    ({"rms_norm": False}, "mamba2: rms_norm false is not supported"),
     ({"head_dim": 8}, r"(?s)mamba2: config.json is not a Mamba2Config .*must equal num_heads \* head_dim"),
 ])
 def test_a_mamba2_config_pdserve_would_serve_wrong_is_refused_by_name(change, message):
@@ -104,15 +127,15 @@ def test_the_float32_residual_stream_brings_bf16_logits_to_transformers(name, fa
 
 
 def test_an_engine_without_kv_counts_tokens_in_blocks_of_no_bytes(family_dir):
-    """Its pool holds no bytes: blocks enough for max_num_seqs sequences of max_model_len (at most
-    MAX_COUNTING_BLOCKS), the budget all the states'; a preempted request's state is not kept (recomputed)."""
+    """Its pool holds no bytes: blocks enough for max_num_seqs sequences of max_model_len (at most MAX_COUNTING_TOKENS
+    of them), the budget the states'; a preempted request's state is not kept (recomputed)."""
     engine = LLMEngine.from_config(EngineConfig(model_path=str(family_dir("mamba2")), dtype="float32",
                                                 max_model_len=1000, max_num_seqs=4))
     assert engine.runner.kv_cache_bytes == 0 and engine.kv_layout_spec().bytes_per_block == 0
     assert engine.kv.num_blocks == 4 * math.ceil(1000 / 16) and engine.max_model_len == 1000
     assert not engine.offload.claim("victim", 3)  # (0 + 0 bytes fit a budget of 0: the offload is off all the same)
     unbounded = LLMEngine.from_config(EngineConfig(model_path=str(family_dir("mamba2")), dtype="float32"))
-    assert unbounded.kv.num_blocks == MAX_COUNTING_BLOCKS and unbounded.max_model_len == UNBOUNDED_CONTEXT
+    assert unbounded.kv.num_blocks * 16 == MAX_COUNTING_TOKENS and unbounded.max_model_len == UNBOUNDED_CONTEXT
     with pytest.raises(ValueError, match="does not hold the recurrent states"):
         LLMEngine.from_config(EngineConfig(model_path=str(family_dir("mamba2")), dtype="float32", kv_cache_gib=1e-5))
     assert KVOffload(0, 2**20, None).claim("victim", 3)  # (a host budget takes blocks of no bytes: the engine's is 0)

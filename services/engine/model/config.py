@@ -164,6 +164,9 @@ class ModelConfig:
     mamba1: Mamba1 | None = None
     # Falcon-H1's muP scales (a Mamba-2 mixer beside every layer's attention: ``mamba.beside_attention``)
     falcon_h1: FalconH1Scales | None = None
+    # every layer one norm and one recurrent token mixer, no MLP and no attention: a pure state-space stack (Mamba's,
+    # :mod:`services.engine.model.state_space_decoder`), the only kind of model without KV
+    mixer_only: bool = False
     # the residual stream kept in float32, each layer's norm fed its rounding to the model dtype and the final norm the
     # float32 stream (Mamba's ``residual_in_fp32``: :mod:`services.engine.model.state_space_decoder`)
     residual_in_float32: bool = False
@@ -248,8 +251,11 @@ class ModelConfig:
                                  != (() if self.moe is None else self.moe.sparse_layers)):
             raise ModelLoadError(f"block kinds {self.block_kinds} must name each of the {self.num_layers} layers "
                                  "mamba (its Mamba-2 layers), attention, mlp or moe (its sparse layers)")
-        if not self.kv_layers and self.recurrent is None:
-            raise ModelLoadError("no attention layer and no recurrent layer: a model mixes tokens by one or the other")
+        if self.mixer_only and (self.recurrent is None or self.recurrent.layers != tuple(range(self.num_layers))):
+            raise ModelLoadError("a mixer-only model's every layer is a recurrent mixer (a pure state-space stack)")
+        if not self.kv_layers and not self.mixer_only:
+            raise ModelLoadError("no attention layer: at least one is needed (its KV cache; only a pure state-space "
+                                 "model, Mamba's, keeps none)")
         if self.gemma4 is not None:
             self.gemma4.check_fits(self.num_heads, self.kv_size)
         mla = self.mla
@@ -281,8 +287,8 @@ class ModelConfig:
 
     @property
     def attention_free(self) -> bool:
-        """No layer keeps KV (a pure state-space model: Mamba's): its KV blocks hold no bytes and only count the
-        tokens of a sequence (the scheduler's and the prefix index's unit); its states are all it keeps."""
+        """No layer keeps KV (``mixer_only``: a pure state-space model, Mamba's): its KV blocks hold no bytes and only
+        count the tokens of a sequence (the scheduler's and the prefix index's unit); its states are all it keeps."""
         return not self.kv_layers
 
     @property

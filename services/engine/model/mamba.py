@@ -71,7 +71,7 @@ def gguf_state_space_fields(fields: Mapping[str, Any], arch: str) -> dict[str, A
     placeholder = {f"{arch}.attention.head_count": 1, f"{arch}.attention.head_count_kv": 1,
                    f"{arch}.attention.key_length": 2}
     base = gguf_base_fields({**fields, **placeholder}, arch)
-    return base | {"intermediate_size": base["hidden_size"], "residual_in_float32": True}
+    return base | {"intermediate_size": base["hidden_size"], "residual_in_float32": True, "mixer_only": True}
 
 
 def state_space_fields(full: Mapping[str, Any], architecture: str) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def state_space_fields(full: Mapping[str, Any], architecture: str) -> dict[str, 
         tie_word_embeddings=bool(full.get("tie_word_embeddings", False)),
         bos_token_id=None if full.get("bos_token_id") is None else int(full["bos_token_id"]),
         eos_token_ids=eos_ids(full.get("eos_token_id")),
-        residual_in_float32=bool(full.get("residual_in_fp32", True)),
+        residual_in_float32=bool(full.get("residual_in_fp32", True)), mixer_only=True,
     )
 
 

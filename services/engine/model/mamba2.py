@@ -1,11 +1,12 @@
-"""State Spaces' Mamba-2 (mamba2-130m … 2.7b) and Mistral's Mamba-Codestral-7B (``Mamba2ForCausalLM``, ``mamba2``): a
-pure state-space model, every layer one norm and one Mamba-2 mixer (Granite 4.0's: the gate before the grouped norm),
-no attention and no MLP (:mod:`services.engine.model.state_space_decoder`), so no KV at all
-(``ModelConfig.attention_free``). The residual stream is float32 (``residual_in_fp32``); ``layer_norm_epsilon`` is
-every norm's. The step sizes are floored at ``time_step_limit``'s lower bound (0 as released), as Granite 4.0's
-and Nemotron-H's; a finite upper bound is refused. Names, context and refusals as :mod:`services.engine.model.mamba`'s;
-besides, the mamba_ssm-era keys transformers no longer reads are refused where they ask for another mixer than it
-runs (``rms_norm`` false, ``norm_before_gate`` true).
+"""Mistral's Mamba-Codestral-7B and State Spaces' Mamba-2 (mamba2-130m … 2.7b, in transformers' format:
+``Mamba2ForCausalLM``, ``mamba2``; the original mamba_ssm checkpoints as llama.cpp's GGUF files): a pure state-space
+model, every layer one norm and one Mamba-2 mixer (Granite 4.0's: the gate before the grouped norm), no attention and no
+MLP (:mod:`services.engine.model.state_space_decoder`), so no KV at all (``ModelConfig.attention_free``). The residual
+stream is float32 (``residual_in_fp32``); ``layer_norm_epsilon`` is every norm's. The step sizes are floored at
+``time_step_limit``'s lower bound (0 as released), as Granite 4.0's and Nemotron-H's; a finite upper bound is refused.
+Names, context and refusals as :mod:`services.engine.model.mamba`'s; besides, ``rms_norm`` false, a mamba_ssm-era key
+transformers no longer reads, is refused (it would ask for no norm), and ``norm_before_gate`` is ignored as transformers
+ignores it (Mamba-Codestral's config says true: its conversion runs, as every runtime does, the gate before the norm).
 
 llama.cpp's ``mamba2`` GGUF files (:func:`config_from_gguf`): the mixers from ``ssm.*`` as Granite 4.0-H's
 (``time_step_rank`` the heads, ``inner_size`` / heads their width, ``group_count``; laid out by
@@ -31,9 +32,9 @@ ARCHITECTURE = GGUF_ARCHITECTURE = "mamba2"
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     from transformers import Mamba2Config
 
-    if cfg.get("rms_norm") is False or cfg.get("norm_before_gate"):
-        raise ModelLoadError(f"{ARCHITECTURE}: rms_norm false or norm_before_gate true is not supported (transformers "
-                             "runs the gate before a grouped RMSNorm, as every release does)")
+    if cfg.get("rms_norm") is False:  # (norm_before_gate: transformers ignores it, Mamba-Codestral's true included)
+        raise ModelLoadError(f"{ARCHITECTURE}: rms_norm false is not supported (transformers always norms the gated "
+                             "output, as every release does)")
     full = with_defaults(ARCHITECTURE, Mamba2Config, cfg)
     limit = tuple(full.get("time_step_limit") or (0.0, float("inf")))
     if len(limit) != 2 or limit[1] != float("inf"):

@@ -11,14 +11,12 @@ model runner passes to ``final_hidden``; the KV cache it is given is empty.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from kernels.norm import rms_norm
-from services.engine.model.decoder import LayerWeights
 from services.engine.model.jamba_decoder import JambaDecoderModel, JambaLayerWeights
 from services.engine.model.mamba_decoder import MambaDecoderModel, MambaLayerWeights
 
@@ -27,23 +25,29 @@ if TYPE_CHECKING:
     from kernels.linear import RowPaths
     from services.engine.recurrent_states import RecurrentStates
 
-Mix = Callable[[int, LayerWeights, torch.Tensor], torch.Tensor]
+
+class StateSpaceStack:
+    """What both decoders share (mixed into a :class:`DecoderModel` with a ``_mamba(i, net, x, paths, states)``): the
+    layer loop."""
+
+    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
+                     states: RecurrentStates | None = None) -> torch.Tensor:
+        """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches`` empty): ``h = h + mixer(norm(h))`` per layer,
+        the final norm of the rows ``logits_indices``."""
+        model: Any = self
+        cfg, eps = model.config, model.config.rms_norm_eps
+        hidden = F.embedding(input_ids, model.embed)
+        if cfg.residual_in_float32:
+            hidden = hidden.float()
+        for i, layer in enumerate(model.layers):
+            hidden = hidden + model._mamba(i, layer.mamba, rms_norm(hidden.to(model.dtype), layer.input_norm, eps),
+                                           paths, states)
+        last = hidden.index_select(0, logits_indices)
+        return rms_norm(last, model.final_norm.to(last.dtype), eps).to(model.dtype)
 
 
-def stack_hidden(model: JambaDecoderModel | MambaDecoderModel, input_ids: torch.Tensor,
-                 logits_indices: torch.Tensor, mix: Mix) -> torch.Tensor:
-    """The final-normed hidden state of the rows ``logits_indices``: ``h = h + mix(i, layer, norm(h))`` per layer."""
-    cfg, eps = model.config, model.config.rms_norm_eps
-    hidden = F.embedding(input_ids, model.embed)
-    if cfg.residual_in_float32:
-        hidden = hidden.float()
-    for i, layer in enumerate(model.layers):
-        hidden = hidden + mix(i, layer, rms_norm(hidden.to(model.dtype), layer.input_norm, eps))
-    last = hidden.index_select(0, logits_indices)
-    return rms_norm(last, model.final_norm.to(last.dtype), eps).to(model.dtype)
-
-
-class Mamba1DecoderModel(JambaDecoderModel):
+class Mamba1DecoderModel(StateSpaceStack, JambaDecoderModel):
     """Mamba (Mamba-1) and Falcon-Mamba: a :class:`DecoderModel` over their checkpoints; same constructor."""
 
     def _layer(self, i: int) -> JambaLayerWeights:
@@ -52,15 +56,8 @@ class Mamba1DecoderModel(JambaDecoderModel):
         return JambaLayerWeights(input_norm=norm, qkv=net.in_proj, o=net.out_proj, post_norm=None,  # type: ignore[arg-type]
                                  gate_up=None, down=None, mamba=net)  # type: ignore[arg-type]
 
-    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
-                     states: RecurrentStates | None = None) -> torch.Tensor:
-        """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches`` empty), computed as the module says."""
-        return stack_hidden(self, input_ids, logits_indices,
-                            lambda i, layer, x: self._mamba(i, layer.mamba, x, paths, states))  # type: ignore[attr-defined,arg-type]
 
-
-class Mamba2DecoderModel(MambaDecoderModel):
+class Mamba2DecoderModel(StateSpaceStack, MambaDecoderModel):
     """Mamba-2 (Mamba-Codestral): a :class:`DecoderModel` over its checkpoints; same constructor."""
 
     def _layer(self, i: int) -> MambaLayerWeights:
@@ -68,10 +65,3 @@ class Mamba2DecoderModel(MambaDecoderModel):
         norm = self._source.take(f"model.layers.{i}.input_layernorm.weight", (self.config.hidden_size,))
         return MambaLayerWeights(input_norm=norm, qkv=net.in_proj, o=net.out_proj, post_norm=None,  # type: ignore[arg-type]
                                  gate_up=None, down=None, mamba=net)  # type: ignore[arg-type]
-
-    def final_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                     attention: AttentionBackend, logits_indices: torch.Tensor, paths: RowPaths | None = None,
-                     states: RecurrentStates | None = None) -> torch.Tensor:
-        """:meth:`DecoderModel.final_hidden`'s contract (``kv_caches`` empty), computed as the module says."""
-        return stack_hidden(self, input_ids, logits_indices,
-                            lambda i, layer, x: self._mamba(i, layer.mamba, x, paths, states))  # type: ignore[attr-defined,arg-type]
