@@ -1,5 +1,4 @@
-import sys
-
 from services.cache_store.main import main
+from services.common.prompt_exit import exit_after
 
-sys.exit(main())
+exit_after(main)

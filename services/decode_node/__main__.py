@@ -1,3 +1,4 @@
+from services.common.prompt_exit import exit_after
 from services.decode_node.main import main
 
-raise SystemExit(main())
+exit_after(main)
