@@ -482,6 +482,7 @@ class LLMEngine(PrefillRole, DecodeRole):
             state_checkpoints_used=len(checkpoints) if checkpoints is not None else 0,
             state_checkpoint_saves_total=checkpoints.saves_total if checkpoints is not None else 0,
             state_checkpoint_hits_total=checkpoints.hits_total if checkpoints is not None else 0,
+            state_bytes_total=self.runner.states.nbytes if self.runner.states is not None else 0,
             model_name=str(self.model_identity.get("model", "")),
             weights_digest=str(self.model_identity.get("weights", "")), deterministic=self.config.deterministic,
         )

@@ -47,6 +47,11 @@ class RecurrentStates:
             [torch.zeros(rows, *spec.ssm_shape, dtype=torch.float32, device=device) for _ in layers]
         self.plan = StatePlan((), (), ())
 
+    @property
+    def nbytes(self) -> int:
+        """The memory the states hold: every layer's conv rows and matrices, checkpoints and slots."""
+        return sum(t.numel() * t.element_size() for t in (*self.conv, *self.ssm))
+
     def grow(self, capacity: int) -> None:
         """Room for ``capacity`` slots, the states kept (call only while no step runs): one layer's tensor at a
         time, so that the old and the new copy of all of them are never held at once."""

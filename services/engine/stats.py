@@ -52,6 +52,7 @@ class EngineStats:
     state_checkpoints_used: int  # holding a prefix's state
     state_checkpoint_saves_total: int  # states saved at a block boundary
     state_checkpoint_hits_total: int  # requests that started from one
+    state_bytes_total: int  # the memory of the recurrent states, slots and checkpoints (all of a Mamba's)
     # the model
     model_name: str
     weights_digest: str

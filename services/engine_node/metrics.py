@@ -55,6 +55,8 @@ def engine_node_families(status: gateway_pb2.NodeStatus) -> Iterator[Metric]:
                                      "keeps", labels=["state"]),
                    "state", [("used", s.state_checkpoints_used),
                              ("free", s.state_checkpoints_total - s.state_checkpoints_used)])
+    yield gauge("pdserve_state_capacity_bytes", "Bytes of a hybrid or state-space model's recurrent states (requests' "
+                "slots and checkpoints; a Mamba's KV pool holds none)", s.state_bytes_total)
     yield counter("pdserve_state_checkpoint_saves_total", "Recurrent states saved at a block boundary",
                   s.state_checkpoint_saves_total)
     yield counter("pdserve_state_checkpoint_hits_total", "Requests that started from a saved recurrent state",

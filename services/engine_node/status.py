@@ -31,7 +31,7 @@ def node_status(stats: EngineStats, role: str, address: str, healthy: bool = Tru
         model_name=stats.model_name, weights_digest=stats.weights_digest, deterministic=stats.deterministic,
         state_checkpoints_total=stats.state_checkpoints_total, state_checkpoints_used=stats.state_checkpoints_used,
         state_checkpoint_saves_total=stats.state_checkpoint_saves_total,
-        state_checkpoint_hits_total=stats.state_checkpoint_hits_total,
+        state_checkpoint_hits_total=stats.state_checkpoint_hits_total, state_bytes_total=stats.state_bytes_total,
     )
 
 

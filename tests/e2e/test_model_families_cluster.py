@@ -18,7 +18,7 @@ from services.cluster.local import ClusterSpec, start_cluster
 from services.engine.weights.model_config_reader import load_model_config
 from tests.e2e.conftest import GATEWAY_ARGS, generate, greedy, model_nodes, wait_idle
 from tests.engine.test_model_families import NEW_TOKENS, _prompts, assert_matches
-from tests.engine.tiny_families import FAMILIES, greedy_full_forward, load_reference
+from tests.engine.tiny_families import greedy_full_forward, load_reference
 
 pytestmark = pytest.mark.slow
 
@@ -29,60 +29,19 @@ PRESSURE_TOKENS = 64
 DECODE_ARGS = ("--num-kv-blocks", "24", "--admission-policy", "none")
 
 
-# one cluster per family: Llama runs as llama3, Gemma 3 as its text checkpoint, Phi-3 with its window, Granite MoE
-# with its shared MLP, ERNIE 4.5 as its MoE (its interleaved rope with the experts), latent attention as DeepSeek-V3
-# (the others differ only in how the config and tensors are read, in the rope tables and in the routing, which the
-# engine's family test covers; Seed-OSS's layer is Qwen2's with an o_proj bias; OLMo 2's runs as OLMo 3's, which adds
-# sliding layers with their own rope; OLMoE's is MiniMax-M2's whole-projection q/k norms with Qwen3-MoE's routing;
-# Qwen3.5's hybrid layers, whose recurrent state travels beside the KV, run as its dense model: its MoE and Qwen3-Next
-# add experts every MoE cluster has, and Qwen3-Next's projections differ only as the checkpoint stores them; Granite
-# 4.0-H's Mamba-2 layers run with its experts, its dense MLP being Granite MoE's shared one, and Bamba's with a dense
-# MLP; Falcon-H1's, beside every layer's attention (KV and a state on each layer), run with the mixer's norm (its
-# kind without runs in the engine's family test); Jamba's Mamba-1 state, a matrix per channel, crosses P→D as the
-# others' do (its checkpoint hits and preemption run in the engine's tests, as theirs do); Nemotron-H's blocks hold the
-# same Mamba-2 layer, Llama's attention without rope and a squared-ReLU MLP each, Nemotron 3's experts GLM-4.5's
-# routing with that MLP as the experts' and the shared one's; Granite's dense layer is Llama's
-# with Granite MoE's multipliers; SmolLM3's is Llama's, some layers without rope; LFM2-MoE's state is LFM2's, its
-# experts sigmoid-routed as GLM-4.5's; the Qwen-VL wrappers' text layers are Qwen3's and Qwen3-MoE's, read through a
-# wrapper as Mistral 3's is; Mistral 4's layer is DeepSeek-V3's with Ministral 3's temperature, both served here; Gemma
-# 2's is Gemma 3's with a softcap in the attention backend; Gemma 4's KV (heads per layer in one slot, KV shared across
-# layers) crosses P→D as its E-model kind, whose text model is read through the multimodal wrapper, and its 31B kind
-# adds experts and keys as values, which the engine's family test serves; Llama 4's KV is Llama's, its layer's norms,
-# temperature and experts the engine's; Qwen2's layer runs in Qwen2-MoE's, its attention with the biases, Qwen3's in
-# Qwen3-MoE's, with the q/k norms, and Mixtral's renormalised softmax top-k experts in Qwen3-MoE's, its sliding window
-# in Phi-3's and GPT-OSS's, beside the latter's experts; Mistral's window on every layer runs in Phi-3's, its head_dim
-# apart from hidden / heads in Gemma 4's; Cohere's layer, attention and the MLP side by side on one LayerNorm
-# (GPT-NeoX's, on two, is Phi-2's in the LayerNorm decoder, which the engine's family test serves), runs as
-# Cohere 2's, which adds its sliding layers with rope around full ones without; EXAONE 4.0's is OLMo 3's with Qwen3's
-# per-head q/k norms and Cohere 2's unrotated full layers; Hunyuan's is Qwen3's with the norms after rope; Kimi K2.5's
-# text model is DeepSeek-V3's; Solar Open's layer is GLM-4.5's without its q/k norms; Hy3's, Qwen3's attention with
-# GLM-4.5's routing; Kimi Linear's Kimi Delta Attention state, a matrix per head decayed per key dim, crosses P→D with
-# its checkpoint hits, and Ling 3's KDA layers differ only in their gates' projections; the 2026 one-part families
-# (A.X-K1, MiniCPM3, nanochat, GLM-4-9B, Ministral, Gemma 4 12B, Apertus 1.5, OLMo, Flint, North, DBRX, and OLMo
-# Hybrid, Qwen3.5's DeltaNet state beside OLMo 3's attention) differ in parts the engine's tests show on their own,
-# their KV and state ones the cluster already moves); Mamba-2's model has no KV at all (blocks of no bytes cross P→D
-# beside its state, with checkpoint hits), Mamba's and Falcon-Mamba's the same with Jamba's Mamba-1 state.
-# The gateway's torch-free reading of every family's config is held to the engine's by the family test.
-CLUSTER_FAMILIES = sorted(set(FAMILIES) - {"llama-yarn", "gemma3-multimodal", "phi3-longrope", "granite_moe",
-                                           "ernie4_5", "deepseek-v2", "glm4_moe_lite", "seed_oss", "olmo2", "olmoe",
-                                           "qwen3_5-moe", "qwen3_next", "granite_hybrid-dense",
-                                           "granite_hybrid-attention", "nemotron_h", "nemotron_h-moe", "mistral3-text",
-                                           "qwen_vl", "qwen_vl-2.5", "qwen_vl-moe", "granite", "smollm3", "lfm2-moe",
-                                           "mistral4", "gemma2", "gemma4", "llama4", "qwen2", "qwen3", "mixtral",
-                                           "mistral", "cohere", "exaone4", "hunyuan", "deepseek-kimi_k25",
-                                           "glm4_moe-solar_open", "hy_v3", "lfm2", "exaone", "dots1",
-                                           "deepseek_v32-glm5", "afmoe", "mimo_v2_flash", "arcee", "apertus",
-                                           "internlm3", "iquestcoder", "helium", "deepseek-sarvam_mla",
-                                           "sarvam_moe", "youtu", "gemma", "cwm", "vaultgemma", "hyperclovax",
-                                           "flex_olmo", "jais2", "starcoder2", "exaone4-4.5", "exaone_moe",
-                                           "mellum", "granite_swa", "granite_moe_swa", "phimoe",
-                                           "cohere2_moe", "kolibri1", "hunyuan-a13b", "nemotron",
-                                           "phi", "stablelm", "stablelm-parallel", "bamba", "falcon_h1-no_norm",
-                                           "gpt_neox", "gpt_neox-sequential", "ministral", "glm",
-                                           "minicpm3", "axk1", "gemma4-unified", "nanochat",
-                                           "bailing_hybrid", "apertus-1p5", "olmo", "flint",
-                                           "cohere_compass", "cohere_compass-text", "olmo_hybrid",
-                                           "dbrx", "mamba", "mamba-falcon"})
+# one cluster per kind of KV and of recurrent state that crosses P→D: the cluster moves bytes and states whatever math
+# computed them, and each family's math is exact in the engine's family test (tests/engine/test_model_families.py,
+# which also holds the gateway's torch-free reading of each config to the engine's). Llama's KV (as llama3, with its
+# rope), a window on every layer (Phi-3), windows with sinks beside experts (GPT-OSS), sliding layers with their own
+# rope and a softcap (Gemma 3), unrotated full layers around rotated sliding ones (Cohere 2), heads per layer in one
+# slot and KV shared across layers (Gemma 4's E kind, read through its multimodal wrapper), latent KV (DeepSeek-V3, its
+# experts) with index keys (DeepSeek-V3.2); and the states: Gated DeltaNet's beside attention (Qwen3.5), Mamba-2's
+# (Granite 4.0-H, its experts), Mamba-2's beside every layer's attention (Falcon-H1: KV and a state on each layer),
+# Mamba-1's (Jamba), short convolutions' (LFM3, with its sliding layers), Kimi Delta Attention's (Kimi Linear), and no
+# KV at all (Mamba-2's pure model: blocks of no bytes beside its state). Every other family's KV and state is one of
+# these (its layer's math, its experts, its wrapper: the engine's tests).
+CLUSTER_FAMILIES = ["cohere-2", "deepseek-v3", "deepseek_v32", "falcon_h1", "gemma3", "gemma4-e", "gpt_oss",
+                    "granite_hybrid", "jamba", "kimi_linear", "lfm2-lfm3", "llama3", "mamba2", "phi3", "qwen3_5"]
 # preempted and resumed by the decode node too: Llama, and the families whose KV differs (windows with their own
 # rope, sinks, a fused projection, a recurrent state beside the KV); the engine's family test preempts the others
 # (Mixtral's experts, Gemma 2's softcap: their KV is Llama's and Gemma 3's)

@@ -134,6 +134,9 @@ def test_an_engine_without_kv_counts_tokens_in_blocks_of_no_bytes(family_dir):
     assert engine.runner.kv_cache_bytes == 0 and engine.kv_layout_spec().bytes_per_block == 0
     assert engine.kv.num_blocks == 4 * math.ceil(1000 / 16) and engine.max_model_len == 1000
     assert not engine.offload.claim("victim", 3)  # (0 + 0 bytes fit a budget of 0: the offload is off all the same)
+    stats = engine.stats()  # the memory is the states': slots and checkpoints (NodeStatus.state_bytes_total)
+    state = engine.model.config.recurrent.state_bytes(4)  # (float32 here)
+    assert stats.kv_bytes_total == 0 and stats.state_bytes_total == (4 + stats.state_checkpoints_total) * state
     unbounded = LLMEngine.from_config(EngineConfig(model_path=str(family_dir("mamba2")), dtype="float32"))
     assert unbounded.kv.num_blocks * 16 == MAX_COUNTING_TOKENS and unbounded.max_model_len == UNBOUNDED_CONTEXT
     with pytest.raises(ValueError, match="does not hold the recurrent states"):

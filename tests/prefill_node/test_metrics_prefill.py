@@ -13,7 +13,8 @@ def test_prefill_series_carry_store_hits_and_the_kv_it_sent():
                                     store_hit_tokens_total=48, store_fetched_bytes_total=9000,
                                     store_written_blocks_total=7, prefix_hit_tokens_total=32,
                                     state_checkpoints_total=32, state_checkpoints_used=5,
-                                    state_checkpoint_saves_total=9, state_checkpoint_hits_total=4)
+                                    state_checkpoint_saves_total=9, state_checkpoint_hits_total=4,
+                                    state_bytes_total=5_000_000)
     sent = KVTransferStats()
     sent.add(368_640, 1, 0.01)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in render((status, sent)) for s in f.samples}
@@ -25,5 +26,6 @@ def test_prefill_series_carry_store_hits_and_the_kv_it_sent():
     assert samples[("pdserve_state_checkpoints", (("state", "free"),))] == 27
     assert samples[("pdserve_state_checkpoint_saves_total", ())] == 9
     assert samples[("pdserve_state_checkpoint_hits_total", ())] == 4
+    assert samples[("pdserve_state_capacity_bytes", ())] == 5_000_000
     assert samples[("pdserve_kv_transfer_bytes_total", (("direction", "sent"),))] == 368_640
     assert not any(labels == (("direction", "received"),) for _, labels in samples)
