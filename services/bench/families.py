@@ -82,6 +82,14 @@ SHAPES: dict[str, dict] = {
                          rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                           "partial_rotary_factor": 0.25},
                          rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # state-spaces/mamba2-130m's shape in transformers' form (Mamba-Codestral's kind): 24 layers of one Mamba-2 mixer
+    # (24 heads of 64 in one group, a state of 128), no attention, no MLP, no KV; 50288 ids, the head tied
+    "mamba2-130m": dict(model_type="mamba2", vocab_size=50288, hidden_size=768, num_hidden_layers=24, num_heads=24,
+                        head_dim=64, n_groups=1, state_size=128, expand=2, conv_kernel=4, tie_word_embeddings=True),
+    # state-spaces/mamba-130m-hf: 24 layers of one Mamba-1 mixer (an inner width of 1536, a state of 16, step sizes
+    # through rank 48); 50280 ids, the head tied
+    "mamba-130m": dict(model_type="mamba", vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16,
+                       expand=2, conv_kernel=4, time_step_rank=48, tie_word_embeddings=True),
     # the same families, small enough for the test of this benchmark (the bundled tokenizer has 49152 ids)
     "tiny-qwen3": dict(model_type="qwen3", vocab_size=49152, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
