@@ -93,6 +93,4 @@ class OutputCache:
         self._inflight = pending
 
     def close(self) -> None:
-        """Let the queued writes land (the finished requests' blocks, each bounded by the store's call timeout), then
-        stop the thread: the node's process exits without waiting for threads (``services.common.prompt_exit``)."""
-        self._io.shutdown(wait=True)
+        self._io.shutdown(wait=False)

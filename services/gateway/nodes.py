@@ -74,6 +74,7 @@ class NodeInfo:
     state_checkpoints_used: int = 0
     state_checkpoint_saves_total: int = 0
     state_checkpoint_hits_total: int = 0
+    state_bytes_total: int = 0  # a hybrid or state-space model's nodes: the memory of its recurrent states
     error: str = ""
     polled_at: float = 0.0  # time.monotonic() of the poll; 0 = never polled
     inflight: int = 0

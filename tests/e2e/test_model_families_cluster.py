@@ -94,6 +94,7 @@ def _hybrid_hits(name: str, reference, stub, prompts: dict[str, list[int]]) -> N
     assert prefill[0].state_checkpoints_total > 0 and 0 < prefill[0].state_checkpoints_used <= \
         prefill[0].state_checkpoint_saves_total
     assert all(n.state_checkpoints_total == 0 and n.state_checkpoint_hits_total == 0 for n in decode), decode
+    assert all(n.state_bytes_total > 0 for n in (*prefill, *decode)), (prefill, decode)  # (through the gateway)
 
 
 def _pressure(name: str, reference, stub) -> None:

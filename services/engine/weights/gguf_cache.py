@@ -57,14 +57,14 @@ def _read(entry: Path, source: Path) -> LoadedWeights | None:
         with safe_open(str(entry), "pt") as file:
             meta = json.loads(file.metadata()["pdserve"])
         stored = load_file(str(entry))
+        config = config_from_dict(meta["config"])  # (an entry whose config no longer reads: rewritten too)
     except Exception as error:  # any damage: the entry is rewritten
         log.warning("weights cache: unreadable entry, loading the file", entry=str(entry), error=repr(error))
         return None
     tensors = {name: tensor for name, tensor in stored.items() if not name.startswith(_Q4)}
     quantized = {name: GroupQuantized(stored[_Q4[0] + name], stored[_Q4[1] + name], stored[_Q4[2] + name], size)
                  for name, size in meta["group_sizes"].items()}
-    return LoadedWeights(config=config_from_dict(meta["config"]), tensors=tensors, source=source,
-                         quantized=quantized)
+    return LoadedWeights(config=config, tensors=tensors, source=source, quantized=quantized)
 
 
 def _write(entry: Path, weights: LoadedWeights) -> None:

@@ -33,7 +33,7 @@ from services.engine.model.llama4 import Llama4Attention
 from services.engine.weights.digest import weights_digest
 
 CACHE_DIR_VARIABLE = "PDSERVE_WEIGHTS_CACHE_DIR"
-VERSION = 4  # of the entry's layout; bumped when it or the loader's output changes
+VERSION = 5  # of the entry's layout; bumped when it or the loader's output changes
 
 
 def cache_dir() -> Path | None:
