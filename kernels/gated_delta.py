@@ -57,7 +57,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, s
         rows = torch.tensor([starts[b] for b in single])
         with state_rows(states, [slots[b] for b in single], [fresh[b] for b in single]) as past:
             window = torch.cat([past, x[rows].unsqueeze(-1)], dim=-1)  # [n, C, K]
-            out[rows] = act(F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])[..., 0])
+            # one output per channel: K products summed in float32 and rounded once, as conv1d's kernels accumulate
+            # (a grouped conv1d costs ~0.15 ms of setup a call here, for microseconds of work)
+            conv = (window.float() * weight.float()).sum(-1)
+            out[rows] = act((conv if bias is None else conv + bias.float()).to(x.dtype))
             past.copy_(window[..., 1:])
         _save_final(states, slots, single, saves)
     for b in longer:
@@ -174,7 +177,8 @@ def _recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     and ``S^T q``; ``S'^T q = e^g S^T q + (k · q) delta``), and the update is two in-place passes."""
     n, heads, dk, dv = state.shape
     flat = state.view(n * heads, dk, dv)
-    read = torch.bmm(flat.transpose(1, 2), torch.stack([k, q], dim=-1).view(n * heads, dk, 2)).view(n, heads, dv, 2)
+    # [k q]ᵀ S, read in the state's own order (Sᵀ [k q] walked it across its rows: ~3× slower on a CPU)
+    read = torch.bmm(torch.stack([k, q], dim=-2).view(n * heads, 2, dk), flat).view(n, heads, 2, dv).transpose(-1, -2)
     decay = g.exp()[..., None]
     delta = (v - decay * read[..., 0]) * beta[..., None]
     out = decay * read[..., 1] + (k * q).sum(-1, keepdim=True) * delta

@@ -52,8 +52,8 @@ def _recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     n, heads, dk, dv = state.shape
     decay = g.exp()
     flat = state.view(n * heads, dk, dv)
-    read = torch.bmm(flat.transpose(1, 2), torch.stack([decay * k, decay * q], dim=-1).view(n * heads, dk, 2))
-    read = read.view(n, heads, dv, 2)
+    read = torch.bmm(torch.stack([decay * k, decay * q], dim=-2).view(n * heads, 2, dk), flat)  # in S's own order
+    read = read.view(n, heads, 2, dv).transpose(-1, -2)
     delta = (v - read[..., 0]) * beta[..., None]
     out = read[..., 1] + (k * q).sum(-1, keepdim=True) * delta
     flat.mul_(decay.view(n * heads, dk, 1)).baddbmm_(k.reshape(n * heads, dk, 1), delta.reshape(n * heads, 1, dv))

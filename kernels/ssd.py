@@ -43,7 +43,7 @@ def _recurrent_step(v: torch.Tensor, g: torch.Tensor, k: torch.Tensor, q: torch.
     n, heads, size, dim = state.shape
     flat = state.view(n * heads, size, dim)
     decay = g.exp()[..., None]
-    read = torch.bmm(flat.transpose(1, 2), q.reshape(n * heads, size, 1)).view(n, heads, dim)
+    read = torch.bmm(q.reshape(n * heads, 1, size), flat).view(n, heads, dim)  # q^T S: S read in its own order
     out = decay * read + (k * q).sum(-1, keepdim=True) * v
     flat.mul_(decay.view(n * heads, 1, 1)).baddbmm_(k.reshape(n * heads, size, 1), v.reshape(n * heads, 1, dim))
     return out
