@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import grpc
 import pytest
@@ -79,6 +80,16 @@ async def _node_a(model, tokenizer, store_address: str | None, prompts, peer: Fa
                 await server.shutdown()
 
 
+async def _decoding(node: DecodeNode, tokens: int = 2, timeout_s: float = 60.0) -> None:
+    """Until every request the node runs has made ``tokens`` tokens (a fixed sleep was too short on a loaded
+    machine: a request still prefilling is neither moved nor kept)."""
+    deadline = time.monotonic() + timeout_s
+    while await node.worker.call(lambda e: bool(e.scheduler.waiting) or any(
+            r.num_output_tokens < tokens for r in e.scheduler.running)):
+        assert time.monotonic() < deadline, "the requests never started decoding"
+        await asyncio.sleep(0.05)
+
+
 def _samples(node: DecodeNode) -> dict:
     return {(s.name, tuple(s.labels.items())): s.value for f in migration_families(node.migration.stats)
             for s in f.samples}
@@ -89,7 +100,7 @@ async def test_a_drain_hands_every_running_request_to_a_peer_that_grants(fp32_mo
     peer = FakePeer(grant=True)
     async with _node_a(fp32_model, bundled_tokenizer, store, prompts, peer) as (node, peer_address):
         streams = [asyncio.ensure_future(_events(node, f"r{i}")) for i in range(2)]
-        await asyncio.sleep(0.3)  # a few tokens each
+        await _decoding(node)  # a few tokens each
         await node.drain(30.0)
         results = await asyncio.gather(*streams)
         assert sorted(a.request_id for a in peer.adopts) == ["r0", "r1"]
@@ -115,7 +126,7 @@ async def test_requests_no_peer_takes_finish_here_with_an_undisturbed_output(fp3
     peer = FakePeer(grant=False)
     async with _node_a(fp32_model, bundled_tokenizer, store if offload else None, prompts, peer) as (node, _):
         streams = [asyncio.ensure_future(_events(node, f"r{i}")) for i in range(2)]
-        await asyncio.sleep(0.3)
+        await _decoding(node)
         await node.drain(60.0)
         results = await asyncio.gather(*streams)
         assert [tokens for tokens, _, _ in results] == expected
@@ -134,7 +145,7 @@ async def test_a_node_without_a_cache_store_hands_its_requests_over_to_be_recomp
     peer = FakePeer(grant=True)
     async with _node_a(fp32_model, bundled_tokenizer, None, prompts, peer) as (node, peer_address):
         streams = [asyncio.ensure_future(_events(node, f"r{i}")) for i in range(2)]
-        await asyncio.sleep(0.3)
+        await _decoding(node)
         await node.drain(30.0)
         results = await asyncio.gather(*streams)
         assert all(moved == peer_address for _, _, moved in results)
@@ -178,7 +189,7 @@ async def test_rebalance_moves_the_newest_decoding_request_and_the_node_serves_o
     peer = FakePeer(grant=True)
     async with _node_a(fp32_model, bundled_tokenizer, store, prompts, peer) as (node, peer_address):
         streams = [asyncio.ensure_future(_events(node, f"r{i}")) for i in range(2)]
-        await asyncio.sleep(0.3)
+        await _decoding(node)
         moved, kept = await node.migration.rebalance(1, 10.0, "test")
         assert (moved, kept) == (["r1"], []), "the most recently admitted one"
         (kept_tokens, finish, not_moved), (_, _, moved_to) = await asyncio.gather(*streams)
